@@ -1,0 +1,107 @@
+# multigrad — plain Makefile.
+#   make            build the libraries, tools and tests into build/
+#   make test       install missing system packages, build, run every test
+#   make run        install missing system packages, build, run the main job
+#   make install PREFIX=/usr/local
+#   make test SAN=address|thread|undefined   the suite under a sanitizer
+#                                            (built into build-$(SAN)/)
+
+CC      ?= gcc
+PREFIX  ?= /usr/local
+SAN     ?=
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+
+ifeq ($(SAN),)
+BUILD   := build
+OPT     := -O3 -march=native
+else
+BUILD   := build-$(SAN)
+OPT     := -O1 -fno-omit-frame-pointer -fsanitize=$(SAN)
+ifeq ($(SAN),undefined)
+OPT     += -fno-sanitize-recover=undefined
+endif
+endif
+
+# Open MPI backend: built when mpicc is present (flags taken from its wrapper).
+MPICC   := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+MPI_CFLAGS := -DMG_HAVE_MPI $(shell mpicc --showme:compile)
+MPI_LIBS   := $(shell mpicc --showme:link)
+endif
+
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers
+CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -pthread -Iinclude -Isrc -MMD -MP \
+           -fvisibility=default $(MPI_CFLAGS)
+LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) -lm -lpthread -lrt
+LDFLAGS += $(if $(SAN),-fsanitize=$(SAN))
+
+LIB_SRC   := $(sort $(shell find src -name '*.c'))
+TOOL_SRC  := $(sort $(wildcard tools/*.c))
+TEST_SRC  := $(sort $(wildcard tests/*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
+BENCHES   := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+TESTBIN   := $(BUILD)/tests/mgtest
+
+.PHONY: all lib tools tests benches test run install deps clean
+all: lib tools tests benches
+
+lib: $(BUILD)/lib/libmultigrad.a $(BUILD)/lib/libmultigrad.so
+tools: $(TOOLS)
+tests: $(TESTBIN)
+benches: $(BENCHES)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/lib/libmultigrad.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/lib/libmultigrad.so: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Tools and tests link the static library: no LD_LIBRARY_PATH needed.
+$(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(BUILD)/lib/libmultigrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/lib/libmultigrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
+
+$(TESTBIN): $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a $(LDLIBS)
+
+deps:
+	@bash scripts/install-deps.sh
+
+# The fork-per-test runner; it ends with "N passed, N failed".
+test: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	MG_BIN=$(BUILD)/bin ./$(TESTBIN) $(TESTFLAGS)
+
+# The main job (see README).
+run: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	bash scripts/main-job.sh $(BUILD)/bin
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include/multigrad $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/multigrad/*.h $(DESTDIR)$(PREFIX)/include/multigrad/
+	install -m 644 $(BUILD)/lib/libmultigrad.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/lib/libmultigrad.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' scripts/multigrad.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/multigrad.pc
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

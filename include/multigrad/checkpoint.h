@@ -1,0 +1,77 @@
+/* multigrad — safetensors files and training checkpoints.
+ *
+ * safetensors: u64 little-endian header length, a JSON header naming each
+ * tensor's dtype, shape and byte range (plus "__metadata__", string to
+ * string), then the raw little-endian data. PyTorch and the Hugging Face
+ * tools read what we write, and we read what they write.
+ *
+ * Checkpoints hold parameters (named as in models.md, so PyTorch's
+ * load_state_dict takes them), buffers, optimizer state and metadata.
+ * Writing is atomic: temporary file, fsync, rename, fsync of the directory. */
+#ifndef MULTIGRAD_CHECKPOINT_H
+#define MULTIGRAD_CHECKPOINT_H
+
+#include <stdint.h>
+#include "nn.h"
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MG_ST_F32, MG_ST_F64, MG_ST_F16, MG_ST_BF16, MG_ST_I32,
+               MG_ST_I64, MG_ST_U8 } mg_st_dtype;
+
+typedef struct mg_st_tensor {
+    const char *name;
+    mg_st_dtype dtype;
+    int ndim;
+    int64_t shape[8];
+    const void *data;   /* little-endian bytes */
+    size_t nbytes;
+} mg_st_tensor;
+
+/* Write tensors and metadata (n_meta key/value pairs: meta[2i], meta[2i+1])
+ * atomically to path. */
+mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
+                      const char *const *meta, int n_meta);
+
+typedef struct mg_st_file mg_st_file;
+/* Read and validate a whole file (header JSON, dtypes, shapes, byte ranges
+ * in bounds, non-overlapping, covering the data). */
+mg_status mg_st_open(const char *path, mg_st_file **out);
+void mg_st_close(mg_st_file *f);
+int mg_st_count(const mg_st_file *f);
+const mg_st_tensor *mg_st_get(const mg_st_file *f, int i);
+const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
+/* A __metadata__ value, or NULL. */
+const char *mg_st_meta(const mg_st_file *f, const char *key);
+
+/* Training state beyond the arenas. */
+typedef struct mg_ckpt_meta {
+    char model[32];
+    long step;          /* optimizer steps taken */
+    long epoch;         /* epochs completed */
+    uint64_t seed;
+    uint64_t rng_counter; /* dropout stream position */
+    /* Hyper-parameters as "key=value;..." (checked on resume). */
+    char hparams[512];
+} mg_ckpt_meta;
+
+/* Save parameters, buffers, optimizer state (o may be NULL) and meta. */
+mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
+                             const mg_ckpt_meta *meta);
+/* Load into m (and o if not NULL). Refuses a file of another model, with
+ * missing or mis-shaped tensors, or damaged, with a clear error; on error
+ * m and o are unchanged. meta may be NULL. */
+mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
+                             mg_ckpt_meta *meta);
+/* Load only parameters (and buffers if present) from any safetensors file
+ * named as PyTorch's state_dict (e.g. exported from PyTorch); `prefix`
+ * (may be NULL) is prepended to each name looked up ("init."). */
+mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,169 @@
+/* multigrad — communication: process groups, collectives, point-to-point.
+ *
+ * Used the way torch.distributed is used. A group is initialised from the
+ * environment torchrun/mgrun set (RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET) or from an
+ * init method ("tcp://host:port", "file:///path") with explicit rank and
+ * size. Every collective has a blocking form and an async form returning
+ * an mg_work; operations run in issue order on the group's progress
+ * thread; buffers given to async work are borrowed until it completes.
+ *
+ * Counts follow NCCL: all_gather/gather take `count` elements per rank
+ * (the receive buffer holds count * size); reduce_scatter/scatter give
+ * `count` elements to each rank (the send buffer holds count * size);
+ * all_to_all sends `count` elements to each peer. Pass the same pointer
+ * (or MG_IN_PLACE as sendbuf) for in-place operation.
+ *
+ * This layer knows nothing of tensors beyond (pointer, count, dtype). */
+#ifndef MULTIGRAD_COMM_H
+#define MULTIGRAD_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MG_F32, MG_F64, MG_F16, MG_BF16, MG_I32, MG_I64, MG_U8,
+               MG_DTYPE_COUNT } mg_dtype;
+typedef enum { MG_SUM, MG_PROD, MG_MIN, MG_MAX, MG_AVG, MG_OP_COUNT } mg_op;
+
+size_t mg_dtype_size(mg_dtype t);
+const char *mg_dtype_name(mg_dtype t);
+const char *mg_op_name(mg_op op);
+
+typedef struct mg_group mg_group;
+typedef struct mg_work mg_work;
+
+typedef struct mg_group_options {
+    const char *init_method; /* NULL: env:// (MASTER_ADDR, MASTER_PORT) */
+    int rank, size;          /* -1: from RANK, WORLD_SIZE */
+    int local_rank, local_size; /* -1: from LOCAL_RANK/LOCAL_WORLD_SIZE or rendezvous */
+    const char *secret;      /* NULL: MG_JOB_SECRET (none: loopback only) */
+    const char *backend;     /* NULL: MG_BACKEND or "builtin"; "mpi" */
+    double timeout_s;        /* <= 0: MG_TIMEOUT or 300 */
+} mg_group_options;
+
+/* Options that take everything from the environment. */
+mg_group_options mg_group_options_default(void);
+/* Join the group (blocking until all ranks arrive or the deadline). */
+mg_status mg_group_init(const mg_group_options *opt, mg_group **out);
+void mg_group_destroy(mg_group *g);
+int mg_group_rank(const mg_group *g);
+int mg_group_size(const mg_group *g);
+int mg_group_local_rank(const mg_group *g);
+int mg_group_local_size(const mg_group *g);
+double mg_group_timeout(const mg_group *g);
+const char *mg_group_backend(const mg_group *g);
+
+/* As MPI_Comm_split: ranks with the same color form a group, ordered by
+ * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */
+#define MG_UNDEFINED (-1)
+mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
+
+/* Memory that peers on this host can read directly (shared memory):
+ * collectives on it avoid copies. Behaves as ordinary memory otherwise.
+ * Collective: every rank calls it with the same size, in the same order. */
+void *mg_group_alloc(mg_group *g, size_t bytes);
+void mg_group_free(mg_group *g, void *p);
+
+/* ---- operations ------------------------------------------------------ */
+
+typedef enum {
+    MG_COLL_BROADCAST, MG_COLL_REDUCE, MG_COLL_ALL_REDUCE, MG_COLL_ALL_GATHER,
+    MG_COLL_GATHER, MG_COLL_SCATTER, MG_COLL_REDUCE_SCATTER, MG_COLL_ALL_TO_ALL,
+    MG_COLL_BARRIER, MG_COLL_SEND, MG_COLL_RECV, MG_COLL_COUNT
+} mg_coll;
+const char *mg_coll_name(mg_coll c);
+
+#define MG_IN_PLACE ((const void *)1)
+
+/* One operation, as every rank describes it. The caller's file:line is part
+ * of the fingerprint checked across ranks. */
+typedef struct mg_call {
+    mg_coll coll;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    mg_dtype dtype;
+    mg_op op;
+    int root;        /* root for rooted collectives; peer for send/recv */
+    int tag;         /* send/recv */
+    const char *file;
+    int line;
+} mg_call;
+
+/* Start an operation; *work completes it. */
+mg_status mg_start(mg_group *g, const mg_call *c, mg_work **work);
+/* Start and wait. */
+mg_status mg_run(mg_group *g, const mg_call *c);
+
+/* Wait up to timeout_s seconds (< 0: the group's timeout). Returns the
+ * operation's status; MG_ETIMEOUT if it has not completed (it goes on). */
+mg_status mg_work_wait(mg_work *w, double timeout_s);
+/* 1 if complete (successfully or not), else 0. */
+int mg_work_test(mg_work *w);
+/* Free a work handle; waits for the operation first if it is pending. */
+void mg_work_free(mg_work *w);
+
+#define MG__CALL(...) (&(mg_call){ __VA_ARGS__, .file = __FILE__, .line = __LINE__ })
+
+/* Blocking forms. */
+#define mg_broadcast(g, buf, count, dtype, root) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf), .recvbuf = (buf), \
+                       .count = (count), .dtype = (dtype), .root = (root)))
+#define mg_reduce(g, sbuf, rbuf, count, dtype, op, root) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype), .op = (op), .root = (root)))
+#define mg_all_reduce(g, sbuf, rbuf, count, dtype, op) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype), .op = (op)))
+#define mg_all_gather(g, sbuf, rbuf, count, dtype) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype)))
+#define mg_gather(g, sbuf, rbuf, count, dtype, root) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype), .root = (root)))
+#define mg_scatter(g, sbuf, rbuf, count, dtype, root) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype), .root = (root)))
+#define mg_reduce_scatter(g, sbuf, rbuf, count, dtype, op) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype), .op = (op)))
+#define mg_all_to_all(g, sbuf, rbuf, count, dtype) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_TO_ALL, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                       .count = (count), .dtype = (dtype)))
+#define mg_barrier(g) mg_run(g, MG__CALL(.coll = MG_COLL_BARRIER))
+#define mg_send(g, buf, count, dtype, peer, tag_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf), .count = (count), \
+                       .dtype = (dtype), .root = (peer), .tag = (tag_)))
+#define mg_recv(g, buf, count, dtype, peer, tag_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf), .count = (count), \
+                       .dtype = (dtype), .root = (peer), .tag = (tag_)))
+
+/* Async forms: the same arguments and a trailing mg_work **. */
+#define mg_broadcast_async(g, buf, count, dtype, root, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf), .recvbuf = (buf), \
+                         .count = (count), .dtype = (dtype), .root = (root)), w)
+#define mg_all_reduce_async(g, sbuf, rbuf, count, dtype, op, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                         .count = (count), .dtype = (dtype), .op = (op)), w)
+#define mg_reduce_scatter_async(g, sbuf, rbuf, count, dtype, op, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                         .count = (count), .dtype = (dtype), .op = (op)), w)
+#define mg_all_gather_async(g, sbuf, rbuf, count, dtype, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
+                         .count = (count), .dtype = (dtype)), w)
+#define mg_isend(g, buf, count, dtype, peer, tag_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf), .count = (count), \
+                         .dtype = (dtype), .root = (peer), .tag = (tag_)), w)
+#define mg_irecv(g, buf, count, dtype, peer, tag_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf), .count = (count), \
+                         .dtype = (dtype), .root = (peer), .tag = (tag_)), w)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,12 @@
+/* multigrad — distributed deep-learning training in C. One include for all. */
+#ifndef MULTIGRAD_H
+#define MULTIGRAD_H
+#include "status.h"
+#include "core.h"
+#include "tensor.h"
+#include "nn.h"
+#include "optim.h"
+#include "data.h"
+#include "checkpoint.h"
+#include "comm.h"
+#endif

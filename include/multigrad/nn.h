@@ -1,0 +1,117 @@
+/* multigrad — layers with backward, and models whose parameters live in
+ * arenas laid out in backward order.
+ *
+ * A model owns three arenas of the same layout: parameters, gradients and
+ * (through mg_optim) optimizer state. The last layer's parameters come
+ * first, so backward finishes gradients in increasing arena order; after
+ * each layer's backward the model calls the gradient hook with the range
+ * [lo, hi) that is now final (data-parallel training launches
+ * communication from it). Each weight is a view at a fixed offset.
+ *
+ * The training step allocates nothing: mg_model_reserve() sizes the
+ * activation and workspace arena for a batch once. */
+#ifndef MULTIGRAD_NN_H
+#define MULTIGRAD_NN_H
+
+#include <stdint.h>
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mg_model mg_model;
+
+/* A named tensor of a model: a parameter (with a gradient) or a buffer
+ * (e.g. batch-norm running statistics). Names, shapes and order follow
+ * ../shared/models.md and PyTorch's state_dict ("conv1.weight",
+ * [out, in, kh, kw]). */
+typedef struct mg_param {
+    char name[64];
+    int ndim;
+    int shape[MG_MAX_DIMS];
+    size_t numel;
+    size_t offset;   /* in floats, into the parameter arena (or the buffer arena) */
+    float *data;     /* view into the arena */
+    float *grad;     /* view into the gradient arena; NULL for buffers */
+    bool is_buffer;
+} mg_param;
+
+/* Called after each layer's backward with the gradient range that is final. */
+typedef void (*mg_grad_hook)(void *ud, size_t lo, size_t hi);
+
+/* The zoo: "mlp", "lenet-d2l", "lenet5". Parameters initialised as
+ * models.md says, from seed. */
+mg_status mg_model_create(const char *name, uint64_t seed, mg_model **out);
+void mg_model_destroy(mg_model *m);
+/* NULL-terminated list of zoo names. */
+const char *const *mg_model_names(void);
+const char *mg_model_name(const mg_model *m);
+
+/* The default hyper-parameters of a zoo model (models.md's summary). */
+typedef struct mg_zoo_defaults {
+    int batch;
+    float lr;
+    float momentum;
+    int epochs;
+    bool normalized_input;  /* (u8/255 - 0.2860)/0.3530, else u8/255 */
+} mg_zoo_defaults;
+mg_status mg_zoo_defaults_of(const char *name, mg_zoo_defaults *out);
+
+/* Re-initialise every parameter from seed (as at creation). */
+void mg_model_init_params(mg_model *m, uint64_t seed);
+
+/* Per-image input size (c, h, w; the MLP takes c=1, h=1, w=784) and classes. */
+void mg_model_input_shape(const mg_model *m, int *c, int *h, int *w);
+int mg_model_classes(const mg_model *m);
+
+/* The arenas. arena_size is the padded length in floats (a multiple of
+ * MG_ARENA_PAD), num_params the floats actually used. */
+#define MG_ARENA_PAD 1024
+size_t mg_model_num_params(const mg_model *m);
+size_t mg_model_arena_size(const mg_model *m);
+float *mg_model_params(mg_model *m);
+float *mg_model_grads(mg_model *m);
+/* Buffers (running statistics) in their own arena; may be 0 floats. */
+size_t mg_model_buffer_size(const mg_model *m);
+float *mg_model_buffers(mg_model *m);
+
+/* Named tensors: parameters in models.md order (each layer's weight then
+ * bias), then buffers. */
+int mg_model_num_tensors(const mg_model *m);
+const mg_param *mg_model_tensor(const mg_model *m, int i);
+const mg_param *mg_model_find(const mg_model *m, const char *name);
+
+/* Move the gradient arena to caller-owned storage of arena_size floats
+ * (e.g. group shared memory for DDP); current gradients are copied. The
+ * caller keeps ownership and must outlive the model's use of it. */
+void mg_model_set_grad_storage(mg_model *m, float *grads);
+void mg_model_set_grad_hook(mg_model *m, mg_grad_hook fn, void *ud);
+void mg_model_set_training(mg_model *m, bool training);
+/* Seed of dropout masks (a counter-based stream, advanced per step). */
+void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
+
+/* Size the activation workspace for batches up to max_batch (once). */
+mg_status mg_model_reserve(mg_model *m, int max_batch);
+/* Forward a batch x [batch, c, h, w]; returns the logits [batch, classes]
+ * (valid until the next forward). batch <= the reserved max_batch. */
+const float *mg_model_forward(mg_model *m, const float *x, int batch);
+/* Mean softmax cross-entropy of the last forward against labels; prepares
+ * the logits' gradient for backward; *correct (may be NULL) gets the
+ * number of argmax hits. */
+float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
+/* Backward of the last forward and loss: accumulates into the gradient
+ * arena and calls the hook after each layer. */
+void mg_model_backward(mg_model *m);
+void mg_model_zero_grad(mg_model *m);
+
+/* Softmax cross-entropy (mean over n rows of `classes` logits). dlogits
+ * (may be NULL) gets d(loss)/d(logits). Returns the loss; *correct (may be
+ * NULL) the number of rows whose argmax equals the label. */
+float mg_softmax_xent(const float *logits, const int32_t *labels, int n,
+                      int classes, float *dlogits, int *correct);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

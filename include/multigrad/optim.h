@@ -1,0 +1,73 @@
+/* multigrad — optimizers and learning-rate schedules.
+ * An optimizer's state (momentum, Adam's m and v) lives in arenas of the
+ * model's parameter layout, and a step updates a range [lo, hi): a ZeRO
+ * shard is just a range. Semantics are torch.optim's. */
+#ifndef MULTIGRAD_OPTIM_H
+#define MULTIGRAD_OPTIM_H
+
+#include <stddef.h>
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MG_OPTIM_SGD, MG_OPTIM_ADAM, MG_OPTIM_ADAMW } mg_optim_kind;
+
+typedef struct mg_optim_config {
+    mg_optim_kind kind;
+    float lr;
+    float momentum;      /* SGD */
+    float dampening;     /* SGD */
+    bool nesterov;       /* SGD */
+    float weight_decay;  /* SGD/Adam: added to the gradient; AdamW: decoupled */
+    float beta1, beta2, eps; /* Adam/AdamW */
+} mg_optim_config;
+
+/* torch.optim defaults for a kind (betas 0.9/0.999, eps 1e-8; AdamW wd 0.01). */
+mg_optim_config mg_optim_defaults(mg_optim_kind kind, float lr);
+/* "sgd" | "adam" | "adamw"; MG_EINVAL with a message otherwise. */
+mg_status mg_optim_parse(const char *name, mg_optim_kind *out);
+const char *mg_optim_kind_name(mg_optim_kind kind);
+
+typedef struct mg_optim mg_optim;
+/* State arenas of n floats (the model's arena_size). */
+mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out);
+void mg_optim_destroy(mg_optim *o);
+const mg_optim_config *mg_optim_config_of(const mg_optim *o);
+
+/* One optimizer step is: begin_step once (advances the step count, sets
+ * the learning rate), then update over one or more ranges. */
+void mg_optim_begin_step(mg_optim *o, float lr);
+void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
+/* begin_step + update over [0, n). */
+void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
+
+/* Steps taken so far (restored from checkpoints). */
+long mg_optim_steps(const mg_optim *o);
+void mg_optim_set_steps(mg_optim *o, long steps);
+/* State arenas: SGD with momentum has "momentum_buffer"; Adam(W) "exp_avg"
+ * and "exp_avg_sq". Each of n floats. */
+int mg_optim_num_states(const mg_optim *o);
+float *mg_optim_state(mg_optim *o, int i, const char **name);
+
+/* Learning-rate schedules. */
+typedef enum { MG_SCHED_CONSTANT, MG_SCHED_STEP, MG_SCHED_COSINE } mg_sched_kind;
+typedef struct mg_schedule {
+    mg_sched_kind kind;
+    float base_lr;
+    long step_size;     /* STEP: multiply by gamma every step_size steps */
+    float gamma;
+    long total_steps;   /* COSINE: anneal to min_lr over total_steps */
+    float min_lr;
+    long warmup_steps;  /* linear warm-up from 0 to base_lr first (any kind) */
+} mg_schedule;
+/* Parse "constant", "step:STEPS:GAMMA", "cosine" or "cosine:MIN_LR", each
+ * optionally followed by ",warmup:STEPS". total_steps is filled by the caller. */
+mg_status mg_schedule_parse(const char *spec, float base_lr, mg_schedule *out);
+float mg_schedule_lr(const mg_schedule *s, long step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

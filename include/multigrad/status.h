@@ -1,0 +1,49 @@
+/* multigrad — errors.
+ *
+ * Functions that can fail for reasons outside the program (I/O, bad files,
+ * peers, timeouts, allocation) return mg_status (0 = MG_OK) and leave a
+ * message for mg_last_error(): what failed, where, and how to fix it.
+ * Violated invariants (programmer errors) abort through MG_ASSERT.
+ * The message is per thread. */
+#ifndef MULTIGRAD_STATUS_H
+#define MULTIGRAD_STATUS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int mg_status;
+
+enum {
+    MG_OK = 0,
+    MG_EINVAL,      /* bad argument or flag */
+    MG_EIO,         /* file or socket I/O failed */
+    MG_ENOMEM,      /* allocation failed */
+    MG_EFORMAT,     /* a file or message is malformed */
+    MG_ETIMEOUT,    /* a deadline passed */
+    MG_EPEER,       /* a peer died or closed its connection */
+    MG_EAUTH,       /* authentication failed */
+    MG_EMISMATCH,   /* ranks disagree (collective, count, world size, model) */
+    MG_EUNSUPPORTED /* not available in this build or configuration */
+};
+
+/* Record an error message (printf-style) for this thread; returns code. */
+mg_status mg_error(mg_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The last message recorded on this thread ("" if none). */
+const char *mg_last_error(void);
+/* The short name of a status code ("MG_EIO"). */
+const char *mg_status_name(mg_status s);
+
+void mg__assert_fail(const char *expr, const char *file, int line)
+    __attribute__((noreturn));
+#define MG_ASSERT(cond) \
+    ((cond) ? (void)0 : mg__assert_fail(#cond, __FILE__, __LINE__))
+
+/* Propagate a failing status. */
+#define MG_TRY(expr) do { mg_status mg__s = (expr); if (mg__s) return mg__s; } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,83 @@
+/* Philox-4x32-10 counter-based generator (Salmon et al., SC'11). The output
+ * is a pure function of (seed, counter): reproducible across runs and ranks. */
+#include <math.h>
+#include "multigrad/core.h"
+
+static void philox(uint64_t seed, uint64_t ctr, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int i = 0; i < 10; i++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n1 = (uint32_t)p1;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        uint32_t n3 = (uint32_t)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+void mg_rng_init(mg_rng *r, uint64_t seed)
+{
+    r->seed = seed;
+    r->counter = 0;
+    r->avail = 0;
+}
+
+uint32_t mg_rng_u32(mg_rng *r)
+{
+    if (r->avail == 0) {
+        philox(r->seed, r->counter++, r->buf);
+        r->avail = 4;
+    }
+    return r->buf[4 - r->avail--];
+}
+
+uint64_t mg_rng_u64(mg_rng *r)
+{
+    uint64_t hi = mg_rng_u32(r);
+    return (hi << 32) | mg_rng_u32(r);
+}
+
+float mg_rng_uniform(mg_rng *r)
+{
+    return (float)(mg_rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+}
+
+float mg_rng_normal(mg_rng *r)
+{
+    /* u1 in (0, 1] so log() is finite. */
+    double u1 = ((double)(mg_rng_u32(r) >> 8) + 1.0) / 16777216.0;
+    double u2 = (double)(mg_rng_u32(r) >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+uint32_t mg_rng_below(mg_rng *r, uint32_t n)
+{
+    /* Lemire's multiply-shift with rejection: unbiased. */
+    uint64_t m = (uint64_t)mg_rng_u32(r) * n;
+    uint32_t lo = (uint32_t)m;
+    if (lo < n) {
+        uint32_t t = -n % n;
+        while (lo < t) {
+            m = (uint64_t)mg_rng_u32(r) * n;
+            lo = (uint32_t)m;
+        }
+    }
+    return (uint32_t)(m >> 32);
+}
+
+void mg_permutation(uint64_t seed, int32_t *perm, int n)
+{
+    mg_rng r;
+    mg_rng_init(&r, seed);
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)mg_rng_below(&r, (uint32_t)i + 1);
+        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+}

@@ -1,0 +1,35 @@
+/* Per-thread error messages (see include/multigrad/status.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "multigrad/status.h"
+
+static _Thread_local char last_error[1024];
+
+mg_status mg_error(mg_status code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *mg_last_error(void) { return last_error; }
+
+const char *mg_status_name(mg_status s)
+{
+    static const char *names[] = {
+        "MG_OK", "MG_EINVAL", "MG_EIO", "MG_ENOMEM", "MG_EFORMAT",
+        "MG_ETIMEOUT", "MG_EPEER", "MG_EAUTH", "MG_EMISMATCH", "MG_EUNSUPPORTED",
+    };
+    if (s < 0 || s >= (int)(sizeof names / sizeof names[0])) return "MG_E?";
+    return names[s];
+}
+
+void mg__assert_fail(const char *expr, const char *file, int line)
+{
+    fprintf(stderr, "multigrad: internal error: assertion '%s' failed at %s:%d\n",
+            expr, file, line);
+    abort();
+}

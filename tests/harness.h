@@ -1,0 +1,80 @@
+/* The multigrad test harness: tests register themselves with TEST(); the
+ * runner (tests/main.c) forks each into its own process group with a
+ * timeout, so a crash, hang or leaked child in one test cannot take down
+ * another. A test fails by calling a CHECK that does not hold (the child
+ * exits 1), by crashing, or by running past its timeout. */
+#ifndef MG_TEST_HARNESS_H
+#define MG_TEST_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/status.h"
+
+typedef void (*mgt_fn)(void);
+void mgt_register(const char *name, const char *file, mgt_fn fn, int timeout_s);
+
+#define MGT_REG(name, secs)                                                  \
+    static void name(void);                                                  \
+    __attribute__((constructor)) static void mgt_reg_##name(void)            \
+    { mgt_register(#name, __FILE__, name, secs); }                           \
+    static void name(void)
+
+/* TEST(name) { ... }: default timeout 60 s. TEST_T(name, secs) sets it. */
+#define TEST(name) MGT_REG(name, 60)
+#define TEST_T(name, secs) MGT_REG(name, secs)
+
+void mgt_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+
+#define CHECK(cond) \
+    do { if (!(cond)) mgt_fail(__FILE__, __LINE__, "CHECK(%s)", #cond); } while (0)
+#define CHECK_MSG(cond, ...) \
+    do { if (!(cond)) mgt_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define CHECK_EQ(a, b)                                                        \
+    do { long long mgt_a = (long long)(a), mgt_b = (long long)(b);           \
+         if (mgt_a != mgt_b) mgt_fail(__FILE__, __LINE__,                    \
+             "CHECK_EQ(%s, %s): %lld != %lld", #a, #b, mgt_a, mgt_b); } while (0)
+/* |a-b| <= tol */
+#define CHECK_NEAR(a, b, tol)                                                 \
+    do { double mgt_a = (double)(a), mgt_b = (double)(b);                    \
+         if (!(fabs(mgt_a - mgt_b) <= (tol))) mgt_fail(__FILE__, __LINE__,   \
+             "CHECK_NEAR(%s, %s, %g): %.9g vs %.9g", #a, #b, (double)(tol),   \
+             mgt_a, mgt_b); } while (0)
+/* |a-b| <= rel*max(|a|,|b|) + abs */
+#define CHECK_CLOSE(a, b, rel, abs_)                                          \
+    do { double mgt_a = (double)(a), mgt_b = (double)(b);                    \
+         double mgt_m = fmax(fabs(mgt_a), fabs(mgt_b));                      \
+         if (!(fabs(mgt_a - mgt_b) <= (rel) * mgt_m + (abs_)))               \
+             mgt_fail(__FILE__, __LINE__, "CHECK_CLOSE(%s, %s): %.9g vs %.9g",\
+                      #a, #b, mgt_a, mgt_b); } while (0)
+/* The call returns MG_OK; otherwise print mg_last_error(). */
+#define CHECK_OK(expr)                                                        \
+    do { mg_status mgt_s = (expr);                                           \
+         if (mgt_s) mgt_fail(__FILE__, __LINE__, "%s returned %s: %s", #expr, \
+                             mg_status_name(mgt_s), mg_last_error()); } while (0)
+/* The call fails with the given status. */
+#define CHECK_ERR(expr, code)                                                 \
+    do { mg_status mgt_s = (expr);                                           \
+         if (mgt_s != (code)) mgt_fail(__FILE__, __LINE__,                   \
+             "%s returned %s, expected %s (%s)", #expr, mg_status_name(mgt_s),\
+             mg_status_name(code), mg_last_error()); } while (0)
+
+/* Path of a file shipped in tests/data/. */
+const char *mgt_data(const char *name);
+/* The Fashion-MNIST directory (MG_DATA or /usr/share/datasets/fashion-mnist). */
+const char *mgt_fashion_dir(void);
+/* A fresh empty directory for this test, removed by the runner afterwards. */
+const char *mgt_tmpdir(void);
+/* Path of a built tool ("mgtrain" -> build/bin/mgtrain). */
+const char *mgt_tool(const char *name);
+
+/* Fork n processes running fn(rank, n, arg); each child exits with fn's
+ * return value (0 = success). Waits for all, at most timeout_s seconds
+ * (then kills the rest). Returns the number of ranks that failed; the exit
+ * statuses (as from waitpid) go to status[] when it is not NULL. */
+int mgt_fork_ranks(int n, int (*fn)(int rank, int n, void *arg), void *arg,
+                   double timeout_s, int *status);
+
+#endif

@@ -1,0 +1,278 @@
+/* The fork-per-test runner. Each test runs in its own process group, its
+ * output captured to a file and shown when it fails (or with -v); tests
+ * run N at a time (-j, default 2). Ends with "N passed, N failed" and
+ * exits non-zero on any failure.
+ *   mgtest [-j N] [-v] [-l] [FILTER...]   (FILTER: substring of name or file) */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/core.h"
+
+typedef struct {
+    const char *name, *file;
+    mgt_fn fn;
+    int timeout_s;
+} test_case;
+
+static test_case *tests;
+static int n_tests, cap_tests;
+static char tmpdir_path[256];
+
+void mgt_register(const char *name, const char *file, mgt_fn fn, int timeout_s)
+{
+    if (n_tests == cap_tests) {
+        cap_tests = cap_tests ? 2 * cap_tests : 64;
+        tests = realloc(tests, (size_t)cap_tests * sizeof *tests);
+        if (!tests) abort();
+    }
+    tests[n_tests++] = (test_case){name, file, fn, timeout_s};
+}
+
+void mgt_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stdout, "%s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fprintf(stdout, "\n");
+    fflush(stdout);
+    _exit(1);
+}
+
+const char *mgt_data(const char *name)
+{
+    static _Thread_local char path[512];
+    const char *dir = getenv("MG_TEST_DATA");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", name);
+    return path;
+}
+
+const char *mgt_fashion_dir(void)
+{
+    const char *d = getenv("MG_DATA");
+    return d && *d ? d : "/usr/share/datasets/fashion-mnist";
+}
+
+const char *mgt_tmpdir(void)
+{
+    if (!tmpdir_path[0]) {
+        snprintf(tmpdir_path, sizeof tmpdir_path, "/tmp/mgtest.%d.XXXXXX", (int)getpid());
+        if (!mkdtemp(tmpdir_path)) mgt_fail(__FILE__, __LINE__, "mkdtemp failed");
+    }
+    return tmpdir_path;
+}
+
+const char *mgt_tool(const char *name)
+{
+    static _Thread_local char path[512];
+    const char *dir = getenv("MG_BIN");
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "build/bin", name);
+    return path;
+}
+
+int mgt_fork_ranks(int n, int (*fn)(int, int, void *), void *arg,
+                   double timeout_s, int *status)
+{
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) mgt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+        if (pids[r] == 0) {
+            int rc = fn(r, n, arg);
+            fflush(stdout);
+            _exit(rc);
+        }
+    }
+    int failed = 0, left = n;
+    double deadline = mg_now() + timeout_s;
+    while (left > 0) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p > 0) {
+            for (int r = 0; r < n; r++)
+                if (pids[r] == p) {
+                    pids[r] = 0;
+                    left--;
+                    if (status) status[r] = st;
+                    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
+                }
+            continue;
+        }
+        if (mg_now() > deadline) {
+            for (int r = 0; r < n; r++)
+                if (pids[r]) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], status ? &status[r] : NULL, 0);
+                    failed++;
+                }
+            break;
+        }
+        usleep(2000);
+    }
+    free(pids);
+    return failed;
+}
+
+/* ---- runner ------------------------------------------------------------ */
+
+typedef struct {
+    int idx;
+    pid_t pid;
+    double start;
+    char out[256];
+} running;
+
+static void rm_rf(const char *path)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) { /* best effort */ }
+}
+
+static pid_t launch(int i, running *r)
+{
+    snprintf(r->out, sizeof r->out, "/tmp/mgtest-out.%d.%d", (int)getpid(), i);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);
+        int fd = open(r->out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        signal(SIGPIPE, SIG_IGN);
+        tests[i].fn();
+        fflush(stdout);
+        if (tmpdir_path[0]) rm_rf(tmpdir_path);
+        _exit(0);
+    }
+    setpgid(pid, pid);
+    r->idx = i;
+    r->pid = pid;
+    r->start = mg_now();
+    return pid;
+}
+
+static void show_output(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n++ < 200) printf("    | %s", line);
+    fclose(f);
+}
+
+static int matches(const test_case *t, int argc, char **argv, int first)
+{
+    if (first >= argc) return 1;
+    for (int a = first; a < argc; a++)
+        if (strstr(t->name, argv[a]) || strstr(t->file, argv[a])) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int jobs = (int)mg_env_long("MG_TEST_JOBS", 2), verbose = 0, list = 0, opt;
+    while ((opt = getopt(argc, argv, "j:vlh")) != -1) {
+        switch (opt) {
+        case 'j': jobs = atoi(optarg); break;
+        case 'v': verbose = 1; break;
+        case 'l': list = 1; break;
+        default:
+            printf("usage: mgtest [-j N] [-v] [-l] [FILTER...]\n"
+                   "  runs every registered test (or those whose name or file\n"
+                   "  contains a FILTER) each in its own process, N at a time.\n");
+            return opt == 'h' ? 0 : 2;
+        }
+    }
+    if (jobs < 1) jobs = 1;
+    int *sel = calloc((size_t)n_tests + 1, sizeof *sel), n_sel = 0;
+    for (int i = 0; i < n_tests; i++)
+        if (matches(&tests[i], argc, argv, optind)) sel[n_sel++] = i;
+    if (list) {
+        for (int k = 0; k < n_sel; k++) printf("%s  (%s)\n", tests[sel[k]].name, tests[sel[k]].file);
+        return 0;
+    }
+    running *run = calloc((size_t)jobs, sizeof *run);
+    int next = 0, active = 0, passed = 0, failed = 0;
+    double t0 = mg_now();
+    while (next < n_sel || active > 0) {
+        while (active < jobs && next < n_sel) {
+            for (int s = 0; s < jobs; s++)
+                if (run[s].pid == 0) {
+                    if (launch(sel[next], &run[s]) < 0) {
+                        printf("FAIL %s: fork failed\n", tests[sel[next]].name);
+                        failed++;
+                    } else {
+                        active++;
+                    }
+                    next++;
+                    break;
+                }
+        }
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p <= 0) {
+            double now = mg_now();
+            for (int s = 0; s < jobs; s++) {
+                if (run[s].pid && now - run[s].start > tests[run[s].idx].timeout_s) {
+                    kill(-run[s].pid, SIGKILL);
+                    waitpid(run[s].pid, &st, 0);
+                    test_case *t = &tests[run[s].idx];
+                    printf("FAIL %s (%s): timed out after %d s\n", t->name, t->file, t->timeout_s);
+                    show_output(run[s].out);
+                    unlink(run[s].out);
+                    run[s].pid = 0;
+                    active--;
+                    failed++;
+                }
+            }
+            usleep(1000);
+            continue;
+        }
+        for (int s = 0; s < jobs; s++) {
+            if (run[s].pid != p) continue;
+            /* Reap any stray children the test left in its group. */
+            kill(-p, SIGKILL);
+            test_case *t = &tests[run[s].idx];
+            double secs = mg_now() - run[s].start;
+            int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+            if (ok) {
+                passed++;
+                printf("PASS %s (%.2fs)\n", t->name, secs);
+                if (verbose) show_output(run[s].out);
+            } else {
+                failed++;
+                if (WIFSIGNALED(st))
+                    printf("FAIL %s (%s): killed by signal %d (%s)\n", t->name, t->file,
+                           WTERMSIG(st), strsignal(WTERMSIG(st)));
+                else
+                    printf("FAIL %s (%s): exit status %d\n", t->name, t->file, WEXITSTATUS(st));
+                show_output(run[s].out);
+            }
+            fflush(stdout);
+            unlink(run[s].out);
+            run[s].pid = 0;
+            active--;
+        }
+    }
+    printf("ran %d tests in %.1f s\n", n_sel, mg_now() - t0);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

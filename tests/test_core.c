@@ -1,0 +1,65 @@
+/* Tests of src/core: errors, arenas, the generator and permutations. */
+#include "harness.h"
+#include "multigrad/core.h"
+
+TEST(core_error_message)
+{
+    CHECK_EQ(mg_error(MG_EIO, "cannot open %s", "x.bin"), MG_EIO);
+    CHECK(strcmp(mg_last_error(), "cannot open x.bin") == 0);
+    CHECK(strcmp(mg_status_name(MG_ETIMEOUT), "MG_ETIMEOUT") == 0);
+}
+
+TEST(core_arena_alignment_and_bounds)
+{
+    mg_arena a;
+    CHECK_OK(mg_arena_init(&a, 1024));
+    char *p = mg_arena_push(&a, 3), *q = mg_arena_push(&a, 100);
+    CHECK(p && q && ((uintptr_t)p % MG_ALIGN) == 0 && ((uintptr_t)q % MG_ALIGN) == 0);
+    CHECK(q - p == MG_ALIGN);
+    CHECK(mg_arena_push(&a, 2000) == NULL);
+    mg_arena_reset(&a);
+    CHECK(mg_arena_push(&a, 1024) == p);
+    mg_arena_free(&a);
+}
+
+TEST(core_rng_reproducible_and_uniform)
+{
+    mg_rng a, b;
+    mg_rng_init(&a, 42);
+    mg_rng_init(&b, 42);
+    for (int i = 0; i < 100; i++) CHECK_EQ(mg_rng_u32(&a), mg_rng_u32(&b));
+    mg_rng_init(&b, 43);
+    int same = 0;
+    for (int i = 0; i < 100; i++) same += mg_rng_u32(&a) == mg_rng_u32(&b);
+    CHECK(same < 3);
+    /* Moments of uniform and normal draws. */
+    double s = 0, s2 = 0, ns = 0, ns2 = 0;
+    int n = 200000;
+    for (int i = 0; i < n; i++) {
+        double u = mg_rng_uniform(&a), z = mg_rng_normal(&a);
+        CHECK(u >= 0 && u < 1);
+        s += u; s2 += u * u; ns += z; ns2 += z * z;
+    }
+    CHECK_NEAR(s / n, 0.5, 0.01);
+    CHECK_NEAR(s2 / n - (s / n) * (s / n), 1.0 / 12, 0.005);
+    CHECK_NEAR(ns / n, 0.0, 0.01);
+    CHECK_NEAR(ns2 / n, 1.0, 0.02);
+}
+
+TEST(core_permutation_is_a_permutation)
+{
+    int n = 1000;
+    int32_t p[1000], q[1000];
+    char seen[1000] = {0};
+    mg_permutation(7, p, n);
+    mg_permutation(7, q, n);
+    for (int i = 0; i < n; i++) {
+        CHECK(p[i] >= 0 && p[i] < n && !seen[p[i]]);
+        seen[p[i]] = 1;
+        CHECK_EQ(p[i], q[i]);
+    }
+    mg_permutation(8, q, n);
+    int same = 0;
+    for (int i = 0; i < n; i++) same += p[i] == q[i];
+    CHECK(same < 20);
+}
