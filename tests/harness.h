@@ -61,6 +61,11 @@ void mgt_fail(const char *file, int line, const char *fmt, ...)
              "%s returned %s, expected %s (%s)", #expr, mg_status_name(mgt_s),\
              mg_status_name(code), mg_last_error()); } while (0)
 
+/* Skip this test (it is reported as skipped, never as passed), e.g. when
+ * an optional peer such as PyTorch is not installed. */
+void mgt_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+#define MGT_SKIP_STATUS 77
+
 /* Path of a file shipped in tests/data/. */
 const char *mgt_data(const char *name);
 /* The Fashion-MNIST directory (MG_DATA or /usr/share/datasets/fashion-mnist). */

@@ -48,6 +48,18 @@ void mgt_fail(const char *file, int line, const char *fmt, ...)
     _exit(1);
 }
 
+void mgt_skip(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stdout, "skipped: ");
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fprintf(stdout, "\n");
+    fflush(stdout);
+    _exit(MGT_SKIP_STATUS);
+}
+
 const char *mgt_data(const char *name)
 {
     static _Thread_local char path[512];
@@ -210,7 +222,7 @@ int main(int argc, char **argv)
         return 0;
     }
     running *run = calloc((size_t)jobs, sizeof *run);
-    int next = 0, active = 0, passed = 0, failed = 0;
+    int next = 0, active = 0, passed = 0, failed = 0, skipped = 0;
     double t0 = mg_now();
     while (next < n_sel || active > 0) {
         while (active < jobs && next < n_sel) {
@@ -253,7 +265,11 @@ int main(int argc, char **argv)
             test_case *t = &tests[run[s].idx];
             double secs = mg_now() - run[s].start;
             int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-            if (ok) {
+            if (WIFEXITED(st) && WEXITSTATUS(st) == MGT_SKIP_STATUS) {
+                skipped++;
+                printf("SKIP %s\n", t->name);
+                show_output(run[s].out);
+            } else if (ok) {
                 passed++;
                 printf("PASS %s (%.2fs)\n", t->name, secs);
                 if (verbose) show_output(run[s].out);
@@ -273,6 +289,9 @@ int main(int argc, char **argv)
         }
     }
     printf("ran %d tests in %.1f s\n", n_sel, mg_now() - t0);
-    printf("%d passed, %d failed\n", passed, failed);
+    if (skipped)
+        printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else
+        printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
