@@ -63,3 +63,55 @@ TEST(core_permutation_is_a_permutation)
     for (int i = 0; i < n; i++) same += p[i] == q[i];
     CHECK(same < 20);
 }
+
+#include <sys/stat.h>
+#include "multigrad/plot.h"
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    s[n] = 0;
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return s;
+}
+
+TEST(core_atomic_write_replaces_whole_file)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/a.txt", mgt_tmpdir());
+    CHECK_OK(mg_write_file_atomic(path, "first", 5));
+    CHECK_OK(mg_write_file_atomic(path, "second!", 7));
+    size_t n;
+    char *s = slurp(path, &n);
+    CHECK(s && n == 7 && memcmp(s, "second!", 7) == 0);
+    free(s);
+    /* A failing write (directory missing) leaves nothing behind. */
+    snprintf(path, sizeof path, "%s/no/such/dir/a.txt", mgt_tmpdir());
+    CHECK_ERR(mg_write_file_atomic(path, "x", 1), MG_EIO);
+    CHECK(strstr(mg_last_error(), "no/such/dir") != NULL);
+}
+
+TEST(core_plot_svg_has_both_panels)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/p.svg", mgt_tmpdir());
+    double loss[3] = {2.3, 1.0, 0.5}, acc[3] = {0.1, 0.6, 0.8};
+    mg_plot_series s[2] = {{"train loss", loss, 0}, {"test acc", acc, 1}};
+    const char *titles[2] = {"loss", "accuracy"};
+    CHECK_OK(mg_plot_svg(path, "lenet <d2l>", titles, s, 2, 3));
+    char *svg = slurp(path, NULL);
+    CHECK(svg && strncmp(svg, "<svg", 4) == 0 && strstr(svg, "</svg>"));
+    CHECK(strstr(svg, "lenet &lt;d2l&gt;"));
+    CHECK(strstr(svg, "train loss") && strstr(svg, "test acc"));
+    int polylines = 0;
+    for (char *q = svg; (q = strstr(q, "<polyline")); q++) polylines++;
+    CHECK_EQ(polylines, 2);
+    free(svg);
+}

@@ -64,6 +64,11 @@ bool mg_verbose(void);
 /* Monotonic clock in seconds. */
 double mg_now(void);
 
+/* Write `len` bytes to path atomically (temporary file in the same
+ * directory, fsync, rename, fsync of the directory): a crash leaves either
+ * the old file or the new one, never half of one. */
+mg_status mg_write_file_atomic(const char *path, const void *data, size_t len);
+
 /* Peak resident set size of this process in bytes (from getrusage). */
 size_t mg_peak_rss(void);
 

@@ -1,0 +1,179 @@
+/* SVG training curves and atomic whole-file writes. The plot is simple on
+ * purpose: two panels, linear axes with round ticks, one polyline per
+ * series; it needs nothing but stdio. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "multigrad/core.h"
+#include "multigrad/plot.h"
+
+mg_status mg_write_file_atomic(const char *path, const void *data, size_t len)
+{
+    char tmp[4096], dir[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
+        return mg_error(MG_EINVAL, "%s: path too long", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return mg_error(MG_EIO, "cannot create a temporary file next to %s: %s "
+                        "(is the directory writable?)", path, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return mg_error(MG_EIO, "writing %s: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) || close(fd)) {
+        int e = errno;
+        unlink(tmp);
+        return mg_error(MG_EIO, "flushing %s: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path)) {
+        int e = errno;
+        unlink(tmp);
+        return mg_error(MG_EIO, "renaming %s to %s: %s", tmp, path, strerror(e));
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return MG_OK;
+}
+
+/* A growable string for building the document. */
+typedef struct { char *s; size_t len, cap; int oom; } buf;
+
+static void addf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void addf(buf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->oom = 1; return; }
+        if ((size_t)n < b->cap - b->len) { b->len += (size_t)n; return; }
+        size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *s = realloc(b->s, cap);
+        if (!s) { b->oom = 1; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+/* A round tick step giving about 5 ticks over [lo, hi]. */
+static double tick_step(double lo, double hi)
+{
+    double span = hi - lo, raw = span / 5, mag = pow(10, floor(log10(raw)));
+    double f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
+}
+
+static void escape(buf *b, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '<') addf(b, "&lt;");
+        else if (*s == '>') addf(b, "&gt;");
+        else if (*s == '&') addf(b, "&amp;");
+        else addf(b, "%c", *s);
+    }
+}
+
+mg_status mg_plot_svg(const char *path, const char *title,
+                      const char *const panel_title[2],
+                      const mg_plot_series *s, int n_series, int n)
+{
+    static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"};
+    const int W = 900, H = 380, pw = 380, ph = 260, top = 60, left[2] = {70, 520};
+    buf b = {0};
+    addf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+         "font-family=\"sans-serif\" font-size=\"12\">\n"
+         "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+         "<text x=\"%d\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">", W, H, W / 2);
+    escape(&b, title);
+    addf(&b, "</text>\n");
+    for (int p = 0; p < 2; p++) {
+        double lo = INFINITY, hi = -INFINITY;
+        for (int k = 0; k < n_series; k++)
+            if (s[k].panel == p)
+                for (int i = 0; i < n; i++)
+                    if (isfinite(s[k].y[i])) {
+                        lo = fmin(lo, s[k].y[i]);
+                        hi = fmax(hi, s[k].y[i]);
+                    }
+        if (!(lo <= hi)) { lo = 0; hi = 1; }
+        if (hi - lo < 1e-9) { hi += 0.5; lo -= 0.5; }
+        double st = tick_step(lo, hi);
+        lo = floor(lo / st) * st;
+        hi = ceil(hi / st) * st;
+        int x0 = left[p], y0 = top;
+        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2, y0 - 10);
+        escape(&b, panel_title[p]);
+        addf(&b, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
+             "fill=\"none\" stroke=\"#444\"/>\n", x0, y0, pw, ph);
+        for (double v = lo; v <= hi + st / 2; v += st) {
+            double y = y0 + ph - (v - lo) / (hi - lo) * ph;
+            addf(&b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                 "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
+                 x0, x0 + pw, y, y, x0 - 6, y + 4, fabs(v) < st / 1e6 ? 0.0 : v);
+        }
+        int xt = n <= 10 ? 1 : (int)tick_step(1, n);
+        for (int e = 1; e <= n; e += xt) {
+            double x = x0 + (n > 1 ? (double)(e - 1) / (n - 1) * pw : pw / 2.0);
+            addf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n",
+                 x, y0 + ph + 16, e);
+        }
+        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">epoch</text>\n",
+             x0 + pw / 2, y0 + ph + 34);
+        int legend = 0;
+        for (int k = 0; k < n_series; k++) {
+            if (s[k].panel != p) continue;
+            const char *c = colors[k % 5];
+            addf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
+            for (int i = 0; i < n; i++) {
+                if (!isfinite(s[k].y[i])) continue;
+                double x = x0 + (n > 1 ? (double)i / (n - 1) * pw : pw / 2.0);
+                double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
+                addf(&b, "%.1f,%.1f ", x, y);
+            }
+            addf(&b, "\"/>\n");
+            for (int i = 0; i < n; i++) {
+                if (!isfinite(s[k].y[i])) continue;
+                double x = x0 + (n > 1 ? (double)i / (n - 1) * pw : pw / 2.0);
+                double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
+                addf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", x, y, c);
+            }
+            addf(&b, "\n<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
+                 "<text x=\"%d\" y=\"%d\">", x0 + 10, y0 + 12 + 16 * legend, c,
+                 x0 + 28, y0 + 17 + 16 * legend);
+            escape(&b, s[k].label);
+            addf(&b, "</text>\n");
+            legend++;
+        }
+    }
+    addf(&b, "</svg>\n");
+    if (b.oom) {
+        free(b.s);
+        return mg_error(MG_ENOMEM, "plot %s: out of memory", path);
+    }
+    mg_status st = mg_write_file_atomic(path, b.s, b.len);
+    free(b.s);
+    return st;
+}
