@@ -54,9 +54,13 @@ tools: $(TOOLS)
 tests: $(TESTBIN)
 benches: $(BENCHES)
 
+# V=1 shows the full commands.
+Q := $(if $(V),,@)
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(V),,echo "  CC    $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/lib/libmultigrad.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -115,3 +115,29 @@ TEST(core_plot_svg_has_both_panels)
     CHECK_EQ(polylines, 2);
     free(svg);
 }
+
+#include "multigrad/trace.h"
+
+TEST(core_trace_writes_chrome_json)
+{
+    char path[512], rpath[512];
+    snprintf(path, sizeof path, "%s/t.json", mgt_tmpdir());
+    CHECK_OK(mg_trace_open(path, 1, 2));
+    CHECK(mg_trace_on());
+    double a = mg_trace_now();
+    mg_trace_event("conv1.forward", "forward", 0, a, a + 10);
+    mg_trace_event("bucket0", "allreduce", 1, a + 5, a + 30);
+    CHECK_OK(mg_trace_close());
+    CHECK(!mg_trace_on());
+    snprintf(rpath, sizeof rpath, "%s/t.rank1.json", mgt_tmpdir());
+    char *s = slurp(rpath, NULL);
+    CHECK(s && strstr(s, "\"traceEvents\"") && strstr(s, "\"conv1.forward\""));
+    CHECK(strstr(s, "\"ph\":\"X\",\"pid\":1,\"tid\":1"));
+    if (system("command -v python3 >/dev/null") == 0) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; d=json.load(open(\"%s\"));"
+                 " sys.exit(0 if len(d[\"traceEvents\"])==6 else 1)'", rpath);
+        CHECK(system(cmd) == 0);
+    }
+    free(s);
+}

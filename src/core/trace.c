@@ -1,0 +1,120 @@
+/* Chrome trace recording (see include/multigrad/trace.h). Events go to an
+ * in-memory array under a mutex (the progress thread may record too) and
+ * are written as one JSON document at close. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/core.h"
+#include "multigrad/trace.h"
+
+typedef struct {
+    char name[48];
+    char cat[16];
+    int tid;
+    double ts, dur;
+} event;
+
+static struct {
+    pthread_mutex_t mu;
+    bool on;
+    int rank;
+    char path[4096];
+    event *ev;
+    size_t n, cap;
+    double t0;
+} tr = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+mg_status mg_trace_open(const char *path, int rank, int world)
+{
+    if (!path) path = mg_env_str("MG_TRACE", NULL);
+    if (!path) return MG_OK;
+    pthread_mutex_lock(&tr.mu);
+    if (world > 1) {
+        const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+        if (dot && (!slash || dot > slash))
+            snprintf(tr.path, sizeof tr.path, "%.*s.rank%d%s", (int)(dot - path), path,
+                     rank, dot);
+        else
+            snprintf(tr.path, sizeof tr.path, "%s.rank%d", path, rank);
+    } else {
+        snprintf(tr.path, sizeof tr.path, "%s", path);
+    }
+    tr.rank = rank;
+    tr.on = true;
+    tr.t0 = mg_now();
+    pthread_mutex_unlock(&tr.mu);
+    return MG_OK;
+}
+
+bool mg_trace_on(void)
+{
+    return __atomic_load_n(&tr.on, __ATOMIC_RELAXED);
+}
+
+double mg_trace_now(void)
+{
+    return (mg_now() - tr.t0) * 1e6;
+}
+
+void mg_trace_event(const char *name, const char *cat, int tid, double start_us, double end_us)
+{
+    if (!mg_trace_on()) return;
+    pthread_mutex_lock(&tr.mu);
+    if (tr.n == tr.cap) {
+        size_t cap = tr.cap ? 2 * tr.cap : 4096;
+        event *e = realloc(tr.ev, cap * sizeof *e);
+        if (!e) {
+            pthread_mutex_unlock(&tr.mu);
+            return;
+        }
+        tr.ev = e;
+        tr.cap = cap;
+    }
+    event *e = &tr.ev[tr.n++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    snprintf(e->cat, sizeof e->cat, "%s", cat);
+    e->tid = tid;
+    e->ts = start_us;
+    e->dur = end_us > start_us ? end_us - start_us : 0;
+    pthread_mutex_unlock(&tr.mu);
+}
+
+mg_status mg_trace_close(void)
+{
+    pthread_mutex_lock(&tr.mu);
+    if (!tr.on) {
+        pthread_mutex_unlock(&tr.mu);
+        return MG_OK;
+    }
+    tr.on = false;
+    size_t cap = 256 + tr.n * 160, len = 0;
+    char *s = malloc(cap);
+    mg_status st = MG_OK;
+    if (!s) {
+        st = mg_error(MG_ENOMEM, "trace %s: out of memory", tr.path);
+    } else {
+        static const char *tracks[] = {"compute", "communication", "data", "other"};
+        len += (size_t)snprintf(s + len, cap - len, "{\"traceEvents\":[\n");
+        for (int t = 0; t < 4; t++)
+            len += (size_t)snprintf(s + len, cap - len,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                "\"args\":{\"name\":\"%s\"}},\n", tr.rank, t, tracks[t]);
+        for (size_t i = 0; i < tr.n; i++) {
+            event *e = &tr.ev[i];
+            len += (size_t)snprintf(s + len, cap - len,
+                "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+                "\"ts\":%.3f,\"dur\":%.3f}%s\n", e->name, e->cat, tr.rank, e->tid,
+                e->ts, e->dur, i + 1 < tr.n ? "," : "");
+        }
+        len += (size_t)snprintf(s + len, cap - len, "],\"displayTimeUnit\":\"ms\"}\n");
+        st = mg_write_file_atomic(tr.path, s, len);
+        free(s);
+    }
+    free(tr.ev);
+    tr.ev = NULL;
+    tr.n = tr.cap = 0;
+    pthread_mutex_unlock(&tr.mu);
+    return st;
+}
