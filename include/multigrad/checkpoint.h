@@ -32,7 +32,9 @@ typedef struct mg_st_tensor {
 } mg_st_tensor;
 
 /* Write tensors and metadata (n_meta key/value pairs: meta[2i], meta[2i+1])
- * atomically to path. */
+ * atomically to path: on any error the previous file at path is intact and
+ * no temporary file is left. Data is laid out in the order given; the
+ * header is padded with spaces to a multiple of 8 bytes. */
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
                       const char *const *meta, int n_meta);
 
@@ -46,6 +48,16 @@ const mg_st_tensor *mg_st_get(const mg_st_file *f, int i);
 const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
 /* A __metadata__ value, or NULL. */
 const char *mg_st_meta(const mg_st_file *f, const char *key);
+/* All metadata: count, and the i-th value (its key in *key). */
+int mg_st_meta_count(const mg_st_file *f);
+const char *mg_st_meta_at(const mg_st_file *f, int i, const char **key);
+/* mg_st_write adds the metadata entry "multigrad.crc32" (a CRC-32 of the
+ * tensors and the other metadata); mg_st_open verifies it when present and
+ * fails on a mismatch. True if the file carried one (so it was verified). */
+bool mg_st_verified(const mg_st_file *f);
+/* "F32", ... and the element size in bytes. */
+const char *mg_st_dtype_name(mg_st_dtype d);
+size_t mg_st_dtype_size(mg_st_dtype d);
 
 /* Training state beyond the arenas. */
 typedef struct mg_ckpt_meta {
@@ -53,12 +65,16 @@ typedef struct mg_ckpt_meta {
     long step;          /* optimizer steps taken */
     long epoch;         /* epochs completed */
     uint64_t seed;
-    uint64_t rng_counter; /* dropout stream position */
+    uint64_t rng_counter; /* dropout stream position: saved from the model
+                             (mg_model_rng_counter), restored into it */
     /* Hyper-parameters as "key=value;..." (checked on resume). */
     char hparams[512];
 } mg_ckpt_meta;
 
-/* Save parameters, buffers, optimizer state (o may be NULL) and meta. */
+/* Save parameters, buffers, optimizer state (o may be NULL) and meta (may
+ * be NULL; meta->model is ignored, the model's name is written). Optimizer
+ * state is saved as "optim.<state>.<param name>" tensors of the
+ * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. */
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta);
 /* Load into m (and o if not NULL). Refuses a file of another model, with

@@ -69,6 +69,45 @@ mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
 void *mg_group_alloc(mg_group *g, size_t bytes);
 void mg_group_free(mg_group *g, void *p);
 
+/* ---- store ------------------------------------------------------------
+ * The rendezvous key-value store. Rank 0 serves one over TCP during
+ * mg_group_init (unless MG_STORE_SERVED=1 says a launcher does); a
+ * launcher or test may serve and use one directly. Every connection
+ * proves it knows the job secret (HMAC-SHA256 challenge–response); with
+ * no secret only loopback clients are accepted. Keys are at most
+ * MG_STORE_MAX_KEY bytes, values at most MG_STORE_MAX_VALUE. */
+#define MG_STORE_MAX_KEY 1024
+#define MG_STORE_MAX_VALUE ((size_t)4 << 20)
+
+typedef struct mg_store mg_store;
+typedef struct mg_store_server mg_store_server;
+
+/* Serve on host:port (host NULL: every interface; port 0: a free port)
+ * from a thread of this process. secret NULL: MG_JOB_SECRET; "" or unset:
+ * none, and then only loopback clients are accepted. */
+mg_status mg_store_server_start(const char *host, int port, const char *secret,
+                                mg_store_server **out);
+int mg_store_server_port(const mg_store_server *s);
+/* Stops serving and closes every client connection. Accepts NULL. */
+void mg_store_server_stop(mg_store_server *s);
+
+/* Connect to "tcp://host:port" or "file:///path". timeout_s bounds the
+ * connection and is the default deadline of get and wait (<= 0: MG_TIMEOUT
+ * or 300). secret as for the server. Thread-safe. */
+mg_status mg_store_connect(const char *url, const char *secret, double timeout_s,
+                           mg_store **out);
+void mg_store_destroy(mg_store *s);
+mg_status mg_store_set(mg_store *s, const char *key, const void *val, size_t n);
+/* Waits until key exists (MG_ETIMEOUT after the store's timeout); *val is
+ * malloc'd (free() it) and NUL-terminated after its n bytes. */
+mg_status mg_store_get(mg_store *s, const char *key, void **val, size_t *n);
+/* Adds delta to the integer value of key (absent: 0); *result may be NULL. */
+mg_status mg_store_add(mg_store *s, const char *key, int64_t delta, int64_t *result);
+/* Waits until every key exists; timeout_s < 0: the store's timeout. */
+mg_status mg_store_wait(mg_store *s, const char *const *keys, int n, double timeout_s);
+/* *existed (may be NULL) is 1 if the key was there. */
+mg_status mg_store_delete(mg_store *s, const char *key, int *existed);
+
 /* ---- operations ------------------------------------------------------ */
 
 typedef enum {

@@ -18,8 +18,10 @@ typedef struct mg_idx {
     size_t size;       /* product of dims */
     uint8_t *data;
 } mg_idx;
-/* Reads plain or gzip IDX; checks the magic (u8 type), the dimensions
- * (bounded) and that the data length matches the header exactly. */
+/* Reads plain or gzip IDX; checks the magic (0x000008NN: u8 data, NN = 1..4
+ * dimensions), the dimensions (at most 1 GiB of data, refused before any
+ * allocation) and that the data length matches the header exactly (a
+ * short file or trailing bytes are MG_EFORMAT). Errors name the file. */
 mg_status mg_idx_load(const char *path, mg_idx *out);
 void mg_idx_free(mg_idx *idx);
 
@@ -35,15 +37,21 @@ typedef struct mg_dataset {
     uint8_t *images;   /* n * h * w */
     uint8_t *labels;   /* n */
 } mg_dataset;
-/* Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from dir and
- * checks that images and labels agree. */
+/* Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from dir (the
+ * .gz file is preferred when both exist) and checks that images and labels
+ * agree and labels are < 10. Callers default dir to
+ * /usr/share/datasets/fashion-mnist; errors say how to install the data
+ * set or pass --data DIR. */
 mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out);
 void mg_dataset_destroy(mg_dataset *ds);
-/* Gather images idx[0..n) into x (float, scaled) and labels into y. */
+/* Gather images idx[0..n) into x (float, scaled; n*h*w floats) and labels
+ * into y (may be NULL). The scaling is computed in float exactly as
+ * PyTorch's x/255 and (x/255 - 0.2860)/0.3530, so batches match bit for bit. */
 void mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
                        mg_scaling scaling, float *x, int32_t *y);
 
-/* Background loader: batches of an index order, assembled one ahead. */
+/* Background loader: batches of an index order, assembled one ahead on
+ * its own thread (double buffering). One consumer thread. */
 typedef struct mg_loader mg_loader;
 mg_status mg_loader_create(const mg_dataset *ds, int max_batch, mg_scaling scaling,
                            mg_loader **out);

@@ -105,6 +105,55 @@ float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
 void mg_model_backward(mg_model *m);
 void mg_model_zero_grad(mg_model *m);
 
+/* Position of the dropout stream (checkpointed so a resumed run draws the
+ * same masks). */
+uint64_t mg_model_rng_counter(const mg_model *m);
+void mg_model_set_rng_counter(mg_model *m, uint64_t counter);
+
+/* Also compute d(loss)/d(input) in backward (pipeline stages, tests); set
+ * before mg_model_reserve. The gradient is valid after mg_model_backward. */
+void mg_model_set_input_grad(mg_model *m, bool on);
+const float *mg_model_input_grad(const mg_model *m);
+/* Backward from a given gradient of the output [batch, classes] instead of
+ * the loss's (a custom loss, a pipeline stage). */
+void mg_model_backward_from(mg_model *m, const float *dout);
+
+/* ---- Building models from layers ------------------------------------
+ * Layers are created unattached and owned by the composite or model they
+ * are given to (also when that call fails). A NULL or empty name inside a
+ * Sequential becomes the child's index, as in torch.nn.Sequential;
+ * parameters are named "<path>.weight". Constructors return NULL only when
+ * memory runs out (composites then free their children). */
+typedef struct mg_layer mg_layer;
+typedef enum { MG_INIT_TORCH_DEFAULT, MG_INIT_NORMAL } mg_init_kind;
+
+/* y = x W^T + b (input [c,h,w] flattened channel-major), then ReLU if relu. */
+mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu);
+/* k x k convolution, then ReLU if relu, then a 2x2/2 pool if pool is not
+ * MG_POOL_NONE: one layer so the pre-pool map never goes to memory. */
+mg_layer *mg_layer_conv2d(const char *name, int in_ch, int out_ch, int k, int stride,
+                          int pad, bool relu, mg_pool_kind pool);
+mg_layer *mg_layer_relu(const char *name);
+mg_layer *mg_layer_avgpool2d(const char *name, int k, int stride);
+mg_layer *mg_layer_maxpool2d(const char *name, int k, int stride);
+mg_layer *mg_layer_flatten(const char *name);
+mg_layer *mg_layer_dropout(const char *name, float p);
+/* BatchNorm2d(ch): eps 1e-5, momentum 0.1, affine; buffers running_mean,
+ * running_var. */
+mg_layer *mg_layer_batchnorm2d(const char *name, int ch);
+mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n);
+/* y = branch(x) + shortcut(x) (shortcut NULL: identity), then ReLU if relu. */
+mg_layer *mg_layer_residual(const char *name, mg_layer *branch, mg_layer *shortcut,
+                            bool relu);
+/* Initialisation of a layer's parameters (default MG_INIT_TORCH_DEFAULT;
+ * MG_INIT_NORMAL: weights N(0, std^2), biases 0); applies to children. */
+void mg_layer_set_init(mg_layer *l, mg_init_kind kind, float std);
+void mg_layer_destroy(mg_layer *l);
+/* A model whose root (taken, also on failure) takes images [c, h, w];
+ * its output per image is the logits. Parameters initialised from seed. */
+mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, int w,
+                               uint64_t seed, mg_model **out);
+
 /* Softmax cross-entropy (mean over n rows of `classes` logits). dlogits
  * (may be NULL) gets d(loss)/d(logits). Returns the loss; *correct (may be
  * NULL) the number of rows whose argmax equals the label. */

@@ -1,11 +1,13 @@
 /* multigrad — float32 tensors and the kernels under every layer.
  * A tensor is a view: a pointer into an arena plus up to 4 dimensions,
  * row-major and contiguous. Kernels take outputs first, then inputs, then
- * dimensions; backward kernels accumulate into gradients. */
+ * dimensions; backward kernels accumulate into parameter gradients (and
+ * overwrite input gradients, which nothing else shares). Images are NCHW. */
 #ifndef MULTIGRAD_TENSOR_H
 #define MULTIGRAD_TENSOR_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include "core.h"
 
@@ -32,6 +34,104 @@ int mg_get_threads(void);
 void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              const float *A, int lda, const float *B, int ldb, float beta,
              float *C, int ldc);
+
+/* ---- im2col --------------------------------------------------------- */
+
+/* One image x [c, h, w] to columns: col row (ci, ki, kj) holds, at
+ * column oy*ow + ox, x[ci, oy*stride - pad + ki, ox*stride - pad + kj]
+ * (0 outside the image). Rows are ldc floats apart, so the columns of
+ * several images can sit side by side in one matrix [c*kh*kw, n*oh*ow]. */
+void mg_im2col(float *col, int ldc, const float *x, int c, int h, int w,
+               int kh, int kw, int stride, int pad, int oh, int ow);
+/* The adjoint: x[c, h, w] += the columns scattered back. */
+void mg_col2im(float *x, const float *col, int ldc, int c, int h, int w,
+               int kh, int kw, int stride, int pad, int oh, int ow);
+
+/* ---- convolution ------------------------------------------------------ */
+
+typedef enum { MG_POOL_NONE, MG_POOL_AVG, MG_POOL_MAX } mg_pool_kind;
+
+/* A 2-d convolution (cross-correlation, as PyTorch), optionally followed
+ * by a fused ReLU and a fused 2x2/2 pool (floor mode): the pre-pool map is
+ * never written out, which saves two passes over the largest activation. */
+typedef struct mg_conv2d_shape {
+    int c, h, w;          /* input per image */
+    int oc, kh, kw, stride, pad;
+    int oh, ow;           /* convolution output */
+    bool relu;
+    mg_pool_kind pool;
+    int ph, pw;           /* layer output: pooled (oh/2, ow/2) or (oh, ow) */
+    int chunk;            /* images per im2col block (cache-sized) */
+} mg_conv2d_shape;
+
+/* Fills the derived fields; false if the geometry is impossible. */
+bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
+                          int kh, int kw, int stride, int pad, bool relu,
+                          mg_pool_kind pool);
+/* Floats of workspace forward and backward need (any batch size). */
+size_t mg_conv2d_workspace(const mg_conv2d_shape *s);
+/* Bytes per image the forward keeps for the backward (ReLU masks, argmax). */
+size_t mg_conv2d_saved_bytes(const mg_conv2d_shape *s);
+
+/* y [n, oc, ph, pw]; saved: mg_conv2d_saved_bytes * n bytes. */
+void mg_conv2d_forward(float *y, uint8_t *saved, const float *x,
+                       const float *wt, const float *b,
+                       const mg_conv2d_shape *s, int n, float *ws);
+/* dw, db += the gradients; dx (NULL: skipped, e.g. the first layer) gets
+ * the input gradient. dy is the gradient of y; y and saved come from the
+ * forward of the same x. */
+void mg_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
+                        const float *y, const uint8_t *saved, const float *x,
+                        const float *wt, const mg_conv2d_shape *s, int n,
+                        float *ws);
+
+/* ---- pooling ---------------------------------------------------------- */
+
+/* Pool planes x [nc, h, w] with a k x k window, stride s, no padding,
+ * floor mode, into y [nc, oh, ow] (oh = (h-k)/s + 1). Max pooling records
+ * in arg the flat input index (within the plane) of the first maximum in
+ * row-major order; the backward sends each gradient there. */
+void mg_avgpool2d_forward(float *y, const float *x, int nc, int h, int w, int k, int s);
+void mg_avgpool2d_backward(float *dx, const float *dy, int nc, int h, int w, int k, int s);
+void mg_maxpool2d_forward(float *y, int32_t *arg, const float *x, int nc, int h, int w,
+                          int k, int s);
+void mg_maxpool2d_backward(float *dx, const float *dy, const int32_t *arg, int nc,
+                           int h, int w, int k, int s);
+
+/* ---- elementwise and dense ------------------------------------------- */
+
+void mg_relu_forward(float *y, const float *x, size_t n);
+/* dx = dy where y > 0, else 0 (PyTorch's threshold_backward on the output). */
+void mg_relu_backward(float *dx, const float *dy, const float *y, size_t n);
+
+/* y [n, out] = x [n, in] W^T + b, then ReLU if relu. */
+void mg_linear_forward(float *y, const float *x, const float *wt, const float *b,
+                       int n, int in, int out, bool relu);
+/* dw, db += ; dx (may be NULL) = dy W. With relu, dy is first masked in
+ * place by y > 0. */
+void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                        const float *x, const float *wt, int n, int in, int out,
+                        bool relu);
+
+/* Inverted dropout: keep[i] = 1 with probability 1-p from the
+ * counter-based stream (seed, counter); y = x * keep / (1-p). */
+void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter);
+void mg_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n, float p);
+
+/* ---- batch normalisation (per channel over n, h, w) ------------------- */
+
+/* Training mode: normalises with the batch statistics (biased variance),
+ * stores mean and 1/sqrt(var+eps) per channel, and updates the running
+ * statistics as PyTorch does (momentum 0.1, unbiased variance). Eval mode
+ * (training false) uses the running statistics. */
+void mg_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
+                            const float *gamma, const float *beta,
+                            float *run_mean, float *run_var, int n, int c, int hw,
+                            float eps, float momentum, bool training);
+/* dgamma, dbeta += ; dx (may be NULL) = the input gradient. */
+void mg_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                             const float *x, const float *mean, const float *invstd,
+                             const float *gamma, int n, int c, int hw, bool training);
 
 #ifdef __cplusplus
 }

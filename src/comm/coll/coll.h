@@ -32,27 +32,67 @@ struct mg__p2p {
      * (to and from may be the same peer; sn or rn may be 0). */
     mg_status (*sendrecv)(mg__p2p *p, int to, const void *sbuf, size_t sn,
                           int from, void *rbuf, size_t rn);
-    /* Non-NULL when all ranks of the group share this host's memory. */
+    /* Non-NULL when all ranks of the group share this host's memory (and
+     * the group wants the direct algorithms: MG_TRANSPORT=tcp sets NULL). */
     mg__shm *shm;
+    /* Scratch memory the algorithms keep between operations so that a
+     * steady stream of collectives allocates nothing. Zero-initialise both
+     * fields; call mg__coll_scratch_free(p) when p is no longer used. */
+    void *scratch;
+    size_t scratch_bytes;
 };
 
+/* The algorithms keep these promises about the channels: every send of n
+ * bytes is matched by a recv (or the receive half of a sendrecv) of exactly
+ * n bytes on the peer, in the same order; zero-byte transfers are never
+ * issued (sendrecv may get sn == 0 or rn == 0, never both); they never
+ * rely on a send completing before the peer posts its receive. */
+
+/* Recommended slot size (slot_bytes); the algorithms need at least
+ * MG__SHM_SLOT_MIN. */
+#define MG__SHM_SLOT_BYTES ((size_t)4 << 20)
+#define MG__SHM_SLOT_MIN ((size_t)64 << 10)
+
 struct mg__shm {
-    /* Per-rank scratch slots of `slot_bytes` each, mapped in every process
-     * of the group: slot(s, r) is rank r's slot as seen here. */
+    /* Per-rank scratch slots of `slot_bytes` each (64-byte aligned),
+     * mapped in every process of the group: slot(s, r) is rank r's slot as
+     * seen here. The slots belong to the algorithms alone; the group never
+     * writes them after creating them zeroed. */
     size_t slot_bytes;
     void *(*slot)(mg__shm *s, int rank);
     /* If ptr lies in memory from mg_group_alloc, the address of peer's
-     * matching allocation (same offset) as mapped here; else NULL. */
+     * matching allocation (same offset) as mapped here; else NULL.
+     * (Equivalent to gptr(s, peer, gaddr(s, ptr)); kept for the group's
+     * own use — the algorithms use gaddr/gptr, which let ranks whose
+     * buffers lie at different offsets still find one another's.) */
     void *(*peer_ptr)(mg__shm *s, int peer, const void *ptr);
+    /* Group-memory address of ptr: 0 if [ptr, ptr + bytes) does not lie
+     * within one mg_group_alloc allocation of this rank; otherwise a
+     * non-zero value that names (allocation, offset) the same way on
+     * every rank — allocations are collective, so the k-th allocation of
+     * every rank has the same name. */
+    uint64_t (*gaddr)(mg__shm *s, const void *ptr, size_t bytes);
+    /* Rank `rank`'s memory at group-memory address ga as mapped here
+     * (for rank == own rank: the caller's own pointer back). */
+    void *(*gptr)(mg__shm *s, int rank, uint64_t ga);
     /* Barrier among the group's ranks (all local), blocking with the
      * deadline; `phase` lets an algorithm use several per operation. */
     mg_status (*barrier)(mg__shm *s, int phase);
-    /* Signal counter per rank for pipelined algorithms: post(s, v) sets
-     * this rank's counter to v; wait(s, r, v) blocks until rank r's counter
-     * is >= v (spinning briefly, then sleeping on a futex). Counters are
-     * reset to 0 at the start of every operation. */
+    /* A signal counter per rank. post(s, v) sets this rank's counter to v;
+     * wait(s, r, v) blocks until rank r's counter is >= v (spinning
+     * briefly, then sleeping on a futex), failing with the deadline or
+     * when r dies. Counters start at 0 when the group is created and are
+     * never reset: the algorithms post ever-growing values (they derive
+     * them from coll_seq below), so a rank that has moved on to a later
+     * operation still satisfies every wait of the earlier ones. post has
+     * release semantics and a successful wait acquire semantics: what a
+     * rank wrote to shared memory before post(v) is visible to a rank
+     * whose wait(v) returned. */
     void (*post)(mg__shm *s, uint64_t v);
     mg_status (*wait)(mg__shm *s, int rank, uint64_t v);
+    /* Owned by the algorithms (the number of shared-memory operations run
+     * so far, equal on every rank): zero-initialise, never touch. */
+    uint64_t coll_seq;
     void *ctx;
 };
 
@@ -73,19 +113,48 @@ int mg__algo_parse(const char *name);
 /* Run one operation (any mg_coll but SEND/RECV, which the group carries
  * itself). count/dtype/op/root as in mg_call; sendbuf already resolved
  * (never MG_IN_PLACE: the group passes recvbuf for in place, as sendbuf ==
- * recvbuf). algo MG_ALGO_AUTO lets select.c choose from its cost model. */
+ * recvbuf). algo MG_ALGO_AUTO lets select.c choose from its cost model
+ * (MG_ALGO in the environment forces one); an algorithm that cannot run
+ * the call (shm without shared memory) falls back to the model's choice.
+ *
+ * In-place conventions (docs/algorithms.md): all_gather and gather take
+ * sendbuf == recvbuf (MPI) or sendbuf == recvbuf + rank * count (NCCL) to
+ * mean the rank's block is already in place; scatter at the root takes
+ * sendbuf == recvbuf or recvbuf == sendbuf + root * count; reduce_scatter
+ * takes recvbuf == sendbuf (result at the start) or recvbuf == sendbuf +
+ * rank * count. Non-roots of reduce never write recvbuf; non-roots of
+ * scatter never read sendbuf. */
 mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo);
+
+/* Release p->scratch. */
+void mg__coll_scratch_free(mg__p2p *p);
 
 /* select.c: the algorithm for an operation given size and whether shm is
  * available. Never returns MG_ALGO_AUTO. */
 mg__algo mg__coll_select(const mg__p2p *p, const mg_call *c);
 
 /* reduce.c: dst[i] = dst[i] (op) src[i] for n elements; f16/bf16 are
- * accumulated in f32. AVG reduces as SUM; mg__reduce_finish divides. */
+ * accumulated in f32. AVG reduces as SUM; mg__reduce_finish divides.
+ * Integer SUM and PROD wrap around (two's complement). */
 void mg__reduce(void *dst, const void *src, size_t n, mg_dtype t, mg_op op);
-/* dst[i] = a[i] (op) b[i] */
+/* dst[i] = a[i] (op) b[i]; dst may be a or b, but must not otherwise
+ * overlap them. */
 void mg__reduce3(void *dst, const void *a, const void *b, size_t n, mg_dtype t, mg_op op);
-/* For MG_AVG: divide by size; no-op for other ops. */
+/* For MG_AVG: divide by size (floating types: true division; integers:
+ * C division, truncating toward zero); no-op for other ops. */
 void mg__reduce_finish(void *buf, size_t n, mg_dtype t, mg_op op, int size);
+/* dst[j] = src[0] (op) src[1] (op) ... (op) src[ns-1], in that order, for
+ * each of the nd destinations; f16/bf16 are accumulated in f32 and rounded
+ * once. For MG_AVG the result is divided by avg_div. A destination may be
+ * one of the sources; otherwise none may overlap. nt: write with
+ * non-temporal stores (results not read again soon). */
+void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
+                      size_t n, mg_dtype t, mg_op op, int avg_div, int nt);
+
+/* Scalar conversions, round to nearest even (exposed for tests). */
+float mg__f16_to_f32(uint16_t h);
+uint16_t mg__f32_to_f16(float f);
+float mg__bf16_to_f32(uint16_t h);
+uint16_t mg__f32_to_bf16(float f);
 
 #endif

@@ -1,0 +1,133 @@
+/* bench/train — images/s of one training epoch for each zoo model in one
+ * process, one BLAS thread (MG_THREADS or --threads to change), with the
+ * data set preloaded (u8 in memory, each batch gathered and scaled as
+ * mgtrain does). Each model trains with its models.md defaults (batch, lr,
+ * momentum) on the seed-0 permutation of the 60,000 training images.
+ * bench/train.sh runs this and PyTorch's bench/train_torch.py side by side.
+ *
+ *   train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]
+ *
+ * Prints one line per model: "model batch images/s seconds loss peak_MB". */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/multigrad.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]\n"
+            "  --model NAME   mlp, lenet-d2l or lenet5 (repeatable; default all)\n"
+            "  --epochs N     epochs to time (default 1; images/s is over all)\n"
+            "  --data DIR     Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
+            "  --threads N    BLAS threads (default 1, or MG_THREADS)\n"
+            "  --batch N      override the model's default batch size\n");
+}
+
+static int run(const char *name, const mg_dataset *ds, int epochs, int batch_override)
+{
+    mg_zoo_defaults d;
+    mg_model *m;
+    mg_optim *o;
+    if (mg_zoo_defaults_of(name, &d) || mg_model_create(name, 0, &m)) {
+        fprintf(stderr, "train: %s\n", mg_last_error());
+        return 1;
+    }
+    int batch = batch_override > 0 ? batch_override : d.batch;
+    mg_optim_config cfg = mg_optim_defaults(MG_OPTIM_SGD, d.lr);
+    cfg.momentum = d.momentum;
+    if (mg_optim_create(&cfg, mg_model_arena_size(m), &o) || mg_model_reserve(m, batch)) {
+        fprintf(stderr, "train: %s\n", mg_last_error());
+        mg_model_destroy(m);
+        return 1;
+    }
+    mg_scaling sc = d.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    int n = ds->n;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n), *y = malloc(sizeof(int32_t) * (size_t)batch);
+    float *x = mg_alloc_zero(sizeof(float) * (size_t)batch * ds->h * ds->w);
+    if (!perm || !y || !x) {
+        fprintf(stderr, "train: out of memory\n");
+        return 1;
+    }
+    double loss_sum = 0, t0 = mg_now();
+    long images = 0, steps = 0;
+    for (int e = 0; e < epochs; e++) {
+        mg_permutation((uint64_t)e, perm, n);
+        loss_sum = 0;
+        steps = 0;
+        for (int i = 0; i < n; i += batch) {
+            int b = n - i < batch ? n - i : batch;
+            mg_dataset_gather(ds, perm + i, b, sc, x, y);
+            mg_model_zero_grad(m);
+            mg_model_forward(m, x, b);
+            loss_sum += mg_model_loss(m, y, NULL);
+            mg_model_backward(m);
+            mg_optim_step(o, mg_model_params(m), mg_model_grads(m), d.lr);
+            images += b;
+            steps++;
+        }
+    }
+    double secs = mg_now() - t0;
+    printf("%-10s %5d %10.0f %8.2f %8.4f %7.1f\n", name, batch, images / secs, secs,
+           loss_sum / steps, mg_peak_rss() / 1e6);
+    fflush(stdout);
+    free(perm);
+    free(y);
+    mg_free(x);
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"epochs", required_argument, 0, 'e'},
+        {"data", required_argument, 0, 'd'},  {"threads", required_argument, 0, 't'},
+        {"batch", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *models[8], *dir = "/usr/share/datasets/fashion-mnist";
+    int n_models = 0, epochs = 1, batch = 0, c;
+    while ((c = getopt_long(argc, argv, "m:e:d:t:b:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            if (n_models < 8) models[n_models++] = optarg;
+            break;
+        case 'e': epochs = atoi(optarg); break;
+        case 'd': dir = optarg; break;
+        case 't':
+            if (atoi(optarg) < 1) {
+                fprintf(stderr, "train: --threads must be at least 1\n");
+                return 2;
+            }
+            mg_set_threads(atoi(optarg));
+            break;
+        case 'b': batch = atoi(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (epochs < 1 || batch < 0) {
+        fprintf(stderr, "train: --epochs must be at least 1 and --batch positive\n");
+        return 2;
+    }
+    if (n_models == 0)
+        for (const char *const *nm = mg_model_names(); *nm; nm++) models[n_models++] = *nm;
+    mg_dataset *train, *test;
+    /* The test set is loaded too, as mgtrain holds it: peak memory is the
+     * whole training process's. */
+    if (mg_dataset_load(dir, true, &train) || mg_dataset_load(dir, false, &test)) {
+        fprintf(stderr, "train: %s\n", mg_last_error());
+        return 1;
+    }
+    printf("# multigrad: %d thread(s), %d epoch(s)\n", mg_get_threads(), epochs);
+    printf("%-10s %5s %10s %8s %8s %7s\n", "model", "batch", "images/s", "seconds", "loss",
+           "peakMB");
+    int rc = 0;
+    for (int i = 0; i < n_models; i++) rc |= run(models[i], train, epochs, batch);
+    mg_dataset_destroy(train);
+    mg_dataset_destroy(test);
+    return rc;
+}

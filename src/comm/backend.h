@@ -1,0 +1,104 @@
+/* The backend vtable and the parts of a group every backend shares.
+ *
+ * The generic layer (group.c, work.c) owns the group's queue and its one
+ * progress thread: requests run one at a time, in issue order, either on
+ * that thread or — when nothing is queued — inline on the caller's thread
+ * (a blocking call then costs no thread hand-off). A backend only
+ * executes requests: `builtin` (our store, transports and algorithms) or
+ * `mpi` (Open MPI carries everything; it can implement run() with
+ * MPI_I* + MPI_Test against the request's deadline, since the layer above
+ * only needs run() to return within the group's timeout).
+ *
+ * A backend's run() executes on whichever thread holds the group's
+ * execution right, never two at once, so MPI_THREAD_SERIALIZED suffices.
+ * When run() fails the generic layer marks the group failed (later
+ * requests fail fast with the same error) and calls abort() once, on the
+ * executing thread, so the backend can tell its peers. */
+#ifndef MG_COMM_BACKEND_H
+#define MG_COMM_BACKEND_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "multigrad/comm.h"
+
+typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE } mg__req_kind;
+
+/* One queued request. */
+typedef struct mg__req {
+    mg__req_kind kind;
+    /* CALL: sendbuf resolved (MG_IN_PLACE -> recvbuf). */
+    mg_call c;
+    /* Collectives (and SPLIT/ALLOC, which are collective): the group's
+     * sequence number, 1, 2, ... — the same on every rank. Send/recv: the
+     * number of earlier sends to (receives from) that peer, for messages. */
+    uint64_t seq;
+    /* SPLIT */
+    int color, key;
+    mg_group **out_group;
+    /* ALLOC (bytes -> *out_ptr) and FREE (ptr) */
+    size_t bytes;
+    void *ptr;
+    void **out_ptr;
+} mg__req;
+
+typedef struct mg__backend {
+    const char *name;
+    /* Join the group opt describes: set g->rank, size, local_rank,
+     * local_size and impl (g->timeout is already set). */
+    mg_status (*init)(mg_group *g, const mg_group_options *opt);
+    /* Execute one request. SPLIT creates the sub-group with mg__group_new,
+     * fills it as init would and starts it with mg__group_start (or sets
+     * *out_group = NULL for MG_UNDEFINED). ALLOC/FREE: group memory. */
+    mg_status (*run)(mg_group *g, mg__req *r);
+    /* The group failed with msg: tell the peers, best effort and quickly. */
+    void (*abort)(mg_group *g, const char *msg);
+    /* Release everything; the progress thread has stopped and the queue
+     * is empty. */
+    void (*destroy)(mg_group *g);
+} mg__backend;
+
+struct mg_work;
+
+struct mg_group {
+    const mg__backend *be;
+    void *impl;
+    int rank, size, local_rank, local_size;
+    double timeout;
+    /* the queue (work.c) */
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    struct mg_work *head, *tail;
+    bool executing, stop, has_thread;
+    pthread_t thread;
+    uint64_t seq;               /* collectives issued */
+    uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
+    /* failure */
+    atomic_int failed;
+    mg_status fail_code;
+    char fail_msg[1024];
+};
+
+/* A group with its queue initialised; the backend fills in the rest. */
+mg_group *mg__group_new(const mg__backend *be, double timeout);
+/* Once rank and size are known: start the progress thread. */
+mg_status mg__group_start(mg_group *g);
+/* Stop the thread (after the queue drains), call be->destroy, free. */
+void mg__group_free(mg_group *g);
+/* Mark the group failed (first failure wins) and call be->abort. */
+void mg__group_fail(mg_group *g, mg_status code, const char *msg);
+
+/* Run a request (any kind) in order and wait for it. */
+mg_status mg__run_req(mg_group *g, mg__req *r);
+
+/* Backends by name ("builtin", "mpi"); NULL if not built. */
+const mg__backend *mg__backend_find(const char *name);
+extern const mg__backend mg__backend_builtin;
+
+/* rank, size etc. as given or from the environment (RANK, WORLD_SIZE,
+ * LOCAL_RANK, LOCAL_WORLD_SIZE), validated. For backends that do not get
+ * them from elsewhere. */
+mg_status mg__resolve_ranks(const mg_group_options *opt, int *rank, int *size,
+                            int *local_rank, int *local_size);
+
+#endif

@@ -1,0 +1,241 @@
+/* Direct shared-memory reductions for ranks on one host (all_reduce,
+ * reduce, reduce_scatter, and the barrier), plus the slot protocol of
+ * shm_proto.h they share with shm_copy.c.
+ *
+ * all_reduce / reduce:
+ *   small   every rank copies its input into its slot region, posts once,
+ *           and reduces all regions itself (in rank order, so every rank
+ *           gets bit-identical results): one synchronisation.
+ *   direct  (every buffer from mg_group_alloc) rank r reduces part r of
+ *           the vector reading every peer's input where it lies and writes
+ *           the result into every peer's output (the root's, for reduce):
+ *           zero copies, two synchronisations. In place works because
+ *           part r of every buffer is touched by rank r alone.
+ *   staged  (ordinary buffers) chunks of the input pass through the
+ *           staging buffers: copy-in of chunk k+1 overlaps the waits of
+ *           chunk k; rank r reduces part r of each chunk straight from its
+ *           own input and the peers' staging copies into its output and
+ *           its staging buffer, from which the peers copy it.
+ * reduce_scatter: the same three forms, rank r reducing block r.
+ * f16/bf16 accumulate all p inputs in f32 and round once.
+ * Limits: the staged reduce_scatter needs p <= stage/64 (256 ranks with
+ * the smallest slot); beyond that it falls back to the ring. */
+#include "comm/coll/shm_proto.h"
+
+/* Reductions whose every rank would read more than this many bytes of
+ * regions take the staged path even when the input fits a region. */
+#define SMALL_READ ((size_t)1 << 20)
+/* Direct results at least this large are written with non-temporal
+ * stores: they will not be read from cache anyway. */
+#define NT_BYTES ((size_t)16 << 20)
+
+mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra)
+{
+    mg__shm *s = o->p->shm;
+    MG_ASSERT(s && s->slot_bytes >= MG__SHM_SLOT_MIN);
+    int P = o->size;
+    size_t ptrs = ((size_t)3 * (size_t)P * sizeof(void *) + 63) & ~(size_t)63;
+    char *scr = mg__op_scratch(o, ptrs + extra_bytes);
+    if (!scr) return MG_ENOMEM;
+    x->o = o;
+    x->s = s;
+    x->me = o->rank;
+    x->P = P;
+    x->seq = s->coll_seq++;
+    x->base = (x->seq + 1) << 32;
+    size_t sm = s->slot_bytes / 16;
+    sm = sm < 4096 ? 4096 : sm > 65536 ? 65536 : sm & ~(size_t)63;
+    x->sm = sm;
+    x->reg = sm + 64;
+    size_t st = ((s->slot_bytes - 2 * x->reg) / 3) & ~(size_t)4095, cap = mg__shm_chunk_cap();
+    x->stage = cap && cap < st ? cap & ~(size_t)63 : st;
+    x->slot = (char **)(void *)scr;
+    x->src = (const void **)(x->slot + P);
+    x->dst = (void **)(x->src + P);
+    for (int q = 0; q < P; q++) x->slot[q] = s->slot(s, q);
+    if (extra) *extra = scr + ptrs;
+    return MG_OK;
+}
+
+mg_status mg__shx_wait_all(mg__shx *x, uint32_t v)
+{
+    for (int d = 1; d < x->P; d++) MG_TRY(mg__shx_wait(x, (x->me + d) % x->P, v));
+    return MG_OK;
+}
+
+mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1)
+{
+    mg__shm_hdr *h = mg__shx_hdr(x, x->me);
+    h->ga[0] = g0;
+    h->ga[1] = g1;
+    mg__shx_post(x, 1);
+    return mg__shx_wait_all(x, 1);
+}
+
+void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len)
+{
+    size_t al = es >= 64 ? 1 : 64 / es, units = (m + al - 1) / al;
+    size_t a = units * (size_t)q / (size_t)P * al, b = units * (size_t)(q + 1) / (size_t)P * al;
+    if (a > m) a = m;
+    if (b > m) b = m;
+    *lo = a;
+    *len = b - a;
+}
+
+/* Stage chunk k of our input, all but our own part (which we read in
+ * place). */
+static void stage_in(mg__shx *x, size_t k, size_t C)
+{
+    mg__op *o = x->o;
+    size_t es = o->es, c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C, lo, len;
+    mg__shx_part(m, x->P, x->me, es, &lo, &len);
+    char *st = mg__shx_stage(x, x->me, k);
+    const char *in = o->sbuf + c0 * es;
+    memcpy(st, in, lo * es);
+    memcpy(st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
+}
+
+/* Counter values of chunk k: inputs staged (A), our part reduced (B). */
+static uint32_t cA(size_t k) { return (uint32_t)(2 + 2 * k); }
+static uint32_t cB(size_t k) { return (uint32_t)(3 + 2 * k); }
+
+static mg_status staged_reduce(mg__shx *x, int root)
+{
+    mg__op *o = x->o;
+    size_t es = o->es, C = x->stage / es, nch = (o->count + C - 1) / C;
+    int P = x->P, me = x->me, all = root < 0, mine = all || me == root;
+    stage_in(x, 0, C);
+    mg__shx_post(x, cA(0));
+    for (size_t k = 0; k < nch; k++) {
+        size_t c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C, lo, len;
+        MG_TRY(mg__shx_wait_all(x, cA(k)));
+        mg__shx_part(m, P, me, es, &lo, &len);
+        if (len) {
+            for (int q = 0; q < P; q++)
+                x->src[q] = q == me ? o->sbuf + (c0 + lo) * es : mg__shx_stage(x, q, k) + lo * es;
+            int nd = 0;
+            if (all || me != root) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
+            if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
+            mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P, 0);
+        }
+        mg__shx_post(x, cB(k));
+        if (k + 1 < nch) {
+            stage_in(x, k + 1, C);
+            mg__shx_post(x, cA(k + 1));
+        }
+        /* Everyone waits here, so that staging buffer (k + 1) % 3 is free
+         * when it is refilled in the next round. */
+        MG_TRY(mg__shx_wait_all(x, cB(k)));
+        if (!mine) continue;
+        for (int q = 0; q < P; q++) {
+            if (q == me) continue;
+            mg__shx_part(m, P, q, es, &lo, &len);
+            memcpy(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
+        }
+    }
+    return MG_OK;
+}
+
+/* all_reduce (root < 0) and reduce. */
+static mg_status reduce_common(mg__op *o, int root)
+{
+    mg__shx x;
+    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    size_t n = o->count * o->es, es = o->es;
+    int P = x.P, me = x.me, all = root < 0, mine = all || me == root;
+    if (n <= x.sm && n * (size_t)P <= SMALL_READ) {
+        memcpy(mg__shx_small(&x, me), o->sbuf, n);
+        mg__shx_post(&x, 1);
+        MG_TRY(mg__shx_wait_all(&x, 1));
+        if (mine) {
+            for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q);
+            void *d = o->rbuf;
+            mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+        }
+        return MG_OK;
+    }
+    MG_TRY(mg__shx_arrive(&x, mg__shx_gaddr(&x, o->sbuf, n),
+                          mine ? mg__shx_gaddr(&x, o->rbuf, n) : 0));
+    int direct = 1;
+    for (int q = 0; q < P; q++) {
+        const mg__shm_hdr *h = mg__shx_hdr(&x, q);
+        if (!h->ga[0] || ((all || q == root) && !h->ga[1])) direct = 0;
+    }
+    if (!direct) return staged_reduce(&x, root);
+    size_t lo, len;
+    mg__shx_part(o->count, P, me, es, &lo, &len);
+    int nd = 0;
+    for (int q = 0; q < P; q++) {
+        x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + lo * es;
+        if (all || q == root) x.dst[nd++] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[1]) + lo * es;
+    }
+    if (len) mg__reduce_multi(x.dst, nd, x.src, P, len, o->dt, o->op, P, n >= NT_BYTES);
+    mg__shx_post(&x, 2);
+    return mg__shx_wait_all(&x, 2);
+}
+
+mg_status mg__shm_all_reduce(mg__op *o) { return reduce_common(o, -1); }
+mg_status mg__shm_reduce(mg__op *o) { return reduce_common(o, o->root); }
+
+mg_status mg__shm_reduce_scatter(mg__op *o)
+{
+    int P = o->size, me = o->rank;
+    size_t es = o->es, blk = o->count * es, all = blk * (size_t)P;
+    /* Staging holds one piece of every block; pieces are whole lines. */
+    size_t al = es >= 64 ? 1 : 64 / es;
+    mg__shx x;
+    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    size_t C = x.stage / (size_t)P / es / al * al;
+    if (all <= x.sm && all <= SMALL_READ) {
+        memcpy(mg__shx_small(&x, me), o->sbuf, all);
+        mg__shx_post(&x, 1);
+        MG_TRY(mg__shx_wait_all(&x, 1));
+        for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q) + (size_t)me * blk;
+        void *d = o->rbuf;
+        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+        return MG_OK;
+    }
+    MG_TRY(mg__shx_arrive(&x, mg__shx_gaddr(&x, o->sbuf, all), 0));
+    int direct = 1;
+    for (int q = 0; q < P; q++) direct &= mg__shx_hdr(&x, q)->ga[0] != 0;
+    if (direct) {
+        for (int q = 0; q < P; q++)
+            x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + (size_t)me * blk;
+        void *d = o->rbuf;
+        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+        mg__shx_post(&x, 2);
+        return mg__shx_wait_all(&x, 2);
+    }
+    if (!C) {
+        /* Too many ranks for the staging buffers: every rank sees the
+         * same sizes, so every rank takes this branch. */
+        return mg__ring_reduce_scatter(o);
+    }
+    size_t nch = (o->count + C - 1) / C;
+    for (size_t k = 0; k < nch; k++) {
+        size_t c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C;
+        /* Buffer k % 3 was last read in chunk k - 3, before B(k-3). */
+        if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
+        char *st = mg__shx_stage(&x, me, k);
+        for (int q = 0; q < P; q++)
+            if (q != me)
+                memcpy(st + (size_t)q * C * es, o->sbuf + (size_t)q * blk + c0 * es, m * es);
+        mg__shx_post(&x, cA(k));
+        MG_TRY(mg__shx_wait_all(&x, cA(k)));
+        for (int q = 0; q < P; q++)
+            x.src[q] = q == me ? o->sbuf + (size_t)me * blk + c0 * es
+                               : mg__shx_stage(&x, q, k) + (size_t)me * C * es;
+        void *d = o->rbuf + c0 * es;
+        mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 0);
+        mg__shx_post(&x, cB(k));
+    }
+    return MG_OK;
+}
+
+mg_status mg__shm_barrier(mg__op *o)
+{
+    mg__shx x;
+    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    mg__shx_post(&x, 1);
+    return mg__shx_wait_all(&x, 1);
+}

@@ -1,0 +1,85 @@
+/* The slot protocol shared by the shared-memory algorithms (shm_direct.c,
+ * shm_copy.c).
+ *
+ * Each rank's slot (coll.h) is laid out as
+ *   region[0], region[1]   64-byte header + `sm` bytes, used by operations
+ *                          of even and odd sequence number alternately
+ *   stage[0..2]            three staging buffers of `stage` bytes
+ * Operation k (coll_seq, equal on every rank) posts counter values
+ * ((k + 1) << 32) + v, so values only grow (coll.h), and every operation
+ * waits for every peer's first post ("arrival") before it returns. Hence:
+ *   - a region written at the start of operation k (before any wait) was
+ *     last read in operation k - 2, which every reader finished before
+ *     arriving at operation k - 1 — and we saw them arrive there;
+ *   - staging buffers are written only after this operation's arrival,
+ *     when every peer has finished every earlier operation; within an
+ *     operation, buffer k % 3 is rewritten only after its readers posted
+ *     that they are done with chunk k - 3 (or later).
+ * Small operations publish their whole input in the region and finish
+ * after one wait; large ones publish group-memory addresses (gaddr) in the
+ * region header and, when every buffer involved is group memory, read and
+ * write peers' buffers in place ("direct"); otherwise they pipeline chunks
+ * through the staging buffers ("staged"). */
+#ifndef MG_COMM_COLL_SHM_PROTO_H
+#define MG_COMM_COLL_SHM_PROTO_H
+
+#include "comm/coll/algos.h"
+
+typedef struct {
+    uint64_t ga[2];
+} mg__shm_hdr;
+
+typedef struct {
+    mg__op *o;
+    mg__shm *s;
+    int me, P;
+    uint64_t seq, base;
+    size_t sm, stage, reg;
+    char **slot;            /* slot[q]: rank q's slot as mapped here */
+    const void **src;       /* P pointers of room for the kernels */
+    void **dst;             /* P pointers */
+} mg__shx;
+
+/* Start a shared-memory operation: take the sequence number, map slots.
+ * Uses the operation's scratch call (extra bytes at *extra if asked). */
+mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra);
+
+static inline void mg__shx_post(mg__shx *x, uint32_t v) { x->s->post(x->s, x->base + v); }
+static inline mg_status mg__shx_wait(mg__shx *x, int q, uint32_t v)
+{
+    return x->s->wait(x->s, q, x->base + v);
+}
+/* Wait for every peer's counter to reach v (peers after us first, so
+ * that ranks do not all queue on the same one). */
+mg_status mg__shx_wait_all(mg__shx *x, uint32_t v);
+
+static inline mg__shm_hdr *mg__shx_hdr(mg__shx *x, int q)
+{
+    return (mg__shm_hdr *)(void *)(x->slot[q] + (x->seq & 1) * x->reg);
+}
+static inline char *mg__shx_small(mg__shx *x, int q)
+{
+    return x->slot[q] + (x->seq & 1) * x->reg + 64;
+}
+static inline char *mg__shx_stage(mg__shx *x, int q, size_t k)
+{
+    return x->slot[q] + 2 * x->reg + (k % 3) * x->stage;
+}
+/* Group-memory address of [p, p + n) (0: not group memory). */
+static inline uint64_t mg__shx_gaddr(mg__shx *x, const void *p, size_t n)
+{
+    return p && x->s->gaddr ? x->s->gaddr(x->s, p, n) : 0;
+}
+static inline char *mg__shx_gptr(mg__shx *x, int q, uint64_t ga)
+{
+    return x->s->gptr(x->s, q, ga);
+}
+/* Publish two group addresses, post arrival (1), wait for every peer's. */
+mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1);
+
+/* Element range [*lo, *lo + *len) of part q when m elements are cut into P
+ * parts on cache-line boundaries (so ranks writing neighbouring parts do
+ * not share lines). */
+void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len);
+
+#endif

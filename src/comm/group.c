@@ -1,0 +1,150 @@
+/* Process groups: options, choosing a backend, init and destroy, queries,
+ * split and group memory. The work of each lies in the backend (see
+ * backend.h); ordering and failure handling in work.c.
+ *
+ * The MPI backend is linked in when the build has MPI (MG_HAVE_MPI) and
+ * src/comm/mpi/backend_mpi.h declares `extern const mg__backend
+ * mg__backend_mpi;`. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm/backend.h"
+#include "multigrad/core.h"
+
+#if defined(MG_HAVE_MPI) && defined(__has_include)
+#if __has_include("comm/mpi/backend_mpi.h")
+#include "comm/mpi/backend_mpi.h"
+#define MG__WITH_MPI_BACKEND 1
+#endif
+#endif
+
+mg_group_options mg_group_options_default(void)
+{
+    return (mg_group_options){.init_method = NULL, .rank = -1, .size = -1, .local_rank = -1,
+                              .local_size = -1, .secret = NULL, .backend = NULL,
+                              .timeout_s = 0};
+}
+
+const mg__backend *mg__backend_find(const char *name)
+{
+    if (!strcmp(name, "builtin")) return &mg__backend_builtin;
+#ifdef MG__WITH_MPI_BACKEND
+    if (!strcmp(name, "mpi")) return &mg__backend_mpi;
+#endif
+    return NULL;
+}
+
+/* An integer environment variable: 1 if set, 0 if unset, -1 if malformed. */
+static int env_int(const char *name, int *out)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < -1 || v > 1 << 24) return -1;
+    *out = (int)v;
+    return 1;
+}
+
+static mg_status pick(int given, const char *env, bool required, int *out)
+{
+    *out = -1;
+    if (given >= 0) {
+        *out = given;
+        return MG_OK;
+    }
+    int r = env_int(env, out);
+    if (r < 0) return mg_error(MG_EINVAL, "%s='%s' is not a non-negative integer", env, getenv(env));
+    if (r == 0 && required)
+        return mg_error(MG_EINVAL, "%s is not set: start the ranks with a launcher (mgrun, "
+                        "torchrun, mpirun) or pass rank and size explicitly", env);
+    return MG_OK;
+}
+
+mg_status mg__resolve_ranks(const mg_group_options *opt, int *rank, int *size,
+                            int *local_rank, int *local_size)
+{
+    MG_TRY(pick(opt->rank, "RANK", true, rank));
+    MG_TRY(pick(opt->size, "WORLD_SIZE", true, size));
+    MG_TRY(pick(opt->local_rank, "LOCAL_RANK", false, local_rank));
+    MG_TRY(pick(opt->local_size, "LOCAL_WORLD_SIZE", false, local_size));
+    if (*size < 1)
+        return mg_error(MG_EINVAL, "world size %d: it must be at least 1 (WORLD_SIZE)", *size);
+    if (*rank < 0 || *rank >= *size)
+        return mg_error(MG_EINVAL, "rank %d is outside [0, %d): RANK must be below WORLD_SIZE",
+                        *rank, *size);
+    if (*local_size >= 1 && *local_rank >= *local_size)
+        return mg_error(MG_EINVAL, "local rank %d is outside [0, %d): LOCAL_RANK must be below "
+                        "LOCAL_WORLD_SIZE", *local_rank, *local_size);
+    return MG_OK;
+}
+
+mg_status mg_group_init(const mg_group_options *opt, mg_group **out)
+{
+    *out = NULL;
+    mg_group_options def = mg_group_options_default();
+    if (!opt) opt = &def;
+    double timeout = opt->timeout_s > 0 ? opt->timeout_s : mg_env_double("MG_TIMEOUT", 300);
+    if (!(timeout > 0))
+        return mg_error(MG_EINVAL, "MG_TIMEOUT=%g: the timeout must be positive (seconds)", timeout);
+    const char *name = opt->backend ? opt->backend : mg_env_str("MG_BACKEND", "builtin");
+    const mg__backend *be = mg__backend_find(name);
+    if (!be) {
+        if (!strcmp(name, "mpi"))
+            return mg_error(MG_EUNSUPPORTED, "backend 'mpi' is not in this build: install "
+                            "libopenmpi-dev and rebuild, or use MG_BACKEND=builtin");
+        return mg_error(MG_EINVAL, "unknown backend '%s' (MG_BACKEND): use builtin or mpi", name);
+    }
+    mg_group *g = mg__group_new(be, timeout);
+    if (!g) return mg_error(MG_ENOMEM, "group: out of memory");
+    mg_status st = be->init(g, opt);
+    if (!st) st = mg__group_start(g);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        mg__group_free(g);
+        return mg_error(st, "%s", msg);
+    }
+    mg_debug("rank %d/%d: group ready (backend %s, local rank %d/%d, timeout %g s)", g->rank,
+             g->size, be->name, g->local_rank, g->local_size, g->timeout);
+    *out = g;
+    return MG_OK;
+}
+
+void mg_group_destroy(mg_group *g)
+{
+    mg__group_free(g);
+}
+
+int mg_group_rank(const mg_group *g) { return g->rank; }
+int mg_group_size(const mg_group *g) { return g->size; }
+int mg_group_local_rank(const mg_group *g) { return g->local_rank; }
+int mg_group_local_size(const mg_group *g) { return g->local_size; }
+double mg_group_timeout(const mg_group *g) { return g->timeout; }
+const char *mg_group_backend(const mg_group *g) { return g->be->name; }
+
+mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
+{
+    *out = NULL;
+    if (color < MG_UNDEFINED)
+        return mg_error(MG_EINVAL, "mg_group_split: color %d must be >= 0 or MG_UNDEFINED", color);
+    mg__req r = {.kind = MG__REQ_SPLIT, .color = color, .key = key, .out_group = out};
+    return mg__run_req(g, &r);
+}
+
+void *mg_group_alloc(mg_group *g, size_t bytes)
+{
+    void *p = NULL;
+    mg__req r = {.kind = MG__REQ_ALLOC, .bytes = bytes, .out_ptr = &p};
+    if (mg__run_req(g, &r)) return NULL;
+    return p;
+}
+
+void mg_group_free(mg_group *g, void *p)
+{
+    if (!p) return;
+    mg__req r = {.kind = MG__REQ_FREE, .ptr = p};
+    if (mg__run_req(g, &r)) mg_debug("mg_group_free: %s", mg_last_error());
+}

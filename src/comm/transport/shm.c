@@ -1,0 +1,743 @@
+/* The shared-memory transport (see shm.h).
+ *
+ * Segment layout (owner o, every offset fixed so all ranks agree):
+ *      0  header (magic, group id, rank, layout) — checked by every mapper
+ *    256  hot line, written only by o: posted counter, barrier count,
+ *         and o's current fingerprint under a seqlock, so
+ *         a peer that reads o's counter reads its fingerprint in the same
+ *         cache line: the check costs no extra transfer
+ *    384  sleep line: o's "sleeping" flag and doorbell futex
+ *    512  abort notice (flag, message)
+ *   2048  the last 16 fingerprints in full (for messages, and for peers
+ *         that fell behind), each under a seqlock
+ *   4096  ring indices, 128 B per group rank (tail written by that sender,
+ *         head by o, on separate lines)
+ *         ring data, one power-of-two ring per local peer
+ *         slot (all-local groups only)
+ *
+ * Waking: a waiter sets its sleeping flag (seq_cst), reads its doorbell,
+ * rechecks its condition and futex-waits on the doorbell; a writer stores
+ * its data or counter (seq_cst) and, only if the target's flag is set,
+ * bumps the doorbell and wakes it. Either the writer sees the flag or the
+ * waiter's recheck sees the data, so no wake-up is lost and the fast path
+ * costs one load of a line that rarely changes.
+ *
+ * Counters only grow (the algorithms derive them from their operation
+ * count), so a peer that moved on to a later operation satisfies every
+ * wait of an earlier one. Limits: a peer more than 16 operations ahead
+ * cannot have its fingerprint checked (it cannot get there without this
+ * rank anyway). */
+#define _GNU_SOURCE
+#include "comm/transport/shm.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "multigrad/core.h"
+
+#define SEG_MAGIC 0x314d454748534d47ull
+#define OFF_HOT 256
+#define OFF_SLEEP 384
+#define OFF_ABORT 512
+#define OFF_HIST 2048
+#define OFF_RINGS 4096
+#define HIST 16
+#define MAX_ABORT 1000
+#define CHUNK ((size_t)256 << 10)
+#define SLICE 0.1
+#define LIVE_EVERY 0.2
+
+typedef struct {
+    uint64_t magic, gid;
+    int32_t rank, size, all_local, pid;
+    uint64_t ring_bytes, slot_bytes, total, ring_off, slot_off;
+} seg_hdr;
+
+typedef struct {
+    _Atomic uint64_t post;
+    _Atomic uint64_t barrier;
+    _Atomic uint64_t fp_seq;
+    _Atomic uint64_t fp_count;
+    _Atomic uint32_t fp_word;
+    _Atomic int32_t fp_root;
+} hot_line;
+
+typedef struct {
+    _Atomic uint32_t sleeping, doorbell;
+} sleep_line;
+
+typedef struct {
+    _Atomic uint32_t flag;
+    char msg[MAX_ABORT];
+} abort_area;
+
+typedef struct {
+    _Atomic uint64_t seq;
+    uint64_t pad[7];
+    mg__fp fp;
+} hist_rec;
+
+struct mg__ring {
+    _Atomic uint64_t tail;
+    char pad1[56];
+    _Atomic uint64_t head;
+    char pad2[56];
+};
+
+_Static_assert(sizeof(seg_hdr) <= OFF_HOT - 0, "header fits");
+_Static_assert(sizeof(hot_line) <= 128, "hot line fits");
+_Static_assert(OFF_ABORT + sizeof(abort_area) <= OFF_HIST, "abort area fits");
+_Static_assert(OFF_HIST + HIST * sizeof(hist_rec) <= OFF_RINGS, "history fits");
+
+typedef struct galloc {
+    struct galloc *next;
+    size_t bytes;
+    unsigned idx;       /* the same on every rank: allocations are collective */
+    uint8_t **base;   /* per rank */
+} galloc;
+
+struct mg__shmx {
+    int rank, size;
+    uint64_t gid;
+    bool all_local;
+    bool *local;
+    pid_t *pid;
+    uint64_t *start;
+    int *peers, npeers;        /* local peers, self excluded */
+    uint8_t **seg;
+    size_t total, ring_bytes, slot_bytes, ring_off, slot_off;
+    char name[64];
+    bool unlinked;
+    mg__spin_cfg spin;
+    /* the current operation */
+    mg__fp fp;
+    uint64_t seq, nbar;
+    uint64_t *checked;         /* per rank: seq whose fingerprint matched */
+    double deadline, started, next_live;
+    mg__shm view;
+    galloc *allocs;
+    unsigned nalloc;
+};
+
+/* The mg__shm view's operations (defined below). */
+static void *v_slot(mg__shm *s, int rank);
+static void *v_peer_ptr(mg__shm *s, int peer, const void *ptr);
+static uint64_t v_gaddr(mg__shm *s, const void *ptr, size_t bytes);
+static void *v_gptr(mg__shm *s, int rank, uint64_t ga);
+static mg_status v_barrier(mg__shm *s, int phase);
+static void v_post(mg__shm *s, uint64_t v);
+static mg_status v_wait(mg__shm *s, int rank, uint64_t v);
+
+static inline hot_line *hot(mg__shmx *x, int r) { return (hot_line *)(x->seg[r] + OFF_HOT); }
+static inline sleep_line *slp(mg__shmx *x, int r) { return (sleep_line *)(x->seg[r] + OFF_SLEEP); }
+static inline abort_area *abt(mg__shmx *x, int r) { return (abort_area *)(x->seg[r] + OFF_ABORT); }
+static inline hist_rec *hist(mg__shmx *x, int r, uint64_t seq)
+{
+    return (hist_rec *)(x->seg[r] + OFF_HIST) + (seq % HIST);
+}
+static inline mg__ring *ring(mg__shmx *x, int owner, int sender)
+{
+    return (mg__ring *)(x->seg[owner] + OFF_RINGS) + sender;
+}
+/* Which of owner's rings carries sender's bytes: senders are numbered
+ * among owner's local peers in rank order. */
+static uint8_t *ring_data(mg__shmx *x, int owner, int sender)
+{
+    int idx = 0;
+    for (int t = 0; t < sender; t++) idx += x->local[t] && t != owner;
+    return x->seg[owner] + x->ring_off + (size_t)idx * x->ring_bytes;
+}
+
+static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
+
+static long futex(_Atomic uint32_t *a, int op, uint32_t v, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)a, op, v, ts, NULL, 0);
+}
+
+/* ---- segments ---------------------------------------------------------- */
+
+static void layout(mg__shmx *x)
+{
+    int nl = 0;
+    for (int r = 0; r < x->size; r++) nl += x->local[r];
+    x->ring_off = page_up(OFF_RINGS + sizeof(mg__ring) * (size_t)x->size);
+    x->slot_off = page_up(x->ring_off + (size_t)(nl - 1) * x->ring_bytes);
+    x->total = x->slot_off + (x->all_local ? page_up(x->slot_bytes) : 0);
+}
+
+static void seg_name(char *buf, size_t n, uint64_t gid, int rank)
+{
+    snprintf(buf, n, "/mg-%016llx-%d", (unsigned long long)gid, rank);
+}
+
+mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
+{
+    *out = NULL;
+    mg__shmx *x = calloc(1, sizeof *x);
+    if (!x) return mg_error(MG_ENOMEM, "shm: out of memory");
+    int n = cfg->size;
+    x->rank = cfg->rank;
+    x->size = n;
+    x->gid = cfg->gid;
+    x->all_local = cfg->all_local;
+    x->spin = cfg->spin;
+    size_t rb = 4096;
+    while (rb < cfg->ring_bytes) rb <<= 1;
+    x->ring_bytes = rb;
+    x->slot_bytes = cfg->slot_bytes;
+    x->local = calloc((size_t)n, sizeof *x->local);
+    x->pid = calloc((size_t)n, sizeof *x->pid);
+    x->start = calloc((size_t)n, sizeof *x->start);
+    x->peers = calloc((size_t)n, sizeof *x->peers);
+    x->seg = calloc((size_t)n, sizeof *x->seg);
+    x->checked = calloc((size_t)n, sizeof *x->checked);
+    if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked) {
+        mg__shmx_destroy(x);
+        return mg_error(MG_ENOMEM, "shm: out of memory");
+    }
+    for (int r = 0; r < n; r++) {
+        x->local[r] = cfg->local[r] || r == x->rank;
+        x->pid[r] = cfg->pid[r];
+        x->start[r] = cfg->start[r];
+        if (x->local[r] && r != x->rank) x->peers[x->npeers++] = r;
+    }
+    layout(x);
+    seg_name(x->name, sizeof x->name, x->gid, x->rank);
+    int fd = shm_open(x->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        mg_status st = mg_error(MG_EIO, "shm_open(%s): %s; is /dev/shm mounted and writable?",
+                                x->name, strerror(errno));
+        mg__shmx_destroy(x);
+        return st;
+    }
+    if (ftruncate(fd, (off_t)x->total) < 0) {
+        mg_status st = mg_error(MG_EIO, "cannot size shared memory %s to %zu bytes: %s (is "
+                                "/dev/shm full?)", x->name, x->total, strerror(errno));
+        close(fd);
+        shm_unlink(x->name);
+        mg__shmx_destroy(x);
+        return st;
+    }
+    void *p = mmap(NULL, x->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        mg_status st = mg_error(MG_EIO, "mmap of %s: %s", x->name, strerror(errno));
+        shm_unlink(x->name);
+        mg__shmx_destroy(x);
+        return st;
+    }
+    x->seg[x->rank] = p;
+    seg_hdr *h = p;
+    *h = (seg_hdr){SEG_MAGIC, x->gid, x->rank, n, x->all_local, (int32_t)getpid(),
+                   x->ring_bytes, x->slot_bytes, x->total, x->ring_off, x->slot_off};
+    for (uint64_t i = 0; i < HIST; i++) atomic_store(&hist(x, x->rank, i)->seq, UINT64_MAX);
+    atomic_store(&hot(x, x->rank)->fp_seq, UINT64_MAX);
+    /* Made once: the algorithms keep state (coll_seq) in the view. */
+    x->view = (mg__shm){.slot_bytes = x->slot_bytes, .slot = v_slot, .peer_ptr = v_peer_ptr,
+                        .gaddr = v_gaddr, .gptr = v_gptr, .barrier = v_barrier,
+                        .post = v_post, .wait = v_wait, .ctx = x};
+    *out = x;
+    return MG_OK;
+}
+
+mg_status mg__shmx_attach(mg__shmx *x)
+{
+    for (int i = 0; i < x->npeers; i++) {
+        int r = x->peers[i];
+        char name[64];
+        seg_name(name, sizeof name, x->gid, r);
+        int fd = shm_open(name, O_RDWR, 0);
+        if (fd < 0)
+            return mg_error(MG_EIO, "cannot open rank %d's shared memory %s: %s; if the ranks "
+                            "run in different containers, set MG_TRANSPORT=tcp", r, name,
+                            strerror(errno));
+        struct stat st;
+        if (fstat(fd, &st) < 0 || (size_t)st.st_size != x->total) {
+            close(fd);
+            return mg_error(MG_EMISMATCH, "rank %d's shared memory %s has %lld bytes, expected "
+                            "%zu: the ranks disagree on MG_SHM_* settings", r, name,
+                            (long long)st.st_size, x->total);
+        }
+        void *p = mmap(NULL, x->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (p == MAP_FAILED) return mg_error(MG_EIO, "mmap of %s: %s", name, strerror(errno));
+        x->seg[r] = p;
+        const seg_hdr *h = p;
+        if (h->magic != SEG_MAGIC || h->gid != x->gid || h->rank != r || h->size != x->size ||
+            h->total != x->total || h->ring_bytes != x->ring_bytes || h->slot_off != x->slot_off)
+            return mg_error(MG_EMISMATCH, "rank %d's shared memory %s does not match this "
+                            "group's layout (the ranks disagree on MG_SHM_* settings)", r, name);
+    }
+    return MG_OK;
+}
+
+void mg__shmx_unlink(mg__shmx *x)
+{
+    if (!x->unlinked) shm_unlink(x->name);
+    x->unlinked = true;
+}
+
+void mg__shmx_destroy(mg__shmx *x)
+{
+    if (!x) return;
+    while (x->allocs) mg__shmx_free(x, x->allocs->base[x->rank]);
+    if (x->seg) {
+        if (x->seg[x->rank]) mg__shmx_unlink(x);
+        for (int r = 0; r < x->size; r++)
+            if (x->seg[r]) munmap(x->seg[r], x->total);
+    }
+    free(x->local);
+    free(x->pid);
+    free(x->start);
+    free(x->peers);
+    free(x->seg);
+    free(x->checked);
+    free(x);
+}
+
+/* ---- wake-ups, aborts, liveness ----------------------------------------- */
+
+void mg__shmx_wake(mg__shmx *x, int peer)
+{
+    sleep_line *s = slp(x, peer);
+    if (atomic_load(&s->sleeping)) {
+        atomic_fetch_add(&s->doorbell, 1);
+        futex(&s->doorbell, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
+
+static void wake_peers(mg__shmx *x)
+{
+    for (int i = 0; i < x->npeers; i++) mg__shmx_wake(x, x->peers[i]);
+}
+
+void mg__shmx_block(mg__shmx *x, double slice, bool (*ready)(void *), void *arg)
+{
+    sleep_line *s = slp(x, x->rank);
+    atomic_store(&s->sleeping, 1);
+    uint32_t d = atomic_load(&s->doorbell);
+    if (!ready(arg)) {
+        struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
+        futex(&s->doorbell, FUTEX_WAIT, d, &ts);
+    }
+    atomic_store(&s->sleeping, 0);
+}
+
+int mg__shmx_aborted(mg__shmx *x, char *msg, size_t n)
+{
+    for (int i = 0; i < x->npeers; i++) {
+        abort_area *a = abt(x, x->peers[i]);
+        if (atomic_load_explicit(&a->flag, memory_order_acquire)) {
+            size_t k = strnlen(a->msg, MAX_ABORT - 1);
+            if (k >= n) k = n - 1;
+            memcpy(msg, a->msg, k);
+            msg[k] = 0;
+            return x->peers[i];
+        }
+    }
+    return -1;
+}
+
+void mg__shmx_abort(mg__shmx *x, const char *msg)
+{
+    abort_area *a = abt(x, x->rank);
+    if (atomic_load(&a->flag)) return;
+    snprintf(a->msg, MAX_ABORT, "%s", msg);
+    atomic_store_explicit(&a->flag, 1, memory_order_release);
+    for (int i = 0; i < x->npeers; i++) {
+        sleep_line *s = slp(x, x->peers[i]);
+        atomic_fetch_add(&s->doorbell, 1);
+        futex(&s->doorbell, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
+
+void mg__shmx_describe_peer(mg__shmx *x, int peer, char *buf, size_t n)
+{
+    snprintf(buf, n, "rank %d (pid %d, this host)", peer, (int)x->pid[peer]);
+}
+
+mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
+{
+    char msg[MAX_ABORT], who[96];
+    int r = mg__shmx_aborted(x, msg, sizeof msg);
+    if (r >= 0) return mg_error(MG_EPEER, "rank %d failed and aborted the group: %s", r, msg);
+    double now = mg_now();
+    bool late = now >= x->deadline;
+    if (now >= x->next_live || late) {
+        x->next_live = now + LIVE_EVERY;
+        for (int i = 0; i < n; i++) {
+            int p = peers[i];
+            if (!x->local[p] || p == x->rank) continue;
+            mg__liveness l = mg__proc_state(x->pid[p], x->start[p]);
+            mg__shmx_describe_peer(x, p, who, sizeof who);
+            if (l == MG__DEAD)
+                return mg_error(MG_EPEER, "%s died (its process is gone) while this rank was %s",
+                                who, what);
+            if (late)
+                return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: %s is %s", now - x->started,
+                                what, who, l == MG__STOPPED
+                                ? "stopped (SIGSTOP or a debugger); resume it or raise MG_TIMEOUT"
+                                : "alive but did not respond (hung, busy, or in another "
+                                  "operation); raise MG_TIMEOUT if it is just slow");
+        }
+    }
+    if (late)
+        return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s", now - x->started, what);
+    return MG_OK;
+}
+
+/* ---- channels ------------------------------------------------------------ */
+
+void mg__shmx_chan(mg__shmx *x, int peer, mg__chan *c)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = MG__CH_SHM;
+    c->peer = peer;
+    c->fd = -1;
+    c->tx = ring(x, peer, x->rank);
+    c->rx = ring(x, x->rank, peer);
+    c->tx_data = ring_data(x, peer, x->rank);
+    c->rx_data = ring_data(x, x->rank, peer);
+    c->cap = x->ring_bytes;
+    c->shmx = x;
+}
+
+static void copy_in(uint8_t *ring_base, size_t cap, uint64_t pos, const uint8_t *src, size_t n)
+{
+    size_t off = (size_t)(pos & (cap - 1)), first = cap - off < n ? cap - off : n;
+    memcpy(ring_base + off, src, first);
+    if (n > first) memcpy(ring_base, src + first, n - first);
+}
+
+static void copy_out(uint8_t *dst, const uint8_t *ring_base, size_t cap, uint64_t pos, size_t n)
+{
+    size_t off = (size_t)(pos & (cap - 1)), first = cap - off < n ? cap - off : n;
+    memcpy(dst, ring_base + off, first);
+    if (n > first) memcpy(dst + first, ring_base, n - first);
+}
+
+ssize_t mg__shm_chan_write(mg__chan *c, const void *a, size_t an, const void *b, size_t bn)
+{
+    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed);
+    size_t space = c->cap - (size_t)(tail - c->tx_head_seen);
+    if (space == 0) {
+        c->tx_head_seen = atomic_load_explicit(&c->tx->head, memory_order_acquire);
+        space = c->cap - (size_t)(tail - c->tx_head_seen);
+        if (space == 0) return 0;
+    }
+    size_t k = an + bn < space ? an + bn : space;
+    if (k > CHUNK) k = CHUNK;
+    size_t ka = k < an ? k : an;
+    if (ka) copy_in(c->tx_data, c->cap, tail, a, ka);
+    if (k > ka) copy_in(c->tx_data, c->cap, tail + ka, b, k - ka);
+    atomic_store(&c->tx->tail, tail + k);
+    mg__shmx_wake(c->shmx, c->peer);
+    return (ssize_t)k;
+}
+
+ssize_t mg__shm_chan_read(mg__chan *c, void *buf, size_t n)
+{
+    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    size_t avail = (size_t)(c->rx_tail_seen - head);
+    if (avail == 0) {
+        c->rx_tail_seen = atomic_load_explicit(&c->rx->tail, memory_order_acquire);
+        avail = (size_t)(c->rx_tail_seen - head);
+        if (avail == 0) return 0;
+    }
+    size_t k = n < avail ? n : avail;
+    if (k > CHUNK) k = CHUNK;
+    copy_out(buf, c->rx_data, c->cap, head, k);
+    atomic_store(&c->rx->head, head + k);
+    mg__shmx_wake(c->shmx, c->peer);
+    return (ssize_t)k;
+}
+
+bool mg__shm_chan_readable(mg__chan *c)
+{
+    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_relaxed);
+    return atomic_load(&c->rx->tail) != head;
+}
+
+bool mg__shm_chan_writable(mg__chan *c)
+{
+    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_relaxed);
+    return tail - atomic_load(&c->tx->head) < c->cap;
+}
+
+/* ---- the mg__shm view ------------------------------------------------------ */
+
+static uint32_t fp_word(const mg__fp *f)
+{
+    return (uint32_t)f->coll | (uint32_t)f->dtype << 8 | (uint32_t)f->op << 16 |
+           (uint32_t)f->algo << 24;
+}
+
+void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
+{
+    x->fp = *fp;
+    x->seq = fp->seq;
+    x->deadline = deadline;
+    x->started = mg_now();
+    hist_rec *h = hist(x, x->rank, fp->seq);
+    atomic_store_explicit(&h->seq, UINT64_MAX, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    h->fp = *fp;
+    atomic_store_explicit(&h->seq, fp->seq, memory_order_release);
+    hot_line *m = hot(x, x->rank);
+    atomic_store_explicit(&m->fp_seq, UINT64_MAX, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&m->fp_word, fp_word(fp), memory_order_relaxed);
+    atomic_store_explicit(&m->fp_count, fp->count, memory_order_relaxed);
+    atomic_store_explicit(&m->fp_root, fp->root, memory_order_relaxed);
+    atomic_store_explicit(&m->fp_seq, fp->seq, memory_order_release);
+}
+
+/* Peer r has reached this operation (or passed it): check that it is the
+ * same operation. Seqlocks guard against reading a fingerprint the peer is
+ * overwriting; a peer too far ahead is not checked. */
+static mg_status fp_check(mg__shmx *x, int r)
+{
+    if (x->checked[r] == x->seq) return MG_OK;
+    hot_line *h = hot(x, r);
+    uint64_t s1 = atomic_load_explicit(&h->fp_seq, memory_order_acquire);
+    if (s1 == x->seq) {
+        uint32_t w = atomic_load_explicit(&h->fp_word, memory_order_relaxed);
+        uint64_t cnt = atomic_load_explicit(&h->fp_count, memory_order_relaxed);
+        int32_t root = atomic_load_explicit(&h->fp_root, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&h->fp_seq, memory_order_relaxed) == s1) {
+            if (w == fp_word(&x->fp) && cnt == x->fp.count && root == x->fp.root) {
+                x->checked[r] = x->seq;
+                return MG_OK;
+            }
+        }
+    }
+    /* Mismatch, or the peer moved on: consult its history. */
+    hist_rec *hr = hist(x, r, x->seq);
+    uint64_t h1 = atomic_load_explicit(&hr->seq, memory_order_acquire);
+    mg__fp theirs = hr->fp;
+    atomic_thread_fence(memory_order_acquire);
+    uint64_t h2 = atomic_load_explicit(&hr->seq, memory_order_relaxed);
+    if (h1 != x->seq || h2 != h1) return MG_OK; /* too far ahead to tell */
+    if (mg__fp_same(&x->fp, &theirs)) {
+        x->checked[r] = x->seq;
+        return MG_OK;
+    }
+    return mg__fp_mismatch(&x->fp, x->rank, &theirs, r);
+}
+
+typedef struct {
+    mg__shmx *x;
+    int r;
+    uint64_t v;
+} wait_arg;
+
+static bool post_reached(void *p)
+{
+    wait_arg *a = p;
+    return atomic_load_explicit(&hot(a->x, a->r)->post, memory_order_acquire) >= a->v;
+}
+
+static bool barrier_reached(void *p)
+{
+    wait_arg *a = p;
+    return atomic_load(&hot(a->x, a->r)->barrier) >= a->v;
+}
+
+static mg_status wait_for(mg__shmx *x, bool (*cond)(void *), wait_arg *a, const char *what)
+{
+    mg__spin sp = {0};
+    char desc[160], msg[300];
+    while (!cond(a)) {
+        if (!mg__spin_step(&sp, &x->spin)) continue;
+        mg__shmx_block(x, SLICE, cond, a);
+        if (cond(a)) break;
+        /* A peer in another operation may never post what we wait for:
+         * its fingerprint tells, long before the deadline. */
+        MG_TRY(fp_check(x, a->r));
+        mg__fp_describe(&x->fp, desc, sizeof desc);
+        snprintf(msg, sizeof msg, "waiting for rank %d (%s) in %s", a->r, what, desc);
+        MG_TRY(mg__shmx_check(x, &a->r, 1, msg));
+    }
+    return fp_check(x, a->r);
+}
+
+static void *v_slot(mg__shm *s, int rank)
+{
+    mg__shmx *x = s->ctx;
+    MG_ASSERT(rank >= 0 && rank < x->size);
+    return x->seg[rank] + x->slot_off;
+}
+
+static void *v_peer_ptr(mg__shm *s, int peer, const void *ptr)
+{
+    mg__shmx *x = s->ctx;
+    const uint8_t *p = ptr;
+    for (galloc *a = x->allocs; a; a = a->next) {
+        const uint8_t *mine = a->base[x->rank];
+        if (p >= mine && p < mine + a->bytes) return a->base[peer] + (p - mine);
+    }
+    return NULL;
+}
+
+/* Group-memory addresses: (allocation index + 1) << 40 | offset. */
+#define GA_SHIFT 40
+
+static uint64_t v_gaddr(mg__shm *s, const void *ptr, size_t bytes)
+{
+    mg__shmx *x = s->ctx;
+    const uint8_t *p = ptr;
+    for (galloc *a = x->allocs; a; a = a->next) {
+        const uint8_t *mine = a->base[x->rank];
+        if (p >= mine && p < mine + a->bytes && bytes <= (size_t)(mine + a->bytes - p))
+            return ((uint64_t)a->idx + 1) << GA_SHIFT | (uint64_t)(p - mine);
+    }
+    return 0;
+}
+
+static void *v_gptr(mg__shm *s, int rank, uint64_t ga)
+{
+    mg__shmx *x = s->ctx;
+    MG_ASSERT(ga && rank >= 0 && rank < x->size);
+    unsigned idx = (unsigned)(ga >> GA_SHIFT) - 1;
+    size_t off = (size_t)(ga & (((uint64_t)1 << GA_SHIFT) - 1));
+    for (galloc *a = x->allocs; a; a = a->next)
+        if (a->idx == idx) {
+            MG_ASSERT(off < a->bytes);
+            return a->base[rank] + off;
+        }
+    MG_ASSERT(!"group-memory address of no live allocation");
+    return NULL;
+}
+
+static mg_status v_barrier(mg__shm *s, int phase)
+{
+    mg__shmx *x = s->ctx;
+    x->nbar++;
+    atomic_store(&hot(x, x->rank)->barrier, x->nbar);
+    wake_peers(x);
+    for (int i = 0; i < x->npeers; i++) {
+        wait_arg a = {x, x->peers[i], x->nbar};
+        char what[48];
+        snprintf(what, sizeof what, "barrier phase %d", phase);
+        MG_TRY(wait_for(x, barrier_reached, &a, what));
+    }
+    return MG_OK;
+}
+
+static void v_post(mg__shm *s, uint64_t v)
+{
+    mg__shmx *x = s->ctx;
+    atomic_store(&hot(x, x->rank)->post, v);
+    wake_peers(x);
+}
+
+static mg_status v_wait(mg__shm *s, int rank, uint64_t v)
+{
+    mg__shmx *x = s->ctx;
+    wait_arg a = {x, rank, v};
+    if (post_reached(&a)) return fp_check(x, rank);
+    return wait_for(x, post_reached, &a, "its posted counter");
+}
+
+mg__shm *mg__shmx_view(mg__shmx *x)
+{
+    return x && x->all_local ? &x->view : NULL;
+}
+
+/* ---- group memory ------------------------------------------------------------ */
+
+static void alloc_name(char *buf, size_t n, uint64_t gid, int rank, unsigned idx)
+{
+    snprintf(buf, n, "/mg-%016llx-%d-a%u", (unsigned long long)gid, rank, idx);
+}
+
+static void galloc_unmap(mg__shmx *x, galloc *a)
+{
+    for (int r = 0; r < x->size; r++)
+        if (a->base[r]) munmap(a->base[r], a->bytes);
+    free(a->base);
+    free(a);
+}
+
+mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
+{
+    MG_ASSERT(x->all_local);
+    *out = NULL;
+    galloc *a = calloc(1, sizeof *a);
+    if (a) a->base = calloc((size_t)x->size, sizeof *a->base);
+    if (!a || !a->base) {
+        free(a);
+        return mg_error(MG_ENOMEM, "mg_group_alloc: out of memory");
+    }
+    a->bytes = page_up(bytes ? bytes : 1);
+    unsigned idx = a->idx = x->nalloc++;
+    char name[80];
+    alloc_name(name, sizeof name, x->gid, x->rank, idx);
+    mg_status st = MG_OK;
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
+    } else {
+        if (ftruncate(fd, (off_t)a->bytes) < 0)
+            st = mg_error(MG_ENOMEM, "mg_group_alloc: cannot size %zu bytes of shared memory: %s "
+                          "(is /dev/shm full?)", a->bytes, strerror(errno));
+        void *p = st ? MAP_FAILED : mmap(NULL, a->bytes, PROT_READ | PROT_WRITE,
+                                         MAP_SHARED | MAP_POPULATE, fd, 0);
+        close(fd);
+        if (!st && p == MAP_FAILED)
+            st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap of %zu bytes: %s", a->bytes,
+                          strerror(errno));
+        if (!st) a->base[x->rank] = p;
+    }
+    /* Every rank has created its segment (and agrees on the size: the
+     * barrier checks the fingerprint) before anyone maps its peers'. */
+    if (!st) st = v_barrier(&x->view, 0);
+    for (int i = 0; !st && i < x->npeers; i++) {
+        int r = x->peers[i];
+        char pn[80];
+        alloc_name(pn, sizeof pn, x->gid, r, idx);
+        int pfd = shm_open(pn, O_RDWR, 0);
+        struct stat sb;
+        if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->bytes) {
+            st = mg_error(MG_EMISMATCH, "mg_group_alloc: rank %d's allocation %s is missing or "
+                          "of another size", r, pn);
+        } else {
+            void *p = mmap(NULL, a->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
+            if (p == MAP_FAILED) st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap: %s", strerror(errno));
+            else a->base[r] = p;
+        }
+        if (pfd >= 0) close(pfd);
+    }
+    if (!st) st = v_barrier(&x->view, 1);
+    shm_unlink(name);
+    if (st) {
+        galloc_unmap(x, a);
+        return st;
+    }
+    a->next = x->allocs;
+    x->allocs = a;
+    *out = a->base[x->rank];
+    return MG_OK;
+}
+
+int mg__shmx_free(mg__shmx *x, void *p)
+{
+    for (galloc **pp = &x->allocs; *pp; pp = &(*pp)->next)
+        if ((*pp)->base[x->rank] == p) {
+            galloc *a = *pp;
+            *pp = a->next;
+            galloc_unmap(x, a);
+            return 1;
+        }
+    return 0;
+}

@@ -1,0 +1,71 @@
+/* The shared-memory transport: one POSIX shm segment per rank holding
+ * its control lines (posted counters, barrier count, fingerprint, sleep
+ * flag and doorbell futex, abort notice), one receive ring per local
+ * peer, and — when every rank of the group is on this host — the scratch
+ * slot of the mg__shm view (coll.h). Group memory (mg_group_alloc) is one
+ * more segment per rank and allocation, mapped by every local peer. */
+#ifndef MG_COMM_SHM_H
+#define MG_COMM_SHM_H
+
+#include "comm/coll/coll.h"
+#include "comm/transport/transport.h"
+
+typedef struct mg__shmx mg__shmx;
+
+typedef struct mg__shmx_cfg {
+    uint64_t gid;
+    int rank, size;
+    const bool *local;     /* per group rank: reached through shm (self included) */
+    bool all_local;        /* every rank local: slots and the mg__shm view */
+    size_t ring_bytes;     /* per peer; rounded up to a power of two */
+    size_t slot_bytes;
+    mg__spin_cfg spin;
+    const pid_t *pid;      /* per group rank, for liveness checks */
+    const uint64_t *start;
+} mg__shmx_cfg;
+
+/* Create and map this rank's segment (named after gid and rank). */
+mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out);
+/* Map every local peer's segment, checking what it says about itself. */
+mg_status mg__shmx_attach(mg__shmx *x);
+/* Remove this rank's segment name once every peer has mapped it: the
+ * memory then lives exactly as long as some process maps it. */
+void mg__shmx_unlink(mg__shmx *x);
+void mg__shmx_destroy(mg__shmx *x);
+/* Set up c as the channel to local peer `peer`. */
+void mg__shmx_chan(mg__shmx *x, int peer, mg__chan *c);
+/* Channel operations (transport.h dispatches to these). */
+ssize_t mg__shm_chan_write(mg__chan *c, const void *a, size_t an, const void *b, size_t bn);
+ssize_t mg__shm_chan_read(mg__chan *c, void *buf, size_t n);
+bool mg__shm_chan_readable(mg__chan *c);
+bool mg__shm_chan_writable(mg__chan *c);
+/* Wake `peer` if it sleeps. */
+void mg__shmx_wake(mg__shmx *x, int peer);
+
+/* Start an operation: publish its fingerprint, reset the counter, and
+ * set the deadline waits honour. */
+void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline);
+/* The mg__shm view for algorithms (only when all ranks are local). */
+mg__shm *mg__shmx_view(mg__shmx *x);
+
+/* Sleep up to slice seconds on this rank's doorbell unless ready(arg). */
+void mg__shmx_block(mg__shmx *x, double slice, bool (*ready)(void *), void *arg);
+/* After a block: fail if a local peer aborted, if one of peers[0..n) died
+ * (checked every few hundred ms), or if the deadline passed. `what`
+ * describes the wait for messages. */
+mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what);
+/* First local peer that announced an abort (its message to msg), or -1. */
+int mg__shmx_aborted(mg__shmx *x, char *msg, size_t n);
+/* Announce this rank's failure to every local peer and wake them. */
+void mg__shmx_abort(mg__shmx *x, const char *msg);
+
+/* Group memory: collective among the (all local) ranks, on the executor,
+ * inside an operation begun with mg__shmx_begin. */
+mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out);
+/* 1 if p came from mg__shmx_alloc (and is now unmapped), else 0. */
+int mg__shmx_free(mg__shmx *x, void *p);
+
+/* Shared by the liveness and timeout messages: "rank 3 (pid 123)". */
+void mg__shmx_describe_peer(mg__shmx *x, int peer, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,305 @@
+/* Asynchronous work: each group's queue and progress thread, mg_start /
+ * mg_run, mg_work handles, and failure poisoning.
+ *
+ * Requests run one at a time in issue order. The progress thread runs
+ * queued requests; a blocking call finding the queue empty and nothing
+ * running runs its request inline on the caller's thread instead, which
+ * keeps small blocking collectives free of thread hand-offs (on a 2-core
+ * machine a hand-off costs more than the collective). Order is kept
+ * because the inline path is only taken when nothing is queued or running.
+ *
+ * A request's error message is recorded on the executing thread; it is
+ * copied into the mg_work and re-recorded on the waiting thread. After a
+ * failure the group is poisoned: every later request fails at once with
+ * the original error. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "comm/backend.h"
+#include "multigrad/core.h"
+
+enum { W_QUEUED, W_RUNNING, W_DONE };
+
+struct mg_work {
+    mg_group *g;
+    mg__req r;
+    atomic_int state;
+    mg_status st;
+    bool heap;
+    struct mg_work *next;
+    char msg[1024];
+};
+
+static void *progress_main(void *arg);
+
+mg_group *mg__group_new(const mg__backend *be, double timeout)
+{
+    mg_group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->be = be;
+    g->timeout = timeout;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->wake, &ca);
+    pthread_cond_init(&g->done, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&g->failed, 0);
+    return g;
+}
+
+mg_status mg__group_start(mg_group *g)
+{
+    g->sends = calloc((size_t)g->size, sizeof *g->sends);
+    g->recvs = calloc((size_t)g->size, sizeof *g->recvs);
+    if (!g->sends || !g->recvs) return mg_error(MG_ENOMEM, "group: out of memory");
+    if (pthread_create(&g->thread, NULL, progress_main, g))
+        return mg_error(MG_EIO, "group: cannot start the progress thread");
+    g->has_thread = true;
+    return MG_OK;
+}
+
+void mg__group_free(mg_group *g)
+{
+    if (!g) return;
+    if (g->has_thread) {
+        pthread_mutex_lock(&g->mu);
+        g->stop = true;
+        pthread_cond_broadcast(&g->wake);
+        pthread_mutex_unlock(&g->mu);
+        pthread_join(g->thread, NULL);
+    }
+    if (g->impl) g->be->destroy(g);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->wake);
+    pthread_cond_destroy(&g->done);
+    free(g->sends);
+    free(g->recvs);
+    free(g);
+}
+
+void mg__group_fail(mg_group *g, mg_status code, const char *msg)
+{
+    int expect = 0;
+    if (!atomic_compare_exchange_strong(&g->failed, &expect, 1)) return;
+    g->fail_code = code;
+    snprintf(g->fail_msg, sizeof g->fail_msg, "%s", msg);
+    atomic_store(&g->failed, 2);
+    mg_debug("rank %d: group failed: %s", g->rank, msg);
+    g->be->abort(g, g->fail_msg);
+}
+
+static mg_status failed_error(mg_group *g)
+{
+    /* The message is complete once failed reads 2 (set by the one writer). */
+    while (atomic_load(&g->failed) == 1) sched_yield();
+    return mg_error(g->fail_code, "this group failed earlier and cannot be used any more: %s",
+                    g->fail_msg);
+}
+
+/* Run one request on the calling thread, which holds the execution right. */
+static mg_status exec(mg_group *g, mg__req *r)
+{
+    /* Freeing is local and must work even on a failed group. */
+    if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) return failed_error(g);
+    mg_status st = g->be->run(g, r);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        mg__group_fail(g, st, msg);
+        mg_error(st, "%s", msg);
+    }
+    return st;
+}
+
+static void *progress_main(void *arg)
+{
+    mg_group *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!(g->head && !g->executing) && !(g->stop && !g->head))
+            pthread_cond_wait(&g->wake, &g->mu);
+        if (!g->head) break; /* stop requested and nothing left */
+        struct mg_work *w = g->head;
+        g->head = w->next;
+        if (!g->head) g->tail = NULL;
+        g->executing = true;
+        atomic_store(&w->state, W_RUNNING);
+        pthread_mutex_unlock(&g->mu);
+        mg_status st = exec(g, &w->r);
+        if (st) snprintf(w->msg, sizeof w->msg, "%s", mg_last_error());
+        pthread_mutex_lock(&g->mu);
+        g->executing = false;
+        w->st = st;
+        atomic_store_explicit(&w->state, W_DONE, memory_order_release);
+        pthread_cond_broadcast(&g->done);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* ---- validation and issue ------------------------------------------------ */
+
+static bool rooted(mg_coll c)
+{
+    return c == MG_COLL_BROADCAST || c == MG_COLL_REDUCE || c == MG_COLL_GATHER ||
+           c == MG_COLL_SCATTER;
+}
+
+static mg_status validate(const mg_group *g, const mg_call *c)
+{
+    if ((unsigned)c->coll >= MG_COLL_COUNT)
+        return mg_error(MG_EINVAL, "operation %d is not an mg_coll", (int)c->coll);
+    const char *name = mg_coll_name(c->coll);
+    if (c->coll == MG_COLL_BARRIER) return MG_OK;
+    if ((unsigned)c->dtype >= MG_DTYPE_COUNT)
+        return mg_error(MG_EINVAL, "%s: unknown dtype %d", name, (int)c->dtype);
+    if ((unsigned)c->op >= MG_OP_COUNT)
+        return mg_error(MG_EINVAL, "%s: unknown reduction op %d", name, (int)c->op);
+    bool p2p = c->coll == MG_COLL_SEND || c->coll == MG_COLL_RECV;
+    if ((rooted(c->coll) || p2p) && (c->root < 0 || c->root >= g->size))
+        return mg_error(MG_EINVAL, "%s: %s %d is outside [0, %d)", name, p2p ? "peer" : "root",
+                        c->root, g->size);
+    size_t es = mg_dtype_size(c->dtype);
+    if (c->count > SIZE_MAX / es / (size_t)g->size)
+        return mg_error(MG_EINVAL, "%s: count %zu overflows the address space", name, c->count);
+    if (c->count && ((c->coll == MG_COLL_SEND && !c->sendbuf) ||
+                     (c->coll == MG_COLL_RECV && !c->recvbuf)))
+        return mg_error(MG_EINVAL, "%s: NULL buffer for %zu elements", name, c->count);
+    return MG_OK;
+}
+
+static void make_req(mg_group *g, const mg_call *c, mg__req *r)
+{
+    memset(r, 0, sizeof *r);
+    r->kind = MG__REQ_CALL;
+    r->c = *c;
+    if (r->c.sendbuf == MG_IN_PLACE) r->c.sendbuf = r->c.recvbuf;
+}
+
+/* Number the request (caller holds g->mu): issue order defines it. */
+static void number(mg_group *g, mg__req *r)
+{
+    if (r->kind == MG__REQ_FREE) return; /* local: not numbered */
+    if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_SEND) r->seq = g->sends[r->c.root]++;
+    else if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_RECV) r->seq = g->recvs[r->c.root]++;
+    else r->seq = ++g->seq;
+}
+
+static void enqueue(mg_group *g, struct mg_work *w)
+{
+    number(g, &w->r);
+    w->next = NULL;
+    if (g->tail) g->tail->next = w;
+    else g->head = w;
+    g->tail = w;
+    pthread_cond_signal(&g->wake);
+}
+
+static mg_status wait_done(struct mg_work *w, double timeout);
+
+/* Run a request to completion, inline when the group is idle. */
+static mg_status run_req(mg_group *g, mg__req *r)
+{
+    if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) return failed_error(g);
+    pthread_mutex_lock(&g->mu);
+    if (!g->head && !g->executing) {
+        g->executing = true;
+        number(g, r);
+        pthread_mutex_unlock(&g->mu);
+        mg_status st = exec(g, r);
+        pthread_mutex_lock(&g->mu);
+        g->executing = false;
+        if (g->head) pthread_cond_signal(&g->wake);
+        pthread_mutex_unlock(&g->mu);
+        return st;
+    }
+    struct mg_work w = {.g = g, .r = *r};
+    atomic_init(&w.state, W_QUEUED);
+    enqueue(g, &w);
+    pthread_mutex_unlock(&g->mu);
+    return wait_done(&w, 1e30);
+}
+
+mg_status mg__run_req(mg_group *g, mg__req *r) { return run_req(g, r); }
+
+mg_status mg_run(mg_group *g, const mg_call *c)
+{
+    MG_TRY(validate(g, c));
+    mg__req r;
+    make_req(g, c, &r);
+    return run_req(g, &r);
+}
+
+mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
+{
+    *out = NULL;
+    MG_TRY(validate(g, c));
+    if (atomic_load(&g->failed)) return failed_error(g);
+    struct mg_work *w = calloc(1, sizeof *w);
+    if (!w) return mg_error(MG_ENOMEM, "mg_start: out of memory");
+    w->g = g;
+    w->heap = true;
+    make_req(g, c, &w->r);
+    atomic_init(&w->state, W_QUEUED);
+    pthread_mutex_lock(&g->mu);
+    enqueue(g, w);
+    pthread_mutex_unlock(&g->mu);
+    *out = w;
+    return MG_OK;
+}
+
+static mg_status wait_done(struct mg_work *w, double timeout)
+{
+    if (atomic_load_explicit(&w->state, memory_order_acquire) != W_DONE) {
+        mg_group *g = w->g;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (timeout > 1e9 ? 1e9 : timeout);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        pthread_mutex_lock(&g->mu);
+        int rc = 0;
+        while (atomic_load(&w->state) != W_DONE && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&g->done, &g->mu, &ts);
+        bool done = atomic_load(&w->state) == W_DONE;
+        pthread_mutex_unlock(&g->mu);
+        if (!done) {
+            char d[64] = "";
+            if (w->r.kind == MG__REQ_CALL)
+                snprintf(d, sizeof d, "%s ", mg_coll_name(w->r.c.coll));
+            return mg_error(MG_ETIMEOUT, "mg_work_wait: the %soperation did not complete within "
+                            "%.3g s (it goes on; wait again or raise the timeout)", d, timeout);
+        }
+    }
+    if (w->st) mg_error(w->st, "%s", w->msg);
+    return w->st;
+}
+
+mg_status mg_work_wait(mg_work *w, double timeout_s)
+{
+    if (!w) return mg_error(MG_EINVAL, "mg_work_wait: NULL work");
+    return wait_done(w, timeout_s < 0 ? w->g->timeout : timeout_s);
+}
+
+int mg_work_test(mg_work *w)
+{
+    return w && atomic_load_explicit(&w->state, memory_order_acquire) == W_DONE;
+}
+
+void mg_work_free(mg_work *w)
+{
+    if (!w) return;
+    if (atomic_load_explicit(&w->state, memory_order_acquire) != W_DONE) {
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", mg_last_error());
+        wait_done(w, 1e30);
+        mg_error(MG_OK, "%s", keep);
+    }
+    MG_ASSERT(w->heap);
+    free(w);
+}

@@ -1,0 +1,513 @@
+/* safetensors files (https://github.com/huggingface/safetensors): u64
+ * little-endian header length N, N bytes of JSON
+ *   {"__metadata__": {str: str}, NAME: {"dtype": D, "shape": [..],
+ *    "data_offsets": [BEGIN, END]}, ...}
+ * padded with spaces to a multiple of 8 (as the Hugging Face writer does),
+ * then the data, offsets relative to its start.
+ *
+ * The reader is strict and bounded: the JSON parser (st_json.c) accepts
+ * exactly that schema, the header is at most 100 MB as in the reference
+ * implementation, and the byte ranges must match dtype and shape, lie in
+ * the file, and tile the data exactly (contiguous, no overlap, no slack).
+ * The whole file is read into memory: fine for the checkpoints here (a
+ * few MB), not meant for multi-GB model files.
+ *
+ * Integrity: the writer adds the metadata entry "multigrad.crc32", a CRC-32
+ * of the contents (tensors by name with dtype, shape and data; metadata by
+ * key), which the reader verifies when present; other tools ignore it. So
+ * a flipped byte in one of our files is caught even where the JSON still
+ * parses (a flip inside the key itself leaves the file unverified, which
+ * mg_st_verified reports and checkpoints refuse). Writing is atomic:
+ * temporary file in the same directory, fsync, rename, fsync of the
+ * directory. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#include "multigrad/checkpoint.h"
+#include "st_internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c assumes a little-endian host"
+#endif
+
+#define MAX_HEADER 100000000ULL
+#define MAX_NDIM MG__ST_MAX_NDIM
+#define CRC_KEY "multigrad.crc32"
+
+const char *const mg__st_dtype_names[MG__ST_NUM_DTYPES] = {"F32", "F64", "F16", "BF16", "I32",
+                                                           "I64", "U8"};
+static const size_t dtype_sizes[] = {4, 8, 2, 2, 4, 8, 1};
+#define dtype_names mg__st_dtype_names
+#define NUM_DTYPES MG__ST_NUM_DTYPES
+
+const char *mg_st_dtype_name(mg_st_dtype d)
+{
+    MG_ASSERT((unsigned)d < NUM_DTYPES);
+    return dtype_names[d];
+}
+
+size_t mg_st_dtype_size(mg_st_dtype d)
+{
+    MG_ASSERT((unsigned)d < NUM_DTYPES);
+    return dtype_sizes[d];
+}
+
+/* dtype size * product of shape, or false on overflow. */
+static bool tensor_bytes(mg_st_dtype d, int ndim, const int64_t *shape, uint64_t *out)
+{
+    uint64_t n = dtype_sizes[d];
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return false;
+        uint64_t s = (uint64_t)shape[i];
+        if (s != 0 && n > UINT64_MAX / s) return false;
+        n *= s;
+    }
+    *out = n;
+    return true;
+}
+
+/* ---- the checksum (shared by writer and reader) ---- */
+
+typedef struct { const char *key, *value; } kv;
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(const mg_st_tensor *const *)a)->name, (*(const mg_st_tensor *const *)b)->name);
+}
+
+static int cmp_kv(const void *a, const void *b)
+{
+    return strcmp(((const kv *)a)->key, ((const kv *)b)->key);
+}
+
+static uLong crc_str(uLong crc, const char *s)
+{
+    return crc32_z(crc, (const Bytef *)s, strlen(s) + 1);
+}
+
+/* CRC-32 of the contents: tensors sorted by name (name, dtype, shape,
+ * data), then metadata sorted by key, the checksum entry left out.
+ * sorted and pairs are scratch arrays (sorted in place). */
+static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int npairs)
+{
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_tensor_name);
+    qsort(pairs, (size_t)npairs, sizeof *pairs, cmp_kv);
+    uLong crc = crc32_z(0L, Z_NULL, 0);
+    char dims[32];
+    for (int i = 0; i < n; i++) {
+        const mg_st_tensor *t = sorted[i];
+        crc = crc_str(crc, t->name);
+        crc = crc_str(crc, dtype_names[t->dtype]);
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(dims, sizeof dims, "%lld,", (long long)t->shape[d]);
+            crc = crc32_z(crc, (const Bytef *)dims, strlen(dims));
+        }
+        crc = crc32_z(crc, (const Bytef *)"", 1);
+        if (t->nbytes) crc = crc32_z(crc, t->data, t->nbytes);
+    }
+    for (int i = 0; i < npairs; i++) {
+        if (!strcmp(pairs[i].key, CRC_KEY)) continue;
+        crc = crc_str(crc, pairs[i].key);
+        crc = crc_str(crc, pairs[i].value);
+    }
+    return (uint32_t)crc;
+}
+
+/* ---- writer ---- */
+
+typedef struct { char *p; size_t len, cap; bool oom; } sbuf;
+
+static void put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = true; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
+
+static void put_json_str(sbuf *b, const char *s)
+{
+    put(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\'; esc[1] = (char)c;
+            put(b, esc, 2);
+        } else if (c < 0x20) {
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            put(b, esc, 6);
+        } else {
+            put(b, (const char *)&c, 1);
+        }
+    }
+    put(b, "\"", 1);
+}
+
+static mg_status write_all(int fd, const void *p, size_t n, const char *tmp)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return mg_error(MG_EIO, "cannot write %s: %s", tmp,
+                            w < 0 ? strerror(errno) : "no progress");
+        c += w;
+        n -= (size_t)w;
+    }
+    return MG_OK;
+}
+
+static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n,
+                                  const char *const *meta, int n_meta)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t nb;
+        if (!t[i].name || !t[i].name[0] || !strcmp(t[i].name, "__metadata__"))
+            return mg_error(MG_EINVAL, "%s: tensor %d has no usable name", path, i);
+        if ((unsigned)t[i].dtype >= NUM_DTYPES || t[i].ndim < 0 || t[i].ndim > MAX_NDIM ||
+            !tensor_bytes(t[i].dtype, t[i].ndim, t[i].shape, &nb) || nb != t[i].nbytes ||
+            (nb && !t[i].data))
+            return mg_error(MG_EINVAL, "%s: tensor '%s': dtype, shape and %zu data bytes "
+                            "disagree", path, t[i].name, t[i].nbytes);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(t[i].name, t[j].name))
+                return mg_error(MG_EINVAL, "%s: tensor name '%s' given twice", path, t[i].name);
+    }
+    for (int i = 0; i < n_meta; i++) {
+        if (!meta[2 * i] || !meta[2 * i + 1])
+            return mg_error(MG_EINVAL, "%s: metadata entry %d is NULL", path, i);
+        if (!strcmp(meta[2 * i], CRC_KEY))
+            return mg_error(MG_EINVAL, "%s: metadata key '%s' is reserved", path, CRC_KEY);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(meta[2 * i], meta[2 * j]))
+                return mg_error(MG_EINVAL, "%s: metadata key '%s' given twice", path, meta[2 * i]);
+    }
+    return MG_OK;
+}
+
+static mg_status build_header(const mg_st_tensor *t, int n, const char *const *meta,
+                              int n_meta, sbuf *h)
+{
+    const mg_st_tensor **sorted = malloc(((size_t)n + 1) * sizeof *sorted);
+    kv *pairs = malloc(((size_t)n_meta + 1) * sizeof *pairs);
+    if (!sorted || !pairs) {
+        free(sorted);
+        free(pairs);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    }
+    for (int i = 0; i < n; i++) sorted[i] = &t[i];
+    for (int i = 0; i < n_meta; i++) pairs[i] = (kv){meta[2 * i], meta[2 * i + 1]};
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", content_crc(sorted, n, pairs, n_meta));
+    free(sorted);
+    free(pairs);
+
+    char num[64];
+    puts_(h, "{\"__metadata__\":{");
+    for (int i = 0; i < n_meta; i++) {
+        put_json_str(h, meta[2 * i]);
+        puts_(h, ":");
+        put_json_str(h, meta[2 * i + 1]);
+        puts_(h, ",");
+    }
+    put_json_str(h, CRC_KEY);
+    puts_(h, ":");
+    put_json_str(h, crc);
+    puts_(h, "}");
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        puts_(h, ",");
+        put_json_str(h, t[i].name);
+        puts_(h, ":{\"dtype\":\"");
+        puts_(h, dtype_names[t[i].dtype]);
+        puts_(h, "\",\"shape\":[");
+        for (int d = 0; d < t[i].ndim; d++) {
+            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+            puts_(h, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                 (unsigned long long)(off + t[i].nbytes));
+        puts_(h, num);
+        off += t[i].nbytes;
+    }
+    puts_(h, "}");
+    while (h->len % 8) puts_(h, " ");
+    if (h->oom) return mg_error(MG_ENOMEM, "safetensors: out of memory for the header");
+    if (h->len > MAX_HEADER)
+        return mg_error(MG_EINVAL, "safetensors: header of %zu bytes exceeds the format's "
+                        "limit of %llu", h->len, MAX_HEADER);
+    return MG_OK;
+}
+
+mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
+                      const char *const *meta, int n_meta)
+{
+    MG_ASSERT(n >= 0 && n_meta >= 0);
+    MG_TRY(check_write_args(path, t, n, meta, n_meta));
+    sbuf h = {0};
+    mg_status st = build_header(t, n, meta, n_meta, &h);
+    if (st) { free(h.p); return st; }
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16), *dircopy = strdup(path);
+    if (!tmp || !dircopy) {
+        free(h.p); free(tmp); free(dircopy);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    }
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        st = mg_error(MG_EIO, "cannot create a temporary file next to %s: %s: check that the "
+                      "directory exists and is writable", path, strerror(errno));
+        goto out;
+    }
+    uint8_t len8[8];
+    uint64_t hl = h.len;
+    memcpy(len8, &hl, 8);
+    if ((st = write_all(fd, len8, 8, tmp)) || (st = write_all(fd, h.p, h.len, tmp)))
+        goto fail;
+    for (int i = 0; i < n; i++)
+        if (t[i].nbytes && (st = write_all(fd, t[i].data, t[i].nbytes, tmp))) goto fail;
+    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
+        st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        st = mg_error(MG_EIO, "cannot write %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    /* The rename is durable only once the directory is synced. */
+    int dfd = open(dirname(dircopy), O_RDONLY | O_DIRECTORY);
+    if (dfd < 0 || fsync(dfd) != 0) {
+        st = mg_error(MG_EIO, "wrote %s but cannot sync its directory: %s", path, strerror(errno));
+        if (dfd >= 0) close(dfd);
+        goto out;
+    }
+    close(dfd);
+    goto out;
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+out:
+    free(h.p);
+    free(tmp);
+    free(dircopy);
+    return st;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    if (x[0] != y[0]) return x[0] < y[0] ? -1 : 1;
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* Ranges match dtype x shape, lie in the data and tile it exactly. */
+static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, uint64_t dlen)
+{
+    const uint8_t *data = f->buf + (f->size - dlen);
+    for (int i = 0; i < f->n; i++) {
+        mg_st_tensor *t = &f->t[i];
+        uint64_t nb, b = offs[2 * i], e = offs[2 * i + 1];
+        if (!tensor_bytes(t->dtype, t->ndim, t->shape, &nb) || e < b || e - b != nb)
+            return mg_error(MG_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not "
+                            "hold a %s tensor of its shape: the file is damaged", path, t->name,
+                            (unsigned long long)b, (unsigned long long)e, dtype_names[t->dtype]);
+        if (e > dlen)
+            return mg_error(MG_EFORMAT, "%s: tensor '%s' ends at data byte %llu but the file "
+                            "has %llu data bytes: the file is truncated", path, t->name,
+                            (unsigned long long)e, (unsigned long long)dlen);
+        t->data = data + b;
+        t->nbytes = (size_t)nb;
+    }
+    /* Sort copies of the ranges: contiguous from 0, no overlap, to dlen. */
+    uint64_t *r = malloc(((size_t)f->n + 1) * 2 * sizeof *r);
+    if (!r) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    if (f->n) memcpy(r, offs, (size_t)f->n * 2 * sizeof *r);
+    qsort(r, (size_t)f->n, 2 * sizeof *r, cmp_range);
+    uint64_t pos = 0;
+    for (int i = 0; i < f->n && pos != UINT64_MAX; i++)
+        pos = r[2 * i] == pos ? r[2 * i + 1] : UINT64_MAX;
+    free(r);
+    if (pos != dlen)
+        return mg_error(MG_EFORMAT, "%s: tensor byte ranges %s: the file is damaged", path,
+                        pos == UINT64_MAX ? "overlap or leave gaps"
+                                          : "do not cover the data (trailing bytes)");
+    /* Duplicate names. */
+    const mg_st_tensor **s = malloc(((size_t)f->n + 1) * sizeof *s);
+    if (!s) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
+    qsort(s, (size_t)f->n, sizeof *s, cmp_tensor_name);
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(s[i - 1]->name, s[i]->name)) {
+            mg_status st = mg_error(MG_EFORMAT, "%s: tensor '%s' appears twice", path, s[i]->name);
+            free(s);
+            return st;
+        }
+    free(s);
+    return MG_OK;
+}
+
+static mg_status verify_crc(const char *path, mg_st_file *f)
+{
+    const char *want = mg_st_meta(f, CRC_KEY);
+    if (!want) return MG_OK;
+    const mg_st_tensor **s = malloc(((size_t)f->n + 1) * sizeof *s);
+    kv *pairs = malloc(((size_t)f->nmeta + 1) * sizeof *pairs);
+    if (!s || !pairs) {
+        free(s);
+        free(pairs);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    }
+    for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
+    for (int i = 0; i < f->nmeta; i++) pairs[i] = (kv){f->meta[2 * i], f->meta[2 * i + 1]};
+    char got[16];
+    snprintf(got, sizeof got, "%08x", content_crc(s, f->n, pairs, f->nmeta));
+    free(s);
+    free(pairs);
+    if (strcmp(got, want) != 0)
+        return mg_error(MG_EFORMAT, "%s: checksum mismatch (stored %.16s, contents %s): the "
+                        "file is damaged", path, want, got);
+    f->verified = true;
+    return MG_OK;
+}
+
+static mg_status read_file(const char *path, mg_st_file *f)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mg_error(MG_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    mg_status st = MG_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = mg_error(MG_EIO, "%s: not a regular file", path);
+        goto out;
+    }
+    f->size = (size_t)sb.st_size;
+    if (!(f->buf = mg_alloc(f->size + 1))) {
+        st = mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to read it", path, f->size);
+        goto out;
+    }
+    size_t got = 0;
+    while (got < f->size) {
+        ssize_t r = read(fd, f->buf + got, f->size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { st = mg_error(MG_EIO, "cannot read %s: %s", path, strerror(errno)); goto out; }
+        if (r == 0) { st = mg_error(MG_EIO, "%s changed size while being read", path); goto out; }
+        got += (size_t)r;
+    }
+out:
+    close(fd);
+    return st;
+}
+
+mg_status mg_st_open(const char *path, mg_st_file **out)
+{
+    *out = NULL;
+    mg_st_file *f = calloc(1, sizeof *f);
+    if (!f) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    uint64_t *offs = NULL, hlen = 0;
+    mg_status st = read_file(path, f);
+    if (st) goto fail;
+    if (f->size < 8) {
+        st = mg_error(MG_EFORMAT, "%s: %zu bytes, too short for a safetensors file: it is "
+                      "truncated or of another format", path, f->size);
+        goto fail;
+    }
+    memcpy(&hlen, f->buf, 8);
+    if (hlen > MAX_HEADER || hlen > f->size - 8) {
+        st = mg_error(MG_EFORMAT, "%s: header length %llu %s: the file is truncated or not "
+                      "safetensors", path, (unsigned long long)hlen,
+                      hlen > MAX_HEADER ? "exceeds the 100 MB limit"
+                                        : "runs past the end of the file");
+        goto fail;
+    }
+    if (!(f->strings = malloc(hlen + 1))) {
+        st = mg_error(MG_ENOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    size_t errpos;
+    const char *err = mg__st_parse_header(f, (const char *)f->buf + 8, (size_t)hlen, &offs,
+                                          &errpos);
+    if (err) {
+        st = mg_error(MG_EFORMAT, "%s: bad safetensors header: %s at header byte %zu: the "
+                      "file is damaged or not safetensors", path, err, errpos);
+        goto fail;
+    }
+    if ((st = check_layout(path, f, offs, f->size - 8 - hlen)) || (st = verify_crc(path, f)))
+        goto fail;
+    free(offs);
+    *out = f;
+    return MG_OK;
+fail:
+    free(offs);
+    mg_st_close(f);
+    return st;
+}
+
+void mg_st_close(mg_st_file *f)
+{
+    if (!f) return;
+    mg_free(f->buf);
+    free(f->strings);
+    free(f->t);
+    free(f->meta);
+    free(f);
+}
+
+int mg_st_count(const mg_st_file *f) { return f->n; }
+
+const mg_st_tensor *mg_st_get(const mg_st_file *f, int i)
+{
+    MG_ASSERT(i >= 0 && i < f->n);
+    return &f->t[i];
+}
+
+const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->t[i].name, name)) return &f->t[i];
+    return NULL;
+}
+
+const char *mg_st_meta(const mg_st_file *f, const char *key)
+{
+    for (int i = 0; i < f->nmeta; i++)
+        if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+    return NULL;
+}
+
+int mg_st_meta_count(const mg_st_file *f) { return f->nmeta; }
+
+const char *mg_st_meta_at(const mg_st_file *f, int i, const char **key)
+{
+    MG_ASSERT(i >= 0 && i < f->nmeta);
+    if (key) *key = f->meta[2 * i];
+    return f->meta[2 * i + 1];
+}
+
+bool mg_st_verified(const mg_st_file *f) { return f->verified; }

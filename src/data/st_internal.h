@@ -1,0 +1,33 @@
+/* Internal to src/data: the safetensors file object shared by
+ * safetensors.c (framing, layout checks, CRC, writer) and st_json.c (the
+ * header parser). */
+#ifndef MG_ST_INTERNAL_H
+#define MG_ST_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "multigrad/checkpoint.h"
+
+#define MG__ST_NUM_DTYPES 7
+#define MG__ST_MAX_NDIM 8
+extern const char *const mg__st_dtype_names[MG__ST_NUM_DTYPES];
+
+struct mg_st_file {
+    uint8_t *buf;          /* the whole file */
+    size_t size;
+    char *strings;         /* decoded names, keys and values */
+    mg_st_tensor *t;
+    int n, cap;
+    const char **meta;     /* key, value pairs */
+    int nmeta, metacap;
+    bool verified;
+};
+
+/* Parses the header JSON [json, json + len) into f->t (names, dtypes,
+ * shapes; offsets into *offs as [begin, end] pairs) and f->meta, decoding
+ * strings into f->strings (len + 1 bytes). Returns NULL, or what is wrong
+ * with *errpos its byte offset. */
+const char *mg__st_parse_header(mg_st_file *f, const char *json, size_t len, uint64_t **offs,
+                                size_t *errpos);
+
+#endif

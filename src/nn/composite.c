@@ -1,0 +1,317 @@
+/* Composite layers: Sequential (children in a chain) and Residual
+ * (y = branch(x) + shortcut(x), optional ReLU; shortcut NULL = identity).
+ * They own their children, keep the children's outputs in their saved
+ * memory (backward needs them), and give each child a slice of their own
+ * saved memory and the scratch beyond what they use themselves. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nn/layer.h"
+
+/* ---- Sequential -------------------------------------------------------- */
+
+typedef struct {
+    mg_layer base;
+    float **acts;        /* outputs of children 0..n-2 */
+    bool *has_params;    /* child i (or its children) has parameters */
+    size_t grad_floats;  /* one intermediate-gradient buffer at the bound n */
+} seq_layer;
+
+static mg_status seq_setup(mg_layer *l, const int in[3], int out[3])
+{
+    if (l->n_child == 0)
+        return mg_error(MG_EINVAL, "sequential '%s' has no layers; give it at least one",
+                        l->name);
+    int cur[3] = {in[0], in[1], in[2]};
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        memcpy(ch->in, cur, sizeof cur);
+        MG_TRY(ch->vt->setup(ch, cur, ch->out));
+        memcpy(cur, ch->out, sizeof cur);
+    }
+    memcpy(out, cur, sizeof cur);
+    return MG_OK;
+}
+
+static void seq_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    size_t sv = 0, sc = 0, g = 0;
+    for (int i = 0; i < l->n_child; i++) {
+        const mg_layer *ch = l->child[i];
+        size_t a, b;
+        ch->vt->sizes(ch, n, &a, &b);
+        sv += mg__align(a);
+        if (b > sc) sc = b;
+        if (i + 1 < l->n_child) {
+            size_t f = (size_t)n * mg__per_image(ch->out);
+            sv += mg__align(f * sizeof(float));
+            if (f > g) g = f;
+        }
+    }
+    g = mg__align(g * sizeof(float)) / sizeof(float);
+    *saved = sv;
+    *scratch = 2 * g + sc;
+}
+
+static void seq_bind(mg_layer *l, int n)
+{
+    seq_layer *s = (seq_layer *)l;
+    char *p = l->saved;
+    size_t g = 0;
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        size_t a, b;
+        ch->vt->sizes(ch, n, &a, &b);
+        ch->saved = p;
+        p += mg__align(a);
+        if (ch->vt->bind) ch->vt->bind(ch, n);
+        if (i + 1 < l->n_child) {
+            size_t f = (size_t)n * mg__per_image(ch->out);
+            s->acts[i] = (float *)p;
+            p += mg__align(f * sizeof(float));
+            if (f > g) g = f;
+        }
+    }
+    s->grad_floats = mg__align(g * sizeof(float)) / sizeof(float);
+}
+
+static void seq_propagate(mg_layer *l)
+{
+    seq_layer *s = (seq_layer *)l;
+    bool before = l->need_dx;
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        s->has_params[i] = mg__layer_has_params(ch);
+        ch->need_dx = before;
+        if (ch->vt->propagate) ch->vt->propagate(ch);
+        before = before || s->has_params[i];
+    }
+}
+
+static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    seq_layer *s = (seq_layer *)l;
+    mg_ctx cc = *c;
+    cc.scratch = c->scratch + 2 * s->grad_floats;
+    const float *cur = x;
+    for (int i = 0; i < l->n_child; i++) {
+        float *out = i + 1 == l->n_child ? y : s->acts[i];
+        l->child[i]->vt->forward(l->child[i], &cc, cur, out, n);
+        cur = out;
+    }
+}
+
+void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                      float *dy, float *dx, int n, mg__child_done done, void *ud)
+{
+    seq_layer *s = (seq_layer *)l;
+    mg_ctx cc = *c;
+    float *ga = c->scratch, *gb = c->scratch + s->grad_floats;
+    cc.scratch = c->scratch + 2 * s->grad_floats;
+    float *cur = dy;
+    for (int i = l->n_child - 1; i >= 0; i--) {
+        mg_layer *ch = l->child[i];
+        if (!ch->need_dx && !s->has_params[i]) break;
+        const float *xin = i == 0 ? x : s->acts[i - 1];
+        const float *yout = i + 1 == l->n_child ? y : s->acts[i];
+        float *dxo = NULL;
+        if (ch->need_dx) dxo = i == 0 ? dx : (cur == ga ? gb : ga);
+        ch->vt->backward(ch, &cc, xin, yout, cur, dxo, n);
+        if (done) done(ud, i);
+        if (!dxo) break;
+        cur = dxo;
+    }
+}
+
+static void seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                         float *dy, float *dx, int n)
+{
+    mg__seq_backward(l, c, x, y, dy, dx, n, NULL, NULL);
+}
+
+static void seq_destroy(mg_layer *l)
+{
+    seq_layer *s = (seq_layer *)l;
+    free(s->acts);
+    free(s->has_params);
+}
+
+static const mg_layer_vt seq_vt = {
+    .kind = "sequential", .setup = seq_setup, .sizes = seq_sizes, .bind = seq_bind,
+    .propagate = seq_propagate, .forward = seq_forward, .backward = seq_backward,
+    .destroy = seq_destroy,
+};
+
+mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n)
+{
+    bool ok = n >= 0;
+    for (int i = 0; ok && i < n; i++) ok = children[i] != NULL;
+    seq_layer *s = ok ? (seq_layer *)mg__layer_alloc(sizeof *s, &seq_vt, name) : NULL;
+    if (s) {
+        s->acts = calloc((size_t)(n ? n : 1), sizeof *s->acts);
+        s->has_params = calloc((size_t)(n ? n : 1), sizeof *s->has_params);
+        s->base.child = calloc((size_t)(n ? n : 1), sizeof *s->base.child);
+        if (!s->acts || !s->has_params || !s->base.child) {
+            free(s->acts);
+            free(s->has_params);
+            free(s->base.child);
+            free(s);
+            s = NULL;
+        }
+    }
+    if (!s) {
+        for (int i = 0; i < n; i++) mg_layer_destroy(children[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        s->base.child[i] = children[i];
+        if (!children[i]->name[0]) snprintf(children[i]->name, sizeof children[i]->name, "%d", i);
+    }
+    s->base.n_child = n;
+    return &s->base;
+}
+
+/* ---- Residual ---------------------------------------------------------- */
+
+typedef struct {
+    mg_layer base;
+    bool relu;
+    float *bo, *so;      /* branch and shortcut outputs */
+    size_t out_floats, in_floats;
+} res_layer;
+
+static mg_status res_setup(mg_layer *l, const int in[3], int out[3])
+{
+    mg_layer *b = l->child[0];
+    memcpy(b->in, in, sizeof b->in);
+    MG_TRY(b->vt->setup(b, in, b->out));
+    const int *so = in;
+    if (l->n_child > 1) {
+        mg_layer *s = l->child[1];
+        memcpy(s->in, in, sizeof s->in);
+        MG_TRY(s->vt->setup(s, in, s->out));
+        so = s->out;
+    }
+    if (memcmp(b->out, so, sizeof b->out) != 0)
+        return mg_error(MG_EINVAL,
+                        "residual '%s': branch output %dx%dx%d differs from shortcut "
+                        "output %dx%dx%d; add a projection shortcut (1x1 conv)",
+                        l->name, b->out[0], b->out[1], b->out[2], so[0], so[1], so[2]);
+    memcpy(out, b->out, sizeof b->out);
+    return MG_OK;
+}
+
+static void res_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    size_t sv = 0, sc = 0;
+    for (int i = 0; i < l->n_child; i++) {
+        size_t a, b;
+        l->child[i]->vt->sizes(l->child[i], n, &a, &b);
+        sv += mg__align(a);
+        if (b > sc) sc = b;
+    }
+    size_t out = mg__align((size_t)n * mg__per_image(l->out) * sizeof(float));
+    size_t in = mg__align((size_t)n * mg__per_image(l->in) * sizeof(float));
+    sv += out * (size_t)l->n_child;
+    *saved = sv;
+    *scratch = (out + in) / sizeof(float) + sc;
+}
+
+static void res_bind(mg_layer *l, int n)
+{
+    res_layer *r = (res_layer *)l;
+    char *p = l->saved;
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        size_t a, b;
+        ch->vt->sizes(ch, n, &a, &b);
+        ch->saved = p;
+        p += mg__align(a);
+        if (ch->vt->bind) ch->vt->bind(ch, n);
+    }
+    r->out_floats = mg__align((size_t)n * mg__per_image(l->out) * sizeof(float)) / sizeof(float);
+    r->in_floats = mg__align((size_t)n * mg__per_image(l->in) * sizeof(float)) / sizeof(float);
+    r->bo = (float *)p;
+    r->so = l->n_child > 1 ? r->bo + r->out_floats : NULL;
+}
+
+static void res_propagate(mg_layer *l)
+{
+    for (int i = 0; i < l->n_child; i++) {
+        l->child[i]->need_dx = l->need_dx;
+        if (l->child[i]->vt->propagate) l->child[i]->vt->propagate(l->child[i]);
+    }
+}
+
+static void res_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    res_layer *r = (res_layer *)l;
+    mg_ctx cc = *c;
+    cc.scratch = c->scratch + r->out_floats + r->in_floats;
+    size_t m = (size_t)n * mg__per_image(l->out);
+    l->child[0]->vt->forward(l->child[0], &cc, x, r->bo, n);
+    const float *so = x;
+    if (l->n_child > 1) {
+        l->child[1]->vt->forward(l->child[1], &cc, x, r->so, n);
+        so = r->so;
+    }
+    for (size_t i = 0; i < m; i++) {
+        float v = r->bo[i] + so[i];
+        y[i] = r->relu && !(v > 0.0f) ? 0.0f : v;
+    }
+}
+
+static void res_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                         float *dy, float *dx, int n)
+{
+    res_layer *r = (res_layer *)l;
+    mg_ctx cc = *c;
+    float *dy2 = c->scratch, *tmp = c->scratch + r->out_floats;
+    cc.scratch = c->scratch + r->out_floats + r->in_floats;
+    size_t m = (size_t)n * mg__per_image(l->out);
+    if (r->relu)
+        for (size_t i = 0; i < m; i++) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    /* The branch may overwrite dy; the shortcut needs it too. */
+    memcpy(dy2, dy, m * sizeof(float));
+    mg_layer *b = l->child[0];
+    if (dx || mg__layer_has_params(b)) b->vt->backward(b, &cc, x, r->bo, dy, dx, n);
+    if (l->n_child > 1) {
+        mg_layer *s = l->child[1];
+        if (dx || mg__layer_has_params(s)) {
+            s->vt->backward(s, &cc, x, r->so, dy2, dx ? tmp : NULL, n);
+            size_t mi = (size_t)n * mg__per_image(l->in);
+            if (dx)
+                for (size_t i = 0; i < mi; i++) dx[i] += tmp[i];
+        }
+    } else if (dx) {
+        for (size_t i = 0; i < m; i++) dx[i] += dy2[i];
+    }
+}
+
+static const mg_layer_vt res_vt = {
+    .kind = "residual", .setup = res_setup, .sizes = res_sizes, .bind = res_bind,
+    .propagate = res_propagate, .forward = res_forward, .backward = res_backward,
+};
+
+mg_layer *mg_layer_residual(const char *name, mg_layer *branch, mg_layer *shortcut,
+                            bool relu)
+{
+    res_layer *r = branch ? (res_layer *)mg__layer_alloc(sizeof *r, &res_vt, name) : NULL;
+    if (r) r->base.child = calloc(2, sizeof *r->base.child);
+    if (!r || !r->base.child) {
+        if (r) free(r);
+        mg_layer_destroy(branch);
+        mg_layer_destroy(shortcut);
+        return NULL;
+    }
+    r->relu = relu;
+    r->base.child[0] = branch;
+    if (!branch->name[0]) snprintf(branch->name, sizeof branch->name, "branch");
+    r->base.n_child = 1;
+    if (shortcut) {
+        r->base.child[1] = shortcut;
+        if (!shortcut->name[0]) snprintf(shortcut->name, sizeof shortcut->name, "shortcut");
+        r->base.n_child = 2;
+    }
+    return &r->base;
+}

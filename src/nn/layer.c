@@ -1,0 +1,84 @@
+/* What every layer shares: allocation, parameter declaration, default
+ * initialisation (PyTorch's defaults or d2l's N(0, 0.01^2)), destruction. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nn/layer.h"
+
+mg_layer *mg__layer_alloc(size_t size, const mg_layer_vt *vt, const char *name)
+{
+    MG_ASSERT(size >= sizeof(mg_layer));
+    mg_layer *l = calloc(1, size);
+    if (!l) return NULL;
+    l->vt = vt;
+    l->init_kind = MG_INIT_TORCH_DEFAULT;
+    l->need_dx = true;
+    if (name) snprintf(l->name, sizeof l->name, "%s", name);
+    return l;
+}
+
+void mg__layer_param(mg_layer *l, const char *suffix, bool is_buffer, int ndim,
+                     const int *shape)
+{
+    MG_ASSERT(l->n_params < MG__MAX_LAYER_PARAMS && ndim >= 1 && ndim <= MG_MAX_DIMS);
+    mg_layer_param *p = &l->p[l->n_params++];
+    p->suffix = suffix;
+    p->is_buffer = is_buffer;
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = shape[i];
+        p->numel *= (size_t)shape[i];
+    }
+}
+
+void mg__layer_init_default(mg_layer *l, mg_rng *r)
+{
+    /* fan_in of the first parameter (the weight): numel / out_features. */
+    size_t fan_in = 1;
+    if (l->n_params > 0 && l->p[0].shape[0] > 0)
+        fan_in = l->p[0].numel / (size_t)l->p[0].shape[0];
+    float bound = 1.0f / sqrtf((float)(fan_in ? fan_in : 1));
+    for (int i = 0; i < l->n_params; i++) {
+        mg_layer_param *p = &l->p[i];
+        if (p->is_buffer) continue;
+        bool is_bias = strcmp(p->suffix, "bias") == 0;
+        for (size_t k = 0; k < p->numel; k++) {
+            if (l->init_kind == MG_INIT_NORMAL)
+                p->data[k] = is_bias ? 0.0f : l->init_std * mg_rng_normal(r);
+            else
+                p->data[k] = (2.0f * mg_rng_uniform(r) - 1.0f) * bound;
+        }
+    }
+}
+
+bool mg__layer_has_params(const mg_layer *l)
+{
+    for (int i = 0; i < l->n_params; i++)
+        if (!l->p[i].is_buffer) return true;
+    for (int i = 0; i < l->n_child; i++)
+        if (mg__layer_has_params(l->child[i])) return true;
+    return false;
+}
+
+size_t mg__per_image(const int s[3]) { return (size_t)s[0] * s[1] * s[2]; }
+
+size_t mg__align(size_t bytes) { return (bytes + MG_ALIGN - 1) / MG_ALIGN * MG_ALIGN; }
+
+void mg_layer_set_init(mg_layer *l, mg_init_kind kind, float std)
+{
+    if (!l) return;
+    l->init_kind = kind;
+    l->init_std = std;
+    for (int i = 0; i < l->n_child; i++) mg_layer_set_init(l->child[i], kind, std);
+}
+
+void mg_layer_destroy(mg_layer *l)
+{
+    if (!l) return;
+    for (int i = 0; i < l->n_child; i++) mg_layer_destroy(l->child[i]);
+    if (l->vt->destroy) l->vt->destroy(l);
+    free(l->child);
+    free(l);
+}

@@ -1,0 +1,59 @@
+/* Linear layer (torch.nn.Linear, weight [out, in]) with an optional fused
+ * ReLU. Any input shape is accepted and read flattened channel-major, so
+ * no flatten layer (and no copy) is needed after a convolution. */
+#include "nn/layer.h"
+
+typedef struct {
+    mg_layer base;
+    int in_f, out_f;
+    bool relu;
+} linear_layer;
+
+static mg_status linear_setup(mg_layer *l, const int in[3], int out[3])
+{
+    linear_layer *f = (linear_layer *)l;
+    if (mg__per_image(in) != (size_t)f->in_f)
+        return mg_error(MG_EINVAL, "linear '%s' expects %d inputs but gets %dx%dx%d = %zu",
+                        l->name, f->in_f, in[0], in[1], in[2], mg__per_image(in));
+    out[0] = f->out_f;
+    out[1] = out[2] = 1;
+    return MG_OK;
+}
+
+static void linear_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    *saved = 0;
+    *scratch = 0;
+}
+
+static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    linear_layer *f = (linear_layer *)l;
+    mg_linear_forward(y, x, l->p[0].data, l->p[1].data, n, f->in_f, f->out_f, f->relu);
+}
+
+static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                            float *dy, float *dx, int n)
+{
+    linear_layer *f = (linear_layer *)l;
+    mg_linear_backward(dx, l->p[0].grad, l->p[1].grad, dy, y, x, l->p[0].data, n, f->in_f,
+                       f->out_f, f->relu);
+}
+
+static const mg_layer_vt linear_vt = {
+    .kind = "linear", .setup = linear_setup, .sizes = linear_sizes,
+    .forward = linear_forward, .backward = linear_backward,
+};
+
+mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)
+{
+    MG_ASSERT(in > 0 && out > 0);
+    linear_layer *f = (linear_layer *)mg__layer_alloc(sizeof *f, &linear_vt, name);
+    if (!f) return NULL;
+    f->in_f = in;
+    f->out_f = out;
+    f->relu = relu;
+    mg__layer_param(&f->base, "weight", false, 2, (int[]){out, in});
+    mg__layer_param(&f->base, "bias", false, 1, (int[]){out});
+    return &f->base;
+}

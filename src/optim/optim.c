@@ -1,0 +1,210 @@
+/* Optimizer objects: configuration, state arenas (n floats each, 64-byte
+ * aligned, zeroed) and the per-step coefficients; the update kernels are
+ * in sgd.c and adam.c. A step is begin_step (once) then update over any
+ * number of disjoint ranges, so a ZeRO shard or a DDP bucket steps alone;
+ * updates of disjoint ranges may run concurrently (they only read the
+ * coefficients).
+ *
+ * Scalars are rounded as torch.optim rounds its Python floats: the user's
+ * lr 0.05 is the double 0.05 in PyTorch, so float config values are first
+ * taken back to the shortest decimal that round-trips (0.05f -> 0.05) and
+ * the per-step coefficients (1 - beta^t, lr / bias correction) are computed
+ * in double and rounded to float once. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "multigrad/optim.h"
+#include "optim_impl.h"
+
+#define MAX_STATES 2
+
+struct mg_optim {
+    mg_optim_config cfg;
+    size_t n;
+    long steps;
+    float lr;                 /* learning rate of the current step */
+    int nstates;
+    const char *state_names[MAX_STATES];
+    float *state[MAX_STATES];
+    mg__sgd_coef sgd;
+    mg__adam_coef adam;
+};
+
+/* The double nearest the shortest decimal that rounds to x (0.9f -> 0.9). */
+static double dec(float x)
+{
+    char buf[32];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
+        double d = strtod(buf, NULL);
+        if ((float)d == x) return d;
+    }
+    return (double)x;
+}
+
+mg_optim_config mg_optim_defaults(mg_optim_kind kind, float lr)
+{
+    mg_optim_config c = {0};
+    c.kind = kind;
+    c.lr = lr;
+    c.beta1 = 0.9f;
+    c.beta2 = 0.999f;
+    c.eps = 1e-8f;
+    c.weight_decay = kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
+    return c;
+}
+
+static const char *const kind_names[] = {"sgd", "adam", "adamw"};
+
+mg_status mg_optim_parse(const char *name, mg_optim_kind *out)
+{
+    for (int k = 0; k < 3; k++)
+        if (name && strcasecmp(name, kind_names[k]) == 0) {
+            *out = (mg_optim_kind)k;
+            return MG_OK;
+        }
+    return mg_error(MG_EINVAL, "unknown optimizer '%s': use sgd, adam or adamw",
+                    name ? name : "(null)");
+}
+
+const char *mg_optim_kind_name(mg_optim_kind kind)
+{
+    MG_ASSERT(kind >= MG_OPTIM_SGD && kind <= MG_OPTIM_ADAMW);
+    return kind_names[kind];
+}
+
+static mg_status check_config(const mg_optim_config *c)
+{
+    if (c->kind < MG_OPTIM_SGD || c->kind > MG_OPTIM_ADAMW)
+        return mg_error(MG_EINVAL, "optimizer: unknown kind %d", (int)c->kind);
+    if (!(c->lr >= 0.0f) || !isfinite(c->lr))
+        return mg_error(MG_EINVAL, "optimizer: learning rate %g must be finite and >= 0",
+                        (double)c->lr);
+    if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay))
+        return mg_error(MG_EINVAL, "optimizer: weight decay %g must be finite and >= 0",
+                        (double)c->weight_decay);
+    if (c->kind == MG_OPTIM_SGD) {
+        if (!(c->momentum >= 0.0f) || !isfinite(c->momentum))
+            return mg_error(MG_EINVAL, "sgd: momentum %g must be finite and >= 0",
+                            (double)c->momentum);
+        if (!(c->dampening >= 0.0f && c->dampening <= 1.0f))
+            return mg_error(MG_EINVAL, "sgd: dampening %g must be in [0, 1]",
+                            (double)c->dampening);
+        if (c->nesterov && (c->momentum <= 0.0f || c->dampening != 0.0f))
+            return mg_error(MG_EINVAL,
+                            "sgd: Nesterov momentum needs momentum > 0 and dampening 0");
+    } else {
+        if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+            return mg_error(MG_EINVAL, "%s: betas (%g, %g) must be in [0, 1)",
+                            kind_names[c->kind], (double)c->beta1, (double)c->beta2);
+        if (!(c->eps >= 0.0f) || !isfinite(c->eps))
+            return mg_error(MG_EINVAL, "%s: eps %g must be finite and >= 0",
+                            kind_names[c->kind], (double)c->eps);
+    }
+    return MG_OK;
+}
+
+mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
+{
+    *out = NULL;
+    MG_TRY(check_config(cfg));
+    mg_optim *o = calloc(1, sizeof *o);
+    if (!o) return mg_error(MG_ENOMEM, "optimizer: out of memory");
+    o->cfg = *cfg;
+    o->n = n;
+    o->lr = cfg->lr;
+    if (cfg->kind == MG_OPTIM_SGD) {
+        if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
+    } else {
+        o->state_names[o->nstates++] = "exp_avg";
+        o->state_names[o->nstates++] = "exp_avg_sq";
+    }
+    for (int i = 0; i < o->nstates; i++) {
+        if (n > SIZE_MAX / sizeof(float) || !(o->state[i] = mg_alloc_zero(n * sizeof(float)))) {
+            mg_optim_destroy(o);
+            return mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state",
+                            n, o->state_names[i]);
+        }
+    }
+    *out = o;
+    return MG_OK;
+}
+
+void mg_optim_destroy(mg_optim *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->nstates; i++) mg_free(o->state[i]);
+    free(o);
+}
+
+const mg_optim_config *mg_optim_config_of(const mg_optim *o) { return &o->cfg; }
+
+void mg_optim_begin_step(mg_optim *o, float lr)
+{
+    const mg_optim_config *c = &o->cfg;
+    o->steps++;
+    o->lr = lr;
+    double lrd = dec(lr), wd = dec(c->weight_decay);
+    if (c->kind == MG_OPTIM_SGD) {
+        o->sgd = (mg__sgd_coef){
+            .neg_lr = (float)-lrd,
+            .wd = c->weight_decay,
+            .mu = c->momentum,
+            .one_minus_damp = (float)(1.0 - dec(c->dampening)),
+            .nesterov = c->nesterov,
+            .first = o->steps == 1,
+        };
+        return;
+    }
+    double b1 = dec(c->beta1), b2 = dec(c->beta2), t = (double)o->steps;
+    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    o->adam = (mg__adam_coef){
+        .beta1 = c->beta1,
+        .one_minus_beta1 = (float)(1.0 - b1),
+        .beta2 = c->beta2,
+        .one_minus_beta2 = (float)(1.0 - b2),
+        .eps = c->eps,
+        .neg_step_size = (float)-(lrd / bc1),
+        .bc2_sqrt = (float)sqrt(bc2),
+        .wd = c->kind == MG_OPTIM_ADAM ? c->weight_decay : 0.0f,
+        .decay = c->kind == MG_OPTIM_ADAMW ? (float)(1.0 - lrd * wd) : 1.0f,
+    };
+}
+
+void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
+{
+    MG_ASSERT(lo <= hi && hi <= o->n);
+    MG_ASSERT(o->steps > 0);   /* begin_step first */
+    if (lo == hi) return;
+    if (o->cfg.kind == MG_OPTIM_SGD)
+        mg__sgd_update(params + lo, grads + lo, o->nstates ? o->state[0] + lo : NULL,
+                       hi - lo, &o->sgd);
+    else
+        mg__adam_update(params + lo, grads + lo, o->state[0] + lo, o->state[1] + lo,
+                        hi - lo, &o->adam);
+}
+
+void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
+{
+    mg_optim_begin_step(o, lr);
+    mg_optim_update(o, params, grads, 0, o->n);
+}
+
+long mg_optim_steps(const mg_optim *o) { return o->steps; }
+
+void mg_optim_set_steps(mg_optim *o, long steps)
+{
+    MG_ASSERT(steps >= 0);
+    o->steps = steps;
+}
+
+int mg_optim_num_states(const mg_optim *o) { return o->nstates; }
+
+float *mg_optim_state(mg_optim *o, int i, const char **name)
+{
+    MG_ASSERT(i >= 0 && i < o->nstates);
+    if (name) *name = o->state_names[i];
+    return o->state[i];
+}

@@ -1,0 +1,66 @@
+/* Elementwise and dense kernels: ReLU, linear (GEMM + bias, optional
+ * fused ReLU) and inverted dropout with counter-based masks. The linear
+ * layer keeps PyTorch's weight layout [out, in], so the forward is one
+ * GEMM with B transposed (OpenBLAS packs it; no explicit transpose), the
+ * weight gradient dy^T x and the input gradient dy W. */
+#include "multigrad/tensor.h"
+
+void mg_relu_forward(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void mg_relu_backward(float *dx, const float *dy, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void mg_linear_forward(float *y, const float *x, const float *wt, const float *b,
+                       int n, int in, int out, bool relu)
+{
+    mg_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    for (int i = 0; i < n; i++) {
+        float *yi = y + (size_t)i * out;
+        if (relu) {
+            for (int j = 0; j < out; j++) {
+                float v = yi[j] + (b ? b[j] : 0.0f);
+                yi[j] = v > 0.0f ? v : 0.0f;
+            }
+        } else if (b) {
+            for (int j = 0; j < out; j++) yi[j] += b[j];
+        }
+    }
+}
+
+void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                        const float *x, const float *wt, int n, int in, int out,
+                        bool relu)
+{
+    for (int i = 0; i < n; i++) {
+        float *g = dy + (size_t)i * out;
+        if (relu) {
+            const float *yi = y + (size_t)i * out;
+            for (int j = 0; j < out; j++) g[j] = yi[j] > 0.0f ? g[j] : 0.0f;
+        }
+        if (db)
+            for (int j = 0; j < out; j++) db[j] += g[j];
+    }
+    mg_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dx) mg_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
+}
+
+void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter)
+{
+    /* Keep iff a 24-bit uniform is >= p * 2^24: exact for p in 2^-24 steps. */
+    uint32_t thr = (uint32_t)((double)p * 16777216.0);
+    mg_rng r;
+    mg_rng_init(&r, seed);
+    r.counter = counter;
+    for (size_t i = 0; i < n; i++) keep[i] = (mg_rng_u32(&r) >> 8) >= thr;
+}
+
+void mg_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n, float p)
+{
+    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    for (size_t i = 0; i < n; i++) y[i] = keep[i] ? x[i] * scale : 0.0f;
+}

@@ -1,0 +1,75 @@
+/* Tensor views, the BLAS thread setting and GEMM through OpenBLAS.
+ * One BLAS thread per process unless asked: data-parallel ranks, not BLAS
+ * threads, use the cores. The setting is applied lazily on the first GEMM
+ * (or explicitly with mg_set_threads), so MG_THREADS works without any
+ * call from the program. */
+#include <pthread.h>
+#include <cblas.h>
+#include "multigrad/tensor.h"
+
+mg_tensor mg_tensor_view(float *data, int ndim, const int *shape)
+{
+    MG_ASSERT(ndim >= 0 && ndim <= MG_MAX_DIMS);
+    mg_tensor t = {.data = data, .ndim = ndim};
+    for (int i = 0; i < ndim; i++) {
+        MG_ASSERT(shape[i] >= 0);
+        t.shape[i] = shape[i];
+    }
+    return t;
+}
+
+size_t mg_tensor_numel(const mg_tensor *t)
+{
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
+static int n_threads = 1;
+static bool threads_explicit;
+
+static void threads_init(void)
+{
+    if (threads_explicit) return;
+    long n = mg_env_long("MG_THREADS", 1);
+    if (n < 1) {
+        mg_log("warning: MG_THREADS=%ld is not positive; using 1", n);
+        n = 1;
+    }
+    n_threads = (int)n;
+    openblas_set_num_threads(n_threads);
+}
+
+void mg_set_threads(int n)
+{
+    MG_ASSERT(n >= 1);
+    threads_explicit = true;
+    pthread_once(&threads_once, threads_init);
+    n_threads = n;
+    openblas_set_num_threads(n);
+}
+
+int mg_get_threads(void)
+{
+    pthread_once(&threads_once, threads_init);
+    return n_threads;
+}
+
+void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+             const float *A, int lda, const float *B, int ldb, float beta,
+             float *C, int ldc)
+{
+    pthread_once(&threads_once, threads_init);
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        /* BLAS would scale C by beta; do it here so empty batches behave. */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+                ldb, beta, C, ldc);
+}

@@ -1,0 +1,922 @@
+/* Tests of safetensors files (src/data/safetensors.c) and checkpoints
+ * (src/nn/checkpoint.c): reading PyTorch's reference file, round trips of
+ * every dtype, a strict reader (malformed headers and layouts generated
+ * here), the CRC catching any flipped byte, atomic writes that leave the
+ * previous file intact, checkpoints that round-trip bit-exactly and refuse
+ * damaged or mismatched files without touching the model, and PyTorch
+ * reading what we write. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/checkpoint.h"
+
+static const char *tpath(const char *name)
+{
+    static char path[4][512];
+    static int k;
+    char *p = path[k++ % 4];
+    snprintf(p, 512, "%s/%s", mgt_tmpdir(), name);
+    return p;
+}
+
+static size_t read_all(const char *path, uint8_t **out)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc((size_t)n + 1);
+    CHECK(*out && fread(*out, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    return (size_t)n;
+}
+
+static void write_raw(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    CHECK(fwrite(p, 1, n, f) == n);
+    CHECK(fclose(f) == 0);
+}
+
+/* No leftover temporary files in the test directory. */
+static int count_tmp_files(void)
+{
+    DIR *d = opendir(mgt_tmpdir());
+    CHECK(d != NULL);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) n += strstr(e->d_name, ".tmp.") != NULL;
+    closedir(d);
+    return n;
+}
+
+TEST(st_reads_pytorch_reference)
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(mgt_data("lenet5.safetensors"), &f));
+    CHECK_EQ(mg_st_count(f), 35);
+    CHECK(!mg_st_verified(f));                      /* written by PyTorch: no CRC */
+    CHECK(!strcmp(mg_st_meta(f, "model"), "lenet5"));
+    CHECK(!strcmp(mg_st_meta(f, "seed"), "0") && !strcmp(mg_st_meta(f, "batch"), "128"));
+    CHECK(!strcmp(mg_st_meta(f, "lr"), "0.05") && !strcmp(mg_st_meta(f, "momentum"), "0.9"));
+    CHECK(mg_st_meta(f, "nope") == NULL);
+    CHECK_EQ(mg_st_meta_count(f), 11);
+    const mg_st_tensor *t = mg_st_find(f, "init.conv1.weight");
+    CHECK(t && t->dtype == MG_ST_F32 && t->ndim == 4 && t->nbytes == 600);
+    CHECK(t->shape[0] == 6 && t->shape[1] == 1 && t->shape[2] == 5 && t->shape[3] == 5);
+    float v[3];
+    memcpy(v, t->data, sizeof v);
+    CHECK(v[0] == -0.0014973640209063888f && v[1] == 0.10728871822357178f &&
+          v[2] == -0.16460902988910675f);
+    t = mg_st_find(f, "init.fc1.weight");
+    CHECK(t && t->ndim == 2 && t->shape[0] == 120 && t->shape[1] == 400);
+    t = mg_st_find(f, "steps.indices");
+    CHECK(t && t->dtype == MG_ST_I32 && t->shape[0] == 20 && t->shape[1] == 128);
+    int32_t idx[4];
+    memcpy(idx, t->data, sizeof idx);
+    CHECK(idx[0] == 36044 && idx[1] == 10678 && idx[2] == 57327 && idx[3] == 55074);
+    t = mg_st_find(f, "losses");
+    CHECK(t && t->ndim == 1 && t->shape[0] == 20);
+    memcpy(v, t->data, 8);
+    CHECK(v[0] == 2.3004724979400635f && v[1] == 2.307201385498047f);
+    CHECK(!strcmp(mg_st_get(f, 0)->name, "init.conv1.weight"));
+    mg_st_close(f);
+}
+
+TEST(st_round_trip_every_dtype)
+{
+    float f32[6] = {1.5f, -2.0f, 0.0f, 3.25f, -0.0f, 1e-30f};
+    double f64[2] = {1.0 / 3, -1e300};
+    uint16_t f16[3] = {0x3c00, 0xc000, 0x0001}, bf16[2] = {0x3f80, 0xff80};
+    int32_t i32[4] = {1, -2, 2147483647, -2147483647 - 1};
+    int64_t i64[1] = {-9007199254740993LL};
+    uint8_t u8[5] = {0, 1, 127, 128, 255}, scalar = 42;
+    const mg_st_tensor in[] = {
+        {"w \"quoted\" \\ back", MG_ST_F32, 2, {2, 3}, f32, sizeof f32},
+        {"f64", MG_ST_F64, 1, {2}, f64, sizeof f64},
+        {"f16", MG_ST_F16, 1, {3}, f16, sizeof f16},
+        {"bf16.\xc3\xbc", MG_ST_BF16, 2, {1, 2}, bf16, sizeof bf16},
+        {"i32", MG_ST_I32, 2, {2, 2}, i32, sizeof i32},
+        {"i64", MG_ST_I64, 8, {1, 1, 1, 1, 1, 1, 1, 1}, i64, sizeof i64},
+        {"u8", MG_ST_U8, 1, {5}, u8, sizeof u8},
+        {"scalar", MG_ST_U8, 0, {0}, &scalar, 1},
+        {"empty", MG_ST_F32, 2, {0, 4}, NULL, 0},
+    };
+    const int n = (int)(sizeof in / sizeof in[0]);
+    const char *meta[] = {"model", "test", "note", "tab\there \"q\" \xe2\x82\xac", "empty", ""};
+    const char *p = tpath("rt.safetensors");
+    CHECK_OK(mg_st_write(p, in, n, meta, 3));
+    CHECK_EQ(count_tmp_files(), 0);
+
+    uint8_t *raw;
+    size_t size = read_all(p, &raw);
+    uint64_t hl;
+    memcpy(&hl, raw, 8);
+    CHECK_EQ(hl % 8, 0);                                /* padded like the HF writer */
+    CHECK(raw[8] == '{' && raw[8 + hl - 1] != 0);
+    size_t data = 0;
+    for (int i = 0; i < n; i++) data += in[i].nbytes;
+    CHECK_EQ(size, 8 + hl + data);
+    free(raw);
+
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(p, &f));
+    CHECK(mg_st_verified(f));
+    CHECK_EQ(mg_st_count(f), n);
+    for (int i = 0; i < n; i++) {
+        const mg_st_tensor *t = mg_st_get(f, i), *w = &in[i];
+        CHECK(!strcmp(t->name, w->name) && mg_st_find(f, w->name) == t);
+        CHECK(t->dtype == w->dtype && t->ndim == w->ndim && t->nbytes == w->nbytes);
+        for (int d = 0; d < w->ndim; d++) CHECK_EQ(t->shape[d], w->shape[d]);
+        CHECK(w->nbytes == 0 || memcmp(t->data, w->data, w->nbytes) == 0);
+    }
+    CHECK(!strcmp(mg_st_meta(f, "model"), "test"));
+    CHECK(!strcmp(mg_st_meta(f, "note"), meta[3]));
+    CHECK(!strcmp(mg_st_meta(f, "empty"), ""));
+    CHECK_EQ(mg_st_meta_count(f), 4);                   /* and multigrad.crc32 */
+    CHECK(mg_st_meta(f, "multigrad.crc32") != NULL);
+    CHECK(!strcmp(mg_st_dtype_name(MG_ST_BF16), "BF16") && mg_st_dtype_size(MG_ST_I64) == 8);
+    mg_st_close(f);
+
+    /* No tensors, no metadata: still a valid file. */
+    CHECK_OK(mg_st_write(p, NULL, 0, NULL, 0));
+    CHECK_OK(mg_st_open(p, &f));
+    CHECK_EQ(mg_st_count(f), 0);
+    mg_st_close(f);
+}
+
+TEST(st_write_refuses_bad_arguments)
+{
+    float x[4] = {0};
+    const char *p = tpath("bad.safetensors");
+    mg_st_tensor t[2] = {{"a", MG_ST_F32, 1, {4}, x, 16}, {"a", MG_ST_F32, 1, {4}, x, 16}};
+    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);       /* duplicate name */
+    t[1].name = "__metadata__";
+    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);
+    t[1].name = "b";
+    t[1].nbytes = 12;                                          /* size != dtype x shape */
+    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);
+    t[1].nbytes = 16;
+    const char *m1[] = {"multigrad.crc32", "0"}, *m2[] = {"k", "1", "k", "2"};
+    CHECK_ERR(mg_st_write(p, t, 2, m1, 1), MG_EINVAL);        /* reserved key */
+    CHECK_ERR(mg_st_write(p, t, 2, m2, 2), MG_EINVAL);        /* duplicate key */
+    CHECK(access(p, F_OK) != 0);                               /* nothing written */
+    CHECK_EQ(count_tmp_files(), 0);
+}
+
+/* A file from a header string and `data` zero bytes of data. */
+static const char *raw_st(const char *name, const char *header, size_t data)
+{
+    size_t hl = strlen(header);
+    uint8_t *buf = calloc(1, 8 + hl + data + 1);
+    uint64_t l = hl;
+    memcpy(buf, &l, 8);
+    memcpy(buf + 8, header, hl);
+    const char *p = tpath(name);
+    write_raw(p, buf, 8 + hl + data);
+    free(buf);
+    return p;
+}
+
+TEST(st_reader_is_strict)
+{
+    struct { const char *header; size_t data; const char *why; } bad[] = {
+        {"hello", 0, "not JSON"},
+        {"[]", 0, "not an object"},
+        {"{", 0, "unterminated"},
+        {"{} x", 0, "trailing garbage"},
+        {"{}{}", 0, "two objects"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "no data_offsets"},
+        {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "no dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "no shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4],\"x\":1}}", 4, "unknown key"},
+        {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "dup key"},
+        {"{\"a\":{\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "unknown dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "negative"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, "fraction"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", 4, "exponent"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, "leading zero"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,],\"data_offsets\":[0,4]}}", 4, "trailing comma"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}", 4, "shape string"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, "3 offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "begin > end"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "size vs shape"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 3, "past the end"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 5, "trailing data"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap at 0"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate name"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+         "\"data_offsets\":[0,1]}}", 1, "9 dims"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],"
+         "\"data_offsets\":[0,1]}}", 1, "size overflow"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],"
+         "\"data_offsets\":[0,99999999999999999999]}}", 1, "huge int"},
+        {"{\"__metadata__\":{\"k\":1}}", 0, "metadata number"},
+        {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "metadata dup"},
+        {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "two metadata"},
+        {"{\"__metadata__\":null}", 0, "metadata null"},
+        {"{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "bad UTF-8"},
+        {"{\"a\xc0\x80\":{\"dtype\":\"U8\",\"shape\":[1],"
+         "\"data_offsets\":[0,1]}}", 1, "overlong UTF-8"},
+        {"{\"a\n\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "raw newline"},
+        {"{\"a\\q\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "bad escape"},
+        {"{\"a\\ud800\":{\"dtype\":\"U8\",\"shape\":[1],"
+         "\"data_offsets\":[0,1]}}", 1, "lone surrogate"},
+        {"{\"a\\u0000\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "NUL"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}", 1, "unclosed"},
+        {"{\"__metadata__\":{\"multigrad.crc32\":\"12345678\"}}", 0, "wrong CRC"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *p = raw_st("bad.st", bad[i].header, bad[i].data);
+        mg_st_file *f = (mg_st_file *)1;
+        mg_status st = mg_st_open(p, &f);
+        CHECK_MSG(st == MG_EFORMAT, "%s: accepted or wrong code %s", bad[i].why,
+                  mg_status_name(st));
+        CHECK_MSG(f == NULL && strstr(mg_last_error(), p), "%s: %s", bad[i].why, mg_last_error());
+        printf("%-16s %s\n", bad[i].why, mg_last_error() + strlen(p));
+    }
+    /* Valid, if unusual: whitespace, escapes, key order, empty and zero-size. */
+    const char *good = " {\n \"b\\u00fc\\ud83d\\ude00\\/\" : { \"data_offsets\" : [ 1 , 5 ] , "
+                       "\"shape\" : [ 2 , 2 ] , \"dtype\" : \"U8\" } , \"z\":{\"dtype\":\"I64\","
+                       "\"shape\":[0],\"data_offsets\":[5,5]},\"a\":{\"dtype\":\"U8\",\"shape\":[],"
+                       "\"data_offsets\":[0,1]}, \"__metadata__\":{} }\t\r\n  ";
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(raw_st("good.st", good, 5), &f));
+    CHECK_EQ(mg_st_count(f), 3);
+    CHECK(mg_st_find(f, "b\xc3\xbc\xf0\x9f\x98\x80/") != NULL);
+    CHECK(mg_st_find(f, "a")->ndim == 0 && mg_st_find(f, "z")->nbytes == 0);
+    mg_st_close(f);
+    CHECK_OK(mg_st_open(raw_st("empty.st", "{}", 0), &f));
+    mg_st_close(f);
+
+    /* Framing: too short, header longer than the file or than 100 MB. */
+    uint8_t buf[16] = {0};
+    write_raw(tpath("short.st"), buf, 5);
+    CHECK_ERR(mg_st_open(tpath("short.st"), &f), MG_EFORMAT);
+    uint64_t l = 9;
+    memcpy(buf, &l, 8);
+    memcpy(buf + 8, "{}      ", 8);
+    write_raw(tpath("long.st"), buf, 16);
+    CHECK_ERR(mg_st_open(tpath("long.st"), &f), MG_EFORMAT);
+    CHECK(strstr(mg_last_error(), "truncated"));
+    l = 200000000;
+    memcpy(buf, &l, 8);
+    write_raw(tpath("huge.st"), buf, 16);
+    CHECK_ERR(mg_st_open(tpath("huge.st"), &f), MG_EFORMAT);
+    CHECK(strstr(mg_last_error(), "100 MB"));
+    CHECK_ERR(mg_st_open(tpath("missing.st"), &f), MG_EIO);
+    CHECK(strstr(mg_last_error(), "missing.st"));
+}
+
+/* Any single flipped bit (XOR 1) in the length or header, and a flipped
+ * byte in the data, is refused: by the parser, the layout checks or the
+ * CRC; except that a flip in the CRC's key turns it into plain metadata,
+ * and the file opens unverified (checkpoints refuse that; see below). */
+TEST(st_crc_catches_any_flipped_byte)
+{
+    float w[12];
+    int32_t ids[3] = {7, 8, 9};
+    for (int i = 0; i < 12; i++) w[i] = (float)i * 0.5f;
+    const mg_st_tensor t[] = {{"layer.weight", MG_ST_F32, 2, {3, 4}, w, sizeof w},
+                              {"ids", MG_ST_I32, 1, {3}, ids, sizeof ids}};
+    const char *meta[] = {"step", "120", "model", "m"};
+    const char *p = tpath("crc.st"), *q = tpath("crc-flip.st");
+    CHECK_OK(mg_st_write(p, t, 2, meta, 2));
+    uint8_t *raw;
+    size_t size = read_all(p, &raw);
+    uint64_t hl;
+    memcpy(&hl, raw, 8);
+    const uint8_t *kp = memmem(raw, size, "multigrad.crc32", 15);
+    CHECK(kp != NULL);
+    size_t key = (size_t)(kp - raw);
+    int accepted = 0;
+    for (size_t i = 0; i < 8 + hl; i++) {
+        raw[i] ^= 1;
+        write_raw(q, raw, size);
+        mg_st_file *f;
+        mg_status st = mg_st_open(q, &f);
+        if (st == MG_OK) {
+            if (!(i >= key && i < key + 15 && !mg_st_verified(f))) {
+                printf("flip at byte %zu accepted\n", i);
+                accepted++;
+            }
+            mg_st_close(f);
+        }
+        raw[i] ^= 1;
+    }
+    CHECK_EQ(accepted, 0);
+    for (size_t i = 8 + hl; i < size; i += 7) {
+        raw[i] ^= 0x40;
+        write_raw(q, raw, size);
+        mg_st_file *f;
+        CHECK_ERR(mg_st_open(q, &f), MG_EFORMAT);
+        CHECK(strstr(mg_last_error(), "checksum"));
+        raw[i] ^= 0x40;
+    }
+    free(raw);
+}
+
+static bool same_file(const char *p, const uint8_t *want, size_t n)
+{
+    uint8_t *raw;
+    size_t m = read_all(p, &raw);
+    bool same = m == n && memcmp(raw, want, n) == 0;
+    free(raw);
+    return same;
+}
+
+TEST(st_write_is_atomic)
+{
+    static float big[1 << 18];
+    float small[2] = {1, 2};
+    const char *p = tpath("ckpt.st");
+    const mg_st_tensor t1 = {"x", MG_ST_F32, 1, {2}, small, sizeof small};
+    CHECK_OK(mg_st_write(p, &t1, 1, NULL, 0));
+    uint8_t *v1;
+    size_t n1 = read_all(p, &v1);
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && (sb.st_mode & 0777) == 0644);
+
+    /* The disk "fills up" half way (file size limit): the write fails,
+     * the previous file is intact and the temporary file is gone. */
+    const mg_st_tensor t2 = {"x", MG_ST_F32, 1, {1 << 18}, big, sizeof big};
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = 100000;
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    mg_status st = mg_st_write(p, &t2, 1, NULL, 0);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    CHECK_ERR(st, MG_EIO);
+    printf("%s\n", mg_last_error());
+    CHECK(same_file(p, v1, n1));
+    CHECK_EQ(count_tmp_files(), 0);
+
+    /* The rename fails (the target is a directory): nothing left behind. */
+    const char *d = tpath("adir");
+    CHECK(mkdir(d, 0755) == 0);
+    CHECK_ERR(mg_st_write(d, &t1, 1, NULL, 0), MG_EIO);
+    CHECK_EQ(count_tmp_files(), 0);
+    /* A directory that does not exist. */
+    CHECK_ERR(mg_st_write(tpath("no/such/dir.st"), &t1, 1, NULL, 0), MG_EIO);
+    CHECK(strstr(mg_last_error(), "no/such/dir.st"));
+    CHECK(same_file(p, v1, n1));
+
+    /* And a successful overwrite replaces it. */
+    CHECK_OK(mg_st_write(p, &t2, 1, NULL, 0));
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(p, &f));
+    CHECK(mg_st_find(f, "x")->nbytes == sizeof big);
+    mg_st_close(f);
+    CHECK_EQ(count_tmp_files(), 0);
+    free(v1);
+}
+
+/* ---- checkpoints of models ---- */
+
+/* A few optimizer steps with made-up gradients, so that parameters and
+ * optimizer state are all non-trivial. */
+static void train_fake(mg_model *m, mg_optim *o, int steps, uint32_t salt)
+{
+    size_t n = mg_model_arena_size(m);
+    float *g = mg_model_grads(m);
+    for (int s = 0; s < steps; s++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = (float)((int)((i * 2654435761u + salt * 40503u + (uint32_t)s * 977u) % 2001)
+                           - 1000) * 1e-4f;
+        mg_optim_step(o, mg_model_params(m), g, 0.05f);
+    }
+}
+
+typedef struct { float *params, *buffers, *state[2]; } snapshot;
+
+static snapshot snap(mg_model *m, mg_optim *o)
+{
+    snapshot s = {0};
+    size_t n = mg_model_arena_size(m), nb = mg_model_buffer_size(m);
+    s.params = malloc(n * sizeof(float));
+    memcpy(s.params, mg_model_params(m), n * sizeof(float));
+    s.buffers = malloc(nb * sizeof(float) + 1);
+    if (nb) memcpy(s.buffers, mg_model_buffers(m), nb * sizeof(float));
+    for (int i = 0; o && i < mg_optim_num_states(o); i++) {
+        s.state[i] = malloc(n * sizeof(float));
+        memcpy(s.state[i], mg_optim_state(o, i, NULL), n * sizeof(float));
+    }
+    return s;
+}
+
+/* Bit-exact equality of the used part of the arenas with a snapshot. */
+static bool same_as(mg_model *m, mg_optim *o, const snapshot *s)
+{
+    size_t n = mg_model_num_params(m), nb = mg_model_buffer_size(m);
+    if (memcmp(s->params, mg_model_params(m), n * sizeof(float))) return false;
+    if (nb && memcmp(s->buffers, mg_model_buffers(m), nb * sizeof(float))) return false;
+    for (int i = 0; o && i < mg_optim_num_states(o); i++)
+        if (memcmp(s->state[i], mg_optim_state(o, i, NULL), n * sizeof(float))) return false;
+    return true;
+}
+
+static void free_snap(snapshot *s)
+{
+    free(s->params);
+    free(s->buffers);
+    free(s->state[0]);
+    free(s->state[1]);
+}
+
+static mg_optim *sgd_for(mg_model *m, float momentum)
+{
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    c.momentum = momentum;
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&c, mg_model_arena_size(m), &o));
+    return o;
+}
+
+TEST(ckpt_round_trip_lenet5_sgd_bit_exact)
+{
+    mg_model *a, *b;
+    CHECK_OK(mg_model_create("lenet5", 0, &a));
+    CHECK_OK(mg_model_create("lenet5", 1, &b));
+    mg_optim *oa = sgd_for(a, 0.9f), *ob = sgd_for(b, 0.9f);
+    train_fake(a, oa, 3, 1);
+    mg_model_set_rng_counter(a, 12345);
+    mg_ckpt_meta meta = {.step = 3, .epoch = 1, .seed = 0xfedcba9876543210ull};
+    snprintf(meta.hparams, sizeof meta.hparams, "model=lenet5;batch=128;lr=0.05;momentum=0.9");
+    const char *p = tpath("lenet5.ckpt");
+    CHECK_OK(mg_checkpoint_save(p, a, oa, &meta));
+    CHECK_EQ(count_tmp_files(), 0);
+
+    snapshot sa = snap(a, oa);
+    CHECK(!same_as(b, ob, &sa));
+    mg_ckpt_meta got;
+    memset(&got, 0x55, sizeof got);
+    CHECK_OK(mg_checkpoint_load(p, b, ob, &got));
+    CHECK(same_as(b, ob, &sa));
+    CHECK_EQ(mg_optim_steps(ob), 3);
+    CHECK(mg_model_rng_counter(b) == 12345 && got.rng_counter == 12345);
+    CHECK(!strcmp(got.model, "lenet5") && got.step == 3 && got.epoch == 1);
+    CHECK(got.seed == 0xfedcba9876543210ull && !strcmp(got.hparams, meta.hparams));
+
+    /* Resuming continues exactly: one more step on each is identical. */
+    train_fake(a, oa, 1, 9);
+    train_fake(b, ob, 1, 9);
+    snapshot sa2 = snap(a, oa);
+    CHECK(same_as(b, ob, &sa2));
+
+    /* The file: PyTorch names and shapes, optimizer state, metadata. */
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(p, &f));
+    CHECK_EQ(mg_st_count(f), 20);
+    const mg_st_tensor *t = mg_st_find(f, "conv1.weight");
+    CHECK(t && t->ndim == 4 && t->shape[0] == 6 && t->shape[1] == 1 && t->shape[3] == 5);
+    t = mg_st_find(f, "optim.momentum_buffer.fc1.weight");
+    CHECK(t && t->ndim == 2 && t->shape[0] == 120 && t->shape[1] == 400);
+    CHECK(!strcmp(mg_st_meta(f, "optimizer"), "sgd"));
+    CHECK(strstr(mg_st_meta(f, "optimizer_config"), "momentum=0.9"));
+    CHECK(!strcmp(mg_st_meta(f, "format_version"), "1"));
+    CHECK(!strcmp(mg_st_meta(f, "parameters"), "conv1.weight,conv1.bias,conv2.weight,"
+                  "conv2.bias,fc1.weight,fc1.bias,fc2.weight,fc2.bias,fc3.weight,fc3.bias"));
+    mg_st_close(f);
+
+    /* Without an optimizer: parameters only; loading one ignores state. */
+    mg_model *c;
+    CHECK_OK(mg_model_create("lenet5", 2, &c));
+    CHECK_OK(mg_checkpoint_load(p, c, NULL, NULL));
+    CHECK_OK(mg_checkpoint_save(tpath("noopt.ckpt"), a, NULL, NULL));
+    CHECK_OK(mg_checkpoint_load(tpath("noopt.ckpt"), c, NULL, &got));
+    CHECK(same_as(c, NULL, &sa2) && got.step == 0 && got.hparams[0] == 0);
+    /* A checkpoint is also a state_dict for --init (optimizer state ignored). */
+    mg_model_init_params(c, 4);
+    CHECK(!same_as(c, NULL, &sa2));
+    CHECK_OK(mg_model_load_weights(tpath("noopt.ckpt"), c, NULL));
+    CHECK(same_as(c, NULL, &sa2));
+    free_snap(&sa);
+    free_snap(&sa2);
+    mg_optim_destroy(oa);
+    mg_optim_destroy(ob);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+    mg_model_destroy(c);
+}
+
+/* A model with buffers (batch norm), and Adam's two states. */
+static mg_model *bn_model(uint64_t seed)
+{
+    mg_layer *l[] = {
+        mg_layer_conv2d("conv", 1, 4, 3, 1, 1, false, MG_POOL_NONE),
+        mg_layer_batchnorm2d("bn", 4),
+        mg_layer_relu("relu"),
+        mg_layer_linear("fc", 4 * 6 * 6, 10, false),
+    };
+    mg_model *m;
+    CHECK_OK(mg_model_create_from("bn-net", mg_layer_sequential(NULL, l, 4), 1, 6, 6, seed, &m));
+    return m;
+}
+
+TEST(ckpt_round_trip_buffers_and_adam)
+{
+    mg_model *a = bn_model(0), *b = bn_model(1);
+    CHECK(mg_model_buffer_size(a) >= 8);
+    for (size_t i = 0; i < mg_model_buffer_size(a); i++)
+        mg_model_buffers(a)[i] = 0.25f * (float)i - 1.0f;
+    for (int k = 0; k < 2; k++) {
+        mg_optim_config c = mg_optim_defaults(k ? MG_OPTIM_ADAMW : MG_OPTIM_ADAM, 1e-3f);
+        mg_optim *oa, *ob;
+        CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
+        CHECK_OK(mg_optim_create(&c, mg_model_arena_size(b), &ob));
+        train_fake(a, oa, 4, (uint32_t)k);
+        const char *p = tpath("bn.ckpt");
+        CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
+        snapshot sa = snap(a, oa);
+        CHECK_OK(mg_checkpoint_load(p, b, ob, NULL));
+        CHECK(same_as(b, ob, &sa));
+        CHECK_EQ(mg_optim_steps(ob), 4);
+        mg_st_file *f;
+        CHECK_OK(mg_st_open(p, &f));
+        CHECK(mg_st_find(f, "bn.running_mean") && mg_st_find(f, "bn.running_var"));
+        CHECK(mg_st_find(f, "optim.exp_avg.conv.weight") &&
+              mg_st_find(f, "optim.exp_avg_sq.fc.bias"));
+        CHECK(!mg_st_find(f, "optim.exp_avg.bn.running_mean"));
+        mg_st_close(f);
+        free_snap(&sa);
+        mg_optim_destroy(oa);
+        mg_optim_destroy(ob);
+    }
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+/* Rewrite the tensors of checkpoint src into dst through edit(), keeping
+ * its metadata: a well-formed file (valid CRC) that is wrong in one way. */
+static void rewrite(const char *src, const char *dst, void (*edit)(mg_st_tensor *, int *))
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(src, &f));
+    int n = mg_st_count(f), nm = 0;
+    mg_st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    const char **meta = calloc(2 * (size_t)mg_st_meta_count(f) + 2, sizeof *meta);
+    for (int i = 0; i < n; i++) t[i] = *mg_st_get(f, i);
+    for (int i = 0; i < mg_st_meta_count(f); i++) {
+        const char *k, *v = mg_st_meta_at(f, i, &k);
+        if (strcmp(k, "multigrad.crc32") == 0) continue;
+        meta[2 * nm] = k;
+        meta[2 * nm + 1] = v;
+        nm++;
+    }
+    edit(t, &n);
+    CHECK_OK(mg_st_write(dst, t, n, meta, nm));
+    free(t);
+    free(meta);
+    mg_st_close(f);
+}
+
+static void drop_fc2_bias(mg_st_tensor *t, int *n)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(t[i].name, "fc2.bias")) { t[i] = t[*n - 1]; (*n)--; return; }
+    CHECK(0);
+}
+
+static void reshape_conv1(mg_st_tensor *t, int *n)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(t[i].name, "conv1.weight")) {
+            t[i].ndim = 2; t[i].shape[0] = 6; t[i].shape[1] = 25;
+            return;
+        }
+    CHECK(0);
+}
+
+static void conv1_bias_as_int(mg_st_tensor *t, int *n)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(t[i].name, "conv1.bias")) { t[i].dtype = MG_ST_I32; return; }
+    CHECK(0);
+}
+
+static void drop_momentum(mg_st_tensor *t, int *n)
+{
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(t[i].name, "optim.momentum_buffer.fc3.weight")) {
+            t[i] = t[*n - 1]; (*n)--; return;
+        }
+    CHECK(0);
+}
+
+static void extra_tensor(mg_st_tensor *t, int *n)
+{
+    static float x = 1;
+    t[*n] = (mg_st_tensor){"fc4.weight", MG_ST_F32, 1, {1}, &x, 4};
+    (*n)++;
+}
+
+TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
+{
+    mg_model *a, *b, *mlp;
+    CHECK_OK(mg_model_create("lenet5", 0, &a));
+    CHECK_OK(mg_model_create("lenet5", 1, &b));
+    CHECK_OK(mg_model_create("mlp", 0, &mlp));
+    mg_optim *oa = sgd_for(a, 0.9f), *ob = sgd_for(b, 0.9f), *om = sgd_for(mlp, 0.9f);
+    train_fake(a, oa, 2, 3);
+    train_fake(b, ob, 1, 4);
+    train_fake(mlp, om, 1, 5);
+    const char *p = tpath("good.ckpt"), *q = tpath("bad.ckpt");
+    CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
+    snapshot sb = snap(b, ob);
+    long steps_b = mg_optim_steps(ob);
+    uint64_t rng_b = mg_model_rng_counter(b);
+#define REFUSED(path, code, needle)                                                  \
+    do {                                                                             \
+        CHECK_ERR(mg_checkpoint_load(path, b, ob, NULL), code);                      \
+        printf("%s\n", mg_last_error());                                             \
+        CHECK_MSG(strstr(mg_last_error(), needle), "'%s' lacks '%s'", mg_last_error(), needle); \
+        CHECK(same_as(b, ob, &sb) && mg_optim_steps(ob) == steps_b &&                \
+              mg_model_rng_counter(b) == rng_b);                                     \
+    } while (0)
+
+    /* Truncated anywhere. */
+    uint8_t *raw;
+    size_t size = read_all(p, &raw);
+    uint64_t hl;
+    memcpy(&hl, raw, 8);
+    const size_t cuts[] = {0, 7, 8, 8 + hl / 2, 8 + hl, 8 + hl + 1000, size - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        write_raw(q, raw, cuts[i]);
+        REFUSED(q, MG_EFORMAT, "bad.ckpt");
+    }
+    /* Any flipped bit in the header (every 3rd byte, to keep it quick). */
+    for (size_t i = 0; i < 8 + hl; i += 3) {
+        raw[i] ^= 1;
+        write_raw(q, raw, size);
+        mg_status st = mg_checkpoint_load(q, b, ob, NULL);
+        CHECK_MSG(st != MG_OK, "flip at byte %zu accepted", i);
+        CHECK(same_as(b, ob, &sb));
+        raw[i] ^= 1;
+    }
+    /* A flipped byte in the data. */
+    raw[size - 100] ^= 0x10;
+    write_raw(q, raw, size);
+    REFUSED(q, MG_EFORMAT, "checksum");
+    free(raw);
+
+    /* Another model; a plain safetensors file; wrong optimizer. */
+    CHECK_OK(mg_checkpoint_save(q, mlp, om, NULL));
+    REFUSED(q, MG_EMISMATCH, "model 'mlp'");
+    REFUSED(mgt_data("lenet5.safetensors"), MG_EFORMAT, "--init");
+    CHECK_OK(mg_checkpoint_save(q, a, NULL, NULL));
+    REFUSED(q, MG_EMISMATCH, "no optimizer state");
+    mg_optim_config ac = mg_optim_defaults(MG_OPTIM_ADAM, 1e-3f);
+    mg_optim *adam;
+    CHECK_OK(mg_optim_create(&ac, mg_model_arena_size(a), &adam));
+    CHECK_OK(mg_checkpoint_save(q, a, adam, NULL));
+    REFUSED(q, MG_EMISMATCH, "adam");
+    mg_optim *plain = sgd_for(b, 0);                 /* momentum state it cannot take */
+    CHECK_ERR(mg_checkpoint_load(p, b, plain, NULL), MG_EMISMATCH);
+    CHECK(strstr(mg_last_error(), "optim.momentum_buffer"));
+    CHECK(same_as(b, ob, &sb));
+
+    /* Well-formed files that are wrong in one way. */
+    rewrite(p, q, drop_fc2_bias);
+    REFUSED(q, MG_EMISMATCH, "'fc2.bias'");
+    rewrite(p, q, reshape_conv1);
+    REFUSED(q, MG_EMISMATCH, "[6, 25]");
+    rewrite(p, q, conv1_bias_as_int);
+    REFUSED(q, MG_EMISMATCH, "I32");
+    rewrite(p, q, drop_momentum);
+    REFUSED(q, MG_EMISMATCH, "optim.momentum_buffer.fc3.weight");
+    rewrite(p, q, extra_tensor);
+    REFUSED(q, MG_EMISMATCH, "fc4.weight");
+    REFUSED(tpath("missing.ckpt"), MG_EIO, "missing.ckpt");
+
+    /* And the good file still loads. */
+    CHECK_OK(mg_checkpoint_load(p, b, ob, NULL));
+    snapshot sa = snap(a, oa);
+    CHECK(same_as(b, ob, &sa));
+    free_snap(&sa);
+    free_snap(&sb);
+    mg_optim_destroy(oa);
+    mg_optim_destroy(ob);
+    mg_optim_destroy(om);
+    mg_optim_destroy(adam);
+    mg_optim_destroy(plain);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+    mg_model_destroy(mlp);
+}
+
+TEST(ckpt_failed_save_keeps_previous)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_optim *o = sgd_for(m, 0.9f);
+    train_fake(m, o, 1, 1);
+    const char *p = tpath("prev.ckpt");
+    mg_ckpt_meta meta = {.step = 1};
+    CHECK_OK(mg_checkpoint_save(p, m, o, &meta));
+    snapshot s1 = snap(m, o);
+    train_fake(m, o, 1, 2);
+    meta.step = 2;
+    /* The disk fills up while saving (a file size limit below the ~4 MB). */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = 1 << 20;
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    mg_status st = mg_checkpoint_save(p, m, o, &meta);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    CHECK_ERR(st, MG_EIO);
+    CHECK_EQ(count_tmp_files(), 0);
+    CHECK_ERR(mg_checkpoint_save(tpath("nodir/x.ckpt"), m, o, &meta), MG_EIO);
+    /* The previous checkpoint is intact and loads into a fresh model. */
+    mg_model *n;
+    CHECK_OK(mg_model_create("mlp", 5, &n));
+    mg_optim *on = sgd_for(n, 0.9f);
+    mg_ckpt_meta got;
+    CHECK_OK(mg_checkpoint_load(p, n, on, &got));
+    CHECK(same_as(n, on, &s1) && got.step == 1);
+    free_snap(&s1);
+    mg_optim_destroy(o);
+    mg_optim_destroy(on);
+    mg_model_destroy(m);
+    mg_model_destroy(n);
+}
+
+TEST(ckpt_load_weights_from_pytorch_export)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 3, &m));
+    mg_st_file *ref;
+    CHECK_OK(mg_st_open(mgt_data("lenet5.safetensors"), &ref));
+    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "init."));
+    char name[128];
+    for (int i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param *p = mg_model_tensor(m, i);
+        snprintf(name, sizeof name, "init.%s", p->name);
+        const mg_st_tensor *t = mg_st_find(ref, name);
+        CHECK(t && t->nbytes == p->numel * 4 && memcmp(t->data, p->data, t->nbytes) == 0);
+    }
+    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "final."));
+    CHECK(memcmp(mg_st_find(ref, "final.fc3.bias")->data, mg_model_find(m, "fc3.bias")->data,
+                 40) == 0);
+    /* Without the prefix nothing matches: refused, model unchanged. */
+    snapshot s = snap(m, NULL);
+    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, NULL), MG_EMISMATCH);
+    CHECK(strstr(mg_last_error(), "'conv1.weight'"));
+    mg_model *mlp;
+    CHECK_OK(mg_model_create("mlp", 0, &mlp));
+    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), mlp, "init."), MG_EMISMATCH);
+    CHECK(strstr(mg_last_error(), "shape"));
+    CHECK(same_as(m, NULL, &s));
+
+    /* F64, F16 and BF16 exports are converted to float. */
+    int nt = mg_model_num_tensors(m);
+    mg_st_tensor *t = calloc((size_t)nt, sizeof *t);
+    double *d64[16];
+    uint16_t *bf[16];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < nt; i++) {
+            const mg_param *p = mg_model_tensor(m, i);
+            t[i] = (mg_st_tensor){p->name, pass ? MG_ST_BF16 : MG_ST_F64, p->ndim, {0}, NULL,
+                                  p->numel * (pass ? 2 : 8)};
+            for (int dd = 0; dd < p->ndim; dd++) t[i].shape[dd] = p->shape[dd];
+            d64[i] = malloc(p->numel * 8);
+            bf[i] = malloc(p->numel * 2);
+            for (size_t j = 0; j < p->numel; j++) {
+                d64[i][j] = (double)p->data[j] * 0.5 + 1e-12;
+                uint32_t bits;
+                memcpy(&bits, &p->data[j], 4);
+                bf[i][j] = (uint16_t)(bits >> 16);
+            }
+            t[i].data = pass ? (void *)bf[i] : (void *)d64[i];
+        }
+        CHECK_OK(mg_st_write(tpath("conv.st"), t, nt, NULL, 0));
+        mg_model *c;
+        CHECK_OK(mg_model_create("lenet5", 9, &c));
+        CHECK_OK(mg_model_load_weights(tpath("conv.st"), c, ""));
+        for (int i = 0; i < nt; i++) {
+            const mg_param *p = mg_model_tensor(c, i);
+            for (size_t j = 0; j < p->numel; j++) {
+                uint32_t bits = (uint32_t)bf[i][j] << 16;
+                float want;
+                memcpy(&want, &bits, 4);
+                if (!pass) want = (float)d64[i][j];
+                CHECK(memcmp(&p->data[j], &want, 4) == 0);
+            }
+            free(d64[i]);
+            free(bf[i]);
+        }
+        mg_model_destroy(c);
+    }
+    /* F16: exact values including a subnormal and infinity. */
+    mg_model *c;
+    CHECK_OK(mg_model_create("lenet5", 9, &c));
+    for (int i = 0; i < nt; i++) {
+        const mg_param *p = mg_model_tensor(c, i);
+        uint16_t *h = calloc(p->numel, 2);
+        const uint16_t pat[6] = {0x3c00, 0xc000, 0x0001, 0x7c00, 0x3555, 0x8400};
+        for (size_t j = 0; j < p->numel; j++) h[j] = pat[j % 6];
+        t[i].dtype = MG_ST_F16;
+        t[i].nbytes = p->numel * 2;
+        t[i].data = h;
+    }
+    CHECK_OK(mg_st_write(tpath("f16.st"), t, nt, NULL, 0));
+    for (int i = 0; i < nt; i++) free((void *)t[i].data);
+    CHECK_OK(mg_model_load_weights(tpath("f16.st"), c, NULL));
+    const float *w = mg_model_find(c, "fc1.weight")->data;
+    CHECK(w[0] == 1.0f && w[1] == -2.0f && w[2] == 0x1p-24f && isinf(w[3]) && w[3] > 0);
+    CHECK(w[4] == 0x1.554p-2f && w[5] == -0x1p-14f);
+    mg_model_destroy(c);
+    free(t);
+    free_snap(&s);
+    mg_st_close(ref);
+    mg_model_destroy(m);
+    mg_model_destroy(mlp);
+}
+
+/* PyTorch reads our checkpoint: load_state_dict(strict=True) takes the
+ * parameters as they are, the momentum buffers load into torch.optim.SGD,
+ * and the forward of a fixed input matches ours. */
+static const char *py_script =
+    "import json, struct, sys\n"
+    "import torch, torch.nn as nn, torch.nn.functional as F\n"
+    "torch.set_num_threads(1)\n"
+    "raw = open(sys.argv[1], 'rb').read()\n"
+    "n = struct.unpack('<Q', raw[:8])[0]\n"
+    "hdr = json.loads(raw[8:8 + n]); meta = hdr.pop('__metadata__'); data = raw[8 + n:]\n"
+    "def tensor(k):\n"
+    "    e = hdr[k]; b, t = e['data_offsets']; assert e['dtype'] == 'F32'\n"
+    "    return torch.frombuffer(bytearray(data[b:t]), dtype=torch.float32).reshape(e['shape'])\n"
+    "class LeNet5(nn.Module):\n"
+    "    def __init__(s):\n"
+    "        super().__init__()\n"
+    "        s.conv1 = nn.Conv2d(1, 6, 5, padding=2); s.conv2 = nn.Conv2d(6, 16, 5)\n"
+    "        s.fc1 = nn.Linear(400, 120); s.fc2 = nn.Linear(120, 84); s.fc3 = nn.Linear(84, 10)\n"
+    "    def forward(s, x):\n"
+    "        x = F.max_pool2d(F.relu(s.conv1(x)), 2); x = F.max_pool2d(F.relu(s.conv2(x)), 2)\n"
+    "        x = x.flatten(1); x = F.relu(s.fc1(x)); x = F.relu(s.fc2(x)); return s.fc3(x)\n"
+    "m = LeNet5()\n"
+    "sd = {k: tensor(k) for k in hdr if not k.startswith('optim.')}\n"
+    "m.load_state_dict(sd, strict=True)\n"
+    "opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)\n"
+    "names = meta['parameters'].split(',')\n"
+    "st = opt.state_dict()\n"
+    "st['state'] = {i: {'momentum_buffer': tensor('optim.momentum_buffer.' + k)}\n"
+    "               for i, k in enumerate(names)}\n"
+    "opt.load_state_dict(st)\n"
+    "assert meta['model'] == 'lenet5' and meta['optimizer'] == 'sgd'\n"
+    "x = (torch.arange(2 * 784, dtype=torch.float32).reshape(2, 1, 28, 28) % 17) / 8 - 1\n"
+    "with torch.no_grad(): y = m(x)\n"
+    "print(' '.join('%.9g' % v for v in y.flatten().tolist()))\n"
+    "b = opt.state[m.fc1.weight]['momentum_buffer']\n"
+    "print('%.17g %.17g' % (b.double().sum().item(), m.conv2.weight.double().sum().item()))\n";
+
+TEST_T(ckpt_pytorch_loads_our_checkpoint, 120)
+{
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+        mgt_skip("/usr/bin/python3 cannot import torch");
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    mg_optim *o = sgd_for(m, 0.9f);
+    train_fake(m, o, 2, 7);
+    const char *ck = tpath("interop.ckpt"), *py = tpath("load.py");
+    CHECK_OK(mg_checkpoint_save(ck, m, o, NULL));
+    FILE *f = fopen(py, "w");
+    CHECK(f && fputs(py_script, f) >= 0 && fclose(f) == 0);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s %s", py, ck);
+    FILE *pp = popen(cmd, "r");
+    CHECK(pp != NULL);
+    double y[20], bsum, wsum;
+    for (int i = 0; i < 20; i++) CHECK(fscanf(pp, "%lf", &y[i]) == 1);
+    CHECK(fscanf(pp, "%lf %lf", &bsum, &wsum) == 2);
+    CHECK_EQ(pclose(pp), 0);
+
+    static float x[2 * 784];
+    for (int i = 0; i < 2 * 784; i++) x[i] = (float)(i % 17) / 8 - 1;
+    CHECK_OK(mg_model_reserve(m, 2));
+    const float *logits = mg_model_forward(m, x, 2);
+    for (int i = 0; i < 20; i++) CHECK_CLOSE(logits[i], y[i], 1e-5, 1e-6);
+    const mg_param *fc1 = mg_model_find(m, "fc1.weight"), *c2 = mg_model_find(m, "conv2.weight");
+    const float *buf = mg_optim_state(o, 0, NULL) + fc1->offset;
+    double bs = 0, ws = 0;
+    for (size_t i = 0; i < fc1->numel; i++) bs += buf[i];
+    for (size_t i = 0; i < c2->numel; i++) ws += c2->data[i];
+    CHECK_CLOSE(bs, bsum, 1e-9, 1e-9);
+    CHECK_CLOSE(ws, wsum, 1e-9, 1e-9);
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+}

@@ -1,0 +1,371 @@
+/* Tests of the mgrun launcher, with sh -c one-liners as workers: the
+ * environment each worker gets, stopping the job when one worker exits
+ * non-zero or is killed (and naming it), forwarding SIGTERM/SIGINT,
+ * --tag-output, --max-restarts, and one-line errors for bad input.
+ * Needs build/bin/mgrun (make -j2 all) or MG_BIN. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/core.h"
+
+typedef struct {
+    int status;          /* as from waitpid */
+    double secs;
+    char out[200000], err[8192];
+} result;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+/* Starts mgrun with args (NULL-terminated), its stdout and stderr going
+ * to files in the test's directory. */
+static pid_t start(const char *const *args)
+{
+    static char tool[512];
+    snprintf(tool, sizeof tool, "%s", mgt_tool("mgrun"));
+    CHECK_MSG(access(tool, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", tool);
+    const char *argv[64] = {tool};
+    int n = 1;
+    while (args[n - 1]) { MG_ASSERT(n < 63); argv[n] = args[n - 1]; n++; }
+    argv[n] = NULL;
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/mgrun.out", mgt_tmpdir());
+    snprintf(err, sizeof err, "%s/mgrun.err", mgt_tmpdir());
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        execv(tool, (char *const *)argv);
+        _exit(126);
+    }
+    return pid;
+}
+
+static void finish(pid_t pid, double t0, double timeout, result *r)
+{
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (mg_now() - t0 > timeout) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            CHECK_MSG(0, "mgrun still running after %g s", timeout);
+        }
+        usleep(2000);
+    }
+    r->status = st;
+    r->secs = mg_now() - t0;
+    char path[600];
+    snprintf(path, sizeof path, "%s/mgrun.out", mgt_tmpdir());
+    slurp(path, r->out, sizeof r->out);
+    snprintf(path, sizeof path, "%s/mgrun.err", mgt_tmpdir());
+    slurp(path, r->err, sizeof r->err);
+}
+
+static void run(const char *const *args, result *r)
+{
+    double t0 = mg_now();
+    finish(start(args), t0, 20, r);
+}
+
+#define EXITED(r, code) (WIFEXITED((r)->status) && WEXITSTATUS((r)->status) == (code))
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Reads the pid a worker wrote to DIR/pid.RANK, waiting for it. */
+static pid_t worker_pid(int rank)
+{
+    char path[600], buf[32];
+    snprintf(path, sizeof path, "%s/pid.%d", mgt_tmpdir(), rank);
+    double t0 = mg_now();
+    for (;;) {
+        slurp(path, buf, sizeof buf);
+        if (strchr(buf, '\n')) return (pid_t)atoi(buf);
+        CHECK_MSG(mg_now() - t0 < 10, "worker %d never started", rank);
+        usleep(5000);
+    }
+}
+
+/* The worker has exited and been reaped (by mgrun, before it exited). */
+static bool gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+static result R;   /* big: not on the stack */
+
+TEST_T(mgrun_worker_env, 30)
+{
+    unsetenv("MG_JOB_SECRET");
+    unsetenv("OMP_NUM_THREADS");
+    const char *script =
+        "read x && exit 9; "   /* stdin is /dev/null */
+        "printf '%s %s %s %s %s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
+        "\"$LOCAL_RANK\" \"$LOCAL_WORLD_SIZE\" \"$GROUP_RANK\" \"$NODE_RANK\" "
+        "\"$MG_RESTART_COUNT\" \"$MASTER_ADDR\" \"$MASTER_PORT\" \"$MG_JOB_SECRET\" "
+        "\"$OMP_NUM_THREADS\" > \"$1/env.$RANK\"";
+    char secret0[2][128] = {{0}};
+    for (int run_i = 0; run_i < 2; run_i++) {
+        const char *args[] = {"-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+        run(args, &R);
+        CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+        int port0 = -1;
+        for (int r = 0; r < 3; r++) {
+            char path[600], buf[512], addr[64], secret[128];
+            snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), r);
+            slurp(path, buf, sizeof buf);
+            int rank, world, local, lworld, group, node, restart, port, omp;
+            CHECK_EQ(sscanf(buf, "%d %d %d %d %d %d %d %63s %d %127s %d", &rank, &world, &local,
+                            &lworld, &group, &node, &restart, addr, &port, secret, &omp), 11);
+            CHECK_EQ(rank, r);
+            CHECK_EQ(world, 3);
+            CHECK_EQ(local, r);
+            CHECK_EQ(lworld, 3);
+            CHECK_EQ(group, 0);
+            CHECK_EQ(node, 0);
+            CHECK_EQ(restart, 0);
+            CHECK_EQ(omp, 1);
+            CHECK(strcmp(addr, "127.0.0.1") == 0);
+            CHECK(port > 0 && port < 65536);
+            if (r == 0) port0 = port;
+            CHECK_EQ(port, port0);
+            /* 32 random bytes in hex, the same for every rank. */
+            CHECK_EQ(strlen(secret), 64);
+            CHECK(strspn(secret, "0123456789abcdef") == 64);
+            if (r == 0) snprintf(secret0[run_i], sizeof secret0[run_i], "%s", secret);
+            CHECK(strcmp(secret, secret0[run_i]) == 0);
+        }
+    }
+    /* Each job draws its own secret. */
+    CHECK(strcmp(secret0[0], secret0[1]) != 0);
+}
+
+TEST_T(mgrun_multinode_env, 30)
+{
+    setenv("MG_JOB_SECRET", "0123456789abcdef-shared", 1);
+    const char *script = "printf '%s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
+                         "\"$LOCAL_RANK\" \"$GROUP_RANK\" \"$MASTER_ADDR\" \"$MASTER_PORT\" "
+                         "\"$MG_JOB_SECRET\" > \"$1/env.$RANK\"";
+    const char *args[] = {"--nnodes", "2", "--node-rank", "1", "-n", "2",
+                          "--master-addr", "10.1.2.3", "--master_port", "29511",
+                          "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+    for (int local = 0; local < 2; local++) {
+        char path[600], buf[512], expect[256];
+        snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), 2 + local);
+        slurp(path, buf, sizeof buf);
+        snprintf(expect, sizeof expect, "%d 4 %d 1 10.1.2.3 29511 0123456789abcdef-shared\n",
+                 2 + local, local);
+        CHECK_MSG(strcmp(buf, expect) == 0, "got '%s', expected '%s'", buf, expect);
+    }
+}
+
+/* Ranks other than `failing` write their pid and sleep; `failing` waits
+ * until they have started, then runs `how`. */
+static const char *fail_script(char *buf, size_t cap, int n, int failing, const char *how,
+                               const char *others)
+{
+    snprintf(buf, cap,
+             "echo $$ > \"$1/pid.$RANK\"; "
+             "if [ $RANK = %d ]; then "
+             "  i=0; while [ $i -lt %d ]; do "
+             "    while [ ! -s \"$1/pid.$i\" ]; do sleep 0.01; done; i=$((i+1)); done; "
+             "  %s; fi; "
+             "%s exec sleep 30",
+             failing, n, how, others);
+    return buf;
+}
+
+TEST_T(mgrun_failure_stops_others, 30)
+{
+    /* A long grace period: the sleepers must end from SIGTERM alone. */
+    setenv("MG_GRACE", "20", 1);
+    char script[1024];
+    fail_script(script, sizeof script, 3, 1, "exit 3", "");
+    const char *args[] = {"-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 3), "status %d: %s", R.status, R.err);
+    CHECK(R.secs < 10);
+    char expect[128];
+    snprintf(expect, sizeof expect, "mgrun: rank 1 (pid %d) exited with status 3; "
+             "stopped the other 2 worker(s)\n", (int)worker_pid(1));
+    CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'", R.err);
+    for (int r = 0; r < 3; r++) CHECK(gone(worker_pid(r)));
+}
+
+TEST_T(mgrun_killed_worker_named, 30)
+{
+    /* The others ignore SIGTERM: mgrun must SIGKILL them after the grace. */
+    setenv("MG_GRACE", "0.3", 1);
+    char script[1024];
+    fail_script(script, sizeof script, 2, 0, "kill -9 $$", "trap '' TERM;");
+    const char *args[] = {"-n", "2", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 128 + SIGKILL), "status %d: %s", R.status, R.err);
+    CHECK(R.secs < 10);
+    char expect[160];
+    snprintf(expect, sizeof expect, "mgrun: rank 0 (pid %d) was killed by signal 9 (SIGKILL); "
+             "stopped the other 1 worker(s) (1 with SIGKILL after 0.3 s of SIGTERM)\n",
+             (int)worker_pid(0));
+    CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'", R.err);
+    CHECK(gone(worker_pid(1)));
+}
+
+TEST_T(mgrun_forwards_sigterm_and_sigint, 30)
+{
+    setenv("MG_GRACE", "20", 1);
+    int sigs[2] = {SIGTERM, SIGINT};
+    for (int k = 0; k < 2; k++) {
+        char dir[600], pidf[700];
+        snprintf(dir, sizeof dir, "%s", mgt_tmpdir());
+        for (int r = 0; r < 2; r++) {
+            snprintf(pidf, sizeof pidf, "%s/pid.%d", dir, r);
+            unlink(pidf);
+        }
+        const char *args[] = {"-n", "2", "sh", "-c", "echo $$ > \"$1/pid.$RANK\"; exec sleep 30",
+                              "sh", dir, NULL};
+        double t0 = mg_now();
+        pid_t pid = start(args);
+        pid_t w0 = worker_pid(0), w1 = worker_pid(1);
+        kill(pid, sigs[k]);
+        finish(pid, t0, 20, &R);
+        CHECK_MSG(EXITED(&R, 128 + sigs[k]), "status %d: %s", R.status, R.err);
+        CHECK(R.secs < 10);
+        CHECK(strstr(R.err, sigs[k] == SIGTERM ? "stopped by SIGTERM" : "stopped by SIGINT"));
+        CHECK(gone(w0) && gone(w1));
+    }
+}
+
+TEST_T(mgrun_tag_output, 30)
+{
+    const char *script = "echo \"hello $RANK\"; echo \"oops $RANK\" >&2; printf 'no newline'";
+    const char *args[] = {"-n", "2", "--tag-output", "sh", "-c", script, NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+    CHECK(strstr(R.out, "[0]: hello 0\n") && strstr(R.out, "[1]: hello 1\n"));
+    CHECK(strstr(R.out, "[0]: no newline\n") && strstr(R.out, "[1]: no newline\n"));
+    CHECK_EQ(count_lines(R.out), 4);
+    CHECK(strstr(R.err, "[0]: oops 0\n") && strstr(R.err, "[1]: oops 1\n"));
+    CHECK_EQ(count_lines(R.err), 2);
+
+    /* A line longer than mgrun's buffer keeps one prefix. */
+    const char *args2[] = {"--tag-output", "sh", "-c",
+                           "head -c 100000 /dev/zero | tr '\\0' x; echo; echo end", NULL};
+    run(args2, &R);
+    CHECK(EXITED(&R, 0));
+    CHECK_EQ(strlen(R.out), 5 + 100000 + 1 + 9);
+    CHECK(strncmp(R.out, "[0]: xxx", 8) == 0);
+    CHECK(strspn(R.out + 5, "x") == 100000);
+    CHECK(strcmp(R.out + 5 + 100000, "\n[0]: end\n") == 0);
+
+    /* Without the flag, workers write straight to mgrun's output. */
+    const char *args3[] = {"-n", "2", "sh", "-c", "echo plain", NULL};
+    run(args3, &R);
+    CHECK(EXITED(&R, 0));
+    CHECK(strcmp(R.out, "plain\nplain\n") == 0);
+}
+
+TEST_T(mgrun_max_restarts, 30)
+{
+    setenv("MG_GRACE", "0.3", 1);
+    /* Rank 1 fails on the first attempt only. */
+    const char *script = "echo $MG_RESTART_COUNT >> \"$1/log.$RANK\"; "
+                         "if [ $MG_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 3; fi";
+    char dir[600], path[700], buf[64];
+    snprintf(dir, sizeof dir, "%s", mgt_tmpdir());
+    const char *args[] = {"-n", "2", "--max-restarts", "1", "sh", "-c", script, "sh", dir, NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+    CHECK(strstr(R.err, "exited with status 3"));
+    CHECK(strstr(R.err, "restarting all 2 worker(s) (restart 1 of 1)"));
+    snprintf(path, sizeof path, "%s/log.1", dir);
+    slurp(path, buf, sizeof buf);
+    CHECK(strcmp(buf, "0\n1\n") == 0);
+
+    /* Without restarts the failure is final. */
+    unlink(path);
+    const char *args2[] = {"-n", "2", "sh", "-c", script, "sh", dir, NULL};
+    run(args2, &R);
+    CHECK(EXITED(&R, 3));
+    slurp(path, buf, sizeof buf);
+    CHECK(strcmp(buf, "0\n") == 0);
+
+    /* Always failing: 1 + N attempts, then the failure's status. */
+    unlink(path);
+    const char *args3[] = {"--max-restarts", "2", "sh", "-c",
+                           "echo $MG_RESTART_COUNT >> \"$1/log.$RANK\"; exit 4", "sh", dir, NULL};
+    snprintf(path, sizeof path, "%s/log.0", dir);
+    unlink(path);
+    run(args3, &R);
+    CHECK(EXITED(&R, 4));
+    CHECK(strstr(R.err, "giving up after 2 restart(s)"));
+    slurp(path, buf, sizeof buf);
+    CHECK(strcmp(buf, "0\n1\n2\n") == 0);
+}
+
+TEST_T(mgrun_bad_input, 30)
+{
+    char marker[600], noexec[600], touch[700];
+    snprintf(marker, sizeof marker, "%s/ran", mgt_tmpdir());
+    snprintf(noexec, sizeof noexec, "%s/script.sh", mgt_tmpdir());
+    snprintf(touch, sizeof touch, "touch '%s'", marker);
+    FILE *f = fopen(noexec, "w");
+    CHECK(f);
+    fputs("#!/bin/sh\ntrue\n", f);
+    fclose(f);
+    chmod(noexec, 0644);
+    unsetenv("MG_JOB_SECRET");
+    struct { const char *args[12]; const char *says; } cases[] = {
+        {{"--bogus", "sh", "-c", touch}, "unknown or ambiguous option '--bogus'"},
+        {{"-x", "sh", "-c", touch}, "unknown option '-x'"},
+        {{"-n", "0", "sh", "-c", touch}, "--nproc-per-node: 0 is out of range"},
+        {{"-n", "two", "sh", "-c", touch}, "'two' is not a whole number"},
+        {{"-n"}, "option '-n' needs a value"},
+        {{"-n", "2"}, "no program to run"},
+        {{"no-such-program-mg"}, "cannot run 'no-such-program-mg': not found in PATH"},
+        {{noexec}, "Permission denied"},
+        {{"--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "sh", "-c", touch},
+         "--node-rank 2 is out of range for --nnodes 2"},
+        {{"--nnodes", "2", "sh", "-c", touch}, "needs --master-port"},
+        {{"--nnodes", "2", "--master-port", "29500", "sh", "-c", touch}, "needs MG_JOB_SECRET"},
+        {{"--master-port", "70000", "sh", "-c", touch}, "--master-port: 70000 is out of range"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        run(cases[i].args, &R);
+        CHECK_MSG(EXITED(&R, 2), "case %zu: status %d", i, R.status);
+        CHECK_MSG(count_lines(R.err) == 1 && strncmp(R.err, "mgrun: ", 7) == 0 &&
+                  strstr(R.err, cases[i].says), "case %zu: stderr '%s'", i, R.err);
+        CHECK_MSG(access(marker, F_OK) != 0, "case %zu: a worker ran", i);
+    }
+    setenv("MG_JOB_SECRET", "short", 1);
+    const char *args[] = {"sh", "-c", touch, NULL};
+    run(args, &R);
+    CHECK(EXITED(&R, 2) && strstr(R.err, "MG_JOB_SECRET must have 16"));
+    const char *help[] = {"--help", NULL};
+    run(help, &R);
+    CHECK(EXITED(&R, 0) && strncmp(R.out, "usage: mgrun", 12) == 0);
+    /* Options after PROGRAM belong to it. */
+    unsetenv("MG_JOB_SECRET");
+    const char *theirs[] = {"sh", "-c", "echo \"$1\"", "sh", "--help", NULL};
+    run(theirs, &R);
+    CHECK(EXITED(&R, 0) && strcmp(R.out, "--help\n") == 0);
+}

@@ -1,0 +1,304 @@
+/* Tests of src/optim: SGD (momentum, dampening, Nesterov, weight decay),
+ * Adam and AdamW against values computed by hand and by torch.optim 1.13
+ * (the literals below; see grad_of), range updates against full ones, and
+ * the learning-rate schedules. */
+#include "harness.h"
+#include "multigrad/optim.h"
+
+/* Gradient of step t for element i: dyadic, so exact in float and in the
+ * Python script that produced the expected values:
+ *   p = Parameter(tensor([0.5, -1, 2, 0, 3])); for t in range(4):
+ *   p.grad = tensor([grad(t, i) ...]); opt.step() */
+static float grad_of(int t, int i)
+{
+    return 0.25f * (float)(i + 1) - 0.5f * (float)t + (i % 2 ? 0.125f : -0.375f);
+}
+
+typedef struct {
+    const char *name;
+    mg_optim_config cfg;
+    float after1[5], after4[5];
+} torch_case;
+
+static void run_case(const torch_case *tc)
+{
+    float p[5] = {0.5f, -1.0f, 2.0f, 0.0f, 3.0f}, g[5];
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&tc->cfg, 5, &o));
+    for (int t = 0; t < 4; t++) {
+        for (int i = 0; i < 5; i++) g[i] = grad_of(t, i);
+        mg_optim_step(o, p, g, tc->cfg.lr);
+        const float *want = t == 0 ? tc->after1 : t == 3 ? tc->after4 : NULL;
+        for (int i = 0; want && i < 5; i++)
+            CHECK_MSG(fabsf(p[i] - want[i]) <= 3e-7f * fmaxf(1.0f, fabsf(want[i])),
+                      "%s step %d p[%d] = %.9g, torch %.9g", tc->name, t + 1, i,
+                      (double)p[i], (double)want[i]);
+    }
+    CHECK_EQ(mg_optim_steps(o), 4);
+    mg_optim_destroy(o);
+}
+
+static mg_optim_config sgd(float lr, float mu, float damp, bool nesterov, float wd)
+{
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_SGD, lr);
+    c.momentum = mu; c.dampening = damp; c.nesterov = nesterov; c.weight_decay = wd;
+    return c;
+}
+
+static mg_optim_config adam(mg_optim_kind k, float lr, float wd, float b1, float b2, float eps)
+{
+    mg_optim_config c = mg_optim_defaults(k, lr);
+    c.weight_decay = wd; c.beta1 = b1; c.beta2 = b2; c.eps = eps;
+    return c;
+}
+
+TEST(optim_sgd_matches_torch)
+{
+    const torch_case cases[] = {
+        {"sgd lr 0.1", sgd(0.1f, 0, 0, false, 0),
+         {0.512499988f, -1.0625f, 1.96249998f, -0.112500004f, 2.9124999f},
+         {0.850000024f, -0.950000048f, 2.1500001f, -0.150000021f, 2.95000005f}},
+        {"sgd momentum 0.9", sgd(0.1f, 0.9f, 0, false, 0),
+         {0.512499988f, -1.0625f, 1.96249998f, -0.112500004f, 2.9124999f},
+         {1.08861244f, -1.0900625f, 2.13616252f, -0.542512476f, 2.68371248f}},
+        {"sgd dampening 0.1 wd 0.01", sgd(0.1f, 0.9f, 0.1f, false, 0.01f),
+         {0.512000024f, -1.06149995f, 1.9605f, -0.112500004f, 2.90949988f},
+         {1.02942705f, -1.09355819f, 2.09291363f, -0.525833786f, 2.66063786f}},
+        {"sgd nesterov wd 0.01", sgd(0.1f, 0.9f, 0, true, 0.01f),
+         {0.522800028f, -1.11685002f, 1.92495f, -0.213750005f, 2.8280499f},
+         {1.3723923f, -1.01767921f, 2.24873686f, -0.635279834f, 2.63113594f}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+TEST(optim_adam_adamw_match_torch)
+{
+    const torch_case cases[] = {
+        {"adam lr 0.01", adam(MG_OPTIM_ADAM, 0.01f, 0, 0.9f, 0.999f, 1e-8f),
+         {0.50999999f, -1.00999999f, 1.99000001f, -0.00999999978f, 2.99000001f},
+         {0.536503553f, -1.01681018f, 1.99628842f, -0.0319755152f, 2.97373772f}},
+        {"adam wd 0.1", adam(MG_OPTIM_ADAM, 0.01f, 0.1f, 0.9f, 0.999f, 1e-8f),
+         {0.50999999f, -1.00999999f, 1.99000001f, -0.00999999978f, 2.99000001f},
+         {0.535827279f, -1.01193202f, 1.98558712f, -0.0319399983f, 2.96727991f}},
+        {"adamw wd 0.1", adam(MG_OPTIM_ADAMW, 0.01f, 0.1f, 0.9f, 0.999f, 1e-8f),
+         {0.509500027f, -1.00900006f, 1.98800004f, -0.00999999978f, 2.98699999f},
+         {0.534450591f, -1.01276815f, 1.98833477f, -0.0319187045f, 2.96181011f}},
+        {"adam betas 0.8/0.99 eps 1e-6", adam(MG_OPTIM_ADAM, 0.05f, 0, 0.8f, 0.99f, 1e-6f),
+         {0.549999595f, -1.04999995f, 1.95000017f, -0.0499999598f, 2.95000005f},
+         {0.689718187f, -1.0717628f, 1.99367082f, -0.151401788f, 2.87937737f}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+TEST(optim_sgd_momentum_by_hand)
+{
+    /* p=1, g=1 each step, lr 0.1, mu 0.9: buf 1, 1.9, 2.71; p 0.9, 0.71, 0.439. */
+    mg_optim_config c = sgd(0.1f, 0.9f, 0, false, 0);
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&c, 1, &o));
+    CHECK_EQ(mg_optim_num_states(o), 1);
+    const char *name;
+    float *buf = mg_optim_state(o, 0, &name);
+    CHECK(strcmp(name, "momentum_buffer") == 0);
+    CHECK(buf[0] == 0.0f);
+    float p = 1.0f, g = 1.0f;
+    const float wp[3] = {0.9f, 0.71f, 0.439f}, wb[3] = {1.0f, 1.9f, 2.71f};
+    for (int t = 0; t < 3; t++) {
+        mg_optim_step(o, &p, &g, 0.1f);
+        CHECK_NEAR(p, wp[t], 1e-6);
+        CHECK_NEAR(buf[0], wb[t], 1e-6);
+    }
+    mg_optim_destroy(o);
+    /* Nesterov, p=1, g=1: step 1 p -= 0.1*(1 + 0.9*1) = 0.81;
+     * step 2 buf = 1.9, p -= 0.1*(1 + 0.9*1.9) = 0.81 - 0.271 = 0.539. */
+    c.nesterov = true;
+    CHECK_OK(mg_optim_create(&c, 1, &o));
+    p = 1.0f;
+    mg_optim_step(o, &p, &g, 0.1f);
+    CHECK_NEAR(p, 0.81, 1e-6);
+    mg_optim_step(o, &p, &g, 0.1f);
+    CHECK_NEAR(p, 0.539, 1e-6);
+    mg_optim_destroy(o);
+    /* Without momentum there is no state; weight decay: g' = 1 + 0.5*2 = 2,
+     * p = 2 - 0.1*2 = 1.8. */
+    c = sgd(0.1f, 0, 0, false, 0.5f);
+    CHECK_OK(mg_optim_create(&c, 1, &o));
+    CHECK_EQ(mg_optim_num_states(o), 0);
+    p = 2.0f;
+    mg_optim_step(o, &p, &g, 0.1f);
+    CHECK_NEAR(p, 1.8, 1e-6);
+    mg_optim_destroy(o);
+}
+
+TEST(optim_adam_by_hand)
+{
+    /* Step 1 of Adam: m_hat = g and v_hat = g^2, so p -= lr*g/(|g|+eps),
+     * about lr*sign(g) whatever |g|. AdamW first scales p by 1 - lr*wd. */
+    float p[3] = {1.0f, 1.0f, 1.0f}, g[3] = {4.0f, -0.25f, 1e-3f};
+    mg_optim_config c = adam(MG_OPTIM_ADAM, 0.1f, 0, 0.9f, 0.999f, 1e-8f);
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&c, 3, &o));
+    CHECK_EQ(mg_optim_num_states(o), 2);
+    const char *n0, *n1;
+    float *m = mg_optim_state(o, 0, &n0), *v = mg_optim_state(o, 1, &n1);
+    CHECK(!strcmp(n0, "exp_avg") && !strcmp(n1, "exp_avg_sq"));
+    mg_optim_step(o, p, g, 0.1f);
+    CHECK_NEAR(p[0], 0.9, 1e-6);
+    CHECK_NEAR(p[1], 1.1, 1e-6);
+    CHECK_NEAR(p[2], 1.0 - 0.1 * 1e-3 / (1e-3 + 1e-8), 1e-6);
+    CHECK_NEAR(m[0], 0.4, 1e-6);
+    CHECK_NEAR(v[0], 0.016, 1e-7);
+    mg_optim_destroy(o);
+
+    c = adam(MG_OPTIM_ADAMW, 0.1f, 0.5f, 0.9f, 0.999f, 1e-8f);
+    CHECK_OK(mg_optim_create(&c, 3, &o));
+    p[0] = 2.0f;
+    mg_optim_step(o, p, g, 0.1f);
+    CHECK_NEAR(p[0], 2.0 * (1 - 0.1 * 0.5) - 0.1, 1e-6);
+    mg_optim_destroy(o);
+}
+
+static uint32_t hash32(uint32_t x)
+{
+    x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
+    return x;
+}
+
+/* Updating ranges [lo, hi) that cover the arena equals one full update,
+ * bit for bit, for every optimizer (this is what ZeRO shards rely on). */
+TEST(optim_range_updates_equal_full)
+{
+    enum { N = 1037 };
+    const mg_optim_config cfgs[] = {
+        sgd(0.05f, 0, 0, false, 0), sgd(0.05f, 0.9f, 0, false, 0),
+        sgd(0.05f, 0.9f, 0.2f, false, 1e-3f), sgd(0.05f, 0.9f, 0, true, 1e-3f),
+        adam(MG_OPTIM_ADAM, 1e-3f, 0, 0.9f, 0.999f, 1e-8f),
+        adam(MG_OPTIM_ADAM, 1e-3f, 1e-2f, 0.9f, 0.999f, 1e-8f),
+        adam(MG_OPTIM_ADAMW, 1e-3f, 1e-2f, 0.9f, 0.999f, 1e-8f),
+    };
+    const size_t cuts[] = {0, 0, 1, 17, 64, 500, 500, 999, N};
+    static float pa[N], pb[N], g[N];
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        mg_optim *a, *b;
+        CHECK_OK(mg_optim_create(&cfgs[k], N, &a));
+        CHECK_OK(mg_optim_create(&cfgs[k], N, &b));
+        for (int i = 0; i < N; i++)
+            pa[i] = pb[i] = (float)(hash32((uint32_t)i) % 2001) / 1000.0f - 1.0f;
+        for (int t = 0; t < 5; t++) {
+            for (int i = 0; i < N; i++)
+                g[i] = (float)(hash32((uint32_t)(i + 7919 * t)) % 1001) / 500.0f - 1.0f;
+            float lr = 0.05f / (float)(t + 1);
+            mg_optim_step(a, pa, g, lr);
+            mg_optim_begin_step(b, lr);
+            /* Out of order, to show ranges are independent. */
+            for (int c = (int)(sizeof cuts / sizeof cuts[0]) - 2; c >= 0; c--)
+                mg_optim_update(b, pb, g, cuts[c], cuts[c + 1]);
+            CHECK_MSG(memcmp(pa, pb, sizeof pa) == 0, "config %zu step %d differs", k, t);
+        }
+        for (int s = 0; s < mg_optim_num_states(a); s++)
+            CHECK(memcmp(mg_optim_state(a, s, NULL), mg_optim_state(b, s, NULL),
+                         N * sizeof(float)) == 0);
+        mg_optim_destroy(a);
+        mg_optim_destroy(b);
+    }
+}
+
+TEST(optim_state_arenas_aligned_and_zeroed)
+{
+    mg_optim_config c = adam(MG_OPTIM_ADAMW, 1e-3f, 0.01f, 0.9f, 0.999f, 1e-8f);
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&c, 4096, &o));
+    for (int s = 0; s < 2; s++) {
+        float *st = mg_optim_state(o, s, NULL);
+        CHECK(((uintptr_t)st % 64) == 0);
+        for (int i = 0; i < 4096; i++) CHECK(st[i] == 0.0f);
+    }
+    mg_optim_set_steps(o, 7);
+    CHECK_EQ(mg_optim_steps(o), 7);
+    CHECK(mg_optim_config_of(o)->kind == MG_OPTIM_ADAMW);
+    mg_optim_destroy(o);
+    mg_optim_destroy(NULL);
+}
+
+TEST(optim_parse_defaults_and_bad_configs)
+{
+    mg_optim_kind k;
+    CHECK_OK(mg_optim_parse("adamw", &k));
+    CHECK(k == MG_OPTIM_ADAMW);
+    CHECK_OK(mg_optim_parse("SGD", &k));
+    CHECK(k == MG_OPTIM_SGD);
+    CHECK_ERR(mg_optim_parse("rmsprop", &k), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "rmsprop") && strstr(mg_last_error(), "adamw"));
+    CHECK(!strcmp(mg_optim_kind_name(MG_OPTIM_ADAM), "adam"));
+
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_ADAMW, 0.001f);
+    CHECK(c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f && c.weight_decay == 0.01f);
+    c = mg_optim_defaults(MG_OPTIM_ADAM, 0.001f);
+    CHECK(c.weight_decay == 0.0f);
+    c = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
+    CHECK(c.momentum == 0.0f && c.dampening == 0.0f && !c.nesterov && c.lr == 0.1f);
+
+    mg_optim *o = NULL;
+    mg_optim_config bad = sgd(-0.1f, 0, 0, false, 0);
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+    CHECK(o == NULL);
+    bad = sgd(0.1f, 0, 0, true, 0);              /* nesterov without momentum */
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+    bad = sgd(0.1f, 0.9f, 0.5f, true, 0);        /* nesterov with dampening */
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+    bad = sgd(0.1f, 0.9f, 0, false, -1.0f);
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+    bad = adam(MG_OPTIM_ADAM, 0.1f, 0, 1.0f, 0.999f, 1e-8f);
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+    bad = adam(MG_OPTIM_ADAM, NAN, 0, 0.9f, 0.999f, 1e-8f);
+    CHECK_ERR(mg_optim_create(&bad, 4, &o), MG_EINVAL);
+}
+
+TEST(optim_schedules)
+{
+    mg_schedule s;
+    CHECK_OK(mg_schedule_parse("constant", 0.1f, &s));
+    CHECK(s.kind == MG_SCHED_CONSTANT);
+    CHECK(mg_schedule_lr(&s, 0) == 0.1f && mg_schedule_lr(&s, 100000) == 0.1f);
+
+    CHECK_OK(mg_schedule_parse("step:10:0.5", 0.1f, &s));
+    CHECK(s.kind == MG_SCHED_STEP && s.step_size == 10 && s.gamma == 0.5f);
+    CHECK(mg_schedule_lr(&s, 0) == 0.1f && mg_schedule_lr(&s, 9) == 0.1f);
+    CHECK(mg_schedule_lr(&s, 10) == 0.05f && mg_schedule_lr(&s, 19) == 0.05f);
+    CHECK(mg_schedule_lr(&s, 25) == 0.025f);
+
+    CHECK_OK(mg_schedule_parse("cosine", 0.1f, &s));
+    s.total_steps = 100;
+    CHECK(s.kind == MG_SCHED_COSINE && s.min_lr == 0.0f);
+    CHECK(mg_schedule_lr(&s, 0) == 0.1f);
+    CHECK_NEAR(mg_schedule_lr(&s, 50), 0.05, 1e-8);
+    CHECK_NEAR(mg_schedule_lr(&s, 25), 0.05 * (1 + cos(M_PI / 4)), 1e-8);
+    CHECK(mg_schedule_lr(&s, 100) == 0.0f && mg_schedule_lr(&s, 500) == 0.0f);
+
+    CHECK_OK(mg_schedule_parse("cosine:0.01,warmup:10", 0.1f, &s));
+    s.total_steps = 110;
+    CHECK(s.min_lr == 0.01f && s.warmup_steps == 10);
+    CHECK_NEAR(mg_schedule_lr(&s, 0), 0.01, 1e-8);    /* 0.1 * 1/10 */
+    CHECK_NEAR(mg_schedule_lr(&s, 4), 0.05, 1e-8);
+    CHECK(mg_schedule_lr(&s, 9) == 0.1f);
+    CHECK(mg_schedule_lr(&s, 10) == 0.1f);             /* cosine starts at t = 0 */
+    CHECK_NEAR(mg_schedule_lr(&s, 60), 0.055, 1e-8);   /* halfway: (0.1 + 0.01) / 2 */
+    CHECK_NEAR(mg_schedule_lr(&s, 110), 0.01, 1e-9);
+
+    CHECK_OK(mg_schedule_parse("step:5:0.1,warmup:3", 1.0f, &s));
+    CHECK_NEAR(mg_schedule_lr(&s, 0), 1.0 / 3, 1e-7);
+    CHECK(mg_schedule_lr(&s, 3) == 1.0f && mg_schedule_lr(&s, 7) == 1.0f);
+    CHECK_NEAR(mg_schedule_lr(&s, 8), 0.1, 1e-8);
+
+    CHECK_OK(mg_schedule_parse("constant,warmup:0", 0.5f, &s));
+    CHECK(mg_schedule_lr(&s, 0) == 0.5f);
+
+    const char *bad[] = {"", "linear", "step", "step:10", "step:0:0.5", "step:10:-1",
+                         "step:10:x", "cosine:", "cosine:-1", "constant:3",
+                         "cosine,warmup", "cosine,warmup:-2", "cosine,cooldown:3",
+                         "step:10:0.5:7", "constantx", NULL};
+    for (int i = 0; bad[i]; i++) {
+        CHECK_MSG(mg_schedule_parse(bad[i], 0.1f, &s) == MG_EINVAL, "accepted '%s'", bad[i]);
+        CHECK(strstr(mg_last_error(), bad[i]) != NULL);
+    }
+}

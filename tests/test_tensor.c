@@ -1,0 +1,285 @@
+/* Tests of src/tensor: kernels against hand-computed answers (GEMM,
+ * im2col, convolution, pooling) and the fast convolution (chunked
+ * im2col + GEMM with fused ReLU/pool epilogues) against a direct
+ * double-precision convolution, forward and both backward passes. */
+#include "harness.h"
+#include "multigrad/tensor.h"
+
+TEST(tensor_view_and_threads)
+{
+    float buf[24];
+    mg_tensor t = mg_tensor_view(buf, 3, (int[]){2, 3, 4});
+    CHECK(t.data == buf && t.ndim == 3 && t.shape[2] == 4);
+    CHECK_EQ(mg_tensor_numel(&t), 24);
+    CHECK_EQ(mg_get_threads(), 1);   /* one BLAS thread per process by default */
+    mg_set_threads(2);
+    CHECK_EQ(mg_get_threads(), 2);
+    mg_set_threads(1);
+    CHECK_EQ(mg_get_threads(), 1);
+}
+
+TEST(tensor_gemm_known_answers)
+{
+    /* A = [1 2 3; 4 5 6], B = [7 8; 9 10; 11 12]: AB = [58 64; 139 154]. */
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {7, 8, 9, 10, 11, 12};
+    float C[4] = {1, 1, 1, 1};
+    mg_gemm(false, false, 2, 2, 3, 1.0f, A, 3, B, 2, 0.0f, C, 2);
+    CHECK(C[0] == 58 && C[1] == 64 && C[2] == 139 && C[3] == 154);
+    /* beta accumulates, alpha scales. */
+    mg_gemm(false, false, 2, 2, 3, 0.5f, A, 3, B, 2, 1.0f, C, 2);
+    CHECK(C[0] == 87 && C[3] == 231);
+    /* A^T (A stored [3,2] = the transpose) and B^T (stored [2,3]). */
+    float At[6] = {1, 4, 2, 5, 3, 6}, Bt[6] = {7, 9, 11, 8, 10, 12};
+    mg_gemm(true, true, 2, 2, 3, 1.0f, At, 2, Bt, 3, 0.0f, C, 2);
+    CHECK(C[0] == 58 && C[1] == 64 && C[2] == 139 && C[3] == 154);
+    /* K = 0 scales C by beta only. */
+    mg_gemm(false, false, 2, 2, 0, 1.0f, A, 1, B, 2, 2.0f, C, 2);
+    CHECK(C[0] == 116 && C[3] == 308);
+}
+
+TEST(tensor_im2col_known_answer_and_adjoint)
+{
+    /* x = [1 2 3; 4 5 6; 7 8 9], 2x2 kernel, stride 2, pad 1: 2x2 outputs. */
+    float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    float col[4 * 4];
+    mg_im2col(col, 4, x, 1, 3, 3, 2, 2, 2, 1, 2, 2);
+    float expect[16] = {
+        0, 0, 0, 5,   /* tap (0,0): x[-1+2oy][-1+2ox] */
+        0, 0, 4, 6,   /* tap (0,1) */
+        0, 2, 0, 8,   /* tap (1,0) */
+        1, 3, 7, 9,   /* tap (1,1) */
+    };
+    for (int i = 0; i < 16; i++) CHECK_EQ(col[i], expect[i]);
+    /* <col2im(c), x> == <c, im2col(x)> for random c, x (stride 2, pad 1, 2 channels). */
+    mg_rng r;
+    mg_rng_init(&r, 1);
+    float xx[2 * 7 * 6], cc[2 * 9 * 4 * 3], ic[2 * 9 * 4 * 3], back[2 * 7 * 6] = {0};
+    for (int i = 0; i < 84; i++) xx[i] = mg_rng_uniform(&r) - 0.5f;
+    for (int i = 0; i < 216; i++) cc[i] = mg_rng_uniform(&r) - 0.5f;
+    int oh = (7 + 2 - 3) / 2 + 1, ow = (6 + 2 - 3) / 2 + 1;
+    CHECK_EQ(oh * ow, 12);
+    mg_im2col(ic, 12, xx, 2, 7, 6, 3, 3, 2, 1, oh, ow);
+    mg_col2im(back, cc, 12, 2, 7, 6, 3, 3, 2, 1, oh, ow);
+    double a = 0, b = 0;
+    for (int i = 0; i < 216; i++) a += (double)cc[i] * ic[i];
+    for (int i = 0; i < 84; i++) b += (double)back[i] * xx[i];
+    CHECK_NEAR(a, b, 1e-5);
+}
+
+TEST(tensor_conv_known_answer)
+{
+    /* 1 channel 3x3 input, one 2x2 filter [1 0; 0 -1], bias 0.5, stride 1. */
+    float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w[4] = {1, 0, 0, -1}, b = 0.5f, y[4];
+    mg_conv2d_shape s;
+    CHECK(mg_conv2d_shape_init(&s, 1, 3, 3, 1, 2, 2, 1, 0, false, MG_POOL_NONE));
+    CHECK(s.oh == 2 && s.ow == 2 && s.ph == 2);
+    float *ws = malloc(mg_conv2d_workspace(&s) * sizeof(float));
+    mg_conv2d_forward(y, NULL, x, w, &b, &s, 1, ws);
+    for (int i = 0; i < 4; i++) CHECK_EQ(y[i] * 2, -7);   /* x[p] - x[p+4] + 0.5 = -3.5 */
+    /* Backward of sum(y): dW[k] = sum of the inputs under tap k, db = 4,
+     * dx = how many outputs each input feeds times the tap sign. */
+    float dy[4] = {1, 1, 1, 1}, dw[4] = {0}, db = 0, dx[9];
+    mg_conv2d_backward(dx, dw, &db, dy, y, NULL, x, w, &s, 1, ws);
+    CHECK(dw[0] == 12 && dw[1] == 16 && dw[2] == 24 && dw[3] == 28 && db == 4);
+    float edx[9] = {1, 1, 0, 1, 0, -1, 0, -1, -1};
+    for (int i = 0; i < 9; i++) CHECK_EQ(dx[i], edx[i]);
+    /* Impossible geometry is refused. */
+    CHECK(!mg_conv2d_shape_init(&s, 1, 3, 3, 1, 5, 5, 1, 0, false, MG_POOL_NONE));
+    CHECK(!mg_conv2d_shape_init(&s, 1, 3, 3, 1, 3, 3, 1, 0, false, MG_POOL_AVG));
+    free(ws);
+}
+
+TEST(tensor_pool_known_answers)
+{
+    /* 5x5 plane, 2x2/2 pools in floor mode use the top-left 4x4 only. */
+    float x[25];
+    for (int i = 0; i < 25; i++) x[i] = (float)i;
+    x[0] = x[1] = 6;   /* a tie in the first window: 6 at 0, 1 and 6 */
+    float y[4], dx[25];
+    int32_t arg[4];
+    mg_avgpool2d_forward(y, x, 1, 5, 5, 2, 2);
+    CHECK(y[0] == (6 + 6 + 5 + 6) / 4.0f && y[1] == (2 + 3 + 7 + 8) / 4.0f);
+    CHECK(y[2] == (10 + 11 + 15 + 16) / 4.0f && y[3] == (12 + 13 + 17 + 18) / 4.0f);
+    mg_maxpool2d_forward(y, arg, x, 1, 5, 5, 2, 2);
+    CHECK(y[0] == 6 && arg[0] == 0);   /* first maximum in row-major order */
+    CHECK(y[1] == 8 && arg[1] == 8 && y[3] == 18 && arg[3] == 18);
+    float dy[4] = {1, 2, 3, 4};
+    mg_maxpool2d_backward(dx, dy, arg, 1, 5, 5, 2, 2);
+    CHECK(dx[0] == 1 && dx[1] == 0 && dx[6] == 0 && dx[8] == 2 && dx[16] == 3 && dx[18] == 4);
+    CHECK(dx[4] == 0 && dx[24] == 0);
+    mg_avgpool2d_backward(dx, dy, 1, 5, 5, 2, 2);
+    CHECK(dx[0] == 0.25f && dx[6] == 0.25f && dx[2] == 0.5f && dx[18] == 1.0f);
+    CHECK(dx[4] == 0 && dx[20] == 0 && dx[24] == 0);
+    /* 3x3 windows, stride 1. */
+    float z[16];
+    for (int i = 0; i < 16; i++) z[i] = (float)i;
+    mg_avgpool2d_forward(y, z, 1, 4, 4, 3, 1);
+    CHECK(y[0] == 5 && y[1] == 6 && y[2] == 9 && y[3] == 10);
+}
+
+/* ---- The fast convolution against a direct one in double ------------- */
+
+typedef struct {
+    int c, h, w, oc, k, stride, pad;
+    bool relu;
+    mg_pool_kind pool;
+    int n;
+} conv_case;
+
+static double ref_z(const conv_case *t, const float *x, const float *w, const float *b, int i,
+                    int o, int oy, int ox)
+{
+    double z = b[o];
+    for (int ci = 0; ci < t->c; ci++)
+        for (int ki = 0; ki < t->k; ki++)
+            for (int kj = 0; kj < t->k; kj++) {
+                int iy = oy * t->stride - t->pad + ki, ix = ox * t->stride - t->pad + kj;
+                if (iy < 0 || iy >= t->h || ix < 0 || ix >= t->w) continue;
+                z += (double)w[((o * t->c + ci) * t->k + ki) * t->k + kj] *
+                     x[((size_t)(i * t->c + ci) * t->h + iy) * t->w + ix];
+            }
+    return z;
+}
+
+static void check_conv(const conv_case *t, uint64_t seed)
+{
+    mg_conv2d_shape s;
+    CHECK(mg_conv2d_shape_init(&s, t->c, t->h, t->w, t->oc, t->k, t->k, t->stride, t->pad,
+                               t->relu, t->pool));
+    int oh = s.oh, ow = s.ow, ph = s.ph, pw = s.pw;
+    size_t nx = (size_t)t->n * t->c * t->h * t->w, nw = (size_t)t->oc * t->c * t->k * t->k;
+    size_t ny = (size_t)t->n * t->oc * ph * pw, nz = (size_t)t->n * t->oc * oh * ow;
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(t->oc * 4), *y = malloc(ny * 4);
+    float *dy = malloc(ny * 4), *dx = malloc(nx * 4), *dw = calloc(nw, 4), *db = calloc(t->oc, 4);
+    double *z = malloc(nz * 8), *gz = calloc(nz, 8);
+    uint8_t *saved = malloc(mg_conv2d_saved_bytes(&s) * t->n + 1);
+    float *ws = malloc(mg_conv2d_workspace(&s) * 4);
+    mg_rng r;
+    mg_rng_init(&r, seed);
+    for (size_t i = 0; i < nx; i++) x[i] = mg_rng_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < nw; i++) w[i] = mg_rng_uniform(&r) - 0.5f;
+    for (int i = 0; i < t->oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
+    for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
+    mg_conv2d_forward(y, saved, x, w, b, &s, t->n, ws);
+    mg_conv2d_backward(dx, dw, db, dy, y, saved, x, w, &s, t->n, ws);
+    /* Reference forward, then the gradient of each pre-activation. */
+    for (int i = 0; i < t->n; i++)
+        for (int o = 0; o < t->oc; o++)
+            for (int oy = 0; oy < oh; oy++)
+                for (int ox = 0; ox < ow; ox++)
+                    z[((size_t)(i * t->oc + o) * oh + oy) * ow + ox] = ref_z(t, x, w, b, i, o, oy, ox);
+    for (int i = 0; i < t->n; i++)
+        for (int o = 0; o < t->oc; o++) {
+            double *zp = z + (size_t)(i * t->oc + o) * oh * ow, *gp = gz + (size_t)(i * t->oc + o) * oh * ow;
+            const float *yp = y + (size_t)(i * t->oc + o) * ph * pw, *gy = dy + (size_t)(i * t->oc + o) * ph * pw;
+            for (int py = 0; py < ph; py++)
+                for (int px = 0; px < pw; px++) {
+                    double out, g = gy[py * pw + px];
+                    if (t->pool == MG_POOL_NONE) {
+                        double v = zp[py * ow + px];
+                        out = t->relu && v <= 0 ? 0 : v;
+                        gp[py * ow + px] = t->relu && v <= 0 ? 0 : g;
+                    } else {
+                        int idx[4] = {2 * py * ow + 2 * px, 2 * py * ow + 2 * px + 1,
+                                      (2 * py + 1) * ow + 2 * px, (2 * py + 1) * ow + 2 * px + 1};
+                        if (t->pool == MG_POOL_AVG) {
+                            out = 0;
+                            for (int q = 0; q < 4; q++) {
+                                double v = zp[idx[q]];
+                                bool on = !t->relu || v > 0;
+                                out += on ? v / 4 : 0;
+                                gp[idx[q]] = on ? g / 4 : 0;
+                            }
+                        } else {
+                            int a = 0;
+                            for (int q = 1; q < 4; q++)
+                                if (zp[idx[q]] > zp[idx[a]]) a = q;
+                            out = zp[idx[a]];
+                            if (t->relu && out <= 0) out = 0;
+                            else gp[idx[a]] = g;
+                        }
+                    }
+                    CHECK_MSG(fabs(yp[py * pw + px] - out) < 1e-5, "y[%d,%d,%d,%d]: %g vs %g",
+                              i, o, py, px, yp[py * pw + px], out);
+                }
+        }
+    /* dW, db and dx from the pre-activation gradients. */
+    for (int o = 0; o < t->oc; o++) {
+        double sb = 0;
+        for (int i = 0; i < t->n; i++)
+            for (int p = 0; p < oh * ow; p++) sb += gz[(size_t)(i * t->oc + o) * oh * ow + p];
+        CHECK_NEAR(db[o], sb, 1e-4);
+    }
+    double *rdx = calloc(nx, 8), *rdw = calloc(nw, 8);
+    for (int i = 0; i < t->n; i++)
+        for (int o = 0; o < t->oc; o++)
+            for (int oy = 0; oy < oh; oy++)
+                for (int ox = 0; ox < ow; ox++) {
+                    double g = gz[((size_t)(i * t->oc + o) * oh + oy) * ow + ox];
+                    if (g == 0) continue;
+                    for (int ci = 0; ci < t->c; ci++)
+                        for (int ki = 0; ki < t->k; ki++)
+                            for (int kj = 0; kj < t->k; kj++) {
+                                int iy = oy * t->stride - t->pad + ki, ix = ox * t->stride - t->pad + kj;
+                                if (iy < 0 || iy >= t->h || ix < 0 || ix >= t->w) continue;
+                                size_t xi = ((size_t)(i * t->c + ci) * t->h + iy) * t->w + ix;
+                                size_t wi = (size_t)((o * t->c + ci) * t->k + ki) * t->k + kj;
+                                rdx[xi] += g * w[wi];
+                                rdw[wi] += g * x[xi];
+                            }
+                }
+    for (size_t i = 0; i < nw; i++) CHECK_MSG(fabs(dw[i] - rdw[i]) < 1e-4, "dw[%zu]: %g vs %g", i, dw[i], rdw[i]);
+    for (size_t i = 0; i < nx; i++) CHECK_MSG(fabs(dx[i] - rdx[i]) < 1e-5, "dx[%zu]: %g vs %g", i, dx[i], rdx[i]);
+    free(x); free(w); free(b); free(y); free(dy); free(dx); free(dw); free(db);
+    free(z); free(gz); free(saved); free(ws); free(rdx); free(rdw);
+}
+
+TEST(tensor_conv_matches_direct)
+{
+    conv_case cases[] = {
+        {1, 28, 28, 6, 5, 1, 2, true, MG_POOL_MAX, 3},     /* lenet5 conv1 */
+        {6, 14, 14, 16, 5, 1, 0, true, MG_POOL_MAX, 3},    /* lenet5 conv2 */
+        {1, 28, 28, 20, 3, 1, 0, true, MG_POOL_AVG, 2},    /* lenet-d2l conv1 */
+        {20, 13, 13, 50, 5, 1, 0, true, MG_POOL_AVG, 2},   /* lenet-d2l conv2 (9x9: floor) */
+        {3, 9, 8, 4, 3, 2, 1, false, MG_POOL_NONE, 3},     /* stride 2, padding 1 */
+        {2, 7, 7, 3, 3, 3, 2, true, MG_POOL_NONE, 2},      /* stride 3, padding 2 */
+        {2, 9, 9, 3, 3, 1, 0, false, MG_POOL_AVG, 2},
+        {2, 9, 9, 3, 3, 1, 0, false, MG_POOL_MAX, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv(&cases[i], 100 + i);
+}
+
+TEST(tensor_conv_chunked_matches_direct)
+{
+    /* A tiny chunk budget: the batch spans several im2col chunks, the last
+     * one short. */
+    setenv("MG_CONV_CHUNK_KB", "16", 1);
+    conv_case t = {2, 6, 6, 4, 3, 1, 1, true, MG_POOL_AVG, 7};
+    mg_conv2d_shape s;
+    CHECK(mg_conv2d_shape_init(&s, 2, 6, 6, 4, 3, 3, 1, 1, true, MG_POOL_AVG));
+    CHECK(s.chunk > 1 && s.chunk < 7 && 7 % s.chunk != 0);
+    check_conv(&t, 7);
+}
+
+TEST(tensor_linear_and_relu)
+{
+    /* y = x W^T + b with W = [1 2; 3 4; 5 6] (3 outputs, 2 inputs). */
+    float x[4] = {1, -1, 2, 0.5f}, w[6] = {1, 2, 3, 4, 5, 6}, b[3] = {0.5f, -10, 0};
+    float y[6];
+    mg_linear_forward(y, x, w, b, 2, 2, 3, false);
+    float e[6] = {-0.5f, -11, -1, 3.5f, -2, 13};
+    for (int i = 0; i < 6; i++) CHECK_EQ(y[i] * 2, e[i] * 2);
+    mg_linear_forward(y, x, w, b, 2, 2, 3, true);
+    CHECK(y[0] == 0 && y[1] == 0 && y[3] == 3.5f && y[5] == 13);
+    float dy[6] = {1, 1, 1, 1, 1, 1}, dw[6] = {0}, db[3] = {0}, dx[4];
+    mg_linear_backward(dx, dw, db, dy, y, x, w, 2, 2, 3, true);
+    /* Only outputs (1,0) and (1,2) are active. */
+    CHECK(db[0] == 1 && db[1] == 0 && db[2] == 1);
+    CHECK(dw[0] == 2 && dw[1] == 0.5f && dw[4] == 2 && dw[5] == 0.5f && dw[2] == 0);
+    CHECK(dx[0] == 0 && dx[1] == 0 && dx[2] == 6 && dx[3] == 8);
+    float r[4] = {-1, 0, 2, -0.0f}, ry[4], rdx[4];
+    mg_relu_forward(ry, r, 4);
+    CHECK(ry[0] == 0 && ry[1] == 0 && ry[2] == 2 && ry[3] == 0);
+    mg_relu_backward(rdx, (float[]){5, 5, 5, 5}, ry, 4);
+    CHECK(rdx[0] == 0 && rdx[1] == 0 && rdx[2] == 5 && rdx[3] == 0);
+}

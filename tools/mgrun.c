@@ -1,0 +1,738 @@
+/* mgrun — the multigrad launcher, in the manner of torchrun:
+ *   mgrun [options] PROGRAM [ARGS...]
+ * starts nproc-per-node workers on this node, each with the environment a
+ * process group is initialised from (RANK, WORLD_SIZE, LOCAL_RANK, ...,
+ * MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET), watches them, and when one
+ * fails stops the others (SIGTERM to each worker's process group, SIGKILL
+ * after MG_GRACE seconds) and reports who failed and how. With
+ * --max-restarts N the whole local job is started again up to N times.
+ *
+ * Limits: it is not an elastic agent. It serves no store (rank 0 does),
+ * and on a multi-node job each node restarts only its own workers — the
+ * other nodes restart theirs when their workers fail on losing a peer.
+ * One thread: signals arrive through a self-pipe and everything (worker
+ * exits, forwarded output, grace deadlines) is handled in one poll loop. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "multigrad/core.h"
+
+#define BAD_INPUT 2
+#define LINE_CAP 65536          /* longer lines are forwarded in pieces */
+
+typedef struct {
+    int nproc, nnodes, node_rank, max_restarts;
+    int master_port;            /* 0: a free port is chosen per attempt */
+    const char *master_addr;
+    bool tag_output;
+    char **prog;                /* PROGRAM ARGS... (NULL-terminated) */
+    char secret[80];
+    double grace;               /* seconds between SIGTERM and SIGKILL */
+} options;
+
+/* A worker's stdout or stderr under --tag-output: lines are collected
+ * so that each one reaches mgrun's output whole, behind its prefix. */
+typedef struct {
+    int fd;                     /* read end; -1 once closed */
+    int out_fd;                 /* 1 or 2 */
+    int rank;
+    char *buf;
+    size_t len;
+    bool mid_line;              /* a piece of a long line went out already */
+} stream;
+
+typedef struct {
+    int rank;
+    pid_t pid;                  /* also its process group */
+    bool running, root_failure;
+    int status;                 /* as from waitpid */
+    stream out[2];
+} worker;
+
+static int sig_pipe[2] = {-1, -1};
+static bool out_broken[3];     /* mgrun's stdout/stderr closed (EPIPE) */
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    unsigned char c = (unsigned char)sig;
+    if (write(sig_pipe[1], &c, 1) < 0) { /* pipe full: a wakeup is pending anyway */ }
+    errno = saved;
+}
+
+static const int handled_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+#define N_HANDLED (int)(sizeof handled_signals / sizeof *handled_signals)
+
+static const char *sig_name(int sig)
+{
+    const char *s = sigabbrev_np(sig);
+    static char buf[24];
+    snprintf(buf, sizeof buf, "SIG%s", s ? s : "?");
+    return buf;
+}
+
+/* ---- command line ------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: mgrun [options] PROGRAM [ARGS...]\n"
+"Starts PROGRAM as the workers of a multigrad job on this node, in the\n"
+"manner of torchrun, and stops them all when one fails.\n"
+"\n"
+"  -n, --nproc-per-node N  workers on this node (default 1; 'auto': one per CPU)\n"
+"      --nnodes N          nodes in the job (default 1)\n"
+"      --node-rank R       this node's index, 0..nnodes-1 (default 0)\n"
+"      --master-addr HOST  address of rank 0's store (default 127.0.0.1)\n"
+"      --master-port PORT  its port (default on one node: a free port;\n"
+"                          required with --nnodes > 1)\n"
+"      --max-restarts N    restart the whole job up to N times after a\n"
+"                          failure (default 0)\n"
+"      --tag-output        prefix each output line with \"[rank]: \"\n"
+"  -h, --help              this help\n"
+"(torchrun's spellings with '_', e.g. --nproc_per_node, are accepted too.)\n"
+"\n"
+"Each worker gets RANK (node_rank * nproc + local rank), WORLD_SIZE,\n"
+"LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and NODE_RANK (the node rank),\n"
+"GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET and\n"
+"MG_RESTART_COUNT (0, then 1 after the first restart, ...); with more than\n"
+"one worker, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are set to 1 unless\n"
+"already set. Workers read stdin from /dev/null and run in their own\n"
+"process groups.\n"
+"\n"
+"The job secret: MG_JOB_SECRET if set (at least 16 characters), else 32\n"
+"random bytes in hex. A multi-node job needs the same MG_JOB_SECRET on\n"
+"every node, e.g. export MG_JOB_SECRET=$(openssl rand -hex 32).\n"
+"\n"
+"SIGINT, SIGTERM and SIGHUP are forwarded to the workers (a second one\n"
+"kills them). When a worker exits non-zero or is killed, the others get\n"
+"SIGTERM, then SIGKILL after MG_GRACE seconds (default 5).\n"
+"Exit status: 0 when every worker succeeded; else the failed worker's exit\n"
+"status (128 + N if killed by signal N; 128 + N when mgrun was stopped by\n"
+"signal N); 2 for bad options.\n");
+}
+
+/* Prints one line about bad input and exits with status 2. */
+static void __attribute__((noreturn, format(printf, 1, 2))) bad_input(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "mgrun: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    exit(BAD_INPUT);
+}
+
+static int parse_int(const char *flag, const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        bad_input("%s: '%s' is not a whole number", flag, s);
+    if (v < lo || v > hi)
+        bad_input("%s: %ld is out of range (%ld..%ld)", flag, v, lo, hi);
+    return (int)v;
+}
+
+/* Fails early, with a clear line, for what execvp would refuse. */
+static void check_program(const char *name)
+{
+    struct stat st;
+    if (strchr(name, '/')) {
+        if (stat(name, &st) != 0) bad_input("cannot run '%s': %s", name, strerror(errno));
+        if (S_ISDIR(st.st_mode)) bad_input("cannot run '%s': it is a directory", name);
+        if (access(name, X_OK) != 0)
+            bad_input("cannot run '%s': %s", name, strerror(errno));
+        return;
+    }
+    const char *path = getenv("PATH");
+    if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+    bool seen = false;
+    for (const char *p = path;; ) {
+        const char *colon = strchrnul(p, ':');
+        char full[PATH_MAX];
+        int dlen = (int)(colon - p);
+        snprintf(full, sizeof full, "%.*s%s%s", dlen, p, dlen ? "/" : "", name);
+        if (stat(full, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            if (access(full, X_OK) == 0) return;
+            seen = true;
+        }
+        if (!*colon) break;
+        p = colon + 1;
+    }
+    bad_input("cannot run '%s': %s", name,
+              seen ? "permission denied (not executable)" : "not found in PATH");
+}
+
+enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG };
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    static const struct option longs[] = {
+        {"nproc-per-node", required_argument, NULL, 'n'},
+        {"nproc_per_node", required_argument, NULL, 'n'},
+        {"nnodes", required_argument, NULL, OPT_NNODES},
+        {"node-rank", required_argument, NULL, OPT_NODE_RANK},
+        {"node_rank", required_argument, NULL, OPT_NODE_RANK},
+        {"master-addr", required_argument, NULL, OPT_ADDR},
+        {"master_addr", required_argument, NULL, OPT_ADDR},
+        {"master-port", required_argument, NULL, OPT_PORT},
+        {"master_port", required_argument, NULL, OPT_PORT},
+        {"max-restarts", required_argument, NULL, OPT_RESTARTS},
+        {"max_restarts", required_argument, NULL, OPT_RESTARTS},
+        {"tag-output", no_argument, NULL, OPT_TAG},
+        {"help", no_argument, NULL, 'h'},
+        {0}};
+    *o = (options){.nproc = 1, .nnodes = 1, .master_addr = "127.0.0.1"};
+    opterr = 0;   /* our own one-line messages */
+    int c;
+    /* '+': stop at PROGRAM, so its own flags are left to it. */
+    while ((c = getopt_long(argc, argv, "+:n:h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            if (strcmp(optarg, "auto") == 0) {
+                long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+                o->nproc = cpus > 0 ? (int)cpus : 1;
+            } else {
+                o->nproc = parse_int("--nproc-per-node", optarg, 1, 4096);
+            }
+            break;
+        case OPT_NNODES: o->nnodes = parse_int("--nnodes", optarg, 1, 65536); break;
+        case OPT_NODE_RANK: o->node_rank = parse_int("--node-rank", optarg, 0, 65535); break;
+        case OPT_ADDR:
+            if (!*optarg) bad_input("--master-addr: empty address");
+            o->master_addr = optarg;
+            break;
+        case OPT_PORT: o->master_port = parse_int("--master-port", optarg, 1, 65535); break;
+        case OPT_RESTARTS:
+            o->max_restarts = parse_int("--max-restarts", optarg, 0, 1000000);
+            break;
+        case OPT_TAG: o->tag_output = true; break;
+        case 'h': usage(stdout); exit(0);
+        case ':':
+            bad_input("option '%s' needs a value (see mgrun --help)", argv[optind - 1]);
+        default:
+            if (optopt)
+                bad_input("unknown option '-%c' (see mgrun --help)", optopt);
+            bad_input("unknown or ambiguous option '%s' (see mgrun --help)", argv[optind - 1]);
+        }
+    }
+    if (optind >= argc)
+        bad_input("no program to run (usage: mgrun [options] PROGRAM [ARGS...]; "
+                  "see mgrun --help)");
+    o->prog = argv + optind;
+    if (o->node_rank >= o->nnodes)
+        bad_input("--node-rank %d is out of range for --nnodes %d (0..%d)",
+                  o->node_rank, o->nnodes, o->nnodes - 1);
+    if ((long)o->nproc * o->nnodes > (1L << 24))
+        bad_input("a world of %ld workers is more than mgrun supports (%ld)",
+                  (long)o->nproc * o->nnodes, 1L << 24);
+    if (o->nnodes > 1 && o->master_port == 0)
+        bad_input("--nnodes %d needs --master-port (the same on every node)", o->nnodes);
+    const char *secret = getenv("MG_JOB_SECRET");
+    if (secret && *secret) {
+        if (strlen(secret) < 16 || strlen(secret) >= sizeof o->secret)
+            bad_input("MG_JOB_SECRET must have 16 to %zu characters (it has %zu); "
+                      "e.g. export MG_JOB_SECRET=$(openssl rand -hex 32)",
+                      sizeof o->secret - 1, strlen(secret));
+        snprintf(o->secret, sizeof o->secret, "%s", secret);
+    } else if (o->nnodes > 1) {
+        bad_input("--nnodes %d needs MG_JOB_SECRET set to the same value on every "
+                  "node; e.g. export MG_JOB_SECRET=$(openssl rand -hex 32)", o->nnodes);
+    }
+    check_program(o->prog[0]);
+    o->grace = mg_env_double("MG_GRACE", 5.0);
+    if (o->grace < 0) o->grace = 0;
+}
+
+/* 32 random bytes in hex: every connection of the job proves it knows it. */
+static int make_secret(char *hex)
+{
+    unsigned char b[32];
+    if (RAND_bytes(b, sizeof b) != 1 &&
+        getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+        return -1;
+    for (size_t i = 0; i < sizeof b; i++) sprintf(hex + 2 * i, "%02x", b[i]);
+    return 0;
+}
+
+/* A port free now: bind port 0 and read back what the kernel chose. Rank
+ * 0 binds it a moment later; another process could take it between the
+ * two (as with torchrun), which shows up as a clear bind error there. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* ---- output forwarding -------------------------------------------------- */
+
+static void write_out(int fd, const char *p, size_t n)
+{
+    while (n > 0 && !out_broken[fd]) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            out_broken[fd] = true;   /* e.g. mgrun | head: keep draining workers */
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Forwarded output is gathered here and written in large pieces (one
+ * write per line would cost a system call per line); it is flushed at
+ * line boundaries, before pump returns. */
+#define OUT_CAP (4 * LINE_CAP)
+static struct { char buf[OUT_CAP]; size_t len; } outq[3];
+
+static void out_flush(int fd)
+{
+    write_out(fd, outq[fd].buf, outq[fd].len);
+    outq[fd].len = 0;
+}
+
+/* Queues p[0..n) (a whole line, or a piece of a long one), prefixed when
+ * it starts a line; `newline` ends an unterminated last line at EOF. */
+static void emit(stream *s, const char *p, size_t n, bool newline)
+{
+    int fd = s->out_fd;
+    if (outq[fd].len + n + 32 > OUT_CAP) out_flush(fd);
+    char *out = outq[fd].buf + outq[fd].len;
+    size_t k = 0;
+    if (!s->mid_line) k = (size_t)snprintf(out, 32, "[%d]: ", s->rank);
+    memcpy(out + k, p, n);
+    k += n;
+    if (newline) out[k++] = '\n';
+    outq[fd].len += k;
+    s->mid_line = !(newline || (n > 0 && p[n - 1] == '\n'));
+}
+
+/* Reads what is available, at most max_reads times so that a chatty
+ * worker cannot keep the loop from its other duties; forwards complete
+ * lines. Returns false at EOF. */
+static bool pump(stream *s, int max_reads)
+{
+    for (int reads = 0; reads < max_reads; reads++) {
+        ssize_t r = read(s->fd, s->buf + s->len, LINE_CAP - s->len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) break;
+        if (r <= 0) {   /* EOF, or an error that ends this stream */
+            if (s->len > 0 || s->mid_line) emit(s, s->buf, s->len, true);
+            s->len = 0;
+            out_flush(s->out_fd);
+            return false;
+        }
+        s->len += (size_t)r;
+        size_t start = 0;
+        for (size_t i = s->len - (size_t)r; i < s->len; i++)
+            if (s->buf[i] == '\n') {
+                emit(s, s->buf + start, i + 1 - start, false);
+                start = i + 1;
+            }
+        memmove(s->buf, s->buf + start, s->len - start);
+        s->len -= start;
+        if (s->len == LINE_CAP) {
+            emit(s, s->buf, s->len, false);
+            s->len = 0;
+        }
+    }
+    out_flush(s->out_fd);
+    return true;
+}
+
+static void close_stream(stream *s)
+{
+    if (s->fd >= 0) close(s->fd);
+    s->fd = -1;
+    free(s->buf);
+    s->buf = NULL;
+}
+
+/* ---- workers ------------------------------------------------------------ */
+
+static void set_env_int(const char *name, long v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    setenv(name, buf, 1);
+}
+
+/* In the child between fork and exec (mgrun has one thread, so setenv and
+ * stdio are safe here). */
+static void __attribute__((noreturn))
+exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
+            const int out_pipe[2], const int err_pipe[2])
+{
+    setpgid(0, 0);
+    /* A launcher killed outright (SIGKILL) takes its workers with it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    for (int i = 0; i < N_HANDLED; i++) signal(handled_signals[i], SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);   /* mgrun ignores it; an ignored signal survives exec */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0 && null != 0) {
+        dup2(null, 0);
+        close(null);
+    }
+    if (o->tag_output) {
+        dup2(out_pipe[1], 1);
+        dup2(err_pipe[1], 2);
+    }
+    long world = (long)o->nproc * o->nnodes;
+    set_env_int("RANK", (long)o->node_rank * o->nproc + local);
+    set_env_int("WORLD_SIZE", world);
+    set_env_int("LOCAL_RANK", local);
+    set_env_int("LOCAL_WORLD_SIZE", o->nproc);
+    set_env_int("GROUP_RANK", o->node_rank);
+    set_env_int("NODE_RANK", o->node_rank);
+    set_env_int("GROUP_WORLD_SIZE", o->nnodes);
+    setenv("MASTER_ADDR", o->master_addr, 1);
+    set_env_int("MASTER_PORT", port);
+    setenv("MG_JOB_SECRET", o->secret, 1);
+    set_env_int("MG_RESTART_COUNT", attempt);
+    if (o->nproc > 1) {
+        /* Ranks, not threads, use the cores (as torchrun does for OMP). */
+        setenv("OMP_NUM_THREADS", "1", 0);
+        setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    }
+    execvp(o->prog[0], o->prog);
+    fprintf(stderr, "mgrun: cannot run '%s': %s\n", o->prog[0], strerror(errno));
+    _exit(127);
+}
+
+/* Starts one worker; -1 (with a message) if it could not be started. */
+static int spawn(const options *o, worker *w, int local, int port, int attempt)
+{
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    char *bufs[2] = {NULL, NULL};
+    w->out[0].fd = w->out[1].fd = -1;
+    if (o->tag_output) {
+        bufs[0] = malloc(LINE_CAP);
+        bufs[1] = malloc(LINE_CAP);
+        if (!bufs[0] || !bufs[1] || pipe2(out_pipe, O_CLOEXEC) || pipe2(err_pipe, O_CLOEXEC)) {
+            fprintf(stderr, "mgrun: cannot start rank %d: %s\n", w->rank,
+                    bufs[1] ? strerror(errno) : "out of memory");
+            for (int k = 0; k < 2; k++) {
+                if (out_pipe[k] >= 0) close(out_pipe[k]);
+                if (err_pipe[k] >= 0) close(err_pipe[k]);
+                free(bufs[k]);
+            }
+            return -1;
+        }
+    }
+    /* Signals stay blocked across fork so that none runs mgrun's handler
+     * in the child before it has restored the defaults. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (int i = 0; i < N_HANDLED; i++) sigaddset(&block, handled_signals[i]);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) exec_worker(o, local, port, attempt, parent, out_pipe, err_pipe);
+    int fork_errno = errno;
+    if (pid > 0) setpgid(pid, pid);   /* also done by the child: whichever runs first */
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (o->tag_output) {
+        close(out_pipe[1]);
+        close(err_pipe[1]);
+    }
+    if (pid < 0) {
+        fprintf(stderr, "mgrun: cannot start rank %d: fork: %s\n", w->rank, strerror(fork_errno));
+        if (o->tag_output) {
+            close(out_pipe[0]);
+            close(err_pipe[0]);
+        }
+        free(bufs[0]);
+        free(bufs[1]);
+        return -1;
+    }
+    w->pid = pid;
+    w->running = true;
+    if (o->tag_output) {
+        int fds[2] = {out_pipe[0], err_pipe[0]};
+        for (int k = 0; k < 2; k++) {
+            fcntl(fds[k], F_SETFL, O_NONBLOCK);
+            w->out[k] = (stream){.fd = fds[k], .out_fd = k + 1, .rank = w->rank, .buf = bufs[k]};
+        }
+    }
+    return 0;
+}
+
+static bool succeeded(int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+
+static int exit_code(int st)
+{
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void describe(char *buf, size_t cap, const worker *w)
+{
+    if (WIFEXITED(w->status))
+        snprintf(buf, cap, "rank %d (pid %d) exited with status %d", w->rank,
+                 (int)w->pid, WEXITSTATUS(w->status));
+    else
+        snprintf(buf, cap, "rank %d (pid %d) was killed by signal %d (%s)%s", w->rank,
+                 (int)w->pid, WTERMSIG(w->status), sig_name(WTERMSIG(w->status)),
+                 WCOREDUMP(w->status) ? ", core dumped" : "");
+}
+
+/* ---- one attempt -------------------------------------------------------- */
+
+typedef struct {
+    int nw;
+    worker *w;
+    int running;
+    bool stopping, killed;
+    double deadline;            /* SIGKILL then, while stopping */
+    int stopped;                /* workers still running when the stop began */
+    int interrupted;            /* the signal that stopped mgrun, or 0 */
+    int n_root;                 /* failures that started the stop */
+    int first_root;             /* index of the first one */
+    int n_killed;               /* workers that needed SIGKILL */
+} job;
+
+static void signal_all(job *j, int sig)
+{
+    for (int i = 0; i < j->nw; i++)
+        if (j->w[i].running && kill(-j->w[i].pid, sig) != 0 && errno == ESRCH)
+            kill(j->w[i].pid, sig);   /* not yet its own group leader */
+}
+
+static void begin_stop(job *j, int sig, double grace)
+{
+    j->stopped = j->running;
+    j->stopping = true;
+    j->deadline = mg_now() + grace;
+    signal_all(j, sig);
+}
+
+static void reap(job *j, double grace)
+{
+    int st;
+    pid_t pid;
+    bool new_failure = false;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; i < j->nw; i++) {
+            worker *w = &j->w[i];
+            if (!w->running || w->pid != pid) continue;
+            w->running = false;
+            w->status = st;
+            j->running--;
+            if (!succeeded(st) && !j->stopping) {
+                w->root_failure = true;
+                if (j->n_root++ == 0) j->first_root = i;
+                new_failure = true;
+            }
+        }
+    }
+    if (new_failure) begin_stop(j, SIGTERM, grace);
+}
+
+static void on_user_signal(job *j, int sig, double grace)
+{
+    if (j->interrupted) {
+        fprintf(stderr, "mgrun: %s again; killing the workers\n", sig_name(sig));
+        j->n_killed = j->running;
+        signal_all(j, SIGKILL);
+        j->killed = true;
+        return;
+    }
+    j->interrupted = sig;
+    if (j->stopping) {
+        signal_all(j, sig);
+        return;
+    }
+    begin_stop(j, sig, grace);
+}
+
+/* Runs the workers until all have exited; returns mgrun's exit status.
+ * *may_restart: the job failed on its own (not interrupted, not mgrun's
+ * own trouble), so --max-restarts applies. */
+static int run_attempt(const options *o, int attempt, int port, bool *may_restart)
+{
+    *may_restart = false;
+    size_t nfd = 1 + 2 * (size_t)o->nproc;
+    job j = {.nw = o->nproc};
+    j.w = calloc((size_t)o->nproc, sizeof *j.w);
+    struct pollfd *pfd = calloc(nfd, sizeof *pfd);
+    stream **ps = calloc(nfd, sizeof *ps);
+    if (!j.w || !pfd || !ps) {
+        fprintf(stderr, "mgrun: out of memory\n");
+        free(j.w);
+        free(pfd);
+        free(ps);
+        return 1;
+    }
+    int rc = 0;
+    for (int i = 0; i < o->nproc; i++) {
+        j.w[i].rank = o->node_rank * o->nproc + i;
+        if (spawn(o, &j.w[i], i, port, attempt) != 0) {
+            rc = 1;
+            begin_stop(&j, SIGTERM, o->grace);
+            break;
+        }
+        j.running++;
+    }
+    mg_debug("mgrun attempt %d: %d worker(s), ranks %d..%d of %d, master %s:%d", attempt,
+             o->nproc, o->node_rank * o->nproc, (o->node_rank + 1) * o->nproc - 1,
+             o->nproc * o->nnodes, o->master_addr, port);
+
+    while (j.running > 0) {
+        int np = 0;
+        pfd[np++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+        for (int i = 0; i < j.nw; i++)
+            for (int k = 0; k < 2; k++)
+                if (j.w[i].out[k].fd >= 0) {
+                    ps[np] = &j.w[i].out[k];
+                    pfd[np++] = (struct pollfd){.fd = j.w[i].out[k].fd, .events = POLLIN};
+                }
+        int timeout = -1;
+        if (j.stopping && !j.killed) {
+            double left = j.deadline - mg_now();
+            timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
+        }
+        int n = poll(pfd, (nfds_t)np, timeout);
+        if (n < 0 && errno != EINTR) {
+            /* Cannot watch the workers any more: end the job rather than hang. */
+            fprintf(stderr, "mgrun: poll: %s; killing the workers\n", strerror(errno));
+            signal_all(&j, SIGKILL);
+            j.killed = true;
+            rc = 1;
+        }
+        if (n > 0 && (pfd[0].revents & POLLIN)) {
+            unsigned char sigs[64];
+            ssize_t r;
+            while ((r = read(sig_pipe[0], sigs, sizeof sigs)) > 0)
+                for (ssize_t k = 0; k < r; k++)
+                    if (sigs[k] != SIGCHLD) on_user_signal(&j, sigs[k], o->grace);
+        }
+        for (int k = 1; n > 0 && k < np; k++)
+            if (pfd[k].revents && !pump(ps[k], 4)) close_stream(ps[k]);
+        reap(&j, o->grace);
+        if (j.stopping && !j.killed && j.running > 0 && mg_now() >= j.deadline) {
+            j.n_killed = j.running;
+            signal_all(&j, SIGKILL);
+            j.killed = true;
+        }
+    }
+    /* Everything a worker wrote before it exited is in its pipe now; a
+     * child it left behind may hold the pipe open (and keep writing), so
+     * read what is there, without waiting for EOF. */
+    for (int i = 0; i < j.nw; i++)
+        for (int k = 0; k < 2; k++)
+            if (j.w[i].out[k].fd >= 0) {
+                stream *s = &j.w[i].out[k];
+                if (pump(s, 4096) && (s->len > 0 || s->mid_line)) {
+                    emit(s, s->buf, s->len, true);
+                    out_flush(s->out_fd);
+                }
+                close_stream(s);
+            }
+
+    char *msg = NULL;
+    size_t msg_len = 0;
+    FILE *m = open_memstream(&msg, &msg_len);
+    if (m && j.n_root > 0) {
+        fprintf(m, "mgrun: ");
+        for (int i = 0, k = 0; i < j.nw; i++) {
+            if (!j.w[i].root_failure) continue;
+            char d[160];
+            describe(d, sizeof d, &j.w[i]);
+            fprintf(m, "%s%s", k++ ? ", " : "", d);
+        }
+        if (j.stopped > 0)
+            fprintf(m, "; stopped the other %d worker(s)", j.stopped);
+        else if (j.nw > 1)
+            fprintf(m, "; no other worker was running");
+        if (j.n_killed > 0 && !j.interrupted)
+            fprintf(m, " (%d with SIGKILL after %g s of SIGTERM)", j.n_killed, o->grace);
+        fprintf(m, "\n");
+        rc = exit_code(j.w[j.first_root].status);
+        *may_restart = rc != 0 && !j.interrupted;
+    }
+    if (m && j.interrupted) {
+        fprintf(m, "mgrun: stopped by %s; forwarded it to %d running worker(s)",
+                sig_name(j.interrupted), j.stopped);
+        if (j.n_killed) fprintf(m, "; killed %d", j.n_killed);
+        fprintf(m, "\n");
+        rc = 128 + j.interrupted;
+    }
+    if (m) fclose(m);
+    if (msg_len) write_out(2, msg, msg_len);
+    free(msg);
+    free(j.w);
+    free(pfd);
+    free(ps);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    parse_args(argc, argv, &o);
+    if (!o.secret[0] && make_secret(o.secret) != 0) {
+        fprintf(stderr, "mgrun: cannot draw the job secret: %s\n", strerror(errno));
+        return 1;
+    }
+    if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < N_HANDLED; i++) sigaction(handled_signals[i], &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    for (int attempt = 0;; attempt++) {
+        int port = o.master_port ? o.master_port : free_port();
+        if (port <= 0) {
+            fprintf(stderr, "mgrun: cannot find a free port: %s; give one with --master-port\n",
+                    strerror(errno));
+            return 1;
+        }
+        bool may_restart;
+        int rc = run_attempt(&o, attempt, port, &may_restart);
+        if (rc == 0 || !may_restart) return rc;
+        if (attempt >= o.max_restarts) {
+            if (o.max_restarts > 0)
+                fprintf(stderr, "mgrun: giving up after %d restart(s)\n", o.max_restarts);
+            return rc;
+        }
+        fprintf(stderr, "mgrun: restarting all %d worker(s) (restart %d of %d)\n",
+                o.nproc, attempt + 1, o.max_restarts);
+    }
+}
