@@ -219,6 +219,7 @@ int main(int argc, char **argv)
         if (matches(&tests[i], argc, argv, optind)) sel[n_sel++] = i;
     if (list) {
         for (int k = 0; k < n_sel; k++) printf("%s  (%s)\n", tests[sel[k]].name, tests[sel[k]].file);
+        free(sel);
         return 0;
     }
     running *run = calloc((size_t)jobs, sizeof *run);
@@ -288,6 +289,9 @@ int main(int argc, char **argv)
             active--;
         }
     }
+    free(sel);
+    free(run);
+    free(tests);
     printf("ran %d tests in %.1f s\n", n_sel, mg_now() - t0);
     if (skipped)
         printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);

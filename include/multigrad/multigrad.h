@@ -9,4 +9,7 @@
 #include "data.h"
 #include "checkpoint.h"
 #include "comm.h"
+#include "parallel.h"
+#include "plot.h"
+#include "trace.h"
 #endif

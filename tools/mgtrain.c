@@ -1,0 +1,480 @@
+/* mgtrain — train a zoo model on Fashion-MNIST (or MNIST) from the command
+ * line. One process; each epoch reports train loss and accuracy, test
+ * accuracy, seconds and images/s; a metrics log (CSV or JSON lines) and an
+ * SVG plot of loss and accuracy are written next to each other; checkpoints
+ * are safetensors, written atomically, and --resume continues exactly
+ * where one left off.
+ *
+ * Bad input (unknown model, a non-positive number, a missing data
+ * directory, a damaged or mismatched checkpoint) gives one line saying
+ * what is wrong and how to fix it, and exit status 2; no file is written
+ * before the input has been checked. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "multigrad/multigrad.h"
+#include "multigrad/plot.h"
+
+#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+
+typedef struct {
+    const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *log;
+    int epochs, batch, threads, quiet, eval_only;
+    float lr, momentum, weight_decay;
+    uint64_t seed;
+    int have_batch, have_lr, have_momentum, have_epochs;
+} options;
+
+typedef struct {
+    int epoch;            /* 1-based */
+    long step;
+    double train_loss, train_acc, test_loss, test_acc, seconds, images_per_s, lr;
+} epoch_row;
+
+static const char *prog = "mgtrain";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(2);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: mgtrain [options]\n"
+"Train a zoo model on Fashion-MNIST and report loss and accuracy per epoch.\n"
+"\n"
+"  --model NAME        mlp | lenet-d2l | lenet5 (default lenet-d2l)\n"
+"  --data DIR          IDX files directory (default " DEFAULT_DATA ")\n"
+"  --epochs N          epochs (default: the model's, 10)\n"
+"  --batch B           batch size (default: the model's)\n"
+"  --lr X              learning rate (default: the model's)\n"
+"  --momentum X        SGD momentum (default: the model's)\n"
+"  --optimizer NAME    sgd | adam | adamw (default sgd)\n"
+"  --weight-decay X    weight decay (default 0; AdamW: 0.01)\n"
+"  --schedule SPEC     constant | step:STEPS:GAMMA | cosine[:MIN_LR],\n"
+"                      optionally followed by ,warmup:STEPS (default constant)\n"
+"  --seed N            seed for initialisation and shuffling (default 0)\n"
+"  --threads N         BLAS threads (default 1, or MG_THREADS)\n"
+"  --save FILE         write a checkpoint (safetensors) after every epoch\n"
+"  --resume FILE       continue the training saved in FILE\n"
+"  --init FILE         start from the parameters in a safetensors file\n"
+"  --eval-only         report test loss and accuracy of the weights, no training\n"
+"  --log FILE          metrics per epoch: CSV (.csv) or JSON lines (otherwise);\n"
+"                      an SVG plot is written next to it (FILE with .svg)\n"
+"  --quiet             print only the final summary\n"
+"  --help              this text\n");
+}
+
+static long parse_long(const char *flag, const char *s, long lo)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s)
+        die("%s '%s' is not an integer; give e.g. %s 10", flag, s, flag);
+    if (v < lo)
+        die("%s %s must be at least %ld", flag, s, lo);
+    return v;
+}
+
+static float parse_float(const char *flag, const char *s, int positive)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !isfinite(v))
+        die("%s '%s' is not a number; give e.g. %s 0.1", flag, s, flag);
+    if (positive && v <= 0) die("%s %s must be positive", flag, s);
+    if (!positive && v < 0) die("%s %s must not be negative", flag, s);
+    return (float)v;
+}
+
+static void parse_args(int argc, char **argv, options *o)
+{
+    enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD,
+           O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
+           O_QUIET, O_HELP };
+    static const struct option lo[] = {
+        {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
+        {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
+        {"optimizer", 1, 0, O_OPT}, {"weight-decay", 1, 0, O_WD},
+        {"schedule", 1, 0, O_SCHED}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
+        {"save", 1, 0, O_SAVE}, {"resume", 1, 0, O_RESUME}, {"init", 1, 0, O_INIT},
+        {"eval-only", 0, 0, O_EVAL}, {"log", 1, 0, O_LOG}, {"quiet", 0, 0, O_QUIET},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    o->model = "lenet-d2l";
+    o->data = DEFAULT_DATA;
+    o->optimizer = "sgd";
+    o->schedule = "constant";
+    o->threads = (int)mg_env_long("MG_THREADS", 1);
+    o->weight_decay = -1;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: o->model = optarg; break;
+        case O_DATA: o->data = optarg; break;
+        case O_EPOCHS: o->epochs = (int)parse_long("--epochs", optarg, 1); o->have_epochs = 1; break;
+        case O_BATCH: o->batch = (int)parse_long("--batch", optarg, 1); o->have_batch = 1; break;
+        case O_LR: o->lr = parse_float("--lr", optarg, 1); o->have_lr = 1; break;
+        case O_MOM: o->momentum = parse_float("--momentum", optarg, 0); o->have_momentum = 1; break;
+        case O_OPT: o->optimizer = optarg; break;
+        case O_WD: o->weight_decay = parse_float("--weight-decay", optarg, 0); break;
+        case O_SCHED: o->schedule = optarg; break;
+        case O_SEED: o->seed = (uint64_t)parse_long("--seed", optarg, 0); break;
+        case O_THREADS: o->threads = (int)parse_long("--threads", optarg, 1); break;
+        case O_SAVE: o->save = optarg; break;
+        case O_RESUME: o->resume = optarg; break;
+        case O_INIT: o->init = optarg; break;
+        case O_EVAL: o->eval_only = 1; break;
+        case O_LOG: o->log = optarg; break;
+        case O_QUIET: o->quiet = 1; break;
+        case O_HELP: usage(stdout); exit(0);
+        default:
+            if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
+            die("unknown option '%s' (see --help)", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (o->momentum >= 1) die("--momentum %g must be below 1", o->momentum);
+}
+
+/* ---- metrics log and plot ------------------------------------------------ */
+
+static int log_is_csv(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && strcmp(path + n - 4, ".csv") == 0;
+}
+
+static void plot_path(const char *log, char *out, size_t cap)
+{
+    const char *dot = strrchr(log, '.'), *slash = strrchr(log, '/');
+    size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - log) : strlen(log);
+    snprintf(out, cap, "%.*s.svg", (int)stem, log);
+}
+
+static mg_status write_log(const char *path, const epoch_row *r, int n)
+{
+    size_t cap = 256 + (size_t)n * 256, len = 0;
+    char *s = malloc(cap);
+    if (!s) return mg_error(MG_ENOMEM, "log: out of memory");
+    int csv = log_is_csv(path);
+    if (csv)
+        len += (size_t)snprintf(s + len, cap - len, "epoch,step,train_loss,train_acc,"
+                                "test_loss,test_acc,seconds,images_per_s,lr\n");
+    for (int i = 0; i < n; i++) {
+        const char *fmt = csv ? "%d,%ld,%.6f,%.6f,%.6f,%.6f,%.3f,%.1f,%.6g\n"
+            : "{\"epoch\":%d,\"step\":%ld,\"train_loss\":%.6f,\"train_acc\":%.6f,"
+              "\"test_loss\":%.6f,\"test_acc\":%.6f,\"seconds\":%.3f,"
+              "\"images_per_s\":%.1f,\"lr\":%.6g}\n";
+        len += (size_t)snprintf(s + len, cap - len, fmt, r[i].epoch, r[i].step,
+                                r[i].train_loss, r[i].train_acc, r[i].test_loss,
+                                r[i].test_acc, r[i].seconds, r[i].images_per_s, r[i].lr);
+    }
+    mg_status st = mg_write_file_atomic(path, s, len);
+    free(s);
+    return st;
+}
+
+/* On resume, take back the rows of epochs the checkpoint covers. */
+static int read_log(const char *path, epoch_row *r, int max_epoch)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max_epoch) {
+        epoch_row e;
+        int ok = log_is_csv(path)
+            ? sscanf(line, "%d,%ld,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &e.epoch, &e.step,
+                     &e.train_loss, &e.train_acc, &e.test_loss, &e.test_acc,
+                     &e.seconds, &e.images_per_s, &e.lr) == 9
+            : sscanf(line, "{\"epoch\":%d,\"step\":%ld,\"train_loss\":%lf,\"train_acc\":%lf,"
+                     "\"test_loss\":%lf,\"test_acc\":%lf,\"seconds\":%lf,"
+                     "\"images_per_s\":%lf,\"lr\":%lf}", &e.epoch, &e.step,
+                     &e.train_loss, &e.train_acc, &e.test_loss, &e.test_acc,
+                     &e.seconds, &e.images_per_s, &e.lr) == 9;
+        if (ok && e.epoch == n + 1) r[n++] = e;
+    }
+    fclose(f);
+    return n;
+}
+
+static mg_status write_plot(const char *log, const char *model, const epoch_row *r, int n)
+{
+    char path[4096], title[128];
+    plot_path(log, path, sizeof path);
+    double *v = malloc(sizeof(double) * 3 * (size_t)(n + 1));
+    if (!v) return mg_error(MG_ENOMEM, "plot: out of memory");
+    for (int i = 0; i < n; i++) {
+        v[i] = r[i].train_loss;
+        v[n + i] = r[i].train_acc;
+        v[2 * n + i] = r[i].test_acc;
+    }
+    mg_plot_series s[3] = {{"train loss", v, 0}, {"train accuracy", v + n, 1},
+                           {"test accuracy", v + 2 * n, 1}};
+    const char *titles[2] = {"loss", "accuracy"};
+    snprintf(title, sizeof title, "mgtrain %s", model);
+    mg_status st = mg_plot_svg(path, title, titles, s, 3, n);
+    free(v);
+    return st;
+}
+
+/* ---- progress -------------------------------------------------------------- */
+
+typedef struct {
+    int tty, quiet;
+    double start, last;
+} progress;
+
+static void progress_update(progress *p, int epoch, int epochs, long done, long total,
+                            double loss)
+{
+    if (!p->tty || p->quiet) return;
+    double now = mg_now();
+    if (now - p->last < 0.1 && done < total) return;
+    p->last = now;
+    double el = now - p->start, ips = el > 0 ? done / el : 0;
+    double eta = ips > 0 ? (total - done) / ips : 0;
+    int width = 30, fill = (int)(width * done / (total ? total : 1));
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
+    bar[width] = 0;
+    fprintf(stderr, "\repoch %d/%d [%s] %3d%% %7.0f img/s  loss %.4f  ETA %3.0fs ",
+            epoch, epochs, bar, (int)(100 * done / (total ? total : 1)), ips, loss, eta);
+    fflush(stderr);
+}
+
+/* ---- training ------------------------------------------------------------- */
+
+static void evaluate(mg_model *m, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
+                     int batch, mg_scaling sc, double *loss, double *acc)
+{
+    mg_model_set_training(m, false);
+    double sum = 0;
+    long correct = 0;
+    for (int i = 0; i < test->n; i += batch) {
+        int bs = test->n - i < batch ? test->n - i : batch;
+        for (int k = 0; k < bs; k++) idx[k] = i + k;
+        mg_dataset_gather(test, idx, bs, sc, x, y);
+        mg_model_forward(m, x, bs);
+        int c;
+        sum += (double)mg_model_loss(m, y, &c) * bs;
+        correct += c;
+    }
+    mg_model_set_training(m, true);
+    *loss = sum / test->n;
+    *acc = (double)correct / test->n;
+}
+
+static void hparams_string(const options *o, char *out, size_t cap)
+{
+    snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
+             "weight_decay=%g;schedule=%s;seed=%llu;epochs=%d", o->model, o->batch,
+             o->lr, o->momentum, o->optimizer, o->weight_decay, o->schedule,
+             (unsigned long long)o->seed, o->epochs);
+}
+
+/* The flags that must match to resume (epochs may grow). */
+static void check_resume_flags(const char *saved, const char *now, const char *path)
+{
+    const char *keys[] = {"model=", "batch=", "lr=", "momentum=", "optimizer=",
+                          "weight_decay=", "schedule=", "seed="};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
+        if (!a || !b) die("%s: checkpoint has no '%s' hyper-parameter; it was not "
+                          "written by mgtrain", path, keys[k]);
+        size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
+        if (la != lb || strncmp(a, b, la) != 0)
+            die("%s was saved with %.*s but this run has %.*s; resume with the "
+                "same flags, or start a new run without --resume", path,
+                (int)la, a, (int)lb, b);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    parse_args(argc, argv, &o);
+
+    /* ---- check all input before touching any file ---- */
+    mg_zoo_defaults def;
+    if (mg_zoo_defaults_of(o.model, &def)) die("%s", mg_last_error());
+    if (!o.have_batch) o.batch = def.batch;
+    if (!o.have_lr) o.lr = def.lr;
+    if (!o.have_momentum) o.momentum = def.momentum;
+    if (!o.have_epochs) o.epochs = def.epochs;
+    mg_optim_kind kind;
+    if (mg_optim_parse(o.optimizer, &kind)) die("--optimizer: %s", mg_last_error());
+    if (o.weight_decay < 0) o.weight_decay = kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
+    mg_schedule sched;
+    if (mg_schedule_parse(o.schedule, o.lr, &sched)) die("--schedule: %s", mg_last_error());
+    if (o.resume && o.init) die("--resume and --init both set: give one of them");
+    if (o.eval_only && !o.resume && !o.init)
+        die("--eval-only needs weights: give --init FILE or --resume FILE");
+    struct stat sb;
+    if (stat(o.data, &sb) || !S_ISDIR(sb.st_mode))
+        die("data directory '%s' not found: install the dataset-fashion-mnist "
+            "package (scripts/install-deps.sh) or pass --data DIR", o.data);
+    mg_set_threads(o.threads);
+
+    mg_dataset *train = NULL, *test = NULL;
+    if (!o.eval_only && mg_dataset_load(o.data, true, &train)) die("%s", mg_last_error());
+    if (mg_dataset_load(o.data, false, &test)) die("%s", mg_last_error());
+
+    mg_model *m;
+    if (mg_model_create(o.model, o.seed, &m)) die("%s", mg_last_error());
+    mg_optim_config oc = mg_optim_defaults(kind, o.lr);
+    oc.momentum = o.momentum;
+    oc.weight_decay = o.weight_decay;
+    mg_optim *opt;
+    if (mg_optim_create(&oc, mg_model_arena_size(m), &opt)) die("%s", mg_last_error());
+
+    char hp[512];
+    hparams_string(&o, hp, sizeof hp);
+    int start_epoch = 0;
+    long step = 0;
+    mg_ckpt_meta meta;
+    if (o.resume) {
+        if (mg_checkpoint_load(o.resume, m, opt, &meta)) die("--resume: %s", mg_last_error());
+        check_resume_flags(meta.hparams, hp, o.resume);
+        start_epoch = (int)meta.epoch;
+        step = meta.step;
+    } else if (o.init) {
+        if (mg_model_load_weights(o.init, m, NULL)) die("--init: %s", mg_last_error());
+    }
+
+    mg_scaling sc = def.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    size_t in = (size_t)c * h * w;
+    if (mg_model_reserve(m, o.batch)) die("%s", mg_last_error());
+    float *xb = mg_alloc(sizeof(float) * in * (size_t)o.batch);
+    int32_t *yb = mg_alloc(sizeof(int32_t) * (size_t)o.batch);
+    int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)o.batch);
+    if (!xb || !yb || !ib) die("out of memory for a batch of %d", o.batch);
+
+    if (o.eval_only) {
+        double loss, acc;
+        evaluate(m, test, xb, yb, ib, o.batch, sc, &loss, &acc);
+        printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o.model, loss,
+               100 * acc, test->n);
+        return 0;
+    }
+
+    int steps_per_epoch = (train->n + o.batch - 1) / o.batch;
+    sched.total_steps = (long)steps_per_epoch * o.epochs;
+    if (start_epoch >= o.epochs) {
+        fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
+                prog, o.resume, start_epoch);
+        return 0;
+    }
+    int skip = (int)(step - (long)start_epoch * steps_per_epoch);
+    if (skip < 0 || skip >= steps_per_epoch)
+        die("%s: step %ld does not fall in epoch %d with --batch %d", o.resume, step,
+            start_epoch + 1, o.batch);
+
+    epoch_row *rows = calloc((size_t)o.epochs, sizeof *rows);
+    int n_rows = 0;
+    if (o.log && o.resume) n_rows = read_log(o.log, rows, start_epoch);
+
+    mg_loader *loader;
+    if (mg_loader_create(train, o.batch, sc, &loader)) die("%s", mg_last_error());
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)train->n);
+    progress pr = {isatty(2), o.quiet, 0, 0};
+    if (!o.quiet)
+        printf("mgtrain: %s, %zu parameters, batch %d, %s lr %g, %d epochs, %d thread(s)\n",
+               o.model, mg_model_num_params(m), o.batch, o.optimizer, o.lr, o.epochs, o.threads);
+    double total_time = 0;
+    for (int e = start_epoch; e < o.epochs; e++) {
+        mg_permutation(o.seed + (uint64_t)e, perm, train->n);
+        mg_loader_start(loader, perm, train->n, o.batch, skip);
+        long seen = 0, correct = 0;
+        double loss_sum = 0, t0 = mg_now(), lr = o.lr;
+        pr.start = t0;
+        pr.last = 0;
+        const float *x;
+        const int32_t *y;
+        int bs;
+        while ((bs = mg_loader_next(loader, &x, &y)) > 0) {
+            lr = mg_schedule_lr(&sched, step);
+            mg_model_zero_grad(m);
+            mg_model_forward(m, x, bs);
+            int cor;
+            float loss = mg_model_loss(m, y, &cor);
+            mg_model_backward(m);
+            mg_optim_step(opt, mg_model_params(m), mg_model_grads(m), (float)lr);
+            step++;
+            seen += bs;
+            correct += cor;
+            loss_sum += (double)loss * bs;
+            progress_update(&pr, e + 1, o.epochs, seen + (long)skip * o.batch, train->n,
+                            loss_sum / seen);
+        }
+        double secs = mg_now() - t0;
+        total_time += secs;
+        skip = 0;
+        epoch_row *r = &rows[n_rows++];
+        r->epoch = e + 1;
+        r->step = step;
+        r->train_loss = loss_sum / (seen ? seen : 1);
+        r->train_acc = (double)correct / (seen ? seen : 1);
+        r->seconds = secs;
+        r->images_per_s = seen / secs;
+        r->lr = lr;
+        evaluate(m, test, xb, yb, ib, o.batch, sc, &r->test_loss, &r->test_acc);
+        if (pr.tty && !o.quiet) fprintf(stderr, "\r%100s\r", "");
+        if (!o.quiet) {
+            printf("epoch %2d/%d  loss %.4f  train acc %5.2f%%  test acc %5.2f%%  "
+                   "%6.2f s  %8.0f img/s\n", e + 1, o.epochs, r->train_loss,
+                   100 * r->train_acc, 100 * r->test_acc, secs, r->images_per_s);
+            fflush(stdout);
+        }
+        if (o.log) {
+            if (write_log(o.log, rows, n_rows) || write_plot(o.log, o.model, rows, n_rows))
+                die("%s", mg_last_error());
+        }
+        if (o.save) {
+            memset(&meta, 0, sizeof meta);
+            snprintf(meta.model, sizeof meta.model, "%s", o.model);
+            meta.step = step;
+            meta.epoch = e + 1;
+            meta.seed = o.seed;
+            snprintf(meta.hparams, sizeof meta.hparams, "%s", hp);
+            if (mg_checkpoint_save(o.save, m, opt, &meta))
+                die("--save: %s (the previous checkpoint, if any, is intact)", mg_last_error());
+        }
+    }
+    epoch_row *last = &rows[n_rows - 1];
+    printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, peak memory %.0f MB\n",
+           100 * last->test_acc, last->test_loss, total_time, mg_peak_rss() / 1e6);
+
+    free(perm);
+    free(rows);
+    mg_loader_destroy(loader);
+    mg_free(xb);
+    mg_free(yb);
+    mg_free(ib);
+    mg_optim_destroy(opt);
+    mg_model_destroy(m);
+    mg_dataset_destroy(train);
+    mg_dataset_destroy(test);
+    return 0;
+}
