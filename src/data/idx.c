@@ -40,6 +40,7 @@ static mg_status read_error(gzFile f, const char *path, const char *what)
 mg_status mg_idx_load(const char *path, mg_idx *out)
 {
     memset(out, 0, sizeof *out);
+    errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f)
         return mg_error(MG_EIO, "cannot open %s: %s", path,
