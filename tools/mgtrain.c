@@ -1,5 +1,8 @@
 /* mgtrain — train a zoo model on Fashion-MNIST (or MNIST) from the command
- * line. One process; each epoch reports train loss and accuracy, test
+ * line: in one process, with DataParallel threads (--parallel dp), or as
+ * one rank of a DistributedDataParallel job launched by mgrun or mpirun
+ * (--parallel ddp; --batch is the global batch, each rank takes B/k, so
+ * the same flags mean the same training at any k). Each epoch reports train loss and accuracy, test
  * accuracy, seconds and images/s; a metrics log (CSV or JSON lines) and an
  * SVG plot of loss and accuracy are written next to each other; checkpoints
  * are safetensors, written atomically, and --resume continues exactly
@@ -25,8 +28,10 @@
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
 typedef struct {
-    const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *log;
-    int epochs, batch, threads, quiet, eval_only;
+    const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
+    const char *parallel, *compress;
+    int epochs, batch, threads, quiet, eval_only, workers, accumulate;
+    double bucket_mb;
     float lr, momentum, weight_decay;
     uint64_t seed;
     int have_batch, have_lr, have_momentum, have_epochs;
@@ -73,10 +78,17 @@ static void usage(FILE *f)
 "  --save FILE         write a checkpoint (safetensors) after every epoch\n"
 "  --resume FILE       continue the training saved in FILE\n"
 "  --init FILE         start from the parameters in a safetensors file\n"
+"  --init-prefix P     look the parameters up as P<name> (e.g. init.)\n"
 "  --eval-only         report test loss and accuracy of the weights, no training\n"
 "  --log FILE          metrics per epoch: CSV (.csv) or JSON lines (otherwise);\n"
 "                      an SVG plot is written next to it (FILE with .svg)\n"
 "  --quiet             print only the final summary\n"
+"  --parallel MODE     none | dp (threads in this process) | ddp (one rank of\n"
+"                      a job started by mgrun or mpirun) (default none)\n"
+"  --workers N         DataParallel threads (default 2)\n"
+"  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
+"  --accumulate N      micro-batches per optimizer step (default 1)\n"
+"  --compress C        DDP gradient compression: none | fp16 | bf16\n"
 "  --help              this text\n");
 }
 
@@ -108,15 +120,18 @@ static void parse_args(int argc, char **argv, options *o)
 {
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD,
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
-           O_QUIET, O_HELP };
+           O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
+           O_COMPRESS };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
         {"optimizer", 1, 0, O_OPT}, {"weight-decay", 1, 0, O_WD},
         {"schedule", 1, 0, O_SCHED}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
-        {"save", 1, 0, O_SAVE}, {"resume", 1, 0, O_RESUME}, {"init", 1, 0, O_INIT},
+        {"save", 1, 0, O_SAVE}, {"resume", 1, 0, O_RESUME}, {"init", 1, 0, O_INIT}, {"init-prefix", 1, 0, O_INIT_PREFIX},
         {"eval-only", 0, 0, O_EVAL}, {"log", 1, 0, O_LOG}, {"quiet", 0, 0, O_QUIET},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"help", 0, 0, O_HELP}, {"parallel", 1, 0, O_PARALLEL},
+        {"workers", 1, 0, O_WORKERS}, {"bucket-mb", 1, 0, O_BUCKET},
+        {"accumulate", 1, 0, O_ACCUM}, {"compress", 1, 0, O_COMPRESS}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->data = DEFAULT_DATA;
@@ -124,6 +139,11 @@ static void parse_args(int argc, char **argv, options *o)
     o->schedule = "constant";
     o->threads = (int)mg_env_long("MG_THREADS", 1);
     o->weight_decay = -1;
+    o->parallel = "none";
+    o->compress = "none";
+    o->workers = 2;
+    o->accumulate = 1;
+    o->bucket_mb = 25;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -142,10 +162,16 @@ static void parse_args(int argc, char **argv, options *o)
         case O_SAVE: o->save = optarg; break;
         case O_RESUME: o->resume = optarg; break;
         case O_INIT: o->init = optarg; break;
+        case O_INIT_PREFIX: o->init_prefix = optarg; break;
         case O_EVAL: o->eval_only = 1; break;
         case O_LOG: o->log = optarg; break;
         case O_QUIET: o->quiet = 1; break;
         case O_HELP: usage(stdout); exit(0);
+        case O_PARALLEL: o->parallel = optarg; break;
+        case O_WORKERS: o->workers = (int)parse_long("--workers", optarg, 1); break;
+        case O_BUCKET: o->bucket_mb = parse_float("--bucket-mb", optarg, 1); break;
+        case O_ACCUM: o->accumulate = (int)parse_long("--accumulate", optarg, 1); break;
+        case O_COMPRESS: o->compress = optarg; break;
         default:
             if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
             die("unknown option '%s' (see --help)", argv[optind - 1]);
@@ -153,6 +179,8 @@ static void parse_args(int argc, char **argv, options *o)
     }
     if (optind < argc) die("unexpected argument '%s' (see --help)", argv[optind]);
     if (o->momentum >= 1) die("--momentum %g must be below 1", o->momentum);
+    if (strcmp(o->parallel, "none") && strcmp(o->parallel, "dp") && strcmp(o->parallel, "ddp"))
+        die("unknown --parallel '%s': use none, dp or ddp", o->parallel);
 }
 
 /* ---- metrics log and plot ------------------------------------------------ */
@@ -287,16 +315,16 @@ static void evaluate(mg_model *m, const mg_dataset *test, float *x, int32_t *y, 
 static void hparams_string(const options *o, char *out, size_t cap)
 {
     snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
-             "weight_decay=%g;schedule=%s;seed=%llu;epochs=%d", o->model, o->batch,
-             o->lr, o->momentum, o->optimizer, o->weight_decay, o->schedule,
-             (unsigned long long)o->seed, o->epochs);
+             "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;epochs=%d", o->model,
+             o->batch, o->lr, o->momentum, o->optimizer, o->weight_decay, o->schedule,
+             (unsigned long long)o->seed, o->accumulate, o->epochs);
 }
 
 /* The flags that must match to resume (epochs may grow). */
 static void check_resume_flags(const char *saved, const char *now, const char *path)
 {
     const char *keys[] = {"model=", "batch=", "lr=", "momentum=", "optimizer=",
-                          "weight_decay=", "schedule=", "seed="};
+                          "weight_decay=", "schedule=", "seed=", "accumulate="};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
         if (!a || !b) die("%s: checkpoint has no '%s' hyper-parameter; it was not "
@@ -358,7 +386,7 @@ int main(int argc, char **argv)
         start_epoch = (int)meta.epoch;
         step = meta.step;
     } else if (o.init) {
-        if (mg_model_load_weights(o.init, m, NULL)) die("--init: %s", mg_last_error());
+        if (mg_model_load_weights(o.init, m, o.init_prefix)) die("--init: %s", mg_last_error());
     }
 
     mg_scaling sc = def.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "core.h"
+#include "comm.h"
+#include "nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +55,72 @@ const int32_t *mg_sampler_indices(const mg_sampler *s, int *n);
  * differ by at most one, some may be empty), so correct/total counts summed
  * over ranks are exact. MG_ASSERTs 0 <= rank < world and n >= 0. */
 void mg_shard_range(int n, int rank, int world, int *begin, int *end);
+
+
+/* ---- DistributedDataParallel (ddp.c) -----------------------------------
+ *
+ * One replica per rank, as torch's DistributedDataParallel. At creation
+ * rank 0's parameters and buffers are broadcast; the gradient arena moves
+ * to group memory (mg_group_alloc) so ranks on one host reduce each
+ * other's gradients in place. Gradients are grouped into buckets —
+ * contiguous arena ranges split at tensor boundaries, the first capped at
+ * first_bucket_bytes (1 MiB) and the others at bucket_bytes (25 MiB) — and
+ * each bucket's async all-reduce starts from the model's backward hook as
+ * soon as its last gradient is final, overlapping the rest of backward.
+ * mg_ddp_finish() waits for all (launching any bucket whose parameters
+ * received no gradient this step) and leaves averaged gradients.
+ *
+ * A step: zero_grad, forward, loss, backward, mg_ddp_finish, optimizer.
+ * Gradient accumulation: mg_ddp_set_sync(d, false) for the first N-1
+ * micro-batches (no communication, like no_sync()), true for the last. */
+typedef enum { MG_COMPRESS_NONE, MG_COMPRESS_FP16, MG_COMPRESS_BF16 } mg_compress;
+/* "none" | "fp16" | "bf16" */
+mg_status mg_compress_parse(const char *s, mg_compress *out);
+
+typedef struct mg_ddp_options {
+    size_t bucket_bytes;        /* default 25 MiB */
+    size_t first_bucket_bytes;  /* default 1 MiB */
+    mg_compress compress;       /* communication hook: buckets sent as fp16/bf16 */
+} mg_ddp_options;
+mg_ddp_options mg_ddp_defaults(void);
+
+typedef struct mg_ddp mg_ddp;
+/* Collective: every rank of g calls it with the same model. */
+mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out);
+/* Gives the model back ordinary gradient memory; collective. */
+void mg_ddp_destroy(mg_ddp *d);
+void mg_ddp_set_sync(mg_ddp *d, bool sync);
+mg_status mg_ddp_finish(mg_ddp *d);
+int mg_ddp_num_buckets(const mg_ddp *d);
+void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi);
+
+/* Communication accounting, summed over synchronised steps. */
+typedef struct mg_ddp_stats {
+    long steps;
+    double comm_us;     /* all-reduce time, launch to completion */
+    double exposed_us;  /* time mg_ddp_finish waited: not hidden by backward */
+} mg_ddp_stats;
+mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d);
+
+/* ---- DataParallel (dp.c) ------------------------------------------------
+ *
+ * One process, `workers` threads each holding a replica, as
+ * torch.nn.DataParallel: replicate replica 0's parameters, scatter the
+ * batch in contiguous chunks, apply the replicas in parallel (forward,
+ * loss, backward), gather the loss and reduce the gradients to replica 0,
+ * each weighted by its share of the batch — so one step equals one process
+ * on the whole batch. The optimizer steps replica 0 (mg_dp_model). */
+typedef struct mg_dp mg_dp;
+mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_batch,
+                       mg_dp **out);
+void mg_dp_destroy(mg_dp *dp);
+mg_model *mg_dp_model(mg_dp *dp);
+int mg_dp_workers(const mg_dp *dp);
+/* Replicate, scatter, apply, gather, reduce: replica 0 then holds the
+ * gradients of the mean loss over the batch, which is returned; *correct
+ * (may be NULL) gets the argmax hits. */
+float mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
+                             int *correct);
 
 #ifdef __cplusplus
 }
