@@ -39,20 +39,23 @@ LIB_SRC   := $(sort $(shell find src -name '*.c'))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
 TEST_SRC  := $(sort $(wildcard tests/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
+EX_SRC    := $(sort $(wildcard examples/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 BENCHES   := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+EXAMPLES  := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 TESTBIN   := $(BUILD)/tests/mgtest
 
-.PHONY: all lib tools tests benches test run install deps clean
-all: lib tools tests benches
+.PHONY: all lib tools tests benches examples test run install deps clean
+all: lib tools tests benches examples
 
 lib: $(BUILD)/lib/libmultigrad.a $(BUILD)/lib/libmultigrad.so
 tools: $(TOOLS)
 tests: $(TESTBIN)
 benches: $(BENCHES)
+examples: $(EXAMPLES)
 
 # V=1 shows the full commands.
 Q := $(if $(V),,@)
@@ -76,6 +79,10 @@ $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(BUILD)/lib/libmultigrad.a
 	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(BUILD)/lib/libmultigrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
+
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(BUILD)/lib/libmultigrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench/ddp.sh — data-parallel training speed: multigrad DDP (mgrun -n 2
+# mgtrain --parallel ddp) against PyTorch 1.13 DDP over gloo (2 processes
+# of one thread) and PyTorch's best use of 2 cores (one process, 2
+# threads), one epoch per zoo model with models.md's global batch, in one
+# run; plus multigrad's one-rank figure for the scaling, and how much of
+# DDP's all-reduce time was hidden behind backward.
+#
+#   bench/ddp.sh [--repeat N] [--models "mlp lenet-d2l lenet5"]
+#
+# With --repeat N every configuration runs N times and the best counts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+repeat=1
+models="mlp lenet-d2l lenet5"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --repeat) repeat="$2"; shift 2 ;;
+    --models) models="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "ddp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$repeat" in ''|*[!0-9]*|0) echo "ddp.sh: --repeat needs a positive integer" >&2; exit 2 ;; esac
+
+make -j2 all >/dev/null
+bin=build/bin
+py=/usr/bin/python3
+have_torch=1
+$py -c 'import torch' 2>/dev/null || have_torch=0
+
+# images/s of the epoch line of mgtrain
+ours() { "$@" --epochs 1 2>/dev/null | awk '/^epoch/ {for (i = 1; i < NF; i++) if ($(i+1) == "img/s") print $i}'; }
+best() { sort -n | tail -1; }
+
+declare -A target=([mlp]=2.5 [lenet-d2l]=1.6 [lenet5]=2.5)
+printf '# bench/ddp.sh, %s, %s, %d core(s), best of %d\n' "$(date -u +%F)" "$(uname -m)" "$(nproc)" "$repeat"
+printf '%-10s %9s %9s %9s %9s %9s %8s %8s %8s\n' model mg1 mg-ddp2 torch-ddp2 torch-2thr \
+    scaling vs-ddp target vs-best
+for m in $models; do
+    one=$(for i in $(seq "$repeat"); do ours $bin/mgtrain --model "$m"; done | best)
+    two=$(for i in $(seq "$repeat"); do ours $bin/mgrun -n 2 $bin/mgtrain --model "$m" --parallel ddp; done | best)
+    if [ $have_torch = 1 ]; then
+        tddp=$(for i in $(seq "$repeat"); do $py bench/ddp_torch.py --model "$m" --world 2 | awk '{print $4}'; done | best)
+        t2=$(for i in $(seq "$repeat"); do $py bench/ddp_torch.py --model "$m" --world 1 --threads 2 | awk '{print $4}'; done | best)
+    else
+        tddp=nan; t2=nan
+    fi
+    awk -v m="$m" -v a="$one" -v b="$two" -v c="$tddp" -v d="$t2" -v t="${target[$m]}" 'BEGIN {
+        printf "%-10s %9.0f %9.0f %9.0f %9.0f %8.2fx %7.2fx %7.1fx %7.2fx\n", m, a, b, c, d, b / a, b / c, t, b / d }'
+done
+[ $have_torch = 1 ] || echo "# PyTorch not found: run scripts/install-deps.sh --bench for the peer columns"
+
+# Overlap: all-reduce time hidden behind backward (mlp, 2 MiB of gradients,
+# in 0.25 MiB buckets so that there are several).
+echo
+echo "# overlap (mgrun -n 2 mgtrain --model mlp --parallel ddp --bucket-mb 0.25, MG_TRACE on):"
+trace=$(mktemp -d)
+MG_TRACE=$trace/t.json $bin/mgrun -n 2 $bin/mgtrain --model mlp --parallel ddp --bucket-mb 0.25 \
+    --epochs 1 --quiet 2>&1 | grep -E 'hidden|buckets' || true
+rm -rf "$trace"
+echo "# reproduce: bench/ddp.sh --repeat $repeat --models \"$models\""
