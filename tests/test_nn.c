@@ -164,8 +164,13 @@ TEST(nn_grad_conv2d_fused)
             gc g;
             snprintf(gc_what, sizeof gc_what, "pool %d relu %d:", k, relu);
             /* 9x9 output: the pool drops the last row and column. */
-            gc_init(&g, mg_layer_conv2d("conv", 3, 5, 3, 1, 0, relu, pools[k]), 3, 3, 11, 11,
+            gc_init(&g, mg_layer_conv2d("conv", 3, 5, 3, 1, 0, relu, pools[k]), 2, 3, 11, 11,
                     10 + k * 2 + relu);
+            gc_run(&g, 2e-3);
+            gc_free(&g);
+            /* One input channel: the direct path (with AVX-512). */
+            gc_init(&g, mg_layer_conv2d("conv", 1, 3, 3, 1, 1, relu, pools[k]), 2, 1, 10, 9,
+                    20 + k * 2 + relu);
             gc_run(&g, 2e-3);
             gc_free(&g);
         }

@@ -85,11 +85,17 @@ TEST(store_tcp_operations_and_deadlines)
     mg_store_server_stop(srv);
 }
 
+/* Rank 2 serves (forking a process that runs threads is unsafe, so the
+ * server lives in a rank of its own); rank 0 blocks in get until rank 1
+ * sets the key. */
 static int get_waits_for_set(int rank, int n, void *arg)
 {
+    int port = *(int *)arg;
+    mg_store_server *srv = NULL;
+    if (rank == 2 && mg_store_server_start("127.0.0.1", port, "k", &srv)) return 11;
     mg_store *s;
     char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", *(int *)arg);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
     if (mg_store_connect(url, "k", 5, &s)) return 10;
     int rc = 0;
     if (rank == 0) {
@@ -99,22 +105,29 @@ static int get_waits_for_set(int rank, int n, void *arg)
         else free(v);
         int64_t r;
         if (mg_store_add(s, "arrived", 1, &r)) rc = 2;
-    } else {
+        if (mg_store_set(s, "done0", "", 0)) rc = 5;
+    } else if (rank == 1) {
         usleep(200000);
         if (mg_store_set(s, "late", "done", 4)) rc = 3;
         const char *k[1] = {"arrived"};
         if (mg_store_wait(s, k, 1, 5)) rc = 4;
+        if (mg_store_set(s, "done1", "", 0)) rc = 5;
+    } else {
+        const char *k[2] = {"done0", "done1"};
+        if (mg_store_wait(s, k, 2, 5)) rc = 6;
     }
+    if (rc) printf("rank %d: rc %d: %s\n", rank, rc, mg_last_error());
     mg_store_destroy(s);
+    mg_store_server_stop(srv);
     return rc;
 }
 
 TEST(store_tcp_get_blocks_until_set)
 {
-    mg_store_server *srv = serve("k");
-    int port = mg_store_server_port(srv);
-    CHECK_EQ(mgt_fork_ranks(2, get_waits_for_set, &port, 20, NULL), 0);
-    mg_store_server_stop(srv);
+    int fd, port;
+    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
+    close(fd);
+    CHECK_EQ(mgt_fork_ranks(3, get_waits_for_set, &port, 20, NULL), 0);
 }
 
 /* A raw connection to the server, authenticated with `secret` or not. */

@@ -11,7 +11,8 @@ TEST(tensor_view_and_threads)
     mg_tensor t = mg_tensor_view(buf, 3, (int[]){2, 3, 4});
     CHECK(t.data == buf && t.ndim == 3 && t.shape[2] == 4);
     CHECK_EQ(mg_tensor_numel(&t), 24);
-    CHECK_EQ(mg_get_threads(), 1);   /* one BLAS thread per process by default */
+    /* One BLAS thread per process unless MG_THREADS asks for more. */
+    CHECK_EQ(mg_get_threads(), mg_env_long("MG_THREADS", 1));
     mg_set_threads(2);
     CHECK_EQ(mg_get_threads(), 2);
     mg_set_threads(1);
@@ -161,7 +162,14 @@ static void check_conv(const conv_case *t, uint64_t seed)
     for (int i = 0; i < t->oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
     for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
     mg_conv2d_forward(y, saved, x, w, b, &s, t->n, ws);
+    /* Without dx first (the direct path when it applies), then with. */
+    float *dw0 = calloc(nw, 4), *db0 = calloc(t->oc, 4);
+    mg_conv2d_backward(NULL, dw0, db0, dy, y, saved, x, w, &s, t->n, ws);
     mg_conv2d_backward(dx, dw, db, dy, y, saved, x, w, &s, t->n, ws);
+    for (size_t i = 0; i < nw; i++) CHECK_NEAR(dw0[i], dw[i], 1e-4);
+    for (int i = 0; i < t->oc; i++) CHECK_NEAR(db0[i], db[i], 1e-4);
+    free(dw0);
+    free(db0);
     /* Reference forward, then the gradient of each pre-activation. */
     for (int i = 0; i < t->n; i++)
         for (int o = 0; o < t->oc; o++)
@@ -245,8 +253,32 @@ TEST(tensor_conv_matches_direct)
         {2, 7, 7, 3, 3, 3, 2, true, MG_POOL_NONE, 2},      /* stride 3, padding 2 */
         {2, 9, 9, 3, 3, 1, 0, false, MG_POOL_AVG, 2},
         {2, 9, 9, 3, 3, 1, 0, false, MG_POOL_MAX, 2},
+        {1, 12, 11, 3, 3, 1, 1, true, MG_POOL_NONE, 3},    /* one channel, no pool */
+        {1, 10, 30, 2, 4, 1, 0, false, MG_POOL_NONE, 2},   /* one channel, 4x4 */
+        {1, 9, 9, 2, 2, 1, 0, false, MG_POOL_MAX, 2},      /* one channel, 2x2, 8x8 */
+        {1, 40, 40, 2, 3, 1, 1, true, MG_POOL_AVG, 2},     /* 40 columns: two segments */
+        {3, 12, 36, 2, 3, 1, 1, true, MG_POOL_MAX, 2},     /* 36 columns, 3 channels */
+        {2, 10, 35, 2, 3, 1, 0, true, MG_POOL_AVG, 2},     /* odd 33 columns */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv(&cases[i], 100 + i);
+}
+
+/* The same with the portable C kernels (MG_KERNELS=generic), so both
+ * paths are checked on machines with AVX-512. */
+TEST(tensor_conv_generic_kernels_match_direct)
+{
+    setenv("MG_KERNELS", "generic", 1);
+    conv_case cases[] = {
+        {1, 28, 28, 6, 5, 1, 2, true, MG_POOL_MAX, 2},
+        {20, 13, 13, 50, 5, 1, 0, true, MG_POOL_AVG, 2},
+        {3, 9, 8, 4, 3, 2, 1, false, MG_POOL_NONE, 2},
+        {1, 12, 11, 3, 3, 1, 1, true, MG_POOL_NONE, 2},
+        {2, 10, 35, 2, 3, 1, 0, true, MG_POOL_AVG, 2},
+    };
+    mg_conv2d_shape s;
+    CHECK(mg_conv2d_shape_init(&s, 1, 28, 28, 6, 5, 5, 1, 2, true, MG_POOL_MAX));
+    CHECK(!s.simd && !s.direct);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv(&cases[i], 200 + i);
 }
 
 TEST(tensor_conv_chunked_matches_direct)
@@ -259,6 +291,12 @@ TEST(tensor_conv_chunked_matches_direct)
     CHECK(mg_conv2d_shape_init(&s, 2, 6, 6, 4, 3, 3, 1, 1, true, MG_POOL_AVG));
     CHECK(s.chunk > 1 && s.chunk < 7 && 7 % s.chunk != 0);
     check_conv(&t, 7);
+    /* The direct path's blocks too (one channel, 26x26 planes). */
+    conv_case d = {1, 26, 26, 3, 3, 1, 0, true, MG_POOL_MAX, 7};
+    CHECK(mg_conv2d_shape_init(&s, 1, 26, 26, 3, 3, 3, 1, 0, true, MG_POOL_MAX));
+    check_conv(&d, 8);
+    setenv("MG_KERNELS", "generic", 1);
+    check_conv(&t, 9);
 }
 
 TEST(tensor_linear_and_relu)

@@ -134,73 +134,95 @@ typedef struct mg_call {
     int line;
 } mg_call;
 
-/* Start an operation; *work completes it. */
+/* Start an operation; *work completes it. A bad argument (MG_EINVAL) or a
+ * group that failed earlier returns the error at once with *work = NULL.
+ * Every wait inside an operation has the group's deadline; a dead peer, a
+ * mismatched collective or a timeout fails the operation on every rank
+ * with a message naming the rank, the operation and its sequence number,
+ * and the group is then unusable (later calls fail fast, same error). */
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **work);
-/* Start and wait. */
+/* Start and wait (runs on the calling thread when nothing is queued). */
 mg_status mg_run(mg_group *g, const mg_call *c);
 
-/* Wait up to timeout_s seconds (< 0: the group's timeout). Returns the
- * operation's status; MG_ETIMEOUT if it has not completed (it goes on). */
+/* Wait up to timeout_s seconds (< 0: until the operation completes, which
+ * its own deadline, the group's timeout, guarantees). Returns the
+ * operation's status; MG_ETIMEOUT if it has not completed (it goes on).
+ * Completed work may be waited for, tested and freed even after the
+ * group is destroyed (destroy completes all queued work first). */
 mg_status mg_work_wait(mg_work *w, double timeout_s);
 /* 1 if complete (successfully or not), else 0. */
 int mg_work_test(mg_work *w);
-/* Free a work handle; waits for the operation first if it is pending. */
+/* Free a work handle (NULL is fine); waits for the operation first if it
+ * is pending. */
 void mg_work_free(mg_work *w);
 
 #define MG__CALL(...) (&(mg_call){ __VA_ARGS__, .file = __FILE__, .line = __LINE__ })
 
 /* Blocking forms. */
-#define mg_broadcast(g, buf, count, dtype, root) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf), .recvbuf = (buf), \
-                       .count = (count), .dtype = (dtype), .root = (root)))
-#define mg_reduce(g, sbuf, rbuf, count, dtype, op, root) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype), .op = (op), .root = (root)))
-#define mg_all_reduce(g, sbuf, rbuf, count, dtype, op) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype), .op = (op)))
-#define mg_all_gather(g, sbuf, rbuf, count, dtype) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype)))
-#define mg_gather(g, sbuf, rbuf, count, dtype, root) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype), .root = (root)))
-#define mg_scatter(g, sbuf, rbuf, count, dtype, root) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype), .root = (root)))
-#define mg_reduce_scatter(g, sbuf, rbuf, count, dtype, op) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype), .op = (op)))
-#define mg_all_to_all(g, sbuf, rbuf, count, dtype) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_TO_ALL, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                       .count = (count), .dtype = (dtype)))
+#define mg_broadcast(g, buf_, count_, dtype_, root_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf_), .recvbuf = (buf_), \
+                       .count = (count_), .dtype = (dtype_), .root = (root_)))
+#define mg_reduce(g, sbuf_, rbuf_, count_, dtype_, op_, root_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_), .op = (op_), .root = (root_)))
+#define mg_all_reduce(g, sbuf_, rbuf_, count_, dtype_, op_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_), .op = (op_)))
+#define mg_all_gather(g, sbuf_, rbuf_, count_, dtype_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_)))
+#define mg_gather(g, sbuf_, rbuf_, count_, dtype_, root_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_GATHER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_), .root = (root_)))
+#define mg_scatter(g, sbuf_, rbuf_, count_, dtype_, root_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_SCATTER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_), .root = (root_)))
+#define mg_reduce_scatter(g, sbuf_, rbuf_, count_, dtype_, op_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_), .op = (op_)))
+#define mg_all_to_all(g, sbuf_, rbuf_, count_, dtype_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_ALL_TO_ALL, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                       .count = (count_), .dtype = (dtype_)))
 #define mg_barrier(g) mg_run(g, MG__CALL(.coll = MG_COLL_BARRIER))
-#define mg_send(g, buf, count, dtype, peer, tag_) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf), .count = (count), \
-                       .dtype = (dtype), .root = (peer), .tag = (tag_)))
-#define mg_recv(g, buf, count, dtype, peer, tag_) \
-    mg_run(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf), .count = (count), \
-                       .dtype = (dtype), .root = (peer), .tag = (tag_)))
+#define mg_send(g, buf_, count_, dtype_, peer_, tag_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf_), .count = (count_), \
+                       .dtype = (dtype_), .root = (peer_), .tag = (tag_)))
+#define mg_recv(g, buf_, count_, dtype_, peer_, tag_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
+                       .dtype = (dtype_), .root = (peer_), .tag = (tag_)))
 
 /* Async forms: the same arguments and a trailing mg_work **. */
-#define mg_broadcast_async(g, buf, count, dtype, root, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf), .recvbuf = (buf), \
-                         .count = (count), .dtype = (dtype), .root = (root)), w)
-#define mg_all_reduce_async(g, sbuf, rbuf, count, dtype, op, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                         .count = (count), .dtype = (dtype), .op = (op)), w)
-#define mg_reduce_scatter_async(g, sbuf, rbuf, count, dtype, op, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                         .count = (count), .dtype = (dtype), .op = (op)), w)
-#define mg_all_gather_async(g, sbuf, rbuf, count, dtype, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf), .recvbuf = (rbuf), \
-                         .count = (count), .dtype = (dtype)), w)
-#define mg_isend(g, buf, count, dtype, peer, tag_, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf), .count = (count), \
-                         .dtype = (dtype), .root = (peer), .tag = (tag_)), w)
-#define mg_irecv(g, buf, count, dtype, peer, tag_, w) \
-    mg_start(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf), .count = (count), \
-                         .dtype = (dtype), .root = (peer), .tag = (tag_)), w)
+#define mg_broadcast_async(g, buf_, count_, dtype_, root_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_BROADCAST, .sendbuf = (buf_), .recvbuf = (buf_), \
+                         .count = (count_), .dtype = (dtype_), .root = (root_)), w)
+#define mg_all_reduce_async(g, sbuf_, rbuf_, count_, dtype_, op_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_REDUCE, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_), .op = (op_)), w)
+#define mg_reduce_scatter_async(g, sbuf_, rbuf_, count_, dtype_, op_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_REDUCE_SCATTER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_), .op = (op_)), w)
+#define mg_all_gather_async(g, sbuf_, rbuf_, count_, dtype_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_GATHER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_)), w)
+#define mg_reduce_async(g, sbuf_, rbuf_, count_, dtype_, op_, root_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_REDUCE, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_), .op = (op_), .root = (root_)), w)
+#define mg_gather_async(g, sbuf_, rbuf_, count_, dtype_, root_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_GATHER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_), .root = (root_)), w)
+#define mg_scatter_async(g, sbuf_, rbuf_, count_, dtype_, root_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_SCATTER, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_), .root = (root_)), w)
+#define mg_all_to_all_async(g, sbuf_, rbuf_, count_, dtype_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_ALL_TO_ALL, .sendbuf = (sbuf_), .recvbuf = (rbuf_), \
+                         .count = (count_), .dtype = (dtype_)), w)
+#define mg_barrier_async(g, w) mg_start(g, MG__CALL(.coll = MG_COLL_BARRIER), w)
+#define mg_isend(g, buf_, count_, dtype_, peer_, tag_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf_), .count = (count_), \
+                         .dtype = (dtype_), .root = (peer_), .tag = (tag_)), w)
+#define mg_irecv(g, buf_, count_, dtype_, peer_, tag_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
+                         .dtype = (dtype_), .root = (peer_), .tag = (tag_)), w)
 
 #ifdef __cplusplus
 }

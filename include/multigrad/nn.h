@@ -94,14 +94,19 @@ void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
 /* Size the activation workspace for batches up to max_batch (once). */
 mg_status mg_model_reserve(mg_model *m, int max_batch);
 /* Forward a batch x [batch, c, h, w]; returns the logits [batch, classes]
- * (valid until the next forward). batch <= the reserved max_batch. */
+ * (valid until the next forward). x must stay unchanged until the
+ * backward. A batch larger than the reserved one reserves again (an
+ * allocation, once); NULL if that fails. Training mode advances the
+ * dropout stream by one step. */
 const float *mg_model_forward(mg_model *m, const float *x, int batch);
 /* Mean softmax cross-entropy of the last forward against labels; prepares
  * the logits' gradient for backward; *correct (may be NULL) gets the
  * number of argmax hits. */
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
 /* Backward of the last forward and loss: accumulates into the gradient
- * arena and calls the hook after each layer. */
+ * arena and calls the hook after each layer that has parameters, in
+ * increasing arena order; the ranges of one backward tile
+ * [0, arena_size) (the last includes the padding). */
 void mg_model_backward(mg_model *m);
 void mg_model_zero_grad(mg_model *m);
 

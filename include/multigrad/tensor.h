@@ -62,15 +62,24 @@ typedef struct mg_conv2d_shape {
     mg_pool_kind pool;
     int ph, pw;           /* layer output: pooled (oh/2, ow/2) or (oh, ow) */
     int chunk;            /* images per im2col block (cache-sized) */
+    bool simd;            /* AVX-512 kernels (MG_KERNELS=generic: portable C) */
+    bool direct;          /* one input channel: direct convolution, no im2col */
+    int dchunk;           /* images per block of the direct path */
 } mg_conv2d_shape;
 
-/* Fills the derived fields; false if the geometry is impossible. */
+/* Fills the derived fields; false if the geometry is impossible. The
+ * kernels are chosen here: AVX-512 when compiled in (unless
+ * MG_KERNELS=generic), and for a single input channel with stride 1 a
+ * direct convolution whose input rows stay in registers. */
 bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
                           int kh, int kw, int stride, int pad, bool relu,
                           mg_pool_kind pool);
 /* Floats of workspace forward and backward need (any batch size). */
 size_t mg_conv2d_workspace(const mg_conv2d_shape *s);
-/* Bytes per image the forward keeps for the backward (ReLU masks, argmax). */
+/* Bytes per image the forward keeps for the backward: with a pool, per
+ * channel and pooled row, four 16-bit masks per 16 pooled columns (which
+ * element of each 2x2 window gets gradient: the ReLU was active for avg,
+ * it is the first maximum for max). */
 size_t mg_conv2d_saved_bytes(const mg_conv2d_shape *s);
 
 /* y [n, oc, ph, pw]; saved: mg_conv2d_saved_bytes * n bytes. */

@@ -40,6 +40,10 @@ typedef struct mg__req {
     size_t bytes;
     void *ptr;
     void **out_ptr;
+    /* Set by run() when it refused the request before any communication
+     * (e.g. a receive from itself with nothing sent): the error is the
+     * caller's alone and the group stays usable. */
+    bool rejected;
 } mg__req;
 
 typedef struct mg__backend {

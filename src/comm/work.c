@@ -107,7 +107,7 @@ static mg_status exec(mg_group *g, mg__req *r)
     /* Freeing is local and must work even on a failed group. */
     if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) return failed_error(g);
     mg_status st = g->be->run(g, r);
-    if (st) {
+    if (st && !r->rejected) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mg_last_error());
         mg__group_fail(g, st, msg);
@@ -283,7 +283,7 @@ static mg_status wait_done(struct mg_work *w, double timeout)
 mg_status mg_work_wait(mg_work *w, double timeout_s)
 {
     if (!w) return mg_error(MG_EINVAL, "mg_work_wait: NULL work");
-    return wait_done(w, timeout_s < 0 ? w->g->timeout : timeout_s);
+    return wait_done(w, timeout_s < 0 ? 1e30 : timeout_s);
 }
 
 int mg_work_test(mg_work *w)

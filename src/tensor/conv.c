@@ -9,18 +9,31 @@
  * the same pass. The backward recomputes im2col per chunk rather than
  * keeping the whole batch's columns (41 MB for lenet-d2l at batch 256).
  *
- * With a pool, the forward keeps one byte per pooled output: bit k set if
- * window element k (row-major in the 2x2 window) receives gradient (its
- * ReLU was active for avg, it is the first maximum for max). Limits: the
- * fused pool is 2x2 with stride 2 and no padding; other pools are layers. */
+ * A layer with one input channel (the first layer of an image model) has
+ * so few taps per output that im2col would cost more than the arithmetic:
+ * with AVX-512 it is a direct convolution instead (conv_avx512.c), forward
+ * and weight gradient; its input gradient, rarely wanted, takes the GEMM
+ * path. This file holds the portable C kernels and the dispatch; both
+ * paths keep the same saved masks (conv_impl.h), so either backward
+ * follows either forward. Limits: the fused pool is 2x2, stride 2, no
+ * padding; other pools are layers. */
 #include <string.h>
-#include "multigrad/tensor.h"
+#include "tensor/conv_impl.h"
 
 /* Read at each shape set-up (model creation), not in the step. */
 static size_t chunk_budget_floats(void)
 {
     long kb = mg_env_long("MG_CONV_CHUNK_KB", 1024);
     return (size_t)(kb < 16 ? 16 : kb) * 256;
+}
+
+static bool use_simd(void)
+{
+#ifdef MG__HAVE_AVX512
+    return strcmp(mg_env_str("MG_KERNELS", "auto"), "generic") != 0;
+#else
+    return false;
+#endif
 }
 
 bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
@@ -31,8 +44,8 @@ bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
     if (c <= 0 || h <= 0 || w <= 0 || oc <= 0 || kh <= 0 || kw <= 0 ||
         stride <= 0 || pad < 0)
         return false;
+    if (h + 2 * pad < kh || w + 2 * pad < kw) return false;
     int oh = (h + 2 * pad - kh) / stride + 1, ow = (w + 2 * pad - kw) / stride + 1;
-    if (h + 2 * pad < kh || w + 2 * pad < kw || oh <= 0 || ow <= 0) return false;
     *s = (mg_conv2d_shape){.c = c, .h = h, .w = w, .oc = oc, .kh = kh, .kw = kw,
                            .stride = stride, .pad = pad, .oh = oh, .ow = ow,
                            .relu = relu, .pool = pool};
@@ -47,25 +60,47 @@ bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
     size_t per_image = (size_t)c * kh * kw * oh * ow;
     size_t chunk = chunk_budget_floats() / (per_image ? per_image : 1);
     s->chunk = chunk < 1 ? 1 : chunk > 4096 ? 4096 : (int)chunk;
+    s->simd = use_simd();
+    s->direct = s->simd && c == 1 && stride == 1 && ow <= 32 && kh * kw <= 25;
+    /* Padded planes of a direct block: a quarter of the im2col budget (they
+     * share L2 with the block's outputs). */
+    size_t plane = (size_t)(h + 2 * pad) * (w + 2 * pad), dchunk = chunk_budget_floats() / 4 / plane;
+    s->dchunk = dchunk < 1 ? 1 : dchunk > 4096 ? 4096 : (int)dchunk;
     return true;
 }
 
+static size_t direct_floats(const mg_conv2d_shape *s)
+{
+    /* Slack: row loads run up to 32 + kw floats past a plane's last row. */
+    return (size_t)s->dchunk * (s->h + 2 * s->pad) * (s->w + 2 * s->pad) + 64 + s->kw;
+}
+
+/* Few output channels: the weight gradient is computed transposed,
+ * dW^T[K, oc] = col . dY^T, which OpenBLAS runs half again as fast as
+ * dY . col^T when oc is small (a 16-row A panel wastes its kernel), and
+ * added to dW at the end. */
+static bool dw_transposed(const mg_conv2d_shape *s) { return s->oc <= 32; }
+
 size_t mg_conv2d_workspace(const mg_conv2d_shape *s)
 {
-    size_t p = (size_t)s->oh * s->ow * s->chunk;
-    return (size_t)s->c * s->kh * s->kw * p + (size_t)s->oc * p;
+    size_t p = (size_t)s->oh * s->ow * s->chunk, K = (size_t)s->c * s->kh * s->kw;
+    size_t gemm = K * p + (size_t)s->oc * p + (dw_transposed(s) ? K * s->oc : 0);
+    size_t direct = s->direct ? direct_floats(s) : 0;
+    return gemm > direct ? gemm : direct;
 }
 
 size_t mg_conv2d_saved_bytes(const mg_conv2d_shape *s)
 {
-    return s->pool == MG_POOL_NONE ? 0 : (size_t)s->oc * s->ph * s->pw;
+    return (size_t)s->oc * mg__plane_masks(s) * sizeof(uint16_t);
 }
 
-/* One output plane from the GEMM block: bias, ReLU, pool, mask. */
-static void epilogue_plane(float *dst, uint8_t *m, const float *src, float b,
+/* ---- Portable epilogues ----------------------------------------------- */
+
+/* One output plane from the GEMM block: bias, ReLU, pool, masks. */
+static void epilogue_plane(float *dst, uint16_t *m, const float *src, float b,
                            const mg_conv2d_shape *s)
 {
-    int ow = s->ow, P = s->oh * s->ow;
+    int ow = s->ow, P = s->oh * s->ow, nseg = mg__pool_segs(s);
     if (s->pool == MG_POOL_NONE) {
         if (s->relu) {
             for (int p = 0; p < P; p++) {
@@ -77,38 +112,29 @@ static void epilogue_plane(float *dst, uint8_t *m, const float *src, float b,
         }
         return;
     }
+    memset(m, 0, mg__plane_masks(s) * sizeof(uint16_t));
     for (int py = 0; py < s->ph; py++) {
         const float *r0 = src + 2 * py * ow, *r1 = r0 + ow;
         float *d = dst + py * s->pw;
-        uint8_t *mm = m + py * s->pw;
         for (int px = 0; px < s->pw; px++) {
-            float v0 = r0[2 * px] + b, v1 = r0[2 * px + 1] + b;
-            float v2 = r1[2 * px] + b, v3 = r1[2 * px + 1] + b;
+            uint16_t *mm = m + ((size_t)py * nseg + px / 16) * 4, bit = (uint16_t)(1u << (px % 16));
+            float v[4] = {r0[2 * px] + b, r0[2 * px + 1] + b, r1[2 * px] + b, r1[2 * px + 1] + b};
             if (s->pool == MG_POOL_AVG) {
-                if (s->relu) {
-                    int k = (v0 > 0.0f) | (v1 > 0.0f) << 1 | (v2 > 0.0f) << 2 | (v3 > 0.0f) << 3;
-                    v0 = v0 > 0.0f ? v0 : 0.0f;
-                    v1 = v1 > 0.0f ? v1 : 0.0f;
-                    v2 = v2 > 0.0f ? v2 : 0.0f;
-                    v3 = v3 > 0.0f ? v3 : 0.0f;
-                    mm[px] = (uint8_t)k;
-                } else {
-                    mm[px] = 0xF;
+                for (int k = 0; k < 4; k++) {
+                    if (s->relu && !(v[k] > 0.0f)) v[k] = 0.0f;
+                    else mm[k] |= bit;
                 }
-                d[px] = ((v0 + v1) + (v2 + v3)) * 0.25f;
+                d[px] = ((v[0] + v[1]) + (v[2] + v[3])) * 0.25f;
             } else {
                 /* First maximum in row-major order wins ties (PyTorch). */
-                float v = v0;
                 int k = 0;
-                if (v1 > v) { v = v1; k = 1; }
-                if (v2 > v) { v = v2; k = 2; }
-                if (v3 > v) { v = v3; k = 3; }
-                if (s->relu && !(v > 0.0f)) {
+                for (int q = 1; q < 4; q++)
+                    if (v[q] > v[k]) k = q;
+                if (s->relu && !(v[k] > 0.0f)) {
                     d[px] = 0.0f;
-                    mm[px] = 0;
                 } else {
-                    d[px] = v;
-                    mm[px] = (uint8_t)(1 << k);
+                    d[px] = v[k];
+                    mm[k] |= bit;
                 }
             }
         }
@@ -117,10 +143,10 @@ static void epilogue_plane(float *dst, uint8_t *m, const float *src, float b,
 
 /* The gradient of one GEMM-block plane from the layer output's gradient;
  * returns its sum (the bias gradient). */
-static float grad_plane(float *dst, const float *dy, const float *y, const uint8_t *m,
+static float grad_plane(float *dst, const float *dy, const float *y, const uint16_t *m,
                         const mg_conv2d_shape *s)
 {
-    int ow = s->ow, oh = s->oh, P = oh * ow;
+    int ow = s->ow, oh = s->oh, P = oh * ow, nseg = mg__pool_segs(s);
     float sum = 0.0f;
     if (s->pool == MG_POOL_NONE) {
         if (s->relu) {
@@ -137,50 +163,101 @@ static float grad_plane(float *dst, const float *dy, const float *y, const uint8
         }
         return sum;
     }
+    memset(dst, 0, sizeof(float) * (size_t)P);
     float scale = s->pool == MG_POOL_AVG ? 0.25f : 1.0f;
     for (int py = 0; py < s->ph; py++) {
-        float *r0 = dst + 2 * py * ow, *r1 = r0 + ow;
-        const float *g = dy + py * s->pw;
-        const uint8_t *mm = m + py * s->pw;
+        float *r[2] = {dst + 2 * py * ow, dst + (2 * py + 1) * ow};
         for (int px = 0; px < s->pw; px++) {
-            float v = g[px] * scale;
-            int k = mm[px];
-            float a0 = k & 1 ? v : 0.0f, a1 = k & 2 ? v : 0.0f;
-            float a2 = k & 4 ? v : 0.0f, a3 = k & 8 ? v : 0.0f;
-            r0[2 * px] = a0;
-            r0[2 * px + 1] = a1;
-            r1[2 * px] = a2;
-            r1[2 * px + 1] = a3;
-            sum += (a0 + a1) + (a2 + a3);
+            const uint16_t *mm = m + ((size_t)py * nseg + px / 16) * 4;
+            float g = dy[py * s->pw + px] * scale;
+            for (int k = 0; k < 4; k++)
+                if (mm[k] >> (px % 16) & 1) {
+                    r[k >> 1][2 * px + (k & 1)] = g;
+                    sum += g;
+                }
         }
-        /* Floor mode: an odd last column gets no gradient. */
-        for (int x = 2 * s->pw; x < ow; x++) r0[x] = r1[x] = 0.0f;
     }
-    for (int r = 2 * s->ph; r < oh; r++) memset(dst + r * ow, 0, sizeof(float) * (size_t)ow);
     return sum;
 }
+
+/* ---- Dispatch ---------------------------------------------------------- */
+
+static void im2col_chunk(float *col, int ld, const float *x, int cn, const mg_conv2d_shape *s)
+{
+    size_t in_sz = (size_t)s->c * s->h * s->w;
+    int P = s->oh * s->ow;
+    for (int i = 0; i < cn; i++) {
+#ifdef MG__HAVE_AVX512
+        if (s->simd && s->stride == 1) {
+            mg__im2col_s1_avx512(col + (size_t)i * P, ld, x + i * in_sz, s->c, s->h, s->w,
+                                 s->kh, s->kw, s->pad, s->oh, s->ow);
+            continue;
+        }
+#endif
+        mg_im2col(col + (size_t)i * P, ld, x + i * in_sz, s->c, s->h, s->w, s->kh, s->kw,
+                  s->stride, s->pad, s->oh, s->ow);
+    }
+}
+
+#ifdef MG__HAVE_AVX512
+/* Zero-padded copies of cn one-channel images for the direct path. */
+static void pad_planes(float *xp, const float *x, int cn, const mg_conv2d_shape *s)
+{
+    int hp = s->h + 2 * s->pad, wp = s->w + 2 * s->pad;
+    if (s->pad == 0) {
+        memcpy(xp, x, sizeof(float) * (size_t)cn * s->h * s->w);
+    } else {
+        memset(xp, 0, sizeof(float) * (size_t)cn * hp * wp);
+        for (int i = 0; i < cn; i++)
+            for (int y = 0; y < s->h; y++)
+                memcpy(xp + ((size_t)i * hp + y + s->pad) * wp + s->pad,
+                       x + ((size_t)i * s->h + y) * s->w, sizeof(float) * (size_t)s->w);
+    }
+    memset(xp + (size_t)cn * hp * wp, 0, sizeof(float) * (size_t)(64 + s->kw));
+}
+#endif
 
 void mg_conv2d_forward(float *y, uint8_t *saved, const float *x,
                        const float *wt, const float *b,
                        const mg_conv2d_shape *s, int n, float *ws)
 {
-    int K = s->c * s->kh * s->kw, P = s->oh * s->ow;
     size_t in_sz = (size_t)s->c * s->h * s->w, out_sz = (size_t)s->oc * s->ph * s->pw;
-    size_t sv_sz = mg_conv2d_saved_bytes(s), sv_plane = (size_t)s->ph * s->pw;
+    size_t mplane = mg__plane_masks(s), out_plane = (size_t)s->ph * s->pw;
+    uint16_t *masks = (uint16_t *)saved;
+#ifdef MG__HAVE_AVX512
+    if (s->direct) {
+        for (int n0 = 0; n0 < n; n0 += s->dchunk) {
+            int cn = n - n0 < s->dchunk ? n - n0 : s->dchunk;
+            pad_planes(ws, x + n0 * in_sz, cn, s);
+            mg__direct_forward_avx512(y + n0 * out_sz, masks ? masks + n0 * s->oc * mplane : NULL,
+                                      ws, cn, wt, b, s);
+        }
+        return;
+    }
+#endif
+    int K = s->c * s->kh * s->kw, P = s->oh * s->ow;
     float *col = ws, *blk = ws + (size_t)K * P * s->chunk;
     for (int n0 = 0; n0 < n; n0 += s->chunk) {
         int cn = n - n0 < s->chunk ? n - n0 : s->chunk;
         int ld = cn * P;
-        for (int i = 0; i < cn; i++)
-            mg_im2col(col + (size_t)i * P, ld, x + (n0 + i) * in_sz, s->c, s->h, s->w,
-                      s->kh, s->kw, s->stride, s->pad, s->oh, s->ow);
+        im2col_chunk(col, ld, x + n0 * in_sz, cn, s);
         mg_gemm(false, false, s->oc, ld, K, 1.0f, wt, K, col, ld, 0.0f, blk, ld);
         for (int i = 0; i < cn; i++) {
             float *yi = y + (n0 + i) * out_sz;
-            uint8_t *mi = saved ? saved + (n0 + i) * sv_sz : NULL;
-            for (int o = 0; o < s->oc; o++)
-                epilogue_plane(yi + o * sv_plane, mi ? mi + o * sv_plane : NULL,
-                               blk + (size_t)o * ld + (size_t)i * P, b ? b[o] : 0.0f, s);
+            uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
+            for (int o = 0; o < s->oc; o++) {
+                float *dst = yi + o * out_plane;
+                uint16_t *mo = mi ? mi + o * mplane : NULL;
+                const float *src = blk + (size_t)o * ld + (size_t)i * P;
+                float bo = b ? b[o] : 0.0f;
+#ifdef MG__HAVE_AVX512
+                if (s->simd && s->pool != MG_POOL_NONE) {
+                    mg__pool_plane_avx512(dst, mo, src, bo, s);
+                    continue;
+                }
+#endif
+                epilogue_plane(dst, mo, src, bo, s);
+            }
         }
     }
 }
@@ -190,33 +267,63 @@ void mg_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
                         const float *wt, const mg_conv2d_shape *s, int n,
                         float *ws)
 {
-    int K = s->c * s->kh * s->kw, P = s->oh * s->ow;
     size_t in_sz = (size_t)s->c * s->h * s->w, out_sz = (size_t)s->oc * s->ph * s->pw;
-    size_t sv_sz = mg_conv2d_saved_bytes(s), sv_plane = (size_t)s->ph * s->pw;
+    size_t mplane = mg__plane_masks(s), out_plane = (size_t)s->ph * s->pw;
+    const uint16_t *masks = (const uint16_t *)saved;
+#ifdef MG__HAVE_AVX512
+    if (s->direct && !dx) {
+        for (int n0 = 0; n0 < n; n0 += s->dchunk) {
+            int cn = n - n0 < s->dchunk ? n - n0 : s->dchunk;
+            pad_planes(ws, x + n0 * in_sz, cn, s);
+            mg__direct_backward_avx512(dw, db, dy + n0 * out_sz, y + n0 * out_sz,
+                                       masks ? masks + n0 * s->oc * mplane : NULL, ws, cn, s);
+        }
+        return;
+    }
+#endif
+    int K = s->c * s->kh * s->kw, P = s->oh * s->ow;
     float *col = ws, *blk = ws + (size_t)K * P * s->chunk;
+    float *dwt = dw_transposed(s) ? blk + (size_t)s->oc * P * s->chunk : NULL;
+    if (dwt) memset(dwt, 0, sizeof(float) * (size_t)K * s->oc);
     for (int n0 = 0; n0 < n; n0 += s->chunk) {
         int cn = n - n0 < s->chunk ? n - n0 : s->chunk;
         int ld = cn * P;
         for (int i = 0; i < cn; i++) {
             const float *dyi = dy + (n0 + i) * out_sz, *yi = y + (n0 + i) * out_sz;
-            const uint8_t *mi = saved ? saved + (n0 + i) * sv_sz : NULL;
+            const uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
             for (int o = 0; o < s->oc; o++) {
-                float g = grad_plane(blk + (size_t)o * ld + (size_t)i * P, dyi + o * sv_plane,
-                                     yi + o * sv_plane, mi ? mi + o * sv_plane : NULL, s);
+                float *dst = blk + (size_t)o * ld + (size_t)i * P;
+                const uint16_t *mo = mi ? mi + o * mplane : NULL;
+                float g;
+#ifdef MG__HAVE_AVX512
+                if (s->simd && s->pool != MG_POOL_NONE)
+                    g = mg__pool_grad_plane_avx512(dst, dyi + o * out_plane, mo, s);
+                else
+#endif
+                    g = grad_plane(dst, dyi + o * out_plane, yi + o * out_plane, mo, s);
                 if (db) db[o] += g;
             }
         }
-        for (int i = 0; i < cn; i++)
-            mg_im2col(col + (size_t)i * P, ld, x + (n0 + i) * in_sz, s->c, s->h, s->w,
-                      s->kh, s->kw, s->stride, s->pad, s->oh, s->ow);
-        mg_gemm(false, true, s->oc, K, ld, 1.0f, blk, ld, col, ld, 1.0f, dw, K);
+        im2col_chunk(col, ld, x + n0 * in_sz, cn, s);
+        if (dwt) mg_gemm(false, true, K, s->oc, ld, 1.0f, col, ld, blk, ld, 1.0f, dwt, s->oc);
+        else mg_gemm(false, true, s->oc, K, ld, 1.0f, blk, ld, col, ld, 1.0f, dw, K);
         if (!dx) continue;
         mg_gemm(true, false, K, ld, s->oc, 1.0f, wt, K, blk, ld, 0.0f, col, ld);
         for (int i = 0; i < cn; i++) {
             float *dxi = dx + (n0 + i) * in_sz;
+#ifdef MG__HAVE_AVX512
+            if (s->simd && s->stride == 1) {
+                mg__col2im_s1_set_avx512(dxi, col + (size_t)i * P, ld, s->c, s->h, s->w, s->kh,
+                                         s->kw, s->pad, s->oh, s->ow);
+                continue;
+            }
+#endif
             memset(dxi, 0, sizeof(float) * in_sz);
-            mg_col2im(dxi, col + (size_t)i * P, ld, s->c, s->h, s->w, s->kh, s->kw,
-                      s->stride, s->pad, s->oh, s->ow);
+            mg_col2im(dxi, col + (size_t)i * P, ld, s->c, s->h, s->w, s->kh, s->kw, s->stride,
+                      s->pad, s->oh, s->ow);
         }
     }
+    if (dwt)
+        for (int o = 0; o < s->oc; o++)
+            for (int k = 0; k < K; k++) dw[(size_t)o * K + k] += dwt[(size_t)k * s->oc + o];
 }

@@ -46,7 +46,10 @@ mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra)
     size_t sm = s->slot_bytes / 16;
     sm = sm < 4096 ? 4096 : sm > 65536 ? 65536 : sm & ~(size_t)63;
     x->sm = sm;
-    x->reg = sm + 64;
+    x->reg = sm + 128;
+    /* Small forms carry count < 2^17 and root < 2^20: the packing is exact. */
+    x->shape = (uint64_t)o->count << 32 | (uint64_t)(o->root & 0xfffff) << 12 |
+               (uint64_t)o->op << 8 | (uint64_t)o->dt << 4 | (uint64_t)o->coll;
     size_t st = ((s->slot_bytes - 2 * x->reg) / 3) & ~(size_t)4095, cap = mg__shm_chunk_cap();
     x->stage = cap && cap < st ? cap & ~(size_t)63 : st;
     x->slot = (char **)(void *)scr;
@@ -70,6 +73,54 @@ mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1)
     h->ga[1] = g1;
     mg__shx_post(x, 1);
     return mg__shx_wait_all(x, 1);
+}
+
+void mg__shx_publish(mg__shx *x, const void *src, size_t n)
+{
+    mg__shm_tiny *t = mg__shx_tiny(x, x->me);
+    if (n) memcpy(mg__shx_small(x, x->me, n), src, n);
+    t->shape = x->shape;
+    atomic_store_explicit(&t->stamp, x->base + 1, memory_order_release);
+    mg__shx_post(x, 1);
+}
+
+/* Busy-wait rounds on a peer's stamp before the group's wait takes over
+ * (it spins or sleeps by its own policy): short, so that oversubscribed
+ * ranks do not burn the core the peer needs. */
+#define STAMP_SPINS 32
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+mg_status mg__shx_wait_published(mg__shx *x)
+{
+    uint64_t want = x->base + 1;
+    for (int d = 1; d < x->P; d++) {
+        int q = (x->me + d) % x->P;
+        mg__shm_tiny *t = mg__shx_tiny(x, q);
+        int seen = 0;
+        for (int i = 0; i < STAMP_SPINS && !seen; i++) {
+            if (atomic_load_explicit(&t->stamp, memory_order_acquire) == want)
+                seen = 1;
+            else
+                relax();
+        }
+        if (seen && t->shape == x->shape) continue;
+        /* Not there yet, or a different call: the group's wait sleeps,
+         * notices dead peers and names mismatched calls. */
+        MG_TRY(mg__shx_wait(x, q, 1));
+        if (atomic_load_explicit(&t->stamp, memory_order_acquire) != want ||
+            t->shape != x->shape)
+            return mg_error(MG_EMISMATCH, "shared-memory collective: rank %d runs a different "
+                            "operation than rank %d at the same point (collective, dtype, op, "
+                            "root or count differ); every rank must issue the same collectives "
+                            "in the same order", q, x->me);
+    }
+    return MG_OK;
 }
 
 void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len)
@@ -144,11 +195,10 @@ static mg_status reduce_common(mg__op *o, int root)
     size_t n = o->count * o->es, es = o->es;
     int P = x.P, me = x.me, all = root < 0, mine = all || me == root;
     if (n <= x.sm && n * (size_t)P <= SMALL_READ) {
-        memcpy(mg__shx_small(&x, me), o->sbuf, n);
-        mg__shx_post(&x, 1);
-        MG_TRY(mg__shx_wait_all(&x, 1));
+        mg__shx_publish(&x, o->sbuf, n);
+        MG_TRY(mg__shx_wait_published(&x));
         if (mine) {
-            for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q);
+            for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, n);
             void *d = o->rbuf;
             mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
         }
@@ -187,10 +237,9 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
     MG_TRY(mg__shx_begin(&x, o, 0, NULL));
     size_t C = x.stage / (size_t)P / es / al * al;
     if (all <= x.sm && all <= SMALL_READ) {
-        memcpy(mg__shx_small(&x, me), o->sbuf, all);
-        mg__shx_post(&x, 1);
-        MG_TRY(mg__shx_wait_all(&x, 1));
-        for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q) + (size_t)me * blk;
+        mg__shx_publish(&x, o->sbuf, all);
+        MG_TRY(mg__shx_wait_published(&x));
+        for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, all) + (size_t)me * blk;
         void *d = o->rbuf;
         mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
         return MG_OK;
@@ -236,6 +285,6 @@ mg_status mg__shm_barrier(mg__op *o)
 {
     mg__shx x;
     MG_TRY(mg__shx_begin(&x, o, 0, NULL));
-    mg__shx_post(&x, 1);
-    return mg__shx_wait_all(&x, 1);
+    mg__shx_publish(&x, NULL, 0);
+    return mg__shx_wait_published(&x);
 }

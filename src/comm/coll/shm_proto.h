@@ -2,8 +2,10 @@
  * shm_copy.c).
  *
  * Each rank's slot (coll.h) is laid out as
- *   region[0], region[1]   64-byte header + `sm` bytes, used by operations
- *                          of even and odd sequence number alternately
+ *   region[0], region[1]   a "tiny" line (stamp, call shape, 48 bytes of
+ *                          data), a header line, then `sm` bytes; used by
+ *                          operations of even and odd sequence number
+ *                          alternately
  *   stage[0..2]            three staging buffers of `stage` bytes
  * Operation k (coll_seq, equal on every rank) posts counter values
  * ((k + 1) << 32) + v, so values only grow (coll.h), and every operation
@@ -15,19 +17,33 @@
  *     when every peer has finished every earlier operation; within an
  *     operation, buffer k % 3 is rewritten only after its readers posted
  *     that they are done with chunk k - 3 (or later).
- * Small operations publish their whole input in the region and finish
- * after one wait; large ones publish group-memory addresses (gaddr) in the
+ * Small operations publish their whole input in the region, stamp the
+ * tiny line (release) and post; peers spin briefly on the stamp — when
+ * the input fits the tiny line, one cache miss brings both signal and
+ * data — and otherwise fall back to the group's wait, which also checks
+ * deadlines, dead peers and mismatched calls. Large ones publish group-memory addresses (gaddr) in the
  * region header and, when every buffer involved is group memory, read and
  * write peers' buffers in place ("direct"); otherwise they pipeline chunks
  * through the staging buffers ("staged"). */
 #ifndef MG_COMM_COLL_SHM_PROTO_H
 #define MG_COMM_COLL_SHM_PROTO_H
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include "comm/coll/algos.h"
 
 typedef struct {
     uint64_t ga[2];
 } mg__shm_hdr;
+
+/* Inputs up to this size travel in the tiny line itself. */
+#define MG__SHX_TINY 48
+
+typedef struct {
+    _Atomic uint64_t stamp;   /* base + 1 once this operation's input is in */
+    uint64_t shape;           /* the call (collective, dtype, op, root, count) */
+    char data[MG__SHX_TINY];
+} mg__shm_tiny;
 
 typedef struct {
     mg__op *o;
@@ -35,6 +51,7 @@ typedef struct {
     int me, P;
     uint64_t seq, base;
     size_t sm, stage, reg;
+    uint64_t shape;         /* the call, for the tiny line */
     char **slot;            /* slot[q]: rank q's slot as mapped here */
     const void **src;       /* P pointers of room for the kernels */
     void **dst;             /* P pointers */
@@ -53,13 +70,19 @@ static inline mg_status mg__shx_wait(mg__shx *x, int q, uint32_t v)
  * that ranks do not all queue on the same one). */
 mg_status mg__shx_wait_all(mg__shx *x, uint32_t v);
 
+static inline mg__shm_tiny *mg__shx_tiny(mg__shx *x, int q)
+{
+    return (mg__shm_tiny *)(void *)(x->slot[q] + (x->seq & 1) * x->reg);
+}
 static inline mg__shm_hdr *mg__shx_hdr(mg__shx *x, int q)
 {
-    return (mg__shm_hdr *)(void *)(x->slot[q] + (x->seq & 1) * x->reg);
+    return (mg__shm_hdr *)(void *)(x->slot[q] + (x->seq & 1) * x->reg + 64);
 }
-static inline char *mg__shx_small(mg__shx *x, int q)
+/* Where rank q's small input of n bytes lies. */
+static inline char *mg__shx_small(mg__shx *x, int q, size_t n)
 {
-    return x->slot[q] + (x->seq & 1) * x->reg + 64;
+    char *r = x->slot[q] + (x->seq & 1) * x->reg;
+    return n <= MG__SHX_TINY ? r + offsetof(mg__shm_tiny, data) : r + 128;
 }
 static inline char *mg__shx_stage(mg__shx *x, int q, size_t k)
 {
@@ -76,6 +99,11 @@ static inline char *mg__shx_gptr(mg__shx *x, int q, uint64_t ga)
 }
 /* Publish two group addresses, post arrival (1), wait for every peer's. */
 mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1);
+/* Small form: copy n bytes (src may be NULL when n is 0) to where
+ * mg__shx_small says, stamp and post arrival (1). */
+void mg__shx_publish(mg__shx *x, const void *src, size_t n);
+/* Wait until every peer has published this operation (same call shape). */
+mg_status mg__shx_wait_published(mg__shx *x);
 
 /* Element range [*lo, *lo + *len) of part q when m elements are cut into P
  * parts on cache-line boundaries (so ranks writing neighbouring parts do

@@ -107,7 +107,7 @@ static mg_status append(fstore *f, int op, const char *key, const void *val, siz
     return MG_OK;
 }
 
-static mg_status f_set(void *impl, const char *key, const void *val, size_t n)
+static mg_status f_set(void *impl, const char *key, const void *val, size_t n, double within)
 {
     fstore *f = impl;
     MG_TRY(lock(f, LOCK_EX));
@@ -177,7 +177,8 @@ static mg_status f_wait(void *impl, const char *const *keys, int n, int any, dou
     }
 }
 
-static mg_status f_get(void *impl, const char *key, double timeout, void **val, size_t *n)
+static mg_status f_get(void *impl, const char *key, double timeout, double within, void **val,
+                       size_t *n)
 {
     fstore *f = impl;
     const char *keys[1] = {key};
@@ -209,7 +210,7 @@ static void f_close(void *impl)
     free(f);
 }
 
-static const mg__store_vt file_vt = {f_set, f_get, f_add, f_wait, f_del, f_close};
+static const mg__store_vt file_vt = {f_set, f_get, f_add, f_wait, f_del, f_close, NULL};
 
 mg_status mg__file_store_open(const char *path, double timeout, mg_store *s)
 {

@@ -2,9 +2,14 @@
  * helpers rendezvous uses. A store handle is shared by a group and its
  * sub-groups through a reference count; requests are serialised by a
  * mutex because each client keeps one connection. */
+#include <netdb.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include "comm/store/store.h"
 #include "multigrad/core.h"
 
@@ -89,14 +94,14 @@ void mg_store_destroy(mg_store *s)
 
 mg_status mg_store_set(mg_store *s, const char *key, const void *val, size_t n)
 {
-    LOCKED(s->vt->set(s->impl, key, val, n));
+    LOCKED(s->vt->set(s->impl, key, val, n, s->timeout));
 }
 
 mg_status mg_store_get(mg_store *s, const char *key, void **val, size_t *n)
 {
     *val = NULL;
     *n = 0;
-    LOCKED(s->vt->get(s->impl, key, s->timeout, val, n));
+    LOCKED(s->vt->get(s->impl, key, s->timeout, s->timeout, val, n));
 }
 
 mg_status mg_store_add(mg_store *s, const char *key, int64_t delta, int64_t *result)
@@ -131,6 +136,36 @@ mg_status mg_store_delete(mg_store *s, const char *key, int *existed)
     return st;
 }
 
+static int lock_within(mg_store *s, double seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + seconds;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    return pthread_mutex_timedlock(&s->mu, &ts);
+}
+
+mg_status mg__store_set_quick(mg_store *s, const char *key, const void *val, size_t n,
+                              double seconds)
+{
+    if (lock_within(s, seconds)) return mg_error(MG_ETIMEOUT, "store busy");
+    mg_status st = s->vt->set(s->impl, key, val, n, seconds);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+mg_status mg__store_get_quick(mg_store *s, const char *key, double seconds, void **val,
+                              size_t *n)
+{
+    *val = NULL;
+    *n = 0;
+    if (lock_within(s, seconds)) return mg_error(MG_ETIMEOUT, "store busy");
+    mg_status st = s->vt->get(s->impl, key, seconds, seconds, val, n);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
 mg_status mg__store_barrier(mg_store *s, const char *key, int n, double timeout)
 {
     char cnt[MG_STORE_MAX_KEY], done[MG_STORE_MAX_KEY];
@@ -141,4 +176,21 @@ mg_status mg__store_barrier(mg_store *s, const char *key, int n, double timeout)
     if (v == n) MG_TRY(mg_store_set(s, done, "1", 1));
     const char *keys[1] = {done};
     return mg_store_wait(s, keys, 1, timeout);
+}
+
+void mg__store_local_addr(mg_store *s, char *buf, size_t n)
+{
+    if (s->vt->local_addr && !s->vt->local_addr(s->impl, buf, n)) return;
+    snprintf(buf, n, "127.0.0.1");
+    char host[256];
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res;
+    if (gethostname(host, sizeof host) || getaddrinfo(host, NULL, &hints, &res)) return;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        struct sockaddr_in *in = (struct sockaddr_in *)a->ai_addr;
+        if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) {
+            inet_ntop(AF_INET, &in->sin_addr, buf, (socklen_t)n);
+            break;
+        }
+    }
+    freeaddrinfo(res);
 }

@@ -37,14 +37,20 @@ mg_status mg__kv_add(mg__kv *kv, const char *key, size_t klen, int64_t delta, in
 
 /* ---- clients ---- */
 typedef struct mg__store_vt {
-    mg_status (*set)(void *impl, const char *key, const void *val, size_t n);
-    mg_status (*get)(void *impl, const char *key, double timeout, void **val, size_t *n);
+    /* within: how long the reply may take (a TCP store that stopped
+     * answering must not hold a failing rank up). */
+    mg_status (*set)(void *impl, const char *key, const void *val, size_t n, double within);
+    /* Waits up to timeout for the key, then up to within for the reply. */
+    mg_status (*get)(void *impl, const char *key, double timeout, double within, void **val,
+                     size_t *n);
     mg_status (*add)(void *impl, const char *key, int64_t delta, int64_t *out);
     /* any: done when one key exists (*index = which); else when all do. */
     mg_status (*wait)(void *impl, const char *const *keys, int n, int any, double timeout,
                       int *index);
     mg_status (*del)(void *impl, const char *key, int *existed);
     void (*close)(void *impl);
+    /* This end's address as the store sees it (NULL: not a network store). */
+    mg_status (*local_addr)(void *impl, char *buf, size_t n);
 } mg__store_vt;
 
 struct mg_store {
@@ -65,9 +71,18 @@ mg_store *mg__store_ref(mg_store *s);
 /* Wait until one of keys exists; *index = which. */
 mg_status mg__store_wait_any(mg_store *s, const char *const *keys, int n, double timeout,
                              int *index);
+/* Best-effort set and get for failure paths: they give up after about
+ * `seconds` even if the store is busy with another thread or unreachable. */
+mg_status mg__store_set_quick(mg_store *s, const char *key, const void *val, size_t n,
+                              double seconds);
+mg_status mg__store_get_quick(mg_store *s, const char *key, double seconds, void **val,
+                              size_t *n);
 /* Every one of n participants calls it with the same key: returns when
  * all have, or MG_ETIMEOUT. */
 mg_status mg__store_barrier(mg_store *s, const char *key, int n, double timeout);
+/* An address of this host that peers can reach: the one this process
+ * uses to reach a TCP store, else the host name's, else loopback. */
+void mg__store_local_addr(mg_store *s, char *buf, size_t n);
 /* Split "tcp://host:port"; host gets at most hn bytes. */
 mg_status mg__parse_tcp_url(const char *url, char *host, size_t hn, int *port);
 

@@ -376,6 +376,13 @@ void mg_store_server_stop(mg_store_server *s)
     char b = 1;
     if (write(s->wake[1], &b, 1) < 0) { /* the pipe is never full: one byte */ }
     pthread_join(s->thread, NULL);
+    /* Replies already decided still go out (best effort, no waiting). */
+    for (int i = 0; i < s->nc; i++) {
+        conn *c = s->c[i];
+        if (c->state == C_WRITE && c->out_done < c->out_len)
+            (void)!send(c->fd, c->out + c->out_done, c->out_len - c->out_done,
+                        MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     while (s->nc) conn_close(s, s->nc - 1);
     close(s->lfd);
     close(s->wake[0]);
@@ -445,22 +452,23 @@ static mg_status request(client *c, uint8_t op, uint8_t flags, const char *key,
 
 static double ms_of(double t) { return t < 0 ? 0 : t * 1e3; }
 
-static mg_status c_set(void *impl, const char *key, const void *val, size_t n)
+static mg_status c_set(void *impl, const char *key, const void *val, size_t n, double within)
 {
     client *c = impl;
     uint8_t st = ST_BAD;
     int64_t a = 0;
-    MG_TRY(request(c, OP_SET, 0, key, val, n, 0, c->timeout, &st, NULL, NULL, &a));
+    MG_TRY(request(c, OP_SET, 0, key, val, n, 0, within, &st, NULL, NULL, &a));
     if (st == ST_FULL) return mg_error(MG_ENOMEM, "%s is full: cannot set '%s'", c->what, key);
     return MG_OK;
 }
 
-static mg_status c_get(void *impl, const char *key, double timeout, void **val, size_t *n)
+static mg_status c_get(void *impl, const char *key, double timeout, double within, void **val,
+                       size_t *n)
 {
     client *c = impl;
     uint8_t st = ST_BAD;
     int64_t a = 0;
-    MG_TRY(request(c, OP_GET, 0, key, NULL, 0, (int64_t)ms_of(timeout), timeout + c->timeout,
+    MG_TRY(request(c, OP_GET, 0, key, NULL, 0, (int64_t)ms_of(timeout), timeout + within,
                    &st, val, n, &a));
     if (st == ST_OK) return MG_OK;
     free(*val);
@@ -524,7 +532,12 @@ static void c_close(void *impl)
     free(c);
 }
 
-static const mg__store_vt tcp_vt = {c_set, c_get, c_add, c_wait, c_del, c_close};
+static mg_status c_local_addr(void *impl, char *buf, size_t n)
+{
+    return mg__sock_local_addr(((client *)impl)->fd, buf, n);
+}
+
+static const mg__store_vt tcp_vt = {c_set, c_get, c_add, c_wait, c_del, c_close, c_local_addr};
 
 mg_status mg__tcp_store_open(const char *host, int port, const char *secret, double timeout,
                              mg_store *s)

@@ -99,7 +99,8 @@ _Static_assert(OFF_HIST + HIST * sizeof(hist_rec) <= OFF_RINGS, "history fits");
 
 typedef struct galloc {
     struct galloc *next;
-    size_t bytes;
+    size_t bytes;       /* as asked (ranges are checked against it) */
+    size_t mapped;      /* page-rounded */
     unsigned idx;       /* the same on every rank: allocations are collective */
     uint8_t **base;   /* per rank */
 } galloc;
@@ -501,6 +502,12 @@ void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
     atomic_store_explicit(&m->fp_seq, fp->seq, memory_order_release);
 }
 
+void mg__shmx_set_deadline(mg__shmx *x, double deadline)
+{
+    x->deadline = deadline;
+    x->started = mg_now();
+}
+
 /* Peer r has reached this operation (or passed it): check that it is the
  * same operation. Seqlocks guard against reading a fingerprint the peer is
  * overwriting; a peer too far ahead is not checked. */
@@ -556,7 +563,7 @@ static bool barrier_reached(void *p)
 static mg_status wait_for(mg__shmx *x, bool (*cond)(void *), wait_arg *a, const char *what)
 {
     mg__spin sp = {0};
-    char desc[160], msg[300];
+    char msg[160];
     while (!cond(a)) {
         if (!mg__spin_step(&sp, &x->spin)) continue;
         mg__shmx_block(x, SLICE, cond, a);
@@ -564,8 +571,7 @@ static mg_status wait_for(mg__shmx *x, bool (*cond)(void *), wait_arg *a, const 
         /* A peer in another operation may never post what we wait for:
          * its fingerprint tells, long before the deadline. */
         MG_TRY(fp_check(x, a->r));
-        mg__fp_describe(&x->fp, desc, sizeof desc);
-        snprintf(msg, sizeof msg, "waiting for rank %d (%s) in %s", a->r, what, desc);
+        snprintf(msg, sizeof msg, "waiting for rank %d (%s)", a->r, what);
         MG_TRY(mg__shmx_check(x, &a->r, 1, msg));
     }
     return fp_check(x, a->r);
@@ -612,7 +618,7 @@ static void *v_gptr(mg__shm *s, int rank, uint64_t ga)
     size_t off = (size_t)(ga & (((uint64_t)1 << GA_SHIFT) - 1));
     for (galloc *a = x->allocs; a; a = a->next)
         if (a->idx == idx) {
-            MG_ASSERT(off < a->bytes);
+            MG_ASSERT(off < a->mapped);
             return a->base[rank] + off;
         }
     MG_ASSERT(!"group-memory address of no live allocation");
@@ -664,7 +670,7 @@ static void alloc_name(char *buf, size_t n, uint64_t gid, int rank, unsigned idx
 static void galloc_unmap(mg__shmx *x, galloc *a)
 {
     for (int r = 0; r < x->size; r++)
-        if (a->base[r]) munmap(a->base[r], a->bytes);
+        if (a->base[r]) munmap(a->base[r], a->mapped);
     free(a->base);
     free(a);
 }
@@ -679,7 +685,8 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
         free(a);
         return mg_error(MG_ENOMEM, "mg_group_alloc: out of memory");
     }
-    a->bytes = page_up(bytes ? bytes : 1);
+    a->bytes = bytes;
+    a->mapped = page_up(bytes ? bytes : 1);
     unsigned idx = a->idx = x->nalloc++;
     char name[80];
     alloc_name(name, sizeof name, x->gid, x->rank, idx);
@@ -688,14 +695,14 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
     if (fd < 0) {
         st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
     } else {
-        if (ftruncate(fd, (off_t)a->bytes) < 0)
+        if (ftruncate(fd, (off_t)a->mapped) < 0)
             st = mg_error(MG_ENOMEM, "mg_group_alloc: cannot size %zu bytes of shared memory: %s "
-                          "(is /dev/shm full?)", a->bytes, strerror(errno));
-        void *p = st ? MAP_FAILED : mmap(NULL, a->bytes, PROT_READ | PROT_WRITE,
+                          "(is /dev/shm full?)", a->mapped, strerror(errno));
+        void *p = st ? MAP_FAILED : mmap(NULL, a->mapped, PROT_READ | PROT_WRITE,
                                          MAP_SHARED | MAP_POPULATE, fd, 0);
         close(fd);
         if (!st && p == MAP_FAILED)
-            st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap of %zu bytes: %s", a->bytes,
+            st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap of %zu bytes: %s", a->mapped,
                           strerror(errno));
         if (!st) a->base[x->rank] = p;
     }
@@ -708,11 +715,12 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
         alloc_name(pn, sizeof pn, x->gid, r, idx);
         int pfd = shm_open(pn, O_RDWR, 0);
         struct stat sb;
-        if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->bytes) {
+        if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->mapped) {
             st = mg_error(MG_EMISMATCH, "mg_group_alloc: rank %d's allocation %s is missing or "
                           "of another size", r, pn);
         } else {
-            void *p = mmap(NULL, a->bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
+            void *p = mmap(NULL, a->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                           pfd, 0);
             if (p == MAP_FAILED) st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap: %s", strerror(errno));
             else a->base[r] = p;
         }

@@ -45,6 +45,9 @@ void mg__shmx_wake(mg__shmx *x, int peer);
 /* Start an operation: publish its fingerprint, reset the counter, and
  * set the deadline waits honour. */
 void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline);
+/* For requests that are not collectives (point-to-point): the deadline
+ * waits honour. */
+void mg__shmx_set_deadline(mg__shmx *x, double deadline);
 /* The mg__shm view for algorithms (only when all ranks are local). */
 mg__shm *mg__shmx_view(mg__shmx *x);
 

@@ -207,6 +207,7 @@ ssize_t mg__tcp_chan_read(mg__chan *c, void *buf, size_t n)
         ssize_t k = recv(c->fd, buf, n, MSG_DONTWAIT);
         if (k > 0) return k;
         if (k == 0) {
+            c->eof = true;
             mg_error(MG_EPEER, "rank %d closed its connection: it exited, crashed or aborted",
                      c->peer);
             return -1;

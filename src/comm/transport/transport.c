@@ -66,14 +66,18 @@ void mg__fp_describe(const mg__fp *fp, char *buf, size_t n)
     file[sizeof fp->file] = 0;
     for (char *p = file; *p; p++)
         if (*p < 32 || *p > 126) *p = '?';
-    const char *cn = fp->coll < MG_COLL_COUNT ? mg_coll_name((mg_coll)fp->coll) : "?";
+    const char *cn = fp->coll < MG_COLL_COUNT ? mg_coll_name((mg_coll)fp->coll)
+                   : fp->coll == MG__COLL_ALLOC ? "mg_group_alloc" : "?";
     const char *dn = fp->dtype < MG_DTYPE_COUNT ? mg_dtype_name((mg_dtype)fp->dtype) : "?";
     char extra[64] = "";
     if (has_op(fp->coll))
         snprintf(extra, sizeof extra, ", %s", fp->op < MG_OP_COUNT ? mg_op_name((mg_op)fp->op) : "?");
     else if (has_root(fp->coll))
         snprintf(extra, sizeof extra, ", root %d", fp->root);
-    if (fp->coll == MG_COLL_BARRIER)
+    if (fp->coll == MG__COLL_ALLOC)
+        snprintf(buf, n, "%s #%llu (%llu bytes)", cn, (unsigned long long)fp->seq,
+                 (unsigned long long)fp->count);
+    else if (fp->coll == MG_COLL_BARRIER)
         snprintf(buf, n, "%s #%llu at %s:%u", cn, (unsigned long long)fp->seq,
                  *file ? file : "?", fp->line);
     else

@@ -17,6 +17,8 @@
 #include "multigrad/comm.h"
 
 #define MG__FRAME_MAGIC 0x3146474du /* "MGF1" */
+/* The fingerprint's coll for mg_group_alloc (collective, not an mg_coll). */
+#define MG__COLL_ALLOC MG_COLL_COUNT
 enum { MG__FRAME_COLL = 1, MG__FRAME_P2P = 2, MG__FRAME_ABORT = 3 };
 
 /* Frame header and fingerprint. For a collective: coll, dtype, op, algo,
@@ -98,6 +100,7 @@ typedef struct mg__chan {
     /* framing state */
     bool tx_mid;                           /* a frame is partly written */
     bool dead;                             /* failed; never used again */
+    bool eof;                              /* TCP: the peer closed it */
 } mg__chan;
 
 /* Write up to an + bn bytes (a then b); returns how many were taken

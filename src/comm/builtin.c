@@ -1,0 +1,586 @@
+/* The builtin backend: rendezvous through the store, transports chosen
+ * per peer, collectives through src/comm/coll, split, group memory,
+ * failure notices and an orderly teardown.
+ *
+ * Rendezvous (prefix P: "w" for the world, P/s<k>/c<color> for splits):
+ * every rank publishes P/info/<rank> (world size, pid, host identity,
+ * listening address); rank 0 reads them all, checks that they agree and
+ * publishes the table (P/table) — or, when they do not, the reason
+ * (P/error), which every waiting rank reports. Ranks on the same host
+ * (same boot id and the same pid, mount and IPC namespaces) talk through
+ * shared memory unless MG_TRANSPORT=tcp; the others over authenticated
+ * TCP connections. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <openssl/rand.h>
+#include "comm/builtin.h"
+#include "comm/store/auth.h"
+#include "comm/transport/sock.h"
+#include "multigrad/core.h"
+
+#define INFO_MAGIC 0x4f464e49u
+#define INFO_VERSION 1u
+#define KEYLEN (MG_STORE_MAX_KEY + 1)
+
+static double left(double deadline)
+{
+    double l = deadline - mg_now();
+    return l > 0.001 ? l : 0.001;
+}
+
+static void host_identity(char *key, size_t kn, char *host, size_t hn)
+{
+    char boot[64] = "noboot";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) strcpy(boot, "noboot");
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    unsigned long long ns[3] = {0, 0, 0};
+    const char *names[3] = {"/proc/self/ns/pid", "/proc/self/ns/mnt", "/proc/self/ns/ipc"};
+    for (int i = 0; i < 3; i++) {
+        struct stat st;
+        if (!stat(names[i], &st)) ns[i] = (unsigned long long)st.st_ino;
+    }
+    snprintf(key, kn, "%s/%llu/%llu/%llu", boot, ns[0], ns[1], ns[2]);
+    if (gethostname(host, hn)) snprintf(host, hn, "?");
+    host[hn - 1] = 0;
+}
+
+static mg_status key_fmt(char *buf, size_t n, const char *prefix, const char *what, int i)
+{
+    int k = i >= 0 ? snprintf(buf, n, "%s/%s/%d", prefix, what, i)
+                   : snprintf(buf, n, "%s/%s", prefix, what);
+    if (k < 0 || (size_t)k >= n || k > MG_STORE_MAX_KEY)
+        return mg_error(MG_EINVAL, "store key for '%s' too long (deeply nested split?)", what);
+    return MG_OK;
+}
+
+/* ---- rendezvous ----------------------------------------------------------- */
+
+/* Rank 0 publishes why the group cannot form; the others report it. */
+static mg_status publish_error(mg__bi *b, mg_status code)
+{
+    char key[KEYLEN], msg[1024];
+    snprintf(msg, sizeof msg, "%s", mg_last_error());
+    if (!key_fmt(key, sizeof key, b->prefix, "error", -1))
+        (void)mg_store_set(b->store, key, msg, strlen(msg));
+    return mg_error(code, "%s", msg);
+}
+
+static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double deadline,
+                              mg__rinfo *table)
+{
+    char key[KEYLEN];
+    table[0] = *me;
+    for (int r = 1; r < size; r++) {
+        MG_TRY(key_fmt(key, sizeof key, b->prefix, "info", r));
+        const char *keys[1] = {key};
+        mg_status st = mg_store_wait(b->store, keys, 1, left(deadline));
+        if (st == MG_ETIMEOUT) {
+            char missing[200] = "";
+            size_t m = 0;
+            for (int q = r; q < size && m + 12 < sizeof missing; q++) {
+                char k2[300];
+                key_fmt(k2, sizeof k2, b->prefix, "info", q);
+                const char *kk[1] = {k2};
+                if (mg_store_wait(b->store, kk, 1, 0.001) == MG_ETIMEOUT)
+                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d", q);
+            }
+            mg_error(MG_ETIMEOUT, "rank 0: timed out after %.1f s waiting for rank(s)%s of %d "
+                     "to join: are they running, with the same MASTER_ADDR, MASTER_PORT and "
+                     "WORLD_SIZE?", b->g->timeout, missing, size);
+            return publish_error(b, MG_ETIMEOUT);
+        }
+        if (st) return st;
+        void *v;
+        size_t n;
+        MG_TRY(mg_store_get(b->store, key, &v, &n));
+        mg__rinfo in;
+        bool ok = n == sizeof in;
+        if (ok) memcpy(&in, v, sizeof in);
+        free(v);
+        if (!ok || in.magic != INFO_MAGIC || in.version != INFO_VERSION || in.rank != r) {
+            mg_error(MG_EFORMAT, "rank %d's rendezvous record is malformed (another multigrad "
+                     "version?)", r);
+            return publish_error(b, MG_EFORMAT);
+        }
+        if (in.size != size) {
+            mg_error(MG_EMISMATCH, "ranks disagree on the world size: rank %d has WORLD_SIZE=%d "
+                     "but rank 0 has %d; give every rank the same WORLD_SIZE", r, in.size, size);
+            return publish_error(b, MG_EMISMATCH);
+        }
+        table[r] = in;
+    }
+    MG_TRY(key_fmt(key, sizeof key, b->prefix, "table", -1));
+    return mg_store_set(b->store, key, table, sizeof *table * (size_t)size);
+}
+
+static mg_status fetch_table(mg__bi *b, int rank, int size, const mg__rinfo *me,
+                             double deadline, mg__rinfo *table)
+{
+    char tk[KEYLEN], ek[KEYLEN];
+    MG_TRY(key_fmt(tk, sizeof tk, b->prefix, "table", -1));
+    MG_TRY(key_fmt(ek, sizeof ek, b->prefix, "error", -1));
+    const char *keys[2] = {tk, ek};
+    int which;
+    mg_status st = mg__store_wait_any(b->store, keys, 2, left(deadline), &which);
+    if (st == MG_ETIMEOUT)
+        return mg_error(MG_ETIMEOUT, "rank %d: timed out after %.1f s waiting for the group to "
+                        "form: rank 0 is waiting for other ranks, or WORLD_SIZE differs between "
+                        "ranks", rank, b->g->timeout);
+    if (st) return st;
+    void *v;
+    size_t n;
+    if (which == 1) {
+        MG_TRY(mg_store_get(b->store, ek, &v, &n));
+        char ack[KEYLEN];
+        if (!key_fmt(ack, sizeof ack, b->prefix, "error-seen", -1))
+            (void)mg_store_add(b->store, ack, 1, NULL);
+        st = mg_error(MG_EMISMATCH, "the group cannot form; rank 0 reports: %s", (char *)v);
+        free(v);
+        return st;
+    }
+    MG_TRY(mg_store_get(b->store, tk, &v, &n));
+    if (n % sizeof *table || n == 0) {
+        free(v);
+        return mg_error(MG_EFORMAT, "the rendezvous table is malformed");
+    }
+    int other = (int)(n / sizeof *table);
+    if (other != size) {
+        free(v);
+        return mg_error(MG_EMISMATCH, "ranks disagree on the world size: this rank (%d) has "
+                        "WORLD_SIZE=%d but rank 0 has %d; give every rank the same WORLD_SIZE",
+                        rank, size, other);
+    }
+    memcpy(table, v, n);
+    free(v);
+    if (table[rank].pid != me->pid || table[rank].start != me->start ||
+        strcmp(table[rank].hostkey, me->hostkey))
+        return mg_error(MG_EMISMATCH, "two processes were started as rank %d: give each rank a "
+                        "different RANK", rank);
+    return MG_OK;
+}
+
+/* Rendezvous and transports for b->g as (rank, size). */
+static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, double deadline)
+{
+    mg_group *g = b->g;
+    mg__rinfo me = {.magic = INFO_MAGIC, .version = INFO_VERSION, .rank = rank, .size = size,
+                    .pid = (int32_t)getpid(), .force_tcp = b->force_tcp,
+                    .env_local_rank = env_lr, .env_local_size = env_ls};
+    me.start = mg__proc_starttime(getpid());
+    if (RAND_bytes((unsigned char *)&me.gid, sizeof me.gid) != 1)
+        return mg_error(MG_EIO, "RAND_bytes failed");
+    host_identity(me.hostkey, sizeof me.hostkey, me.host, sizeof me.host);
+    mg__store_local_addr(b->store, me.addr, sizeof me.addr);
+    mg__tcp_listener lis = {.fd = -1};
+    if (size > 1) MG_TRY(mg__tcp_listen(me.addr, &lis));
+    me.port = lis.port;
+    char key[KEYLEN];
+    mg_status st = key_fmt(key, sizeof key, b->prefix, "info", rank);
+    if (!st) st = mg_store_set(b->store, key, &me, sizeof me);
+    b->info = calloc((size_t)size, sizeof *b->info);
+    if (!b->info) st = mg_error(MG_ENOMEM, "rendezvous: out of memory");
+    if (!st) st = rank == 0 ? gather_table(b, size, &me, deadline, b->info)
+                            : fetch_table(b, rank, size, &me, deadline, b->info);
+    if (st && rank == 0) {
+        /* Linger briefly so the others can read why (rank 0 serves the store). */
+        char ack[KEYLEN], msg[1024];
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        int64_t seen = 0;
+        double until = mg_now() + (left(deadline) < 2 ? left(deadline) : 2);
+        if (!key_fmt(ack, sizeof ack, b->prefix, "error-seen", -1))
+            while (mg_now() < until && !mg_store_add(b->store, ack, 0, &seen) && seen < size - 1)
+                usleep(20000);
+        mg_error(st, "%s", msg);
+    }
+    if (st) {
+        mg__tcp_listener_close(&lis);
+        return st;
+    }
+    b->gid = b->info[0].gid;
+    bool *local = calloc((size_t)size, sizeof *local), *need = calloc((size_t)size, sizeof *need);
+    int *fds = calloc((size_t)size, sizeof *fds), *ports = calloc((size_t)size, sizeof *ports);
+    char (*addr)[64] = calloc((size_t)size, sizeof *addr);
+    pid_t *pids = calloc((size_t)size, sizeof *pids);
+    uint64_t *starts = calloc((size_t)size, sizeof *starts);
+    b->link = calloc((size_t)size, sizeof *b->link);
+    if (!local || !need || !fds || !ports || !addr || !pids || !starts || !b->link)
+        st = mg_error(MG_ENOMEM, "rendezvous: out of memory");
+    int nlocal = 0, nhost = 0, lrank = 0, any_tcp = 0;
+    bool tcp_any = false;
+    for (int r = 0; !st && r < size; r++) tcp_any = tcp_any || b->info[r].force_tcp;
+    for (int r = 0; !st && r < size; r++) {
+        bool same = !strcmp(b->info[r].hostkey, me.hostkey);
+        if (same && r < rank) lrank++;
+        nhost += same;
+        local[r] = same && !tcp_any;
+        nlocal += local[r];
+        need[r] = !local[r] && r != rank;
+        any_tcp += need[r];
+        memcpy(addr[r], b->info[r].addr, 64);
+        addr[r][63] = 0;
+        ports[r] = b->info[r].port;
+        pids[r] = b->info[r].pid;
+        starts[r] = same ? b->info[r].start : 0;
+        if (need[r] && !*b->secret && !mg__host_is_loopback(addr[r]))
+            st = mg_error(MG_EAUTH, "rank %d is on another host (%s) and MG_JOB_SECRET is not "
+                          "set: set the same MG_JOB_SECRET on every rank", r, b->info[r].host);
+    }
+    g->local_rank = env_lr >= 0 ? env_lr : lrank;
+    g->local_size = env_ls >= 1 ? env_ls : nhost;
+    b->spin = mg__spin_default(nhost);
+    /* Shared memory: create, everyone maps everyone, then drop the names. */
+    if (!st && nlocal > 1) {
+        long rk = mg_env_long("MG_SHM_RING_KB", 0), sk = mg_env_long("MG_SHM_SLOT_KB", 0);
+        size_t ring = rk > 0 ? (size_t)rk << 10 : ((size_t)32 << 20) / (size_t)(nlocal - 1);
+        if (rk <= 0) ring = ring < ((size_t)256 << 10) ? (size_t)256 << 10
+                          : ring > ((size_t)4 << 20) ? (size_t)4 << 20 : ring;
+        size_t slot = sk > 0 ? (size_t)sk << 10 : MG__SHM_SLOT_BYTES;
+        if (slot < MG__SHM_SLOT_MIN) slot = MG__SHM_SLOT_MIN;
+        mg__shmx_cfg cfg = {.gid = b->gid, .rank = rank, .size = size, .local = local,
+                            .all_local = nlocal == size, .ring_bytes = ring, .slot_bytes = slot,
+                            .spin = b->spin, .pid = pids, .start = starts};
+        st = mg__shmx_create(&cfg, &b->shmx);
+    }
+    char bk[KEYLEN];
+    if (!st) st = key_fmt(bk, sizeof bk, b->prefix, "shm-created", -1);
+    if (!st) st = mg__store_barrier(b->store, bk, size, left(deadline));
+    if (!st && b->shmx) st = mg__shmx_attach(b->shmx);
+    if (!st) st = key_fmt(bk, sizeof bk, b->prefix, "shm-mapped", -1);
+    if (!st) st = mg__store_barrier(b->store, bk, size, left(deadline));
+    if (b->shmx) mg__shmx_unlink(b->shmx);
+    if (!st && any_tcp)
+        st = mg__tcp_connect_peers(&lis, b->gid, rank, size, need, addr, ports, b->secret,
+                                   deadline, fds);
+    mg__tcp_listener_close(&lis);
+    for (int r = 0; !st && r < size; r++) {
+        mg__link *l = &b->link[r];
+        if (local[r] && r != rank) mg__shmx_chan(b->shmx, r, &l->ch);
+        else if (need[r]) mg__tcp_chan(fds[r], r, &l->ch);
+        else l->ch = (mg__chan){.kind = MG__CH_NONE, .peer = r, .fd = -1};
+    }
+    if (st && b->link && fds)
+        for (int r = 0; r < size; r++)
+            if (need[r] && fds[r] > 0) close(fds[r]);
+    if (!st) {
+        mg__p2p_init(b);
+        b->p2p.shm = mg__shmx_view(b->shmx);
+    }
+    free(local);
+    free(need);
+    free(fds);
+    free(ports);
+    free(addr);
+    free(pids);
+    free(starts);
+    return st;
+}
+
+/* ---- init ------------------------------------------------------------------ */
+
+static mg_status parse_port(const char *s, int *port)
+{
+    char *end;
+    long v = s ? strtol(s, &end, 10) : -1;
+    if (!s || !*s || *end || v < 1 || v > 65535)
+        return mg_error(MG_EINVAL, "MASTER_PORT='%s' is not a port number (1-65535)", s ? s : "");
+    *port = (int)v;
+    return MG_OK;
+}
+
+static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, double deadline)
+{
+    const char *im = opt->init_method ? opt->init_method : "env://";
+    char url[600], host[256];
+    int port;
+    if (!strcmp(im, "env://")) {
+        const char *a = getenv("MASTER_ADDR");
+        if (!a || !*a)
+            return mg_error(MG_EINVAL, "MASTER_ADDR is not set: start the ranks with a launcher "
+                            "(mgrun, torchrun) or give an init method tcp://host:port");
+        MG_TRY(parse_port(getenv("MASTER_PORT"), &port));
+        snprintf(host, sizeof host, "%s", a);
+    } else if (!strncmp(im, "tcp://", 6)) {
+        MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));
+        if (port < 1) return mg_error(MG_EINVAL, "init method '%s': port 0 is not allowed", im);
+    } else if (!strncmp(im, "file://", 7)) {
+        MG_TRY(mg_store_connect(im, b->secret, left(deadline), &b->store));
+        b->store->timeout = b->g->timeout;
+        return MG_OK;
+    } else {
+        return mg_error(MG_EINVAL, "init method '%s' is none of env://, tcp://host:port, "
+                        "file:///path", im);
+    }
+    if (!*b->secret && !mg__host_is_loopback(host))
+        return mg_error(MG_EAUTH, "the master address %s is not a loopback address and "
+                        "MG_JOB_SECRET is not set: set the same MG_JOB_SECRET on every rank (mgrun "
+                        "does this)", host);
+    mg_store_server *srv = NULL;
+    if (rank == 0 && !mg_env_long("MG_STORE_SERVED", 0)) {
+        mg_status st = mg_store_server_start(mg__host_is_loopback(host) ? host : NULL, port,
+                                             b->secret, &srv);
+        if (st) {
+            char m[1024];
+            snprintf(m, sizeof m, "%s", mg_last_error());
+            return mg_error(st, "rank 0 cannot serve the rendezvous store: %s", m);
+        }
+    }
+    if (strchr(host, ':')) snprintf(url, sizeof url, "tcp://[%s]:%d", host, port);
+    else snprintf(url, sizeof url, "tcp://%s:%d", host, port);
+    mg_status st = mg_store_connect(url, b->secret, left(deadline), &b->store);
+    if (st) {
+        mg_store_server_stop(srv);
+        return st;
+    }
+    b->store->server = srv;
+    b->store->timeout = b->g->timeout;
+    return MG_OK;
+}
+
+static mg_status bi_init(mg_group *g, const mg_group_options *opt)
+{
+    mg__bi *b = calloc(1, sizeof *b);
+    if (!b) return mg_error(MG_ENOMEM, "group: out of memory");
+    g->impl = b;
+    b->g = g;
+    int rank, size, lr, ls;
+    MG_TRY(mg__resolve_ranks(opt, &rank, &size, &lr, &ls));
+    g->rank = rank;
+    g->size = size;
+    const char *sec = mg__secret(opt->secret);
+    if (strlen(sec) >= sizeof b->secret)
+        return mg_error(MG_EINVAL, "MG_JOB_SECRET is longer than %zu bytes", sizeof b->secret - 1);
+    strcpy(b->secret, sec);
+    const char *tr = mg_env_str("MG_TRANSPORT", "auto");
+    if (strcmp(tr, "auto") && strcmp(tr, "tcp") && strcmp(tr, "shm"))
+        return mg_error(MG_EINVAL, "MG_TRANSPORT='%s': use auto, shm or tcp", tr);
+    b->force_tcp = !strcmp(tr, "tcp");
+    const char *al = mg_env_str("MG_ALGO", "auto");
+    b->algo_env = mg__algo_parse(al);
+    if (b->algo_env < 0)
+        return mg_error(MG_EINVAL, "MG_ALGO='%s': use auto, ring, rd, tree or shm", al);
+    double deadline = mg_now() + g->timeout;
+    MG_TRY(open_store(b, opt, rank, deadline));
+    b->world = true;
+    snprintf(b->prefix, sizeof b->prefix, "w%s", mg_env_str("MG_RUN_ID", ""));
+    return join(b, rank, size, lr, ls, deadline);
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static mg_status fail_with(mg_status st, const char *fmt_prefix, int rank)
+{
+    char inner[1024];
+    snprintf(inner, sizeof inner, "%s", mg_last_error());
+    return mg_error(st, "rank %d: %s failed: %s", rank, fmt_prefix, inner);
+}
+
+static mg_status run_coll(mg__bi *b, mg__req *r)
+{
+    mg_call c = r->c;
+    int algo = b->algo_env;
+    if (algo == MG_ALGO_SHM && !b->p2p.shm) algo = MG_ALGO_AUTO;
+    if (algo == MG_ALGO_AUTO) algo = mg__coll_select(&b->p2p, &c);
+    mg__fp_make(&b->fp, &c, r->seq, algo);
+    b->deadline = b->p2p.deadline = mg_now() + b->g->timeout;
+    if (b->shmx) mg__shmx_begin(b->shmx, &b->fp, b->deadline);
+    mg_status st = mg__coll_run(&b->p2p, &c, (mg__algo)algo);
+    if (st) {
+        char d[200];
+        mg__fp_describe(&b->fp, d, sizeof d);
+        return fail_with(st, d, b->g->rank);
+    }
+    return MG_OK;
+}
+
+static mg_status split(mg__bi *b, mg__req *r)
+{
+    mg_group *g = b->g;
+    double deadline = mg_now() + g->timeout;
+    char ns[KEYLEN], key[KEYLEN];
+    int k = snprintf(ns, sizeof ns, "%s/s%d", b->prefix, ++b->nsplit);
+    if (k < 0 || (size_t)k + 16 >= sizeof ((mg__bi *)0)->prefix)
+        return mg_error(MG_EINVAL, "mg_group_split: sub-groups nested too deeply");
+    int32_t mine[2] = {r->color, r->key};
+    MG_TRY(key_fmt(key, sizeof key, ns, "r", g->rank));
+    MG_TRY(mg_store_set(b->store, key, mine, sizeof mine));
+    int32_t (*all)[2] = calloc((size_t)g->size, sizeof *all);
+    if (!all) return mg_error(MG_ENOMEM, "split: out of memory");
+    mg_status st = MG_OK;
+    for (int q = 0; !st && q < g->size; q++) {
+        void *v;
+        size_t n;
+        st = key_fmt(key, sizeof key, ns, "r", q);
+        const char *keys[1] = {key};
+        if (!st) st = mg_store_wait(b->store, keys, 1, left(deadline));
+        if (st == MG_ETIMEOUT)
+            st = mg_error(MG_ETIMEOUT, "mg_group_split: rank %d did not call it within %.1f s",
+                          q, g->timeout);
+        if (!st) st = mg_store_get(b->store, key, &v, &n);
+        if (!st) {
+            if (n == sizeof all[q]) memcpy(all[q], v, n);
+            else st = mg_error(MG_EFORMAT, "mg_group_split: malformed record from rank %d", q);
+            free(v);
+        }
+    }
+    int count = 0, newrank = 0;
+    for (int q = 0; !st && q < g->size; q++) {
+        if (all[q][0] != r->color) continue;
+        count++;
+        if (all[q][1] < r->key || (all[q][1] == r->key && q < g->rank)) newrank++;
+    }
+    free(all);
+    if (st || r->color == MG_UNDEFINED) return st;
+    mg_group *sub = mg__group_new(&mg__backend_builtin, g->timeout);
+    mg__bi *sb = sub ? calloc(1, sizeof *sb) : NULL;
+    if (!sb) {
+        free(sub);
+        return mg_error(MG_ENOMEM, "split: out of memory");
+    }
+    sub->impl = sb;
+    sub->rank = newrank;
+    sub->size = count;
+    sb->g = sub;
+    sb->store = mg__store_ref(b->store);
+    memcpy(sb->secret, b->secret, sizeof sb->secret);
+    sb->algo_env = b->algo_env;
+    sb->force_tcp = b->force_tcp;
+    if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)
+        MG_ASSERT(!"split prefix fits: checked above");
+    st = join(sb, newrank, count, -1, -1, deadline);
+    if (!st) st = mg__group_start(sub);
+    if (st) {
+        char m[1024];
+        snprintf(m, sizeof m, "%s", mg_last_error());
+        mg__group_free(sub);
+        return mg_error(st, "mg_group_split: %s", m);
+    }
+    *r->out_group = sub;
+    return MG_OK;
+}
+
+static mg_status galloc(mg__bi *b, mg__req *r)
+{
+    if (b->p2p.shm) {
+        mg_call c = {.coll = MG_COLL_BARRIER};
+        mg__fp_make(&b->fp, &c, r->seq, 0);
+        b->fp.coll = MG__COLL_ALLOC;
+        b->fp.count = r->bytes;
+        b->deadline = mg_now() + b->g->timeout;
+        mg__shmx_begin(b->shmx, &b->fp, b->deadline);
+        mg_status st = mg__shmx_alloc(b->shmx, r->bytes, r->out_ptr);
+        if (st) {
+            char d[200];
+            mg__fp_describe(&b->fp, d, sizeof d);
+            return fail_with(st, d, b->g->rank);
+        }
+        return MG_OK;
+    }
+    void **np = realloc(b->plain, (size_t)(b->nplain + 1) * sizeof *np);
+    void *p = np ? mg_alloc_zero(r->bytes) : NULL;
+    if (np) b->plain = np;
+    if (!p) return mg_error(MG_ENOMEM, "mg_group_alloc: cannot allocate %zu bytes", r->bytes);
+    b->plain[b->nplain++] = p;
+    *r->out_ptr = p;
+    return MG_OK;
+}
+
+static mg_status gfree(mg__bi *b, mg__req *r)
+{
+    if (b->shmx && mg__shmx_free(b->shmx, r->ptr)) return MG_OK;
+    for (int i = 0; i < b->nplain; i++)
+        if (b->plain[i] == r->ptr) {
+            mg_free(r->ptr);
+            b->plain[i] = b->plain[--b->nplain];
+            return MG_OK;
+        }
+    MG_ASSERT(!"mg_group_free: pointer not from mg_group_alloc on this group");
+    return MG_OK;
+}
+
+static mg_status bi_run(mg_group *g, mg__req *r)
+{
+    mg__bi *b = g->impl;
+    switch (r->kind) {
+    case MG__REQ_SPLIT: return split(b, r);
+    case MG__REQ_ALLOC: return galloc(b, r);
+    case MG__REQ_FREE: return gfree(b, r);
+    case MG__REQ_CALL: break;
+    }
+    if (r->c.coll != MG_COLL_SEND && r->c.coll != MG_COLL_RECV) return run_coll(b, r);
+    b->deadline = mg_now() + g->timeout;
+    if (b->shmx) mg__shmx_set_deadline(b->shmx, b->deadline);
+    mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
+    if (st && !r->rejected) {
+        char d[200];
+        mg__bi_describe_p2p(r, d, sizeof d);
+        return fail_with(st, d, g->rank);
+    }
+    return st;
+}
+
+static void bi_abort(mg_group *g, const char *msg)
+{
+    mg__bi *b = g->impl;
+    if (b->shmx) mg__shmx_abort(b->shmx, msg);
+    if (!b->link) return;
+    bool tcp = false;
+    for (int p = 0; p < g->size; p++) tcp = tcp || b->link[p].ch.kind == MG__CH_TCP;
+    /* Before any link closes: a peer that sees one close looks here. */
+    char key[KEYLEN];
+    if (tcp && !key_fmt(key, sizeof key, b->prefix, "abort", g->rank))
+        (void)mg__store_set_quick(b->store, key, msg, strlen(msg), 0.5);
+    mg__bi_abort_links(b, msg);
+}
+
+static void bi_destroy(mg_group *g)
+{
+    mg__bi *b = g->impl;
+    bool failed = atomic_load(&g->failed) != 0;
+    double grace = g->timeout < 10 ? g->timeout : 10;
+    if (b->link) mg__bi_close_links(b, failed ? mg_now() : mg_now() + grace);
+    mg__shmx_destroy(b->shmx);
+    for (int i = 0; i < b->nplain; i++) mg_free(b->plain[i]);
+    free(b->plain);
+    mg__bi_free_unexpected(b);
+    mg__coll_scratch_free(&b->p2p);
+    if (b->store && b->world && b->link) {
+        /* Rank 0 serves the store: it waits for the others to be done. */
+        char key[KEYLEN];
+        if (!key_fmt(key, sizeof key, b->prefix, "exit", -1)) {
+            int64_t v = 0;
+            if (!mg_store_add(b->store, key, 1, &v) && v == g->size) {
+                char done[KEYLEN + 8];
+                if (snprintf(done, sizeof done, "%s/done", key) < (int)sizeof done)
+                    (void)mg_store_set(b->store, done, "1", 1);
+            }
+            /* After a failure, briefly: peers may still want our notices,
+             * and dead ones will never come. */
+            double wait = failed ? 2 : 30;
+            if (g->timeout < wait) wait = g->timeout;
+            if (g->rank == 0 && b->store->server) {
+                char done[KEYLEN + 8];
+                if (snprintf(done, sizeof done, "%s/done", key) >= (int)sizeof done) done[0] = 0;
+                const char *keys[1] = {done};
+                (void)mg_store_wait(b->store, keys, 1, wait);
+            }
+        }
+    }
+    mg_store_destroy(b->store);
+    free(b->info);
+    free(b->link);
+    free(b);
+    g->impl = NULL;
+}
+
+const mg__backend mg__backend_builtin = {
+    .name = "builtin", .init = bi_init, .run = bi_run, .abort = bi_abort, .destroy = bi_destroy,
+};

@@ -1,0 +1,83 @@
+/* The builtin backend's state, shared by builtin.c (rendezvous, set-up,
+ * split, group memory, teardown) and p2p.c (frames on the channels). */
+#ifndef MG_COMM_BUILTIN_H
+#define MG_COMM_BUILTIN_H
+
+#include "comm/backend.h"
+#include "comm/coll/coll.h"
+#include "comm/store/store.h"
+#include "comm/transport/shm.h"
+#include "comm/transport/tcp.h"
+
+/* What each rank tells the others at rendezvous. */
+typedef struct mg__rinfo {
+    uint32_t magic, version;
+    int32_t rank, size;
+    int32_t pid, port;
+    uint64_t start, gid;
+    int32_t force_tcp, env_local_rank, env_local_size, pad;
+    char hostkey[128], host[64], addr[64];
+} mg__rinfo;
+
+/* A point-to-point message that arrived before its receive. */
+typedef struct mg__umsg {
+    struct mg__umsg *next;
+    int peer;
+    mg__fp h;
+    uint8_t data[];
+} mg__umsg;
+
+enum { MG__RX_HEADER, MG__RX_HELD, MG__RX_DIRECT, MG__RX_UNEXP, MG__RX_ABORT };
+
+/* One peer: its channel and the frame being received from it. */
+typedef struct mg__link {
+    mg__chan ch;
+    mg__fp h;          /* header of the frame being received */
+    size_t hgot;       /* header bytes so far */
+    int mode;          /* MG__RX_* */
+    uint8_t *dst;      /* where the payload goes */
+    size_t left;       /* payload bytes still to come */
+    mg__umsg *um;
+    mg_status err;     /* why the link failed */
+    bool closed;       /* the peer closed it between frames */
+    char amsg[1024];   /* an abort notice's text */
+} mg__link;
+
+typedef struct mg__bi {
+    mg_group *g;
+    mg_store *store;
+    char prefix[800];
+    char secret[512];
+    bool world;              /* the group that joined the store first */
+    uint64_t gid;
+    int algo_env;            /* MG_ALGO, or MG_ALGO_AUTO */
+    bool force_tcp;
+    mg__rinfo *info;         /* per rank */
+    mg__link *link;          /* per rank; link[rank] unused */
+    mg__shmx *shmx;          /* NULL without local peers */
+    mg__p2p p2p;             /* what the algorithms see */
+    mg__spin_cfg spin;
+    mg__fp fp;               /* the collective being run */
+    double deadline;         /* of the request being run */
+    mg__umsg *uhead;         /* unexpected messages, arrival order */
+    size_t ubytes, umax;
+    int nsplit;
+    void **plain;            /* group memory that is ordinary memory */
+    int nplain;
+} mg__bi;
+
+/* p2p.c */
+void mg__p2p_init(mg__bi *b);
+/* Point-to-point requests (send/recv with tags). */
+mg_status mg__bi_send(mg__bi *b, const mg__req *r);
+mg_status mg__bi_recv(mg__bi *b, const mg__req *r);
+/* Tell TCP peers we failed: an abort frame where the stream is at a frame
+ * boundary, else a shutdown. */
+void mg__bi_abort_links(mg__bi *b, const char *msg);
+/* Orderly close of the TCP links: shutdown, drain to EOF (bounded). */
+void mg__bi_close_links(mg__bi *b, double deadline);
+void mg__bi_free_unexpected(mg__bi *b);
+/* "send #3 to rank 1 (100 x f32, tag 7) at a.c:12" */
+void mg__bi_describe_p2p(const mg__req *r, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,153 @@
+/* Algorithm selection from an alpha-beta-gamma cost model: a message costs
+ * alpha (latency) plus beta per byte on the wire, and reducing costs gamma
+ * per byte. Each family's time for a collective is estimated from the
+ * bytes its ranks send in sequence (docs/algorithms.md has the formulas)
+ * and the cheapest wins; ties go to the lower-numbered family.
+ *
+ * Constants: TCP (loopback or a LAN) has alpha ~25 us and ~1.2 GB/s per
+ * stream; the shared-memory transport carrying point-to-point messages has
+ * alpha ~2 us and ~6 GB/s (two copies); the direct shared-memory
+ * algorithms pay ~0.4 us per synchronisation and move data at ~8 GB/s
+ * (one copy from group memory, two staged). They
+ * were measured on the development machine (2-core EPYC VM) and only
+ * their ratios matter.
+ *
+ * Limits: the model ignores oversubscription (more ranks than cores),
+ * where every synchronisation costs a context switch; the shared-memory
+ * family, which needs the fewest, wins there as well. */
+#include "comm/coll/algos.h"
+
+typedef struct {
+    double a, b, g;   /* s per message, s per byte sent, s per byte reduced */
+} model;
+
+static const model TCP = {25e-6, 1.0 / 1.2e9, 1.0 / 8e9};
+static const model SHM_P2P = {2e-6, 1.0 / 6e9, 1.0 / 8e9};
+static const model SHM_DIRECT = {0.4e-6, 1.0 / 8e9, 1.0 / 8e9};
+
+static int ceil_log2(int p)
+{
+    int l = 0;
+    while ((1 << l) < p) l++;
+    return l;
+}
+
+static int floor_pow2(int p)
+{
+    int q = 1;
+    while (q * 2 <= p) q *= 2;
+    return q;
+}
+
+/* Recursive doubling vs halving-doubling all_reduce of n bytes. */
+static double rd_small(const model *m, double n, int p)
+{
+    int pp = floor_pow2(p), lg = ceil_log2(pp), fold = pp != p;
+    return lg * (m->a + n * m->b + n * m->g) + fold * (2 * m->a + 2 * n * m->b + n * m->g);
+}
+
+static double rd_large(const model *m, double n, int p)
+{
+    int pp = floor_pow2(p), lg = ceil_log2(pp), fold = pp != p;
+    double f = (double)(pp - 1) / pp;
+    return 2 * lg * m->a + 2 * f * n * m->b + f * n * m->g +
+           fold * (2 * m->a + 2 * n * m->b + n * m->g);
+}
+
+static const model *p2p_model(const mg__p2p *p) { return p->shm ? &SHM_P2P : &TCP; }
+
+int mg__rd_use_halving(const mg__p2p *p, size_t bytes, size_t count)
+{
+    const model *m = p2p_model(p);
+    if (count < (size_t)floor_pow2(p->size)) return 0;
+    return rd_large(m, (double)bytes, p->size) < rd_small(m, (double)bytes, p->size);
+}
+
+/* Estimated seconds for family f. n: the vector's bytes (count * es for
+ * broadcast, reduce and all_reduce; count * es * p for the others). */
+static double cost(mg__algo f, mg_coll c, double n, int p, const model *m)
+{
+    int lg = ceil_log2(p), pp = floor_pow2(p), lgp = ceil_log2(pp), fold = pp != p;
+    double f1 = (double)(p - 1) / p, fp = (double)(pp - 1) / pp;
+    double A = m->a, B = m->b, G = m->g;
+    double chunk = (double)mg__coll_chunk(), k = n > chunk ? n / chunk : 1, cn = n < chunk ? n : chunk;
+    double tree_bcast = lg * (A + n * B), tree_reduce = lg * (A + n * (B + G));
+    switch (f) {
+    case MG_ALGO_RING:
+        switch (c) {
+        case MG_COLL_ALL_REDUCE: return 2 * (p - 1) * A + 2 * f1 * n * B + f1 * n * G;
+        case MG_COLL_REDUCE_SCATTER: return (p - 1) * A + f1 * n * (B + G);
+        case MG_COLL_BROADCAST: return (p - 2 + k) * (A + cn * B);
+        case MG_COLL_REDUCE: return (p - 2 + k) * (A + cn * (B + G));
+        case MG_COLL_BARRIER: return lg * A;
+        default: return (p - 1) * A + f1 * n * B;   /* all_gather, gather, scatter, all_to_all */
+        }
+    case MG_ALGO_RD:
+        switch (c) {
+        case MG_COLL_ALL_REDUCE: {
+            double s = rd_small(m, n, p), l = rd_large(m, n, p);
+            return s < l ? s : l;
+        }
+        case MG_COLL_REDUCE_SCATTER:
+            return lgp * A + fp * n * (B + G) + fold * (2 * A + n * (B + G));
+        case MG_COLL_ALL_GATHER: return lgp * A + fp * n * B + fold * (2 * A + (n / p + n) * B);
+        case MG_COLL_BROADCAST: {
+            double l = 2 * lgp * A + 2 * fp * n * B + fold * (A + n * B);
+            return l < tree_bcast ? l : tree_bcast;
+        }
+        case MG_COLL_REDUCE: {
+            double l = 2 * lgp * A + 2 * fp * n * B + fp * n * G + fold * (A + n * (B + G));
+            return l < tree_reduce ? l : tree_reduce;
+        }
+        case MG_COLL_GATHER: case MG_COLL_SCATTER: return lg * A + f1 * n * B;
+        case MG_COLL_BARRIER: return lg * A;
+        default: return (p - 1) * A + f1 * n * B;
+        }
+    case MG_ALGO_TREE:
+        switch (c) {
+        case MG_COLL_BROADCAST: return tree_bcast;
+        case MG_COLL_REDUCE: return tree_reduce;
+        case MG_COLL_ALL_REDUCE: return tree_reduce + tree_bcast;
+        case MG_COLL_GATHER: case MG_COLL_SCATTER: return lg * A + f1 * n * B;
+        case MG_COLL_ALL_GATHER: return lg * A + f1 * n * B + tree_bcast;
+        case MG_COLL_REDUCE_SCATTER: return tree_reduce + lg * A + f1 * n * B;
+        case MG_COLL_BARRIER: return 2 * lg * A;
+        default: return (p - 1) * A + f1 * n * B;
+        }
+    case MG_ALGO_SHM: {
+        /* Two synchronisations (plus about two per staged chunk) and the
+         * ring's bytes per rank, copied at memory speed. */
+        double syncs = 2 + 2 * (n / (1 << 20));
+        switch (c) {
+        case MG_COLL_ALL_REDUCE: return syncs * A + 2 * f1 * n * B + f1 * n * G;
+        case MG_COLL_REDUCE: return syncs * A + n * B + f1 * n * G;
+        case MG_COLL_REDUCE_SCATTER: return syncs * A + f1 * n * (B + G);
+        case MG_COLL_BROADCAST: return syncs * A + n * B;
+        case MG_COLL_BARRIER: return A;
+        default: return syncs * A + f1 * n * B;
+        }
+    }
+    default:
+        return 1e30;
+    }
+}
+
+mg__algo mg__coll_select(const mg__p2p *p, const mg_call *c)
+{
+    int P = p->size;
+    double n = (double)c->count * (double)mg__dtsize(c->dtype);
+    if (c->coll != MG_COLL_BROADCAST && c->coll != MG_COLL_REDUCE &&
+        c->coll != MG_COLL_ALL_REDUCE)
+        n *= P;
+    mg__algo best = MG_ALGO_RING;
+    double best_t = 1e300;
+    for (int f = MG_ALGO_RING; f < MG_ALGO_COUNT; f++) {
+        if (f == MG_ALGO_SHM && !p->shm) continue;
+        double t = cost((mg__algo)f, c->coll, n, P, f == MG_ALGO_SHM ? &SHM_DIRECT : p2p_model(p));
+        if (t < best_t) {
+            best_t = t;
+            best = (mg__algo)f;
+        }
+    }
+    return best;
+}

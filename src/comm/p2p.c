@@ -1,0 +1,620 @@
+/* Frames on the channels: the send/recv/sendrecv the algorithms use, the
+ * user's tagged point-to-point messages, and abort notices.
+ *
+ * Every transfer is a frame: a 64-byte header (transport.h) and its
+ * payload. A collective's frames carry its fingerprint; the receiver
+ * compares it with its own and checks the length before a byte of payload
+ * reaches the caller's buffer, so ranks that disagree get an error naming
+ * both calls instead of corrupted memory or a hang. User messages carry
+ * their tag; one that arrives before its receive (another tag, or during
+ * a collective) is kept in an unexpected list (bounded by
+ * MG_P2P_UNEXPECTED_MB, default 512) and matched later in arrival order.
+ *
+ * A transfer that cannot progress first drains incoming user messages on
+ * every link (so two ranks sending each other large messages, or one
+ * sending while the other is already in a collective, both complete),
+ * then spins briefly (shared memory only) and blocks: futex on this rank's
+ * doorbell when only shared memory is involved, poll() when TCP is. After
+ * each block it checks the deadline, peers' abort notices and, on this
+ * host, whether the awaited peers still live. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "comm/builtin.h"
+#include "comm/transport/sock.h"
+#include "multigrad/core.h"
+
+#define HDR ((size_t)sizeof(mg__fp))
+#define SLICE 0.1
+#define MIXED_SLICE_MS 1
+
+enum { WANT_COLL, WANT_P2P };
+
+typedef struct {
+    int kind, tag;
+    uint8_t *buf;
+    size_t n;
+    bool done;
+    const mg__req *req;   /* WANT_P2P: the receive, for messages */
+} want;
+
+typedef struct {
+    mg__link *l;
+    mg__fp h;
+    const uint8_t *buf;
+    size_t n, sent;
+    bool done;
+} txop;
+
+static void link_reset(mg__link *l)
+{
+    l->hgot = 0;
+    l->mode = MG__RX_HEADER;
+    l->dst = NULL;
+    l->left = 0;
+    l->um = NULL;
+}
+
+/* A frame that cannot be accepted (mismatch, corruption): the error code
+ * is kept for the caller, the message is already recorded. The stream can
+ * still carry our abort notice to the peer. */
+static int link_fail(mg__link *l, mg_status code)
+{
+    l->err = code;
+    return -1;
+}
+
+/* The transport itself failed: the link is never used again. A peer that
+ * failed mid-frame could not send us its reason on the link, so look for
+ * the notice it leaves in the store. */
+static int link_broken(mg__bi *b, mg__link *l)
+{
+    l->ch.dead = true;
+    l->err = MG_EPEER;
+    char key[MG_STORE_MAX_KEY + 1];
+    void *why;
+    size_t n;
+    int k = snprintf(key, sizeof key, "%s/abort/%d", b->prefix, l->ch.peer);
+    if (b->store && k > 0 && (size_t)k < sizeof key) {
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", mg_last_error());
+        if (!mg__store_get_quick(b->store, key, 0.5, &why, &n))
+            mg_error(MG_EPEER, "rank %d failed and aborted the group: %.900s", l->ch.peer,
+                     (char *)why);
+        else
+            mg_error(MG_EPEER, "%s", keep);
+        free(why);
+    }
+    return -1;
+}
+
+void mg__bi_describe_p2p(const mg__req *r, char *buf, size_t n)
+{
+    const mg_call *c = &r->c;
+    const char *f = c->file ? strrchr(c->file, '/') : NULL;
+    f = f ? f + 1 : c->file ? c->file : "?";
+    snprintf(buf, n, "%s #%llu %s rank %d (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
+             (unsigned long long)r->seq, c->coll == MG_COLL_SEND ? "to" : "from", c->root,
+             c->count, mg_dtype_name(c->dtype), c->tag, f, c->line);
+}
+
+static void describe_frame_p2p(const mg__fp *h, int peer, char *buf, size_t n)
+{
+    char file[sizeof h->file + 1];
+    memcpy(file, h->file, sizeof h->file);
+    file[sizeof h->file] = 0;
+    for (char *p = file; *p; p++)
+        if (*p < 32 || *p > 126) *p = '?';
+    snprintf(buf, n, "send #%llu from rank %d (%llu x %s, tag %d, %llu bytes) at %s:%u",
+             (unsigned long long)h->seq, peer, (unsigned long long)h->count,
+             h->dtype < MG_DTYPE_COUNT ? mg_dtype_name((mg_dtype)h->dtype) : "?", h->root,
+             (unsigned long long)h->len, file, h->line);
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+/* The frame header in l->h is complete: decide where its payload goes.
+ * w NULL: only draining (user messages are buffered, anything else held).
+ * Returns 0 to go on, 1 to stop (held), -1 on error. */
+static int claim(mg__bi *b, mg__link *l, want *w)
+{
+    mg__fp *h = &l->h;
+    int peer = l->ch.peer;
+    char d1[200], d2[200];
+    if (h->magic != MG__FRAME_MAGIC || h->kind < MG__FRAME_COLL || h->kind > MG__FRAME_ABORT)
+        return link_fail(l, mg_error(MG_EFORMAT, "corrupt frame from rank %d (bad header): the "
+                                     "stream is out of step (a peer of another version, or "
+                                     "memory corruption)", peer));
+    if (h->kind == MG__FRAME_ABORT) {
+        if (h->len >= sizeof l->amsg)
+            return link_fail(l, mg_error(MG_EFORMAT, "corrupt abort notice from rank %d", peer));
+        l->mode = MG__RX_ABORT;
+        l->dst = (uint8_t *)l->amsg;
+        l->left = h->len;
+        return 0;
+    }
+    if (h->kind == MG__FRAME_P2P) {
+        if (w && w->kind == WANT_P2P && h->root == w->tag) {
+            if (h->len != w->n) {
+                describe_frame_p2p(h, peer, d1, sizeof d1);
+                mg__bi_describe_p2p(w->req, d2, sizeof d2);
+                return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s "
+                                             "does not fit this rank's %s; send and receive "
+                                             "counts and dtypes must match", peer, d1, d2));
+            }
+            l->mode = MG__RX_DIRECT;
+            l->dst = w->buf;
+            l->left = w->n;
+            return 0;
+        }
+        if (h->len > b->umax || b->ubytes + h->len > b->umax)
+            return link_fail(l, mg_error(MG_ENOMEM, "too much unreceived point-to-point data from "
+                                         "rank %d (over %zu MiB; MG_P2P_UNEXPECTED_MB): receives "
+                                         "are missing or late", peer, b->umax >> 20));
+        mg__umsg *um = malloc(sizeof *um + (size_t)h->len);
+        if (!um)
+            return link_fail(l, mg_error(MG_ENOMEM, "out of memory buffering a message from "
+                                         "rank %d", peer));
+        um->next = NULL;
+        um->peer = peer;
+        um->h = *h;
+        b->ubytes += h->len;
+        l->um = um;
+        l->mode = MG__RX_UNEXP;
+        l->dst = um->data;
+        l->left = h->len;
+        return 0;
+    }
+    /* A collective's frame. */
+    if (!w) {
+        l->mode = MG__RX_HELD;
+        return 1;
+    }
+    if (w->kind == WANT_P2P) {
+        mg__fp_describe(h, d1, sizeof d1);
+        return link_fail(l, mg_error(MG_EMISMATCH, "rank %d is in %s while this rank waits for "
+                                     "its message with tag %d: a send is missing, or the ranks "
+                                     "call operations in different orders", peer, d1, w->tag));
+    }
+    if (!mg__fp_same(&b->fp, h)) return link_fail(l, mg__fp_mismatch(&b->fp, b->g->rank, h, peer));
+    if (h->len != w->n)
+        return link_fail(l, mg_error(MG_EMISMATCH, "rank %d sent %llu bytes where this rank "
+                                     "expects %zu in the same collective: the ranks run "
+                                     "different algorithms (do MG_ALGO or MG_COLL_CHUNK differ "
+                                     "between ranks?)", peer, (unsigned long long)h->len, w->n));
+    l->mode = MG__RX_DIRECT;
+    l->dst = w->buf;
+    l->left = w->n;
+    return 0;
+}
+
+static void unexpected_push(mg__bi *b, mg__umsg *um)
+{
+    mg__umsg **pp = &b->uhead;
+    while (*pp) pp = &(*pp)->next;
+    *pp = um;
+}
+
+/* Progress receiving on l. Returns 1 if anything moved, 0 if not, -1 on
+ * error. With w, stops once w is done; without, drains user messages. */
+static int rx_step(mg__bi *b, mg__link *l, want *w)
+{
+    int prog = 0;
+    for (;;) {
+        if (l->mode == MG__RX_HEADER) {
+            ssize_t k = mg__chan_read(&l->ch, (uint8_t *)&l->h + l->hgot, HDR - l->hgot);
+            if (k < 0 && !w && l->ch.eof && l->hgot == 0) {
+                /* A peer that finished and closed between frames is no
+                 * failure until we need something from it. */
+                l->closed = true;
+                return prog;
+            }
+            if (k < 0) return link_broken(b, l);
+            if (k == 0) return prog;
+            prog = 1;
+            l->hgot += (size_t)k;
+            if (l->hgot < HDR) continue;
+            l->mode = MG__RX_HELD;
+        }
+        if (l->mode == MG__RX_HELD) {
+            int r = claim(b, l, w);
+            if (r < 0) return -1;
+            if (r > 0) return prog;
+        }
+        while (l->left) {
+            ssize_t k = mg__chan_read(&l->ch, l->dst, l->left);
+            if (k < 0) return link_broken(b, l);
+            if (k == 0) return prog;
+            prog = 1;
+            l->dst += k;
+            l->left -= (size_t)k;
+        }
+        int mode = l->mode;
+        mg__umsg *um = l->um;
+        link_reset(l);
+        if (mode == MG__RX_DIRECT) {
+            w->done = true;
+            return 1;
+        }
+        if (mode == MG__RX_UNEXP) {
+            /* Drained while we were busy sending, and it is the one we now
+             * wait for: the earliest of its tag, since links are FIFO. */
+            if (w && w->kind == WANT_P2P && um->h.root == w->tag) {
+                if (um->h.len != w->n) {
+                    char d1[200], d2[200];
+                    describe_frame_p2p(&um->h, l->ch.peer, d1, sizeof d1);
+                    mg__bi_describe_p2p(w->req, d2, sizeof d2);
+                    b->ubytes -= um->h.len;
+                    free(um);
+                    return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's "
+                                                 "%s does not fit this rank's %s; send and "
+                                                 "receive counts and dtypes must match",
+                                                 l->ch.peer, d1, d2));
+                }
+                if (w->n) memcpy(w->buf, um->data, w->n);
+                b->ubytes -= um->h.len;
+                free(um);
+                w->done = true;
+                return 1;
+            }
+            unexpected_push(b, um);
+            continue;
+        }
+        /* An abort notice. */
+        size_t n = l->h.len;
+        l->amsg[n] = 0;
+        for (size_t i = 0; i < n; i++)
+            if (l->amsg[i] < 32 || l->amsg[i] > 126) l->amsg[i] = '?';
+        return link_fail(l, mg_error(MG_EPEER, "rank %d failed and aborted the group: %s",
+                                     l->ch.peer, l->amsg));
+    }
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static int tx_step(mg__bi *b, txop *t)
+{
+    int prog = 0;
+    size_t total = HDR + t->n;
+    while (t->sent < total) {
+        const uint8_t *a, *c = NULL;
+        size_t an, cn = 0;
+        if (t->sent < HDR) {
+            a = (const uint8_t *)&t->h + t->sent;
+            an = HDR - t->sent;
+            c = t->buf;
+            cn = t->n;
+        } else {
+            a = t->buf + (t->sent - HDR);
+            an = total - t->sent;
+        }
+        t->l->ch.tx_mid = true;
+        ssize_t k = mg__chan_write(&t->l->ch, a, an, c, cn);
+        if (k < 0) return link_broken(b, t->l);
+        if (k == 0) return prog;
+        t->sent += (size_t)k;
+        prog = 1;
+    }
+    t->l->ch.tx_mid = false;
+    t->done = true;
+    return 1;
+}
+
+/* ---- driving transfers to completion -------------------------------------- */
+
+typedef struct {
+    mg__bi *b;
+    txop *t;
+    mg__link *rl;
+} blockctx;
+
+static bool drainable(mg__bi *b, mg__link *l, mg__link *rl)
+{
+    return l != rl && !l->ch.dead && !l->closed && l->ch.kind != MG__CH_NONE &&
+           l->mode != MG__RX_HELD && l->mode != MG__RX_DIRECT;
+}
+
+static bool shm_ready(void *p)
+{
+    blockctx *c = p;
+    mg__bi *b = c->b;
+    if (c->t && !c->t->done && c->t->l->ch.kind == MG__CH_SHM && mg__chan_writable(&c->t->l->ch))
+        return true;
+    if (c->rl && c->rl->ch.kind == MG__CH_SHM && mg__chan_readable(&c->rl->ch)) return true;
+    for (int p2 = 0; p2 < b->g->size; p2++) {
+        mg__link *l = &b->link[p2];
+        if (l->ch.kind == MG__CH_SHM && drainable(b, l, c->rl) && mg__chan_readable(&l->ch))
+            return true;
+    }
+    return false;
+}
+
+/* Nothing moved: wait a little (spin, then block) and check for failures. */
+static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const char *what)
+{
+    bool tcp = (t && !t->done && t->l->ch.kind == MG__CH_TCP) || (rl && rl->ch.kind == MG__CH_TCP);
+    bool shm = (t && !t->done && t->l->ch.kind == MG__CH_SHM) || (rl && rl->ch.kind == MG__CH_SHM);
+    if (shm && !mg__spin_step(sp, &b->spin)) return MG_OK;
+    int n = b->g->size;
+    struct pollfd pf[n + 1];
+    int np = 0;
+    if (tcp || (b->shmx == NULL)) {
+        for (int p = 0; p < n; p++) {
+            mg__link *l = &b->link[p];
+            if (l->ch.kind != MG__CH_TCP || l->ch.dead) continue;
+            short ev = 0;
+            if (t && !t->done && t->l == l) ev |= POLLOUT;
+            if (l == rl || drainable(b, l, rl)) ev |= POLLIN;
+            if (ev) pf[np++] = (struct pollfd){.fd = l->ch.fd, .events = ev};
+        }
+        int ms = shm ? MIXED_SLICE_MS : mg__poll_ms(b->deadline, (int)(SLICE * 1000));
+        if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR)
+            return mg_error(MG_EIO, "poll: %s", strerror(errno));
+    } else {
+        blockctx c = {b, t, rl};
+        mg__shmx_block(b->shmx, SLICE, shm_ready, &c);
+    }
+    int peers[2], npeers = 0;
+    if (t && !t->done) peers[npeers++] = t->l->ch.peer;
+    if (rl) peers[npeers++] = rl->ch.peer;
+    if (b->shmx) MG_TRY(mg__shmx_check(b->shmx, peers, npeers, what));
+    if (mg_now() < b->deadline) return MG_OK;
+    /* A peer on this host can be asked how it is. */
+    int p = peers[npeers - 1];
+    const mg__rinfo *me = &b->info[b->g->rank], *it = &b->info[p];
+    const char *how = "it may be stopped, hung, unreachable or in another operation";
+    if (!strcmp(me->hostkey, it->hostkey)) {
+        mg__liveness lv = mg__proc_state(it->pid, it->start);
+        how = lv == MG__STOPPED ? "it is stopped (SIGSTOP or a debugger); resume it"
+            : lv == MG__DEAD ? "its process is gone"
+            : "it is alive but did not respond (hung, busy, or in another operation)";
+    }
+    return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: rank %d (pid %d, host %s): %s; "
+                    "raise MG_TIMEOUT if it is just slow", b->g->timeout, what, p, (int)it->pid,
+                    it->host, how);
+}
+
+static void describe_wait(txop *t, mg__link *rl, char *buf, size_t n)
+{
+    if (t && !t->done && rl)
+        snprintf(buf, n, "sending to rank %d and receiving from rank %d", t->l->ch.peer,
+                 rl->ch.peer);
+    else if (t && !t->done)
+        snprintf(buf, n, "sending to rank %d", t->l->ch.peer);
+    else
+        snprintf(buf, n, "waiting for data from rank %d", rl ? rl->ch.peer : -1);
+}
+
+/* Complete t (if any) and the receive w on rl (if any). */
+static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
+{
+    mg__spin sp = {0};
+    char what[96];
+    for (;;) {
+        int prog = 0, r;
+        if (t && !t->done) {
+            if (t->l->ch.dead)
+                return mg_error(MG_EPEER, "the link to rank %d failed earlier", t->l->ch.peer);
+            if ((r = tx_step(b, t)) < 0) return t->l->err;
+            prog |= r;
+        }
+        if (rl && !w->done) {
+            if (rl->ch.dead)
+                return mg_error(MG_EPEER, "the link to rank %d failed earlier", rl->ch.peer);
+            if (rl->closed)
+                return mg_error(MG_EPEER, "rank %d closed its connection: it exited, crashed "
+                                "or aborted", rl->ch.peer);
+            if ((r = rx_step(b, rl, w)) < 0) return rl->err;
+            prog |= r;
+        }
+        bool tx_done = !t || t->done, rx_done = !rl || w->done;
+        if (tx_done && rx_done) return MG_OK;
+        if (rx_done) rl = NULL;
+        if (prog) {
+            mg__spin_reset(&sp);
+            continue;
+        }
+        /* Stuck: take in user messages from everyone (they may be what
+         * keeps the peer from reading ours). */
+        for (int p = 0; p < b->g->size; p++) {
+            mg__link *l = &b->link[p];
+            if (!drainable(b, l, rl)) continue;
+            if ((r = rx_step(b, l, NULL)) < 0) return l->err;
+            prog |= r;
+        }
+        if (prog) continue;
+        describe_wait(t, rl, what, sizeof what);
+        MG_TRY(block(b, t, rl, &sp, what));
+    }
+}
+
+/* ---- the algorithms' channels (coll.h) --------------------------------------- */
+
+static mg_status cb_send(mg__p2p *p, int peer, const void *buf, size_t n)
+{
+    mg__bi *b = p->ctx;
+    MG_ASSERT(peer >= 0 && peer < p->size && peer != p->rank);
+    txop t = {.l = &b->link[peer], .h = b->fp, .buf = buf, .n = n};
+    t.h.len = n;
+    return drive(b, &t, NULL, NULL);
+}
+
+static mg_status cb_recv(mg__p2p *p, int peer, void *buf, size_t n)
+{
+    mg__bi *b = p->ctx;
+    MG_ASSERT(peer >= 0 && peer < p->size && peer != p->rank);
+    want w = {.kind = WANT_COLL, .buf = buf, .n = n};
+    return drive(b, NULL, &b->link[peer], &w);
+}
+
+static mg_status cb_sendrecv(mg__p2p *p, int to, const void *sbuf, size_t sn, int from,
+                             void *rbuf, size_t rn)
+{
+    mg__bi *b = p->ctx;
+    MG_ASSERT(to >= 0 && to < p->size && to != p->rank);
+    MG_ASSERT(from >= 0 && from < p->size && from != p->rank);
+    txop t = {.l = &b->link[to], .h = b->fp, .buf = sbuf, .n = sn};
+    t.h.len = sn;
+    want w = {.kind = WANT_COLL, .buf = rbuf, .n = rn};
+    return drive(b, &t, &b->link[from], &w);
+}
+
+void mg__p2p_init(mg__bi *b)
+{
+    b->p2p.rank = b->g->rank;
+    b->p2p.size = b->g->size;
+    b->p2p.ctx = b;
+    b->p2p.send = cb_send;
+    b->p2p.recv = cb_recv;
+    b->p2p.sendrecv = cb_sendrecv;
+    b->umax = (size_t)mg_env_long("MG_P2P_UNEXPECTED_MB", 512) << 20;
+    for (int p = 0; p < b->g->size; p++) link_reset(&b->link[p]);
+}
+
+/* ---- user point-to-point ------------------------------------------------------ */
+
+static void p2p_header(mg__fp *h, const mg__req *r, size_t len)
+{
+    mg_call c = r->c;
+    c.coll = MG_COLL_SEND;
+    mg__fp_make(h, &c, r->seq, 0);
+    h->kind = MG__FRAME_P2P;
+    h->dtype = (uint8_t)r->c.dtype;
+    h->count = r->c.count;
+    h->root = r->c.tag;
+    h->len = len;
+}
+
+mg_status mg__bi_send(mg__bi *b, const mg__req *r)
+{
+    int peer = r->c.root;
+    size_t n = r->c.count * mg_dtype_size(r->c.dtype);
+    if (peer == b->g->rank) {
+        /* To oneself: straight into the unexpected list. */
+        if (b->ubytes + n > b->umax)
+            return mg_error(MG_ENOMEM, "too much unreceived data sent to this rank itself (over "
+                            "%zu MiB; MG_P2P_UNEXPECTED_MB)", b->umax >> 20);
+        mg__umsg *um = malloc(sizeof *um + n);
+        if (!um) return mg_error(MG_ENOMEM, "out of memory buffering a message to itself");
+        um->next = NULL;
+        um->peer = peer;
+        p2p_header(&um->h, r, n);
+        if (n) memcpy(um->data, r->c.sendbuf, n);
+        b->ubytes += n;
+        unexpected_push(b, um);
+        return MG_OK;
+    }
+    txop t = {.l = &b->link[peer], .buf = r->c.sendbuf, .n = n};
+    p2p_header(&t.h, r, n);
+    return drive(b, &t, NULL, NULL);
+}
+
+mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
+{
+    int peer = r->c.root;
+    size_t n = r->c.count * mg_dtype_size(r->c.dtype);
+    for (mg__umsg **pp = &b->uhead; *pp; pp = &(*pp)->next) {
+        mg__umsg *um = *pp;
+        if (um->peer != peer || um->h.root != r->c.tag) continue;
+        if (um->h.len != n) {
+            char d1[200], d2[200];
+            describe_frame_p2p(&um->h, peer, d1, sizeof d1);
+            mg__bi_describe_p2p(r, d2, sizeof d2);
+            return mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s does not fit this "
+                            "rank's %s; send and receive counts and dtypes must match", peer, d1, d2);
+        }
+        if (n) memcpy(r->c.recvbuf, um->data, n);
+        *pp = um->next;
+        b->ubytes -= n;
+        free(um);
+        return MG_OK;
+    }
+    if (peer == b->g->rank) {
+        ((mg__req *)r)->rejected = true;
+        return mg_error(MG_EINVAL, "a receive from this rank itself with tag %d has no matching "
+                        "send issued before it", r->c.tag);
+    }
+    want w = {.kind = WANT_P2P, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .req = r};
+    return drive(b, NULL, &b->link[peer], &w);
+}
+
+void mg__bi_free_unexpected(mg__bi *b)
+{
+    while (b->uhead) {
+        mg__umsg *u = b->uhead;
+        b->uhead = u->next;
+        free(u);
+    }
+    for (int p = 0; b->link && p < b->g->size; p++) {
+        free(b->link[p].um);
+        b->link[p].um = NULL;
+    }
+    b->ubytes = 0;
+}
+
+/* ---- failure and teardown -------------------------------------------------------- */
+
+void mg__bi_abort_links(mg__bi *b, const char *msg)
+{
+    size_t len = strlen(msg);
+    if (len > sizeof ((mg__link *)0)->amsg - 1) len = sizeof ((mg__link *)0)->amsg - 1;
+    for (int p = 0; p < b->g->size; p++) {
+        mg__link *l = &b->link[p];
+        if (l->ch.kind != MG__CH_TCP || l->ch.dead) continue;
+        bool sent = false;
+        if (!l->ch.tx_mid) {
+            mg__fp h = {.magic = MG__FRAME_MAGIC, .kind = MG__FRAME_ABORT, .len = len};
+            uint8_t buf[sizeof h + 1024];
+            memcpy(buf, &h, sizeof h);
+            memcpy(buf + sizeof h, msg, len);
+            sent = !mg__sock_write_all(l->ch.fd, buf, sizeof h + len, mg_now() + 0.5, "abort");
+        }
+        /* Mid-frame the stream cannot carry a notice: closing it is one. */
+        if (!sent) shutdown(l->ch.fd, SHUT_RDWR);
+        l->ch.dead = true;
+    }
+}
+
+void mg__bi_close_links(mg__bi *b, double deadline)
+{
+    int n = b->g->size, open = 0;
+    for (int p = 0; p < n; p++) {
+        mg__link *l = &b->link[p];
+        if (l->ch.kind != MG__CH_TCP || l->ch.fd < 0) continue;
+        shutdown(l->ch.fd, SHUT_WR);
+        open += !l->ch.dead && !l->closed;
+    }
+    /* Read until every peer has closed too, so no data we sent is lost to
+     * a reset; bounded by the deadline. */
+    char junk[4096];
+    while (open > 0 && mg_now() < deadline) {
+        struct pollfd pf[n];
+        int idx[n], np = 0;
+        for (int p = 0; p < n; p++) {
+            mg__link *l = &b->link[p];
+            if (l->ch.kind == MG__CH_TCP && l->ch.fd >= 0 && !l->ch.dead && !l->closed) {
+                pf[np] = (struct pollfd){.fd = l->ch.fd, .events = POLLIN};
+                idx[np++] = p;
+            }
+        }
+        if (poll(pf, (nfds_t)np, mg__poll_ms(deadline, 100)) < 0 && errno != EINTR) break;
+        for (int i = 0; i < np; i++) {
+            if (!pf[i].revents) continue;
+            ssize_t k = recv(pf[i].fd, junk, sizeof junk, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+                b->link[idx[i]].ch.dead = true;
+                open--;
+            }
+        }
+    }
+    for (int p = 0; p < n; p++) {
+        mg__link *l = &b->link[p];
+        if (l->ch.kind == MG__CH_TCP && l->ch.fd >= 0) close(l->ch.fd);
+        l->ch.fd = -1;
+    }
+}

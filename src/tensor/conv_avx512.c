@@ -1,0 +1,409 @@
+/* AVX-512 convolution kernels (compiled when the target has AVX-512F/BW;
+ * MG_KERNELS=generic selects the portable C ones at run time).
+ *
+ * - im2col / col2im for stride 1: each run of output columns is one
+ *   masked load (masked-off lanes neither fault nor read) and one store,
+ *   full width where its tail is overwritten by the next run (masked
+ *   stores are slow on Zen 4), instead of a loop per run; col2im gathers
+ *   every contribution to
+ *   an input row in a register and stores it once (no read-modify-write
+ *   chains through memory, no memset).
+ * - The fused 2x2 pool: a pair of conv rows (up to 32 columns) is split
+ *   into the four window elements with two permutes, pooled, and the
+ *   gradient masks come straight from the compare masks.
+ * - Direct convolution of one input channel (the first layer): each output
+ *   row pair is accumulated in four registers over the kernel taps, pooled
+ *   on the spot; the weight gradient keeps one accumulator per tap across
+ *   a block of images. No im2col, no pre-pool map in memory.
+ * Loads may run past the last valid column (into the next row or the
+ * slack the caller provides); those lanes are never stored and meet zero
+ * gradients in the backward. */
+#include <stdint.h>
+#include "tensor/conv_impl.h"
+
+#ifdef MG__HAVE_AVX512
+#include <immintrin.h>
+
+static inline __mmask16 lanes(int n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* Lanes l with lo <= l < hi. */
+static inline __mmask16 range_mask(int lo, int hi)
+{
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+void mg__im2col_s1_avx512(float *col, int ldc, const float *x, int c, int h, int w,
+                          int kh, int kw, int pad, int oh, int ow)
+{
+    if (pad == 0 && ow <= 16 && ow >= 8) {
+        /* Every run lies inside the image: one load and one store each;
+         * full stores except the last, whose tail would leave the image's
+         * columns (with ow >= 8 a full store spills only into the next two
+         * runs, written after it). */
+        __mmask16 m = lanes(ow);
+        for (int ci = 0; ci < c; ci++)
+            for (int ki = 0; ki < kh; ki++)
+                for (int kj = 0; kj < kw; kj++) {
+                    float *dst = col + (size_t)((ci * kh + ki) * kw + kj) * ldc;
+                    const float *src = x + ((size_t)ci * h + ki) * w + kj;
+                    int oy = 0;
+                    for (; oy < oh - 1; oy++)
+                        _mm512_storeu_ps(dst + oy * ow, _mm512_maskz_loadu_ps(m, src + oy * w));
+                    _mm512_mask_storeu_ps(dst + oy * ow, m, _mm512_maskz_loadu_ps(m, src + oy * w));
+                }
+        return;
+    }
+    for (int ci = 0; ci < c; ci++)
+        for (int ki = 0; ki < kh; ki++)
+            for (int kj = 0; kj < kw; kj++) {
+                float *row = col + (size_t)((ci * kh + ki) * kw + kj) * ldc;
+                for (int oy = 0; oy < oh; oy++) {
+                    float *dst = row + oy * ow;
+                    int iy = oy - pad + ki;
+                    const float *src = x + ((size_t)ci * h + iy) * w;
+                    bool inside = iy >= 0 && iy < h;
+                    for (int ox0 = 0; ox0 < ow; ox0 += 16) {
+                        int ix0 = ox0 - pad + kj;
+                        __mmask16 m = inside ? range_mask(-ix0, w - ix0) & lanes(ow - ox0) : 0;
+                        __m512 v = _mm512_maskz_loadu_ps(m, src + ix0);
+                        /* A full store is cheaper than a masked one; its
+                         * tail is overwritten by the next run, so only a
+                         * store reaching past this image's columns is
+                         * masked. */
+                        if (oy * ow + ox0 + 16 <= oh * ow) _mm512_storeu_ps(dst + ox0, v);
+                        else _mm512_mask_storeu_ps(dst + ox0, lanes(ow - ox0), v);
+                    }
+                }
+            }
+}
+
+void mg__col2im_s1_set_avx512(float *x, const float *col, int ldc, int c, int h, int w,
+                              int kh, int kw, int pad, int oh, int ow)
+{
+    if (pad == 0 && w <= 16 && kh <= 8 && kw <= 16) {
+        /* Input row iy gets tap (ki, kj) of output row iy - ki, shifted by
+         * kj: lanes [kj, kj + ow). One accumulator per kernel row keeps
+         * the additions independent. */
+        __mmask16 mk[16];
+        for (int kj = 0; kj < kw; kj++) mk[kj] = range_mask(kj, kj + ow) & lanes(w);
+        for (int ci = 0; ci < c; ci++)
+            for (int iy = 0; iy < h; iy++) {
+                __m512 acc[8];
+                int k0 = iy - oh + 1 > 0 ? iy - oh + 1 : 0, k1 = iy < kh - 1 ? iy : kh - 1;
+                for (int ki = k0; ki <= k1; ki++) {
+                    const float *r = col + (size_t)((ci * kh + ki) * kw) * ldc + (iy - ki) * ow;
+                    __m512 a = _mm512_setzero_ps();
+                    for (int kj = 0; kj < kw; kj++)
+                        a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(mk[kj], r + (size_t)kj * ldc - kj));
+                    acc[ki] = a;
+                }
+                __m512 sum = _mm512_setzero_ps();
+                for (int ki = k0; ki <= k1; ki++) sum = _mm512_add_ps(sum, acc[ki]);
+                _mm512_mask_storeu_ps(x + ((size_t)ci * h + iy) * w, lanes(w), sum);
+            }
+        return;
+    }
+    for (int ci = 0; ci < c; ci++)
+        for (int iy = 0; iy < h; iy++)
+            for (int x0 = 0; x0 < w; x0 += 16) {
+                __m512 acc = _mm512_setzero_ps();
+                __mmask16 in = lanes(w - x0);
+                for (int ki = 0; ki < kh; ki++) {
+                    int oy = iy + pad - ki;
+                    if (oy < 0 || oy >= oh) continue;
+                    const float *r = col + (size_t)((ci * kh + ki) * kw) * ldc + oy * ow;
+                    for (int kj = 0; kj < kw; kj++) {
+                        int ox0 = x0 + pad - kj;
+                        __mmask16 m = range_mask(-ox0, ow - ox0) & in;
+                        acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, r + (size_t)kj * ldc + ox0));
+                    }
+                }
+                _mm512_mask_storeu_ps(x + ((size_t)ci * h + iy) * w + x0, in, acc);
+            }
+}
+
+/* ---- The fused 2x2 pool on registers ----------------------------------- */
+
+static inline __m512i idx_even(void)
+{
+    return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+static inline __m512i idx_odd(void)
+{
+    return _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+static inline __m512i idx_lo(void)
+{
+    return _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+}
+static inline __m512i idx_hi(void)
+{
+    return _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+}
+
+/* Rows r0 = (r0a | r0b), r1 = (r1a | r1b) of 32 columns, bias added:
+ * pooled outputs of the `valid` lanes to dst, masks to m[0..3]. */
+static inline void pool_fwd(__m512 r0a, __m512 r0b, __m512 r1a, __m512 r1b, bool relu,
+                            mg_pool_kind pool, __mmask16 valid, float *dst, uint16_t *m)
+{
+    __m512i ie = idx_even(), io = idx_odd();
+    __m512 a = _mm512_permutex2var_ps(r0a, ie, r0b), b = _mm512_permutex2var_ps(r0a, io, r0b);
+    __m512 c = _mm512_permutex2var_ps(r1a, ie, r1b), d = _mm512_permutex2var_ps(r1a, io, r1b);
+    __m512 zero = _mm512_setzero_ps(), out;
+    __mmask16 ma, mb, mc, md;
+    if (pool == MG_POOL_AVG) {
+        if (relu) {
+            ma = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
+            mb = _mm512_cmp_ps_mask(b, zero, _CMP_GT_OQ);
+            mc = _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ);
+            md = _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+            a = _mm512_maskz_mov_ps(ma, a);
+            b = _mm512_maskz_mov_ps(mb, b);
+            c = _mm512_maskz_mov_ps(mc, c);
+            d = _mm512_maskz_mov_ps(md, d);
+        } else {
+            ma = mb = mc = md = valid;
+        }
+        out = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)),
+                            _mm512_set1_ps(0.25f));
+    } else {
+        /* The first maximum in row-major order takes the gradient. */
+        __m512 mx = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
+        ma = _mm512_cmp_ps_mask(a, mx, _CMP_EQ_OQ);
+        mb = _mm512_cmp_ps_mask(b, mx, _CMP_EQ_OQ) & ~ma;
+        mc = _mm512_cmp_ps_mask(c, mx, _CMP_EQ_OQ) & ~(ma | mb);
+        md = (__mmask16) ~(ma | mb | mc);
+        out = mx;
+        if (relu) {
+            __mmask16 pos = _mm512_cmp_ps_mask(mx, zero, _CMP_GT_OQ);
+            ma &= pos;
+            mb &= pos;
+            mc &= pos;
+            md &= pos;
+            out = _mm512_maskz_mov_ps(pos, mx);
+        }
+    }
+    _mm512_mask_storeu_ps(dst, valid, out);
+    m[0] = ma & valid;
+    m[1] = mb & valid;
+    m[2] = mc & valid;
+    m[3] = md & valid;
+}
+
+/* The pre-pool gradient rows of one segment from the pooled gradient. */
+static inline void pool_bwd(const float *g, __mmask16 valid, const uint16_t *m, float scale,
+                            __m512 *r0a, __m512 *r0b, __m512 *r1a, __m512 *r1b)
+{
+    __m512 gv = _mm512_mul_ps(_mm512_maskz_loadu_ps(valid, g), _mm512_set1_ps(scale));
+    __m512 ga = _mm512_maskz_mov_ps(m[0], gv), gb = _mm512_maskz_mov_ps(m[1], gv);
+    __m512 gc = _mm512_maskz_mov_ps(m[2], gv), gd = _mm512_maskz_mov_ps(m[3], gv);
+    __m512i il = idx_lo(), ih = idx_hi();
+    *r0a = _mm512_permutex2var_ps(ga, il, gb);
+    *r0b = _mm512_permutex2var_ps(ga, ih, gb);
+    *r1a = _mm512_permutex2var_ps(gc, il, gd);
+    *r1b = _mm512_permutex2var_ps(gc, ih, gd);
+}
+
+void mg__pool_plane_avx512(float *dst, uint16_t *m, const float *src, float b,
+                           const mg_conv2d_shape *s)
+{
+    int ow = s->ow, pw = s->pw, nseg = mg__pool_segs(s);
+    __m512 bv = _mm512_set1_ps(b);
+    for (int py = 0; py < s->ph; py++) {
+        const float *r0 = src + 2 * py * ow, *r1 = r0 + ow;
+        for (int sg = 0; sg < nseg; sg++) {
+            int x0 = 32 * sg, nc = 2 * pw - x0;
+            __mmask16 la = lanes(nc), lb = lanes(nc - 16);
+            __m512 r0a = _mm512_add_ps(_mm512_maskz_loadu_ps(la, r0 + x0), bv);
+            __m512 r0b = _mm512_add_ps(_mm512_maskz_loadu_ps(lb, r0 + x0 + 16), bv);
+            __m512 r1a = _mm512_add_ps(_mm512_maskz_loadu_ps(la, r1 + x0), bv);
+            __m512 r1b = _mm512_add_ps(_mm512_maskz_loadu_ps(lb, r1 + x0 + 16), bv);
+            pool_fwd(r0a, r0b, r1a, r1b, s->relu, s->pool, lanes(pw - 16 * sg),
+                     dst + py * pw + 16 * sg, m + ((size_t)py * nseg + sg) * 4);
+        }
+    }
+}
+
+float mg__pool_grad_plane_avx512(float *dst, const float *dy, const uint16_t *m,
+                                 const mg_conv2d_shape *s)
+{
+    int ow = s->ow, pw = s->pw, nseg = mg__pool_segs(s);
+    float scale = s->pool == MG_POOL_AVG ? 0.25f : 1.0f;
+    __m512 sum = _mm512_setzero_ps(), zero = _mm512_setzero_ps();
+    for (int py = 0; py < s->ph; py++) {
+        float *r0 = dst + 2 * py * ow, *r1 = r0 + ow;
+        for (int sg = 0; sg < nseg; sg++) {
+            int x0 = 32 * sg, nc = ow - x0;
+            __m512 r0a, r0b, r1a, r1b;
+            pool_bwd(dy + py * pw + 16 * sg, lanes(pw - 16 * sg), m + ((size_t)py * nseg + sg) * 4,
+                     scale, &r0a, &r0b, &r1a, &r1b);
+            _mm512_mask_storeu_ps(r0 + x0, lanes(nc), r0a);
+            _mm512_mask_storeu_ps(r0 + x0 + 16, lanes(nc - 16), r0b);
+            _mm512_mask_storeu_ps(r1 + x0, lanes(nc), r1a);
+            _mm512_mask_storeu_ps(r1 + x0 + 16, lanes(nc - 16), r1b);
+            sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(r0a, r0b), _mm512_add_ps(r1a, r1b)));
+        }
+        /* Columns past the segments (an odd width beyond 32*nseg). */
+        for (int x = 32 * nseg; x < ow; x++) r0[x] = r1[x] = 0.0f;
+    }
+    for (int r = 2 * s->ph; r < s->oh; r++)
+        for (int x0 = 0; x0 < ow; x0 += 16) _mm512_mask_storeu_ps(dst + r * ow + x0, lanes(ow - x0), zero);
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* ---- Direct convolution of one input channel --------------------------- */
+
+/* Rows y and y+1 (if two) of one output channel at columns 0..31, bias
+ * included. Each input row is loaded once and feeds both output rows. */
+static inline __attribute__((always_inline)) void direct_rows(
+    const float *xp, int wp, int y, const float *w, int kh, int kw, float b, bool two,
+    __m512 *a0, __m512 *a1, __m512 *b0, __m512 *b1)
+{
+    __m512 s0 = _mm512_set1_ps(b), s1 = s0, t0 = s0, t1 = s0;
+    for (int r = 0; r < kh + two; r++) {
+        const float *p = xp + (size_t)(y + r) * wp;
+        for (int kj = 0; kj < kw; kj++) {
+            __m512 l0 = _mm512_loadu_ps(p + kj), l1 = _mm512_loadu_ps(p + kj + 16);
+            if (r < kh) {
+                __m512 wv = _mm512_set1_ps(w[r * kw + kj]);
+                s0 = _mm512_fmadd_ps(wv, l0, s0);
+                s1 = _mm512_fmadd_ps(wv, l1, s1);
+            }
+            if (two && r >= 1) {
+                __m512 wv = _mm512_set1_ps(w[(r - 1) * kw + kj]);
+                t0 = _mm512_fmadd_ps(wv, l0, t0);
+                t1 = _mm512_fmadd_ps(wv, l1, t1);
+            }
+        }
+    }
+    *a0 = s0;
+    *a1 = s1;
+    *b0 = t0;
+    *b1 = t1;
+}
+
+static inline __attribute__((always_inline)) void direct_fwd_k(
+    float *y, uint16_t *m, const float *xp, int cn, const float *wt, const float *b,
+    const mg_conv2d_shape *s, int kh, int kw)
+{
+    int hp = s->h + 2 * s->pad, wp = s->w + 2 * s->pad, ow = s->ow;
+    size_t out_plane = (size_t)s->ph * s->pw, mplane = mg__plane_masks(s);
+    __m512 zero = _mm512_setzero_ps();
+    for (int i = 0; i < cn; i++) {
+        const float *xi = xp + (size_t)i * hp * wp;
+        for (int o = 0; o < s->oc; o++) {
+            const float *w = wt + (size_t)o * kh * kw;
+            float bo = b ? b[o] : 0.0f;
+            float *yo = y + ((size_t)i * s->oc + o) * out_plane;
+            __m512 r0a, r0b, r1a, r1b;
+            if (s->pool != MG_POOL_NONE) {
+                uint16_t *mo = m ? m + ((size_t)i * s->oc + o) * mplane : NULL;
+                for (int py = 0; py < s->ph; py++) {
+                    direct_rows(xi, wp, 2 * py, w, kh, kw, bo, true, &r0a, &r0b, &r1a, &r1b);
+                    uint16_t dummy[4];
+                    pool_fwd(r0a, r0b, r1a, r1b, s->relu, s->pool, lanes(s->pw), yo + py * s->pw,
+                             mo ? mo + (size_t)py * 4 : dummy);
+                }
+            } else {
+                for (int oy = 0; oy < s->oh; oy++) {
+                    direct_rows(xi, wp, oy, w, kh, kw, bo, false, &r0a, &r0b, &r1a, &r1b);
+                    if (s->relu) {
+                        r0a = _mm512_max_ps(r0a, zero);
+                        r0b = _mm512_max_ps(r0b, zero);
+                    }
+                    _mm512_mask_storeu_ps(yo + oy * ow, lanes(ow), r0a);
+                    _mm512_mask_storeu_ps(yo + oy * ow + 16, lanes(ow - 16), r0b);
+                }
+            }
+        }
+    }
+}
+
+void mg__direct_forward_avx512(float *y, uint16_t *m, const float *xp, int cn,
+                               const float *wt, const float *b, const mg_conv2d_shape *s)
+{
+    if (s->kh == 3 && s->kw == 3) direct_fwd_k(y, m, xp, cn, wt, b, s, 3, 3);
+    else if (s->kh == 5 && s->kw == 5) direct_fwd_k(y, m, xp, cn, wt, b, s, 5, 5);
+    else direct_fwd_k(y, m, xp, cn, wt, b, s, s->kh, s->kw);
+}
+
+/* acc[t] += sum over the row pair of g * x (tap t = ki*kw + kj); each
+ * input row is loaded once for both output rows. */
+static inline __attribute__((always_inline)) void direct_taps(
+    __m512 *acc, const float *xp, int wp, int y, int kh, int kw, __m512 g0a, __m512 g0b,
+    __m512 g1a, __m512 g1b, bool two)
+{
+    for (int r = 0; r < kh + two; r++) {
+        const float *p = xp + (size_t)(y + r) * wp;
+        for (int kj = 0; kj < kw; kj++) {
+            __m512 l0 = _mm512_loadu_ps(p + kj), l1 = _mm512_loadu_ps(p + kj + 16);
+            if (r < kh)
+                acc[r * kw + kj] = _mm512_fmadd_ps(g0b, l1, _mm512_fmadd_ps(g0a, l0, acc[r * kw + kj]));
+            if (two && r >= 1)
+                acc[(r - 1) * kw + kj] =
+                    _mm512_fmadd_ps(g1b, l1, _mm512_fmadd_ps(g1a, l0, acc[(r - 1) * kw + kj]));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void direct_bwd_k(
+    float *dw, float *db, const float *dy, const float *y, const uint16_t *m, const float *xp,
+    int cn, const mg_conv2d_shape *s, int kh, int kw)
+{
+    int hp = s->h + 2 * s->pad, wp = s->w + 2 * s->pad, ow = s->ow;
+    size_t out_plane = (size_t)s->ph * s->pw, mplane = mg__plane_masks(s);
+    float scale = s->pool == MG_POOL_AVG ? 0.25f : 1.0f;
+    __m512 zero = _mm512_setzero_ps();
+    for (int o = 0; o < s->oc; o++) {
+        __m512 acc[25], sum = zero;
+        for (int t = 0; t < kh * kw; t++) acc[t] = zero;
+        for (int i = 0; i < cn; i++) {
+            const float *xi = xp + (size_t)i * hp * wp;
+            const float *go = dy + ((size_t)i * s->oc + o) * out_plane;
+            __m512 g0a, g0b, g1a, g1b;
+            if (s->pool != MG_POOL_NONE) {
+                const uint16_t *mo = m + ((size_t)i * s->oc + o) * mplane;
+                for (int py = 0; py < s->ph; py++) {
+                    pool_bwd(go + py * s->pw, lanes(s->pw), mo + (size_t)py * 4, scale, &g0a,
+                             &g0b, &g1a, &g1b);
+                    /* A 33rd column (odd width 33) cannot occur: ow <= 32. */
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(g0a, g0b),
+                                                           _mm512_add_ps(g1a, g1b)));
+                    direct_taps(acc, xi, wp, 2 * py, kh, kw, g0a, g0b, g1a, g1b, true);
+                }
+            } else {
+                const float *yo = y + ((size_t)i * s->oc + o) * out_plane;
+                for (int oy = 0; oy < s->oh; oy++) {
+                    g0a = _mm512_maskz_loadu_ps(lanes(ow), go + oy * ow);
+                    g0b = _mm512_maskz_loadu_ps(lanes(ow - 16), go + oy * ow + 16);
+                    if (s->relu) {
+                        g0a = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow), yo + oy * ow), zero, _CMP_GT_OQ), g0a);
+                        g0b = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow - 16), yo + oy * ow + 16), zero, _CMP_GT_OQ), g0b);
+                    }
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(g0a, g0b));
+                    direct_taps(acc, xi, wp, oy, kh, kw, g0a, g0b, zero, zero, false);
+                }
+            }
+        }
+        float *dwo = dw + (size_t)o * kh * kw;
+        for (int t = 0; t < kh * kw; t++) dwo[t] += _mm512_reduce_add_ps(acc[t]);
+        if (db) db[o] += _mm512_reduce_add_ps(sum);
+    }
+}
+
+void mg__direct_backward_avx512(float *dw, float *db, const float *dy, const float *y,
+                                const uint16_t *m, const float *xp, int cn,
+                                const mg_conv2d_shape *s)
+{
+    if (s->kh == 3 && s->kw == 3) direct_bwd_k(dw, db, dy, y, m, xp, cn, s, 3, 3);
+    else if (s->kh == 5 && s->kw == 5) direct_bwd_k(dw, db, dy, y, m, xp, cn, s, 5, 5);
+    else direct_bwd_k(dw, db, dy, y, m, xp, cn, s, s->kh, s->kw);
+}
+
+#endif

@@ -1,0 +1,293 @@
+/* Failure tests: a peer killed with SIGKILL (between and during
+ * operations) and one stopped with SIGSTOP make the others fail with the
+ * right error within the deadline; mismatched collectives are named on
+ * every rank without touching memory past the buffers; a failed group
+ * fails fast afterwards; strangers connecting to a rank's data listener
+ * (garbage, wrong secret, wrong group) are turned away while the real
+ * peer gets in. Over shared memory and TCP. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/comm.h"
+#include "comm/builtin.h"
+#include "comm/store/auth.h"
+#include "comm/transport/sock.h"
+#include "comm/transport/tcp.h"
+
+typedef struct {
+    int port;
+    const char *transport;
+    double timeout;
+    int variant;
+} job;
+
+static job new_job(const char *transport, double timeout, int variant)
+{
+    int fd, port;
+    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
+    close(fd);
+    return (job){port, transport, timeout, variant};
+}
+
+static mg_group *join_group(int rank, int n, const job *j)
+{
+    if (j->transport) setenv("MG_TRANSPORT", j->transport, 1);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", j->port);
+    mg_group_options o = mg_group_options_default();
+    o.init_method = url;
+    o.rank = rank;
+    o.size = n;
+    o.secret = "fault-test";
+    o.timeout_s = j->timeout;
+    mg_group *g;
+    if (mg_group_init(&o, &g)) {
+        printf("rank %d: init failed: %s\n", rank, mg_last_error());
+        return NULL;
+    }
+    return g;
+}
+
+/* ---- a killed peer --------------------------------------------------------- */
+
+static void *die_soon(void *arg)
+{
+    usleep(*(int *)arg);
+    raise(SIGKILL);
+    return NULL;
+}
+
+static int kill_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    mg_group *g = join_group(rank, n, j);
+    if (!g) return 2;
+    CHECK_OK(mg_barrier(g));  /* #1 */
+    size_t count = (size_t)1 << 22;
+    float *x = calloc(count, sizeof *x);
+    CHECK(x);
+    if (rank == n - 1) {
+        if (j->variant == 0) raise(SIGKILL);      /* before the operation */
+        static int delay = 30000;                 /* or in the middle of a stream of them */
+        pthread_t t;
+        pthread_create(&t, NULL, die_soon, &delay);
+        for (;;) mg_all_reduce(g, MG_IN_PLACE, x, count, MG_F32, MG_SUM);
+    }
+    double t0 = mg_now();
+    mg_status st = MG_OK;
+    int ops = 0;
+    while (!st) {
+        st = mg_all_reduce(g, MG_IN_PLACE, x, count, MG_F32, MG_SUM);
+        ops++;
+    }
+    double dt = mg_now() - t0;
+    const char *msg = mg_last_error();
+    printf("rank %d after %d ops, %.2f s: %s\n", rank, ops, dt, msg);
+    CHECK(st == MG_EPEER);
+    char dead[32];
+    snprintf(dead, sizeof dead, "rank %d", n - 1);
+    CHECK(strstr(msg, dead));
+    CHECK(strstr(msg, "all_reduce #"));
+    CHECK(dt < 5); /* detected, not timed out (MG_TIMEOUT is 30 s) */
+    /* Later calls fail at once with the same story. */
+    t0 = mg_now();
+    CHECK_ERR(mg_barrier(g), MG_EPEER);
+    CHECK(strstr(mg_last_error(), dead));
+    mg_work *w;
+    CHECK_ERR(mg_all_reduce_async(g, MG_IN_PLACE, x, 4, MG_F32, MG_SUM, &w), MG_EPEER);
+    CHECK(w == NULL);
+    CHECK(mg_now() - t0 < 0.5);
+    free(x);
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void expect_kill(int n, const char *transport, int variant)
+{
+    job j = new_job(transport, 30, variant);
+    int st[16];
+    mgt_fork_ranks(n, kill_rank, &j, 40, st);
+    for (int r = 0; r < n - 1; r++)
+        CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s, variant %d)",
+                  r, st[r], transport ? transport : "shm", variant);
+    CHECK(WIFSIGNALED(st[n - 1]) && WTERMSIG(st[n - 1]) == SIGKILL);
+}
+
+TEST_T(fault_sigkill_shm, 60) { expect_kill(3, NULL, 0); expect_kill(2, NULL, 1); }
+TEST_T(fault_sigkill_tcp, 60) { expect_kill(3, "tcp", 0); expect_kill(3, "tcp", 1); }
+
+/* ---- a stopped peer ------------------------------------------------------------ */
+
+static int stop_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    mg_group *g = join_group(rank, n, j);
+    if (!g) return 2;
+    CHECK_OK(mg_barrier(g));
+    if (rank == 1) raise(SIGSTOP);
+    int32_t v = rank;
+    mg_work *w;
+    double t0 = mg_now();
+    CHECK_OK(mg_all_reduce_async(g, MG_IN_PLACE, &v, 1, MG_I32, MG_SUM, &w));
+    mg_status st = mg_work_wait(w, -1);
+    double dt = mg_now() - t0;
+    const char *msg = mg_last_error();
+    printf("rank %d after %.2f s: %s\n", rank, dt, msg);
+    CHECK(st == MG_ETIMEOUT || st == MG_EPEER);
+    CHECK(strstr(msg, "rank 1"));
+    CHECK(strstr(msg, "all_reduce #2"));
+    if (rank == 0 || st == MG_ETIMEOUT) CHECK(strstr(msg, "stopped"));
+    CHECK(dt >= j->timeout * 0.9 && dt < j->timeout + 3);
+    mg_work_free(w);
+    /* Done with it: the harness must not wait for a stopped process. */
+    mg__bi *b = g->impl;
+    if (rank == 0) kill(b->info[1].pid, SIGKILL);
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void expect_stop(int n, const char *transport)
+{
+    job j = new_job(transport, 1.5, 0);
+    int st[8];
+    mgt_fork_ranks(n, stop_rank, &j, 30, st);
+    for (int r = 0; r < n; r++)
+        if (r != 1)
+            CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s)", r,
+                      st[r], transport ? transport : "shm");
+    CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
+}
+
+TEST_T(fault_sigstop_shm, 60) { expect_stop(2, NULL); expect_stop(3, NULL); }
+TEST_T(fault_sigstop_tcp, 60) { expect_stop(2, "tcp"); }
+
+/* ---- mismatched collectives -------------------------------------------------------- */
+
+static int mismatch_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    mg_group *g = join_group(rank, n, j);
+    if (!g) return 2;
+    CHECK_OK(mg_barrier(g));
+    /* Buffers with guards on both sides: nothing may be written outside. */
+    size_t count = j->variant == 0 ? 1000 : (size_t)(rank + 1) * 300000;
+    float *mem = malloc((count + 32) * sizeof *mem), *x = mem + 16;
+    CHECK(mem);
+    for (size_t i = 0; i < count + 32; i++) mem[i] = -3;
+    for (size_t i = 0; i < count; i++) x[i] = (float)rank;
+    double t0 = mg_now();
+    mg_status st;
+    if (j->variant == 0 && rank == 1)
+        st = mg_broadcast(g, x, count, MG_F32, 0);
+    else
+        st = mg_all_reduce(g, MG_IN_PLACE, x, count, MG_F32, MG_SUM);
+    const char *msg = mg_last_error();
+    printf("rank %d: %s\n", rank, msg);
+    CHECK(st == MG_EMISMATCH || st == MG_EPEER);
+    if (j->variant == 0) {
+        CHECK(strstr(msg, "all_reduce #2"));
+        CHECK(strstr(msg, "broadcast #2"));
+    } else {
+        CHECK(strstr(msg, "different counts"));
+    }
+    CHECK(strstr(msg, "test_faults.c:"));
+    CHECK(mg_now() - t0 < 5);
+    for (size_t i = 0; i < 16; i++) CHECK(mem[i] == -3 && mem[count + 16 + i] == -3);
+    CHECK(mg_barrier(g) == st);
+    free(mem);
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void expect_mismatch(int n, const char *transport, int variant)
+{
+    job j = new_job(transport, 20, variant);
+    int bad = mgt_fork_ranks(n, mismatch_rank, &j, 40, NULL);
+    CHECK_MSG(bad == 0, "%d ranks failed (%s, variant %d)", bad, transport ? transport : "shm",
+              variant);
+}
+
+TEST_T(fault_mismatched_collectives_shm, 60)
+{
+    expect_mismatch(2, NULL, 0);
+    expect_mismatch(3, NULL, 0);
+    expect_mismatch(2, NULL, 1);
+    expect_mismatch(4, NULL, 1);
+}
+
+TEST_T(fault_mismatched_collectives_tcp, 60)
+{
+    expect_mismatch(2, "tcp", 0);
+    expect_mismatch(3, "tcp", 1);
+}
+
+/* ---- strangers at a rank's data listener --------------------------------------------- */
+
+typedef struct {
+    int port;
+    uint64_t gid;
+    mg_status st;
+} dialer;
+
+static void *real_peer(void *arg)
+{
+    dialer *d = arg;
+    usleep(100000); /* let the strangers queue up first */
+    bool need[2] = {true, false};
+    char addr[2][64] = {"127.0.0.1", ""};
+    int port[2] = {d->port, 0}, fds[2];
+    mg__tcp_listener none = {.fd = -1};
+    d->st = mg__tcp_connect_peers(&none, d->gid, 1, 2, need, addr, port, "right", mg_now() + 5, fds);
+    if (!d->st) close(fds[0]);
+    return NULL;
+}
+
+TEST(fault_strangers_at_data_listener)
+{
+    mg__tcp_listener l;
+    CHECK_OK(mg__tcp_listen("127.0.0.1", &l));
+    int fd[5];
+    /* Garbage, silence, a wrong secret, and the right secret for the wrong group. */
+    for (int i = 0; i < 4; i++) CHECK_OK(mg__sock_connect("127.0.0.1", l.port, mg_now() + 2, "t", &fd[i]));
+    char junk[100];
+    memset(junk, 0x5a, sizeof junk);
+    CHECK(send(fd[0], junk, sizeof junk, MSG_NOSIGNAL) == sizeof junk);
+    dialer d = {l.port, 0x1234, -1};
+    pthread_t t;
+    pthread_create(&t, NULL, real_peer, &d);
+    bool need[2] = {false, true};
+    char addr[2][64] = {"", ""};
+    int port[2] = {0, 0}, fds[2];
+    double t0 = mg_now();
+    /* The strangers are answered while the accept loop runs; do the wrong
+     * ones from here once it has sent its challenges. */
+    pid_t kid = fork();
+    if (kid == 0) {
+        CHECK(mg__auth_client(fd[2], "wrong", "data", mg_now() + 3, "t") == MG_EAUTH);
+        CHECK_OK(mg__auth_client(fd[3], "right", "data", mg_now() + 3, "t"));
+        uint8_t intro[24] = {'M', 'G', 'T', '1'};
+        uint64_t gid = 0x9999;
+        int32_t from = 1, to = 0;
+        memcpy(intro + 4, &gid, 8);
+        memcpy(intro + 12, &from, 4);
+        memcpy(intro + 16, &to, 4);
+        CHECK(send(fd[3], intro, sizeof intro, MSG_NOSIGNAL) == sizeof intro);
+        char c;
+        CHECK(recv(fd[3], &c, 1, 0) <= 0); /* dropped without an answer */
+        _exit(0);
+    }
+    CHECK_OK(mg__tcp_connect_peers(&l, 0x1234, 0, 2, need, addr, port, "right", mg_now() + 5, fds));
+    CHECK(mg_now() - t0 < 3);
+    pthread_join(t, NULL);
+    CHECK_OK(d.st);
+    int st;
+    waitpid(kid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fds[1]);
+    for (int i = 0; i < 4; i++) close(fd[i]);
+    mg__tcp_listener_close(&l);
+}

@@ -1,0 +1,294 @@
+/* Tests of the mgbench tool (builtin backend): it starts its own ranks
+ * (-n 2, -n 3) and runs every collective, dtype and op in check mode with
+ * #wrong 0 in every row; nccl-tests' columns, sizes and bus-bandwidth
+ * factors; buffers from mg_group_alloc, TCP, each algorithm; running
+ * under mgrun; one clear line and exit status 2 for bad flags.
+ * Needs build/bin/mgbench (make -j2 all) or MG_BIN. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/core.h"
+
+typedef struct {
+    int status;
+    char out[1 << 20], err[16384];
+} result;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+/* Runs argv (NULL-terminated; argv[0] a tool name from build/bin) and
+ * collects its exit status, stdout and stderr. */
+static result *run_tool(double timeout, const char *const *argv)
+{
+    static result r;
+    char tool[512], out[600], err[600];
+    snprintf(tool, sizeof tool, "%s", mgt_tool(argv[0]));
+    CHECK_MSG(access(tool, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", tool);
+    snprintf(out, sizeof out, "%s/out", mgt_tmpdir());
+    snprintf(err, sizeof err, "%s/err", mgt_tmpdir());
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        setpgid(0, 0);
+        execv(tool, (char *const *)argv);
+        _exit(126);
+    }
+    double t0 = mg_now();
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (mg_now() - t0 > timeout) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            slurp(err, r.err, sizeof r.err);
+            CHECK_MSG(0, "%s still running after %g s; stderr: %s", argv[0], timeout, r.err);
+        }
+        usleep(2000);
+    }
+    r.status = st;
+    slurp(out, r.out, sizeof r.out);
+    slurp(err, r.err, sizeof r.err);
+    return &r;
+}
+
+static int exit_code(const result *r)
+{
+    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+}
+
+/* One data row of the table. */
+typedef struct {
+    long long size, count;
+    char type[16], op[16];
+    int root;
+    double us[2], algbw[2], busbw[2];
+    long long wrong[2];    /* -1: "--" (no in-place form) */
+} row;
+
+/* Parses the table: rows per "# collective" section (or one unnamed
+ * section). Fails on a malformed row. Returns the number of rows. */
+static int parse_rows(const char *out, const char *section, row *rows, int cap)
+{
+    int n = 0, in_section = section == NULL;
+    const char *line = out;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        char buf[512];
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf - 1 ? len : sizeof buf - 1), line);
+        if (section && buf[0] == '#' && buf[1] == ' ' && buf[2] != ' ' &&
+            !strchr(buf + 2, ' ') && !strchr(buf + 2, ':'))
+            in_section = !strcmp(buf + 2, section);
+        if (in_section && buf[0] == ' ') {
+            row r = {0};
+            char w0[16], t1[16], a1[16], b1[16], w1[16];
+            int k = sscanf(buf, "%lld %lld %15s %15s %d %lf %lf %lf %15s %15s %15s %15s %15s",
+                           &r.size, &r.count, r.type, r.op, &r.root, &r.us[0], &r.algbw[0],
+                           &r.busbw[0], w0, t1, a1, b1, w1);
+            CHECK_MSG(k == 13, "malformed row: '%s'", buf);
+            r.wrong[0] = strcmp(w0, "--") ? atoll(w0) : -1;
+            CHECK_MSG(strcmp(w0, "N/A"), "row without a check: '%s'", buf);
+            r.wrong[1] = strcmp(w1, "--") ? atoll(w1) : -1;
+            if (strcmp(t1, "--")) {
+                r.us[1] = atof(t1);
+                r.algbw[1] = atof(a1);
+                r.busbw[1] = atof(b1);
+            }
+            CHECK_MSG(r.wrong[0] == 0 && (r.wrong[1] == 0 || r.wrong[1] == -1),
+                      "wrong values in row: '%s'", buf);
+            if (n < cap) rows[n] = r;
+            n++;
+        }
+        if (!end) break;
+        line = end + 1;
+    }
+    return n;
+}
+
+static const char *colls[] = {"broadcast", "reduce", "all_reduce", "all_gather", "gather",
+                              "scatter", "reduce_scatter", "all_to_all", "barrier", "sendrecv"};
+#define NCOLLS ((int)(sizeof colls / sizeof *colls))
+
+static row rows[4096];
+
+/* Every collective, dtype and op at sizes 0 B .. 64 KiB, checked. */
+static void check_all(const char *n)
+{
+    result *r = run_tool(60, (const char *[]){"mgbench", "-n", n, "all", "-d", "all", "-o", "all",
+                                              "-b", "1", "-e", "64K", "-f", "9", "-i", "2", "-w",
+                                              "1", "-c", "1", NULL});
+    CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
+    CHECK_MSG(strstr(r->out, "# Out of bounds values : 0 OK"), "no OK footer:\n%s", r->out);
+    CHECK(strstr(r->out, "# Avg bus bandwidth"));
+    for (int c = 0; c < NCOLLS; c++) {
+        int k = parse_rows(r->out, colls[c], rows, 4096);
+        /* sizes 1 9 81 729 6561 59049: 6 per dtype (and op for reductions) */
+        int want = !strcmp(colls[c], "barrier") ? 1 :
+                   !strcmp(colls[c], "reduce") || !strcmp(colls[c], "all_reduce") ||
+                   !strcmp(colls[c], "reduce_scatter") ? 6 * 7 * 5 : 6 * 7;
+        CHECK_MSG(k == want, "%s: %d rows, expected %d", colls[c], k, want);
+    }
+}
+
+TEST_T(mgbench_two_ranks_all_collectives_exact, 90) { check_all("2"); }
+TEST_T(mgbench_three_ranks_all_collectives_exact, 90) { check_all("3"); }
+
+/* nccl-tests' conventions: sizes are whole buffers (per-rank count times
+ * ranks for the gathers and scatters), busbw = algbw * factor. */
+TEST_T(mgbench_columns_follow_nccl_tests, 60)
+{
+    result *r = run_tool(60, (const char *[]){"mgbench", "-n", "3", "all_reduce", "all_gather",
+                                              "broadcast", "reduce_scatter", "all_to_all",
+                                              "-b", "1M", "-e", "1M", "-i", "3", "-w", "1",
+                                              "-r", "2", NULL});
+    CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
+    CHECK(strstr(r->out, "ranks 3"));
+    CHECK(strstr(r->out, "#wrong"));
+    CHECK(strstr(r->out, "algbw"));
+    CHECK(strstr(r->out, "busbw"));
+    struct { const char *name; double factor; long long size, count; const char *op; int root; }
+    want[] = {
+        {"all_reduce", 4.0 / 3, 1 << 20, 1 << 18, "sum", -1},
+        {"all_gather", 2.0 / 3, 3 * 87381 * 4, 3 * 87381, "none", -1},
+        {"broadcast", 1.0, 1 << 20, 1 << 18, "none", 2},
+        {"reduce_scatter", 2.0 / 3, 3 * 87381 * 4, 3 * 87381, "sum", -1},
+        {"all_to_all", 2.0 / 3, 3 * 87381 * 4, 3 * 87381, "none", -1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        CHECK_EQ(parse_rows(r->out, want[i].name, rows, 4096), 1);
+        row *w = &rows[0];
+        CHECK_EQ(w->size, want[i].size);
+        CHECK_EQ(w->count, want[i].count);
+        CHECK(!strcmp(w->type, "f32"));
+        CHECK_MSG(!strcmp(w->op, want[i].op), "%s: op %s", want[i].name, w->op);
+        CHECK_EQ(w->root, want[i].root);
+        for (int p = 0; p < 2; p++) {
+            CHECK(w->us[p] > 0);
+            /* The table has two decimals: allow that rounding. */
+            CHECK_NEAR(w->algbw[p], (double)w->size / (w->us[p] * 1e3),
+                       0.006 + 0.002 * w->algbw[p]);
+            CHECK_NEAR(w->busbw[p], w->algbw[p] * want[i].factor, 0.012);
+        }
+    }
+}
+
+/* The options that change how it runs still give exact results. */
+TEST_T(mgbench_variants_exact, 90)
+{
+    const char *variants[][3] = {
+        {"--group-alloc", NULL, NULL}, {"-t", NULL, NULL}, {"-a", "ring", NULL},
+        {"-a", "rd", NULL}, {"-a", "tree", NULL}, {"-a", "shm", "--group-alloc"},
+    };
+    for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+        const char *argv[32] = {"mgbench", "-n", "3", "all_reduce", "all_gather", "reduce_scatter",
+                                "broadcast", "-b", "1000", "-e", "300K", "-f", "17", "-i", "2",
+                                "-w", "0", "-d", "bf16"};
+        int k = 19;
+        for (int j = 0; j < 3 && variants[v][j]; j++) argv[k++] = variants[v][j];
+        argv[k] = NULL;
+        result *r = run_tool(60, argv);
+        CHECK_MSG(exit_code(r) == 0, "%s %s: exit %d: %s", variants[v][0],
+                  variants[v][1] ? variants[v][1] : "", exit_code(r), r->err);
+        CHECK_MSG(strstr(r->out, "# Out of bounds values : 0 OK"), "%s", r->out);
+        CHECK_EQ(parse_rows(r->out, "all_reduce", rows, 4096), 3);
+        if (!strcmp(variants[v][0], "--group-alloc"))
+            CHECK(strstr(r->out, "buffers mg_group_alloc"));
+        if (!strcmp(variants[v][0], "-t")) CHECK(strstr(r->out, "transport tcp"));
+    }
+    /* Linear steps (nccl-tests' -i, here --stepbytes) and one rank. */
+    result *r = run_tool(30, (const char *[]){"mgbench", "all_reduce", "sendrecv", "-b", "0",
+                                              "-e", "3000", "--stepbytes", "1000", "-i", "1",
+                                              NULL});
+    CHECK_MSG(exit_code(r) == 2, "sendrecv on one rank: exit %d", exit_code(r));
+    r = run_tool(30, (const char *[]){"mgbench", "all_reduce", "-b", "0", "-e", "3000",
+                                      "--stepbytes", "1000", "-i", "1", NULL});
+    CHECK_MSG(exit_code(r) == 0, "exit %d: %s", exit_code(r), r->err);
+    CHECK_EQ(parse_rows(r->out, NULL, rows, 4096), 4);
+    CHECK_EQ(rows[3].size, 3000);
+}
+
+/* Under a launcher it is one rank of the launcher's job. */
+TEST_T(mgbench_under_mgrun, 60)
+{
+    char mgrun[512];
+    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    if (access(mgrun, X_OK)) mgt_skip("%s not built", mgrun);
+    char bench[512];
+    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    result *r = run_tool(60, (const char *[]){"mgrun", "-n", "2", bench, "all_reduce", "gather",
+                                              "-b", "4", "-e", "4K", "-f", "32", NULL});
+    CHECK_MSG(exit_code(r) == 0, "exit %d: %s", exit_code(r), r->err);
+    CHECK(strstr(r->out, "ranks 2"));
+    CHECK_EQ(parse_rows(r->out, "all_reduce", rows, 4096), 3);
+    CHECK(strstr(r->out, "# Out of bounds values : 0 OK"));
+    /* Only rank 0 prints the table. */
+    CHECK(!strstr(strstr(r->out, "# mgbench") + 1, "# mgbench"));
+    /* -n must agree with the launcher. */
+    r = run_tool(60, (const char *[]){"mgrun", "-n", "2", bench, "-n", "3", "all_reduce", NULL});
+    CHECK(exit_code(r) != 0);
+    CHECK_MSG(strstr(r->err, "-n 3, but the launcher started 2 ranks"), "%s", r->err);
+}
+
+TEST(mgbench_help)
+{
+    result *r = run_tool(10, (const char *[]){"mgbench", "--help", NULL});
+    CHECK_EQ(exit_code(r), 0);
+    CHECK(strstr(r->out, "usage: mgbench"));
+    CHECK(strstr(r->out, "--iters"));
+    CHECK(strstr(r->out, "--backend"));
+}
+
+/* Bad flags: one line naming the problem, exit status 2, no table. */
+TEST(mgbench_bad_flags)
+{
+    const char *cases[][8] = {
+        {"all_reduce", "--bogus", NULL},
+        {"all_reduce", "-d", "f17", NULL},
+        {"all_reduce", "-o", "mean", NULL},
+        {"allreduc", NULL},
+        {"-n", "0", "all_reduce", NULL},
+        {"-n", "two", "all_reduce", NULL},
+        {"all_reduce", "-b", "1M", "-e", "1K", NULL},
+        {"all_reduce", "-b", "12Q", NULL},
+        {"all_reduce", "-f", "0.5", NULL},
+        {"all_reduce", "-c", "2", NULL},
+        {"all_reduce", "-a", "fast", NULL},
+        {"all_reduce", "--backend", "nccl", NULL},
+        {"all_reduce", "-i", NULL},
+        {"-n", "2", NULL},
+        {"-n", "2", "broadcast", "-r", "5", NULL},
+    };
+    const char *needle[] = {"--bogus", "f17", "mean", "allreduc", "-n", "two", "larger",
+                            "12Q", "0.5", "-c", "fast", "nccl", "needs a value",
+                            "no collective", "-r 5"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *argv[12] = {"mgbench"};
+        int k = 1;
+        for (int j = 0; cases[i][j]; j++) argv[k++] = cases[i][j];
+        argv[k] = NULL;
+        result *r = run_tool(30, argv);
+        CHECK_MSG(exit_code(r) == 2, "case %zu: exit %d (stderr: %s)", i, exit_code(r), r->err);
+        char *nl = strchr(r->err, '\n');
+        CHECK_MSG(nl && nl[1] == 0, "case %zu: not one line: '%s'", i, r->err);
+        CHECK_MSG(!strncmp(r->err, "mgbench: ", 9), "case %zu: '%s'", i, r->err);
+        CHECK_MSG(strstr(r->err, needle[i]), "case %zu: '%s' does not name '%s'", i, r->err,
+                  needle[i]);
+        CHECK_MSG(!strstr(r->out, "Out of bounds"), "case %zu printed a table", i);
+    }
+}

@@ -1,0 +1,236 @@
+/* Tests of point-to-point messages over shared memory and TCP: ordering
+ * within a tag, receives in another tag order than the sends (unexpected
+ * messages), zero-length and large messages, messages to oneself, two
+ * ranks (and a ring of ranks) sending each other large messages at once,
+ * messages interleaved with collectives, and size mismatches. */
+#define _GNU_SOURCE
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/comm.h"
+#include "comm/transport/sock.h"
+
+typedef struct {
+    int port;
+    const char *transport;
+} job;
+
+static job new_job(const char *transport)
+{
+    int fd, port;
+    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
+    close(fd);
+    return (job){port, transport};
+}
+
+static mg_group *join_group(int rank, int n, const job *j, double timeout)
+{
+    if (j->transport) setenv("MG_TRANSPORT", j->transport, 1);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", j->port);
+    mg_group_options o = mg_group_options_default();
+    o.init_method = url;
+    o.rank = rank;
+    o.size = n;
+    o.secret = "p2p-test";
+    o.timeout_s = timeout;
+    mg_group *g;
+    mg_status st = mg_group_init(&o, &g);
+    if (st) {
+        printf("rank %d: init failed: %s\n", rank, mg_last_error());
+        return NULL;
+    }
+    return g;
+}
+
+static void run(int n, int (*fn)(int, int, void *), const char *transport)
+{
+    job j = new_job(transport);
+    int bad = mgt_fork_ranks(n, fn, &j, 60, NULL);
+    CHECK_MSG(bad == 0, "%d of %d ranks failed (transport %s)", bad, n,
+              transport ? transport : "auto");
+}
+
+/* ---- ordering and tags ----------------------------------------------------- */
+
+enum { K = 12 };
+
+static size_t msg_count(int k) { return k == 5 ? 0 : (size_t)k * 1000 + 3; }
+
+static int order_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    size_t big = (size_t)3 << 20;
+    int32_t *buf = malloc((msg_count(K - 1) + 1) * sizeof *buf);
+    int32_t *large = malloc(big * sizeof *large);
+    CHECK(buf && large);
+    if (rank == 0) {
+        for (int k = 0; k < K; k++) {
+            for (size_t i = 0; i < msg_count(k); i++) buf[i] = k * 7 + (int32_t)i;
+            CHECK_OK(mg_send(g, buf, msg_count(k), MG_I32, 1, k % 4));
+        }
+        for (size_t i = 0; i < big; i++) large[i] = (int32_t)(i * 3);
+        CHECK_OK(mg_send(g, large, big, MG_I32, 1, 99));
+    } else {
+        /* Tags in reverse order; within a tag, in sending order. */
+        for (int t = 3; t >= 0; t--)
+            for (int k = t; k < K; k += 4) {
+                memset(buf, 0xff, (msg_count(k) + 1) * sizeof *buf);
+                CHECK_OK(mg_recv(g, buf, msg_count(k), MG_I32, 0, t));
+                for (size_t i = 0; i < msg_count(k); i++) CHECK_EQ(buf[i], k * 7 + (int32_t)i);
+                CHECK_EQ(buf[msg_count(k)], -1); /* nothing written past the end */
+            }
+        CHECK_OK(mg_recv(g, large, big, MG_I32, 0, 99));
+        for (size_t i = 0; i < big; i += 997) CHECK_EQ(large[i], (int32_t)(i * 3));
+    }
+    CHECK_OK(mg_barrier(g));
+    free(buf);
+    free(large);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_order_and_tags_shm) { run(2, order_rank, NULL); }
+TEST(p2p_order_and_tags_tcp) { run(2, order_rank, "tcp"); }
+
+/* ---- large messages both ways at once ------------------------------------------ */
+
+static int exchange_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    size_t count = (size_t)12 << 20 >> 2; /* 12 MiB: more than any ring or socket buffer */
+    float *out = malloc(count * sizeof *out), *in = malloc(count * sizeof *in);
+    CHECK(out && in);
+    for (size_t i = 0; i < count; i++) out[i] = (float)(rank * 100000 + (int)(i % 50000));
+    int peer = 1 - rank;
+    mg_work *ws, *wr;
+    CHECK_OK(mg_isend(g, out, count, MG_F32, peer, 1, &ws));
+    CHECK_OK(mg_irecv(g, in, count, MG_F32, peer, 1, &wr));
+    CHECK_OK(mg_work_wait(ws, -1));
+    CHECK_OK(mg_work_wait(wr, -1));
+    mg_work_free(ws);
+    mg_work_free(wr);
+    for (size_t i = 0; i < count; i += 1013)
+        CHECK_EQ((int)in[i], peer * 100000 + (int)(i % 50000));
+    /* The same with blocking calls: each rank sends first. */
+    CHECK_OK(mg_send(g, out, count, MG_F32, peer, 2));
+    CHECK_OK(mg_recv(g, in, count, MG_F32, peer, 2));
+    CHECK_EQ((int)in[count - 1], peer * 100000 + (int)((count - 1) % 50000));
+    free(out);
+    free(in);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_exchange_large_shm) { run(2, exchange_rank, NULL); }
+TEST(p2p_exchange_large_tcp) { run(2, exchange_rank, "tcp"); }
+
+static int ring_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    size_t count = (size_t)6 << 20 >> 2;
+    int32_t *out = malloc(count * 4), *in = malloc(count * 4);
+    CHECK(out && in);
+    for (size_t i = 0; i < count; i++) out[i] = rank + (int32_t)i;
+    /* Everyone sends before receiving: a cycle of blocked sends. */
+    CHECK_OK(mg_send(g, out, count, MG_I32, (rank + 1) % n, 0));
+    CHECK_OK(mg_recv(g, in, count, MG_I32, (rank + n - 1) % n, 0));
+    CHECK_EQ(in[7], (rank + n - 1) % n + 7);
+    free(out);
+    free(in);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_ring_of_blocking_sends) { run(4, ring_rank, NULL); run(3, ring_rank, "tcp"); }
+
+/* ---- oneself, interleaving with collectives -------------------------------------- */
+
+static int mixed_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    int64_t a = 41 + rank, b = 0;
+    CHECK_OK(mg_send(g, &a, 1, MG_I64, rank, 3));
+    CHECK_OK(mg_recv(g, &b, 1, MG_I64, rank, 3));
+    CHECK_EQ(b, 41 + rank);
+    CHECK_ERR(mg_recv(g, &b, 1, MG_I64, rank, 4), MG_EINVAL); /* nothing was sent */
+    /* Rank 0 sends, then everyone all-reduces; the receive comes after. */
+    if (rank == 0) {
+        mg_work *w;
+        double v[4] = {1, 2, 3, 4};
+        for (int p = 1; p < n; p++) {
+            CHECK_OK(mg_isend(g, v, 4, MG_F64, p, 5, &w));
+            CHECK_OK(mg_work_wait(w, -1));
+            mg_work_free(w);
+        }
+    }
+    int32_t x = rank, s;
+    CHECK_OK(mg_all_reduce(g, &x, &s, 1, MG_I32, MG_SUM));
+    CHECK_EQ(s, n * (n - 1) / 2);
+    if (rank > 0) {
+        double v[4];
+        CHECK_OK(mg_recv(g, v, 4, MG_F64, 0, 5));
+        CHECK(v[3] == 4);
+    }
+    CHECK_OK(mg_barrier(g));
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_self_and_collectives_shm) { run(3, mixed_rank, NULL); }
+TEST(p2p_self_and_collectives_tcp) { run(3, mixed_rank, "tcp"); }
+
+/* ---- mismatches -------------------------------------------------------------------- */
+
+static int size_mismatch_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 10);
+    if (!g) return 2;
+    int32_t buf[20] = {0};
+    if (rank == 0) {
+        CHECK_OK(mg_send(g, buf, 10, MG_I32, 1, 1));
+        /* Rank 1 fails; its notice reaches us in the next operation. */
+        double t0 = mg_now();
+        CHECK_ERR(mg_barrier(g), MG_EPEER);
+        CHECK(strstr(mg_last_error(), "rank 1"));
+        CHECK(mg_now() - t0 < 5);
+    } else {
+        int32_t guard[24];
+        for (int i = 0; i < 24; i++) guard[i] = -7;
+        CHECK_ERR(mg_recv(g, guard + 2, 20, MG_I32, 0, 1), MG_EMISMATCH);
+        CHECK(strstr(mg_last_error(), "sizes differ"));
+        for (int i = 0; i < 24; i++) CHECK_EQ(guard[i], -7); /* untouched */
+        /* The group is now unusable, and says why. */
+        CHECK_ERR(mg_barrier(g), MG_EMISMATCH);
+        CHECK(strstr(mg_last_error(), "failed earlier"));
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_size_mismatch_shm) { run(2, size_mismatch_rank, NULL); }
+TEST(p2p_size_mismatch_tcp) { run(2, size_mismatch_rank, "tcp"); }
+
+static int recv_vs_coll_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 10);
+    if (!g) return 2;
+    int32_t v = 1;
+    double t0 = mg_now();
+    if (rank == 0) {
+        /* All-reduce while rank 1 waits for a message that never comes. */
+        mg_status st = mg_all_reduce(g, MG_IN_PLACE, &v, 1, MG_I32, MG_SUM);
+        CHECK(st == MG_EPEER || st == MG_EMISMATCH);
+    } else {
+        CHECK_ERR(mg_recv(g, &v, 1, MG_I32, 0, 9), MG_EMISMATCH);
+        CHECK(strstr(mg_last_error(), "all_reduce"));
+    }
+    CHECK(mg_now() - t0 < 5);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_recv_while_peer_in_collective) { run(2, recv_vs_coll_rank, "tcp"); }
