@@ -75,6 +75,9 @@ const char *mgt_tmpdir(void);
 /* Path of a built tool ("mgtrain" -> build/bin/mgtrain). */
 const char *mgt_tool(const char *name);
 
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+int mgt_free_port(void);
+
 /* Fork n processes running fn(rank, n, arg); each child exits with fn's
  * return value (0 = success). Waits for all, at most timeout_s seconds
  * (then kills the rest). Returns the number of ranks that failed; the exit

@@ -8,6 +8,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -89,6 +92,18 @@ const char *mgt_tool(const char *name)
     const char *dir = getenv("MG_BIN");
     snprintf(path, sizeof path, "%s/%s", dir ? dir : "build/bin", name);
     return path;
+}
+
+int mgt_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(fd, (struct sockaddr *)&a, &len))
+        mgt_fail(__FILE__, __LINE__, "cannot find a free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
 }
 
 int mgt_fork_ranks(int n, int (*fn)(int, int, void *), void *arg,

@@ -292,26 +292,6 @@ static void progress_update(progress *p, int epoch, int epochs, long done, long 
 
 /* ---- training ------------------------------------------------------------- */
 
-static void evaluate(mg_model *m, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
-                     int batch, mg_scaling sc, double *loss, double *acc)
-{
-    mg_model_set_training(m, false);
-    double sum = 0;
-    long correct = 0;
-    for (int i = 0; i < test->n; i += batch) {
-        int bs = test->n - i < batch ? test->n - i : batch;
-        for (int k = 0; k < bs; k++) idx[k] = i + k;
-        mg_dataset_gather(test, idx, bs, sc, x, y);
-        mg_model_forward(m, x, bs);
-        int c;
-        sum += (double)mg_model_loss(m, y, &c) * bs;
-        correct += c;
-    }
-    mg_model_set_training(m, true);
-    *loss = sum / test->n;
-    *acc = (double)correct / test->n;
-}
-
 static void hparams_string(const options *o, char *out, size_t cap)
 {
     snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
@@ -320,27 +300,140 @@ static void hparams_string(const options *o, char *out, size_t cap)
              (unsigned long long)o->seed, o->accumulate, o->epochs);
 }
 
-/* The flags that must match to resume (epochs may grow). */
-static void check_resume_flags(const char *saved, const char *now, const char *path)
+/* The flags that must match to resume (epochs may grow); 1 and a message
+ * in msg if one differs. */
+static int resume_flags_differ(const char *saved, const char *now, const char *path,
+                               char *msg, size_t cap)
 {
     const char *keys[] = {"model=", "batch=", "lr=", "momentum=", "optimizer=",
                           "weight_decay=", "schedule=", "seed=", "accumulate="};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
-        if (!a || !b) die("%s: checkpoint has no '%s' hyper-parameter; it was not "
-                          "written by mgtrain", path, keys[k]);
+        if (!a || !b) {
+            snprintf(msg, cap, "%s: checkpoint has no '%s' hyper-parameter; it was not "
+                     "written by mgtrain", path, keys[k]);
+            return 1;
+        }
         size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
-        if (la != lb || strncmp(a, b, la) != 0)
-            die("%s was saved with %.*s but this run has %.*s; resume with the "
-                "same flags, or start a new run without --resume", path,
-                (int)la, a, (int)lb, b);
+        if (la != lb || strncmp(a, b, la) != 0) {
+            snprintf(msg, cap, "%s was saved with %.*s but this run has %.*s; resume with "
+                     "the same flags, or start a new run without --resume", path,
+                     (int)la, a, (int)lb, b);
+            return 1;
+        }
     }
+    return 0;
+}
+
+/* ---- parallel modes ------------------------------------------------------- */
+
+typedef struct {
+    enum { MODE_NONE, MODE_DP, MODE_DDP } mode;
+    mg_group *g;        /* ddp */
+    int rank, world;
+    mg_ddp *ddp;
+    mg_dp *dp;
+    mg_model *m;        /* the model the optimizer steps (dp: replica 0) */
+} trainer;
+
+/* Sum values over the ranks (no-op in one process). */
+static void sum_over_ranks(trainer *t, double *v, int n)
+{
+    if (t->mode != MODE_DDP) return;
+    if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM))
+        die("rank %d: %s", t->rank, mg_last_error());
+}
+
+/* Every rank leaves when one fails: the failing rank's message is printed
+ * by that rank; the others exit too instead of waiting for it forever. */
+static void agree_or_die(trainer *t, int failed, const char *what)
+{
+    if (t->mode == MODE_DDP) {
+        double f = failed;
+        sum_over_ranks(t, &f, 1);
+        if (f > 0 && !failed)
+            die("rank %d: stopping because another rank failed (its message says why)",
+                t->rank);
+    }
+    if (failed) die("%s", what);
+}
+
+/* Test loss and accuracy; in DDP each rank takes a contiguous shard of the
+ * test set and the sums are all-reduced, so the figures are exact. */
+static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
+                     int batch, mg_scaling sc, double *loss, double *acc)
+{
+    mg_model *m = t->m;
+    int begin = 0, end = test->n;
+    if (t->mode == MODE_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
+    mg_model_set_training(m, false);
+    double v[3] = {0, 0, 0};  /* loss sum, correct, images */
+    for (int i = begin; i < end; i += batch) {
+        int bs = end - i < batch ? end - i : batch;
+        for (int k = 0; k < bs; k++) idx[k] = i + k;
+        mg_dataset_gather(test, idx, bs, sc, x, y);
+        mg_model_forward(m, x, bs);
+        int c;
+        v[0] += (double)mg_model_loss(m, y, &c) * bs;
+        v[1] += c;
+        v[2] += bs;
+    }
+    mg_model_set_training(m, true);
+    sum_over_ranks(t, v, 3);
+    *loss = v[0] / v[2];
+    *acc = v[1] / v[2];
+}
+
+/* Forward and backward of one (local) micro-batch; sync says whether DDP
+ * all-reduces this one (the last of an accumulation). */
+static float forward_backward(trainer *t, const float *x, const int32_t *y, int bs,
+                              bool sync, int *correct)
+{
+    if (t->mode == MODE_DP) return mg_dp_forward_backward(t->dp, x, y, bs, correct);
+    if (t->ddp) mg_ddp_set_sync(t->ddp, sync);
+    mg_model_forward(t->m, x, bs);
+    float loss = mg_model_loss(t->m, y, correct);
+    mg_model_backward(t->m);
+    return loss;
+}
+
+/* Rank 0 loads the checkpoint and every rank gets its state: parameters
+ * and buffers through DDP's broadcast at creation, optimizer state and
+ * counters here — so a multi-host job needs the file on rank 0 only. */
+static void resume_state(trainer *t, const char *path, mg_optim *opt, const char *hp,
+                         mg_ckpt_meta *meta)
+{
+    int failed = 0;
+    char msg[1200] = "";
+    if (t->rank == 0) {
+        if (mg_checkpoint_load(path, t->m, opt, meta)) {
+            snprintf(msg, sizeof msg, "--resume: %s", mg_last_error());
+            failed = 1;
+        } else {
+            failed = resume_flags_differ(meta->hparams, hp, path, msg, sizeof msg);
+        }
+    }
+    agree_or_die(t, failed, msg);
+    if (t->mode != MODE_DDP) return;
+    double c[3] = {(double)meta->step, (double)meta->epoch, (double)mg_model_rng_counter(t->m)};
+    if (mg_broadcast(t->g, c, 3, MG_F64, 0)) die("%s", mg_last_error());
+    meta->step = (long)c[0];
+    meta->epoch = (long)c[1];
+    mg_model_set_rng_counter(t->m, (uint64_t)c[2]);
+    mg_optim_set_steps(opt, meta->step);
+    for (int i = 0; i < mg_optim_num_states(opt); i++)
+        if (mg_broadcast(t->g, mg_optim_state(opt, i, NULL), mg_model_arena_size(t->m),
+                         MG_F32, 0))
+            die("%s", mg_last_error());
 }
 
 int main(int argc, char **argv)
 {
     options o;
     parse_args(argc, argv, &o);
+    trainer t = {.mode = !strcmp(o.parallel, "dp") ? MODE_DP
+                       : !strcmp(o.parallel, "ddp") ? MODE_DDP : MODE_NONE,
+                 .rank = 0, .world = 1};
 
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;
@@ -354,21 +447,58 @@ int main(int argc, char **argv)
     if (o.weight_decay < 0) o.weight_decay = kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
     mg_schedule sched;
     if (mg_schedule_parse(o.schedule, o.lr, &sched)) die("--schedule: %s", mg_last_error());
+    mg_compress comp;
+    if (mg_compress_parse(o.compress, &comp)) die("--compress: %s", mg_last_error());
+    if (comp != MG_COMPRESS_NONE && t.mode != MODE_DDP)
+        die("--compress %s applies to --parallel ddp only", o.compress);
     if (o.resume && o.init) die("--resume and --init both set: give one of them");
     if (o.eval_only && !o.resume && !o.init)
         die("--eval-only needs weights: give --init FILE or --resume FILE");
+    if (t.mode == MODE_DP && o.batch < o.workers)
+        die("--batch %d is smaller than --workers %d: give each worker at least one image",
+            o.batch, o.workers);
     struct stat sb;
     if (stat(o.data, &sb) || !S_ISDIR(sb.st_mode))
         die("data directory '%s' not found: install the dataset-fashion-mnist "
             "package (scripts/install-deps.sh) or pass --data DIR", o.data);
+
+    if (t.mode == MODE_DDP) {
+        if (!getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK"))
+            die("--parallel ddp needs a launcher: run it as 'mgrun -n N mgtrain "
+                "--parallel ddp ...' (or under mpirun)");
+        if (mg_group_init(NULL, &t.g)) die("%s", mg_last_error());
+        t.rank = mg_group_rank(t.g);
+        t.world = mg_group_size(t.g);
+        char msg[256];
+        snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
+                 "multiple of %d (--batch is the global batch)", o.batch, t.world, t.world);
+        agree_or_die(&t, o.batch % t.world != 0, msg);
+        if (t.rank != 0) o.quiet = 1;
+        mg_trace_open(NULL, t.rank, t.world);
+    } else {
+        mg_trace_open(NULL, 0, 1);
+    }
     mg_set_threads(o.threads);
+    /* An automatic restart (mgrun --max-restarts) resumes from the last save. */
+    if (!o.resume && o.save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
+        access(o.save, R_OK) == 0) {
+        o.resume = o.save;
+        if (t.rank == 0) fprintf(stderr, "%s: restarted: resuming from %s\n", prog, o.save);
+    }
 
     mg_dataset *train = NULL, *test = NULL;
     if (!o.eval_only && mg_dataset_load(o.data, true, &train)) die("%s", mg_last_error());
     if (mg_dataset_load(o.data, false, &test)) die("%s", mg_last_error());
 
-    mg_model *m;
-    if (mg_model_create(o.model, o.seed, &m)) die("%s", mg_last_error());
+    int local = o.batch / t.world;  /* images per rank and micro-batch */
+    if (t.mode == MODE_DP) {
+        if (mg_dp_create(o.model, o.seed, o.workers, o.batch, &t.dp)) die("%s", mg_last_error());
+        t.m = mg_dp_model(t.dp);
+    } else if (mg_model_create(o.model, o.seed, &t.m)) {
+        die("%s", mg_last_error());
+    }
+    mg_model *m = t.m;
+    if (mg_model_reserve(m, local)) die("%s", mg_last_error());
     mg_optim_config oc = mg_optim_defaults(kind, o.lr);
     oc.momentum = o.momentum;
     oc.weight_decay = o.weight_decay;
@@ -377,97 +507,134 @@ int main(int argc, char **argv)
 
     char hp[512];
     hparams_string(&o, hp, sizeof hp);
-    int start_epoch = 0;
-    long step = 0;
     mg_ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
     if (o.resume) {
-        if (mg_checkpoint_load(o.resume, m, opt, &meta)) die("--resume: %s", mg_last_error());
-        check_resume_flags(meta.hparams, hp, o.resume);
-        start_epoch = (int)meta.epoch;
-        step = meta.step;
+        resume_state(&t, o.resume, opt, hp, &meta);
     } else if (o.init) {
-        if (mg_model_load_weights(o.init, m, o.init_prefix)) die("--init: %s", mg_last_error());
+        int failed = 0;
+        char msg[1200] = "";
+        if (t.rank == 0 && mg_model_load_weights(o.init, m, o.init_prefix)) {
+            snprintf(msg, sizeof msg, "--init: %s", mg_last_error());
+            failed = 1;
+        }
+        agree_or_die(&t, failed, msg);
     }
+    if (t.mode == MODE_DDP) {
+        mg_ddp_options dopt = mg_ddp_defaults();
+        dopt.bucket_bytes = (size_t)(o.bucket_mb * (1 << 20));
+        if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
+        dopt.compress = comp;
+        if (mg_ddp_create(t.g, m, &dopt, &t.ddp)) die("%s", mg_last_error());
+    }
+    int start_epoch = (int)meta.epoch;
+    long step = meta.step;
 
     mg_scaling sc = def.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
     int c, h, w;
     mg_model_input_shape(m, &c, &h, &w);
     size_t in = (size_t)c * h * w;
-    if (mg_model_reserve(m, o.batch)) die("%s", mg_last_error());
-    float *xb = mg_alloc(sizeof(float) * in * (size_t)o.batch);
-    int32_t *yb = mg_alloc(sizeof(int32_t) * (size_t)o.batch);
-    int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)o.batch);
-    if (!xb || !yb || !ib) die("out of memory for a batch of %d", o.batch);
+    int eval_batch = local;
+    float *xb = mg_alloc(sizeof(float) * in * (size_t)eval_batch);
+    int32_t *yb = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
+    int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
+    if (!xb || !yb || !ib) die("out of memory for a batch of %d", eval_batch);
 
     if (o.eval_only) {
         double loss, acc;
-        evaluate(m, test, xb, yb, ib, o.batch, sc, &loss, &acc);
-        printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o.model, loss,
-               100 * acc, test->n);
+        evaluate(&t, test, xb, yb, ib, eval_batch, sc, &loss, &acc);
+        if (t.rank == 0)
+            printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o.model, loss,
+                   100 * acc, test->n);
+        mg_ddp_destroy(t.ddp);
+        mg_group_destroy(t.g);
         return 0;
     }
 
-    int steps_per_epoch = (train->n + o.batch - 1) / o.batch;
+    /* Each rank's shard of every epoch's permutation (models.md: perm[r::k]). */
+    mg_sampler sampler;
+    if (mg_sampler_init(&sampler, train->n, t.rank, t.world, true, o.seed, false))
+        die("%s", mg_last_error());
+    int n_local;
+    mg_sampler_indices(&sampler, &n_local);
+    int micro_per_epoch = (n_local + local - 1) / local;
+    int steps_per_epoch = (micro_per_epoch + o.accumulate - 1) / o.accumulate;
     sched.total_steps = (long)steps_per_epoch * o.epochs;
     if (start_epoch >= o.epochs) {
-        fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
-                prog, o.resume, start_epoch);
+        if (t.rank == 0)
+            fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
+                    prog, o.resume, start_epoch);
+        mg_ddp_destroy(t.ddp);
+        mg_group_destroy(t.g);
         return 0;
     }
-    int skip = (int)(step - (long)start_epoch * steps_per_epoch);
-    if (skip < 0 || skip >= steps_per_epoch)
-        die("%s: step %ld does not fall in epoch %d with --batch %d", o.resume, step,
-            start_epoch + 1, o.batch);
+    if (step != (long)start_epoch * steps_per_epoch)
+        die("%s: step %ld is not the end of epoch %d with --batch %d --accumulate %d",
+            o.resume, step, start_epoch, o.batch, o.accumulate);
 
     epoch_row *rows = calloc((size_t)o.epochs, sizeof *rows);
     int n_rows = 0;
-    if (o.log && o.resume) n_rows = read_log(o.log, rows, start_epoch);
+    if (o.log && o.resume && t.rank == 0) n_rows = read_log(o.log, rows, start_epoch);
 
     mg_loader *loader;
-    if (mg_loader_create(train, o.batch, sc, &loader)) die("%s", mg_last_error());
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)train->n);
+    if (mg_loader_create(train, local, sc, &loader)) die("%s", mg_last_error());
     progress pr = {isatty(2), o.quiet, 0, 0};
-    if (!o.quiet)
-        printf("mgtrain: %s, %zu parameters, batch %d, %s lr %g, %d epochs, %d thread(s)\n",
-               o.model, mg_model_num_params(m), o.batch, o.optimizer, o.lr, o.epochs, o.threads);
+    if (!o.quiet) {
+        printf("mgtrain: %s, %zu parameters, batch %d", o.model, mg_model_num_params(m), o.batch);
+        if (t.mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t.world);
+        if (t.mode == MODE_DP) printf(" (%d DataParallel workers)", o.workers);
+        if (o.accumulate > 1) printf(" x %d accumulated", o.accumulate);
+        printf(", %s lr %g, %d epochs\n", o.optimizer, o.lr, o.epochs);
+    }
+    float grad_scale = 1.0f / (float)o.accumulate;
     double total_time = 0;
     for (int e = start_epoch; e < o.epochs; e++) {
-        mg_permutation(o.seed + (uint64_t)e, perm, train->n);
-        mg_loader_start(loader, perm, train->n, o.batch, skip);
-        long seen = 0, correct = 0;
-        double loss_sum = 0, t0 = mg_now(), lr = o.lr;
+        mg_sampler_set_epoch(&sampler, e);
+        const int32_t *order = mg_sampler_indices(&sampler, &n_local);
+        mg_loader_start(loader, order, n_local, local, 0);
+        double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
+        double t0 = mg_now(), lr = o.lr;
         pr.start = t0;
         pr.last = 0;
         const float *x;
         const int32_t *y;
-        int bs;
+        int bs, micro = 0;
         while ((bs = mg_loader_next(loader, &x, &y)) > 0) {
-            lr = mg_schedule_lr(&sched, step);
-            mg_model_zero_grad(m);
-            mg_model_forward(m, x, bs);
+            bool last = ++micro == o.accumulate || v[2] + bs >= n_local;
+            if (micro == 1) mg_model_zero_grad(m);
             int cor;
-            float loss = mg_model_loss(m, y, &cor);
-            mg_model_backward(m);
+            float loss = forward_backward(&t, x, y, bs, last, &cor);
+            v[0] += (double)loss * bs;
+            v[1] += cor;
+            v[2] += bs;
+            if (!last) continue;
+            if (t.ddp && mg_ddp_finish(t.ddp)) die("rank %d: %s", t.rank, mg_last_error());
+            if (micro > 1) {
+                float *g = mg_model_grads(m), s = micro == o.accumulate ? grad_scale
+                                                                        : 1.0f / (float)micro;
+                for (size_t i = 0, n = mg_model_num_params(m); i < n; i++) g[i] *= s;
+            }
+            micro = 0;
+            double tl = mg_trace_now();
+            lr = mg_schedule_lr(&sched, step);
             mg_optim_step(opt, mg_model_params(m), mg_model_grads(m), (float)lr);
+            mg_trace_event("optimizer", "optimizer", 0, tl, mg_trace_now());
             step++;
-            seen += bs;
-            correct += cor;
-            loss_sum += (double)loss * bs;
-            progress_update(&pr, e + 1, o.epochs, seen + (long)skip * o.batch, train->n,
-                            loss_sum / seen);
+            progress_update(&pr, e + 1, o.epochs, (long)v[2] * t.world, train->n,
+                            v[0] / v[2]);
         }
         double secs = mg_now() - t0;
+        sum_over_ranks(&t, v, 3);
         total_time += secs;
-        skip = 0;
         epoch_row *r = &rows[n_rows++];
         r->epoch = e + 1;
         r->step = step;
-        r->train_loss = loss_sum / (seen ? seen : 1);
-        r->train_acc = (double)correct / (seen ? seen : 1);
+        r->train_loss = v[0] / v[2];
+        r->train_acc = v[1] / v[2];
         r->seconds = secs;
-        r->images_per_s = seen / secs;
+        r->images_per_s = v[2] / secs;
         r->lr = lr;
-        evaluate(m, test, xb, yb, ib, o.batch, sc, &r->test_loss, &r->test_acc);
+        evaluate(&t, test, xb, yb, ib, eval_batch, sc, &r->test_loss, &r->test_acc);
         if (pr.tty && !o.quiet) fprintf(stderr, "\r%100s\r", "");
         if (!o.quiet) {
             printf("epoch %2d/%d  loss %.4f  train acc %5.2f%%  test acc %5.2f%%  "
@@ -475,10 +642,15 @@ int main(int argc, char **argv)
                    100 * r->train_acc, 100 * r->test_acc, secs, r->images_per_s);
             fflush(stdout);
         }
-        if (o.log) {
-            if (write_log(o.log, rows, n_rows) || write_plot(o.log, o.model, rows, n_rows))
-                die("%s", mg_last_error());
+        int failed = 0;
+        char msg[1200] = "";
+        if (t.rank == 0 && o.log &&
+            (write_log(o.log, rows, n_rows) || write_plot(o.log, o.model, rows, n_rows))) {
+            snprintf(msg, sizeof msg, "%s", mg_last_error());
+            failed = 1;
         }
+        /* Also the barrier: every rank has finished the epoch before rank 0 saves. */
+        agree_or_die(&t, failed, msg);
         if (o.save) {
             memset(&meta, 0, sizeof meta);
             snprintf(meta.model, sizeof meta.model, "%s", o.model);
@@ -486,22 +658,39 @@ int main(int argc, char **argv)
             meta.epoch = e + 1;
             meta.seed = o.seed;
             snprintf(meta.hparams, sizeof meta.hparams, "%s", hp);
-            if (mg_checkpoint_save(o.save, m, opt, &meta))
-                die("--save: %s (the previous checkpoint, if any, is intact)", mg_last_error());
+            if (t.rank == 0 && mg_checkpoint_save(o.save, m, opt, &meta)) {
+                snprintf(msg, sizeof msg, "--save: %s (the previous checkpoint, if any, is "
+                         "intact)", mg_last_error());
+                failed = 1;
+            }
+            agree_or_die(&t, failed, msg);
         }
     }
     epoch_row *last = &rows[n_rows - 1];
-    printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, peak memory %.0f MB\n",
-           100 * last->test_acc, last->test_loss, total_time, mg_peak_rss() / 1e6);
+    if (t.rank == 0)
+        printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, "
+               "peak memory %.0f MB\n", 100 * last->test_acc, last->test_loss, total_time,
+               mg_peak_rss() / 1e6);
+    if (t.ddp && mg_trace_on()) {
+        mg_ddp_stats ds = mg_ddp_get_stats(t.ddp);
+        if (t.rank == 0 && ds.comm_us > 0)
+            fprintf(stderr, "%s: all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden behind "
+                    "backward)\n", prog, ds.comm_us / 1e3, ds.exposed_us / 1e3,
+                    100 * (1 - ds.exposed_us / ds.comm_us));
+    }
+    if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
 
-    free(perm);
+    mg_sampler_free(&sampler);
     free(rows);
     mg_loader_destroy(loader);
     mg_free(xb);
     mg_free(yb);
     mg_free(ib);
     mg_optim_destroy(opt);
-    mg_model_destroy(m);
+    mg_ddp_destroy(t.ddp);
+    if (t.dp) mg_dp_destroy(t.dp);
+    else mg_model_destroy(m);
+    mg_group_destroy(t.g);
     mg_dataset_destroy(train);
     mg_dataset_destroy(test);
     return 0;

@@ -34,6 +34,10 @@ size_t mg_dtype_size(mg_dtype t);
 const char *mg_dtype_name(mg_dtype t);
 const char *mg_op_name(mg_op op);
 
+/* f32 <-> f16/bf16 (round to nearest even), e.g. to compress gradients. */
+void mg_convert_from_f32(void *dst, mg_dtype t, const float *src, size_t n);
+void mg_convert_to_f32(float *dst, const void *src, mg_dtype t, size_t n);
+
 typedef struct mg_group mg_group;
 typedef struct mg_work mg_work;
 
@@ -152,6 +156,9 @@ mg_status mg_run(mg_group *g, const mg_call *c);
 mg_status mg_work_wait(mg_work *w, double timeout_s);
 /* 1 if complete (successfully or not), else 0. */
 int mg_work_test(mg_work *w);
+/* When a completed operation began and ended executing (mg_now() clock);
+ * for profiling, e.g. how much communication overlapped computation. */
+void mg_work_times(const mg_work *w, double *start, double *end);
 /* Free a work handle (NULL is fine); waits for the operation first if it
  * is pending. */
 void mg_work_free(mg_work *w);

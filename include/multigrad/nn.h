@@ -84,7 +84,8 @@ const mg_param *mg_model_find(const mg_model *m, const char *name);
 
 /* Move the gradient arena to caller-owned storage of arena_size floats
  * (e.g. group shared memory for DDP); current gradients are copied. The
- * caller keeps ownership and must outlive the model's use of it. */
+ * caller keeps ownership and must outlive the model's use of it. NULL
+ * moves the gradients back to the model's own arena. */
 void mg_model_set_grad_storage(mg_model *m, float *grads);
 void mg_model_set_grad_hook(mg_model *m, mg_grad_hook fn, void *ud);
 void mg_model_set_training(mg_model *m, bool training);

@@ -19,6 +19,8 @@ mg_status mg_trace_open(const char *path, int rank, int world);
 bool mg_trace_on(void);
 /* Microseconds on the trace clock. */
 double mg_trace_now(void);
+/* A time of the mg_now() clock on the trace clock (microseconds). */
+double mg_trace_at(double mg_now_seconds);
 /* A complete event [start_us, end_us] on track `tid` (0 = compute,
  * 1 = communication, ...), category cat (e.g. "forward", "allreduce"). */
 void mg_trace_event(const char *name, const char *cat, int tid,

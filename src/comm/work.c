@@ -30,6 +30,7 @@ struct mg_work {
     mg_status st;
     bool heap;
     struct mg_work *next;
+    double t_start, t_end;   /* mg_now() when it began and ended executing */
     char msg[1024];
 };
 
@@ -130,7 +131,9 @@ static void *progress_main(void *arg)
         g->executing = true;
         atomic_store(&w->state, W_RUNNING);
         pthread_mutex_unlock(&g->mu);
+        w->t_start = mg_now();
         mg_status st = exec(g, &w->r);
+        w->t_end = mg_now();
         if (st) snprintf(w->msg, sizeof w->msg, "%s", mg_last_error());
         pthread_mutex_lock(&g->mu);
         g->executing = false;
@@ -278,6 +281,13 @@ static mg_status wait_done(struct mg_work *w, double timeout)
     }
     if (w->st) mg_error(w->st, "%s", w->msg);
     return w->st;
+}
+
+void mg_work_times(const mg_work *w, double *start, double *end)
+{
+    MG_ASSERT(atomic_load_explicit(&w->state, memory_order_acquire) == W_DONE);
+    *start = w->t_start;
+    *end = w->t_end;
 }
 
 mg_status mg_work_wait(mg_work *w, double timeout_s)

@@ -53,9 +53,14 @@ bool mg_trace_on(void)
     return __atomic_load_n(&tr.on, __ATOMIC_RELAXED);
 }
 
+double mg_trace_at(double t)
+{
+    return (t - tr.t0) * 1e6;
+}
+
 double mg_trace_now(void)
 {
-    return (mg_now() - tr.t0) * 1e6;
+    return mg_trace_at(mg_now());
 }
 
 void mg_trace_event(const char *name, const char *cat, int tid, double start_us, double end_us)

@@ -297,7 +297,7 @@ const mg_param *mg_model_find(const mg_model *m, const char *name)
 
 void mg_model_set_grad_storage(mg_model *m, float *grads)
 {
-    MG_ASSERT(grads);
+    if (!grads) grads = m->own_grads;
     if (grads == m->grads) return;
     memcpy(grads, m->grads, m->arena_size * sizeof(float));
     m->grads = grads;

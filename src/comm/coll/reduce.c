@@ -322,3 +322,17 @@ void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
     if (nt) _mm_sfence();
 #endif
 }
+
+/* ---- public conversions (comm.h) ----------------------------------------- */
+
+void mg_convert_from_f32(void *dst, mg_dtype t, const float *src, size_t n)
+{
+    MG_ASSERT(t == MG_F16 || t == MG_BF16);
+    f32_to_half(dst, src, n, t);
+}
+
+void mg_convert_to_f32(float *dst, const void *src, mg_dtype t, size_t n)
+{
+    MG_ASSERT(t == MG_F16 || t == MG_BF16);
+    half_to_f32(dst, src, n, t);
+}

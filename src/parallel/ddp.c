@@ -1,0 +1,227 @@
+/* DistributedDataParallel: one model replica per rank, gradients averaged
+ * across the group after every backward, as torch's DDP does.
+ *
+ * The gradient arena is allocated through the group (mg_group_alloc), so
+ * ranks on one host reduce each other's gradients in place. Gradients are
+ * grouped into buckets — contiguous ranges of the arena split at tensor
+ * boundaries, the first capped at 1 MiB and the rest at 25 MiB by default,
+ * as PyTorch's — and because the arena is laid out in backward order, the
+ * model's backward hook reports finished ranges in increasing order: a
+ * bucket's async all-reduce starts the moment its last gradient is final,
+ * overlapping communication with the rest of backward. mg_ddp_finish
+ * launches any bucket that got no gradient this step (so unused parameters
+ * never hang a step), waits for all and decompresses where buckets were
+ * sent as fp16/bf16. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/parallel.h"
+#include "multigrad/trace.h"
+
+typedef struct {
+    size_t lo, hi;          /* float range of the gradient arena */
+    mg_work *work;
+    bool launched;
+    double t_launch;        /* trace clock, us */
+} bucket;
+
+struct mg_ddp {
+    mg_group *g;
+    mg_model *m;
+    mg_ddp_options opt;
+    float *grads;           /* group memory, arena_size floats */
+    size_t n;               /* arena size */
+    uint16_t *half;         /* group memory for compressed buckets */
+    bucket *b;
+    int nb;
+    size_t ready;           /* gradients [0, ready) are final this step */
+    int next;               /* first bucket not launched */
+    bool sync;
+    mg_status err;
+    mg_ddp_stats stats;
+};
+
+mg_ddp_options mg_ddp_defaults(void)
+{
+    return (mg_ddp_options){.bucket_bytes = 25u << 20, .first_bucket_bytes = 1u << 20,
+                            .compress = MG_COMPRESS_NONE};
+}
+
+mg_status mg_compress_parse(const char *s, mg_compress *out)
+{
+    if (!strcmp(s, "none")) *out = MG_COMPRESS_NONE;
+    else if (!strcmp(s, "fp16")) *out = MG_COMPRESS_FP16;
+    else if (!strcmp(s, "bf16")) *out = MG_COMPRESS_BF16;
+    else return mg_error(MG_EINVAL, "unknown compression '%s': use none, fp16 or bf16", s);
+    return MG_OK;
+}
+
+/* Split the used part of the arena into buckets at tensor boundaries. */
+static mg_status make_buckets(mg_ddp *d)
+{
+    int nt = mg_model_num_tensors(d->m);
+    size_t used = 0;
+    for (int i = 0; i < nt; i++) {
+        const mg_param *p = mg_model_tensor(d->m, i);
+        if (!p->is_buffer && p->offset + p->numel > used) used = p->offset + p->numel;
+    }
+    /* Tensor ends, sorted: the arena is dense in backward order, so walk it. */
+    size_t *ends = malloc(sizeof(size_t) * (size_t)(nt + 1));
+    int ne = 0;
+    for (int i = 0; i < nt; i++) {
+        const mg_param *p = mg_model_tensor(d->m, i);
+        if (!p->is_buffer) ends[ne++] = p->offset + p->numel;
+    }
+    for (int i = 1; i < ne; i++)
+        for (int j = i; j > 0 && ends[j - 1] > ends[j]; j--) {
+            size_t t = ends[j]; ends[j] = ends[j - 1]; ends[j - 1] = t;
+        }
+    d->b = calloc((size_t)ne + 1, sizeof *d->b);
+    if (!ends || !d->b) {
+        free(ends);
+        return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
+    }
+    size_t lo = 0;
+    for (int i = 0; i < ne; i++) {
+        size_t cap = d->nb == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
+        if ((ends[i] - lo) * sizeof(float) >= cap || i == ne - 1) {
+            d->b[d->nb++] = (bucket){.lo = lo, .hi = ends[i]};
+            lo = ends[i];
+        }
+    }
+    free(ends);
+    return MG_OK;
+}
+
+static void launch(mg_ddp *d, bucket *b)
+{
+    b->launched = true;
+    b->t_launch = mg_trace_now();
+    if (d->err) return;
+    size_t n = b->hi - b->lo;
+    mg_status st;
+    if (d->opt.compress == MG_COMPRESS_NONE) {
+        st = mg_all_reduce_async(d->g, d->grads + b->lo, d->grads + b->lo, n, MG_F32,
+                                 MG_AVG, &b->work);
+    } else {
+        mg_dtype t = d->opt.compress == MG_COMPRESS_FP16 ? MG_F16 : MG_BF16;
+        mg_convert_from_f32(d->half + b->lo, t, d->grads + b->lo, n);
+        st = mg_all_reduce_async(d->g, d->half + b->lo, d->half + b->lo, n, t, MG_AVG,
+                                 &b->work);
+    }
+    if (st) d->err = st;
+}
+
+static void on_grads_final(void *ud, size_t lo, size_t hi)
+{
+    mg_ddp *d = ud;
+    (void)lo;
+    if (!d->sync) return;
+    if (hi > d->ready) d->ready = hi;
+    while (d->next < d->nb && d->b[d->next].hi <= d->ready) launch(d, &d->b[d->next++]);
+}
+
+mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out)
+{
+    *out = NULL;
+    mg_ddp *d = calloc(1, sizeof *d);
+    if (!d) return mg_error(MG_ENOMEM, "ddp: out of memory");
+    d->g = g;
+    d->m = m;
+    d->opt = opt ? *opt : mg_ddp_defaults();
+    if (d->opt.bucket_bytes == 0 || d->opt.first_bucket_bytes == 0) {
+        free(d);
+        return mg_error(MG_EINVAL, "ddp: bucket sizes must be positive");
+    }
+    d->sync = true;
+    d->n = mg_model_arena_size(m);
+    mg_status st = make_buckets(d);
+    if (!st) {
+        d->grads = mg_group_alloc(g, d->n * sizeof(float));
+        if (!d->grads) st = mg_error(MG_ENOMEM, "ddp: cannot allocate %zu bytes of group "
+                                     "memory for gradients", d->n * sizeof(float));
+    }
+    if (!st && d->opt.compress != MG_COMPRESS_NONE) {
+        d->half = mg_group_alloc(g, d->n * sizeof(uint16_t));
+        if (!d->half) st = mg_error(MG_ENOMEM, "ddp: cannot allocate group memory");
+    }
+    if (!st) {
+        mg_model_set_grad_storage(m, d->grads);
+        mg_model_set_grad_hook(m, on_grads_final, d);
+        /* Every replica starts from rank 0's parameters and buffers. */
+        st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
+        if (!st && mg_model_buffer_size(m))
+            st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
+    }
+    if (st) {
+        mg_ddp_destroy(d);
+        return st;
+    }
+    *out = d;
+    return MG_OK;
+}
+
+void mg_ddp_destroy(mg_ddp *d)
+{
+    if (!d) return;
+    for (int i = 0; i < d->nb; i++) mg_work_free(d->b[i].work);
+    if (d->grads) {
+        /* Hand the model back its own memory before the group's goes. */
+        mg_model_set_grad_storage(d->m, NULL);
+        mg_model_set_grad_hook(d->m, NULL, NULL);
+        mg_group_free(d->g, d->grads);
+    }
+    if (d->half) mg_group_free(d->g, d->half);
+    free(d->b);
+    free(d);
+}
+
+void mg_ddp_set_sync(mg_ddp *d, bool sync) { d->sync = sync; }
+
+int mg_ddp_num_buckets(const mg_ddp *d) { return d->nb; }
+
+void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi)
+{
+    MG_ASSERT(i >= 0 && i < d->nb);
+    *lo = d->b[i].lo;
+    *hi = d->b[i].hi;
+}
+
+mg_status mg_ddp_finish(mg_ddp *d)
+{
+    if (!d->sync) return MG_OK;
+    /* Buckets whose parameters got no gradient this step go now. */
+    while (d->next < d->nb) launch(d, &d->b[d->next++]);
+    double t0 = mg_trace_now();
+    mg_status st = d->err;
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        if (!b->work) continue;
+        mg_status s = mg_work_wait(b->work, -1);
+        if (!st) st = s;
+        double start, end;
+        mg_work_times(b->work, &start, &end);
+        d->stats.comm_us += (end - start) * 1e6;
+        if (mg_trace_on()) {
+            char name[32];
+            snprintf(name, sizeof name, "allreduce bucket %d", i);
+            mg_trace_event(name, "allreduce", 1, b->t_launch, mg_trace_at(end));
+        }
+        mg_work_free(b->work);
+        b->work = NULL;
+        if (!st && d->opt.compress != MG_COMPRESS_NONE) {
+            mg_dtype t = d->opt.compress == MG_COMPRESS_FP16 ? MG_F16 : MG_BF16;
+            mg_convert_to_f32(d->grads + b->lo, d->half + b->lo, t, b->hi - b->lo);
+        }
+    }
+    double t1 = mg_trace_now();
+    d->stats.exposed_us += t1 - t0;
+    d->stats.steps++;
+    for (int i = 0; i < d->nb; i++) d->b[i].launched = false;
+    d->next = 0;
+    d->ready = 0;
+    d->err = MG_OK;
+    return st;
+}
+
+mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d) { return d->stats; }

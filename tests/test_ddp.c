@@ -1,0 +1,394 @@
+/* DistributedDataParallel: equivalence with one process, accumulation,
+ * compression, and the training job's behaviour under failures. Ranks are
+ * real processes over real transports. */
+#include <dirent.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "harness.h"
+#include "multigrad/multigrad.h"
+
+typedef struct {
+    const char *model;
+    mg_optim_kind kind;
+    int batch;        /* global batch of one micro-batch */
+    int accumulate;   /* micro-batches per step */
+    int steps;
+    int port;
+    mg_compress compress;
+} ddp_case;
+
+static mg_optim *make_optim(const ddp_case *c, size_t n)
+{
+    mg_optim_config oc = mg_optim_defaults(c->kind, c->kind == MG_OPTIM_SGD ? 0.05f : 1e-3f);
+    if (c->kind == MG_OPTIM_SGD) oc.momentum = 0.9f;
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&oc, n, &o));
+    return o;
+}
+
+static void params_path(char *out, size_t cap, int rank)
+{
+    snprintf(out, cap, "%s/params.%d", mgt_tmpdir(), rank);
+}
+
+/* One rank: the shard perm[rank::world] in local micro-batches. */
+static int ddp_rank(int rank, int world, void *arg)
+{
+    const ddp_case *c = arg;
+    mg_group_options go = mg_group_options_default();
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", c->port);
+    go.init_method = url;
+    go.rank = rank;
+    go.size = world;
+    go.timeout_s = 60;
+    mg_group *g;
+    CHECK_OK(mg_group_init(&go, &g));
+    mg_dataset *train;
+    CHECK_OK(mg_dataset_load(mgt_fashion_dir(), true, &train));
+    mg_zoo_defaults d;
+    CHECK_OK(mg_zoo_defaults_of(c->model, &d));
+    mg_model *m;
+    /* Different seeds per rank: DDP must broadcast rank 0's parameters. */
+    CHECK_OK(mg_model_create(c->model, (uint64_t)rank * 7, &m));
+    int local = c->batch / world;
+    CHECK_OK(mg_model_reserve(m, local));
+    mg_ddp_options o = mg_ddp_defaults();
+    o.first_bucket_bytes = 64 << 10;   /* several buckets even for small models */
+    o.bucket_bytes = 256 << 10;
+    o.compress = c->compress;
+    mg_ddp *ddp;
+    CHECK_OK(mg_ddp_create(g, m, &o, &ddp));
+    CHECK(mg_ddp_num_buckets(ddp) >= 2);
+    mg_optim *opt = make_optim(c, mg_model_arena_size(m));
+    mg_sampler s;
+    CHECK_OK(mg_sampler_init(&s, train->n, rank, world, true, 0, false));
+    const int32_t *order = mg_sampler_indices(&s, NULL);
+    float *x = malloc(sizeof(float) * 784 * (size_t)local);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)local);
+    mg_scaling sc = d.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    int micro = 0;
+    for (int step = 0; step < c->steps; step++) {
+        mg_model_zero_grad(m);
+        for (int j = 0; j < c->accumulate; j++, micro++) {
+            mg_dataset_gather(train, order + (size_t)micro * local, local, sc, x, y);
+            mg_ddp_set_sync(ddp, j == c->accumulate - 1);
+            mg_model_forward(m, x, local);
+            mg_model_loss(m, y, NULL);
+            mg_model_backward(m);
+        }
+        CHECK_OK(mg_ddp_finish(ddp));
+        float *gr = mg_model_grads(m);
+        for (size_t i = 0; i < mg_model_num_params(m); i++) gr[i] /= (float)c->accumulate;
+        mg_optim_step(opt, mg_model_params(m), gr, c->kind == MG_OPTIM_SGD ? 0.05f : 1e-3f);
+    }
+    char path[512];
+    params_path(path, sizeof path, rank);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(mg_model_params(m), sizeof(float), mg_model_num_params(m), f) ==
+                   mg_model_num_params(m));
+    fclose(f);
+    free(x);
+    free(y);
+    mg_sampler_free(&s);
+    mg_optim_destroy(opt);
+    mg_ddp_destroy(ddp);
+    mg_model_destroy(m);
+    mg_dataset_destroy(train);
+    mg_group_destroy(g);
+    return 0;
+}
+
+/* The same training in one process with the global batch. */
+static float *reference(const ddp_case *c, size_t *n)
+{
+    mg_dataset *train;
+    CHECK_OK(mg_dataset_load(mgt_fashion_dir(), true, &train));
+    mg_zoo_defaults d;
+    CHECK_OK(mg_zoo_defaults_of(c->model, &d));
+    mg_model *m;
+    CHECK_OK(mg_model_create(c->model, 0, &m));
+    int big = c->batch * c->accumulate;
+    CHECK_OK(mg_model_reserve(m, big));
+    mg_optim *opt = make_optim(c, mg_model_arena_size(m));
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)train->n);
+    mg_permutation(0, perm, train->n);
+    float *x = malloc(sizeof(float) * 784 * (size_t)big);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)big);
+    mg_scaling sc = d.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    for (int step = 0; step < c->steps; step++) {
+        mg_dataset_gather(train, perm + (size_t)step * big, big, sc, x, y);
+        mg_model_zero_grad(m);
+        mg_model_forward(m, x, big);
+        mg_model_loss(m, y, NULL);
+        mg_model_backward(m);
+        mg_optim_step(opt, mg_model_params(m), mg_model_grads(m),
+                      c->kind == MG_OPTIM_SGD ? 0.05f : 1e-3f);
+    }
+    *n = mg_model_num_params(m);
+    float *p = malloc(sizeof(float) * *n);
+    memcpy(p, mg_model_params(m), sizeof(float) * *n);
+    free(perm);
+    free(x);
+    free(y);
+    mg_optim_destroy(opt);
+    mg_model_destroy(m);
+    mg_dataset_destroy(train);
+    return p;
+}
+
+/* Run k ranks and compare every rank's parameters with the reference:
+ * the relative error of the parameter vector, |p - ref| / |ref|, must be
+ * within tol, and with elementwise set also every entry, relative to the
+ * largest |ref|. The elementwise bound is skipped for Adam only: its
+ * update m / sqrt(v) is about lr * sign(g) for any gradient, so an entry
+ * whose gradient is a rounding error away from zero moves by a whole
+ * lr step either way, whichever process sums the batch. */
+static void check_equivalence(ddp_case c, int world, double tol, bool elementwise)
+{
+    c.port = mgt_free_port();
+    mgt_tmpdir();  /* created here, so the forked ranks share it */
+    int st[16];
+    int failed = mgt_fork_ranks(world, ddp_rank, &c, 120, st);
+    CHECK_MSG(failed == 0, "%d of %d ranks failed", failed, world);
+    size_t n;
+    float *ref = reference(&c, &n);
+    double scale = 0, norm = 0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(ref[i]));
+        norm += (double)ref[i] * ref[i];
+    }
+    float *p = malloc(sizeof(float) * n);
+    for (int r = 0; r < world; r++) {
+        char path[512];
+        params_path(path, sizeof path, r);
+        FILE *f = fopen(path, "rb");
+        CHECK(f && fread(p, sizeof(float), n, f) == n);
+        fclose(f);
+        double worst = 0, dn = 0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmax(worst, fabs(p[i] - ref[i]) / scale);
+            dn += ((double)p[i] - ref[i]) * ((double)p[i] - ref[i]);
+        }
+        printf("%s k=%d rank %d: |p - ref| / |ref| = %.3g, max |p_i - ref_i| / max |ref| = %.3g\n",
+               c.model, world, r, sqrt(dn / norm), worst);
+        CHECK_MSG(sqrt(dn / norm) <= tol, "rank %d of %d: parameters differ by %g (> %g) "
+                  "after %d steps", r, world, sqrt(dn / norm), tol, c.steps);
+        CHECK_MSG(!elementwise || worst <= tol, "rank %d of %d: a parameter differs by %g "
+                  "(> %g) after %d steps", r, world, worst, tol, c.steps);
+    }
+    free(p);
+    free(ref);
+}
+
+TEST_T(ddp_sgd_momentum_k2_k3_k4_equals_one_process, 240)
+{
+    ddp_case c = {.model = "mlp", .kind = MG_OPTIM_SGD, .batch = 96, .accumulate = 1,
+                  .steps = 20};
+    for (int k = 2; k <= 4; k++) check_equivalence(c, k, 1e-5, true);
+}
+
+TEST_T(ddp_adam_k2_k3_k4_equals_one_process, 240)
+{
+    ddp_case c = {.model = "mlp", .kind = MG_OPTIM_ADAM, .batch = 96, .accumulate = 1,
+                  .steps = 20};
+    for (int k = 2; k <= 4; k++) check_equivalence(c, k, 1e-5, false);
+}
+
+TEST_T(ddp_no_sync_accumulation_equals_larger_batch, 180)
+{
+    ddp_case c = {.model = "mlp", .kind = MG_OPTIM_SGD, .batch = 32, .accumulate = 3,
+                  .steps = 10};
+    check_equivalence(c, 2, 1e-5, true);
+}
+
+/* ---- the training job through mgrun ---------------------------------------- */
+
+static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run(char **out, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    CHECK(p);
+    size_t cap = 1 << 16, len = 0, k;
+    char *s = malloc(cap);
+    while ((k = fread(s + len, 1, cap - len - 1, p)) > 0) len += k;
+    s[len] = 0;
+    int st = pclose(p);
+    if (out) *out = s; else free(s);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static double test_acc(const char *out)
+{
+    const char *p = strstr(out, "final: test accuracy ");
+    CHECK_MSG(p, "no final line in: %s", out);
+    return atof(p + strlen("final: test accuracy "));
+}
+
+TEST_T(ddp_fp16_compression_within_one_point, 240)
+{
+    char *a, *b;
+    char mgrun[512], mgtrain[512];
+    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    CHECK_EQ(run(&a, "%s -n 2 %s --model mlp --parallel ddp --epochs 1", mgrun, mgtrain), 0);
+    CHECK_EQ(run(&b, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --compress fp16",
+                 mgrun, mgtrain), 0);
+    double x = test_acc(a), y = test_acc(b);
+    printf("test accuracy: %.2f%% uncompressed, %.2f%% fp16\n", x, y);
+    CHECK_MSG(fabs(x - y) <= 1.0, "fp16: %.2f%% vs %.2f%%", y, x);
+    CHECK(x > 75);
+    free(a);
+    free(b);
+}
+
+TEST_T(ddp_bad_input_clear_message_on_every_rank, 180)
+{
+    char *out;
+    char mgrun[512], mgtrain[512];
+    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    /* A world size that does not divide the batch: every rank says so. */
+    int rc = run(&out, "%s -n 3 %s --model mlp --parallel ddp --batch 128 --epochs 1",
+                 mgrun, mgtrain);
+    CHECK_MSG(rc != 0 && strstr(out, "does not divide among 3 ranks"), "%s", out);
+    free(out);
+    /* Without a launcher. */
+    rc = run(&out, "env -u RANK -u WORLD_SIZE %s --model mlp --parallel ddp", mgtrain);
+    CHECK_MSG(rc == 2 && strstr(out, "needs a launcher") && strstr(out, "mgrun"), "%s", out);
+    free(out);
+    /* A worker that cannot reach its master: an error within the deadline. */
+    double t0 = mg_now();
+    rc = run(&out, "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+             "MASTER_PORT=%d MG_TIMEOUT=3 %s --model mlp --parallel ddp", mgt_free_port(),
+             mgtrain);
+    CHECK_MSG(rc != 0 && strstr(out, "127.0.0.1"), "%s", out);
+    CHECK_MSG(mg_now() - t0 < 30, "took %.1f s", mg_now() - t0);
+    free(out);
+}
+
+/* The pid of the mgtrain process with RANK=rank among mgrun's children. */
+static pid_t find_rank(pid_t parent, int rank)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t found = 0;
+    char want[32];
+    int wl = snprintf(want, sizeof want, "RANK=%d", rank);
+    while (d && (e = readdir(d)) && !found) {
+        pid_t pid = atoi(e->d_name);
+        if (pid <= 0) continue;
+        char path[64], buf[1 << 14];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int ppid = 0;
+        if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1) ppid = 0;
+        fclose(f);
+        if (ppid != parent) continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        f = fopen(path, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
+            if (strncmp(buf + i, want, (size_t)wl) == 0 && buf[i + wl] == 0) found = pid;
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static pid_t spawn(const char *cmd, const char *log)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        dup2(1, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return p;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return strdup("");
+    char *s = calloc(1, 1 << 16);
+    size_t n = fread(s, 1, (1 << 16) - 1, f);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
+{
+    const char *t = mgt_tmpdir();
+    char mgrun[512], mgtrain[512], cmd[2048], log[512], ck[512];
+    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    /* Uninterrupted: 2 epochs. */
+    char *out;
+    CHECK_EQ(run(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 2 --save %s/full.st",
+                 mgrun, mgtrain, t), 0);
+    free(out);
+    /* Killed with SIGKILL and no restarts: mgrun stops the rest, names the rank. */
+    snprintf(log, sizeof log, "%s/kill.log", t);
+    snprintf(cmd, sizeof cmd, "exec %s -n 2 %s --model mlp --parallel ddp --epochs 5", mgrun,
+             mgtrain);
+    pid_t job = spawn(cmd, log);
+    pid_t victim = 0;
+    for (int i = 0; i < 300 && !victim; i++) {
+        usleep(20000);
+        victim = find_rank(job, 1);
+    }
+    CHECK_MSG(victim > 0, "rank 1 not found");
+    usleep(1500000);
+    kill(victim, SIGKILL);
+    int st;
+    waitpid(job, &st, 0);
+    out = slurp(log);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) != 0, "mgrun: %s", out);
+    CHECK_MSG(strstr(out, "rank 1") && strstr(out, "signal 9"), "%s", out);
+    free(out);
+    /* With --max-restarts 1: kill rank 1 after the first checkpoint; the
+     * restarted job resumes from it and ends with the uninterrupted result. */
+    snprintf(ck, sizeof ck, "%s/ck.st", t);
+    snprintf(log, sizeof log, "%s/restart.log", t);
+    snprintf(cmd, sizeof cmd, "exec %s --max-restarts 1 -n 2 %s --model mlp --parallel ddp "
+             "--epochs 2 --save %s", mgrun, mgtrain, ck);
+    job = spawn(cmd, log);
+    struct stat sb;
+    for (int i = 0; i < 3000 && stat(ck, &sb) != 0; i++) usleep(20000);
+    CHECK_MSG(stat(ck, &sb) == 0, "no checkpoint appeared");
+    victim = find_rank(job, 1);
+    CHECK(victim > 0);
+    kill(victim, SIGKILL);
+    waitpid(job, &st, 0);
+    out = slurp(log);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mgrun: %s", out);
+    CHECK_MSG(strstr(out, "resuming from"), "%s", out);
+    free(out);
+    mg_st_file *a, *b;
+    char full[512];
+    snprintf(full, sizeof full, "%s/full.st", t);
+    CHECK_OK(mg_st_open(full, &a));
+    CHECK_OK(mg_st_open(ck, &b));
+    for (int i = 0; i < mg_st_count(a); i++) {
+        const mg_st_tensor *x = mg_st_get(a, i), *y = mg_st_find(b, x->name);
+        CHECK_MSG(y && x->nbytes == y->nbytes && memcmp(x->data, y->data, x->nbytes) == 0,
+                  "tensor %s differs between the restarted and the uninterrupted run", x->name);
+    }
+    mg_st_close(a);
+    mg_st_close(b);
+}
