@@ -3,6 +3,7 @@
  * They own their children, keep the children's outputs in their saved
  * memory (backward needs them), and give each child a slice of their own
  * saved memory and the scratch beyond what they use themselves. */
+#include "multigrad/trace.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,14 @@ static void seq_propagate(mg_layer *l)
     }
 }
 
+/* MG_TRACE: one event per child layer and pass (see trace.h). */
+static void trace_layer(const mg_layer *l, const char *pass, double t0)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s %s", l->name, pass);
+    mg_trace_event(name, pass, 0, t0, mg_trace_now());
+}
+
 static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     seq_layer *s = (seq_layer *)l;
@@ -96,7 +105,9 @@ static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, 
     const float *cur = x;
     for (int i = 0; i < l->n_child; i++) {
         float *out = i + 1 == l->n_child ? y : s->acts[i];
+        double t0 = mg_trace_on() ? mg_trace_now() : 0;
         l->child[i]->vt->forward(l->child[i], &cc, cur, out, n);
+        if (t0) trace_layer(l->child[i], "forward", t0);
         cur = out;
     }
 }
@@ -116,7 +127,9 @@ void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float 
         const float *yout = i + 1 == l->n_child ? y : s->acts[i];
         float *dxo = NULL;
         if (ch->need_dx) dxo = i == 0 ? dx : (cur == ga ? gb : ga);
+        double t0 = mg_trace_on() ? mg_trace_now() : 0;
         ch->vt->backward(ch, &cc, xin, yout, cur, dxo, n);
+        if (t0) trace_layer(ch, "backward", t0);
         if (done) done(ud, i);
         if (!dxo) break;
         cur = dxo;
