@@ -106,6 +106,7 @@ void ct_put_reduced(void *buf, size_t o, mg_dtype t, mg_op op, int P, size_t i,
 
 void ct_add_case(plan *pl, tcase c)
 {
+    if (!pl->barrier_count) pl->barrier_count = &pl->barrier_local;   /* before any thread */
     if (pl->n == pl->cap) {
         pl->cap = pl->cap ? 2 * pl->cap : 256;
         pl->cases = realloc(pl->cases, (size_t)pl->cap * sizeof *pl->cases);
@@ -176,7 +177,6 @@ static int run_case(tenv *e, plan *pl, const tcase *c, long long salt)
     default: break;
     }
     if (k == MG_COLL_BARRIER) {
-        if (!pl->barrier_count) pl->barrier_count = &pl->barrier_local;
         atomic_fetch_add(pl->barrier_count, 1);
         mg_call call = {.coll = k};
         if (e->run(e->ctx, &call)) {

@@ -132,14 +132,14 @@ TEST(coll_reduce_kernels_exact)
             memcpy(dst, b, N * es);
             void *dsts[2] = {dst, d2};
             const void *s3[3] = {a, dst, c3};
-            mg__reduce_multi(dsts, 2, s3, 3, N, t, (mg_op)op, 3, 0);
+            mg__reduce_multi(dsts, 2, s3, 3, N, t, (mg_op)op, 3, 2);
             for (size_t i = 0; i < N; i++) ct_put_reduced(want, i, t, (mg_op)op, 3, i, 1);
             CHECK_MSG(!memcmp(dst, want, N * es) && !memcmp(d2, want, N * es),
                       "reduce_multi %s %s", ct_dt_name[d], ct_op_name[op]);
             /* Non-temporal stores into an aligned destination. */
             char *big = mg_alloc(N * 8 * 4);
             void *bd[1] = {big};
-            mg__reduce_multi(bd, 1, srcs, 3, N, t, (mg_op)op, 3, 1);
+            mg__reduce_multi(bd, 1, srcs, 3, N, t, (mg_op)op, 3, 0);
             CHECK_MSG(!memcmp(big, want, N * es), "reduce_multi nt %s %s", ct_dt_name[d], ct_op_name[op]);
             mg_free(big);
         }
@@ -365,6 +365,14 @@ TEST_T(coll_large_counts, 180)
         };
         run_cases_at(P, fam[f].a, fam[f].shm, fam[f].gmem, cs, 6, 2 * (M + 64) * 8 * 5);
     }
+    /* Above the shared-memory algorithms' non-temporal threshold (16 MiB). */
+    tcase nt[] = {
+        {MG_COLL_ALL_REDUCE, MG_F32, MG_SUM, 4 * M + 3, 0, 0},
+        {MG_COLL_REDUCE, MG_F32, MG_MAX, 4 * M + 5, 1, 0},
+        {MG_COLL_ALL_REDUCE, MG_I32, MG_AVG, 4 * M + 1, 0, 1},
+    };
+    run_cases_at(2, MG_ALGO_SHM, 1, 0, nt, 3, 0);
+    run_cases_at(3, MG_ALGO_SHM, 1, 1, nt, 3, 2 * (4 * M + 64) * 4 + 4096);
 }
 
 /* ---- selection ------------------------------------------------------------ */

@@ -70,7 +70,8 @@ static int kill_rank(int rank, int n, void *arg)
     size_t count = (size_t)1 << 22;
     float *x = calloc(count, sizeof *x);
     CHECK(x);
-    if (rank == n - 1) {
+    int victim = j->variant == 2 ? 0 : n - 1; /* rank 0 serves the store */
+    if (rank == victim) {
         if (j->variant == 0) raise(SIGKILL);      /* before the operation */
         static int delay = 30000;                 /* or in the middle of a stream of them */
         pthread_t t;
@@ -89,7 +90,7 @@ static int kill_rank(int rank, int n, void *arg)
     printf("rank %d after %d ops, %.2f s: %s\n", rank, ops, dt, msg);
     CHECK(st == MG_EPEER);
     char dead[32];
-    snprintf(dead, sizeof dead, "rank %d", n - 1);
+    snprintf(dead, sizeof dead, "rank %d", victim);
     CHECK(strstr(msg, dead));
     CHECK(strstr(msg, "all_reduce #"));
     CHECK(dt < 5); /* detected, not timed out (MG_TIMEOUT is 30 s) */
@@ -109,16 +110,19 @@ static int kill_rank(int rank, int n, void *arg)
 static void expect_kill(int n, const char *transport, int variant)
 {
     job j = new_job(transport, 30, variant);
-    int st[16];
+    int st[16], victim = variant == 2 ? 0 : n - 1;
     mgt_fork_ranks(n, kill_rank, &j, 40, st);
-    for (int r = 0; r < n - 1; r++)
-        CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s, variant %d)",
-                  r, st[r], transport ? transport : "shm", variant);
-    CHECK(WIFSIGNALED(st[n - 1]) && WTERMSIG(st[n - 1]) == SIGKILL);
+    for (int r = 0; r < n; r++)
+        if (r != victim)
+            CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s, "
+                      "variant %d)", r, st[r], transport ? transport : "shm", variant);
+    CHECK(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL);
 }
 
-TEST_T(fault_sigkill_shm, 60) { expect_kill(3, NULL, 0); expect_kill(2, NULL, 1); }
-TEST_T(fault_sigkill_tcp, 60) { expect_kill(3, "tcp", 0); expect_kill(3, "tcp", 1); }
+/* variant 0: killed between operations; 1: during a stream of them;
+ * 2: rank 0, which also serves the store, killed during them. */
+TEST_T(fault_sigkill_shm, 60) { expect_kill(3, NULL, 0); expect_kill(2, NULL, 1); expect_kill(3, NULL, 2); }
+TEST_T(fault_sigkill_tcp, 60) { expect_kill(3, "tcp", 0); expect_kill(3, "tcp", 1); expect_kill(3, "tcp", 2); }
 
 /* ---- a stopped peer ------------------------------------------------------------ */
 
@@ -195,7 +199,7 @@ static int mismatch_rank(int rank, int n, void *arg)
         CHECK(strstr(msg, "different counts"));
     }
     CHECK(strstr(msg, "test_faults.c:"));
-    CHECK(mg_now() - t0 < 5);
+    CHECK_MSG(mg_now() - t0 < 5, "took %.2f s: %s", mg_now() - t0, mg_last_error());
     for (size_t i = 0; i < 16; i++) CHECK(mem[i] == -3 && mem[count + 16 + i] == -3);
     CHECK(mg_barrier(g) == st);
     free(mem);
@@ -223,6 +227,27 @@ TEST_T(fault_mismatched_collectives_tcp, 60)
 {
     expect_mismatch(2, "tcp", 0);
     expect_mismatch(3, "tcp", 1);
+}
+
+/* ---- mismatched group memory -------------------------------------------------------- */
+
+static int alloc_mismatch_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg);
+    if (!g) return 2;
+    void *p = mg_group_alloc(g, rank == 1 ? 8192 : 4096);
+    CHECK(p == NULL);
+    CHECK_MSG(strstr(mg_last_error(), "mg_group_alloc"), "message: %s", mg_last_error());
+    CHECK_MSG(strstr(mg_last_error(), "different counts"), "message: %s", mg_last_error());
+    CHECK(mg_barrier(g) != MG_OK);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(fault_mismatched_group_alloc)
+{
+    job j = new_job(NULL, 10, 0);
+    CHECK_EQ(mgt_fork_ranks(2, alloc_mismatch_rank, &j, 30, NULL), 0);
 }
 
 /* ---- strangers at a rank's data listener --------------------------------------------- */
@@ -281,7 +306,7 @@ TEST(fault_strangers_at_data_listener)
         _exit(0);
     }
     CHECK_OK(mg__tcp_connect_peers(&l, 0x1234, 0, 2, need, addr, port, "right", mg_now() + 5, fds));
-    CHECK(mg_now() - t0 < 3);
+    CHECK_MSG(mg_now() - t0 < 3, "took %.2f s: %s", mg_now() - t0, mg_last_error());
     pthread_join(t, NULL);
     CHECK_OK(d.st);
     int st;

@@ -14,7 +14,16 @@
  * all_to_all sends `count` elements to each peer. Pass the same pointer
  * (or MG_IN_PLACE as sendbuf) for in-place operation.
  *
- * This layer knows nothing of tensors beyond (pointer, count, dtype). */
+ * This layer knows nothing of tensors beyond (pointer, count, dtype).
+ *
+ * Environment (read at init): MG_TIMEOUT (seconds, default 300: every wait
+ * of an operation has this deadline), MG_BACKEND (builtin | mpi),
+ * MG_TRANSPORT (auto | tcp: TCP even between ranks on one host), MG_ALGO
+ * (auto | ring | rd | tree | shm), MG_SHM_SLOT_KB and MG_SHM_RING_KB
+ * (shared-memory sizes), MG_SPIN_US and MG_YIELD_US (how long a wait spins
+ * and yields before sleeping), MG_P2P_UNEXPECTED_MB (bound on messages
+ * buffered before their receive), MG_STORE_SERVED=1 (a launcher serves
+ * the store), MG_RUN_ID (separates restarts sharing a launcher's store). */
 #ifndef MULTIGRAD_COMM_H
 #define MULTIGRAD_COMM_H
 
@@ -69,7 +78,11 @@ mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
 
 /* Memory that peers on this host can read directly (shared memory):
  * collectives on it avoid copies. Behaves as ordinary memory otherwise.
- * Collective: every rank calls it with the same size, in the same order. */
+ * Collective: every rank calls it with the same size, in the same order
+ * (ranks that disagree fail like a mismatched collective). Zeroed; NULL
+ * with mg_last_error() on failure. Freeing is local (in order with the
+ * queued operations) and works even after the group failed; destroy frees
+ * what is left. */
 void *mg_group_alloc(mg_group *g, size_t bytes);
 void mg_group_free(mg_group *g, void *p);
 

@@ -236,7 +236,11 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     }
     g->local_rank = env_lr >= 0 ? env_lr : lrank;
     g->local_size = env_ls >= 1 ? env_ls : nhost;
-    b->spin = mg__spin_default(nhost);
+    /* Spin only while every rank of the job on this host has a core: a
+     * sub-group's ranks share the host with the rest of the job. */
+    if (nhost > b->host_ranks) b->host_ranks = nhost;
+    if (env_ls > b->host_ranks) b->host_ranks = env_ls;
+    b->spin = mg__spin_default(b->host_ranks);
     /* Shared memory: create, everyone maps everyone, then drop the names. */
     if (!st && nlocal > 1) {
         long rk = mg_env_long("MG_SHM_RING_KB", 0), sk = mg_env_long("MG_SHM_SLOT_KB", 0);
@@ -388,9 +392,19 @@ static mg_status run_coll(mg__bi *b, mg__req *r)
     mg_call c = r->c;
     int algo = b->algo_env;
     if (algo == MG_ALGO_SHM && !b->p2p.shm) algo = MG_ALGO_AUTO;
-    if (algo == MG_ALGO_AUTO) algo = mg__coll_select(&b->p2p, &c);
+    if (algo == MG_ALGO_AUTO) {
+        mg_call *k = &b->sel_call;
+        if (b->sel_algo && k->coll == c.coll && k->count == c.count && k->dtype == c.dtype &&
+            k->op == c.op && k->root == c.root && k->sendbuf == c.sendbuf &&
+            k->recvbuf == c.recvbuf) {
+            algo = b->sel_algo;
+        } else {
+            algo = b->sel_algo = mg__coll_select(&b->p2p, &c);
+            *k = c;
+        }
+    }
     mg__fp_make(&b->fp, &c, r->seq, algo);
-    b->deadline = b->p2p.deadline = mg_now() + b->g->timeout;
+    b->deadline = b->p2p.deadline = mg__now_coarse() + b->g->timeout;
     if (b->shmx) mg__shmx_begin(b->shmx, &b->fp, b->deadline);
     mg_status st = mg__coll_run(&b->p2p, &c, (mg__algo)algo);
     if (st) {
@@ -453,6 +467,7 @@ static mg_status split(mg__bi *b, mg__req *r)
     memcpy(sb->secret, b->secret, sizeof sb->secret);
     sb->algo_env = b->algo_env;
     sb->force_tcp = b->force_tcp;
+    sb->host_ranks = b->host_ranks;
     if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)
         MG_ASSERT(!"split prefix fits: checked above");
     st = join(sb, newrank, count, -1, -1, deadline);

@@ -57,7 +57,10 @@ typedef struct mg__bi {
     mg__shmx *shmx;          /* NULL without local peers */
     mg__p2p p2p;             /* what the algorithms see */
     mg__spin_cfg spin;
+    int host_ranks;          /* ranks of the whole job on this host (spin policy) */
     mg__fp fp;               /* the collective being run */
+    mg_call sel_call;        /* the last call select.c was asked about... */
+    int sel_algo;            /* ...and its answer (steady training loops repeat calls) */
     double deadline;         /* of the request being run */
     mg__umsg *uhead;         /* unexpected messages, arrival order */
     size_t ubytes, umax;

@@ -572,7 +572,7 @@ void mg__bi_abort_links(mg__bi *b, const char *msg)
             uint8_t buf[sizeof h + 1024];
             memcpy(buf, &h, sizeof h);
             memcpy(buf + sizeof h, msg, len);
-            sent = !mg__sock_write_all(l->ch.fd, buf, sizeof h + len, mg_now() + 0.5, "abort");
+            sent = !mg__sock_write_all(l->ch.fd, buf, sizeof h + len, mg_now() + 0.1, "abort");
         }
         /* Mid-frame the stream cannot carry a notice: closing it is one. */
         if (!sent) shutdown(l->ch.fd, SHUT_RDWR);

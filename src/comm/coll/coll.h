@@ -146,10 +146,13 @@ void mg__reduce_finish(void *buf, size_t n, mg_dtype t, mg_op op, int size);
 /* dst[j] = src[0] (op) src[1] (op) ... (op) src[ns-1], in that order, for
  * each of the nd destinations; f16/bf16 are accumulated in f32 and rounded
  * once. For MG_AVG the result is divided by avg_div. A destination may be
- * one of the sources; otherwise none may overlap. nt: write with
- * non-temporal stores (results not read again soon). */
+ * one of the sources; otherwise none may overlap. Destinations j >=
+ * nt_from are written with non-temporal stores (results not read again
+ * soon; nt_from = nd for none). */
 void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
-                      size_t n, mg_dtype t, mg_op op, int avg_div, int nt);
+                      size_t n, mg_dtype t, mg_op op, int avg_div, int nt_from);
+/* memcpy with non-temporal stores (for copies larger than the caches). */
+void mg__copy_nt(void *dst, const void *src, size_t n);
 
 /* Scalar conversions, round to nearest even (exposed for tests). */
 float mg__f16_to_f32(uint16_t h);

@@ -286,8 +286,16 @@ static void copy_out(void *dst, const void *src, size_t bytes, int nt)
     memcpy(dst, src, bytes);
 }
 
+void mg__copy_nt(void *dst, const void *src, size_t n)
+{
+    copy_out(dst, src, n, 1);
+#ifdef __AVX__
+    _mm_sfence();
+#endif
+}
+
 void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
-                      size_t n, mg_dtype t, mg_op op, int avg_div, int nt)
+                      size_t n, mg_dtype t, mg_op op, int avg_div, int nt_from)
 {
     MG_ASSERT(ns >= 1 && nd >= 1);
     const kset *k = kernel_for(t, op);
@@ -316,10 +324,10 @@ void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
             f32_to_half(hout, (const float *)acc, m, t);
             out = hout;
         }
-        for (int j = 0; j < nd; j++) copy_out((char *)dst[j] + off, out, m * es, nt);
+        for (int j = 0; j < nd; j++) copy_out((char *)dst[j] + off, out, m * es, j >= nt_from);
     }
 #ifdef __AVX__
-    if (nt) _mm_sfence();
+    if (nt_from < nd) _mm_sfence();
 #endif
 }
 

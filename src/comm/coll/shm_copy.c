@@ -21,7 +21,7 @@ static size_t minz(size_t a, size_t b) { return a < b ? a : b; }
 mg_status mg__shm_broadcast(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     size_t n = o->count * o->es;
     int root = o->root, me = x.me;
     if (n <= x.sm) {
@@ -57,7 +57,7 @@ mg_status mg__shm_broadcast(mg__op *o)
 mg_status mg__shm_all_gather(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     int P = x.P, me = x.me;
     size_t blk = o->count * o->es;
     if (blk <= x.sm) {
@@ -97,7 +97,7 @@ mg_status mg__shm_all_gather(mg__op *o)
 mg_status mg__shm_gather(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     int P = x.P, me = x.me, root = o->root;
     size_t blk = o->count * o->es, all = blk * (size_t)P;
     if (blk <= x.sm) {
@@ -141,7 +141,7 @@ mg_status mg__shm_gather(mg__op *o)
 mg_status mg__shm_scatter(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     int P = x.P, me = x.me, root = o->root;
     size_t blk = o->count * o->es, all = blk * (size_t)P;
     if (all <= x.sm) {
@@ -185,7 +185,7 @@ mg_status mg__shm_scatter(mg__op *o)
 mg_status mg__shm_all_to_all(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     int P = x.P, me = x.me;
     size_t blk = o->count * o->es, all = blk * (size_t)P;
     if (all <= x.sm) {

@@ -3,9 +3,9 @@
  * shm_proto.h they share with shm_copy.c.
  *
  * all_reduce / reduce:
- *   small   every rank copies its input into its slot region, posts once,
- *           and reduces all regions itself (in rank order, so every rank
- *           gets bit-identical results): one synchronisation.
+ *   small   every rank copies its input into its slot region, stamps and
+ *           posts once, and reduces all regions itself (in rank order, so
+ *           every rank gets bit-identical results): one synchronisation.
  *   direct  (every buffer from mg_group_alloc) rank r reduces part r of
  *           the vector reading every peer's input where it lies and writes
  *           the result into every peer's output (the root's, for reduce):
@@ -17,25 +17,30 @@
  *           own input and the peers' staging copies into its output and
  *           its staging buffer, from which the peers copy it.
  * reduce_scatter: the same three forms, rank r reducing block r.
- * f16/bf16 accumulate all p inputs in f32 and round once.
+ * f16/bf16 accumulate all p inputs in f32 and round once. Vectors of 16
+ * MiB and more are written to their outputs with non-temporal stores.
  * Limits: the staged reduce_scatter needs p <= stage/64 (256 ranks with
  * the smallest slot); beyond that it falls back to the ring. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <unistd.h>
 #include "comm/coll/shm_proto.h"
 
 /* Reductions whose every rank would read more than this many bytes of
  * regions take the staged path even when the input fits a region. */
 #define SMALL_READ ((size_t)1 << 20)
-/* Direct results at least this large are written with non-temporal
- * stores: they will not be read from cache anyway. */
+/* Outputs of vectors at least this large are written with non-temporal
+ * stores: they would not stay in the caches anyway, and streaming them
+ * saves the read-for-ownership of every line. */
 #define NT_BYTES ((size_t)16 << 20)
 
-mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra)
+mg_status mg__shx_begin(mg__shx *x, mg__op *o)
 {
     mg__shm *s = o->p->shm;
     MG_ASSERT(s && s->slot_bytes >= MG__SHM_SLOT_MIN);
     int P = o->size;
     size_t ptrs = ((size_t)3 * (size_t)P * sizeof(void *) + 63) & ~(size_t)63;
-    char *scr = mg__op_scratch(o, ptrs + extra_bytes);
+    char *scr = mg__op_scratch(o, ptrs);
     if (!scr) return MG_ENOMEM;
     x->o = o;
     x->s = s;
@@ -56,7 +61,6 @@ mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra)
     x->src = (const void **)(x->slot + P);
     x->dst = (void **)(x->src + P);
     for (int q = 0; q < P; q++) x->slot[q] = s->slot(s, q);
-    if (extra) *extra = scr + ptrs;
     return MG_OK;
 }
 
@@ -84,10 +88,22 @@ void mg__shx_publish(mg__shx *x, const void *src, size_t n)
     mg__shx_post(x, 1);
 }
 
-/* Busy-wait rounds on a peer's stamp before the group's wait takes over
- * (it spins or sleeps by its own policy): short, so that oversubscribed
- * ranks do not burn the core the peer needs. */
-#define STAMP_SPINS 32
+/* Busy-wait rounds (~25 ns each) on a peer's stamp before the group's
+ * wait takes over with its own spin-then-sleep policy. None when ranks
+ * outnumber CPUs: the peer we wait for needs this core. */
+static int stamp_spins(int P)
+{
+    static _Atomic int cpus;
+    int c = atomic_load_explicit(&cpus, memory_order_relaxed);
+    if (!c) {
+        cpu_set_t set;
+        c = !sched_getaffinity(0, sizeof set, &set) ? CPU_COUNT(&set) : 0;
+        if (c <= 0) c = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (c <= 0) c = 1;
+        atomic_store_explicit(&cpus, c, memory_order_relaxed);
+    }
+    return P <= c ? 32 : 0;
+}
 
 static inline void relax(void)
 {
@@ -99,11 +115,12 @@ static inline void relax(void)
 mg_status mg__shx_wait_published(mg__shx *x)
 {
     uint64_t want = x->base + 1;
+    int spins = stamp_spins(x->P);
     for (int d = 1; d < x->P; d++) {
         int q = (x->me + d) % x->P;
         mg__shm_tiny *t = mg__shx_tiny(x, q);
         int seen = 0;
-        for (int i = 0; i < STAMP_SPINS && !seen; i++) {
+        for (int i = 0; i < spins && !seen; i++) {
             if (atomic_load_explicit(&t->stamp, memory_order_acquire) == want)
                 seen = 1;
             else
@@ -155,6 +172,9 @@ static mg_status staged_reduce(mg__shx *x, int root)
     mg__op *o = x->o;
     size_t es = o->es, C = x->stage / es, nch = (o->count + C - 1) / C;
     int P = x->P, me = x->me, all = root < 0, mine = all || me == root;
+    /* A vector larger than the caches goes to recvbuf with non-temporal
+     * stores (no read-for-ownership); the staging copies stay cached. */
+    int nt = o->count * es >= NT_BYTES;
     stage_in(x, 0, C);
     mg__shx_post(x, cA(0));
     for (size_t k = 0; k < nch; k++) {
@@ -167,7 +187,8 @@ static mg_status staged_reduce(mg__shx *x, int root)
             int nd = 0;
             if (all || me != root) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
             if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
-            mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P, 0);
+            mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P,
+                             nt && mine ? nd - 1 : nd);
         }
         mg__shx_post(x, cB(k));
         if (k + 1 < nch) {
@@ -181,7 +202,10 @@ static mg_status staged_reduce(mg__shx *x, int root)
         for (int q = 0; q < P; q++) {
             if (q == me) continue;
             mg__shx_part(m, P, q, es, &lo, &len);
-            memcpy(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
+            if (nt)
+                mg__copy_nt(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
+            else
+                memcpy(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
         }
     }
     return MG_OK;
@@ -191,7 +215,7 @@ static mg_status staged_reduce(mg__shx *x, int root)
 static mg_status reduce_common(mg__op *o, int root)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     size_t n = o->count * o->es, es = o->es;
     int P = x.P, me = x.me, all = root < 0, mine = all || me == root;
     if (n <= x.sm && n * (size_t)P <= SMALL_READ) {
@@ -200,7 +224,7 @@ static mg_status reduce_common(mg__op *o, int root)
         if (mine) {
             for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, n);
             void *d = o->rbuf;
-            mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+            mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         }
         return MG_OK;
     }
@@ -219,7 +243,7 @@ static mg_status reduce_common(mg__op *o, int root)
         x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + lo * es;
         if (all || q == root) x.dst[nd++] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[1]) + lo * es;
     }
-    if (len) mg__reduce_multi(x.dst, nd, x.src, P, len, o->dt, o->op, P, n >= NT_BYTES);
+    if (len) mg__reduce_multi(x.dst, nd, x.src, P, len, o->dt, o->op, P, n >= NT_BYTES ? 0 : nd);
     mg__shx_post(&x, 2);
     return mg__shx_wait_all(&x, 2);
 }
@@ -234,14 +258,14 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
     /* Staging holds one piece of every block; pieces are whole lines. */
     size_t al = es >= 64 ? 1 : 64 / es;
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     size_t C = x.stage / (size_t)P / es / al * al;
     if (all <= x.sm && all <= SMALL_READ) {
         mg__shx_publish(&x, o->sbuf, all);
         MG_TRY(mg__shx_wait_published(&x));
         for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, all) + (size_t)me * blk;
         void *d = o->rbuf;
-        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         return MG_OK;
     }
     MG_TRY(mg__shx_arrive(&x, mg__shx_gaddr(&x, o->sbuf, all), 0));
@@ -251,7 +275,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         for (int q = 0; q < P; q++)
             x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + (size_t)me * blk;
         void *d = o->rbuf;
-        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 0);
+        mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         mg__shx_post(&x, 2);
         return mg__shx_wait_all(&x, 2);
     }
@@ -275,7 +299,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
             x.src[q] = q == me ? o->sbuf + (size_t)me * blk + c0 * es
                                : mg__shx_stage(&x, q, k) + (size_t)me * C * es;
         void *d = o->rbuf + c0 * es;
-        mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 0);
+        mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 1);
         mg__shx_post(&x, cB(k));
     }
     return MG_OK;
@@ -284,7 +308,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
 mg_status mg__shm_barrier(mg__op *o)
 {
     mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o, 0, NULL));
+    MG_TRY(mg__shx_begin(&x, o));
     mg__shx_publish(&x, NULL, 0);
     return mg__shx_wait_published(&x);
 }

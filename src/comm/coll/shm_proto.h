@@ -58,8 +58,8 @@ typedef struct {
 } mg__shx;
 
 /* Start a shared-memory operation: take the sequence number, map slots.
- * Uses the operation's scratch call (extra bytes at *extra if asked). */
-mg_status mg__shx_begin(mg__shx *x, mg__op *o, size_t extra_bytes, char **extra);
+ * Uses the operation's scratch call. */
+mg_status mg__shx_begin(mg__shx *x, mg__op *o);
 
 static inline void mg__shx_post(mg__shx *x, uint32_t v) { x->s->post(x->s, x->base + v); }
 static inline mg_status mg__shx_wait(mg__shx *x, int q, uint32_t v)

@@ -191,8 +191,8 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     x->gid = cfg->gid;
     x->all_local = cfg->all_local;
     x->spin = cfg->spin;
-    size_t rb = 4096;
-    while (rb < cfg->ring_bytes) rb <<= 1;
+    size_t rb = 4096; /* the largest power of two within the budget */
+    while (rb * 2 <= cfg->ring_bytes) rb <<= 1;
     x->ring_bytes = rb;
     x->slot_bytes = cfg->slot_bytes;
     x->local = calloc((size_t)n, sizeof *x->local);
@@ -487,7 +487,7 @@ void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
     x->fp = *fp;
     x->seq = fp->seq;
     x->deadline = deadline;
-    x->started = mg_now();
+    x->started = mg__now_coarse();
     hist_rec *h = hist(x, x->rank, fp->seq);
     atomic_store_explicit(&h->seq, UINT64_MAX, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);

@@ -17,7 +17,7 @@ typedef struct mg__shmx_cfg {
     int rank, size;
     const bool *local;     /* per group rank: reached through shm (self included) */
     bool all_local;        /* every rank local: slots and the mg__shm view */
-    size_t ring_bytes;     /* per peer; rounded up to a power of two */
+    size_t ring_bytes;     /* per peer; rounded down to a power of two */
     size_t slot_bytes;
     mg__spin_cfg spin;
     const pid_t *pid;      /* per group rank, for liveness checks */

@@ -48,6 +48,10 @@ void mg__fp_describe(const mg__fp *fp, char *buf, size_t n);
 /* The error for ranks that disagree: names both calls. */
 mg_status mg__fp_mismatch(const mg__fp *mine, int me, const mg__fp *theirs, int peer);
 
+/* mg_now()'s clock at tick resolution (a few ms) for a fraction of the
+ * cost: good enough for deadlines, which every operation sets. */
+double mg__now_coarse(void);
+
 /* ---- waiting ---- */
 typedef struct mg__spin_cfg {
     double spin_s;   /* busy-wait this long before yielding */
