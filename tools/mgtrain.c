@@ -540,19 +540,19 @@ int main(int argc, char **argv)
     int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
     if (!xb || !yb || !ib) die("out of memory for a batch of %d", eval_batch);
 
+    mg_sampler sampler = {0};
+    epoch_row *rows = NULL;
+    mg_loader *loader = NULL;
     if (o.eval_only) {
         double loss, acc;
         evaluate(&t, test, xb, yb, ib, eval_batch, sc, &loss, &acc);
         if (t.rank == 0)
             printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o.model, loss,
                    100 * acc, test->n);
-        mg_ddp_destroy(t.ddp);
-        mg_group_destroy(t.g);
-        return 0;
+        goto done;
     }
 
     /* Each rank's shard of every epoch's permutation (models.md: perm[r::k]). */
-    mg_sampler sampler;
     if (mg_sampler_init(&sampler, train->n, t.rank, t.world, true, o.seed, false))
         die("%s", mg_last_error());
     int n_local;
@@ -564,19 +564,16 @@ int main(int argc, char **argv)
         if (t.rank == 0)
             fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
                     prog, o.resume, start_epoch);
-        mg_ddp_destroy(t.ddp);
-        mg_group_destroy(t.g);
-        return 0;
+        goto done;
     }
     if (step != (long)start_epoch * steps_per_epoch)
         die("%s: step %ld is not the end of epoch %d with --batch %d --accumulate %d",
             o.resume, step, start_epoch, o.batch, o.accumulate);
 
-    epoch_row *rows = calloc((size_t)o.epochs, sizeof *rows);
+    rows = calloc((size_t)o.epochs, sizeof *rows);
     int n_rows = 0;
     if (o.log && o.resume && t.rank == 0) n_rows = read_log(o.log, rows, start_epoch);
 
-    mg_loader *loader;
     if (mg_loader_create(train, local, sc, &loader)) die("%s", mg_last_error());
     progress pr = {isatty(2), o.quiet, 0, 0};
     if (!o.quiet) {
@@ -678,8 +675,8 @@ int main(int argc, char **argv)
                     "backward)\n", prog, ds.comm_us / 1e3, ds.exposed_us / 1e3,
                     100 * (1 - ds.exposed_us / ds.comm_us));
     }
+done:
     if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
-
     mg_sampler_free(&sampler);
     free(rows);
     mg_loader_destroy(loader);
