@@ -75,6 +75,14 @@ const char *mgt_tmpdir(void);
 /* Path of a built tool ("mgtrain" -> build/bin/mgtrain). */
 const char *mgt_tool(const char *name);
 
+/* Run a shell command (printf-style), stdout and stderr together into
+ * *out (malloc'd; may be NULL to discard); returns its exit status, or
+ * 128 + N if a signal N killed it. */
+int mgt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A whole file as a malloc'd string ("" if it cannot be read); *len (may
+ * be NULL) gets its size. */
+char *mgt_slurp(const char *path, size_t *len);
+
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int mgt_free_port(void);
 

@@ -94,6 +94,47 @@ const char *mgt_tool(const char *name)
     return path;
 }
 
+int mgt_sh(char **out, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n + 6 >= sizeof cmd) mgt_fail(__FILE__, __LINE__, "command too long");
+    strcat(cmd, " 2>&1");
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p) mgt_fail(__FILE__, __LINE__, "popen: %s", strerror(errno));
+    size_t cap = 1 << 16, len = 0, k;
+    char *s = malloc(cap);
+    while ((k = fread(s + len, 1, cap - len - 1, p)) > 0) {
+        len += k;
+        if (len + 1 == cap) s = realloc(s, cap *= 2);
+    }
+    s[len] = 0;
+    int st = pclose(p);
+    if (out) *out = s;
+    else free(s);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+char *mgt_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *s = NULL;
+    long n = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        s = malloc((size_t)n + 1);
+        if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    }
+    if (f) fclose(f);
+    if (!s) { s = malloc(1); n = 0; }
+    s[n] = 0;
+    if (len) *len = (size_t)n;
+    return s;
+}
+
 int mgt_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -67,21 +67,6 @@ TEST(core_permutation_is_a_permutation)
 #include <sys/stat.h>
 #include "multigrad/plot.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    s[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return s;
-}
-
 TEST(core_atomic_write_replaces_whole_file)
 {
     char path[512];
@@ -89,7 +74,7 @@ TEST(core_atomic_write_replaces_whole_file)
     CHECK_OK(mg_write_file_atomic(path, "first", 5));
     CHECK_OK(mg_write_file_atomic(path, "second!", 7));
     size_t n;
-    char *s = slurp(path, &n);
+    char *s = mgt_slurp(path, &n);
     CHECK(s && n == 7 && memcmp(s, "second!", 7) == 0);
     free(s);
     /* A failing write (directory missing) leaves nothing behind. */
@@ -106,7 +91,7 @@ TEST(core_plot_svg_has_both_panels)
     mg_plot_series s[2] = {{"train loss", loss, 0}, {"test acc", acc, 1}};
     const char *titles[2] = {"loss", "accuracy"};
     CHECK_OK(mg_plot_svg(path, "lenet <d2l>", titles, s, 2, 3));
-    char *svg = slurp(path, NULL);
+    char *svg = mgt_slurp(path, NULL);
     CHECK(svg && strncmp(svg, "<svg", 4) == 0 && strstr(svg, "</svg>"));
     CHECK(strstr(svg, "lenet &lt;d2l&gt;"));
     CHECK(strstr(svg, "train loss") && strstr(svg, "test acc"));
@@ -130,7 +115,7 @@ TEST(core_trace_writes_chrome_json)
     CHECK_OK(mg_trace_close());
     CHECK(!mg_trace_on());
     snprintf(rpath, sizeof rpath, "%s/t.rank1.json", mgt_tmpdir());
-    char *s = slurp(rpath, NULL);
+    char *s = mgt_slurp(rpath, NULL);
     CHECK(s && strstr(s, "\"traceEvents\"") && strstr(s, "\"conv1.forward\""));
     CHECK(strstr(s, "\"ph\":\"X\",\"pid\":1,\"tid\":1"));
     if (system("command -v python3 >/dev/null") == 0) {

@@ -207,26 +207,6 @@ TEST_T(ddp_no_sync_accumulation_equals_larger_batch, 180)
 
 /* ---- the training job through mgrun ---------------------------------------- */
 
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    CHECK(p);
-    size_t cap = 1 << 16, len = 0, k;
-    char *s = malloc(cap);
-    while ((k = fread(s + len, 1, cap - len - 1, p)) > 0) len += k;
-    s[len] = 0;
-    int st = pclose(p);
-    if (out) *out = s; else free(s);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static double test_acc(const char *out)
 {
     const char *p = strstr(out, "final: test accuracy ");
@@ -240,8 +220,8 @@ TEST_T(ddp_fp16_compression_within_one_point, 240)
     char mgrun[512], mgtrain[512];
     snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
     snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
-    CHECK_EQ(run(&a, "%s -n 2 %s --model mlp --parallel ddp --epochs 1", mgrun, mgtrain), 0);
-    CHECK_EQ(run(&b, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --compress fp16",
+    CHECK_EQ(mgt_sh(&a, "%s -n 2 %s --model mlp --parallel ddp --epochs 1", mgrun, mgtrain), 0);
+    CHECK_EQ(mgt_sh(&b, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --compress fp16",
                  mgrun, mgtrain), 0);
     double x = test_acc(a), y = test_acc(b);
     printf("test accuracy: %.2f%% uncompressed, %.2f%% fp16\n", x, y);
@@ -258,17 +238,17 @@ TEST_T(ddp_bad_input_clear_message_on_every_rank, 180)
     snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
     snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
     /* A world size that does not divide the batch: every rank says so. */
-    int rc = run(&out, "%s -n 3 %s --model mlp --parallel ddp --batch 128 --epochs 1",
+    int rc = mgt_sh(&out, "%s -n 3 %s --model mlp --parallel ddp --batch 128 --epochs 1",
                  mgrun, mgtrain);
     CHECK_MSG(rc != 0 && strstr(out, "does not divide among 3 ranks"), "%s", out);
     free(out);
     /* Without a launcher. */
-    rc = run(&out, "env -u RANK -u WORLD_SIZE %s --model mlp --parallel ddp", mgtrain);
+    rc = mgt_sh(&out, "env -u RANK -u WORLD_SIZE %s --model mlp --parallel ddp", mgtrain);
     CHECK_MSG(rc == 2 && strstr(out, "needs a launcher") && strstr(out, "mgrun"), "%s", out);
     free(out);
     /* A worker that cannot reach its master: an error within the deadline. */
     double t0 = mg_now();
-    rc = run(&out, "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+    rc = mgt_sh(&out, "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
              "MASTER_PORT=%d MG_TIMEOUT=3 %s --model mlp --parallel ddp", mgt_free_port(),
              mgtrain);
     CHECK_MSG(rc != 0 && strstr(out, "127.0.0.1"), "%s", out);
@@ -320,17 +300,6 @@ static pid_t spawn(const char *cmd, const char *log)
     return p;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return strdup("");
-    char *s = calloc(1, 1 << 16);
-    size_t n = fread(s, 1, (1 << 16) - 1, f);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
 {
     const char *t = mgt_tmpdir();
@@ -339,7 +308,7 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
     /* Uninterrupted: 2 epochs. */
     char *out;
-    CHECK_EQ(run(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 2 --save %s/full.st",
+    CHECK_EQ(mgt_sh(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 2 --save %s/full.st",
                  mgrun, mgtrain, t), 0);
     free(out);
     /* Killed with SIGKILL and no restarts: mgrun stops the rest, names the rank. */
@@ -357,7 +326,7 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     kill(victim, SIGKILL);
     int st;
     waitpid(job, &st, 0);
-    out = slurp(log);
+    out = mgt_slurp(log, NULL);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) != 0, "mgrun: %s", out);
     CHECK_MSG(strstr(out, "rank 1") && strstr(out, "signal 9"), "%s", out);
     free(out);
@@ -375,7 +344,7 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     CHECK(victim > 0);
     kill(victim, SIGKILL);
     waitpid(job, &st, 0);
-    out = slurp(log);
+    out = mgt_slurp(log, NULL);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "mgrun: %s", out);
     CHECK_MSG(strstr(out, "resuming from"), "%s", out);
     free(out);

@@ -6,28 +6,6 @@
 #include "harness.h"
 #include "multigrad/checkpoint.h"
 
-/* Run a shell command; its combined output goes to *out (malloc'd). */
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    CHECK(p);
-    size_t cap = 1 << 16, len = 0;
-    char *s = malloc(cap);
-    size_t k;
-    while ((k = fread(s + len, 1, cap - len - 1, p)) > 0) len += k;
-    s[len] = 0;
-    int st = pclose(p);
-    if (out) *out = s; else free(s);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int count_lines(const char *s)
 {
     int n = 0;
@@ -51,7 +29,7 @@ TEST_T(mgtrain_bad_input_one_line_and_no_file_touched, 120)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out;
-        int rc = run(&out, "%s %s --save %s --epochs 1", bin, bad[i], save);
+        int rc = mgt_sh(&out, "%s %s --save %s --epochs 1", bin, bad[i], save);
         CHECK_MSG(rc == 2, "'%s' exited %d: %s", bad[i], rc, out);
         CHECK_MSG(count_lines(out) == 1, "'%s' printed %d lines: %s", bad[i],
                   count_lines(out), out);
@@ -69,17 +47,17 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
     char *out;
     /* Two epochs in one go. */
-    int rc = run(&out, "%s --model mlp --epochs 2 --save %s/full.st --log %s/full.csv",
+    int rc = mgt_sh(&out, "%s --model mlp --epochs 2 --save %s/full.st --log %s/full.csv",
                  bin, t, t);
     CHECK_MSG(rc == 0, "%s", out);
     CHECK(strstr(out, "epoch  2/2") && strstr(out, "test acc"));
     free(out);
     /* One epoch, then resume for the second. */
-    rc = run(&out, "%s --model mlp --epochs 1 --save %s/half.st --log %s/half.jsonl",
+    rc = mgt_sh(&out, "%s --model mlp --epochs 1 --save %s/half.st --log %s/half.jsonl",
              bin, t, t);
     CHECK_MSG(rc == 0, "%s", out);
     free(out);
-    rc = run(&out, "%s --model mlp --epochs 2 --resume %s/half.st --save %s/half.st "
+    rc = mgt_sh(&out, "%s --model mlp --epochs 2 --resume %s/half.st --save %s/half.st "
              "--log %s/half.jsonl", bin, t, t, t);
     CHECK_MSG(rc == 0, "%s", out);
     CHECK(strstr(out, "epoch  2/2") && !strstr(out, "epoch  1/2"));
@@ -102,10 +80,10 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     /* Logs: the CSV has a header and 2 rows; the resumed JSON log has both
      * epochs; the plots exist. */
     snprintf(a, sizeof a, "wc -l < %s/full.csv", t);
-    rc = run(&out, "%s", a);
+    rc = mgt_sh(&out, "%s", a);
     CHECK(atoi(out) == 3);
     free(out);
-    rc = run(&out, "grep -c '\"epoch\":' %s/half.jsonl", t);
+    rc = mgt_sh(&out, "grep -c '\"epoch\":' %s/half.jsonl", t);
     CHECK(atoi(out) == 2);
     free(out);
     struct stat sb;
@@ -114,7 +92,7 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     CHECK(stat(a, &sb) == 0 && sb.st_size > 500);
     CHECK(stat(b, &sb) == 0 && sb.st_size > 500);
     /* Resuming with other flags is refused, and the checkpoint survives. */
-    rc = run(&out, "%s --model mlp --epochs 3 --lr 0.1 --resume %s/half.st --save %s/half.st",
+    rc = mgt_sh(&out, "%s --model mlp --epochs 3 --lr 0.1 --resume %s/half.st --save %s/half.st",
              bin, t, t);
     CHECK_MSG(rc == 2 && strstr(out, "lr=") && count_lines(out) == 1, "%s", out);
     free(out);
@@ -122,7 +100,7 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     CHECK_OK(mg_st_open(b, &fb));
     mg_st_close(fb);
     /* --eval-only of the checkpoint's weights reports the last test accuracy. */
-    rc = run(&out, "%s --model mlp --eval-only --init %s/full.st", bin, t);
+    rc = mgt_sh(&out, "%s --model mlp --eval-only --init %s/full.st", bin, t);
     CHECK_MSG(rc == 0 && strstr(out, "test accuracy"), "%s", out);
     free(out);
 }
