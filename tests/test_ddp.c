@@ -361,3 +361,86 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     mg_st_close(a);
     mg_st_close(b);
 }
+
+/* A rank whose parameters receive no gradient in a step (here: it runs no
+ * backward at all) still completes the step: mg_ddp_finish launches the
+ * buckets the hook never reached, and the average counts its zeros. */
+static int unused_rank(int rank, int world, void *arg)
+{
+    int port = *(int *)arg;
+    mg_group_options go = mg_group_options_default();
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    go.init_method = url;
+    go.rank = rank;
+    go.size = world;
+    go.timeout_s = 20;
+    mg_group *g;
+    CHECK_OK(mg_group_init(&go, &g));
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    CHECK_OK(mg_model_reserve(m, 8));
+    mg_ddp_options o = mg_ddp_defaults();
+    o.first_bucket_bytes = o.bucket_bytes = 64 << 10;
+    mg_ddp *ddp;
+    CHECK_OK(mg_ddp_create(g, m, &o, &ddp));
+    float x[8 * 784];
+    int32_t y[8];
+    for (int i = 0; i < 8 * 784; i++) x[i] = (float)((i * 37) % 11) / 11.0f;
+    for (int i = 0; i < 8; i++) y[i] = i % 10;
+    for (int step = 0; step < 3; step++) {
+        mg_model_zero_grad(m);
+        if (rank == 0) {
+            mg_model_forward(m, x, 8);
+            mg_model_loss(m, y, NULL);
+            mg_model_backward(m);
+        }
+        CHECK_OK(mg_ddp_finish(ddp));
+    }
+    /* Rank 0 computes what the average must be: its gradient / world. */
+    mg_model *ref;
+    CHECK_OK(mg_model_create("mlp", 0, &ref));
+    CHECK_OK(mg_model_reserve(ref, 8));
+    mg_model_zero_grad(ref);
+    mg_model_forward(ref, x, 8);
+    mg_model_loss(ref, y, NULL);
+    mg_model_backward(ref);
+    for (size_t i = 0; i < mg_model_num_params(m); i++)
+        CHECK_CLOSE(mg_model_grads(m)[i], mg_model_grads(ref)[i] / world, 1e-6, 1e-9);
+    mg_model_destroy(ref);
+    mg_ddp_destroy(ddp);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(ddp_parameters_without_gradient_do_not_hang, 60)
+{
+    int port = mgt_free_port();
+    CHECK_EQ(mgt_fork_ranks(2, unused_rank, &port, 50, NULL), 0);
+}
+
+TEST_T(ddp_resume_with_other_flags_refused_on_every_rank, 180)
+{
+    char mgrun[512], mgtrain[512], *out;
+    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    const char *t = mgt_tmpdir();
+    CHECK_EQ(mgt_sh(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --save %s/ck.st",
+                    mgrun, mgtrain, t), 0);
+    free(out);
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s/ck.st", t);
+    size_t before_len;
+    char *before = mgt_slurp(ck, &before_len);
+    int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 2 --lr 0.1 "
+                    "--resume %s --save %s", mgrun, mgtrain, ck, ck);
+    CHECK_MSG(rc != 0 && strstr(out, "lr=0.05") && strstr(out, "lr=0.1"), "%s", out);
+    free(out);
+    size_t after_len;
+    char *after = mgt_slurp(ck, &after_len);
+    CHECK_MSG(before_len == after_len && memcmp(before, after, before_len) == 0,
+              "the checkpoint changed");
+    free(before);
+    free(after);
+}
