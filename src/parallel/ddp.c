@@ -21,7 +21,6 @@
 typedef struct {
     size_t lo, hi;          /* float range of the gradient arena */
     mg_work *work;
-    bool launched;
     double t_launch;        /* trace clock, us */
 } bucket;
 
@@ -95,7 +94,6 @@ static mg_status make_buckets(mg_ddp *d)
 
 static void launch(mg_ddp *d, bucket *b)
 {
-    b->launched = true;
     b->t_launch = mg_trace_now();
     if (d->err) return;
     size_t n = b->hi - b->lo;
@@ -217,7 +215,6 @@ mg_status mg_ddp_finish(mg_ddp *d)
     double t1 = mg_trace_now();
     d->stats.exposed_us += t1 - t0;
     d->stats.steps++;
-    for (int i = 0; i < d->nb; i++) d->b[i].launched = false;
     d->next = 0;
     d->ready = 0;
     d->err = MG_OK;
