@@ -485,9 +485,8 @@ static int launch_mpirun(const options *o, int n)
 
 int main(int argc, char **argv)
 {
-    /* Under a launcher, rank 0 alone reports bad flags (all ranks exit 2). */
-    const char *launched = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
-    mgb_quiet = launched && *launched && strcmp(launched, "0");
+    /* Under a launcher every rank reports bad flags: the launcher may stop
+     * rank 0 before it prints once another rank has exited. */
     options o;
     parse_args(argc, argv, &o);
     if (o.algo) setenv("MG_ALGO", o.algo, 1);
@@ -512,13 +511,19 @@ int main(int argc, char **argv)
         setenv("LOCAL_WORLD_SIZE", mg_env_str("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), 1);
         under_mgrun = 1;
     }
-    if (under_mgrun || under_mpirun) {
-        const char *ws = under_mgrun ? getenv("WORLD_SIZE") : getenv("OMPI_COMM_WORLD_SIZE");
-        if (o.nranks && ws && atoi(ws) != o.nranks)
-            mgb_bad_input("-n %d, but the launcher started %s ranks", o.nranks, ws);
-        return run_rank(&o, backend);
-    }
-    int n = o.nranks ? o.nranks : 1;
+    const char *ws = under_mgrun ? getenv("WORLD_SIZE") : getenv("OMPI_COMM_WORLD_SIZE");
+    if ((under_mgrun || under_mpirun) && o.nranks && ws && atoi(ws) != o.nranks)
+        mgb_bad_input("-n %d, but the launcher started %s ranks", o.nranks, ws);
+    /* Checked before any rank starts, so the message cannot be lost when a
+     * launcher stops the ranks that have not printed yet. */
+    int n = (under_mgrun || under_mpirun) && ws ? atoi(ws) : o.nranks ? o.nranks : 1;
+    if (o.c.root >= n)
+        mgb_bad_input("-r %d is not a rank of this %d-rank group", o.c.root, n);
+    bool sendrecv = false;
+    for (int i = 0; i < o.c.ncolls; i++) sendrecv |= o.c.colls[i] == MGB_SENDRECV;
+    if (sendrecv && n < 2 && !o.c.all_colls)
+        mgb_bad_input("sendrecv needs at least 2 ranks");
+    if (under_mgrun || under_mpirun) return run_rank(&o, backend);
     if (!strcmp(backend, "mpi")) return launch_mpirun(&o, n);
     return launch_local(&o, n, backend);
 }

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "multigrad/comm.h"
 #include "multigrad/core.h"
 
 #define BAD_INPUT 2
@@ -39,7 +40,7 @@
 
 typedef struct {
     int nproc, nnodes, node_rank, max_restarts;
-    int master_port;            /* 0: a free port is chosen per attempt */
+    int master_port;            /* 0: a free port, chosen once by the store */
     const char *master_addr;
     bool tag_output;
     char **prog;                /* PROGRAM ARGS... (NULL-terminated) */
@@ -275,21 +276,50 @@ static int make_secret(char *hex)
     return 0;
 }
 
-/* A port free now: bind port 0 and read back what the kernel chose. Rank
- * 0 binds it a moment later; another process could take it between the
- * two (as with torchrun), which shows up as a clear bind error there. */
-static int free_port(void)
+/* The rendezvous store, served by the launcher on node 0 as torchrun's
+ * agent does: it holds its port for the whole job, so no other process can
+ * take the port between choosing it and rank 0 binding it, and restarts
+ * reuse it. It runs in a child process so that mgrun itself stays
+ * single-threaded (it forks workers). Returns the child's pid and the port
+ * (port 0 asks the kernel for a free one), or -1 with a message. */
+static pid_t serve_store(const options *o, int *port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
+    pid_t parent = getpid(), pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        close(fds[0]);
+        setpgid(0, 0);                  /* a terminal's ^C goes to the job, not here */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        for (int i = 0; i < N_HANDLED; i++) signal(handled_signals[i], SIG_DFL);
+        bool loopback = !strcmp(o->master_addr, "127.0.0.1") ||
+                        !strcmp(o->master_addr, "localhost") || !strcmp(o->master_addr, "::1");
+        mg_store_server *srv;
+        int p = -1;
+        if (mg_store_server_start(loopback ? o->master_addr : NULL, o->master_port, o->secret,
+                                  &srv) == MG_OK)
+            p = mg_store_server_port(srv);
+        else
+            fprintf(stderr, "mgrun: cannot serve the rendezvous store on port %d: %s\n",
+                    o->master_port, mg_last_error());
+        if (write(fds[1], &p, sizeof p) != (ssize_t)sizeof p || p < 0) _exit(1);
+        close(fds[1]);
+        for (;;) pause();               /* until mgrun stops it */
+    }
+    close(fds[1]);
+    int p = -1;
+    ssize_t n;
+    while ((n = read(fds[0], &p, sizeof p)) < 0 && errno == EINTR) {}
+    close(fds[0]);
+    if (n != (ssize_t)sizeof p || p <= 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    *port = p;
+    return pid;
 }
 
 /* ---- output forwarding -------------------------------------------------- */
@@ -423,6 +453,10 @@ exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
     set_env_int("MASTER_PORT", port);
     setenv("MG_JOB_SECRET", o->secret, 1);
     set_env_int("MG_RESTART_COUNT", attempt);
+    /* This launcher's node serves the rendezvous store (see serve_store);
+     * each attempt rendezvouses under its own keys. */
+    setenv("MG_STORE_SERVED", "1", 1);
+    set_env_int("MG_RUN_ID", attempt);
     if (o->nproc > 1) {
         /* Ranks, not threads, use the cores (as torchrun does for OMP). */
         setenv("OMP_NUM_THREADS", "1", 0);
@@ -717,22 +751,29 @@ int main(int argc, char **argv)
     for (int i = 0; i < N_HANDLED; i++) sigaction(handled_signals[i], &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    int port = o.master_port;
+    pid_t store = 0;
+    if (o.node_rank == 0 && (store = serve_store(&o, &port)) < 0) {
+        fprintf(stderr, "mgrun: cannot start the rendezvous store%s\n",
+                o.master_port ? "; is --master-port in use?" : "");
+        return 1;
+    }
+    int rc;
     for (int attempt = 0;; attempt++) {
-        int port = o.master_port ? o.master_port : free_port();
-        if (port <= 0) {
-            fprintf(stderr, "mgrun: cannot find a free port: %s; give one with --master-port\n",
-                    strerror(errno));
-            return 1;
-        }
         bool may_restart;
-        int rc = run_attempt(&o, attempt, port, &may_restart);
-        if (rc == 0 || !may_restart) return rc;
+        rc = run_attempt(&o, attempt, port, &may_restart);
+        if (rc == 0 || !may_restart) break;
         if (attempt >= o.max_restarts) {
             if (o.max_restarts > 0)
                 fprintf(stderr, "mgrun: giving up after %d restart(s)\n", o.max_restarts);
-            return rc;
+            break;
         }
         fprintf(stderr, "mgrun: restarting all %d worker(s) (restart %d of %d)\n",
                 o.nproc, attempt + 1, o.max_restarts);
     }
+    if (store > 0) {
+        kill(store, SIGKILL);
+        waitpid(store, NULL, 0);
+    }
+    return rc;
 }
