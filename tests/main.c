@@ -135,16 +135,25 @@ char *mgt_slurp(const char *path, size_t *len)
     return s;
 }
 
+/* Ports are drawn at random below the kernel's ephemeral range (32768 and
+ * up), where launchers and tools get theirs by binding port 0: a test's
+ * port can then be taken between its choice and its use only by another
+ * test drawing the same one of 12,000 at the same moment. */
 int mgt_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(fd, (struct sockaddr *)&a, &len))
-        mgt_fail(__FILE__, __LINE__, "cannot find a free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
+    static _Thread_local unsigned seed;
+    if (!seed) seed = (unsigned)getpid() ^ (unsigned)(mg_now() * 1e6);
+    for (int tries = 0; tries < 1000; tries++) {
+        int port = 20000 + (int)(rand_r(&seed) % 12000);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (fd < 0) break;
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return port;
+    }
+    mgt_fail(__FILE__, __LINE__, "cannot find a free port: %s", strerror(errno));
 }
 
 int mgt_fork_ranks(int n, int (*fn)(int, int, void *), void *arg,

@@ -13,16 +13,6 @@
 #include "coll_cases.h"
 #include "multigrad/comm.h"
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    CHECK(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-          !getsockname(fd, (struct sockaddr *)&a, &len));
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 typedef struct {
     int port;
@@ -108,7 +98,7 @@ static void proc_sweep(const char *transport, const char *const *algos, int nalg
             _Atomic int *bc = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
             CHECK(bc != MAP_FAILED);
-            pjob j = {free_port(), transport, algos[a], gmem, bc};
+            pjob j = {mgt_free_port(), transport, algos[a], gmem, bc};
             int bad = mgt_fork_ranks(sizes[s], proc_rank, &j, 120, NULL);
             munmap((void *)bc, 4096);
             CHECK_MSG(!bad, "%d of %d ranks failed (transport %s, algo %s, gmem %d)", bad,

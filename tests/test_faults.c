@@ -27,10 +27,7 @@ typedef struct {
 
 static job new_job(const char *transport, double timeout, int variant)
 {
-    int fd, port;
-    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
-    close(fd);
-    return (job){port, transport, timeout, variant};
+    return (job){mgt_free_port(), transport, timeout, variant};
 }
 
 static mg_group *join_group(int rank, int n, const job *j)

@@ -20,17 +20,9 @@ typedef struct {
     int variant;
 } job;
 
-static int free_port(void)
-{
-    int fd, port;
-    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
-    close(fd);
-    return port;
-}
-
 static job new_job(const char *transport, double timeout)
 {
-    return (job){.port = free_port(), .transport = transport, .timeout = timeout};
+    return (job){.port = mgt_free_port(), .transport = transport, .timeout = timeout};
 }
 
 static mg_group *join_group(int rank, int n, const job *j)
@@ -203,7 +195,7 @@ TEST(group_init_bad_settings)
     mg_group *g;
     mg_group_options o = mg_group_options_default();
     char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", mgt_free_port());
     o.init_method = url;
     o.secret = "s";
     o.timeout_s = 1;
@@ -273,7 +265,7 @@ TEST(group_init_port_in_use)
 TEST(group_init_unreachable_master)
 {
     char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", mgt_free_port());
     mg_group_options o = mg_group_options_default();
     o.init_method = url;
     o.rank = 1;

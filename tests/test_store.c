@@ -124,9 +124,7 @@ static int get_waits_for_set(int rank, int n, void *arg)
 
 TEST(store_tcp_get_blocks_until_set)
 {
-    int fd, port;
-    CHECK_OK(mg__sock_listen("127.0.0.1", 0, &fd, &port));
-    close(fd);
+    int port = mgt_free_port();
     CHECK_EQ(mgt_fork_ranks(3, get_waits_for_set, &port, 20, NULL), 0);
 }
 
