@@ -79,6 +79,15 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     args = ap.parse_args()
+    if args.world == 1:
+        # One process: run here, not in a forked child (OpenMP's thread pool
+        # does not survive fork, which would understate PyTorch's threads).
+        import queue
+        q = queue.Queue()
+        run(0, 1, 0, args, q)
+        ips, secs, loss = q.get()
+        print(f"{args.model} 1 {args.threads} {ips:.0f} {secs:.2f} {loss:.4f}", flush=True)
+        return
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
