@@ -64,10 +64,13 @@ bool mg_verbose(void);
 /* Monotonic clock in seconds. */
 double mg_now(void);
 
-/* Write `len` bytes to path atomically (temporary file in the same
- * directory, fsync, rename, fsync of the directory): a crash leaves either
- * the old file or the new one, never half of one. */
+/* Write a file atomically (temporary file in the same directory, fsync,
+ * rename, fsync of the directory): a crash leaves either the old file or
+ * the new one, never half of one, and a failure leaves no temporary file.
+ * The _v form writes the n pieces one after another. Mode 0644. */
+typedef struct mg_piece { const void *data; size_t len; } mg_piece;
 mg_status mg_write_file_atomic(const char *path, const void *data, size_t len);
+mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n);
 
 /* Peak resident set size of this process in bytes (from getrusage). */
 size_t mg_peak_rss(void);

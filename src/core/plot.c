@@ -1,5 +1,4 @@
-/* SVG training curves and atomic whole-file writes. The plot is simple on
- * purpose: two panels, linear axes with round ticks, one polyline per
+/* SVG training curves. The plot is simple on purpose: two panels, linear axes with round ticks, one polyline per
  * series; it needs nothing but stdio. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -13,48 +12,6 @@
 #include <unistd.h>
 #include "multigrad/core.h"
 #include "multigrad/plot.h"
-
-mg_status mg_write_file_atomic(const char *path, const void *data, size_t len)
-{
-    char tmp[4096], dir[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return mg_error(MG_EINVAL, "%s: path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return mg_error(MG_EIO, "cannot create a temporary file next to %s: %s "
-                        "(is the directory writable?)", path, strerror(errno));
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return mg_error(MG_EIO, "writing %s: %s", tmp, strerror(e));
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) || close(fd)) {
-        int e = errno;
-        unlink(tmp);
-        return mg_error(MG_EIO, "flushing %s: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return mg_error(MG_EIO, "renaming %s to %s: %s", tmp, path, strerror(e));
-    }
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return MG_OK;
-}
 
 /* A growable string for building the document. */
 typedef struct { char *s; size_t len, cap; int oom; } buf;

@@ -23,7 +23,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,21 +160,6 @@ static void put_json_str(sbuf *b, const char *s)
     put(b, "\"", 1);
 }
 
-static mg_status write_all(int fd, const void *p, size_t n, const char *tmp)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0)
-            return mg_error(MG_EIO, "cannot write %s: %s", tmp,
-                            w < 0 ? strerror(errno) : "no progress");
-        c += w;
-        n -= (size_t)w;
-    }
-    return MG_OK;
-}
-
 static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n,
                                   const char *const *meta, int n_meta)
 {
@@ -267,56 +251,20 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
     mg_status st = build_header(t, n, meta, n_meta, &h);
     if (st) { free(h.p); return st; }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16), *dircopy = strdup(path);
-    if (!tmp || !dircopy) {
-        free(h.p); free(tmp); free(dircopy);
-        return mg_error(MG_ENOMEM, "safetensors: out of memory");
-    }
-    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = mg_error(MG_EIO, "cannot create a temporary file next to %s: %s: check that the "
-                      "directory exists and is writable", path, strerror(errno));
-        goto out;
-    }
     uint8_t len8[8];
     uint64_t hl = h.len;
     memcpy(len8, &hl, 8);
-    if ((st = write_all(fd, len8, 8, tmp)) || (st = write_all(fd, h.p, h.len, tmp)))
-        goto fail;
-    for (int i = 0; i < n; i++)
-        if (t[i].nbytes && (st = write_all(fd, t[i].data, t[i].nbytes, tmp))) goto fail;
-    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
-        st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
-        goto fail;
+    mg_piece *pc = malloc(sizeof *pc * (size_t)(n + 2));
+    if (!pc) {
+        free(h.p);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
     }
-    if (close(fd) != 0) {
-        fd = -1;
-        st = mg_error(MG_EIO, "cannot write %s: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
-    /* The rename is durable only once the directory is synced. */
-    int dfd = open(dirname(dircopy), O_RDONLY | O_DIRECTORY);
-    if (dfd < 0 || fsync(dfd) != 0) {
-        st = mg_error(MG_EIO, "wrote %s but cannot sync its directory: %s", path, strerror(errno));
-        if (dfd >= 0) close(dfd);
-        goto out;
-    }
-    close(dfd);
-    goto out;
-fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-out:
+    pc[0] = (mg_piece){len8, 8};
+    pc[1] = (mg_piece){h.p, h.len};
+    for (int i = 0; i < n; i++) pc[i + 2] = (mg_piece){t[i].data, t[i].nbytes};
+    st = mg_write_file_atomic_v(path, pc, n + 2);
+    free(pc);
     free(h.p);
-    free(tmp);
-    free(dircopy);
     return st;
 }
 
