@@ -49,6 +49,9 @@ EXAMPLES  := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 TESTBIN   := $(BUILD)/tests/mgtest
 
 .PHONY: all lib tools tests benches examples test run install deps clean
+# Keep the objects of tools, benches and examples (make would delete them as
+# intermediate files and rebuild them every time).
+.SECONDARY:
 all: lib tools tests benches examples
 
 lib: $(BUILD)/lib/libmultigrad.a $(BUILD)/lib/libmultigrad.so
