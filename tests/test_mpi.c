@@ -615,7 +615,7 @@ static void cases(const char *n, const char *gmem)
 TEST_T(mpi_collective_cases_1_to_4_ranks, 120)
 {
     for (int n = 1; n <= 4; n++) {
-        char ns[8];
+        char ns[16];
         snprintf(ns, sizeof ns, "%d", n);
         cases(ns, "0");
     }
