@@ -83,6 +83,18 @@ int mgt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * be NULL) gets its size. */
 char *mgt_slurp(const char *path, size_t *len);
 
+/* Run a program (argv NULL-terminated; argv[0] a path or a name on PATH)
+ * in its own process group, stdout and stderr captured apart; killed and
+ * reported as a failure after timeout_s. child_setup (may be NULL) runs in
+ * the child before exec. The result is valid until the next call. */
+typedef struct mgt_result {
+    int status;                       /* as from waitpid */
+    char out[1 << 20], err[32768];
+} mgt_result;
+mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void));
+/* Exit status, or 128 + N if a signal N killed it. */
+int mgt_exit_code(const mgt_result *r);
+
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int mgt_free_port(void);
 

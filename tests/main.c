@@ -139,6 +139,59 @@ char *mgt_slurp(const char *path, size_t *len)
  * up), where launchers and tools get theirs by binding port 0: a test's
  * port can then be taken between its choice and its use only by another
  * test drawing the same one of 12,000 at the same moment. */
+static void read_into(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = 0;
+    fclose(f);
+}
+
+mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void))
+{
+    static mgt_result r;
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/exec.out", mgt_tmpdir());
+    snprintf(err, sizeof err, "%s/exec.err", mgt_tmpdir());
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) mgt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        setpgid(0, 0);
+        if (child_setup) child_setup();
+        execvp(argv[0], (char *const *)argv);
+        _exit(126);
+    }
+    double t0 = mg_now();
+    int st;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (mg_now() - t0 > timeout_s) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            read_into(err, r.err, sizeof r.err);
+            mgt_fail(__FILE__, __LINE__, "%s still running after %g s; stderr: %s", argv[0],
+                     timeout_s, r.err);
+        }
+        usleep(2000);
+    }
+    r.status = st;
+    read_into(out, r.out, sizeof r.out);
+    read_into(err, r.err, sizeof r.err);
+    return &r;
+}
+
+int mgt_exit_code(const mgt_result *r)
+{
+    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+}
+
 int mgt_free_port(void)
 {
     static _Thread_local unsigned seed;

@@ -12,64 +12,21 @@
 #include "harness.h"
 #include "multigrad/core.h"
 
-typedef struct {
-    int status;
-    char out[1 << 20], err[16384];
-} result;
-
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-}
+typedef mgt_result result;
+#define exit_code mgt_exit_code
 
 /* Runs argv (NULL-terminated; argv[0] a tool name from build/bin) and
  * collects its exit status, stdout and stderr. */
 static result *run_tool(double timeout, const char *const *argv)
 {
-    static result r;
-    char tool[512], out[600], err[600];
+    char tool[512];
     snprintf(tool, sizeof tool, "%s", mgt_tool(argv[0]));
     CHECK_MSG(access(tool, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", tool);
-    snprintf(out, sizeof out, "%s/out", mgt_tmpdir());
-    snprintf(err, sizeof err, "%s/err", mgt_tmpdir());
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        setpgid(0, 0);
-        execv(tool, (char *const *)argv);
-        _exit(126);
-    }
-    double t0 = mg_now();
-    int st;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (mg_now() - t0 > timeout) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            slurp(err, r.err, sizeof r.err);
-            CHECK_MSG(0, "%s still running after %g s; stderr: %s", argv[0], timeout, r.err);
-        }
-        usleep(2000);
-    }
-    r.status = st;
-    slurp(out, r.out, sizeof r.out);
-    slurp(err, r.err, sizeof r.err);
-    return &r;
-}
-
-static int exit_code(const result *r)
-{
-    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+    const char *args[64] = {tool};
+    int n = 1;
+    for (; argv[n] && n < 63; n++) args[n] = argv[n];
+    args[n] = NULL;
+    return mgt_exec(timeout, args, NULL);
 }
 
 /* One data row of the table. */

@@ -377,20 +377,8 @@ __attribute__((constructor)) static void mpi_worker(void)
 
 /* ---- the tests ------------------------------------------------------------ */
 
-typedef struct {
-    int status;
-    char out[1 << 20], err[32768];
-} result;
-
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-}
+typedef mgt_result result;
+#define exit_code mgt_exit_code
 
 static void need_mpi(void)
 {
@@ -439,56 +427,26 @@ static void quiet_mpi_sanitizers(void)
     setenv("ASAN_OPTIONS", aopt, 1);
 }
 
+/* In the child: mpirun's settings for this container. */
+static void mpi_child_env(void)
+{
+    /* The tests run as root in containers; mpirun refuses that unless told. */
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    /* Its own session directory: two mpiruns starting at once in the
+     * shared one can collide (orte_session_dir failed). */
+    setenv("OMPI_MCA_orte_tmpdir_base", mgt_tmpdir(), 1);
+    /* One host: shared memory only (no TCP component probing the network). */
+    setenv("OMPI_MCA_btl", "self,vader", 1);
+}
+
 /* Runs argv (NULL-terminated) with MPI's root permission set; collects
  * exit status and output. */
 static result *run(double timeout, const char *const *argv)
 {
-    static result r;
-    char out[600], err[600];
-    snprintf(out, sizeof out, "%s/out", mgt_tmpdir());
-    snprintf(err, sizeof err, "%s/err", mgt_tmpdir());
     quiet_mpi_sanitizers();
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        setpgid(0, 0);
-        /* The tests run as root in containers; mpirun refuses that unless told. */
-        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-        /* Its own session directory: two mpiruns starting at once in the
-         * shared one can collide (orte_session_dir failed). */
-        setenv("OMPI_MCA_orte_tmpdir_base", mgt_tmpdir(), 1);
-        /* One host: shared memory only (no TCP component probing the network). */
-        setenv("OMPI_MCA_btl", "self,vader", 1);
-        execvp(argv[0], (char *const *)argv);
-        _exit(126);
-    }
-    double t0 = mg_now();
-    int st;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (mg_now() - t0 > timeout) {
-            kill(-pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            slurp(err, r.err, sizeof r.err);
-            CHECK_MSG(0, "%s still running after %g s; stderr: %s", argv[0], timeout, r.err);
-        }
-        usleep(5000);
-    }
-    r.status = st;
-    slurp(out, r.out, sizeof r.out);
-    slurp(err, r.err, sizeof r.err);
-    return &r;
-}
-
-static int exit_code(const result *r)
-{
-    return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+    mgt_tmpdir();  /* created before the fork, so the child's setenv only reads it */
+    return mgt_exec(timeout, argv, mpi_child_env);
 }
 
 /* Every data row shows #wrong 0 (or -- where there is no in-place form). */
