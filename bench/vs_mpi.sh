@@ -47,6 +47,9 @@ else
     SMALL=(-i 2000 -w 200) LARGE=(-i 20 -w 3) HUGE=(-i 5 -w 1)
 fi
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+# Where the host put our CPUs (see bench/xcore.c): measured before and after.
+xcore() { [ -x "$BENCHDIR/xcore" ] && "$BENCHDIR/xcore" | sed 's/^xcore: //' || echo "not measured"; }
+XCORE0=$(xcore)
 COMMON=(all_reduce -d f32 -o sum -f 4)
 CMDS=()
 
@@ -108,6 +111,11 @@ echo "# f32 sum all_reduce: multigrad mgbench (builtin backend) vs ${mpi_version
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs: $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
 # Other work on the machine skews small-size latencies most: say how busy it was.
 echo "# load average before: $LOAD0; after: $(cut -d' ' -f1-3 /proc/loadavg)"
+# A virtual machine's two CPUs may or may not share a cache, and the host
+# changes that over time; shared-memory figures of both sides move with it.
+echo "# cross-CPU rewrite (bench/xcore; ~10 GB/s: CPUs share a cache, ~2.5: they do not)"
+echo "#   before: $XCORE0"
+echo "#   after:  $(xcore)"
 echo "# time: the slowest rank's mean (us); busbw GB/s (nccl-tests); x = MPI time / ours"
 echo "# buffers: malloc, or group (ours: mg_group_alloc; MPI: MPI_Alloc_mem); the"
 echo "# group-memory targets compare with Open MPI's malloc figure (its usual case)"

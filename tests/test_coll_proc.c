@@ -20,6 +20,7 @@ typedef struct {
     const char *algo;        /* MG_ALGO or NULL */
     int gmem;
     _Atomic int *barrier_count;   /* MAP_SHARED */
+    void (*build)(plan *pl, int P);   /* NULL: ct_build_sweep_lite */
 } pjob;
 
 typedef struct {
@@ -69,7 +70,10 @@ static int proc_rank(int rank, int n, void *arg)
     }
     plan pl = {.gmem = j->gmem, .barrier_count = j->barrier_count};
     pthread_mutex_init(&pl.mu, NULL);
-    ct_build_sweep_lite(&pl, n);
+    if (j->build)
+        j->build(&pl, n);
+    else
+        ct_build_sweep_lite(&pl, n);
     real_ctx rc = {.g = g};
     if (j->gmem) {
         rc.cap = ct_sweep_gmem_bytes(n);
@@ -90,20 +94,49 @@ static int proc_rank(int rank, int n, void *arg)
     return bad;
 }
 
-static void proc_sweep(const char *transport, const char *const *algos, int nalgos,
-                       const int *sizes, int nsizes, int gmem)
+static void proc_plan(const char *transport, const char *const *algos, int nalgos,
+                      const int *sizes, int nsizes, int gmem, void (*build)(plan *, int))
 {
     for (int a = 0; a < nalgos; a++)
         for (int s = 0; s < nsizes; s++) {
             _Atomic int *bc = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
             CHECK(bc != MAP_FAILED);
-            pjob j = {mgt_free_port(), transport, algos[a], gmem, bc};
+            pjob j = {mgt_free_port(), transport, algos[a], gmem, bc, build};
             int bad = mgt_fork_ranks(sizes[s], proc_rank, &j, 120, NULL);
             munmap((void *)bc, 4096);
             CHECK_MSG(!bad, "%d of %d ranks failed (transport %s, algo %s, gmem %d)", bad,
                       sizes[s], transport ? transport : "auto", algos[a] ? algos[a] : "auto", gmem);
         }
+}
+
+static void proc_sweep(const char *transport, const char *const *algos, int nalgos,
+                       const int *sizes, int nsizes, int gmem)
+{
+    proc_plan(transport, algos, nalgos, sizes, nsizes, gmem, NULL);
+}
+
+/* Every staged shared-memory form, six times in a row at two sizes: the
+ * first runs alternate cached and non-temporal staging stores
+ * (shm_direct.c), later ones take the faster; each must be exact. */
+static void build_staged_repeats(plan *pl, int P)
+{
+    mg_coll colls[] = {MG_COLL_ALL_REDUCE, MG_COLL_REDUCE, MG_COLL_REDUCE_SCATTER,
+                       MG_COLL_BROADCAST, MG_COLL_ALL_GATHER, MG_COLL_GATHER,
+                       MG_COLL_SCATTER, MG_COLL_ALL_TO_ALL};
+    size_t counts[] = {70001, 300007};
+    for (int c = 0; c < 8; c++)
+        for (int k = 0; k < 2; k++)
+            for (int r = 0; r < 6; r++)
+                ct_add_case(pl, (tcase){colls[c], r % 2 ? MG_F32 : MG_I32, MG_SUM, counts[k],
+                                        r % P, r % 2});
+}
+
+TEST_T(coll_proc_shm_staged_stores, 300)
+{
+    const char *algos[] = {"shm"};
+    int sizes[] = {2, 3};
+    proc_plan(NULL, algos, 1, sizes, 2, 0, build_staged_repeats);
 }
 
 TEST_T(coll_proc_shm, 300)

@@ -93,6 +93,12 @@ struct mg__shm {
     /* Owned by the algorithms (the number of shared-memory operations run
      * so far, equal on every rank): zero-initialise, never touch. */
     uint64_t coll_seq;
+    /* Also the algorithms': what the staged forms learned about their
+     * stores, per collective and size class (shm_direct.c). */
+    struct mg__shm_tune {
+        uint64_t runs[MG_COLL_COUNT][8];
+        double cost[MG_COLL_COUNT][8][2];
+    } tune;
     void *ctx;
 };
 

@@ -7,7 +7,8 @@
  *           buffer (broadcast, all_gather, scatter, all_to_all pull;
  *           gather pushes into the root's buffer), then one more wait so
  *           no rank returns while its buffer is still being read
- *   staged  chunks through the staging buffers, pipelined three deep
+ *   staged  chunks through the staging buffers, pipelined three deep,
+ *           written with the stores mg__shx_stage_begin chooses
  * Each byte crosses memory once in the direct form and twice staged.
  * Limits: staged scatter and all_to_all put a piece for every rank in one
  * staging buffer; with more than stage/64 ranks they fall back to the
@@ -39,11 +40,12 @@ mg_status mg__shm_broadcast(mg__op *o)
         return MG_OK;
     }
     size_t C = x.stage, nch = (n + C - 1) / C;
+    mg__shx_stage_begin(&x, n);
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * C, m = minz(C, n - off);
         if (me == root) {
             if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
-            memcpy(mg__shx_stage(&x, me, k), o->rbuf + off, m);
+            mg__shx_stage_copy(&x, mg__shx_stage(&x, me, k), o->rbuf + off, m);
             mg__shx_post(&x, cA(k));
         } else {
             MG_TRY(mg__shx_wait(&x, root, cA(k)));
@@ -51,6 +53,7 @@ mg_status mg__shm_broadcast(mg__op *o)
             mg__shx_post(&x, cB(k));
         }
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }
 
@@ -81,16 +84,18 @@ mg_status mg__shm_all_gather(mg__op *o)
         return mg__shx_wait_all(&x, 2);
     }
     size_t C = x.stage, nch = (blk + C - 1) / C;
+    mg__shx_stage_begin(&x, blk * (size_t)P);
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * C, m = minz(C, blk - off);
         if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
-        memcpy(mg__shx_stage(&x, me, k), o->sbuf + off, m);
+        mg__shx_stage_copy(&x, mg__shx_stage(&x, me, k), o->sbuf + off, m);
         mg__shx_post(&x, cA(k));
         MG_TRY(mg__shx_wait_all(&x, cA(k)));
         for (int q = 0; q < P; q++)
             if (q != me) memcpy(o->rbuf + (size_t)q * blk + off, mg__shx_stage(&x, q, k), m);
         mg__shx_post(&x, cB(k));
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }
 
@@ -120,11 +125,12 @@ mg_status mg__shm_gather(mg__op *o)
         return MG_OK;
     }
     size_t C = x.stage, nch = (blk + C - 1) / C;
+    mg__shx_stage_begin(&x, all);
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * C, m = minz(C, blk - off);
         if (me != root) {
             if (k >= 3) MG_TRY(mg__shx_wait(&x, root, cB(k - 3)));
-            memcpy(mg__shx_stage(&x, me, k), o->sbuf + off, m);
+            mg__shx_stage_copy(&x, mg__shx_stage(&x, me, k), o->sbuf + off, m);
             mg__shx_post(&x, cA(k));
             continue;
         }
@@ -135,6 +141,7 @@ mg_status mg__shm_gather(mg__op *o)
         }
         mg__shx_post(&x, cB(k));
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }
 
@@ -165,13 +172,15 @@ mg_status mg__shm_scatter(mg__op *o)
     size_t C = (x.stage / (size_t)P) & ~(size_t)63;
     if (!C) return mg__flat_scatter(o);   /* same on every rank */
     size_t nch = (blk + C - 1) / C;
+    mg__shx_stage_begin(&x, all);
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * C, m = minz(C, blk - off);
         if (me == root) {
             if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
             char *st = mg__shx_stage(&x, me, k);
             for (int q = 0; q < P; q++)
-                if (q != me) memcpy(st + (size_t)q * C, o->sbuf + (size_t)q * blk + off, m);
+                if (q != me)
+                    mg__shx_stage_copy(&x, st + (size_t)q * C, o->sbuf + (size_t)q * blk + off, m);
             mg__shx_post(&x, cA(k));
         } else {
             MG_TRY(mg__shx_wait(&x, root, cA(k)));
@@ -179,6 +188,7 @@ mg_status mg__shm_scatter(mg__op *o)
             mg__shx_post(&x, cB(k));
         }
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }
 
@@ -210,12 +220,14 @@ mg_status mg__shm_all_to_all(mg__op *o)
     size_t C = (x.stage / (size_t)P) & ~(size_t)63;
     if (!C) return mg__pairwise_all_to_all(o, 0);   /* same on every rank */
     size_t nch = (blk + C - 1) / C;
+    mg__shx_stage_begin(&x, all);
     for (size_t k = 0; k < nch; k++) {
         size_t off = k * C, m = minz(C, blk - off);
         if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
         char *st = mg__shx_stage(&x, me, k);
         for (int q = 0; q < P; q++)
-            if (q != me) memcpy(st + (size_t)q * C, o->sbuf + (size_t)q * blk + off, m);
+            if (q != me)
+                mg__shx_stage_copy(&x, st + (size_t)q * C, o->sbuf + (size_t)q * blk + off, m);
         mg__shx_post(&x, cA(k));
         MG_TRY(mg__shx_wait_all(&x, cA(k)));
         for (int q = 0; q < P; q++)
@@ -223,5 +235,6 @@ mg_status mg__shm_all_to_all(mg__op *o)
                 memcpy(o->rbuf + (size_t)q * blk + off, mg__shx_stage(&x, q, k) + (size_t)me * C, m);
         mg__shx_post(&x, cB(k));
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }

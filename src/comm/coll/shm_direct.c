@@ -49,6 +49,8 @@ mg_status mg__shx_begin(mg__shx *x, mg__op *o)
     x->me = o->rank;
     x->P = P;
     x->seq = s->coll_seq++;
+    x->stream = 0;
+    x->tc = -1;
     x->base = (x->seq + 1) << 32;
     size_t sm = s->slot_bytes / 16;
     sm = sm < 4096 ? 4096 : sm > 65536 ? 65536 : sm & ~(size_t)63;
@@ -152,6 +154,45 @@ void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len)
     *len = b - a;
 }
 
+/* Staging stores: cached or non-temporal. Which is faster depends on
+ * where the machine puts the ranks' CPUs, and a virtual machine's vCPUs
+ * move. When they share a cache, a peer reads our freshly written lines
+ * from it at ~35 GB/s and streaming would only send them through memory
+ * (2x slower at 1 MiB); when they do not, rewriting a line the peer has
+ * read waits for the peer's copy to be invalidated across the chip (~2.5
+ * GB/s, measured on the development VM) and streaming is 4-5x faster.
+ * So each rank times its staged operations per collective and size class
+ * (a running mean; the first run of each kind, cold, does not count) and
+ * uses the cheaper kind, trying the other one now and then: the first four
+ * operations of a class alternate, then every 16th tries the one not in
+ * use. Exploration follows the class's run count, equal on every rank, so
+ * ranks try the same kind together; the choice is each rank's own (it
+ * changes no protocol, only how a rank writes its own staging buffers). */
+static int tune_class(size_t n)
+{
+    int c = 0;
+    for (size_t b = (size_t)256 << 10; b <= n && c < 7; b *= 4) c++;
+    return c;
+}
+
+void mg__shx_stage_begin(mg__shx *x, size_t bytes)
+{
+    const struct mg__shm_tune *t = &x->s->tune;
+    int co = x->o->coll, c = x->tc = tune_class(bytes);
+    uint64_t r = t->runs[co][c];
+    int best = t->cost[co][c][1] < t->cost[co][c][0];
+    x->stream = r < 4 ? (int)(r & 1) : r % 16 == 0 ? !best : best;
+    x->t0 = mg_now();
+}
+
+void mg__shx_stage_end(mg__shx *x)
+{
+    struct mg__shm_tune *t = &x->s->tune;
+    int co = x->o->coll, c = x->tc;
+    double dt = mg_now() - x->t0, *k = &t->cost[co][c][x->stream];
+    if (t->runs[co][c]++ >= 2) *k = *k > 0 ? 0.5 * *k + 0.5 * dt : dt;
+}
+
 /* Stage chunk k of our input, all but our own part (which we read in
  * place). */
 static void stage_in(mg__shx *x, size_t k, size_t C)
@@ -161,8 +202,8 @@ static void stage_in(mg__shx *x, size_t k, size_t C)
     mg__shx_part(m, x->P, x->me, es, &lo, &len);
     char *st = mg__shx_stage(x, x->me, k);
     const char *in = o->sbuf + c0 * es;
-    memcpy(st, in, lo * es);
-    memcpy(st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
+    mg__shx_stage_copy(x, st, in, lo * es);
+    mg__shx_stage_copy(x, st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
 }
 
 /* Counter values of chunk k: inputs staged (A), our part reduced (B). */
@@ -175,8 +216,10 @@ static mg_status staged_reduce(mg__shx *x, int root)
     size_t es = o->es, C = x->stage / es, nch = (o->count + C - 1) / C;
     int P = x->P, me = x->me, all = root < 0, mine = all || me == root;
     /* A vector larger than the caches goes to recvbuf with non-temporal
-     * stores (no read-for-ownership); the staging copies stay cached. */
+     * stores (no read-for-ownership). */
     int nt = o->count * es >= NT_BYTES && o->sbuf != o->rbuf;
+    mg__shx_stage_begin(x, o->count * es);
+    int stream = x->stream;
     stage_in(x, 0, C);
     mg__shx_post(x, cA(0));
     for (size_t k = 0; k < nch; k++) {
@@ -186,11 +229,20 @@ static mg_status staged_reduce(mg__shx *x, int root)
         if (len) {
             for (int q = 0; q < P; q++)
                 x->src[q] = q == me ? o->sbuf + (c0 + lo) * es : mg__shx_stage(x, q, k) + lo * es;
-            int nd = 0;
-            if (all || me != root) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
-            if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
-            mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P,
-                             nt && mine ? nd - 1 : nd);
+            /* Destinations written with cached stores first: the kernel
+             * streams a suffix of them (the staging copy when streaming,
+             * recvbuf when it is large). */
+            int nd = 0, stage = all || me != root, cached;
+            if (stream) {
+                if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
+                cached = mine && !nt;
+                if (stage) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
+            } else {
+                if (stage) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
+                if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
+                cached = nt && mine ? nd - 1 : nd;
+            }
+            mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P, cached);
         }
         mg__shx_post(x, cB(k));
         if (k + 1 < nch) {
@@ -210,6 +262,7 @@ static mg_status staged_reduce(mg__shx *x, int root)
                 memcpy(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
         }
     }
+    mg__shx_stage_end(x);
     return MG_OK;
 }
 
@@ -292,6 +345,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         return mg__ring_reduce_scatter(o);
     }
     size_t nch = (o->count + C - 1) / C;
+    mg__shx_stage_begin(&x, all);
     for (size_t k = 0; k < nch; k++) {
         size_t c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C;
         /* Buffer k % 3 was last read in chunk k - 3, before B(k-3). */
@@ -299,7 +353,8 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         char *st = mg__shx_stage(&x, me, k);
         for (int q = 0; q < P; q++)
             if (q != me)
-                memcpy(st + (size_t)q * C * es, o->sbuf + (size_t)q * blk + c0 * es, m * es);
+                mg__shx_stage_copy(&x, st + (size_t)q * C * es, o->sbuf + (size_t)q * blk + c0 * es,
+                                   m * es);
         mg__shx_post(&x, cA(k));
         MG_TRY(mg__shx_wait_all(&x, cA(k)));
         for (int q = 0; q < P; q++)
@@ -309,6 +364,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 1);
         mg__shx_post(&x, cB(k));
     }
+    mg__shx_stage_end(&x);
     return MG_OK;
 }
 

@@ -55,6 +55,8 @@ typedef struct {
     char **slot;            /* slot[q]: rank q's slot as mapped here */
     const void **src;       /* P pointers of room for the kernels */
     void **dst;             /* P pointers */
+    int stream, tc;         /* staging stores streamed; size class (-1: none) */
+    double t0;
 } mg__shx;
 
 /* Start a shared-memory operation: take the sequence number, map slots.
@@ -104,6 +106,20 @@ mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1);
 void mg__shx_publish(mg__shx *x, const void *src, size_t n);
 /* Wait until every peer has published this operation (same call shape). */
 mg_status mg__shx_wait_published(mg__shx *x);
+
+/* Staged forms: choose how this operation of `bytes` writes the staging
+ * buffers (sets x->stream: cached or non-temporal stores, whichever has
+ * been faster here lately), and, at the end, record what it cost. */
+void mg__shx_stage_begin(mg__shx *x, size_t bytes);
+void mg__shx_stage_end(mg__shx *x);
+/* Copy into a staging buffer with the stores chosen. */
+static inline void mg__shx_stage_copy(mg__shx *x, void *dst, const void *src, size_t n)
+{
+    if (x->stream)
+        mg__copy_nt(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
 
 /* Element range [*lo, *lo + *len) of part q when m elements are cut into P
  * parts on cache-line boundaries (so ranks writing neighbouring parts do
