@@ -671,9 +671,9 @@ int main(int argc, char **argv)
     if (t.ddp && mg_trace_on()) {
         mg_ddp_stats ds = mg_ddp_get_stats(t.ddp);
         if (t.rank == 0 && ds.comm_us > 0)
-            fprintf(stderr, "%s: all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden behind "
-                    "backward)\n", prog, ds.comm_us / 1e3, ds.exposed_us / 1e3,
-                    100 * (1 - ds.exposed_us / ds.comm_us));
+            fprintf(stderr, "%s: %d buckets, all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden "
+                    "behind backward)\n", prog, mg_ddp_num_buckets(t.ddp), ds.comm_us / 1e3,
+                    ds.exposed_us / 1e3, 100 * (1 - ds.exposed_us / ds.comm_us));
     }
 done:
     if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
