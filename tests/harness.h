@@ -98,6 +98,12 @@ int mgt_exit_code(const mgt_result *r);
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int mgt_free_port(void);
 
+/* In a forked rank: join a group of n ranks through tcp://127.0.0.1:port
+ * (transport: MG_TRANSPORT, or NULL for the default) with a test secret
+ * and the given deadline; NULL after printing why on failure. */
+struct mg_group;
+struct mg_group *mgt_join(int rank, int n, int port, const char *transport, double timeout_s);
+
 /* Fork n processes running fn(rank, n, arg); each child exits with fn's
  * return value (0 = success). Waits for all, at most timeout_s seconds
  * (then kills the rest). Returns the number of ranks that failed; the exit

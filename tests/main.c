@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "harness.h"
 #include "multigrad/core.h"
+#include "multigrad/comm.h"
 
 typedef struct {
     const char *name, *file;
@@ -207,6 +208,25 @@ int mgt_free_port(void)
         if (ok) return port;
     }
     mgt_fail(__FILE__, __LINE__, "cannot find a free port: %s", strerror(errno));
+}
+
+struct mg_group *mgt_join(int rank, int n, int port, const char *transport, double timeout_s)
+{
+    if (transport) setenv("MG_TRANSPORT", transport, 1);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    mg_group_options o = mg_group_options_default();
+    o.init_method = url;
+    o.rank = rank;
+    o.size = n;
+    o.secret = "multigrad-test";
+    o.timeout_s = timeout_s;
+    mg_group *g;
+    if (mg_group_init(&o, &g)) {
+        printf("rank %d: init failed: %s\n", rank, mg_last_error());
+        return NULL;
+    }
+    return g;
 }
 
 int mgt_fork_ranks(int n, int (*fn)(int, int, void *), void *arg,

@@ -32,21 +32,7 @@ static job new_job(const char *transport, double timeout, int variant)
 
 static mg_group *join_group(int rank, int n, const job *j)
 {
-    if (j->transport) setenv("MG_TRANSPORT", j->transport, 1);
-    char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", j->port);
-    mg_group_options o = mg_group_options_default();
-    o.init_method = url;
-    o.rank = rank;
-    o.size = n;
-    o.secret = "fault-test";
-    o.timeout_s = j->timeout;
-    mg_group *g;
-    if (mg_group_init(&o, &g)) {
-        printf("rank %d: init failed: %s\n", rank, mg_last_error());
-        return NULL;
-    }
-    return g;
+    return mgt_join(rank, n, j->port, j->transport, j->timeout);
 }
 
 /* ---- a killed peer --------------------------------------------------------- */
