@@ -101,6 +101,9 @@ int mgt_free_port(void);
 /* In a forked rank: join a group of n ranks through tcp://127.0.0.1:port
  * (transport: MG_TRANSPORT, or NULL for the default) with a test secret
  * and the given deadline; NULL after printing why on failure. */
+/* In a forked rank: set the environment torchrun would (RANK, LOCAL_RANK,
+ * WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT). */
+void mgt_rank_env(int rank, int n, int port);
 struct mg_group;
 struct mg_group *mgt_join(int rank, int n, int port, const char *transport, double timeout_s);
 

@@ -210,6 +210,20 @@ int mgt_free_port(void)
     mgt_fail(__FILE__, __LINE__, "cannot find a free port: %s", strerror(errno));
 }
 
+void mgt_rank_env(int rank, int n, int port)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", rank);
+    setenv("RANK", buf, 1);
+    setenv("LOCAL_RANK", buf, 1);
+    snprintf(buf, sizeof buf, "%d", n);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(buf, sizeof buf, "%d", port);
+    setenv("MASTER_PORT", buf, 1);
+}
+
 struct mg_group *mgt_join(int rank, int n, int port, const char *transport, double timeout_s)
 {
     if (transport) setenv("MG_TRANSPORT", transport, 1);

@@ -48,16 +48,7 @@ static void real_greset(void *ctx) { ((real_ctx *)ctx)->used = 0; }
 static int proc_rank(int rank, int n, void *arg)
 {
     const pjob *j = arg;
-    char buf[32];
-    snprintf(buf, sizeof buf, "%d", rank);
-    setenv("RANK", buf, 1);
-    setenv("LOCAL_RANK", buf, 1);
-    snprintf(buf, sizeof buf, "%d", n);
-    setenv("WORLD_SIZE", buf, 1);
-    setenv("LOCAL_WORLD_SIZE", buf, 1);
-    snprintf(buf, sizeof buf, "%d", j->port);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", buf, 1);
+    mgt_rank_env(rank, n, j->port);
     setenv("MG_TIMEOUT", "30", 1);
     setenv("MG_COLL_CHUNK", "4096", 1);
     if (j->transport) setenv("MG_TRANSPORT", j->transport, 1);

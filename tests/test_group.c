@@ -99,16 +99,7 @@ TEST_T(group_13_ranks_oversubscribed, 90)
 static int env_rank(int rank, int n, void *arg)
 {
     const job *j = arg;
-    char buf[32];
-    snprintf(buf, sizeof buf, "%d", rank);
-    setenv("RANK", buf, 1);
-    setenv("LOCAL_RANK", buf, 1);
-    snprintf(buf, sizeof buf, "%d", n);
-    setenv("WORLD_SIZE", buf, 1);
-    setenv("LOCAL_WORLD_SIZE", buf, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    snprintf(buf, sizeof buf, "%d", j->port);
-    setenv("MASTER_PORT", buf, 1);
+    mgt_rank_env(rank, n, j->port);
     setenv("MG_JOB_SECRET", "env-secret", 1);
     setenv("MG_TIMEOUT", "20", 1);
     mg_group *g;
