@@ -69,27 +69,52 @@ static int link_fail(mg__link *l, mg_status code)
     return -1;
 }
 
+/* The other peers whose TCP connections have closed too, as ", rank 0,
+ * rank 3" (empty if none): when a peer dies, the rank that notices first
+ * aborts and closes its links, so others may see that rank's close before
+ * the dead one's. */
+static void other_losses(mg__bi *b, int except, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int p = 0; p < b->g->size; p++) {
+        mg__link *l = &b->link[p];
+        if (p == except || l->ch.kind != MG__CH_TCP || l->ch.fd < 0) continue;
+        struct pollfd pf = {.fd = l->ch.fd, .events = POLLRDHUP};
+        if (!l->ch.dead && (poll(&pf, 1, 0) <= 0 || !(pf.revents & (POLLRDHUP | POLLHUP | POLLERR))))
+            continue;
+        int k = snprintf(buf + used, cap - used, ", rank %d", p);
+        if (k < 0 || (size_t)k >= cap - used) break;
+        used += (size_t)k;
+    }
+}
+
 /* The transport itself failed: the link is never used again. A peer that
  * failed mid-frame could not send us its reason on the link, so look for
- * the notice it leaves in the store. */
+ * the notice it leaves in the store; without one, name the other peers
+ * whose connections closed too (the store may have died with rank 0). */
 static int link_broken(mg__bi *b, mg__link *l)
 {
     l->ch.dead = true;
     l->err = MG_EPEER;
-    char key[MG_STORE_MAX_KEY + 1];
-    void *why;
+    char key[MG_STORE_MAX_KEY + 1], keep[1024], lost[256];
+    void *why = NULL;
     size_t n;
     int k = snprintf(key, sizeof key, "%s/abort/%d", b->prefix, l->ch.peer);
-    if (b->store && k > 0 && (size_t)k < sizeof key) {
-        char keep[1024];
-        snprintf(keep, sizeof keep, "%s", mg_last_error());
-        if (!mg__store_get_quick(b->store, key, 0.5, &why, &n))
-            mg_error(MG_EPEER, "rank %d failed and aborted the group: %.900s", l->ch.peer,
-                     (char *)why);
-        else
-            mg_error(MG_EPEER, "%s", keep);
+    snprintf(keep, sizeof keep, "%s", mg_last_error());
+    if (b->store && k > 0 && (size_t)k < sizeof key &&
+        !mg__store_get_quick(b->store, key, 0.5, &why, &n)) {
+        mg_error(MG_EPEER, "rank %d failed and aborted the group: %.900s", l->ch.peer,
+                 (char *)why);
         free(why);
+        return -1;
     }
+    other_losses(b, l->ch.peer, lost, sizeof lost);
+    if (lost[0])
+        mg_error(MG_EPEER, "%s; connections closed too: %s (one of these ranks may have "
+                 "failed first)", keep, lost + 2);
+    else
+        mg_error(MG_EPEER, "%s", keep);
     return -1;
 }
 
