@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -322,6 +323,74 @@ TEST_T(mgrun_max_restarts, 30)
     CHECK(strcmp(buf, "0\n1\n2\n") == 0);
 }
 
+/* The CPUs a worker may run on, from the line "RANK: CPU...; LOCAL_CPUS"
+ * its script prints (in one write, so lines do not interleave). */
+static void worker_cpus(const char *out, int rank, cpu_set_t *set)
+{
+    CPU_ZERO(set);
+    char key[16];
+    snprintf(key, sizeof key, "%d:", rank);
+    const char *p = strstr(out, key);
+    CHECK_MSG(p, "no line of rank %d in '%s'", rank, out);
+    p += strlen(key);
+    while (*p && *p != ';') {
+        char *end;
+        long c = strtol(p, &end, 10);
+        if (end == p) break;
+        CPU_SET((int)c, set);
+        p = end;
+    }
+}
+
+TEST_T(mgrun_binds_workers_to_cpus, 30)
+{
+    cpu_set_t all;
+    CHECK(sched_getaffinity(0, sizeof all, &all) == 0);
+    int ncpu = CPU_COUNT(&all);
+    /* Each worker prints the CPUs it may run on (from /proc) and the
+     * node's CPU count mgrun told it. */
+    const char *script = "c=$(grep Cpus_allowed_list /proc/self/status | cut -f2 | "
+                         "awk -F, '{for (i = 1; i <= NF; i++) { split($i, r, \"-\"); "
+                         "hi = r[2] == \"\" ? r[1] : r[2]; for (c = r[1]; c <= hi; c++) "
+                         "printf \" %d\", c } }'); echo \"$RANK:$c; ${MG_LOCAL_CPUS:-unset}\"";
+    char n[16];
+    snprintf(n, sizeof n, "%d", ncpu < 2 ? 1 : 2);
+    const char *args[] = {"-n", n, "sh", "-c", script, NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+    if (ncpu >= 2) {
+        /* Default (auto): two workers, each its own half of the CPUs. */
+        cpu_set_t a, b, both;
+        worker_cpus(R.out, 0, &a);
+        worker_cpus(R.out, 1, &b);
+        CPU_AND(&both, &a, &b);
+        CHECK_MSG(CPU_COUNT(&both) == 0, "workers share CPUs: %s", R.out);
+        CHECK_EQ(CPU_COUNT(&a), ncpu / 2);
+        CHECK_EQ(CPU_COUNT(&b), ncpu - ncpu / 2);
+        CPU_OR(&both, &a, &b);
+        CHECK(CPU_EQUAL(&both, &all));
+        char want[64];
+        snprintf(want, sizeof want, "; %d\n", ncpu);
+        CHECK_MSG(strstr(R.out, want), "MG_LOCAL_CPUS not %d: %s", ncpu, R.out);
+    }
+    /* --bind none, and more workers than CPUs under auto: unbound. */
+    char over[16];
+    snprintf(over, sizeof over, "%d", ncpu + 1);
+    const char *none[] = {"--bind", "none", "-n", "2", "sh", "-c", script, NULL};
+    const char *oversub[] = {"-n", over, "sh", "-c", script, NULL};
+    const char *const *cases[] = {none, oversub};
+    for (int k = 0; k < 2; k++) {
+        run(cases[k], &R);
+        CHECK_MSG(EXITED(&R, 0), "case %d: status %d: %s", k, R.status, R.err);
+        cpu_set_t a;
+        worker_cpus(R.out, 1, &a);
+        CHECK_MSG(CPU_EQUAL(&a, &all), "case %d: worker 1 bound: %s", k, R.out);
+        int unset = 0;
+        for (const char *q = R.out; (q = strstr(q, "; unset\n")); q++) unset++;
+        CHECK_MSG(unset == (k ? ncpu + 1 : 2), "case %d: MG_LOCAL_CPUS set: %s", k, R.out);
+    }
+}
+
 TEST_T(mgrun_bad_input, 30)
 {
     char marker[600], noexec[600], touch[700];
@@ -348,6 +417,8 @@ TEST_T(mgrun_bad_input, 30)
         {{"--nnodes", "2", "sh", "-c", touch}, "needs --master-port"},
         {{"--nnodes", "2", "--master-port", "29500", "sh", "-c", touch}, "needs MG_JOB_SECRET"},
         {{"--master-port", "70000", "sh", "-c", touch}, "--master-port: 70000 is out of range"},
+        {{"--bind", "socket", "sh", "-c", touch}, "--bind: unknown mode 'socket'"},
+        {{"--bind", "core", "-n", "4096", "sh", "-c", touch}, "use fewer workers or --bind none"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run(cases[i].args, &R);

@@ -6,6 +6,8 @@
  * fails stops the others (SIGTERM to each worker's process group, SIGKILL
  * after MG_GRACE seconds) and reports who failed and how. With
  * --max-restarts N the whole local job is started again up to N times.
+ * Unless they outnumber its CPUs, it binds each worker to an equal share
+ * of them (--bind), as Open MPI does.
  *
  * Limits: it is not an elastic agent. It serves no store (rank 0 does),
  * and on a multi-node job each node restarts only its own workers — the
@@ -20,6 +22,7 @@
 #include <netinet/in.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -36,6 +39,7 @@
 #include "multigrad/core.h"
 
 #define BAD_INPUT 2
+enum { BIND_AUTO, BIND_NONE, BIND_CORE };
 #define LINE_CAP 65536          /* longer lines are forwarded in pieces */
 
 typedef struct {
@@ -43,6 +47,9 @@ typedef struct {
     int master_port;            /* 0: a free port, chosen once by the store */
     const char *master_addr;
     bool tag_output;
+    int bind;                   /* BIND_NONE or BIND_CORE, after auto is decided */
+    cpu_set_t cpus;             /* the CPUs mgrun may use */
+    int ncpus;
     char **prog;                /* PROGRAM ARGS... (NULL-terminated) */
     char secret[80];
     double grace;               /* seconds between SIGTERM and SIGKILL */
@@ -107,6 +114,11 @@ static void usage(FILE *f)
 "      --max-restarts N    restart the whole job up to N times after a\n"
 "                          failure (default 0)\n"
 "      --tag-output        prefix each output line with \"[rank]: \"\n"
+"      --bind MODE         core: each worker runs on its own equal share of\n"
+"                          the CPUs mgrun may use (as Open MPI's --bind-to\n"
+"                          core); none: the workers are not bound; auto\n"
+"                          (default): core when the workers of this node do\n"
+"                          not outnumber those CPUs, none when they do\n"
 "  -h, --help              this help\n"
 "(torchrun's spellings with '_', e.g. --nproc_per_node, are accepted too.)\n"
 "\n"
@@ -115,8 +127,8 @@ static void usage(FILE *f)
 "GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET and\n"
 "MG_RESTART_COUNT (0, then 1 after the first restart, ...); with more than\n"
 "one worker, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are set to 1 unless\n"
-"already set. Workers read stdin from /dev/null and run in their own\n"
-"process groups.\n"
+"already set; bound workers get MG_LOCAL_CPUS, the CPUs they share.\n"
+"Workers read stdin from /dev/null and run in their own process groups.\n"
 "\n"
 "The job secret: MG_JOB_SECRET if set (at least 16 characters), else 32\n"
 "random bytes in hex. A multi-node job needs the same MG_JOB_SECRET on\n"
@@ -184,7 +196,7 @@ static void check_program(const char *name)
               seen ? "permission denied (not executable)" : "not found in PATH");
 }
 
-enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG };
+enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG, OPT_BIND };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -201,6 +213,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"max-restarts", required_argument, NULL, OPT_RESTARTS},
         {"max_restarts", required_argument, NULL, OPT_RESTARTS},
         {"tag-output", no_argument, NULL, OPT_TAG},
+        {"bind", required_argument, NULL, OPT_BIND},
         {"help", no_argument, NULL, 'h'},
         {0}};
     *o = (options){.nproc = 1, .nnodes = 1, .master_addr = "127.0.0.1"};
@@ -228,6 +241,12 @@ static void parse_args(int argc, char **argv, options *o)
             o->max_restarts = parse_int("--max-restarts", optarg, 0, 1000000);
             break;
         case OPT_TAG: o->tag_output = true; break;
+        case OPT_BIND:
+            if (!strcmp(optarg, "auto")) o->bind = BIND_AUTO;
+            else if (!strcmp(optarg, "none")) o->bind = BIND_NONE;
+            else if (!strcmp(optarg, "core")) o->bind = BIND_CORE;
+            else bad_input("--bind: unknown mode '%s' (use core, none or auto)", optarg);
+            break;
         case 'h': usage(stdout); exit(0);
         case ':':
             bad_input("option '%s' needs a value (see mgrun --help)", argv[optind - 1]);
@@ -261,6 +280,11 @@ static void parse_args(int argc, char **argv, options *o)
                   "node; e.g. export MG_JOB_SECRET=$(openssl rand -hex 32)", o->nnodes);
     }
     check_program(o->prog[0]);
+    if (sched_getaffinity(0, sizeof o->cpus, &o->cpus) == 0) o->ncpus = CPU_COUNT(&o->cpus);
+    if (o->bind == BIND_CORE && o->nproc > o->ncpus)
+        bad_input("--bind core: %d workers on this node but %d CPUs to bind them to; "
+                  "use fewer workers or --bind none", o->nproc, o->ncpus);
+    if (o->bind == BIND_AUTO) o->bind = o->nproc <= o->ncpus ? BIND_CORE : BIND_NONE;
     o->grace = mg_env_double("MG_GRACE", 5.0);
     if (o->grace < 0) o->grace = 0;
 }
@@ -416,6 +440,23 @@ static void set_env_int(const char *name, long v)
     setenv(name, buf, 1);
 }
 
+/* Local worker i of n gets CPUs [i c / n, (i + 1) c / n) of the c that mgrun
+ * may use: a share of its own, which exec keeps. */
+static void bind_worker(const options *o, int local)
+{
+    int lo = (int)((long)local * o->ncpus / o->nproc);
+    int hi = (int)((long)(local + 1) * o->ncpus / o->nproc);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < hi; cpu++) {
+        if (!CPU_ISSET(cpu, &o->cpus)) continue;
+        if (k++ >= lo) CPU_SET(cpu, &set);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        fprintf(stderr, "mgrun: warning: cannot bind local rank %d to its CPUs: %s; it "
+                "runs unbound\n", local, strerror(errno));
+}
+
 /* In the child between fork and exec (mgrun has one thread, so setenv and
  * stdio are safe here). */
 static void __attribute__((noreturn))
@@ -457,6 +498,11 @@ exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
      * each attempt rendezvouses under its own keys. */
     setenv("MG_STORE_SERVED", "1", 1);
     set_env_int("MG_RUN_ID", attempt);
+    if (o->bind == BIND_CORE) {
+        bind_worker(o, local);
+        /* Bound, a worker sees only its own CPUs; the node has these. */
+        set_env_int("MG_LOCAL_CPUS", o->ncpus);
+    }
     if (o->nproc > 1) {
         /* Ranks, not threads, use the cores (as torchrun does for OMP). */
         setenv("OMP_NUM_THREADS", "1", 0);

@@ -56,6 +56,12 @@ long mg_env_long(const char *name, long dflt);
 double mg_env_double(const char *name, double dflt);
 const char *mg_env_str(const char *name, const char *dflt);
 
+/* CPUs the local ranks of this job share: MG_LOCAL_CPUS when a launcher
+ * that binds its workers to CPUs of their own sets it (mgrun does), else
+ * the CPUs in this process's affinity mask. Waits spin only when the local
+ * ranks do not outnumber them. */
+int mg_local_cpus(void);
+
 /* Logging to stderr; MG_VERBOSE=1 enables mg_debug. */
 void mg_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mg_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,7 +1,10 @@
 /* Environment tunables (MG_*), read through one helper and logged in
  * verbose mode so a run states the settings it used. */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include "multigrad/core.h"
 
 long mg_env_long(const char *name, long dflt)
@@ -40,4 +43,14 @@ const char *mg_env_str(const char *name, const char *dflt)
     if (!s || !*s) return dflt;
     mg_debug("%s=%s", name, s);
     return s;
+}
+
+int mg_local_cpus(void)
+{
+    long c = mg_env_long("MG_LOCAL_CPUS", 0);
+    if (c > 0) return c > 1 << 20 ? 1 << 20 : (int)c;
+    cpu_set_t set;
+    if (!sched_getaffinity(0, sizeof set, &set)) c = CPU_COUNT(&set);
+    if (c <= 0) c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
 }

@@ -21,9 +21,6 @@
  * MiB and more are written to their outputs with non-temporal stores.
  * Limits: the staged reduce_scatter needs p <= stage/64 (256 ranks with
  * the smallest slot); beyond that it falls back to the ring. */
-#define _GNU_SOURCE
-#include <sched.h>
-#include <unistd.h>
 #include "comm/coll/shm_proto.h"
 
 /* Reductions whose every rank would read more than this many bytes of
@@ -100,10 +97,7 @@ static int stamp_spins(int P)
     static _Atomic int cpus;
     int c = atomic_load_explicit(&cpus, memory_order_relaxed);
     if (!c) {
-        cpu_set_t set;
-        c = !sched_getaffinity(0, sizeof set, &set) ? CPU_COUNT(&set) : 0;
-        if (c <= 0) c = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (c <= 0) c = 1;
+        c = mg_local_cpus();
         atomic_store_explicit(&cpus, c, memory_order_relaxed);
     }
     return P <= c ? 32 : 0;

@@ -27,13 +27,8 @@ double mg__now_coarse(void)
 
 mg__spin_cfg mg__spin_default(int local_ranks)
 {
-    cpu_set_t set;
-    int cpus = 0;
-    if (!sched_getaffinity(0, sizeof set, &set)) cpus = CPU_COUNT(&set);
-    if (cpus <= 0) cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (cpus <= 0) cpus = 1;
     mg__spin_cfg c;
-    if (local_ranks <= cpus) {
+    if (local_ranks <= mg_local_cpus()) {
         /* A core each: spinning is cheaper than a sleep and a wake-up. */
         c.spin_s = mg_env_double("MG_SPIN_US", 50) * 1e-6;
         c.yield_s = mg_env_double("MG_YIELD_US", 200) * 1e-6;
