@@ -3,8 +3,15 @@
 # mgtrain --parallel ddp) against PyTorch 1.13 DDP over gloo (2 processes
 # of one thread) and PyTorch's best use of 2 cores (one process, 2
 # threads), one epoch per zoo model with models.md's global batch, in one
-# run; plus multigrad's one-rank figure for the scaling, and how much of
-# DDP's all-reduce time was hidden behind backward.
+# run; plus multigrad's one-rank figure for the scaling, the scaling bound
+# of this machine, and how much of DDP's all-reduce time was hidden behind
+# backward.
+#
+# The bound: two independent single processes at half the batch, run at
+# the same time (mgrun -n 2 mgtrain --batch B/2, no --parallel): each does a DDP rank's work
+# per step (forward and backward of B/2 images, the optimizer step over all
+# parameters) with no communication at all. Their summed images/s over one
+# rank's is the best scaling DDP can reach on this machine.
 #
 #   bench/ddp.sh [--repeat N] [--models "mlp lenet-d2l lenet5"]
 #
@@ -18,7 +25,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat="$2"; shift 2 ;;
     --models) models="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "ddp.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -35,20 +42,29 @@ ours() { "$@" --epochs 1 2>/dev/null | awk '/^epoch/ {for (i = 1; i < NF; i++) i
 best() { sort -n | tail -1; }
 
 declare -A target=([mlp]=2.5 [lenet-d2l]=1.6 [lenet5]=2.5)
+declare -A batch=([mlp]=128 [lenet-d2l]=256 [lenet5]=128)
+# Summed images/s of two independent single processes at half the batch,
+# started together by mgrun (so bound to CPUs as DDP's ranks are).
+pair() {
+    $bin/mgrun -n 2 $bin/mgtrain --model "$1" --batch $(( ${batch[$1]} / 2 )) --epochs 1 2>/dev/null |
+        awk '/^epoch/ {for (i = 1; i < NF; i++) if ($(i+1) == "img/s") s += $i} END {print s}'
+}
 printf '# bench/ddp.sh, %s, %s, %d core(s), best of %d\n' "$(date -u +%F)" "$(uname -m)" "$(nproc)" "$repeat"
-printf '%-10s %9s %9s %9s %9s %9s %8s %8s %8s\n' model mg1 mg-ddp2 torch-ddp2 torch-2thr \
-    scaling vs-ddp target vs-best
+printf '%-10s %9s %9s %9s %9s %9s %9s %8s %8s %8s %8s\n' model mg1 mg-ddp2 torch-ddp2 torch-2thr \
+    scaling bound of-bound vs-ddp target vs-best
 for m in $models; do
     one=$(for i in $(seq "$repeat"); do ours $bin/mgtrain --model "$m"; done | best)
     two=$(for i in $(seq "$repeat"); do ours $bin/mgrun -n 2 $bin/mgtrain --model "$m" --parallel ddp; done | best)
+    free=$(for i in $(seq "$repeat"); do pair "$m"; done | best)
     if [ $have_torch = 1 ]; then
         tddp=$(for i in $(seq "$repeat"); do $py bench/ddp_torch.py --model "$m" --world 2 | awk '{print $4}'; done | best)
         t2=$(for i in $(seq "$repeat"); do $py bench/ddp_torch.py --model "$m" --world 1 --threads 2 | awk '{print $4}'; done | best)
     else
         tddp=nan; t2=nan
     fi
-    awk -v m="$m" -v a="$one" -v b="$two" -v c="$tddp" -v d="$t2" -v t="${target[$m]}" 'BEGIN {
-        printf "%-10s %9.0f %9.0f %9.0f %9.0f %8.2fx %7.2fx %7.1fx %7.2fx\n", m, a, b, c, d, b / a, b / c, t, b / d }'
+    awk -v m="$m" -v a="$one" -v b="$two" -v c="$tddp" -v d="$t2" -v t="${target[$m]}" -v f="$free" 'BEGIN {
+        printf "%-10s %9.0f %9.0f %9.0f %9.0f %8.2fx %8.2fx %8.0f%% %7.2fx %7.1fx %7.2fx\n",
+            m, a, b, c, d, b / a, f / a, 100 * b / f, b / c, t, b / d }'
 done
 [ $have_torch = 1 ] || echo "# PyTorch not found: run scripts/install-deps.sh --bench for the peer columns"
 
