@@ -1,4 +1,6 @@
 /* Tests of src/core: errors, arenas, the generator and permutations. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include "harness.h"
 #include "multigrad/core.h"
 
@@ -125,4 +127,18 @@ TEST(core_trace_writes_chrome_json)
         CHECK(system(cmd) == 0);
     }
     free(s);
+}
+
+TEST(core_local_cpus_from_launcher_or_affinity)
+{
+    cpu_set_t set;
+    CHECK(sched_getaffinity(0, sizeof set, &set) == 0);
+    unsetenv("MG_LOCAL_CPUS");
+    CHECK_EQ(mg_local_cpus(), CPU_COUNT(&set));
+    /* A launcher that bound us to fewer CPUs says how many the node has. */
+    setenv("MG_LOCAL_CPUS", "7", 1);
+    CHECK_EQ(mg_local_cpus(), 7);
+    setenv("MG_LOCAL_CPUS", "0", 1);   /* nonsense: ignored */
+    CHECK_EQ(mg_local_cpus(), CPU_COUNT(&set));
+    unsetenv("MG_LOCAL_CPUS");
 }
