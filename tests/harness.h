@@ -82,6 +82,9 @@ int mgt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* A whole file as a malloc'd string ("" if it cannot be read); *len (may
  * be NULL) gets its size. */
 char *mgt_slurp(const char *path, size_t *len);
+/* A file into buf (at most cap - 1 bytes, NUL-terminated; "" if it cannot
+ * be read). */
+void mgt_read_into(const char *path, char *buf, size_t cap);
 
 /* Run a program (argv NULL-terminated; argv[0] a path or a name on PATH)
  * in its own process group, stdout and stderr captured apart; killed and

@@ -136,11 +136,7 @@ char *mgt_slurp(const char *path, size_t *len)
     return s;
 }
 
-/* Ports are drawn at random below the kernel's ephemeral range (32768 and
- * up), where launchers and tools get theirs by binding port 0: a test's
- * port can then be taken between its choice and its use only by another
- * test drawing the same one of 12,000 at the same moment. */
-static void read_into(const char *path, char *buf, size_t cap)
+void mgt_read_into(const char *path, char *buf, size_t cap)
 {
     buf[0] = 0;
     FILE *f = fopen(path, "r");
@@ -176,15 +172,15 @@ mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_set
         if (mg_now() - t0 > timeout_s) {
             kill(-pid, SIGKILL);
             waitpid(pid, &st, 0);
-            read_into(err, r.err, sizeof r.err);
+            mgt_read_into(err, r.err, sizeof r.err);
             mgt_fail(__FILE__, __LINE__, "%s still running after %g s; stderr: %s", argv[0],
                      timeout_s, r.err);
         }
         usleep(2000);
     }
     r.status = st;
-    read_into(out, r.out, sizeof r.out);
-    read_into(err, r.err, sizeof r.err);
+    mgt_read_into(out, r.out, sizeof r.out);
+    mgt_read_into(err, r.err, sizeof r.err);
     return &r;
 }
 
@@ -193,6 +189,10 @@ int mgt_exit_code(const mgt_result *r)
     return WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
 }
 
+/* Ports are drawn at random below the kernel's ephemeral range (32768 and
+ * up), where launchers and tools get theirs by binding port 0: a test's
+ * port can then be taken between its choice and its use only by another
+ * test drawing the same one of 12,000 at the same moment. */
 int mgt_free_port(void)
 {
     static _Thread_local unsigned seed;

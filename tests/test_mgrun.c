@@ -20,16 +20,6 @@ typedef struct {
     char out[200000], err[8192];
 } result;
 
-static void slurp(const char *path, char *buf, size_t cap)
-{
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = 0;
-    fclose(f);
-}
-
 /* Starts mgrun with args (NULL-terminated), its stdout and stderr going
  * to files in the test's directory. */
 static pid_t start(const char *const *args)
@@ -74,9 +64,9 @@ static void finish(pid_t pid, double t0, double timeout, result *r)
     r->secs = mg_now() - t0;
     char path[600];
     snprintf(path, sizeof path, "%s/mgrun.out", mgt_tmpdir());
-    slurp(path, r->out, sizeof r->out);
+    mgt_read_into(path, r->out, sizeof r->out);
     snprintf(path, sizeof path, "%s/mgrun.err", mgt_tmpdir());
-    slurp(path, r->err, sizeof r->err);
+    mgt_read_into(path, r->err, sizeof r->err);
 }
 
 static void run(const char *const *args, result *r)
@@ -101,7 +91,7 @@ static pid_t worker_pid(int rank)
     snprintf(path, sizeof path, "%s/pid.%d", mgt_tmpdir(), rank);
     double t0 = mg_now();
     for (;;) {
-        slurp(path, buf, sizeof buf);
+        mgt_read_into(path, buf, sizeof buf);
         if (strchr(buf, '\n')) return (pid_t)atoi(buf);
         CHECK_MSG(mg_now() - t0 < 10, "worker %d never started", rank);
         usleep(5000);
@@ -132,7 +122,7 @@ TEST_T(mgrun_worker_env, 30)
         for (int r = 0; r < 3; r++) {
             char path[600], buf[512], addr[64], secret[128];
             snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), r);
-            slurp(path, buf, sizeof buf);
+            mgt_read_into(path, buf, sizeof buf);
             int rank, world, local, lworld, group, node, restart, port, omp;
             CHECK_EQ(sscanf(buf, "%d %d %d %d %d %d %d %63s %d %127s %d", &rank, &world, &local,
                             &lworld, &group, &node, &restart, addr, &port, secret, &omp), 11);
@@ -173,7 +163,7 @@ TEST_T(mgrun_multinode_env, 30)
     for (int local = 0; local < 2; local++) {
         char path[600], buf[512], expect[256];
         snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), 2 + local);
-        slurp(path, buf, sizeof buf);
+        mgt_read_into(path, buf, sizeof buf);
         snprintf(expect, sizeof expect, "%d 4 %d 1 10.1.2.3 29511 0123456789abcdef-shared\n",
                  2 + local, local);
         CHECK_MSG(strcmp(buf, expect) == 0, "got '%s', expected '%s'", buf, expect);
@@ -299,7 +289,7 @@ TEST_T(mgrun_max_restarts, 30)
     CHECK(strstr(R.err, "exited with status 3"));
     CHECK(strstr(R.err, "restarting all 2 worker(s) (restart 1 of 1)"));
     snprintf(path, sizeof path, "%s/log.1", dir);
-    slurp(path, buf, sizeof buf);
+    mgt_read_into(path, buf, sizeof buf);
     CHECK(strcmp(buf, "0\n1\n") == 0);
 
     /* Without restarts the failure is final. */
@@ -307,7 +297,7 @@ TEST_T(mgrun_max_restarts, 30)
     const char *args2[] = {"-n", "2", "sh", "-c", script, "sh", dir, NULL};
     run(args2, &R);
     CHECK(EXITED(&R, 3));
-    slurp(path, buf, sizeof buf);
+    mgt_read_into(path, buf, sizeof buf);
     CHECK(strcmp(buf, "0\n") == 0);
 
     /* Always failing: 1 + N attempts, then the failure's status. */
@@ -319,7 +309,7 @@ TEST_T(mgrun_max_restarts, 30)
     run(args3, &R);
     CHECK(EXITED(&R, 4));
     CHECK(strstr(R.err, "giving up after 2 restart(s)"));
-    slurp(path, buf, sizeof buf);
+    mgt_read_into(path, buf, sizeof buf);
     CHECK(strcmp(buf, "0\n1\n2\n") == 0);
 }
 
