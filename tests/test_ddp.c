@@ -38,15 +38,8 @@ static void params_path(char *out, size_t cap, int rank)
 static int ddp_rank(int rank, int world, void *arg)
 {
     const ddp_case *c = arg;
-    mg_group_options go = mg_group_options_default();
-    char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", c->port);
-    go.init_method = url;
-    go.rank = rank;
-    go.size = world;
-    go.timeout_s = 60;
-    mg_group *g;
-    CHECK_OK(mg_group_init(&go, &g));
+    mg_group *g = mgt_join(rank, world, c->port, NULL, 60);
+    CHECK(g);
     mg_dataset *train;
     CHECK_OK(mg_dataset_load(mgt_fashion_dir(), true, &train));
     mg_zoo_defaults d;
