@@ -95,8 +95,11 @@ static int ddp_rank(int rank, int world, void *arg)
     return 0;
 }
 
-/* The same training in one process with the global batch. */
-static float *reference(const ddp_case *c, size_t *n)
+/* The same training in one process with the global batch: as one forward
+ * and backward (world 0), or accumulated over the micro-batches the ranks
+ * of a world of that size take (rank r: perm[r::world], local images per
+ * micro-batch, in the ranks' order), averaged as DDP averages. */
+static float *reference(const ddp_case *c, int world, size_t *n)
 {
     mg_dataset *train;
     CHECK_OK(mg_dataset_load(mgt_fashion_dir(), true, &train));
@@ -112,15 +115,29 @@ static float *reference(const ddp_case *c, size_t *n)
     float *x = malloc(sizeof(float) * 784 * (size_t)big);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)big);
     mg_scaling sc = d.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    int pieces = world ? world * c->accumulate : 1, local = big / pieces;
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)big);
     for (int step = 0; step < c->steps; step++) {
-        mg_dataset_gather(train, perm + (size_t)step * big, big, sc, x, y);
+        /* Piece (j, r): rank r's micro-batch j of this step. */
+        for (int j = 0, k = 0; j < (world ? c->accumulate : 1); j++)
+            for (int r = 0; r < (world ? world : 1); r++)
+                for (int i = 0; i < local; i++, k++) {
+                    long mi = (long)(step * c->accumulate + j) * local + i;
+                    idx[k] = world ? perm[r + world * mi] : perm[(long)step * big + k];
+                }
+        mg_dataset_gather(train, idx, big, sc, x, y);
         mg_model_zero_grad(m);
-        mg_model_forward(m, x, big);
-        mg_model_loss(m, y, NULL);
-        mg_model_backward(m);
-        mg_optim_step(opt, mg_model_params(m), mg_model_grads(m),
-                      c->kind == MG_OPTIM_SGD ? 0.05f : 1e-3f);
+        for (int j = 0; j < pieces; j++) {
+            CHECK(mg_model_forward(m, x + (size_t)j * local * 784, local));
+            mg_model_loss(m, y + j * local, NULL);
+            mg_model_backward(m);
+        }
+        float *gr = mg_model_grads(m);
+        if (pieces > 1)
+            for (size_t i = 0; i < mg_model_num_params(m); i++) gr[i] /= (float)pieces;
+        mg_optim_step(opt, mg_model_params(m), gr, c->kind == MG_OPTIM_SGD ? 0.05f : 1e-3f);
     }
+    free(idx);
     *n = mg_model_num_params(m);
     float *p = malloc(sizeof(float) * *n);
     memcpy(p, mg_model_params(m), sizeof(float) * *n);
@@ -133,10 +150,37 @@ static float *reference(const ddp_case *c, size_t *n)
     return p;
 }
 
+/* |a - b| / |b| and max |a_i - b_i| / max |b|. */
+static void rel_diff(const float *a, const float *b, size_t n, double *norm_rel, double *max_rel)
+{
+    double scale = 0, norm = 0, dn = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(b[i]));
+        norm += (double)b[i] * b[i];
+        dn += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    }
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(a[i] - b[i]) / scale);
+    *norm_rel = sqrt(dn / norm);
+    *max_rel = worst;
+}
+
 /* Run k ranks and compare every rank's parameters with the reference:
  * the relative error of the parameter vector, |p - ref| / |ref|, must be
  * within tol, and with elementwise set also every entry, relative to the
- * largest |ref|. The elementwise bound is skipped for Adam only: its
+ * largest |ref|.
+ *
+ * "Equal up to rounding" has one exception the bound must allow for: a
+ * ReLU input within rounding of zero goes either way with the summation
+ * order, and that unit's gradient differs from then on (seen: mlp, batch
+ * 96, step 3, hidden unit 383 at 1.9e-8 on one image; the reference moved
+ * by 1.5e-4 between two OpenBLAS cores, the image sitting in another GEMM
+ * row than in a rank's micro-batch). So the one-process run is also made
+ * over exactly the ranks' micro-batches ("sharded"): every rank must equal
+ * that one within tol (this checks DDP's buckets, no_sync and averaging
+ * with nothing but the reduction order left to differ), and the
+ * whole-batch one within tol or, where the two one-process runs disagree,
+ * within twice their difference: the problem's own sensitivity, measured
+ * without DDP. The elementwise bound is skipped for Adam only: its
  * update m / sqrt(v) is about lr * sign(g) for any gradient, so an entry
  * whose gradient is a rounding error away from zero moves by a whole
  * lr step either way, whichever process sums the batch. */
@@ -148,12 +192,12 @@ static void check_equivalence(ddp_case c, int world, double tol, bool elementwis
     int failed = mgt_fork_ranks(world, ddp_rank, &c, 120, st);
     CHECK_MSG(failed == 0, "%d of %d ranks failed", failed, world);
     size_t n;
-    float *ref = reference(&c, &n);
-    double scale = 0, norm = 0;
-    for (size_t i = 0; i < n; i++) {
-        scale = fmax(scale, fabs(ref[i]));
-        norm += (double)ref[i] * ref[i];
-    }
+    float *ref = reference(&c, 0, &n), *sharded = reference(&c, world, &n);
+    double sens, sens_max;
+    rel_diff(sharded, ref, n, &sens, &sens_max);
+    double tol_norm = fmax(tol, 2 * sens), tol_max = fmax(tol, 2 * sens_max);
+    printf("%s k=%d: one process, sharded vs whole batch: %.3g (max %.3g)\n", c.model, world,
+           sens, sens_max);
     float *p = malloc(sizeof(float) * n);
     for (int r = 0; r < world; r++) {
         char path[512];
@@ -161,20 +205,24 @@ static void check_equivalence(ddp_case c, int world, double tol, bool elementwis
         FILE *f = fopen(path, "rb");
         CHECK(f && fread(p, sizeof(float), n, f) == n);
         fclose(f);
-        double worst = 0, dn = 0;
-        for (size_t i = 0; i < n; i++) {
-            worst = fmax(worst, fabs(p[i] - ref[i]) / scale);
-            dn += ((double)p[i] - ref[i]) * ((double)p[i] - ref[i]);
-        }
+        double d, worst;
+        rel_diff(p, sharded, n, &d, &worst);
+        printf("%s k=%d rank %d: vs sharded %.3g (max %.3g)\n", c.model, world, r, d, worst);
+        CHECK_MSG(d <= tol, "rank %d of %d: parameters differ from the sharded one-process run "
+                  "by %g (> %g) after %d steps", r, world, d, tol, c.steps);
+        CHECK_MSG(!elementwise || worst <= tol, "rank %d of %d: a parameter differs from the "
+                  "sharded one-process run by %g (> %g)", r, world, worst, tol);
+        rel_diff(p, ref, n, &d, &worst);
         printf("%s k=%d rank %d: |p - ref| / |ref| = %.3g, max |p_i - ref_i| / max |ref| = %.3g\n",
-               c.model, world, r, sqrt(dn / norm), worst);
-        CHECK_MSG(sqrt(dn / norm) <= tol, "rank %d of %d: parameters differ by %g (> %g) "
-                  "after %d steps", r, world, sqrt(dn / norm), tol, c.steps);
-        CHECK_MSG(!elementwise || worst <= tol, "rank %d of %d: a parameter differs by %g "
-                  "(> %g) after %d steps", r, world, worst, tol, c.steps);
+               c.model, world, r, d, worst);
+        CHECK_MSG(d <= tol_norm, "rank %d of %d: parameters differ by %g (> %g) "
+                  "after %d steps", r, world, d, tol_norm, c.steps);
+        CHECK_MSG(!elementwise || worst <= tol_max, "rank %d of %d: a parameter differs by %g "
+                  "(> %g) after %d steps", r, world, worst, tol_max, c.steps);
     }
     free(p);
     free(ref);
+    free(sharded);
 }
 
 TEST_T(ddp_sgd_momentum_k2_k3_k4_equals_one_process, 240)
