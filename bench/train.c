@@ -7,7 +7,11 @@
  *
  *   train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]
  *
- * Prints one line per model: "model batch images/s seconds loss peak_MB". */
+ * First it measures the machine's SGEMM peak with the same kernels and
+ * threads (best of square GEMMs of 384..1024); then prints one line per
+ * model: "model batch images/s seconds loss peak_MB GFLOP/s %peak", where
+ * GFLOP/s counts the model's convolution and linear work per training
+ * image (mg_model_flops). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +22,43 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]\n"
+"             [--version]\n"
             "  --model NAME   mlp, lenet-d2l or lenet5 (repeatable; default all)\n"
             "  --epochs N     epochs to time (default 1; images/s is over all)\n"
             "  --data DIR     Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
             "  --threads N    BLAS threads (default 1, or MG_THREADS)\n"
             "  --batch N      override the model's default batch size\n");
 }
+
+/* GFLOP/s of the best square SGEMM among a few sizes: what one training
+ * step could reach if it were nothing but large GEMMs. */
+static double sgemm_peak(void)
+{
+    static const int sizes[] = {384, 512, 768, 1024};
+    int nmax = 1024;
+    float *a = mg_alloc(sizeof(float) * (size_t)nmax * nmax * 3);
+    if (!a) return 0;
+    float *b = a + (size_t)nmax * nmax, *c = b + (size_t)nmax * nmax;
+    for (size_t i = 0; i < (size_t)nmax * nmax * 3; i++) a[i] = (float)(i % 13) * 0.01f;
+    double best = 0;
+    for (int s = 0; s < 4; s++) {
+        int n = sizes[s];
+        for (int r = 0; r < 3; r++) {
+            int it = 0;
+            double t0 = mg_now(), t;
+            do {
+                mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+                it++;
+            } while ((t = mg_now() - t0) < 0.1);
+            double g = 2.0 * n * n * (double)n * it / t / 1e9;
+            if (g > best) best = g;
+        }
+    }
+    mg_free(a);
+    return best;
+}
+
+static double peak_gflops;
 
 static int run(const char *name, const mg_dataset *ds, int epochs, int batch_override)
 {
@@ -50,6 +85,7 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
         fprintf(stderr, "train: out of memory\n");
         return 1;
     }
+    int rc = 0;
     double loss_sum = 0, t0 = mg_now();
     long images = 0, steps = 0;
     for (int e = 0; e < epochs; e++) {
@@ -60,7 +96,11 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
             int b = n - i < batch ? n - i : batch;
             mg_dataset_gather(ds, perm + i, b, sc, x, y);
             mg_model_zero_grad(m);
-            mg_model_forward(m, x, b);
+            if (!mg_model_forward(m, x, b)) {
+                fprintf(stderr, "train: %s\n", mg_last_error());
+                rc = 1;
+                goto out;
+            }
             loss_sum += mg_model_loss(m, y, NULL);
             mg_model_backward(m);
             mg_optim_step(o, mg_model_params(m), mg_model_grads(m), d.lr);
@@ -69,15 +109,19 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
         }
     }
     double secs = mg_now() - t0;
-    printf("%-10s %5d %10.0f %8.2f %8.4f %7.1f\n", name, batch, images / secs, secs,
-           loss_sum / steps, mg_peak_rss() / 1e6);
+    double flops, gf;
+    mg_model_flops(m, NULL, &flops);
+    gf = flops * images / secs / 1e9;
+    printf("%-10s %5d %10.0f %8.2f %8.4f %7.1f %7.1f %5.1f\n", name, batch, images / secs, secs,
+           loss_sum / steps, mg_peak_rss() / 1e6, gf, 100 * gf / peak_gflops);
     fflush(stdout);
+out:
     free(perm);
     free(y);
     mg_free(x);
     mg_optim_destroy(o);
     mg_model_destroy(m);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -86,6 +130,7 @@ int main(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"epochs", required_argument, 0, 'e'},
         {"data", required_argument, 0, 'd'},  {"threads", required_argument, 0, 't'},
         {"batch", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
+        {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
     const char *models[8], *dir = "/usr/share/datasets/fashion-mnist";
@@ -106,6 +151,7 @@ int main(int argc, char **argv)
             break;
         case 'b': batch = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
+        case 'V': mg_print_version("train"); return 0;
         default: usage(stderr); return 2;
         }
     }
@@ -122,9 +168,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "train: %s\n", mg_last_error());
         return 1;
     }
-    printf("# multigrad: %d thread(s), %d epoch(s)\n", mg_get_threads(), epochs);
-    printf("%-10s %5s %10s %8s %8s %7s\n", "model", "batch", "images/s", "seconds", "loss",
-           "peakMB");
+    char sys[1024];
+    mg_kernels_describe(sys, sizeof sys, "# ");
+    printf("# multigrad %s: %d thread(s), %d epoch(s)\n%s", MG_VERSION, mg_get_threads(), epochs,
+           sys);
+    peak_gflops = sgemm_peak();
+    printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and threads)\n",
+           peak_gflops);
+    printf("%-10s %5s %10s %8s %8s %7s %7s %5s\n", "model", "batch", "images/s", "seconds", "loss",
+           "peakMB", "GFLOP/s", "%peak");
     int rc = 0;
     for (int i = 0; i < n_models; i++) rc |= run(models[i], train, epochs, batch);
     mg_dataset_destroy(train);

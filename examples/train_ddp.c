@@ -41,7 +41,7 @@ int main(void)
     int bs, step = 0;
     while ((bs = mg_loader_next(l, &x, &y)) > 0) {
         mg_model_zero_grad(m);
-        mg_model_forward(m, x, bs);
+        CHECK(!mg_model_forward(m, x, bs));  /* NULL: the batch could not be reserved */
         float loss = mg_model_loss(m, y, NULL);
         mg_model_backward(m);               /* buckets all-reduce as they finish */
         CHECK(mg_ddp_finish(ddp));          /* wait: gradients are averaged */

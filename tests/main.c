@@ -350,6 +350,14 @@ static int matches(const test_case *t, int argc, char **argv, int first)
     return 0;
 }
 
+#ifdef __SANITIZE_ADDRESS__
+/* Some tests make an allocation fail on purpose (a batch too large to
+ * reserve) and expect the library's error: under AddressSanitizer malloc
+ * returns NULL then, as in the ordinary build, instead of aborting. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
 int main(int argc, char **argv)
 {
     int jobs = (int)mg_env_long("MG_TEST_JOBS", 2), verbose = 0, list = 0, opt;

@@ -104,3 +104,37 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     CHECK_MSG(rc == 0 && strstr(out, "test accuracy"), "%s", out);
     free(out);
 }
+
+/* The epoch's train loss from a --log CSV (header, then one row). */
+static double csv_train_loss(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *s = mgt_slurp(path, NULL), *row = strchr(s, '\n');
+    double loss = -1;
+    CHECK_MSG(row && sscanf(row + 1, "%*d,%*d,%lf,", &loss) == 1, "%s: %s", path, s);
+    free(s);
+    return loss;
+}
+
+/* --parallel dp --accumulate trains on every micro-batch: 2 workers and
+ * 2 micro-batches of 60 follow one process with batches of 120 (60,000
+ * images: 500 whole steps either way) up to rounding, which grows over
+ * the epoch to a few 1e-3 of the loss; training on the last micro-batch
+ * only is some 10% off. */
+TEST_T(mgtrain_dp_accumulate_equals_larger_batch, 240)
+{
+    const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
+    char *out;
+    int rc = mgt_sh(&out, "%s --model mlp --epochs 1 --batch 120 --quiet --log %s/one.csv",
+                    bin, t);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s --model mlp --epochs 1 --batch 60 --accumulate 2 --parallel dp "
+                "--workers 2 --quiet --log %s/dp.csv", bin, t);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    double one = csv_train_loss(t, "one.csv"), dp = csv_train_loss(t, "dp.csv");
+    printf("train loss: batch 120 %.6f, dp 2 x 60 %.6f\n", one, dp);
+    CHECK_CLOSE(one, dp, 0.02, 0);
+}

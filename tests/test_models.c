@@ -89,6 +89,28 @@ TEST(models_zoo_definitions)
     CHECK(strstr(mg_last_error(), "vgg") && strstr(mg_last_error(), "lenet-d2l"));
 }
 
+/* FLOPs per image: models.md's layer shapes, 2 per multiply-add; a
+ * training step adds the weight gradient of every layer and the input
+ * gradient of all but the first. */
+TEST(models_flops_per_image)
+{
+    mg_model *m;
+    double f, t;
+    CHECK_OK(mg_model_create("lenet-d2l", 0, &m));
+    mg_model_flops(m, &f, &t);
+    double conv1 = 2.0 * 20 * 9 * 26 * 26, conv2 = 2.0 * 50 * 500 * 9 * 9;
+    double fc = 2.0 * (800 * 128 + 128 * 10);
+    CHECK_NEAR(f, conv1 + conv2 + fc, 0.5);
+    CHECK_NEAR(t, 3 * f - conv1, 0.5);      /* 13.26 MFLOP, as the issue counts */
+    mg_model_destroy(m);
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_model_flops(m, &f, NULL);
+    mg_model_flops(m, NULL, &t);
+    CHECK_NEAR(f, 2.0 * (784 * 512 + 512 * 256 + 256 * 10), 0.5);
+    CHECK_NEAR(t, 3 * f - 2.0 * 784 * 512, 0.5);
+    mg_model_destroy(m);
+}
+
 TEST(models_initialisation)
 {
     /* lenet-d2l: weights N(0, 0.01^2), biases 0. */

@@ -69,6 +69,7 @@ static void usage(FILE *f)
 "                        read directly) instead of malloc\n"
 "  -t, --tcp             TCP between all ranks (sets MG_TRANSPORT=tcp)\n"
 "  -T, --timeout S       the group's deadline per operation (MG_TIMEOUT)\n"
+"      --version         version, CPU and kernels of this machine\n"
 "  -h, --help            this help\n"
 "\n"
 "Differences from nccl-tests: -n is the number of ranks, as in mpirun -n\n"
@@ -83,7 +84,7 @@ static void usage(FILE *f)
 "operation or a wrong value; 2 for bad flags.\n");
 }
 
-enum { OPT_BACKEND = 256 };
+enum { OPT_BACKEND = 256, OPT_VERSION };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -95,6 +96,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"tcp", no_argument, NULL, 't'},
         {"timeout", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {0, 0, 0, 0},
     };
     *o = (options){.argv = argv};
@@ -125,6 +127,7 @@ static void parse_args(int argc, char **argv, options *o)
             break;
         }
         case 'h': usage(stdout); exit(0);
+        case OPT_VERSION: mg_print_version("mgbench"); exit(0);
         default: mgb_bad_option(opt, argv);
         }
     }

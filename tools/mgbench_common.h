@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/comm.h"
+#include "multigrad/tensor.h"   /* the machine's CPU and kernels in the header */
 
 #define MGB_BAD_INPUT 2
 
@@ -486,6 +487,9 @@ typedef struct {
 /* After the tool's own first line ("# mgbench: ..."). */
 static inline void mgb_print_header(const mgb_opts *o)
 {
+    char sys[1024];
+    mg_kernels_describe(sys, sizeof sys, "#  ");
+    fputs(sys, stdout);
     if (o->factor > 1)
         printf("#  minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d iters: %d "
                "validation: %d\n", o->minb, o->maxb, o->factor, o->warmup, o->iters, o->check);

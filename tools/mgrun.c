@@ -37,6 +37,7 @@
 #include <unistd.h>
 #include "multigrad/comm.h"
 #include "multigrad/core.h"
+#include "multigrad/tensor.h"
 
 #define BAD_INPUT 2
 enum { BIND_AUTO, BIND_NONE, BIND_CORE };
@@ -119,6 +120,7 @@ static void usage(FILE *f)
 "                          core); none: the workers are not bound; auto\n"
 "                          (default): core when the workers of this node do\n"
 "                          not outnumber those CPUs, none when they do\n"
+"      --version           version, CPU and kernels of this machine\n"
 "  -h, --help              this help\n"
 "(torchrun's spellings with '_', e.g. --nproc_per_node, are accepted too.)\n"
 "\n"
@@ -196,7 +198,8 @@ static void check_program(const char *name)
               seen ? "permission denied (not executable)" : "not found in PATH");
 }
 
-enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG, OPT_BIND };
+enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG, OPT_BIND,
+       OPT_VERSION };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -215,6 +218,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"tag-output", no_argument, NULL, OPT_TAG},
         {"bind", required_argument, NULL, OPT_BIND},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {0}};
     *o = (options){.nproc = 1, .nnodes = 1, .master_addr = "127.0.0.1"};
     opterr = 0;   /* our own one-line messages */
@@ -248,6 +252,7 @@ static void parse_args(int argc, char **argv, options *o)
             else bad_input("--bind: unknown mode '%s' (use core, none or auto)", optarg);
             break;
         case 'h': usage(stdout); exit(0);
+        case OPT_VERSION: mg_print_version("mgrun"); exit(0);
         case ':':
             bad_input("option '%s' needs a value (see mgrun --help)", argv[optind - 1]);
         default:

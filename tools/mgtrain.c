@@ -83,6 +83,9 @@ static void usage(FILE *f)
 "  --log FILE          metrics per epoch: CSV (.csv) or JSON lines (otherwise);\n"
 "                      an SVG plot is written next to it (FILE with .svg)\n"
 "  --quiet             print only the final summary\n"
+"  --verbose           print the CPU, the kernels in use and the settings\n"
+"                      (as MG_VERBOSE=1)\n"
+"  --version           version, CPU and kernels of this machine\n"
 "  --parallel MODE     none | dp (threads in this process) | ddp (one rank of\n"
 "                      a job started by mgrun or mpirun) (default none)\n"
 "  --workers N         DataParallel threads (default 2)\n"
@@ -121,7 +124,7 @@ static void parse_args(int argc, char **argv, options *o)
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD,
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
-           O_COMPRESS };
+           O_COMPRESS, O_VERBOSE, O_VERSION };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -131,7 +134,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"eval-only", 0, 0, O_EVAL}, {"log", 1, 0, O_LOG}, {"quiet", 0, 0, O_QUIET},
         {"help", 0, 0, O_HELP}, {"parallel", 1, 0, O_PARALLEL},
         {"workers", 1, 0, O_WORKERS}, {"bucket-mb", 1, 0, O_BUCKET},
-        {"accumulate", 1, 0, O_ACCUM}, {"compress", 1, 0, O_COMPRESS}, {0, 0, 0, 0}};
+        {"accumulate", 1, 0, O_ACCUM}, {"compress", 1, 0, O_COMPRESS},
+        {"verbose", 0, 0, O_VERBOSE}, {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->data = DEFAULT_DATA;
@@ -172,6 +176,8 @@ static void parse_args(int argc, char **argv, options *o)
         case O_BUCKET: o->bucket_mb = parse_float("--bucket-mb", optarg, 1); break;
         case O_ACCUM: o->accumulate = (int)parse_long("--accumulate", optarg, 1); break;
         case O_COMPRESS: o->compress = optarg; break;
+        case O_VERBOSE: mg_set_verbose(true); break;
+        case O_VERSION: mg_print_version("mgtrain"); exit(0);
         default:
             if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
             die("unknown option '%s' (see --help)", argv[optind - 1]);
@@ -344,6 +350,16 @@ static void sum_over_ranks(trainer *t, double *v, int n)
         die("rank %d: %s", t->rank, mg_last_error());
 }
 
+/* A step failed on this rank (a forward could not reserve its batch). In
+ * a DDP job the other ranks' next collective fails when this one exits,
+ * and they stop too. */
+static void die_in_step(const trainer *t) __attribute__((noreturn));
+static void die_in_step(const trainer *t)
+{
+    if (t->mode == MODE_DDP) die("rank %d: %s", t->rank, mg_last_error());
+    die("%s", mg_last_error());
+}
+
 /* Every rank leaves when one fails: the failing rank's message is printed
  * by that rank; the others exit too instead of waiting for it forever. */
 static void agree_or_die(trainer *t, int failed, const char *what)
@@ -372,7 +388,7 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
         int bs = end - i < batch ? end - i : batch;
         for (int k = 0; k < bs; k++) idx[k] = i + k;
         mg_dataset_gather(test, idx, bs, sc, x, y);
-        mg_model_forward(m, x, bs);
+        if (!mg_model_forward(m, x, bs)) die_in_step(t);
         int c;
         v[0] += (double)mg_model_loss(m, y, &c) * bs;
         v[1] += c;
@@ -389,10 +405,14 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
 static float forward_backward(trainer *t, const float *x, const int32_t *y, int bs,
                               bool sync, int *correct)
 {
-    if (t->mode == MODE_DP) return mg_dp_forward_backward(t->dp, x, y, bs, correct);
+    float loss;
+    if (t->mode == MODE_DP) {
+        if (mg_dp_forward_backward(t->dp, x, y, bs, &loss, correct)) die_in_step(t);
+        return loss;
+    }
     if (t->ddp) mg_ddp_set_sync(t->ddp, sync);
-    mg_model_forward(t->m, x, bs);
-    float loss = mg_model_loss(t->m, y, correct);
+    if (!mg_model_forward(t->m, x, bs)) die_in_step(t);
+    loss = mg_model_loss(t->m, y, correct);
     mg_model_backward(t->m);
     return loss;
 }
@@ -478,7 +498,7 @@ int main(int argc, char **argv)
     } else {
         mg_trace_open(NULL, 0, 1);
     }
-    mg_set_threads(o.threads);
+    mg_set_threads(o.threads);   /* with --verbose, logs the CPU and the kernels */
     /* An automatic restart (mgrun --max-restarts) resumes from the last save. */
     if (!o.resume && o.save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
         access(o.save, R_OK) == 0) {

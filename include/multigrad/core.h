@@ -62,10 +62,48 @@ const char *mg_env_str(const char *name, const char *dflt);
  * ranks do not outnumber them. */
 int mg_local_cpus(void);
 
+/* The library's version. */
+#define MG_VERSION "0.2.0"
+
+/* SIMD level of an x86-64 CPU, counting only what the OS enabled: SSE
+ * (x86-64's baseline), AVX, AVX2 with FMA, AVX-512 (F, BW and VL), and
+ * AVX-512 with AMX tiles (BF16). MG_SIMD_NONE on other architectures. */
+typedef enum mg_simd {
+    MG_SIMD_NONE, MG_SIMD_SSE, MG_SIMD_AVX, MG_SIMD_AVX2, MG_SIMD_AVX512, MG_SIMD_AMX
+} mg_simd;
+const char *mg_simd_name(mg_simd s);
+
+/* The CPUID registers the decoding reads (recorded sets of other CPUs test
+ * it on any machine). */
+typedef struct mg_cpuid_regs {
+    char vendor[13];             /* leaf 0 */
+    char brand[49];              /* leaves 0x80000002-4 */
+    uint32_t max_leaf;
+    uint32_t l1_eax, l1_ecx, l1_edx;
+    uint32_t l7_ebx, l7_ecx, l7_edx;   /* leaf 7, subleaf 0 */
+    uint32_t l71_eax;                  /* leaf 7, subleaf 1 */
+    uint64_t xcr0;               /* XGETBV(0): states the OS saves */
+} mg_cpuid_regs;
+
+typedef struct mg_cpu_info {
+    char vendor[13];             /* "GenuineIntel", "AuthenticAMD" */
+    char model[49];              /* the brand string, e.g. "AMD EPYC 9654 96-Core Processor" */
+    int family, model_id, stepping;   /* display family and model */
+    mg_simd simd;
+    bool avx512_bf16;
+} mg_cpu_info;
+
+/* This CPU's registers; decoding them; this CPU's info (read once). */
+void mg_cpu_read_regs(mg_cpuid_regs *r);
+void mg_cpu_decode(const mg_cpuid_regs *r, mg_cpu_info *out);
+const mg_cpu_info *mg_cpu(void);
+
 /* Logging to stderr; MG_VERBOSE=1 enables mg_debug. */
 void mg_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mg_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool mg_verbose(void);
+/* Overrides MG_VERBOSE (tools' --verbose); call before threads start. */
+void mg_set_verbose(bool on);
 
 /* Monotonic clock in seconds. */
 double mg_now(void);

@@ -69,6 +69,10 @@ int mg_model_classes(const mg_model *m);
  * MG_ARENA_PAD), num_params the floats actually used. */
 #define MG_ARENA_PAD 1024
 size_t mg_model_num_params(const mg_model *m);
+/* FLOPs per image of a forward and of a training step (forward and
+ * backward), counting the GEMM-like work of convolution and linear layers
+ * (2 per multiply-add); either pointer may be NULL. */
+void mg_model_flops(const mg_model *m, double *forward, double *train);
 size_t mg_model_arena_size(const mg_model *m);
 float *mg_model_params(mg_model *m);
 float *mg_model_grads(mg_model *m);

@@ -116,11 +116,19 @@ mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_ba
 void mg_dp_destroy(mg_dp *dp);
 mg_model *mg_dp_model(mg_dp *dp);
 int mg_dp_workers(const mg_dp *dp);
-/* Replicate, scatter, apply, gather, reduce: replica 0 then holds the
- * gradients of the mean loss over the batch, which is returned; *correct
- * (may be NULL) gets the argmax hits. */
-float mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
-                             int *correct);
+/* Replicate, scatter, apply, gather, reduce: adds the gradients of the
+ * mean loss over the batch (the replicas' gradients, each weighted by its
+ * share of the batch) to replica 0's gradient arena, as mg_model_backward
+ * accumulates into a model's. So a step is: mg_model_zero_grad(mg_dp_model
+ * (dp)), then one call per micro-batch — N calls with batches of B leave
+ * the sum of N batch-mean gradients, exactly as N forward/backward passes
+ * in one process; scale by 1/N for the mean over the N*B images — then the
+ * optimizer. *loss (may be NULL) gets the mean loss over the batch,
+ * *correct (may be NULL) the argmax hits. MG_ENOMEM when a batch larger
+ * than max_batch cannot be reserved on a replica; the gradients are then
+ * left as they were. */
+mg_status mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
+                                 float *loss, int *correct);
 
 #ifdef __cplusplus
 }

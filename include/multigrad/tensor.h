@@ -30,6 +30,39 @@ size_t mg_tensor_numel(const mg_tensor *t);
 void mg_set_threads(int n);
 int mg_get_threads(void);
 
+/* Which kernels this process runs: the CPU, the OpenBLAS core its GEMM
+ * uses and why (OpenBLAS's own choice, re-selected by multigrad because
+ * that one was below this CPU or measured slower, or set by the user
+ * through OPENBLAS_CORETYPE or MG_BLAS_CORE), and the SIMD level of the
+ * library's own convolution kernels. Checked once, before the first GEMM;
+ * a core below what the CPU supports is logged as a warning. */
+typedef struct mg_kernels_info {
+    mg_cpu_info cpu;
+    char blas[48];            /* "OpenBLAS 0.3.21" */
+    char detected[24];        /* the core OpenBLAS chose when it loaded */
+    mg_simd detected_simd;
+    char core[24];            /* the core in use */
+    mg_simd core_simd;
+    const char *choice;       /* why this core, one phrase */
+    bool switched;            /* re-selected by multigrad */
+    bool below;               /* in use below the kernels measured best here */
+    mg_simd own;              /* own conv kernels: MG_SIMD_AVX512 or MG_SIMD_NONE */
+    char why[192];
+} mg_kernels_info;
+const mg_kernels_info *mg_kernels(void);
+/* The OpenBLAS core multigrad selects on a CPU (measured fastest for its
+ * vendor and SIMD level), NULL for "keep OpenBLAS's"; *why (may be NULL)
+ * gets the reason. */
+const char *mg_blas_core_for(const mg_cpu_info *cpu, const char **why);
+/* Lines "cpu: ...", "gemm: ...", "conv: ...", "threads: ...", each
+ * starting with prefix (may be NULL; "# " for benchmark headers), for
+ * --version, verbose output and benchmark headers; returns snprintf's
+ * count. */
+int mg_kernels_describe(char *buf, size_t cap, const char *prefix);
+/* --version of every tool: "TOOL (multigrad VERSION)" and those lines on
+ * stdout. */
+void mg_print_version(const char *tool);
+
 /* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS. */
 void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              const float *A, int lda, const float *B, int ldb, float beta,

@@ -6,9 +6,12 @@
 #include <sys/resource.h>
 #include "multigrad/core.h"
 
+static int v = -1;
+
+void mg_set_verbose(bool on) { v = on; }
+
 bool mg_verbose(void)
 {
-    static int v = -1;
     if (v < 0) {
         const char *s = getenv("MG_VERBOSE");
         v = s && *s && *s != '0';

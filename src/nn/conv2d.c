@@ -50,9 +50,15 @@ static void conv_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
                        l->p[0].data, &cv->s, n, c->scratch);
 }
 
+static double conv_flops(const mg_layer *l)
+{
+    const mg_conv2d_shape *s = &((const conv_layer *)l)->s;
+    return 2.0 * s->oc * s->c * s->kh * s->kw * s->oh * s->ow;
+}
+
 static const mg_layer_vt conv_vt = {
     .kind = "conv2d", .setup = conv_setup, .sizes = conv_sizes,
-    .forward = conv_forward, .backward = conv_backward,
+    .forward = conv_forward, .backward = conv_backward, .flops = conv_flops,
 };
 
 mg_layer *mg_layer_conv2d(const char *name, int in_ch, int out_ch, int k, int stride,

@@ -50,6 +50,9 @@ typedef struct mg_layer_vt {
                      float *dy, float *dx, int n);
     /* Optional: parameter initialisation other than mg__layer_init_default. */
     void (*init)(mg_layer *l, mg_rng *r);
+    /* Optional: FLOPs of one image's forward (2 per multiply-add; the
+     * elementwise work is not counted). */
+    double (*flops)(const mg_layer *l);
     /* Optional: free what the layer owns beyond the struct and children. */
     void (*destroy)(mg_layer *l);
 } mg_layer_vt;

@@ -40,9 +40,15 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
                        f->out_f, f->relu);
 }
 
+static double linear_flops(const mg_layer *l)
+{
+    const linear_layer *f = (const linear_layer *)l;
+    return 2.0 * f->in_f * f->out_f;
+}
+
 static const mg_layer_vt linear_vt = {
     .kind = "linear", .setup = linear_setup, .sizes = linear_sizes,
-    .forward = linear_forward, .backward = linear_backward,
+    .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
 };
 
 mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)

@@ -283,6 +283,24 @@ size_t mg_model_buffer_size(const mg_model *m) { return m->buf_size; }
 float *mg_model_buffers(mg_model *m) { return m->buffers; }
 int mg_model_num_tensors(const mg_model *m) { return m->n_tensors; }
 
+/* A layer's weight gradient costs what its forward does, and its input
+ * gradient (when an earlier layer needs it) the same again. */
+static void layer_flops(const mg_layer *l, double *fwd, double *train)
+{
+    for (int i = 0; i < l->n_child; i++) layer_flops(l->child[i], fwd, train);
+    double f = l->vt->flops ? l->vt->flops(l) : 0.0;
+    *fwd += f;
+    *train += f * (l->need_dx ? 3.0 : 2.0);
+}
+
+void mg_model_flops(const mg_model *m, double *forward, double *train)
+{
+    double f = 0, t = 0;
+    layer_flops(m->root, &f, &t);
+    if (forward) *forward = f;
+    if (train) *train = t;
+}
+
 const mg_param *mg_model_tensor(const mg_model *m, int i)
 {
     return i >= 0 && i < m->n_tensors ? &m->tensors[i] : NULL;

@@ -64,8 +64,15 @@ static mg_status make_buckets(mg_ddp *d)
         const mg_param *p = mg_model_tensor(d->m, i);
         if (!p->is_buffer && p->offset + p->numel > used) used = p->offset + p->numel;
     }
-    /* Tensor ends, sorted: the arena is dense in backward order, so walk it. */
+    /* Both lists before any use, so a failed allocation is never written. */
     size_t *ends = malloc(sizeof(size_t) * (size_t)(nt + 1));
+    if (!ends) return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
+    d->b = calloc((size_t)nt + 1, sizeof *d->b);
+    if (!d->b) {
+        free(ends);
+        return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
+    }
+    /* Tensor ends, sorted: the arena is dense in backward order, so walk it. */
     int ne = 0;
     for (int i = 0; i < nt; i++) {
         const mg_param *p = mg_model_tensor(d->m, i);
@@ -75,11 +82,6 @@ static mg_status make_buckets(mg_ddp *d)
         for (int j = i; j > 0 && ends[j - 1] > ends[j]; j--) {
             size_t t = ends[j]; ends[j] = ends[j - 1]; ends[j - 1] = t;
         }
-    d->b = calloc((size_t)ne + 1, sizeof *d->b);
-    if (!ends || !d->b) {
-        free(ends);
-        return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
-    }
     size_t lo = 0;
     for (int i = 0; i < ne; i++) {
         size_t cap = d->nb == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;

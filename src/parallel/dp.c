@@ -3,13 +3,16 @@
  * replicate the parameters of replica 0, scatter the batch, apply the
  * replicas in parallel (forward, loss, backward), gather the losses and
  * reduce the gradients to replica 0, weighting each by its share of the
- * batch so the result equals one process on the whole batch. The caller
- * steps the optimizer on replica 0; the next step replicates again.
+ * batch so the result equals one process on the whole batch. The reduce
+ * adds to replica 0's gradients, as a backward does, so micro-batches
+ * accumulate. The caller steps the optimizer on replica 0; the next step
+ * replicates again.
  *
  * Compared with DDP this keeps one optimizer and pays a replicate and a
  * reduce over all parameters every step, serialised on replica 0 — the
  * design difference the PyTorch tutorials point out. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/parallel.h"
@@ -21,6 +24,10 @@ typedef struct {
     int n;            /* images of this replica this step */
     float loss;
     int correct;
+    /* A failed forward (a larger batch that cannot be reserved): the
+     * message is per thread, so it is kept here for the main thread. */
+    mg_status st;
+    char err[512];
 } replica;
 
 struct mg_dp {
@@ -36,17 +43,23 @@ struct mg_dp {
     int pending;
     bool stop;
     size_t in;         /* floats per image */
+    /* Replica 0's gradients from before this call (earlier micro-batches):
+     * replica 0 zeroes its arena to compute its own share. */
+    float *acc;
 };
 
 static void apply(replica *r)
 {
     mg_model_zero_grad(r->m);
-    if (r->n == 0) {
-        r->loss = 0;
-        r->correct = 0;
+    r->loss = 0;
+    r->correct = 0;
+    r->st = MG_OK;
+    if (r->n == 0) return;
+    if (!mg_model_forward(r->m, r->x, r->n)) {
+        r->st = MG_ENOMEM;
+        snprintf(r->err, sizeof r->err, "%s", mg_last_error());
         return;
     }
-    mg_model_forward(r->m, r->x, r->n);
     r->loss = mg_model_loss(r->m, r->y, &r->correct);
     mg_model_backward(r->m);
 }
@@ -105,6 +118,12 @@ mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_ba
     int c, h, w;
     mg_model_input_shape(dp->r[0].m, &c, &h, &w);
     dp->in = (size_t)c * h * w;
+    size_t n = mg_model_arena_size(dp->r[0].m);
+    dp->acc = mg_alloc(n * sizeof(float));
+    if (!dp->acc) {
+        mg_dp_destroy(dp);
+        return mg_error(MG_ENOMEM, "dp: cannot allocate %zu floats to accumulate gradients", n);
+    }
     for (int k = 1; k < workers; k++) {
         thread_arg *a = malloc(sizeof *a);
         if (a) *a = (thread_arg){dp, k};
@@ -134,18 +153,22 @@ void mg_dp_destroy(mg_dp *dp)
     pthread_cond_destroy(&dp->fin);
     free(dp->r);
     free(dp->threads);
+    mg_free(dp->acc);
     free(dp);
 }
 
 mg_model *mg_dp_model(mg_dp *dp) { return dp->r[0].m; }
 int mg_dp_workers(const mg_dp *dp) { return dp->workers; }
 
-float mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
-                             int *correct)
+mg_status mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
+                                 float *loss, int *correct)
 {
+    MG_ASSERT(batch > 0);
     int W = dp->workers;
     mg_model *m0 = dp->r[0].m;
     size_t n = mg_model_arena_size(m0), nb = mg_model_buffer_size(m0);
+    float *g0 = mg_model_grads(m0);
+    memcpy(dp->acc, g0, n * sizeof(float));
     /* replicate */
     for (int k = 1; k < W; k++) {
         memcpy(mg_model_params(dp->r[k].m), mg_model_params(m0), n * sizeof(float));
@@ -171,14 +194,23 @@ float mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int ba
     pthread_mutex_lock(&dp->mu);
     while (dp->pending > 0) pthread_cond_wait(&dp->fin, &dp->mu);
     pthread_mutex_unlock(&dp->mu);
-    /* gather and reduce to replica 0, weighted by batch share */
-    float loss = 0;
+    for (int k = 0; k < W; k++)
+        if (dp->r[k].st) {
+            /* Leave the gradients as they were: the caller may stop here or
+             * retry with smaller batches. */
+            memcpy(g0, dp->acc, n * sizeof(float));
+            return mg_error(dp->r[k].st, "DataParallel replica %d: %s", k, dp->r[k].err);
+        }
+    /* gather and reduce to replica 0, weighted by batch share, on top of
+     * what it held (g0 = acc + sum_k w_k g_k; for a zeroed arena exactly
+     * the weighted sum) */
+    float l = 0;
     int cor = 0;
-    float *g0 = mg_model_grads(m0);
+    const float *acc = dp->acc;
     float w0 = (float)dp->r[0].n / (float)batch;
-    for (size_t i = 0; i < n; i++) g0[i] *= w0;
+    for (size_t i = 0; i < n; i++) g0[i] = acc[i] + w0 * g0[i];
     for (int k = 0; k < W; k++) {
-        loss += dp->r[k].loss * (float)dp->r[k].n / (float)batch;
+        l += dp->r[k].loss * (float)dp->r[k].n / (float)batch;
         cor += dp->r[k].correct;
         if (k == 0 || dp->r[k].n == 0) continue;
         const float *gk = mg_model_grads(dp->r[k].m);
@@ -186,6 +218,7 @@ float mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int ba
         for (size_t i = 0; i < n; i++) g0[i] += wk * gk[i];
     }
     /* Batch-norm running statistics stay replica 0's, as in torch's DataParallel. */
+    if (loss) *loss = l;
     if (correct) *correct = cor;
-    return loss;
+    return MG_OK;
 }

@@ -2,7 +2,7 @@
  * One BLAS thread per process unless asked: data-parallel ranks, not BLAS
  * threads, use the cores. The setting is applied lazily on the first GEMM
  * (or explicitly with mg_set_threads), so MG_THREADS works without any
- * call from the program. */
+ * call from the program; so is the check of the GEMM kernels (kernels.c). */
 #include <pthread.h>
 #include <cblas.h>
 #include "multigrad/tensor.h"
@@ -31,6 +31,7 @@ static bool threads_explicit;
 
 static void threads_init(void)
 {
+    mg_kernels();   /* the right GEMM kernels before the first GEMM */
     if (threads_explicit) return;
     long n = mg_env_long("MG_THREADS", 1);
     if (n < 1) {
