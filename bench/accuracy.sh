@@ -39,6 +39,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 printf '# bench/accuracy.sh, %s, lenet-d2l, %d epochs, batch 256, lr 0.2\n' "$(date -u +%F)" "$epochs"
+./build/bin/mgrun --version | sed -n '2,4s/^/# /p'   # the CPU and the kernels in use
 printf '%-6s %10s %10s %8s\n' seed 1-worker 2-workers diff
 for s in $seeds; do
     for n in 1 2; do

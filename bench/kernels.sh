@@ -54,7 +54,7 @@ for m in $models; do
     d=$(printf '%s' "$d" | max) x=$(printf '%s' "$x" | max) u=$(printf '%s' "$u" | max)
     awk -v m="$m" -v d="$d" -v x="$x" -v u="$u" 'BEGIN {
         r = x / d; printf "| %-9s | %8d | %11d | %5.2f | >= 0.90 | %-3s | %7d | %5.2f |\n",
-        m, d, x, r, r >= 0.9 ? "yes" : "NO", u, u / d }'
+        m, d, x, r, (r >= 0.9 ? "yes" : "NO"), u, u / d }'
 done
 echo "# images/s; ratio = setting / detected"
 echo "# reproduce: bench/kernels.sh --repeat $repeat --core $core --models \"$models\""

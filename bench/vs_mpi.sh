@@ -109,6 +109,7 @@ rows() { awk '$1 ~ /^[0-9]+$/ { print $1, $6, $8, $10, $12, $9 + $13 }' "$1"; }
 mpi_version=$(awk -F'  ' '/^# mpi_peer/ { print $3; exit }' "$OUT/r2_malloc.mpi" | sed 's/, package.*//')
 echo "# f32 sum all_reduce: multigrad mgbench (builtin backend) vs ${mpi_version:-Open MPI} (bench/mpi_peer), one run"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) CPUs: $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
+"$BIN/mgrun" --version | sed -n '2,4s/^/# /p'   # the CPU and the kernels in use
 # Other work on the machine skews small-size latencies most: say how busy it was.
 echo "# load average before: $LOAD0; after: $(cut -d' ' -f1-3 /proc/loadavg)"
 # A virtual machine's two CPUs may or may not share a cache, and the host

@@ -451,6 +451,7 @@ int main(int argc, char **argv)
 {
     options o;
     parse_args(argc, argv, &o);
+    mg_kernels();   /* the GEMM kernel check sets the environment: before any thread starts */
     trainer t = {.mode = !strcmp(o.parallel, "dp") ? MODE_DP
                        : !strcmp(o.parallel, "ddp") ? MODE_DDP : MODE_NONE,
                  .rank = 0, .world = 1};

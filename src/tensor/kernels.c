@@ -19,7 +19,9 @@
  * Limits: re-selection needs a DYNAMIC_ARCH OpenBLAS (the symbols are
  * weak: another build links and runs, reported as not re-selectable);
  * it runs once, before this library's first GEMM, and changes the BLAS
- * for the whole process. */
+ * for the whole process. It sets OPENBLAS_CORETYPE for a moment, so a
+ * program with threads of its own calls mg_kernels() before starting them
+ * (mgtrain does; setenv is not safe against a concurrent getenv). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
