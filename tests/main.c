@@ -350,12 +350,16 @@ static int matches(const test_case *t, int argc, char **argv, int first)
     return 0;
 }
 
-#ifdef __SANITIZE_ADDRESS__
 /* Some tests make an allocation fail on purpose (a batch too large to
- * reserve) and expect the library's error: under AddressSanitizer malloc
+ * reserve) and expect the library's error: under the sanitizers malloc
  * returns NULL then, as in the ordinary build, instead of aborting. */
+#ifdef __SANITIZE_ADDRESS__
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+#ifdef __SANITIZE_THREAD__
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
 #endif
 
 int main(int argc, char **argv)
