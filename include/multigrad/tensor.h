@@ -35,7 +35,8 @@ int mg_get_threads(void);
  * that one was below this CPU or measured slower, or set by the user
  * through OPENBLAS_CORETYPE or MG_BLAS_CORE), and the SIMD level of the
  * library's own convolution kernels. Checked once, before the first GEMM;
- * a core below what the CPU supports is logged as a warning. */
+ * a core below what the CPU supports is logged as a warning, unless the
+ * user chose it (then --version and --verbose say so). */
 typedef struct mg_kernels_info {
     mg_cpu_info cpu;
     char blas[48];            /* "OpenBLAS 0.3.21" */

@@ -352,48 +352,68 @@ static inline __attribute__((always_inline)) void direct_taps(
     }
 }
 
+/* Images outer, channels inner: dy and the masks stream in memory order
+ * (channels outer strided them by a whole image, and the loads of this
+ * loop waited on memory most of its time). The accumulators of a block of
+ * channels live in a stack buffer, in L1; each (channel, tap) still sums
+ * its images and rows in the same order. */
+enum { DIRECT_BWD_OC = 16 };
+
 static inline __attribute__((always_inline)) void direct_bwd_k(
     float *dw, float *db, const float *dy, const float *y, const uint16_t *m, const float *xp,
     int cn, const mg_conv2d_shape *s, int kh, int kw)
 {
-    int hp = s->h + 2 * s->pad, wp = s->w + 2 * s->pad, ow = s->ow;
+    int hp = s->h + 2 * s->pad, wp = s->w + 2 * s->pad, ow = s->ow, taps = kh * kw;
     size_t out_plane = (size_t)s->ph * s->pw, mplane = mg__plane_masks(s);
     float scale = s->pool == MG_POOL_AVG ? 0.25f : 1.0f;
     __m512 zero = _mm512_setzero_ps();
-    for (int o = 0; o < s->oc; o++) {
-        __m512 acc[25], sum = zero;
-        for (int t = 0; t < kh * kw; t++) acc[t] = zero;
+    __m512 accs[DIRECT_BWD_OC][25], sums[DIRECT_BWD_OC];
+    for (int o0 = 0; o0 < s->oc; o0 += DIRECT_BWD_OC) {
+        int nb = s->oc - o0 < DIRECT_BWD_OC ? s->oc - o0 : DIRECT_BWD_OC;
+        for (int j = 0; j < nb; j++) {
+            sums[j] = zero;
+            for (int t = 0; t < taps; t++) accs[j][t] = zero;
+        }
         for (int i = 0; i < cn; i++) {
             const float *xi = xp + (size_t)i * hp * wp;
-            const float *go = dy + ((size_t)i * s->oc + o) * out_plane;
-            __m512 g0a, g0b, g1a, g1b;
-            if (s->pool != MG_POOL_NONE) {
-                const uint16_t *mo = m + ((size_t)i * s->oc + o) * mplane;
-                for (int py = 0; py < s->ph; py++) {
-                    pool_bwd(go + py * s->pw, lanes(s->pw), mo + (size_t)py * 4, scale, &g0a,
-                             &g0b, &g1a, &g1b);
-                    /* A 33rd column (odd width 33) cannot occur: ow <= 32. */
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(g0a, g0b),
-                                                           _mm512_add_ps(g1a, g1b)));
-                    direct_taps(acc, xi, wp, 2 * py, kh, kw, g0a, g0b, g1a, g1b, true);
-                }
-            } else {
-                const float *yo = y + ((size_t)i * s->oc + o) * out_plane;
-                for (int oy = 0; oy < s->oh; oy++) {
-                    g0a = _mm512_maskz_loadu_ps(lanes(ow), go + oy * ow);
-                    g0b = _mm512_maskz_loadu_ps(lanes(ow - 16), go + oy * ow + 16);
-                    if (s->relu) {
-                        g0a = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow), yo + oy * ow), zero, _CMP_GT_OQ), g0a);
-                        g0b = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow - 16), yo + oy * ow + 16), zero, _CMP_GT_OQ), g0b);
+            for (int j = 0; j < nb; j++) {
+                int o = o0 + j;
+                __m512 acc[25], sum = sums[j];
+                for (int t = 0; t < taps; t++) acc[t] = accs[j][t];
+                const float *go = dy + ((size_t)i * s->oc + o) * out_plane;
+                __m512 g0a, g0b, g1a, g1b;
+                if (s->pool != MG_POOL_NONE) {
+                    const uint16_t *mo = m + ((size_t)i * s->oc + o) * mplane;
+                    for (int py = 0; py < s->ph; py++) {
+                        pool_bwd(go + py * s->pw, lanes(s->pw), mo + (size_t)py * 4, scale, &g0a,
+                                 &g0b, &g1a, &g1b);
+                        /* A 33rd column (odd width 33) cannot occur: ow <= 32. */
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(g0a, g0b),
+                                                               _mm512_add_ps(g1a, g1b)));
+                        direct_taps(acc, xi, wp, 2 * py, kh, kw, g0a, g0b, g1a, g1b, true);
                     }
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(g0a, g0b));
-                    direct_taps(acc, xi, wp, oy, kh, kw, g0a, g0b, zero, zero, false);
+                } else {
+                    const float *yo = y + ((size_t)i * s->oc + o) * out_plane;
+                    for (int oy = 0; oy < s->oh; oy++) {
+                        g0a = _mm512_maskz_loadu_ps(lanes(ow), go + oy * ow);
+                        g0b = _mm512_maskz_loadu_ps(lanes(ow - 16), go + oy * ow + 16);
+                        if (s->relu) {
+                            g0a = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow), yo + oy * ow), zero, _CMP_GT_OQ), g0a);
+                            g0b = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(lanes(ow - 16), yo + oy * ow + 16), zero, _CMP_GT_OQ), g0b);
+                        }
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(g0a, g0b));
+                        direct_taps(acc, xi, wp, oy, kh, kw, g0a, g0b, zero, zero, false);
+                    }
                 }
+                for (int t = 0; t < taps; t++) accs[j][t] = acc[t];
+                sums[j] = sum;
             }
         }
-        float *dwo = dw + (size_t)o * kh * kw;
-        for (int t = 0; t < kh * kw; t++) dwo[t] += _mm512_reduce_add_ps(acc[t]);
-        if (db) db[o] += _mm512_reduce_add_ps(sum);
+        for (int j = 0; j < nb; j++) {
+            float *dwo = dw + (size_t)(o0 + j) * taps;
+            for (int t = 0; t < taps; t++) dwo[t] += _mm512_reduce_add_ps(accs[j][t]);
+            if (db) db[o0 + j] += _mm512_reduce_add_ps(sums[j]);
+        }
     }
 }
 
