@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 #include "tensor.h"
+#include "optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,12 +59,22 @@ typedef struct mg_zoo_defaults {
 } mg_zoo_defaults;
 mg_status mg_zoo_defaults_of(const char *name, mg_zoo_defaults *out);
 
+/* Weight-decay groups as models.md's AdamW wants them: wd on every
+ * parameter with 2 or more dimensions (weights, embeddings), 0 on the
+ * others (biases, LayerNorm); adjacent tensors of the same decay merge.
+ * Fills up to cap groups and returns how many there are. */
+int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int cap);
+
 /* Re-initialise every parameter from seed (as at creation). */
 void mg_model_init_params(mg_model *m, uint64_t seed);
 
-/* Per-image input size (c, h, w; the MLP takes c=1, h=1, w=784) and classes. */
+/* Per-image input size (c, h, w; the MLP takes c=1, h=1, w=784) and classes
+ * (a language model: its vocabulary). */
 void mg_model_input_shape(const mg_model *m, int *c, int *h, int *w);
 int mg_model_classes(const mg_model *m);
+/* Rows of logits per sample: 1 for the image models, T for a language
+ * model (whose logits are [batch, T, vocab] and labels [batch, T]). */
+int mg_model_positions(const mg_model *m);
 
 /* The arenas. arena_size is the padded length in floats (a multiple of
  * MG_ARENA_PAD), num_params the floats actually used. */
@@ -104,7 +115,10 @@ mg_status mg_model_reserve(mg_model *m, int max_batch);
  * allocation, once); NULL if that fails. Training mode advances the
  * dropout stream by one step. */
 const float *mg_model_forward(mg_model *m, const float *x, int batch);
-/* Mean softmax cross-entropy of the last forward against labels; prepares
+/* A language model's forward: tokens [batch, T] (int32, < vocab). */
+const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch);
+/* Mean softmax cross-entropy of the last forward against labels (one per
+ * position: batch * positions of them); prepares
  * the logits' gradient for backward; *correct (may be NULL) gets the
  * number of argmax hits. */
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
@@ -155,6 +169,38 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
 /* y = branch(x) + shortcut(x) (shortcut NULL: identity), then ReLU if relu. */
 mg_layer *mg_layer_residual(const char *name, mg_layer *branch, mg_layer *shortcut,
                             bool relu);
+/* Transformer layers, on sequences [1, T, d] (T positions of d features).
+ * Per-position linear map of the last dimension [c, T, in] -> [c, T, out]. */
+mg_layer *mg_layer_linear_tokens(const char *name, int in, int out);
+/* LayerNorm over the last dimension (weight 1, bias 0 at init). */
+mg_layer *mg_layer_layernorm(const char *name, int d, float eps);
+/* GELU, tanh approximation (PyTorch's approximate='tanh'). */
+mg_layer *mg_layer_gelu(const char *name);
+/* Causal self-attention of `heads` heads: [1, T, 3d] (q, k, v) -> [1, T, d]. */
+mg_layer *mg_layer_attention(const char *name, int d, int heads);
+/* Token and learned position embedding: tokens [1, 1, T] (int32 bits in
+ * the float input) -> [1, T, d]; parameters "wte.weight" [vocab, d] and
+ * "wpe.weight" [ctx, d] (the layer adds no name of its own). */
+mg_layer *mg_layer_embedding(int vocab, int ctx, int d);
+/* The language-model head tied to an embedding's wte: [1, T, d] ->
+ * [1, T, vocab] = x wte^T; its gradient accumulates into wte's. The
+ * embedding must belong to the same model, before the head. */
+mg_layer *mg_layer_tied_head(mg_layer *embedding);
+/* A pre-LayerNorm GPT-2 block: x += attn(ln_1(x)); x += mlp(ln_2(x)), with
+ * children ln_1, attn (c_attn, causal attention, c_proj), ln_2 and mlp
+ * (c_fc, GELU, c_proj). */
+mg_layer *mg_layer_gpt_block(const char *name, int d, int heads);
+
+/* gpt-mini (models.md section D) at any size. */
+typedef struct mg_gpt_config {
+    int layers, dim, heads, ctx, vocab;
+} mg_gpt_config;
+/* models.md's defaults: 4 layers, dim 128, 4 heads, context 128, vocab 256. */
+mg_gpt_config mg_gpt_defaults(void);
+/* Checks the sizes (dim divisible by heads, all positive); GPT-2's
+ * initialisation from seed. */
+mg_status mg_model_create_gpt(const mg_gpt_config *cfg, uint64_t seed, mg_model **out);
+
 /* Initialisation of a layer's parameters (default MG_INIT_TORCH_DEFAULT;
  * MG_INIT_NORMAL: weights N(0, std^2), biases 0); applies to children. */
 void mg_layer_set_init(mg_layer *l, mg_init_kind kind, float std);

@@ -36,6 +36,24 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out);
 void mg_optim_destroy(mg_optim *o);
 const mg_optim_config *mg_optim_config_of(const mg_optim *o);
 
+/* Parameter groups (torch's param_groups): ranges of the arena with their
+ * own weight decay, e.g. AdamW decaying only the 2-D weights. Ranges must
+ * not overlap; what no group covers keeps the configuration's decay. */
+typedef struct mg_optim_group {
+    size_t lo, hi;
+    float weight_decay;
+} mg_optim_group;
+mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n);
+
+/* Gradient clipping by global L2 norm (torch.nn.utils.clip_grad_norm_):
+ * the norm is sqrt of the sum of squares over every gradient of every
+ * rank or shard (sum mg_grad_sumsq of each part, all-reduce where the
+ * parts live on different ranks), then every gradient is multiplied by
+ * mg_clip_coef(norm, max_norm) = min(1, max_norm / (norm + 1e-6)). */
+double mg_grad_sumsq(const float *g, size_t n);
+float mg_clip_coef(double norm, float max_norm);
+void mg_grad_scale(float *g, size_t n, float s);
+
 /* One optimizer step is: begin_step once (advances the step count, sets
  * the learning rate), then update over one or more ranges. */
 void mg_optim_begin_step(mg_optim *o, float lr);

@@ -161,6 +161,33 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
 void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter);
 void mg_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n, float p);
 
+/* ---- transformer ------------------------------------------------------ */
+
+/* LayerNorm over the last dimension d of `rows` rows (biased variance, as
+ * PyTorch): y = (x - mean) * rstd * w + b; mean and rstd (1/sqrt(var+eps))
+ * per row are kept for the backward. */
+void mg_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, size_t rows, int d, float eps);
+/* dw, db += ; dx (may be NULL) = the input gradient. */
+void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                           const float *mean, const float *rstd, const float *w, size_t rows,
+                           int d);
+/* GELU with the tanh approximation; the backward reads the input x. */
+void mg_gelu_forward(float *y, const float *x, size_t n);
+void mg_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+/* Causal multi-head self-attention of n sequences of T positions: qkv
+ * [n, T, 3d] holds q, k, v side by side (head j: columns j*d/heads of
+ * each), y [n, T, d] the heads' outputs side by side; softmax scaled by
+ * 1/sqrt(d/heads). lse [n, heads, T] keeps each softmax row's log-sum-exp
+ * for the backward, which recomputes the probabilities from it. ws holds
+ * mg_attention_scratch(T) floats. */
+size_t mg_attention_scratch(int T);
+void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
+                          int heads, float *ws);
+/* dqkv [n, T, 3d] = the input gradient (overwritten). */
+void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
+                           const float *qkv, int n, int T, int d, int heads, float *ws);
+
 /* ---- batch normalisation (per channel over n, h, w) ------------------- */
 
 /* Training mode: normalises with the batch statistics (biased variance),

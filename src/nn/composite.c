@@ -178,7 +178,7 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
     }
     for (int i = 0; i < n; i++) {
         s->base.child[i] = children[i];
-        if (!children[i]->name[0]) snprintf(children[i]->name, sizeof children[i]->name, "%d", i);
+        if (!children[i]->name[0] && !children[i]->anonymous) snprintf(children[i]->name, sizeof children[i]->name, "%d", i);
     }
     s->base.n_child = n;
     return &s->base;

@@ -60,6 +60,7 @@ typedef struct mg_layer_vt {
 struct mg_layer {
     const mg_layer_vt *vt;
     char name[48];
+    bool anonymous;             /* adds no component to tensor names */
     int in[3], out[3];          /* per image, set by setup */
     bool need_dx;               /* the input gradient is used */
     int id;                     /* position in the model (dropout streams) */
@@ -86,6 +87,10 @@ bool mg__layer_has_params(const mg_layer *l);   /* this layer or a child */
 size_t mg__per_image(const int s[3]);
 /* Round a byte count up to MG_ALIGN. */
 size_t mg__align(size_t bytes);
+
+/* A sequence model's output per sample is `positions` rows of logits
+ * (the language model's [T, vocab]); labels are per position. */
+void mg__model_set_positions(mg_model *m, int positions);
 
 /* Sequential's backward with a callback after each child (the model's
  * gradient hook). */

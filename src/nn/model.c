@@ -22,6 +22,8 @@ struct mg_model {
     char name[32];
     mg_layer *root;            /* a Sequential */
     int in[3], classes;
+    int positions;             /* rows of logits per sample (1; T for a language model) */
+    size_t out_size;           /* floats of output per sample: positions * classes */
     size_t num_params, arena_size, buf_size;
     float *params, *grads, *own_grads, *buffers;
     mg_param *tensors;
@@ -63,6 +65,7 @@ static bool collect(mg_model *m, mg_layer *l, const char *prefix, char (*names)[
     char path[64];
     int k;
     if (!prefix) k = snprintf(path, sizeof path, "%s", "");   /* the root's name is not a prefix */
+    else if (l->anonymous) k = snprintf(path, sizeof path, "%s", prefix);
     else if (!prefix[0]) k = snprintf(path, sizeof path, "%s", l->name);
     else k = snprintf(path, sizeof path, "%s.%s", prefix, l->name);
     if (k < 0 || k + 14 > 64) {
@@ -228,7 +231,9 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
         mg_model_destroy(m);
         return st;
     }
-    m->classes = (int)mg__per_image(root->out);
+    m->out_size = mg__per_image(root->out);
+    m->classes = (int)m->out_size;
+    m->positions = 1;
     root->need_dx = false;
     root->vt->propagate(root);
     m->ctx.training = true;
@@ -275,6 +280,43 @@ void mg_model_input_shape(const mg_model *m, int *c, int *h, int *w)
 }
 
 int mg_model_classes(const mg_model *m) { return m->classes; }
+int mg_model_positions(const mg_model *m) { return m->positions; }
+
+int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int cap)
+{
+    /* Tensors in arena order (the table is in forward order, the arena the
+     * reverse of it by layer), so merging sees neighbours. */
+    int n = 0;
+    size_t at = 0;
+    while (at < m->num_params) {
+        const mg_param *t = NULL;
+        for (int i = 0; i < m->n_tensors && !t; i++)
+            if (!m->tensors[i].is_buffer && m->tensors[i].offset == at) t = &m->tensors[i];
+        MG_ASSERT(t);
+        float d = t->ndim >= 2 ? wd : 0.0f;
+        if (n > 0 && n <= cap && out[n - 1].hi == at && out[n - 1].weight_decay == d) {
+            out[n - 1].hi = at + t->numel;
+        } else {
+            if (n < cap) out[n] = (mg_optim_group){.lo = at, .hi = at + t->numel, .weight_decay = d};
+            n++;
+        }
+        at += t->numel;
+    }
+    return n;
+}
+
+void mg__model_set_positions(mg_model *m, int positions)
+{
+    MG_ASSERT(positions > 0 && m->out_size % (size_t)positions == 0);
+    m->positions = positions;
+    m->classes = (int)(m->out_size / (size_t)positions);
+}
+
+const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch)
+{
+    /* The embedding layer reads its input as int32 (nn/transformer.c). */
+    return mg_model_forward(m, (const float *)(const void *)tokens, batch);
+}
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 size_t mg_model_arena_size(const mg_model *m) { return m->arena_size; }
 float *mg_model_params(mg_model *m) { return m->params; }
@@ -358,7 +400,7 @@ mg_status mg_model_reserve(mg_model *m, int max_batch)
     if (max_batch <= m->max_batch) return MG_OK;
     size_t saved, scratch;
     m->root->vt->sizes(m->root, max_batch, &saved, &scratch);
-    size_t out = mg__align((size_t)max_batch * m->classes * sizeof(float));
+    size_t out = mg__align((size_t)max_batch * m->out_size * sizeof(float));
     size_t in = m->input_grad ? mg__align((size_t)max_batch * mg__per_image(m->in) * sizeof(float)) : 0;
     size_t total = mg__align(saved) + 2 * out + in + scratch * sizeof(float);
     /* Zeroed: every page is touched now rather than in the first step. */
@@ -404,7 +446,8 @@ float mg_model_loss(mg_model *m, const int32_t *labels, int *correct)
 {
     MG_ASSERT(m->have_fwd);
     m->have_loss = true;
-    return mg_softmax_xent(m->logits, labels, m->batch, m->classes, m->dlogits, correct);
+    return mg_softmax_xent(m->logits, labels, m->batch * m->positions, m->classes, m->dlogits,
+                           correct);
 }
 
 static void child_done(void *ud, int i)
@@ -434,7 +477,7 @@ void mg_model_backward(mg_model *m)
 void mg_model_backward_from(mg_model *m, const float *dout)
 {
     MG_ASSERT(m->have_fwd);
-    memmove(m->dlogits, dout, (size_t)m->batch * m->classes * sizeof(float));
+    memmove(m->dlogits, dout, (size_t)m->batch * m->out_size * sizeof(float));
     run_backward(m);
     m->have_loss = false;
 }

@@ -28,8 +28,15 @@ struct mg_optim {
     int nstates;
     const char *state_names[MAX_STATES];
     float *state[MAX_STATES];
-    mg__sgd_coef sgd;
-    mg__adam_coef adam;
+    /* Parameter groups: segments tiling [0, n), each with its weight decay
+     * and that step's coefficients. One segment without groups. */
+    int nseg;
+    struct seg {
+        size_t lo, hi;
+        float wd;
+        mg__sgd_coef sgd;
+        mg__adam_coef adam;
+    } *seg;
 };
 
 /* The double nearest the shortest decimal that rounds to x (0.9f -> 0.9). */
@@ -115,6 +122,13 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
     o->cfg = *cfg;
     o->n = n;
     o->lr = cfg->lr;
+    o->seg = calloc(1, sizeof *o->seg);
+    if (!o->seg) {
+        free(o);
+        return mg_error(MG_ENOMEM, "optimizer: out of memory");
+    }
+    o->nseg = 1;
+    o->seg[0] = (struct seg){.lo = 0, .hi = n, .wd = cfg->weight_decay};
     if (cfg->kind == MG_OPTIM_SGD) {
         if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
     } else {
@@ -136,21 +150,63 @@ void mg_optim_destroy(mg_optim *o)
 {
     if (!o) return;
     for (int i = 0; i < o->nstates; i++) mg_free(o->state[i]);
+    free(o->seg);
     free(o);
 }
 
 const mg_optim_config *mg_optim_config_of(const mg_optim *o) { return &o->cfg; }
 
-void mg_optim_begin_step(mg_optim *o, float lr)
+static int by_lo(const void *a, const void *b)
+{
+    const mg_optim_group *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
+{
+    if (n < 0 || n > (1 << 20))
+        return mg_error(MG_EINVAL, "optimizer: %d parameter groups", n);
+    mg_optim_group *g = malloc(sizeof *g * (size_t)(n ? n : 1));
+    struct seg *seg = calloc((size_t)(2 * n + 1), sizeof *seg);
+    if (!g || !seg) {
+        free(g);
+        free(seg);
+        return mg_error(MG_ENOMEM, "optimizer: out of memory for %d parameter groups", n);
+    }
+    if (n) memcpy(g, groups, sizeof *g * (size_t)n);
+    qsort(g, (size_t)n, sizeof *g, by_lo);
+    int ns = 0;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i].lo < at || g[i].hi < g[i].lo || g[i].hi > o->n ||
+            !(g[i].weight_decay >= 0.0f) || !isfinite(g[i].weight_decay)) {
+            mg_error(MG_EINVAL, "optimizer: parameter group [%zu, %zu) with weight decay %g "
+                     "overlaps another, leaves the %zu parameters or has a bad decay",
+                     g[i].lo, g[i].hi, (double)g[i].weight_decay, o->n);
+            free(g);
+            free(seg);
+            return MG_EINVAL;
+        }
+        if (g[i].lo > at) seg[ns++] = (struct seg){.lo = at, .hi = g[i].lo, .wd = o->cfg.weight_decay};
+        if (g[i].hi > g[i].lo) seg[ns++] = (struct seg){.lo = g[i].lo, .hi = g[i].hi, .wd = g[i].weight_decay};
+        at = g[i].hi;
+    }
+    if (at < o->n || ns == 0) seg[ns++] = (struct seg){.lo = at, .hi = o->n, .wd = o->cfg.weight_decay};
+    free(g);
+    free(o->seg);
+    o->seg = seg;
+    o->nseg = ns;
+    return MG_OK;
+}
+
+static void seg_coef(mg_optim *o, struct seg *sg, float lr)
 {
     const mg_optim_config *c = &o->cfg;
-    o->steps++;
-    o->lr = lr;
-    double lrd = dec(lr), wd = dec(c->weight_decay);
+    double lrd = dec(lr), wd = dec(sg->wd);
     if (c->kind == MG_OPTIM_SGD) {
-        o->sgd = (mg__sgd_coef){
+        sg->sgd = (mg__sgd_coef){
             .neg_lr = (float)-lrd,
-            .wd = c->weight_decay,
+            .wd = sg->wd,
             .mu = c->momentum,
             .one_minus_damp = (float)(1.0 - dec(c->dampening)),
             .nesterov = c->nesterov,
@@ -160,7 +216,7 @@ void mg_optim_begin_step(mg_optim *o, float lr)
     }
     double b1 = dec(c->beta1), b2 = dec(c->beta2), t = (double)o->steps;
     double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-    o->adam = (mg__adam_coef){
+    sg->adam = (mg__adam_coef){
         .beta1 = c->beta1,
         .one_minus_beta1 = (float)(1.0 - b1),
         .beta2 = c->beta2,
@@ -168,22 +224,34 @@ void mg_optim_begin_step(mg_optim *o, float lr)
         .eps = c->eps,
         .neg_step_size = (float)-(lrd / bc1),
         .bc2_sqrt = (float)sqrt(bc2),
-        .wd = c->kind == MG_OPTIM_ADAM ? c->weight_decay : 0.0f,
+        .wd = c->kind == MG_OPTIM_ADAM ? sg->wd : 0.0f,
         .decay = c->kind == MG_OPTIM_ADAMW ? (float)(1.0 - lrd * wd) : 1.0f,
     };
+}
+
+void mg_optim_begin_step(mg_optim *o, float lr)
+{
+    o->steps++;
+    o->lr = lr;
+    for (int i = 0; i < o->nseg; i++) seg_coef(o, &o->seg[i], lr);
 }
 
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
 {
     MG_ASSERT(lo <= hi && hi <= o->n);
     MG_ASSERT(o->steps > 0);   /* begin_step first */
-    if (lo == hi) return;
-    if (o->cfg.kind == MG_OPTIM_SGD)
-        mg__sgd_update(params + lo, grads + lo, o->nstates ? o->state[0] + lo : NULL,
-                       hi - lo, &o->sgd);
-    else
-        mg__adam_update(params + lo, grads + lo, o->state[0] + lo, o->state[1] + lo,
-                        hi - lo, &o->adam);
+    for (int i = 0; i < o->nseg && lo < hi; i++) {
+        const struct seg *sg = &o->seg[i];
+        if (sg->hi <= lo) continue;
+        size_t a = lo, b = hi < sg->hi ? hi : sg->hi;
+        if (o->cfg.kind == MG_OPTIM_SGD)
+            mg__sgd_update(params + a, grads + a, o->nstates ? o->state[0] + a : NULL, b - a,
+                           &sg->sgd);
+        else
+            mg__adam_update(params + a, grads + a, o->state[0] + a, o->state[1] + a, b - a,
+                            &sg->adam);
+        lo = b;
+    }
 }
 
 void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
@@ -207,4 +275,23 @@ float *mg_optim_state(mg_optim *o, int i, const char **name)
     MG_ASSERT(i >= 0 && i < o->nstates);
     if (name) *name = o->state_names[i];
     return o->state[i];
+}
+
+double mg_grad_sumsq(const float *g, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return s;
+}
+
+float mg_clip_coef(double norm, float max_norm)
+{
+    /* torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), at most 1. */
+    float coef = (float)(dec(max_norm) / (norm + 1e-6));
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+void mg_grad_scale(float *g, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++) g[i] *= s;
 }

@@ -1,0 +1,180 @@
+/* Kernels of the transformer: LayerNorm over the last dimension, GELU
+ * (tanh approximation) and causal multi-head self-attention.
+ *
+ * Attention keeps memory lean as the flash-attention papers do: the
+ * forward saves only the log-sum-exp of each softmax row, and the
+ * backward recomputes one head's probabilities at a time from it, so no
+ * [T, T] matrix outlives the head that uses it. Rows are cut into blocks
+ * of query positions; a block only multiplies the keys at or before its
+ * last position (the causal mask), so about half of the score matrix is
+ * never computed. */
+#include <math.h>
+#include <string.h>
+#include "multigrad/tensor.h"
+
+/* ---- LayerNorm --------------------------------------------------------- */
+
+void mg_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
+                          const float *b, size_t rows, int d, float eps)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        float s = 0.0f;
+        for (int i = 0; i < d; i++) s += xr[i];
+        float mu = s / d, v = 0.0f;
+        for (int i = 0; i < d; i++) {
+            float c = xr[i] - mu;
+            v += c * c;
+        }
+        float rs = 1.0f / sqrtf(v / d + eps);
+        for (int i = 0; i < d; i++) yr[i] = (xr[i] - mu) * rs * w[i] + b[i];
+        mean[r] = mu;
+        rstd[r] = rs;
+    }
+}
+
+void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                           const float *mean, const float *rstd, const float *w, size_t rows,
+                           int d)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d, *gr = dy + r * d;
+        float mu = mean[r], rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
+        for (int i = 0; i < d; i++) {
+            float xh = (xr[i] - mu) * rs, g = gr[i] * w[i];
+            dw[i] += gr[i] * xh;
+            db[i] += gr[i];
+            s1 += g;
+            s2 += g * xh;
+        }
+        if (!dx) continue;
+        float *dr = dx + r * d, m1 = s1 / d, m2 = s2 / d;
+        for (int i = 0; i < d; i++) {
+            float xh = (xr[i] - mu) * rs;
+            dr[i] = rs * (gr[i] * w[i] - m1 - xh * m2);
+        }
+    }
+}
+
+/* ---- GELU, tanh approximation (PyTorch's approximate='tanh') ----------- */
+
+#define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+void mg_gelu_forward(float *y, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_C * v * v * v)));
+    }
+}
+
+void mg_gelu_backward(float *dx, const float *dy, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], t = tanhf(GELU_K * (v + GELU_C * v * v * v));
+        float dt = GELU_K * (1.0f + 3.0f * GELU_C * v * v) * (1.0f - t * t);
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+    }
+}
+
+/* ---- Causal self-attention ----------------------------------------------- */
+
+/* Query rows per block: the keys a block needs end at its last row. */
+#define ATT_BLOCK 32
+
+size_t mg_attention_scratch(int T)
+{
+    return 2 * (size_t)ATT_BLOCK * T;
+}
+
+void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
+                          int heads, float *ws)
+{
+    int hd = d / heads, ld = 3 * d;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *S = ws;
+    for (int i = 0; i < n; i++) {
+        const float *xi = qkv + (size_t)i * T * ld;
+        float *yi = y + (size_t)i * T * d;
+        for (int h = 0; h < heads; h++) {
+            const float *q = xi + h * hd, *k = xi + d + h * hd, *v = xi + 2 * d + h * hd;
+            float *l = lse + ((size_t)i * heads + h) * T;
+            for (int t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+                int nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+                /* S[r, s] = q[t0+r] . k[s] for s < nk. */
+                mg_gemm(false, true, nb, nk, hd, scale, q + (size_t)t0 * ld, ld, k, ld, 0.0f, S,
+                        nk);
+                for (int r = 0; r < nb; r++) {
+                    float *sr = S + (size_t)r * nk;
+                    int ns = t0 + r + 1;   /* keys 0..t0+r */
+                    float mx = sr[0];
+                    for (int s = 1; s < ns; s++) mx = sr[s] > mx ? sr[s] : mx;
+                    float sum = 0.0f;
+                    for (int s = 0; s < ns; s++) {
+                        sr[s] = expf(sr[s] - mx);
+                        sum += sr[s];
+                    }
+                    float inv = 1.0f / sum;
+                    for (int s = 0; s < ns; s++) sr[s] *= inv;
+                    for (int s = ns; s < nk; s++) sr[s] = 0.0f;
+                    l[t0 + r] = mx + logf(sum);
+                }
+                mg_gemm(false, false, nb, hd, nk, 1.0f, S, nk, v, ld, 0.0f,
+                        yi + (size_t)t0 * d + h * hd, d);
+            }
+        }
+    }
+}
+
+void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
+                           const float *qkv, int n, int T, int d, int heads, float *ws)
+{
+    int hd = d / heads, ld = 3 * d;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *P = ws, *dP = ws + (size_t)ATT_BLOCK * T;
+    for (int i = 0; i < n; i++) {
+        const float *xi = qkv + (size_t)i * T * ld, *yi = y + (size_t)i * T * d;
+        const float *gi = dy + (size_t)i * T * d;
+        float *dxi = dqkv + (size_t)i * T * ld;
+        for (int h = 0; h < heads; h++) {
+            const float *q = xi + h * hd, *k = xi + d + h * hd, *v = xi + 2 * d + h * hd;
+            const float *go = gi + h * hd, *o = yi + h * hd;
+            float *dq = dxi + h * hd, *dk = dxi + d + h * hd, *dv = dxi + 2 * d + h * hd;
+            const float *l = lse + ((size_t)i * heads + h) * T;
+            for (int t = 0; t < T; t++) {
+                memset(dk + (size_t)t * ld, 0, sizeof(float) * hd);
+                memset(dv + (size_t)t * ld, 0, sizeof(float) * hd);
+            }
+            for (int t0 = 0; t0 < T; t0 += ATT_BLOCK) {
+                int nb = T - t0 < ATT_BLOCK ? T - t0 : ATT_BLOCK, nk = t0 + nb;
+                /* P recomputed from the saved log-sum-exp. */
+                mg_gemm(false, true, nb, nk, hd, scale, q + (size_t)t0 * ld, ld, k, ld, 0.0f, P,
+                        nk);
+                for (int r = 0; r < nb; r++) {
+                    float *pr = P + (size_t)r * nk, lr = l[t0 + r];
+                    int ns = t0 + r + 1;
+                    for (int s = 0; s < ns; s++) pr[s] = expf(pr[s] - lr);
+                    for (int s = ns; s < nk; s++) pr[s] = 0.0f;
+                }
+                /* dV += P^T dO;  dP = dO V^T. */
+                mg_gemm(true, false, nk, hd, nb, 1.0f, P, nk, go + (size_t)t0 * d, d, 1.0f, dv, ld);
+                mg_gemm(false, true, nb, nk, hd, 1.0f, go + (size_t)t0 * d, d, v, ld, 0.0f, dP, nk);
+                /* dS = P * (dP - rowsum(dO * O)), times the scale. */
+                for (int r = 0; r < nb; r++) {
+                    const float *gr = go + (size_t)(t0 + r) * d, *orow = o + (size_t)(t0 + r) * d;
+                    float D = 0.0f;
+                    for (int c = 0; c < hd; c++) D += gr[c] * orow[c];
+                    float *pr = P + (size_t)r * nk, *dpr = dP + (size_t)r * nk;
+                    for (int s = 0; s < nk; s++) dpr[s] = pr[s] * (dpr[s] - D) * scale;
+                }
+                /* dQ = dS K;  dK += dS^T Q. */
+                mg_gemm(false, false, nb, hd, nk, 1.0f, dP, nk, k, ld, 0.0f, dq + (size_t)t0 * ld,
+                        ld);
+                mg_gemm(true, false, nk, hd, nb, 1.0f, dP, nk, q + (size_t)t0 * ld, ld, 1.0f, dk,
+                        ld);
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+/* gpt-mini (models.md section D) against PyTorch 1.13's values in
+ * tests/data/gpt-mini.safetensors (a copy of ../shared/reference/): T=64,
+ * B=8, seed 0. The reference's initial parameters are loaded, so the
+ * checks are of the arithmetic, not of the random initialisation.
+ *
+ * Tolerances: the logits and the gradients are sums of many float
+ * products in an order that differs from PyTorch's (OpenBLAS blocks the
+ * GEMMs its own way), so an entry is compared against its tensor's scale:
+ * |ours - theirs| <= 1e-4 * max|theirs| per entry. After 20 AdamW steps,
+ * 1e-3 of the tensor's scale: Adam divides by sqrt(v), which magnifies
+ * the rounding differences of entries whose gradients are nearly zero. */
+#include <math.h>
+#include "harness.h"
+#include "multigrad/checkpoint.h"
+#include "multigrad/data.h"
+#include "multigrad/nn.h"
+#include "multigrad/optim.h"
+
+enum { T = 64, B = 8 };
+
+static const mg_st_tensor *ref(const mg_st_file *f, const char *name, mg_st_dtype dt,
+                               size_t numel)
+{
+    const mg_st_tensor *t = mg_st_find(f, name);
+    CHECK_MSG(t != NULL, "reference file lacks %s", name);
+    CHECK_MSG(t->dtype == dt && t->nbytes == numel * 4, "%s: wrong dtype or size", name);
+    return t;
+}
+
+/* Max |a - b| over max |b|; fails above tol. */
+static double check_scaled(const char *what, const float *a, const float *b, size_t n,
+                           double tol)
+{
+    double mx = 0.0, err = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(b[i]));
+        if (fabs(a[i] - b[i]) > err) {
+            err = fabs(a[i] - b[i]);
+            worst = i;
+        }
+    }
+    double rel = mx > 0 ? err / mx : err;
+    CHECK_MSG(rel <= tol, "%s: error %.3g of the tensor's scale %.3g (entry %zu: %.9g vs PyTorch "
+              "%.9g)", what, rel, mx, worst, a[worst], b[worst]);
+    return rel;
+}
+
+static mg_model *reference_model(const mg_st_file *f)
+{
+    mg_gpt_config g = mg_gpt_defaults();
+    g.ctx = T;
+    mg_model *m = NULL;
+    CHECK_OK(mg_model_create_gpt(&g, 0, &m));
+    char key[96];
+    for (int i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param *p = mg_model_tensor(m, i);
+        snprintf(key, sizeof key, "init.%s", p->name);
+        memcpy(p->data, ref(f, key, MG_ST_F32, p->numel)->data, p->numel * 4);
+    }
+    CHECK_OK(mg_model_reserve(m, B));
+    return m;
+}
+
+TEST(gpt_model_definition)
+{
+    mg_gpt_config g = mg_gpt_defaults();
+    mg_model *m;
+    CHECK_OK(mg_model_create_gpt(&g, 0, &m));
+    CHECK_EQ(mg_model_num_params(m), 842496);
+    CHECK_EQ(mg_model_num_tensors(m), 2 + 4 * 12 + 2);
+    CHECK(!strcmp(mg_model_tensor(m, 0)->name, "wte.weight"));
+    CHECK(!strcmp(mg_model_tensor(m, 1)->name, "wpe.weight"));
+    CHECK(!strcmp(mg_model_tensor(m, 2)->name, "h.0.ln_1.weight"));
+    CHECK(!strcmp(mg_model_tensor(m, 4)->name, "h.0.attn.c_attn.weight"));
+    CHECK(!strcmp(mg_model_tensor(m, 13)->name, "h.0.mlp.c_proj.bias"));
+    CHECK(!strcmp(mg_model_tensor(m, 50)->name, "ln_f.weight"));
+    CHECK_EQ(mg_model_classes(m), 256);
+    CHECK_EQ(mg_model_positions(m), 128);
+    /* GPT-2 init: N(0, 0.02^2), residual projections 0.02/sqrt(8). */
+    const mg_param *p = mg_model_find(m, "h.1.mlp.c_fc.weight");
+    double s2 = 0;
+    for (size_t i = 0; i < p->numel; i++) s2 += (double)p->data[i] * p->data[i];
+    CHECK_CLOSE(sqrt(s2 / p->numel), 0.02, 0.05, 0);
+    p = mg_model_find(m, "h.1.attn.c_proj.weight");
+    s2 = 0;
+    for (size_t i = 0; i < p->numel; i++) s2 += (double)p->data[i] * p->data[i];
+    CHECK_CLOSE(sqrt(s2 / p->numel), 0.02 / sqrt(8.0), 0.05, 0);
+    CHECK_EQ(mg_model_find(m, "h.3.ln_2.weight")->data[5], 1.0f);
+    CHECK_EQ(mg_model_find(m, "h.3.mlp.c_fc.bias")->data[5], 0.0f);
+    /* Decay groups: 2-D tensors only. */
+    mg_optim_group gr[64];
+    int ng = mg_model_decay_groups(m, 0.1f, gr, 64);
+    CHECK(ng > 0 && ng <= 64);
+    size_t decayed = 0, at = 0;
+    for (int i = 0; i < ng; i++) {
+        CHECK_EQ(gr[i].lo, at);
+        at = gr[i].hi;
+        if (gr[i].weight_decay > 0) decayed += gr[i].hi - gr[i].lo;
+    }
+    CHECK_EQ(at, mg_model_num_params(m));
+    CHECK_EQ(decayed, 256 * 128 + 128 * 128 + 4 * (384 * 128 + 128 * 128 + 512 * 128 * 2));
+    mg_model_destroy(m);
+
+    g.ctx = 64;
+    CHECK_OK(mg_model_create_gpt(&g, 0, &m));
+    CHECK_EQ(mg_model_num_params(m), 834304);
+    mg_model_destroy(m);
+    g.heads = 3;
+    CHECK(mg_model_create_gpt(&g, 0, &m) == MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "not divisible"));
+}
+
+TEST(gpt_matches_pytorch_at_init)
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
+    mg_model *m = reference_model(f);
+    const int32_t *x = ref(f, "batch0.x", MG_ST_I32, B * T)->data;
+    const int32_t *y = ref(f, "batch0.y", MG_ST_I32, B * T)->data;
+    const float *logits = mg_model_forward_tokens(m, x, B);
+    CHECK(logits != NULL);
+    check_scaled("logits0", logits, ref(f, "logits0", MG_ST_F32, B * T * 256)->data,
+                 (size_t)B * T * 256, 1e-4);
+    mg_model_zero_grad(m);
+    float loss = mg_model_loss(m, y, NULL);
+    const float *losses = ref(f, "losses", MG_ST_F32, 20)->data;
+    CHECK_CLOSE(loss, losses[0], 1e-5, 0);
+    mg_model_backward(m);
+    char key[96];
+    for (int i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param *p = mg_model_tensor(m, i);
+        snprintf(key, sizeof key, "grad.%s", p->name);
+        check_scaled(key, p->grad, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4);
+    }
+    double norm = sqrt(mg_grad_sumsq(mg_model_grads(m), mg_model_num_params(m)));
+    CHECK_CLOSE(norm, *(const float *)ref(f, "grad_norm0", MG_ST_F32, 1)->data, 1e-4, 0);
+    mg_model_destroy(m);
+    mg_st_close(f);
+}
