@@ -7,7 +7,7 @@
 set -euo pipefail
 
 pkgs=(build-essential pkg-config libopenblas-dev zlib1g-dev libssl-dev
-      libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist fortunes)
 if [ "${1:-}" = "--bench" ]; then
     pkgs+=(python3-torch python3-numpy)
 fi
