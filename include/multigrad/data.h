@@ -1,6 +1,7 @@
 /* multigrad — data: IDX files (MNIST, Fashion-MNIST; plain or gzip), data
- * sets kept as u8 in memory, input scaling, and a loader that assembles
- * the next batch on a background thread while the current one trains. */
+ * sets kept as u8 in memory, input scaling, a loader that assembles
+ * the next batch on a background thread while the current one trains, and
+ * byte-level text corpora for language models. */
 #ifndef MULTIGRAD_DATA_H
 #define MULTIGRAD_DATA_H
 
@@ -63,6 +64,45 @@ void mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int s
 /* The next batch: returns its size (0 at the end of the epoch); x and y
  * stay valid until the next call. */
 int mg_loader_next(mg_loader *l, const float **x, const int32_t **y);
+
+/* Text corpora for byte-level language models (models.md section D):
+ * tokens are bytes (vocabulary 256), written as int32; the first
+ * floor(0.9 n) bytes train, the rest validate. The default corpus is 40
+ * files of Debian's fortunes package (/usr/share/games/fortunes, fixed
+ * order, 2,478,275 bytes in Debian 12). Corpora over 2 GiB are refused. */
+typedef struct mg_text mg_text;
+/* path NULL: the default fortunes set; a directory: its regular files (not
+ * hidden; symbolic links followed), sorted by name (strcmp); a file: that
+ * file. ctx: the context T the corpus must hold one window of (training
+ * split >= T + 2 bytes, validation >= T + 1). Errors name the file or
+ * path and the fix (install fortunes, --data, a smaller --ctx). */
+mg_status mg_text_open(const char *path, int ctx, mg_text **out);
+void mg_text_close(mg_text *t);
+size_t mg_text_size(const mg_text *t);        /* total bytes */
+size_t mg_text_train_size(const mg_text *t);
+size_t mg_text_val_size(const mg_text *t);
+const uint8_t *mg_text_bytes(const mg_text *t); /* the whole corpus; train = [0, train_size), val after it */
+int mg_text_num_files(const mg_text *t);
+/* Start offsets (into the training split) of the global batch of step
+ * `step`: B values uniform in [0, n_train - T - 1], drawn by a stream that
+ * depends only on (seed, step). */
+void mg_text_batch_offsets(uint64_t seed, uint64_t step, size_t n_train, int B, int T,
+                           int64_t *offsets);
+/* Rank `rank` of `world`'s rows of the global batch of B sequences (rows
+ * rank, rank + world, ...: B/world when divisible; returns the count) as
+ * int32 tokens x [rows, T] = train[o : o+T] and targets y [rows, T] =
+ * train[o+1 : o+T+1]. */
+int mg_text_batch(const mg_text *t, uint64_t seed, uint64_t step, int B, int T, int rank,
+                  int world, int32_t *x, int32_t *y);
+/* Same from explicit offsets (the reference file gives PyTorch's
+ * offsets): n sequences. */
+void mg_text_batch_at(const mg_text *t, const int64_t *offsets, int n, int T, int32_t *x,
+                      int32_t *y);
+/* Validation windows for context T: min(512, floor((n_val - 1) / T)),
+ * window i at offset i*T of the validation split; and window rows
+ * [first, first+n) as x/y ([n, T] each). */
+int mg_text_val_windows(const mg_text *t, int T);
+void mg_text_val_batch(const mg_text *t, int T, int first, int n, int32_t *x, int32_t *y);
 
 #ifdef __cplusplus
 }
