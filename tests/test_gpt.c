@@ -138,3 +138,71 @@ TEST(gpt_matches_pytorch_at_init)
     mg_model_destroy(m);
     mg_st_close(f);
 }
+
+/* Mean cross-entropy over the validation windows (models.md: the first
+ * 512 non-overlapping windows, in batches of the training batch). */
+static double val_loss(mg_model *m, const mg_text *t)
+{
+    int nw = mg_text_val_windows(t, T);
+    int32_t x[B * T], y[B * T];
+    double sum = 0;
+    for (int w = 0; w < nw; w += B) {
+        int n = nw - w < B ? nw - w : B;
+        mg_text_val_batch(t, T, w, n, x, y);
+        CHECK(mg_model_forward_tokens(m, x, n) != NULL);
+        sum += (double)mg_model_loss(m, y, NULL) * n;
+    }
+    return sum / nw;
+}
+
+TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
+{
+    mg_text *t;
+    if (mg_text_open(NULL, T, &t) != MG_OK)
+        CHECK_MSG(false, "the fortunes corpus is missing (scripts/install-deps.sh): %s",
+                  mg_last_error());
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
+    mg_model *m = reference_model(f);
+    CHECK_CLOSE(val_loss(m, t), *(const float *)ref(f, "val_loss0", MG_ST_F32, 1)->data, 1e-5, 0);
+
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    oc.beta2 = 0.99f;
+    oc.weight_decay = 0.1f;
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&oc, mg_model_arena_size(m), &o));
+    mg_optim_group gr[128];
+    int ng = mg_model_decay_groups(m, 0.1f, gr, 128);
+    CHECK(ng <= 128);
+    CHECK_OK(mg_optim_set_groups(o, gr, ng));
+
+    const int32_t *offs = ref(f, "steps.offsets", MG_ST_I32, 20 * B)->data;
+    const float *losses = ref(f, "losses", MG_ST_F32, 20)->data;
+    int32_t x[B * T], y[B * T];
+    size_t np = mg_model_num_params(m);
+    for (int s = 0; s < 20; s++) {
+        int64_t o64[B];
+        for (int i = 0; i < B; i++) o64[i] = offs[s * B + i];
+        mg_text_batch_at(t, o64, B, T, x, y);
+        mg_model_zero_grad(m);
+        CHECK(mg_model_forward_tokens(m, x, B) != NULL);
+        float loss = mg_model_loss(m, y, NULL);
+        CHECK_MSG(fabs(loss - losses[s]) <= 1e-4 * losses[s], "step %d: loss %.7g vs PyTorch %.7g",
+                  s, loss, losses[s]);
+        mg_model_backward(m);
+        float *g = mg_model_grads(m);
+        mg_grad_scale(g, np, mg_clip_coef(sqrt(mg_grad_sumsq(g, np)), 1.0f));
+        mg_optim_step(o, mg_model_params(m), g, 1e-3f);
+    }
+    char key[96];
+    for (int i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param *p = mg_model_tensor(m, i);
+        snprintf(key, sizeof key, "final.%s", p->name);
+        check_scaled(key, p->data, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-3);
+    }
+    CHECK_CLOSE(val_loss(m, t), *(const float *)ref(f, "val_loss20", MG_ST_F32, 1)->data, 1e-4, 0);
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+    mg_st_close(f);
+    mg_text_close(t);
+}

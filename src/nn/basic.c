@@ -6,19 +6,7 @@
 #include <string.h>
 #include "nn/layer.h"
 
-static void no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
-{
-    *saved = 0;
-    *scratch = 0;
-}
-
 /* ---- ReLU ---- */
-
-static mg_status same_setup(mg_layer *l, const int in[3], int out[3])
-{
-    memcpy(out, in, 3 * sizeof(int));
-    return MG_OK;
-}
 
 static void relu_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
@@ -32,7 +20,7 @@ static void relu_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 }
 
 static const mg_layer_vt relu_vt = {
-    .kind = "relu", .setup = same_setup, .sizes = no_sizes,
+    .kind = "relu", .setup = mg__same_setup, .sizes = mg__no_sizes,
     .forward = relu_forward, .backward = relu_backward,
 };
 
@@ -71,7 +59,7 @@ static void avgpool_backward(mg_layer *l, const mg_ctx *c, const float *x, const
 }
 
 static const mg_layer_vt avgpool_vt = {
-    .kind = "avgpool2d", .setup = pool_setup, .sizes = no_sizes,
+    .kind = "avgpool2d", .setup = pool_setup, .sizes = mg__no_sizes,
     .forward = avgpool_forward, .backward = avgpool_backward,
 };
 
@@ -143,7 +131,7 @@ static void copy_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 }
 
 static const mg_layer_vt flatten_vt = {
-    .kind = "flatten", .setup = flatten_setup, .sizes = no_sizes,
+    .kind = "flatten", .setup = flatten_setup, .sizes = mg__no_sizes,
     .forward = copy_forward, .backward = copy_backward,
 };
 
@@ -198,7 +186,7 @@ static void dropout_backward(mg_layer *l, const mg_ctx *c, const float *x, const
 }
 
 static const mg_layer_vt dropout_vt = {
-    .kind = "dropout", .setup = same_setup, .sizes = dropout_sizes,
+    .kind = "dropout", .setup = mg__same_setup, .sizes = dropout_sizes,
     .forward = dropout_forward, .backward = dropout_backward,
 };
 

@@ -216,13 +216,8 @@ static mg_status res_setup(mg_layer *l, const int in[3], int out[3])
 
 static void res_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
-    size_t sv = 0, sc = 0;
-    for (int i = 0; i < l->n_child; i++) {
-        size_t a, b;
-        l->child[i]->vt->sizes(l->child[i], n, &a, &b);
-        sv += mg__align(a);
-        if (b > sc) sc = b;
-    }
+    size_t sv, sc;
+    mg__children_sizes(l, n, &sv, &sc);
     size_t out = mg__align((size_t)n * mg__per_image(l->out) * sizeof(float));
     size_t in = mg__align((size_t)n * mg__per_image(l->in) * sizeof(float));
     sv += out * (size_t)l->n_child;
@@ -233,15 +228,7 @@ static void res_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 static void res_bind(mg_layer *l, int n)
 {
     res_layer *r = (res_layer *)l;
-    char *p = l->saved;
-    for (int i = 0; i < l->n_child; i++) {
-        mg_layer *ch = l->child[i];
-        size_t a, b;
-        ch->vt->sizes(ch, n, &a, &b);
-        ch->saved = p;
-        p += mg__align(a);
-        if (ch->vt->bind) ch->vt->bind(ch, n);
-    }
+    char *p = mg__bind_children(l, n);
     r->out_floats = mg__align((size_t)n * mg__per_image(l->out) * sizeof(float)) / sizeof(float);
     r->in_floats = mg__align((size_t)n * mg__per_image(l->in) * sizeof(float)) / sizeof(float);
     r->bo = (float *)p;

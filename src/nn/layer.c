@@ -82,3 +82,42 @@ void mg_layer_destroy(mg_layer *l)
     free(l->child);
     free(l);
 }
+
+void mg__no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    *saved = 0;
+    *scratch = 0;
+}
+
+mg_status mg__same_setup(mg_layer *l, const int in[3], int out[3])
+{
+    memcpy(out, in, 3 * sizeof(int));
+    return MG_OK;
+}
+
+void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    size_t sv = 0, sc = 0;
+    for (int i = 0; i < l->n_child; i++) {
+        size_t a, b;
+        l->child[i]->vt->sizes(l->child[i], n, &a, &b);
+        sv += mg__align(a);
+        if (b > sc) sc = b;
+    }
+    *saved = sv;
+    *scratch = sc;
+}
+
+char *mg__bind_children(mg_layer *l, int n)
+{
+    char *p = l->saved;
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        size_t a, b;
+        ch->vt->sizes(ch, n, &a, &b);
+        ch->saved = p;
+        p += mg__align(a);
+        if (ch->vt->bind) ch->vt->bind(ch, n);
+    }
+    return p;
+}

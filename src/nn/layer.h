@@ -88,6 +88,15 @@ size_t mg__per_image(const int s[3]);
 /* Round a byte count up to MG_ALIGN. */
 size_t mg__align(size_t bytes);
 
+/* Shared pieces of layers: no saved or scratch memory; output shape =
+ * input shape; children's saved memory side by side (the largest child
+ * scratch is enough, children run one at a time); binding them returns
+ * the first byte after theirs. */
+void mg__no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
+mg_status mg__same_setup(mg_layer *l, const int in[3], int out[3]);
+void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
+char *mg__bind_children(mg_layer *l, int n);
+
 /* A sequence model's output per sample is `positions` rows of logits
  * (the language model's [T, vocab]); labels are per position. */
 void mg__model_set_positions(mg_model *m, int positions);

@@ -12,18 +12,6 @@
 #include <string.h>
 #include "nn/layer.h"
 
-static void no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
-{
-    *saved = 0;
-    *scratch = 0;
-}
-
-static mg_status same_setup(mg_layer *l, const int in[3], int out[3])
-{
-    memcpy(out, in, 3 * sizeof(int));
-    return MG_OK;
-}
-
 /* Rows of a batch of n samples of shape s (all but the last dimension). */
 static size_t rows(const int s[3], int n) { return (size_t)n * s[0] * s[1]; }
 
@@ -79,7 +67,7 @@ static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
 }
 
 static const mg_layer_vt embed_vt = {
-    .kind = "embedding", .setup = embed_setup, .sizes = no_sizes,
+    .kind = "embedding", .setup = embed_setup, .sizes = mg__no_sizes,
     .forward = embed_forward, .backward = embed_backward,
 };
 
@@ -146,7 +134,7 @@ static double head_flops(const mg_layer *l)
  * head has no parameter of its own: counted by the model as a layer with
  * need_dx (3x); the missing weight share is not added. */
 static const mg_layer_vt head_vt = {
-    .kind = "tied_head", .setup = head_setup, .sizes = no_sizes,
+    .kind = "tied_head", .setup = head_setup, .sizes = mg__no_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,
 };
 
@@ -175,7 +163,7 @@ static mg_status ln_setup(mg_layer *l, const int in[3], int out[3])
     if (in[2] != f->d)
         return mg_error(MG_EINVAL, "layernorm '%s' normalises %d features but gets %dx%dx%d",
                         l->name, f->d, in[0], in[1], in[2]);
-    return same_setup(l, in, out);
+    return mg__same_setup(l, in, out);
 }
 
 static void ln_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
@@ -243,7 +231,7 @@ static void gelu_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 }
 
 static const mg_layer_vt gelu_vt = {
-    .kind = "gelu", .setup = same_setup, .sizes = no_sizes,
+    .kind = "gelu", .setup = mg__same_setup, .sizes = mg__no_sizes,
     .forward = gelu_forward, .backward = gelu_backward,
 };
 
@@ -347,13 +335,8 @@ static size_t block_act_bytes(const mg_layer *l, int n)
 
 static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
-    size_t sv = 0, sc = 0;
-    for (int i = 0; i < l->n_child; i++) {
-        size_t a, b;
-        l->child[i]->vt->sizes(l->child[i], n, &a, &b);
-        sv += mg__align(a);
-        if (b > sc) sc = b;
-    }
+    size_t sv, sc;
+    mg__children_sizes(l, n, &sv, &sc);
     size_t act = block_act_bytes(l, n);
     *saved = sv + B_N * act;
     *scratch = 3 * act / sizeof(float) + sc;
@@ -362,15 +345,7 @@ static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
 static void block_bind(mg_layer *l, int n)
 {
     block_layer *b = (block_layer *)l;
-    char *p = l->saved;
-    for (int i = 0; i < l->n_child; i++) {
-        mg_layer *ch = l->child[i];
-        size_t sv, sc;
-        ch->vt->sizes(ch, n, &sv, &sc);
-        ch->saved = p;
-        p += mg__align(sv);
-        if (ch->vt->bind) ch->vt->bind(ch, n);
-    }
+    char *p = mg__bind_children(l, n);
     size_t act = block_act_bytes(l, n);
     for (int k = 0; k < B_N; k++) b->act[k] = (float *)(p + k * act);
     b->act_floats = act / sizeof(float);
