@@ -32,7 +32,7 @@ endif
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -pthread -Iinclude -Isrc -MMD -MP \
            -fvisibility=default $(MPI_CFLAGS)
-LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) -lm -lpthread -lrt
+LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) -lmvec -lm -lpthread -lrt
 LDFLAGS += $(if $(SAN),-fsanitize=$(SAN))
 
 LIB_SRC   := $(sort $(shell find src -name '*.c'))
@@ -67,6 +67,9 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(V),,echo "  CC    $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+# GELU's exp loops vectorise only with glibc's vector math (src/tensor/gelu.c).
+$(BUILD)/obj/src/tensor/gelu.o: CFLAGS += -ffast-math
 
 $(BUILD)/lib/libmultigrad.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -30,33 +30,6 @@ static void usage(FILE *f)
             "  --batch N      override the model's default batch size\n");
 }
 
-/* GFLOP/s of the best square SGEMM among a few sizes: what one training
- * step could reach if it were nothing but large GEMMs. */
-static double sgemm_peak(void)
-{
-    static const int sizes[] = {384, 512, 768, 1024};
-    int nmax = 1024;
-    float *a = mg_alloc(sizeof(float) * (size_t)nmax * nmax * 3);
-    if (!a) return 0;
-    float *b = a + (size_t)nmax * nmax, *c = b + (size_t)nmax * nmax;
-    for (size_t i = 0; i < (size_t)nmax * nmax * 3; i++) a[i] = (float)(i % 13) * 0.01f;
-    double best = 0;
-    for (int s = 0; s < 4; s++) {
-        int n = sizes[s];
-        for (int r = 0; r < 3; r++) {
-            int it = 0;
-            double t0 = mg_now(), t;
-            do {
-                mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-                it++;
-            } while ((t = mg_now() - t0) < 0.1);
-            double g = 2.0 * n * n * (double)n * it / t / 1e9;
-            if (g > best) best = g;
-        }
-    }
-    mg_free(a);
-    return best;
-}
 
 static double peak_gflops;
 
@@ -172,7 +145,7 @@ int main(int argc, char **argv)
     mg_kernels_describe(sys, sizeof sys, "# ");
     printf("# multigrad %s: %d thread(s), %d epoch(s)\n%s", MG_VERSION, mg_get_threads(), epochs,
            sys);
-    peak_gflops = sgemm_peak();
+    peak_gflops = mg_sgemm_peak();
     printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and threads)\n",
            peak_gflops);
     printf("%-10s %5s %10s %8s %8s %7s %7s %5s\n", "model", "batch", "images/s", "seconds", "loss",

@@ -92,6 +92,8 @@ TEST(gpt_model_definition)
     mg_optim_group gr[64];
     int ng = mg_model_decay_groups(m, 0.1f, gr, 64);
     CHECK(ng > 0 && ng <= 64);
+    CHECK_EQ(mg_model_decay_groups(m, 0.1f, NULL, 0), ng);   /* the count alone */
+    CHECK_EQ(mg_model_decay_groups(m, 0.1f, gr, 3), ng);     /* a short array */
     size_t decayed = 0, at = 0;
     for (int i = 0; i < ng; i++) {
         CHECK_EQ(gr[i].lo, at);

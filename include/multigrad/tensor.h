@@ -64,6 +64,10 @@ int mg_kernels_describe(char *buf, size_t cap, const char *prefix);
  * stdout. */
 void mg_print_version(const char *tool);
 
+/* GFLOP/s of the best square SGEMM of 384..1024 with the kernels and
+ * threads in use (about 1.5 s): the peak the benchmarks compare with. */
+double mg_sgemm_peak(void);
+
 /* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS. */
 void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              const float *A, int lda, const float *B, int ldb, float beta,

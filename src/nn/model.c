@@ -288,19 +288,20 @@ int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int 
      * reverse of it by layer), so merging sees neighbours. */
     int n = 0;
     size_t at = 0;
+    float last = -1.0f;   /* the decay of group n-1 (which ends at `at`) */
     while (at < m->num_params) {
         const mg_param *t = NULL;
         for (int i = 0; i < m->n_tensors && !t; i++)
             if (!m->tensors[i].is_buffer && m->tensors[i].offset == at) t = &m->tensors[i];
         MG_ASSERT(t);
         float d = t->ndim >= 2 ? wd : 0.0f;
-        if (n > 0 && n <= cap && out[n - 1].hi == at && out[n - 1].weight_decay == d) {
-            out[n - 1].hi = at + t->numel;
-        } else {
-            if (n < cap) out[n] = (mg_optim_group){.lo = at, .hi = at + t->numel, .weight_decay = d};
+        if (n == 0 || d != last) {
+            if (n < cap) out[n].lo = at;
             n++;
+            last = d;
         }
         at += t->numel;
+        if (n <= cap) out[n - 1] = (mg_optim_group){.lo = out[n - 1].lo, .hi = at, .weight_decay = d};
     }
     return n;
 }

@@ -1,5 +1,5 @@
-/* Kernels of the transformer: LayerNorm over the last dimension, GELU
- * (tanh approximation) and causal multi-head self-attention.
+/* Kernels of the transformer: LayerNorm over the last dimension and causal
+ * multi-head self-attention (GELU is in gelu.c).
  *
  * Attention keeps memory lean as the flash-attention papers do: the
  * forward saves only the log-sum-exp of each softmax row, and the
@@ -54,28 +54,6 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
             float xh = (xr[i] - mu) * rs;
             dr[i] = rs * (gr[i] * w[i] - m1 - xh * m2);
         }
-    }
-}
-
-/* ---- GELU, tanh approximation (PyTorch's approximate='tanh') ----------- */
-
-#define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
-void mg_gelu_forward(float *y, const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_C * v * v * v)));
-    }
-}
-
-void mg_gelu_backward(float *dx, const float *dy, const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i], t = tanhf(GELU_K * (v + GELU_C * v * v * v));
-        float dt = GELU_K * (1.0f + 3.0f * GELU_C * v * v) * (1.0f - t * t);
-        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
     }
 }
 
