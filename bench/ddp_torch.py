@@ -10,17 +10,16 @@ preloaded as float tensors.
 Prints "model world threads images/s seconds loss"."""
 import argparse
 import os
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_torch import DEFAULTS, build, load_idx  # noqa: E402
+from torch_ranks import run_ranks  # noqa: E402
 
 
 def load(data, name):
@@ -79,29 +78,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     args = ap.parse_args()
-    if args.world == 1:
-        # One process: run here, not in a forked child (OpenMP's thread pool
-        # does not survive fork, which would understate PyTorch's threads).
-        import queue
-        q = queue.Queue()
-        run(0, 1, 0, args, q)
-        ips, secs, loss = q.get()
-        print(f"{args.model} 1 {args.threads} {ips:.0f} {secs:.2f} {loss:.4f}", flush=True)
-        return
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, args.world, port, args, q)) for r in range(args.world)]
-    for p in procs:
-        p.start()
-    ips, secs, loss = q.get()
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise SystemExit(f"ddp_torch.py: rank exited with {p.exitcode}")
+    ips, secs, loss = run_ranks(args.world, run, (args,), "ddp_torch.py")
     print(f"{args.model} {args.world} {args.threads} {ips:.0f} {secs:.2f} {loss:.4f}", flush=True)
 
 

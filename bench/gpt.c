@@ -102,9 +102,8 @@ int main(int argc, char **argv)
         mg_model_forward_tokens(m, x, B);
         loss = mg_model_loss(m, y, NULL);
         mg_model_backward(m);
-        float *gd = mg_model_grads(m);
-        mg_grad_scale(gd, np, mg_clip_coef(sqrt(mg_grad_sumsq(gd, np)), 1.0f));
-        mg_optim_step(o, mg_model_params(m), gd, 1e-3f);
+        mg_clip_grad_norm(mg_model_grads(m), np, 1.0f);
+        mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
     }
     double secs = mg_now() - t0, tok = (double)B * T * (steps - 1) / secs;
     double vl = val_loss(m, t, T, B, x, y);

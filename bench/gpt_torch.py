@@ -31,16 +31,16 @@ import hashlib
 import math
 import os
 import resource
-import socket
 import sys
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_ranks import run_ranks
 
 # models.md D: sorted by name (C locale), concatenated byte for byte.
 FILES = ("art ascii-art computers cookie debian definitions disclaimer drugs education ethnic "
@@ -279,28 +279,7 @@ def main():
     if world < 1 or args.batch % world:
         raise SystemExit(f"gpt_torch.py: --batch {args.batch} is not a multiple of --ddp {world}")
     text = load_text(args.data)
-    if world == 1:
-        # One process: run here, not in a forked child (OpenMP's thread pool
-        # does not survive fork).
-        import queue
-        q = queue.Queue()
-        run(0, 1, 0, args, text, q)
-        print(q.get(), flush=True)
-        return
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=run, args=(r, world, port, args, text, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise SystemExit(f"gpt_torch.py: rank exited with {p.exitcode}")
-    print(q.get(), flush=True)
+    print(run_ranks(world, run, (args, text), "gpt_torch.py"), flush=True)
 
 
 if __name__ == "__main__":

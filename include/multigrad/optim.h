@@ -53,6 +53,9 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n);
 double mg_grad_sumsq(const float *g, size_t n);
 float mg_clip_coef(double norm, float max_norm);
 void mg_grad_scale(float *g, size_t n, float s);
+/* The three for gradients that all live here (one process, or DDP after
+ * its all-reduce): clips g in place; returns the norm before clipping. */
+double mg_clip_grad_norm(float *g, size_t n, float max_norm);
 
 /* One optimizer step is: begin_step once (advances the step count, sets
  * the learning rate), then update over one or more ranges. */

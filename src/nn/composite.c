@@ -61,11 +61,7 @@ static void seq_bind(mg_layer *l, int n)
     size_t g = 0;
     for (int i = 0; i < l->n_child; i++) {
         mg_layer *ch = l->child[i];
-        size_t a, b;
-        ch->vt->sizes(ch, n, &a, &b);
-        ch->saved = p;
-        p += mg__align(a);
-        if (ch->vt->bind) ch->vt->bind(ch, n);
+        p = mg__bind_child(ch, n, p);
         if (i + 1 < l->n_child) {
             size_t f = (size_t)n * mg__per_image(ch->out);
             s->acts[i] = (float *)p;

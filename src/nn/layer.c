@@ -108,16 +108,18 @@ void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
     *scratch = sc;
 }
 
+char *mg__bind_child(mg_layer *ch, int n, char *p)
+{
+    size_t a, b;
+    ch->vt->sizes(ch, n, &a, &b);
+    ch->saved = p;
+    if (ch->vt->bind) ch->vt->bind(ch, n);
+    return p + mg__align(a);
+}
+
 char *mg__bind_children(mg_layer *l, int n)
 {
     char *p = l->saved;
-    for (int i = 0; i < l->n_child; i++) {
-        mg_layer *ch = l->child[i];
-        size_t a, b;
-        ch->vt->sizes(ch, n, &a, &b);
-        ch->saved = p;
-        p += mg__align(a);
-        if (ch->vt->bind) ch->vt->bind(ch, n);
-    }
+    for (int i = 0; i < l->n_child; i++) p = mg__bind_child(l->child[i], n, p);
     return p;
 }

@@ -96,6 +96,8 @@ void mg__no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
 mg_status mg__same_setup(mg_layer *l, const int in[3], int out[3]);
 void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
 char *mg__bind_children(mg_layer *l, int n);
+/* Gives child ch its saved memory at p; returns the first byte after it. */
+char *mg__bind_child(mg_layer *ch, int n, char *p);
 
 /* A sequence model's output per sample is `positions` rows of logits
  * (the language model's [T, vocab]); labels are per position. */

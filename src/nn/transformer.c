@@ -130,9 +130,8 @@ static double head_flops(const mg_layer *l)
     return 2.0 * e->d * e->vocab * rows(l->in, 1);
 }
 
-/* Weight gradient and input gradient both cost a forward, although the
- * head has no parameter of its own: counted by the model as a layer with
- * need_dx (3x); the missing weight share is not added. */
+/* The model counts the training cost of a layer with need_dx as 3
+ * forwards: the head's wte gradient and input gradient are two of them. */
 static const mg_layer_vt head_vt = {
     .kind = "tied_head", .setup = head_setup, .sizes = mg__no_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,

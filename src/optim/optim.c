@@ -34,6 +34,7 @@ struct mg_optim {
     struct seg {
         size_t lo, hi;
         float wd;
+        double wd_dec;   /* wd as the decimal the user wrote (see dec) */
         mg__sgd_coef sgd;
         mg__adam_coef adam;
     } *seg;
@@ -113,6 +114,11 @@ static mg_status check_config(const mg_optim_config *c)
     return MG_OK;
 }
 
+static struct seg new_seg(size_t lo, size_t hi, float wd)
+{
+    return (struct seg){.lo = lo, .hi = hi, .wd = wd, .wd_dec = dec(wd)};
+}
+
 mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
 {
     *out = NULL;
@@ -128,7 +134,7 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
         return mg_error(MG_ENOMEM, "optimizer: out of memory");
     }
     o->nseg = 1;
-    o->seg[0] = (struct seg){.lo = 0, .hi = n, .wd = cfg->weight_decay};
+    o->seg[0] = new_seg(0, n, cfg->weight_decay);
     if (cfg->kind == MG_OPTIM_SGD) {
         if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
     } else {
@@ -187,11 +193,11 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
             free(seg);
             return MG_EINVAL;
         }
-        if (g[i].lo > at) seg[ns++] = (struct seg){.lo = at, .hi = g[i].lo, .wd = o->cfg.weight_decay};
-        if (g[i].hi > g[i].lo) seg[ns++] = (struct seg){.lo = g[i].lo, .hi = g[i].hi, .wd = g[i].weight_decay};
+        if (g[i].lo > at) seg[ns++] = new_seg(at, g[i].lo, o->cfg.weight_decay);
+        if (g[i].hi > g[i].lo) seg[ns++] = new_seg(g[i].lo, g[i].hi, g[i].weight_decay);
         at = g[i].hi;
     }
-    if (at < o->n || ns == 0) seg[ns++] = (struct seg){.lo = at, .hi = o->n, .wd = o->cfg.weight_decay};
+    if (at < o->n || ns == 0) seg[ns++] = new_seg(at, o->n, o->cfg.weight_decay);
     free(g);
     free(o->seg);
     o->seg = seg;
@@ -199,41 +205,46 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
     return MG_OK;
 }
 
-static void seg_coef(mg_optim *o, struct seg *sg, float lr)
+/* The step's coefficients: computed once, then each segment takes them
+ * with its own weight decay. */
+void mg_optim_begin_step(mg_optim *o, float lr)
 {
     const mg_optim_config *c = &o->cfg;
-    double lrd = dec(lr), wd = dec(sg->wd);
+    o->steps++;
+    o->lr = lr;
+    double lrd = dec(lr);
+    mg__sgd_coef sgd = {0};
+    mg__adam_coef adam = {0};
     if (c->kind == MG_OPTIM_SGD) {
-        sg->sgd = (mg__sgd_coef){
+        sgd = (mg__sgd_coef){
             .neg_lr = (float)-lrd,
-            .wd = sg->wd,
             .mu = c->momentum,
             .one_minus_damp = (float)(1.0 - dec(c->dampening)),
             .nesterov = c->nesterov,
             .first = o->steps == 1,
         };
-        return;
+    } else {
+        double b1 = dec(c->beta1), b2 = dec(c->beta2), t = (double)o->steps;
+        double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+        adam = (mg__adam_coef){
+            .beta1 = c->beta1,
+            .one_minus_beta1 = (float)(1.0 - b1),
+            .beta2 = c->beta2,
+            .one_minus_beta2 = (float)(1.0 - b2),
+            .eps = c->eps,
+            .neg_step_size = (float)-(lrd / bc1),
+            .bc2_sqrt = (float)sqrt(bc2),
+            .decay = 1.0f,
+        };
     }
-    double b1 = dec(c->beta1), b2 = dec(c->beta2), t = (double)o->steps;
-    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-    sg->adam = (mg__adam_coef){
-        .beta1 = c->beta1,
-        .one_minus_beta1 = (float)(1.0 - b1),
-        .beta2 = c->beta2,
-        .one_minus_beta2 = (float)(1.0 - b2),
-        .eps = c->eps,
-        .neg_step_size = (float)-(lrd / bc1),
-        .bc2_sqrt = (float)sqrt(bc2),
-        .wd = c->kind == MG_OPTIM_ADAM ? sg->wd : 0.0f,
-        .decay = c->kind == MG_OPTIM_ADAMW ? (float)(1.0 - lrd * wd) : 1.0f,
-    };
-}
-
-void mg_optim_begin_step(mg_optim *o, float lr)
-{
-    o->steps++;
-    o->lr = lr;
-    for (int i = 0; i < o->nseg; i++) seg_coef(o, &o->seg[i], lr);
+    for (int i = 0; i < o->nseg; i++) {
+        struct seg *sg = &o->seg[i];
+        sg->sgd = sgd;
+        sg->adam = adam;
+        if (c->kind == MG_OPTIM_SGD) sg->sgd.wd = sg->wd;
+        else if (c->kind == MG_OPTIM_ADAM) sg->adam.wd = sg->wd;
+        else sg->adam.decay = (float)(1.0 - lrd * sg->wd_dec);
+    }
 }
 
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
@@ -294,4 +305,11 @@ float mg_clip_coef(double norm, float max_norm)
 void mg_grad_scale(float *g, size_t n, float s)
 {
     for (size_t i = 0; i < n; i++) g[i] *= s;
+}
+
+double mg_clip_grad_norm(float *g, size_t n, float max_norm)
+{
+    double norm = sqrt(mg_grad_sumsq(g, n));
+    mg_grad_scale(g, n, mg_clip_coef(norm, max_norm));
+    return norm;
 }

@@ -152,7 +152,9 @@ static void kernels_init(void)
     k->detected_simd = core_simd(k->detected);
 
     const char *why = NULL, *target = NULL, *best = mg_blas_core_for(&k->cpu, &why);
+    bool by_user = false;   /* an explicit choice: respected without a warning */
     if (user && !misdetect) {
+        by_user = true;
         k->choice = "set by OPENBLAS_CORETYPE";
     } else if (!strcasecmp(want, "keep")) {
         k->choice = "OpenBLAS's choice, kept (MG_BLAS_CORE=keep)";
@@ -163,6 +165,7 @@ static void kernels_init(void)
                    "using auto", want);
         } else {
             target = want;
+            by_user = true;
             k->choice = "set by MG_BLAS_CORE";
         }
     }
@@ -190,10 +193,9 @@ static void kernels_init(void)
     k->core_simd = core_simd(k->core);
     /* Below the level of the kernels measured best for this CPU. */
     k->below = best && k->core_simd < core_simd(best);
-    /* An explicit choice is respected without a warning on every run (the
-     * environment may set it for all programs); --version, --verbose and
-     * the benchmark headers say that it is below this CPU. */
-    bool by_user = k->choice && !strncmp(k->choice, "set by", 6);
+    /* An explicit choice gets no warning on every run (the environment may
+     * set it for all programs); --version, --verbose and the benchmark
+     * headers say that it is below this CPU. */
     if (k->below && !by_user)
         mg_log("warning: GEMM runs on OpenBLAS's %s kernels (%s) on a CPU with %s (%s): %s; "
                "unset OPENBLAS_CORETYPE / MG_BLAS_CORE to let multigrad choose",
