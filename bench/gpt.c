@@ -19,17 +19,11 @@
 #include <sys/resource.h>
 #include "multigrad/multigrad.h"
 
-static double val_loss(mg_model *m, const mg_text *t, int T, int B, int32_t *x, int32_t *y)
+static double val_loss(mg_model *m, const mg_text *t, int B)
 {
-    int nw = mg_text_val_windows(t, T);
-    double sum = 0;
-    for (int w = 0; w < nw; w += B) {
-        int n = nw - w < B ? nw - w : B;
-        mg_text_val_batch(t, T, w, n, x, y);
-        if (!mg_model_forward_tokens(m, x, n)) return NAN;
-        sum += (double)mg_model_loss(m, y, NULL) * n;
-    }
-    return sum / nw;
+    double v = NAN;
+    if (mg_lm_val_loss(m, t, B, NULL, &v)) fprintf(stderr, "gpt: %s\n", mg_last_error());
+    return v;
 }
 
 int main(int argc, char **argv)
@@ -92,7 +86,7 @@ int main(int argc, char **argv)
     }
     printf("# gpt-mini L=%d d=%d h=%d T=%d B=%d: %zu parameters\n", g.layers, g.dim, g.heads, T, B,
            mg_model_num_params(m));
-    printf("eval step 0 val_loss %.4f\n", val_loss(m, t, T, B, x, y));
+    printf("eval step 0 val_loss %.4f\n", val_loss(m, t, B));
     size_t np = mg_model_num_params(m);
     double t0 = 0, loss = 0;
     for (int s = 0; s < steps; s++) {
@@ -106,7 +100,7 @@ int main(int argc, char **argv)
         mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
     }
     double secs = mg_now() - t0, tok = (double)B * T * (steps - 1) / secs;
-    double vl = val_loss(m, t, T, B, x, y);
+    double vl = val_loss(m, t, B);
     printf("eval step %d val_loss %.4f\n", steps, vl);
     double train_flops;
     mg_model_flops(m, NULL, &train_flops);   /* per sequence */

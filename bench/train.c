@@ -133,7 +133,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (n_models == 0)
-        for (const char *const *nm = mg_model_names(); *nm; nm++) models[n_models++] = *nm;
+        for (const char *const *nm = mg_model_names(); *nm; nm++) {
+            mg_zoo_defaults d;
+            if (!mg_zoo_defaults_of(*nm, &d) && !d.language_model) models[n_models++] = *nm;
+        }
     mg_dataset *train, *test;
     /* The test set is loaded too, as mgtrain holds it: peak memory is the
      * whole training process's. */

@@ -15,6 +15,7 @@
 #include "multigrad/data.h"
 #include "multigrad/nn.h"
 #include "multigrad/optim.h"
+#include "multigrad/parallel.h"
 
 enum { T = 64, B = 8 };
 
@@ -141,20 +142,13 @@ TEST(gpt_matches_pytorch_at_init)
     mg_st_close(f);
 }
 
-/* Mean cross-entropy over the validation windows (models.md: the first
+/* The validation loss as models.md defines it (mg_lm_val_loss: the first
  * 512 non-overlapping windows, in batches of the training batch). */
 static double val_loss(mg_model *m, const mg_text *t)
 {
-    int nw = mg_text_val_windows(t, T);
-    int32_t x[B * T], y[B * T];
-    double sum = 0;
-    for (int w = 0; w < nw; w += B) {
-        int n = nw - w < B ? nw - w : B;
-        mg_text_val_batch(t, T, w, n, x, y);
-        CHECK(mg_model_forward_tokens(m, x, n) != NULL);
-        sum += (double)mg_model_loss(m, y, NULL) * n;
-    }
-    return sum / nw;
+    double v = NAN;
+    CHECK_OK(mg_lm_val_loss(m, t, B, NULL, &v));
+    return v;
 }
 
 TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
@@ -208,4 +202,46 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
     mg_model_destroy(m);
     mg_st_close(f);
     mg_text_close(t);
+}
+
+/* Generation: at temperature 0 each token is the argmax of the last
+ * position's logits of the context so far (checked by forwarding the
+ * growing sequence, also past T where the context slides); top-k 1 is the
+ * same at any temperature; sampling is reproducible by seed and stays in
+ * the top k; a token outside the vocabulary is refused. */
+TEST(gpt_generate_greedy_topk_and_seeded)
+{
+    mg_gpt_config g = {.layers = 1, .dim = 32, .heads = 2, .ctx = 8, .vocab = 256};
+    mg_model *m;
+    CHECK_OK(mg_model_create_gpt(&g, 3, &m));
+    int32_t prompt[3] = {'a', 'b', 'c'}, out[12], topk1[12], s1[12], s2[12];
+    CHECK_OK(mg_model_generate(m, prompt, 3, 12, 0.0f, 0, 0, out));
+    int32_t seq[15];
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 3, out, sizeof out);
+    for (int k = 0; k < 12; k++) {
+        int len = 3 + k, start = len > g.ctx ? len - g.ctx : 0, n = len - start;
+        int32_t ctx[8] = {0};
+        memcpy(ctx, seq + start, sizeof(int32_t) * (size_t)n);
+        const float *z = mg_model_forward_tokens(m, ctx, 1) + (size_t)(n - 1) * 256;
+        int best = 0;
+        for (int i = 1; i < 256; i++)
+            if (z[i] > z[best]) best = i;
+        CHECK_MSG(out[k] == best, "token %d: %d, argmax %d", k, out[k], best);
+    }
+    CHECK_OK(mg_model_generate(m, prompt, 3, 12, 1.5f, 1, 7, topk1));
+    CHECK(memcmp(out, topk1, sizeof out) == 0);
+    CHECK_OK(mg_model_generate(m, prompt, 3, 12, 1.0f, 5, 42, s1));
+    CHECK_OK(mg_model_generate(m, prompt, 3, 12, 1.0f, 5, 42, s2));
+    CHECK(memcmp(s1, s2, sizeof s1) == 0);
+    /* the first sampled token is among the 5 largest logits after the prompt */
+    int32_t ctx[8] = {'a', 'b', 'c'};
+    const float *z = mg_model_forward_tokens(m, ctx, 1) + 2 * 256;
+    int above = 0;
+    for (int i = 0; i < 256; i++) above += z[i] > z[s1[0]];
+    CHECK_MSG(above < 5, "sampled token %d has %d larger logits (top-k 5)", s1[0], above);
+    int32_t bad[1] = {256};
+    CHECK_ERR(mg_model_generate(m, bad, 1, 4, 1.0f, 0, 0, out), MG_EINVAL);
+    CHECK_ERR(mg_model_generate(m, prompt, 0, 4, 1.0f, 0, 0, out), MG_EINVAL);
+    mg_model_destroy(m);
 }

@@ -138,3 +138,161 @@ TEST_T(mgtrain_dp_accumulate_equals_larger_batch, 240)
     printf("train loss: batch 120 %.6f, dp 2 x 60 %.6f\n", one, dp);
     CHECK_CLOSE(one, dp, 0.02, 0);
 }
+
+/* ---- gpt-mini ---------------------------------------------------------- */
+
+/* A gpt-mini small enough for tests: 2 layers, dim 64, 4 heads, context 64,
+ * batch 12 (divides among 2, 3 and 4 ranks and workers). */
+#define GPT_SMALL "--model gpt-mini --layers 2 --dim 64 --heads 4 --ctx 64 --batch 12"
+
+/* |a - b| / |b| over all parameters of two checkpoints (optimizer state
+ * left out); *max_rel gets max |a_i - b_i| / max |b|. */
+static double ckpt_rel_diff(const char *a, const char *b, double *max_rel)
+{
+    mg_st_file *fa, *fb;
+    CHECK_OK(mg_st_open(a, &fa));
+    CHECK_OK(mg_st_open(b, &fb));
+    double dn = 0, nn = 0, worst = 0, scale = 0;
+    int params = 0;
+    for (int i = 0; i < mg_st_count(fb); i++) {
+        const mg_st_tensor *y = mg_st_get(fb, i), *x = mg_st_find(fa, y->name);
+        if (!strncmp(y->name, "optim.", 6)) continue;
+        CHECK_MSG(x && x->nbytes == y->nbytes && x->dtype == MG_ST_F32, "tensor %s", y->name);
+        const float *p = (const float *)x->data, *q = (const float *)y->data;
+        for (size_t k = 0; k < y->nbytes / 4; k++) {
+            dn += ((double)p[k] - q[k]) * ((double)p[k] - q[k]);
+            nn += (double)q[k] * q[k];
+            worst = fmax(worst, fabs((double)p[k] - q[k]));
+            scale = fmax(scale, fabs((double)q[k]));
+        }
+        params++;
+    }
+    CHECK_EQ(params, 2 + 12 * 2 + 2);   /* wte, wpe, 12 per block, ln_f */
+    mg_st_close(fa);
+    mg_st_close(fb);
+    *max_rel = worst / scale;
+    return sqrt(dn / nn);
+}
+
+/* DDP on 2 and 3 ranks and DataParallel with 2 and 3 workers equal one
+ * process with the same global batch: 10 AdamW steps with decay groups and
+ * clipping, through mgtrain and mgrun, compared on the saved parameters.
+ * Only the summation order differs (the ranks' losses are means over
+ * their rows, averaged; one process takes the mean over all rows), so
+ * the bound is rounding grown over 10 steps: AdamW moves an entry whose
+ * gradient is within rounding of zero by up to lr either way, so the
+ * vector norm, not the largest entry, is bounded: 1e-4 (seen: 3e-6). */
+TEST_T(mgtrain_gpt_ddp_and_dp_equal_one_process, 240)
+{
+    const char *t = mgt_tmpdir();
+    char *out, ref[512], other[512], bin[512], run[512];   /* mgt_tool's buffer is reused */
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ref, sizeof ref, "%s/one.st", t);
+    snprintf(other, sizeof other, "%s/other.st", t);
+    int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --save %s", bin, ref);
+    CHECK_MSG(rc == 0 && strstr(out, "val loss"), "%s", out);
+    free(out);
+    for (int k = 2; k <= 3; k++)
+        for (int ddp = 0; ddp <= 1; ddp++) {
+            if (ddp)
+                rc = mgt_sh(&out, "%s -n %d %s " GPT_SMALL " --steps 10 --eval-every 10 "
+                            "--parallel ddp --save %s", run, k, bin, other);
+            else
+                rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --parallel dp "
+                            "--workers %d --save %s", bin, k, other);
+            CHECK_MSG(rc == 0, "%s", out);
+            free(out);
+            double worst, d = ckpt_rel_diff(other, ref, &worst);
+            printf("gpt-mini %s %d: |p - ref| / |ref| = %.3g (max entry %.3g)\n",
+                   ddp ? "ddp ranks" : "dp workers", k, d, worst);
+            CHECK_MSG(d <= 1e-4, "%s %d: parameters differ from one process by %g",
+                      ddp ? "ddp ranks" : "dp workers", k, d);
+        }
+}
+
+/* Resuming at step 5 gives the same bytes as 10 steps in one go (the
+ * batches depend only on seed and step); the log keeps its rows; the
+ * plot exists; --eval-only and --sample work from the checkpoint. */
+TEST_T(mgtrain_gpt_resume_log_eval_and_sample, 180)
+{
+    const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
+    char *out;
+    int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 5 --save %s/full.st", bin, t);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 5 --eval-every 5 --save %s/half.st "
+                "--log %s/half.csv", bin, t, t);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 5 --resume %s/half.st "
+                "--save %s/half.st --log %s/half.csv", bin, t, t, t);
+    CHECK_MSG(rc == 0 && strstr(out, "step    10/10") && !strstr(out, "step     5/10"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "cmp %s/full.st %s/half.st", t, t);
+    CHECK_MSG(rc == 0, "resumed checkpoint differs: %s", out);
+    free(out);
+    /* header, step 0, 5, 10 */
+    char path[512];
+    snprintf(path, sizeof path, "%s/half.csv", t);
+    char *csv = mgt_slurp(path, NULL);
+    CHECK_MSG(count_lines(csv) == 4 && strstr(csv, "step,train_loss,val_loss,val_ppl") &&
+              strstr(csv, "\n0,nan,") && strstr(csv, "\n5,") && strstr(csv, "\n10,"), "%s", csv);
+    free(csv);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/half.svg", t);
+    CHECK(stat(path, &sb) == 0 && sb.st_size > 500);
+    /* Another head count changes no tensor shape: the flags catch it. */
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --heads 2 --steps 20 --resume %s/half.st", bin, t);
+    CHECK_MSG(rc == 2 && count_lines(out) == 1 && strstr(out, "arch="), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
+                "--temperature 0 --prompt 'Q: '", bin, t);
+    CHECK_MSG(rc == 0 && strstr(out, "validation loss") && strstr(out, "perplexity") &&
+              strstr(out, "sample (40 bytes"), "%s", out);
+    /* Greedy sampling is deterministic. */
+    char *again;
+    rc = mgt_sh(&again, "%s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
+                "--temperature 0 --prompt 'Q: '", bin, t);
+    CHECK(rc == 0 && strcmp(out, again) == 0);
+    free(out);
+    free(again);
+}
+
+TEST_T(mgtrain_gpt_bad_input_one_line, 120)
+{
+    const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
+    char tiny[512], save[512];
+    snprintf(tiny, sizeof tiny, "%s/tiny.txt", t);
+    snprintf(save, sizeof save, "%s/keep.st", t);
+    FILE *f = fopen(tiny, "w");
+    fputs("too short for a window\n", f);
+    fclose(f);
+    f = fopen(save, "w");
+    fputs("precious", f);
+    fclose(f);
+    struct { const char *flags, *says; } bad[] = {
+        {"--model gpt-mini --epochs 2", "--steps"},
+        {"--model lenet5 --steps 3", "gpt-mini"},
+        {"--model lenet5 --sample 10", "gpt-mini"},
+        {"--model gpt-mini --dim 30 --heads 4", "--heads"},
+        {"--model gpt-mini --steps 0", "--steps"},
+        {"--model gpt-mini --ctx 1", "--ctx"},
+        {"--model gpt-mini --data /nonexistent/text", "/nonexistent/text"},
+        {"--model gpt-mini --ctx 64 --data TINY", "tiny.txt"},
+        {"--model gpt-mini --batch 3 --parallel dp --workers 4", "--workers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char flags[1024], *out;
+        const char *p = strstr(bad[i].flags, "TINY");
+        if (p) snprintf(flags, sizeof flags, "%.*s%s", (int)(p - bad[i].flags), bad[i].flags, tiny);
+        else snprintf(flags, sizeof flags, "%s", bad[i].flags);
+        int rc = mgt_sh(&out, "%s %s --save %s", bin, flags, save);
+        CHECK_MSG(rc == 2 && count_lines(out) == 1 && strncmp(out, "mgtrain: ", 9) == 0 &&
+                  strstr(out, bad[i].says), "'%s' exited %d: %s", flags, rc, out);
+        free(out);
+    }
+    char *s = mgt_slurp(save, NULL);
+    CHECK(strcmp(s, "precious") == 0);
+    free(s);
+}

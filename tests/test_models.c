@@ -39,7 +39,8 @@ TEST(models_zoo_definitions)
 {
     const char *const *names = mg_model_names();
     CHECK(strcmp(names[0], "mlp") == 0 && strcmp(names[1], "lenet-d2l") == 0 &&
-          strcmp(names[2], "lenet5") == 0 && names[3] == NULL);
+          strcmp(names[2], "lenet5") == 0 && strcmp(names[3], "gpt-mini") == 0 &&
+          names[4] == NULL);
     mg_model *m;
     int c, h, w;
 
@@ -83,7 +84,17 @@ TEST(models_zoo_definitions)
     CHECK_OK(mg_zoo_defaults_of("lenet5", &d));
     CHECK(d.batch == 128 && d.lr == 0.05f && d.momentum == 0.9f && d.normalized_input);
     CHECK_OK(mg_zoo_defaults_of("mlp", &d));
-    CHECK(d.batch == 128 && d.lr == 0.05f && d.momentum == 0.9f && d.normalized_input);
+    CHECK(d.batch == 128 && d.lr == 0.05f && d.momentum == 0.9f && d.normalized_input &&
+          !d.language_model && d.optimizer == MG_OPTIM_SGD && d.clip_grad == 0);
+    /* models.md D: AdamW lr 1e-3, betas (0.9, 0.99), decay 0.1, clip 1, batch 32. */
+    CHECK_OK(mg_zoo_defaults_of("gpt-mini", &d));
+    CHECK(d.language_model && d.batch == 32 && d.lr == 1e-3f && d.optimizer == MG_OPTIM_ADAMW &&
+          d.beta2 == 0.99f && d.weight_decay == 0.1f && d.clip_grad == 1.0f && d.steps > 0 &&
+          d.epochs == 0);
+    CHECK_OK(mg_model_create("gpt-mini", 0, &m));
+    CHECK(strcmp(mg_model_name(m), "gpt-mini") == 0 && mg_model_num_params(m) == 842496 &&
+          mg_model_positions(m) == 128 && mg_model_classes(m) == 256);
+    mg_model_destroy(m);
     CHECK_ERR(mg_zoo_defaults_of("vgg", &d), MG_EINVAL);
     CHECK_ERR(mg_model_create("vgg", 0, &m), MG_EINVAL);
     CHECK(strstr(mg_last_error(), "vgg") && strstr(mg_last_error(), "lenet-d2l"));

@@ -1,11 +1,15 @@
-/* mgtrain — train a zoo model on Fashion-MNIST (or MNIST) from the command
- * line: in one process, with DataParallel threads (--parallel dp), or as
- * one rank of a DistributedDataParallel job launched by mgrun or mpirun
- * (--parallel ddp; --batch is the global batch, each rank takes B/k, so
- * the same flags mean the same training at any k). Each epoch reports train loss and accuracy, test
- * accuracy, seconds and images/s; a metrics log (CSV or JSON lines) and an
- * SVG plot of loss and accuracy are written next to each other; checkpoints
- * are safetensors, written atomically, and --resume continues exactly
+/* mgtrain — train a zoo model from the command line: the image models on
+ * Fashion-MNIST (or MNIST) by epochs, gpt-mini on text (the fortunes
+ * corpus, or --data) by steps. In one process, with DataParallel threads
+ * (--parallel dp), or as one rank of a DistributedDataParallel job
+ * launched by mgrun or mpirun (--parallel ddp; --batch is the global
+ * batch, each rank takes B/k, so the same flags mean the same training at
+ * any k). Image models report train loss and accuracy, test accuracy,
+ * seconds and images/s per epoch; gpt-mini reports train loss, validation
+ * loss and perplexity and tokens/s every --eval-every steps and can
+ * generate text (--sample). A metrics log (CSV or JSON lines) and an SVG
+ * plot are written next to each other; checkpoints are safetensors with
+ * PyTorch's names, written atomically, and --resume continues exactly
  * where one left off.
  *
  * Bad input (unknown model, a non-positive number, a missing data
@@ -29,19 +33,18 @@
 
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
-    const char *parallel, *compress;
+    const char *parallel, *compress, *prompt;
     int epochs, batch, threads, quiet, eval_only, workers, accumulate;
     double bucket_mb;
-    float lr, momentum, weight_decay;
+    float lr, momentum, weight_decay, clip_grad, temperature;
     uint64_t seed;
-    int have_batch, have_lr, have_momentum, have_epochs;
+    /* language models */
+    long steps;
+    int eval_every, sample, top_k;
+    mg_gpt_config gpt;
+    int have_batch, have_lr, have_momentum, have_epochs, have_steps, have_eval_every;
+    int have_sample_opts, have_arch;
 } options;
-
-typedef struct {
-    int epoch;            /* 1-based */
-    long step;
-    double train_loss, train_acc, test_loss, test_acc, seconds, images_per_s, lr;
-} epoch_row;
 
 static const char *prog = "mgtrain";
 
@@ -61,27 +64,36 @@ static void usage(FILE *f)
 {
     fprintf(f,
 "usage: mgtrain [options]\n"
-"Train a zoo model on Fashion-MNIST and report loss and accuracy per epoch.\n"
+"Train a zoo model: an image model on Fashion-MNIST, reporting loss and\n"
+"accuracy per epoch, or gpt-mini on text, reporting validation loss and\n"
+"perplexity every --eval-every steps.\n"
 "\n"
-"  --model NAME        mlp | lenet-d2l | lenet5 (default lenet-d2l)\n"
-"  --data DIR          IDX files directory (default " DEFAULT_DATA ")\n"
-"  --epochs N          epochs (default: the model's, 10)\n"
+"  --model NAME        mlp | lenet-d2l | lenet5 | gpt-mini (default lenet-d2l)\n"
+"  --data PATH         image models: IDX files directory (default " DEFAULT_DATA ");\n"
+"                      gpt-mini: a text file or a directory of text files\n"
+"                      (default: the fortunes corpus, models.md D)\n"
+"  --epochs N          image models: epochs (default 10)\n"
 "  --batch B           batch size (default: the model's)\n"
 "  --lr X              learning rate (default: the model's)\n"
 "  --momentum X        SGD momentum (default: the model's)\n"
-"  --optimizer NAME    sgd | adam | adamw (default sgd)\n"
-"  --weight-decay X    weight decay (default 0; AdamW: 0.01)\n"
+"  --optimizer NAME    sgd | adam | adamw (default: sgd; gpt-mini adamw)\n"
+"  --weight-decay X    weight decay (default 0; AdamW: 0.01; gpt-mini: 0.1 on\n"
+"                      its 2-D parameters only)\n"
+"  --clip-grad X       clip gradients to global L2 norm X (default: none;\n"
+"                      gpt-mini 1.0; 0 turns it off)\n"
 "  --schedule SPEC     constant | step:STEPS:GAMMA | cosine[:MIN_LR],\n"
 "                      optionally followed by ,warmup:STEPS (default constant)\n"
-"  --seed N            seed for initialisation and shuffling (default 0)\n"
+"  --seed N            seed for initialisation, data order and sampling (default 0)\n"
 "  --threads N         BLAS threads (default 1, or MG_THREADS)\n"
 "  --save FILE         write a checkpoint (safetensors) after every epoch\n"
+"                      (gpt-mini: at every evaluation)\n"
 "  --resume FILE       continue the training saved in FILE\n"
 "  --init FILE         start from the parameters in a safetensors file\n"
 "  --init-prefix P     look the parameters up as P<name> (e.g. init.)\n"
-"  --eval-only         report test loss and accuracy of the weights, no training\n"
-"  --log FILE          metrics per epoch: CSV (.csv) or JSON lines (otherwise);\n"
-"                      an SVG plot is written next to it (FILE with .svg)\n"
+"  --eval-only         evaluate the weights (test accuracy, or validation loss),\n"
+"                      no training\n"
+"  --log FILE          metrics per epoch or evaluation: CSV (.csv) or JSON lines\n"
+"                      (otherwise); an SVG plot is written next to it (.svg)\n"
 "  --quiet             print only the final summary\n"
 "  --verbose           print the CPU, the kernels in use and the settings\n"
 "                      (as MG_VERBOSE=1)\n"
@@ -92,6 +104,16 @@ static void usage(FILE *f)
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
 "  --compress C        DDP gradient compression: none | fp16 | bf16\n"
+"gpt-mini only:\n"
+"  --steps N           optimizer steps (default 2000)\n"
+"  --eval-every N      steps between validations (default 250)\n"
+"  --layers N --dim D --heads H --ctx T\n"
+"                      model size (default 4, 128, 4, 128; D divisible by H)\n"
+"  --sample N          after training (or of the --init/--resume weights),\n"
+"                      generate N bytes and print them\n"
+"  --prompt TEXT       text the sample continues (default: a newline)\n"
+"  --temperature X     sampling temperature (default 0.8; 0: most likely byte)\n"
+"  --top-k K           sample among the K most likely bytes (default 200; 0: all)\n"
 "  --help              this text\n");
 }
 
@@ -124,7 +146,8 @@ static void parse_args(int argc, char **argv, options *o)
     enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD,
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
-           O_COMPRESS, O_VERBOSE, O_VERSION };
+           O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
+           O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -135,19 +158,27 @@ static void parse_args(int argc, char **argv, options *o)
         {"help", 0, 0, O_HELP}, {"parallel", 1, 0, O_PARALLEL},
         {"workers", 1, 0, O_WORKERS}, {"bucket-mb", 1, 0, O_BUCKET},
         {"accumulate", 1, 0, O_ACCUM}, {"compress", 1, 0, O_COMPRESS},
-        {"verbose", 0, 0, O_VERBOSE}, {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
+        {"verbose", 0, 0, O_VERBOSE}, {"version", 0, 0, O_VERSION},
+        {"clip-grad", 1, 0, O_CLIP}, {"steps", 1, 0, O_STEPS},
+        {"eval-every", 1, 0, O_EVAL_EVERY}, {"layers", 1, 0, O_LAYERS}, {"dim", 1, 0, O_DIM},
+        {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
+        {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
-    o->data = DEFAULT_DATA;
-    o->optimizer = "sgd";
     o->schedule = "constant";
     o->threads = (int)mg_env_long("MG_THREADS", 1);
     o->weight_decay = -1;
+    o->clip_grad = -1;
     o->parallel = "none";
     o->compress = "none";
     o->workers = 2;
     o->accumulate = 1;
     o->bucket_mb = 25;
+    o->gpt = mg_gpt_defaults();
+    o->prompt = "\n";
+    o->temperature = 0.8f;
+    o->top_k = 200;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -178,6 +209,20 @@ static void parse_args(int argc, char **argv, options *o)
         case O_COMPRESS: o->compress = optarg; break;
         case O_VERBOSE: mg_set_verbose(true); break;
         case O_VERSION: mg_print_version("mgtrain"); exit(0);
+        case O_CLIP: o->clip_grad = parse_float("--clip-grad", optarg, 0); break;
+        case O_STEPS: o->steps = parse_long("--steps", optarg, 1); o->have_steps = 1; break;
+        case O_EVAL_EVERY:
+            o->eval_every = (int)parse_long("--eval-every", optarg, 1);
+            o->have_eval_every = 1;
+            break;
+        case O_LAYERS: o->gpt.layers = (int)parse_long("--layers", optarg, 1); o->have_arch = 1; break;
+        case O_DIM: o->gpt.dim = (int)parse_long("--dim", optarg, 1); o->have_arch = 1; break;
+        case O_HEADS: o->gpt.heads = (int)parse_long("--heads", optarg, 1); o->have_arch = 1; break;
+        case O_CTX: o->gpt.ctx = (int)parse_long("--ctx", optarg, 2); o->have_arch = 1; break;
+        case O_SAMPLE: o->sample = (int)parse_long("--sample", optarg, 1); break;
+        case O_PROMPT: o->prompt = optarg; o->have_sample_opts = 1; break;
+        case O_TEMP: o->temperature = parse_float("--temperature", optarg, 0); o->have_sample_opts = 1; break;
+        case O_TOPK: o->top_k = (int)parse_long("--top-k", optarg, 0); o->have_sample_opts = 1; break;
         default:
             if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
             die("unknown option '%s' (see --help)", argv[optind - 1]);
@@ -189,7 +234,54 @@ static void parse_args(int argc, char **argv, options *o)
         die("unknown --parallel '%s': use none, dp or ddp", o->parallel);
 }
 
-/* ---- metrics log and plot ------------------------------------------------ */
+/* ---- metrics log and plot ------------------------------------------------
+ *
+ * A log is a table of numbers, one row per epoch (image models) or per
+ * evaluation (language models), with named columns; NaN (no value yet,
+ * e.g. the train loss before the first step) is written as "nan" in CSV
+ * and null in JSON. */
+
+typedef struct {
+    const char *name, *fmt;
+} log_col;
+
+enum { E_EPOCH, E_STEP, E_TRAIN_LOSS, E_TRAIN_ACC, E_TEST_LOSS, E_TEST_ACC, E_SECONDS,
+       E_IMAGES_PER_S, E_LR, E_COLS };
+static const log_col epoch_cols[E_COLS] = {
+    {"epoch", "%.0f"}, {"step", "%.0f"}, {"train_loss", "%.6f"}, {"train_acc", "%.6f"},
+    {"test_loss", "%.6f"}, {"test_acc", "%.6f"}, {"seconds", "%.3f"},
+    {"images_per_s", "%.1f"}, {"lr", "%.6g"}};
+
+enum { L_STEP, L_TRAIN_LOSS, L_VAL_LOSS, L_VAL_PPL, L_SECONDS, L_TOKENS_PER_S, L_LR, L_COLS };
+static const log_col lm_cols[L_COLS] = {
+    {"step", "%.0f"}, {"train_loss", "%.6f"}, {"val_loss", "%.6f"}, {"val_ppl", "%.4f"},
+    {"seconds", "%.3f"}, {"tokens_per_s", "%.1f"}, {"lr", "%.6g"}};
+
+#define MAX_COLS 9
+typedef struct {
+    double v[MAX_COLS];
+} log_row;
+
+typedef struct {
+    const log_col *cols;
+    int ncols;
+    log_row *rows;
+    int n, cap;
+} metrics;
+
+static log_row *metrics_add(metrics *mt)
+{
+    if (mt->n == mt->cap) {
+        int cap = mt->cap ? 2 * mt->cap : 16;
+        log_row *r = realloc(mt->rows, sizeof *r * (size_t)cap);
+        if (!r) die("out of memory for the metrics log");
+        mt->rows = r;
+        mt->cap = cap;
+    }
+    log_row *r = &mt->rows[mt->n++];
+    for (int i = 0; i < MAX_COLS; i++) r->v[i] = NAN;
+    return r;
+}
 
 static int log_is_csv(const char *path)
 {
@@ -204,69 +296,97 @@ static void plot_path(const char *log, char *out, size_t cap)
     snprintf(out, cap, "%.*s.svg", (int)stem, log);
 }
 
-static mg_status write_log(const char *path, const epoch_row *r, int n)
+static mg_status write_log(const char *path, const metrics *mt)
 {
-    size_t cap = 256 + (size_t)n * 256, len = 0;
+    size_t cap = 256 + (size_t)(mt->n + 1) * (size_t)mt->ncols * 48, len = 0;
     char *s = malloc(cap);
     if (!s) return mg_error(MG_ENOMEM, "log: out of memory");
     int csv = log_is_csv(path);
-    if (csv)
-        len += (size_t)snprintf(s + len, cap - len, "epoch,step,train_loss,train_acc,"
-                                "test_loss,test_acc,seconds,images_per_s,lr\n");
-    for (int i = 0; i < n; i++) {
-        const char *fmt = csv ? "%d,%ld,%.6f,%.6f,%.6f,%.6f,%.3f,%.1f,%.6g\n"
-            : "{\"epoch\":%d,\"step\":%ld,\"train_loss\":%.6f,\"train_acc\":%.6f,"
-              "\"test_loss\":%.6f,\"test_acc\":%.6f,\"seconds\":%.3f,"
-              "\"images_per_s\":%.1f,\"lr\":%.6g}\n";
-        len += (size_t)snprintf(s + len, cap - len, fmt, r[i].epoch, r[i].step,
-                                r[i].train_loss, r[i].train_acc, r[i].test_loss,
-                                r[i].test_acc, r[i].seconds, r[i].images_per_s, r[i].lr);
-    }
+    for (int c = 0; csv && c < mt->ncols; c++)
+        len += (size_t)snprintf(s + len, cap - len, "%s%c", mt->cols[c].name,
+                                c + 1 < mt->ncols ? ',' : '\n');
+    for (int i = 0; i < mt->n; i++)
+        for (int c = 0; c < mt->ncols; c++) {
+            double v = mt->rows[i].v[c];
+            if (!csv) len += (size_t)snprintf(s + len, cap - len, "%s\"%s\":", c ? "," : "{",
+                                              mt->cols[c].name);
+            if (isnan(v)) len += (size_t)snprintf(s + len, cap - len, csv ? "nan" : "null");
+            else len += (size_t)snprintf(s + len, cap - len, mt->cols[c].fmt, v);
+            if (c + 1 == mt->ncols) len += (size_t)snprintf(s + len, cap - len, csv ? "\n" : "}\n");
+            else if (csv) len += (size_t)snprintf(s + len, cap - len, ",");
+        }
     mg_status st = mg_write_file_atomic(path, s, len);
     free(s);
     return st;
 }
 
-/* On resume, take back the rows of epochs the checkpoint covers. */
-static int read_log(const char *path, epoch_row *r, int max_epoch)
+/* A logged number: a decimal, nan (CSV) or null (JSON). */
+static int parse_value(const char *p, double *v, const char **end)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[1024];
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max_epoch) {
-        epoch_row e;
-        int ok = log_is_csv(path)
-            ? sscanf(line, "%d,%ld,%lf,%lf,%lf,%lf,%lf,%lf,%lf", &e.epoch, &e.step,
-                     &e.train_loss, &e.train_acc, &e.test_loss, &e.test_acc,
-                     &e.seconds, &e.images_per_s, &e.lr) == 9
-            : sscanf(line, "{\"epoch\":%d,\"step\":%ld,\"train_loss\":%lf,\"train_acc\":%lf,"
-                     "\"test_loss\":%lf,\"test_acc\":%lf,\"seconds\":%lf,"
-                     "\"images_per_s\":%lf,\"lr\":%lf}", &e.epoch, &e.step,
-                     &e.train_loss, &e.train_acc, &e.test_loss, &e.test_acc,
-                     &e.seconds, &e.images_per_s, &e.lr) == 9;
-        if (ok && e.epoch == n + 1) r[n++] = e;
+    if (!strncmp(p, "null", 4)) {
+        *v = NAN;
+        *end = p + 4;
+        return 1;
     }
-    fclose(f);
-    return n;
+    char *e;
+    *v = strtod(p, &e);
+    *end = e;
+    return e != p;
 }
 
-static mg_status write_plot(const char *log, const char *model, const epoch_row *r, int n)
+/* On resume, take back the rows the checkpoint covers: those whose first
+ * column (epoch, or step) is at most upto, in increasing order. Lines
+ * that do not parse (the CSV header, a damaged line) are skipped. */
+static void read_log(const char *path, metrics *mt, double upto)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[2048];
+    int csv = log_is_csv(path);
+    while (fgets(line, sizeof line, f)) {
+        log_row r;
+        const char *p = line, *end;
+        int c = 0;
+        for (; c < mt->ncols; c++) {
+            if (!csv) {
+                char key[64];
+                snprintf(key, sizeof key, "\"%s\":", mt->cols[c].name);
+                if (!(p = strstr(line, key))) break;
+                p += strlen(key);
+            }
+            if (!parse_value(p, &r.v[c], &end)) break;
+            if (csv && *end != (c + 1 < mt->ncols ? ',' : '\n') && !(c + 1 == mt->ncols && !*end))
+                break;
+            p = end + 1;
+        }
+        if (c < mt->ncols || !(r.v[0] <= upto) || (mt->n && !(r.v[0] > mt->rows[mt->n - 1].v[0])))
+            continue;
+        *metrics_add(mt) = r;
+    }
+    fclose(f);
+}
+
+/* The plot: image models loss | accuracy per epoch; language models
+ * loss | perplexity per step. */
+static mg_status write_plot(const char *log, const char *model, const metrics *mt)
 {
     char path[4096], title[128];
     plot_path(log, path, sizeof path);
-    double *v = malloc(sizeof(double) * 3 * (size_t)(n + 1));
+    int n = mt->n, lm = mt->cols == lm_cols;
+    double *v = malloc(sizeof(double) * 4 * (size_t)(n + 1));
     if (!v) return mg_error(MG_ENOMEM, "plot: out of memory");
-    for (int i = 0; i < n; i++) {
-        v[i] = r[i].train_loss;
-        v[n + i] = r[i].train_acc;
-        v[2 * n + i] = r[i].test_acc;
-    }
-    mg_plot_series s[3] = {{"train loss", v, 0}, {"train accuracy", v + n, 1},
-                           {"test accuracy", v + 2 * n, 1}};
-    const char *titles[2] = {"loss", "accuracy"};
+    const int *cols = lm ? (const int[]){L_STEP, L_TRAIN_LOSS, L_VAL_LOSS, L_VAL_PPL}
+                         : (const int[]){E_EPOCH, E_TRAIN_LOSS, E_TRAIN_ACC, E_TEST_ACC};
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < n; i++) v[k * n + i] = mt->rows[i].v[cols[k]];
+    mg_plot_series img[3] = {{"train loss", v + n, 0}, {"train accuracy", v + 2 * n, 1},
+                             {"test accuracy", v + 3 * n, 1}};
+    mg_plot_series txt[3] = {{"train loss", v + n, 0}, {"validation loss", v + 2 * n, 0},
+                             {"validation perplexity", v + 3 * n, 1}};
+    const char *img_titles[2] = {"loss", "accuracy"}, *txt_titles[2] = {"loss", "perplexity"};
     snprintf(title, sizeof title, "mgtrain %s", model);
-    mg_status st = mg_plot_svg(path, title, titles, s, 3, n);
+    mg_status st = lm ? mg_plot_svg_xy(path, title, txt_titles, "step", v, txt, 3, n)
+                      : mg_plot_svg(path, title, img_titles, img, 3, n);
     free(v);
     return st;
 }
@@ -278,8 +398,10 @@ typedef struct {
     double start, last;
 } progress;
 
-static void progress_update(progress *p, int epoch, int epochs, long done, long total,
-                            double loss)
+/* "LABEL [====>   ] 42% RATE UNIT/s loss X ETA Ns": done of total items,
+ * each worth per_item units (images, tokens). */
+static void progress_update(progress *p, const char *label, long done, long total,
+                            double per_item, const char *unit, double loss)
 {
     if (!p->tty || p->quiet) return;
     double now = mg_now();
@@ -291,31 +413,43 @@ static void progress_update(progress *p, int epoch, int epochs, long done, long 
     char bar[64];
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
     bar[width] = 0;
-    fprintf(stderr, "\repoch %d/%d [%s] %3d%% %7.0f img/s  loss %.4f  ETA %3.0fs ",
-            epoch, epochs, bar, (int)(100 * done / (total ? total : 1)), ips, loss, eta);
+    fprintf(stderr, "\r%s [%s] %3d%% %7.0f %s/s  loss %.4f  ETA %3.0fs ", label, bar,
+            (int)(100 * done / (total ? total : 1)), ips * per_item, unit, loss, eta);
     fflush(stderr);
 }
 
 /* ---- training ------------------------------------------------------------- */
 
-static void hparams_string(const options *o, char *out, size_t cap)
+/* The settings a resumed run must share with the saved one (epochs and
+ * steps may grow); language models add the clip and the architecture
+ * (heads change no tensor shape, so the checkpoint cannot tell). */
+static void hparams_string(const options *o, int lm, char *out, size_t cap)
 {
-    snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
-             "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;epochs=%d", o->model,
-             o->batch, o->lr, o->momentum, o->optimizer, o->weight_decay, o->schedule,
-             (unsigned long long)o->seed, o->accumulate, o->epochs);
+    int n = snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
+                     "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;clip_grad=%g;",
+                     o->model, o->batch, o->lr, o->momentum, o->optimizer, o->weight_decay,
+                     o->schedule, (unsigned long long)o->seed, o->accumulate, o->clip_grad);
+    if (lm)
+        snprintf(out + n, cap - (size_t)n, "arch=L%d,d%d,h%d,T%d;steps=%ld", o->gpt.layers,
+                 o->gpt.dim, o->gpt.heads, o->gpt.ctx, o->steps);
+    else
+        snprintf(out + n, cap - (size_t)n, "epochs=%d", o->epochs);
 }
 
-/* The flags that must match to resume (epochs may grow); 1 and a message
- * in msg if one differs. */
+/* The flags that must match to resume; 1 and a message in msg if one
+ * differs. clip_grad= and arch= are checked when this run has them (a
+ * checkpoint from before they existed saved no clip: 0). */
 static int resume_flags_differ(const char *saved, const char *now, const char *path,
                                char *msg, size_t cap)
 {
     const char *keys[] = {"model=", "batch=", "lr=", "momentum=", "optimizer=",
-                          "weight_decay=", "schedule=", "seed=", "accumulate="};
+                          "weight_decay=", "schedule=", "seed=", "accumulate=",
+                          "clip_grad=", "arch="};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
-        if (!a || !b) {
+        if (!b) continue;
+        if (!a && !strcmp(keys[k], "clip_grad=")) a = "clip_grad=0";
+        if (!a) {
             snprintf(msg, cap, "%s: checkpoint has no '%s' hyper-parameter; it was not "
                      "written by mgtrain", path, keys[k]);
             return 1;
@@ -340,6 +474,8 @@ typedef struct {
     mg_ddp *ddp;
     mg_dp *dp;
     mg_model *m;        /* the model the optimizer steps (dp: replica 0) */
+    mg_optim *opt;
+    char hp[512];       /* hparams_string */
 } trainer;
 
 /* Sum values over the ranks (no-op in one process). */
@@ -374,6 +510,229 @@ static void agree_or_die(trainer *t, int failed, const char *what)
     if (failed) die("%s", what);
 }
 
+/* Join the DDP job (when --parallel ddp) and set the threads; check the
+ * batch divides among the ranks. An automatic restart (mgrun
+ * --max-restarts) resumes from the last save. */
+static void join_job(options *o, trainer *t)
+{
+    if (t->mode == MODE_DDP) {
+        if (!getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK"))
+            die("--parallel ddp needs a launcher: run it as 'mgrun -n N mgtrain "
+                "--parallel ddp ...' (or under mpirun)");
+        if (mg_group_init(NULL, &t->g)) die("%s", mg_last_error());
+        t->rank = mg_group_rank(t->g);
+        t->world = mg_group_size(t->g);
+        char msg[256];
+        snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
+                 "multiple of %d (--batch is the global batch)", o->batch, t->world, t->world);
+        agree_or_die(t, o->batch % t->world != 0, msg);
+        if (t->rank != 0) o->quiet = 1;
+        mg_trace_open(NULL, t->rank, t->world);
+    } else {
+        mg_trace_open(NULL, 0, 1);
+    }
+    mg_set_threads(o->threads);   /* with --verbose, logs the CPU and the kernels */
+    if (!o->resume && o->save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
+        access(o->save, R_OK) == 0) {
+        o->resume = o->save;
+        if (t->rank == 0) fprintf(stderr, "%s: restarted: resuming from %s\n", prog, o->save);
+    }
+}
+
+/* The optimizer of --optimizer and its settings; a language model decays
+ * only its 2-D parameters (models.md D). */
+static void make_optimizer(const options *o, mg_optim_kind kind, float beta2, int lm, trainer *t)
+{
+    mg_optim_config oc = mg_optim_defaults(kind, o->lr);
+    oc.momentum = o->momentum;
+    oc.weight_decay = o->weight_decay;
+    if (kind != MG_OPTIM_SGD) oc.beta2 = beta2;
+    if (mg_optim_create(&oc, mg_model_arena_size(t->m), &t->opt)) die("%s", mg_last_error());
+    if (!lm) return;
+    int n = mg_model_decay_groups(t->m, o->weight_decay, NULL, 0);
+    mg_optim_group *g = malloc(sizeof *g * (size_t)n);
+    if (!g) die("out of memory");
+    mg_model_decay_groups(t->m, o->weight_decay, g, n);
+    if (mg_optim_set_groups(t->opt, g, n)) die("%s", mg_last_error());
+    free(g);
+}
+
+/* Rank 0 loads the checkpoint and every rank gets its state: parameters
+ * and buffers through DDP's broadcast at creation, optimizer state and
+ * counters here — so a multi-host job needs the file on rank 0 only. */
+static void resume_state(trainer *t, const char *path, mg_ckpt_meta *meta)
+{
+    int failed = 0;
+    char msg[1200] = "";
+    if (t->rank == 0) {
+        if (mg_checkpoint_load(path, t->m, t->opt, meta)) {
+            snprintf(msg, sizeof msg, "--resume: %s", mg_last_error());
+            failed = 1;
+        } else {
+            failed = resume_flags_differ(meta->hparams, t->hp, path, msg, sizeof msg);
+        }
+    }
+    agree_or_die(t, failed, msg);
+    if (t->mode != MODE_DDP) return;
+    double c[3] = {(double)meta->step, (double)meta->epoch, (double)mg_model_rng_counter(t->m)};
+    if (mg_broadcast(t->g, c, 3, MG_F64, 0)) die("%s", mg_last_error());
+    meta->step = (long)c[0];
+    meta->epoch = (long)c[1];
+    mg_model_set_rng_counter(t->m, (uint64_t)c[2]);
+    mg_optim_set_steps(t->opt, meta->step);
+    for (int i = 0; i < mg_optim_num_states(t->opt); i++)
+        if (mg_broadcast(t->g, mg_optim_state(t->opt, i, NULL), mg_model_arena_size(t->m),
+                         MG_F32, 0))
+            die("%s", mg_last_error());
+}
+
+/* The starting state (--resume or --init), then DDP (which broadcasts
+ * rank 0's parameters). */
+static void start_state(const options *o, mg_compress comp, trainer *t, mg_ckpt_meta *meta)
+{
+    memset(meta, 0, sizeof *meta);
+    if (o->resume) {
+        resume_state(t, o->resume, meta);
+    } else if (o->init) {
+        int failed = 0;
+        char msg[1200] = "";
+        if (t->rank == 0 && mg_model_load_weights(o->init, t->m, o->init_prefix)) {
+            snprintf(msg, sizeof msg, "--init: %s", mg_last_error());
+            failed = 1;
+        }
+        agree_or_die(t, failed, msg);
+    }
+    if (t->mode == MODE_DDP) {
+        mg_ddp_options dopt = mg_ddp_defaults();
+        dopt.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
+        if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
+        dopt.compress = comp;
+        if (mg_ddp_create(t->g, t->m, &dopt, &t->ddp)) die("%s", mg_last_error());
+    }
+}
+
+/* The models: a zoo model by name, or gpt-mini of the flags' sizes. */
+typedef struct {
+    const char *name;
+    uint64_t seed;
+} zoo_spec;
+
+static mg_status make_zoo(void *ud, mg_model **out)
+{
+    const zoo_spec *s = ud;
+    return mg_model_create(s->name, s->seed, out);
+}
+
+typedef struct {
+    mg_gpt_config g;
+    uint64_t seed;
+} gpt_spec;
+
+static mg_status make_gpt(void *ud, mg_model **out)
+{
+    const gpt_spec *s = ud;
+    return mg_model_create_gpt(&s->g, s->seed, out);
+}
+
+/* The model (DataParallel: its replicas) for local batches, the
+ * optimizer, the starting state and DDP. */
+static void setup_training(const options *o, trainer *t, mg_model_factory make, void *ud, int lm,
+                           mg_optim_kind kind, float beta2, mg_compress comp, int local,
+                           mg_ckpt_meta *meta)
+{
+    if (t->mode == MODE_DP) {
+        if (mg_dp_create_with(make, ud, o->workers, o->batch, &t->dp)) die("%s", mg_last_error());
+        t->m = mg_dp_model(t->dp);
+    } else if (make(ud, &t->m)) {
+        die("%s", mg_last_error());
+    }
+    if (mg_model_reserve(t->m, local)) die("%s", mg_last_error());
+    make_optimizer(o, kind, beta2, lm, t);
+    hparams_string(o, lm, t->hp, sizeof t->hp);
+    start_state(o, comp, t, meta);
+}
+
+/* Forward and backward of one (local) micro-batch — images as floats, a
+ * language model's int32 tokens; sync says whether DDP all-reduces this
+ * one (the last of an accumulation). */
+static float forward_backward(trainer *t, const void *x, const int32_t *y, int bs, bool sync,
+                              int *correct)
+{
+    float loss;
+    if (t->mode == MODE_DP) {
+        if (mg_dp_forward_backward(t->dp, x, y, bs, &loss, correct)) die_in_step(t);
+        return loss;
+    }
+    if (t->ddp) mg_ddp_set_sync(t->ddp, sync);
+    if (!mg_model_forward(t->m, (const float *)x, bs)) die_in_step(t);
+    loss = mg_model_loss(t->m, y, correct);
+    mg_model_backward(t->m);
+    return loss;
+}
+
+/* After the step's micro-batches: DDP's all-reduce, the mean over
+ * `micro` micro-batches, clipping to the global norm (after DDP every
+ * rank holds the whole averaged gradient, so the local norm is the global
+ * one), then the optimizer. */
+static void finish_step(trainer *t, const options *o, int micro, double lr)
+{
+    if (t->ddp && mg_ddp_finish(t->ddp)) die("rank %d: %s", t->rank, mg_last_error());
+    mg_model *m = t->m;
+    float *g = mg_model_grads(m);
+    size_t n = mg_model_num_params(m);
+    if (micro > 1) mg_grad_scale(g, n, 1.0f / (float)micro);
+    if (o->clip_grad > 0) mg_clip_grad_norm(g, n, o->clip_grad);
+    double tl = mg_trace_now();
+    mg_optim_step(t->opt, mg_model_params(m), g, (float)lr);
+    mg_trace_event("optimizer", "optimizer", 0, tl, mg_trace_now());
+}
+
+/* Rank 0 writes the log and its plot; every rank learns whether it worked
+ * (also the barrier before a save). */
+static void write_metrics(trainer *t, const options *o, const metrics *mt)
+{
+    int failed = 0;
+    char msg[1200] = "";
+    if (t->rank == 0 && o->log &&
+        (write_log(o->log, mt) || write_plot(o->log, o->model, mt))) {
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        failed = 1;
+    }
+    agree_or_die(t, failed, msg);
+}
+
+static void save_checkpoint(trainer *t, const options *o, long step, long epoch)
+{
+    if (!o->save) return;
+    mg_ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
+    snprintf(meta.model, sizeof meta.model, "%s", o->model);
+    meta.step = step;
+    meta.epoch = epoch;
+    meta.seed = o->seed;
+    snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
+    int failed = 0;
+    char msg[1200] = "";
+    if (t->rank == 0 && mg_checkpoint_save(o->save, t->m, t->opt, &meta)) {
+        snprintf(msg, sizeof msg, "--save: %s (the previous checkpoint, if any, is intact)",
+                 mg_last_error());
+        failed = 1;
+    }
+    agree_or_die(t, failed, msg);
+}
+
+static void print_ddp_stats(const trainer *t)
+{
+    if (!t->ddp || !mg_trace_on()) return;
+    mg_ddp_stats ds = mg_ddp_get_stats(t->ddp);
+    if (t->rank == 0 && ds.comm_us > 0)
+        fprintf(stderr, "%s: %d buckets, all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden "
+                "behind backward)\n", prog, mg_ddp_num_buckets(t->ddp), ds.comm_us / 1e3,
+                ds.exposed_us / 1e3, 100 * (1 - ds.exposed_us / ds.comm_us));
+}
+
+/* ---- image models: epochs over Fashion-MNIST ------------------------------ */
+
 /* Test loss and accuracy; in DDP each rank takes a contiguous shard of the
  * test set and the sums are all-reduced, so the figures are exact. */
 static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
@@ -400,51 +759,289 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
     *acc = v[1] / v[2];
 }
 
-/* Forward and backward of one (local) micro-batch; sync says whether DDP
- * all-reduces this one (the last of an accumulation). */
-static float forward_backward(trainer *t, const float *x, const int32_t *y, int bs,
-                              bool sync, int *correct)
+static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind kind,
+                         mg_compress comp, mg_schedule sched, trainer *t)
 {
-    float loss;
-    if (t->mode == MODE_DP) {
-        if (mg_dp_forward_backward(t->dp, x, y, bs, &loss, correct)) die_in_step(t);
-        return loss;
+    if (!o->data) o->data = DEFAULT_DATA;
+    struct stat sb;
+    if (stat(o->data, &sb) || !S_ISDIR(sb.st_mode))
+        die("data directory '%s' not found: install the dataset-fashion-mnist "
+            "package (scripts/install-deps.sh) or pass --data DIR", o->data);
+    join_job(o, t);
+    mg_dataset *train = NULL, *test = NULL;
+    if (!o->eval_only && mg_dataset_load(o->data, true, &train)) die("%s", mg_last_error());
+    if (mg_dataset_load(o->data, false, &test)) die("%s", mg_last_error());
+
+    int local = o->batch / t->world;  /* images per rank and micro-batch */
+    zoo_spec spec = {o->model, o->seed};
+    mg_ckpt_meta meta;
+    setup_training(o, t, make_zoo, &spec, 0, kind, def->beta2, comp, local, &meta);
+    mg_model *m = t->m;
+    int start_epoch = (int)meta.epoch;
+    long step = meta.step;
+
+    mg_scaling sc = def->normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    size_t in = (size_t)c * h * w;
+    int eval_batch = local;
+    float *xb = mg_alloc(sizeof(float) * in * (size_t)eval_batch);
+    int32_t *yb = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
+    int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
+    if (!xb || !yb || !ib) die("out of memory for a batch of %d", eval_batch);
+
+    mg_sampler sampler = {0};
+    metrics mt = {epoch_cols, E_COLS, NULL, 0, 0};
+    mg_loader *loader = NULL;
+    if (o->eval_only) {
+        double loss, acc;
+        evaluate(t, test, xb, yb, ib, eval_batch, sc, &loss, &acc);
+        if (t->rank == 0)
+            printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o->model, loss,
+                   100 * acc, test->n);
+        goto done;
     }
-    if (t->ddp) mg_ddp_set_sync(t->ddp, sync);
-    if (!mg_model_forward(t->m, x, bs)) die_in_step(t);
-    loss = mg_model_loss(t->m, y, correct);
-    mg_model_backward(t->m);
-    return loss;
+
+    /* Each rank's shard of every epoch's permutation (models.md: perm[r::k]). */
+    if (mg_sampler_init(&sampler, train->n, t->rank, t->world, true, o->seed, false))
+        die("%s", mg_last_error());
+    int n_local;
+    mg_sampler_indices(&sampler, &n_local);
+    int micro_per_epoch = (n_local + local - 1) / local;
+    int steps_per_epoch = (micro_per_epoch + o->accumulate - 1) / o->accumulate;
+    sched.total_steps = (long)steps_per_epoch * o->epochs;
+    if (start_epoch >= o->epochs) {
+        if (t->rank == 0)
+            fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
+                    prog, o->resume, start_epoch);
+        goto done;
+    }
+    if (step != (long)start_epoch * steps_per_epoch)
+        die("%s: step %ld is not the end of epoch %d with --batch %d --accumulate %d",
+            o->resume, step, start_epoch, o->batch, o->accumulate);
+
+    if (o->log && o->resume && t->rank == 0) read_log(o->log, &mt, start_epoch);
+
+    if (mg_loader_create(train, local, sc, &loader)) die("%s", mg_last_error());
+    progress pr = {isatty(2), o->quiet, 0, 0};
+    if (!o->quiet) {
+        printf("mgtrain: %s, %zu parameters, batch %d", o->model, mg_model_num_params(m), o->batch);
+        if (t->mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (t->mode == MODE_DP) printf(" (%d DataParallel workers)", o->workers);
+        if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
+        printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
+    }
+    double total_time = 0;
+    for (int e = start_epoch; e < o->epochs; e++) {
+        mg_sampler_set_epoch(&sampler, e);
+        const int32_t *order = mg_sampler_indices(&sampler, &n_local);
+        mg_loader_start(loader, order, n_local, local, 0);
+        double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
+        double t0 = mg_now(), lr = o->lr;
+        pr.start = t0;
+        pr.last = 0;
+        char label[64];
+        snprintf(label, sizeof label, "epoch %d/%d", e + 1, o->epochs);
+        const float *x;
+        const int32_t *y;
+        int bs, micro = 0;
+        while ((bs = mg_loader_next(loader, &x, &y)) > 0) {
+            bool last = ++micro == o->accumulate || v[2] + bs >= n_local;
+            if (micro == 1) mg_model_zero_grad(m);
+            int cor;
+            float loss = forward_backward(t, x, y, bs, last, &cor);
+            v[0] += (double)loss * bs;
+            v[1] += cor;
+            v[2] += bs;
+            if (!last) continue;
+            lr = mg_schedule_lr(&sched, step);
+            finish_step(t, o, micro, lr);
+            micro = 0;
+            step++;
+            progress_update(&pr, label, (long)v[2] * t->world, train->n, 1, "img", v[0] / v[2]);
+        }
+        double secs = mg_now() - t0;
+        sum_over_ranks(t, v, 3);
+        total_time += secs;
+        log_row *r = metrics_add(&mt);
+        r->v[E_EPOCH] = e + 1;
+        r->v[E_STEP] = (double)step;
+        r->v[E_TRAIN_LOSS] = v[0] / v[2];
+        r->v[E_TRAIN_ACC] = v[1] / v[2];
+        r->v[E_SECONDS] = secs;
+        r->v[E_IMAGES_PER_S] = v[2] / secs;
+        r->v[E_LR] = lr;
+        evaluate(t, test, xb, yb, ib, eval_batch, sc, &r->v[E_TEST_LOSS], &r->v[E_TEST_ACC]);
+        if (pr.tty && !o->quiet) fprintf(stderr, "\r%100s\r", "");
+        if (!o->quiet) {
+            printf("epoch %2d/%d  loss %.4f  train acc %5.2f%%  test acc %5.2f%%  "
+                   "%6.2f s  %8.0f img/s\n", e + 1, o->epochs, r->v[E_TRAIN_LOSS],
+                   100 * r->v[E_TRAIN_ACC], 100 * r->v[E_TEST_ACC], secs,
+                   r->v[E_IMAGES_PER_S]);
+            fflush(stdout);
+        }
+        write_metrics(t, o, &mt);
+        save_checkpoint(t, o, step, e + 1);
+    }
+    const log_row *last = &mt.rows[mt.n - 1];
+    if (t->rank == 0)
+        printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, "
+               "peak memory %.0f MB\n", 100 * last->v[E_TEST_ACC], last->v[E_TEST_LOSS],
+               total_time, mg_peak_rss() / 1e6);
+    print_ddp_stats(t);
+done:
+    mg_sampler_free(&sampler);
+    free(mt.rows);
+    mg_loader_destroy(loader);
+    mg_free(xb);
+    mg_free(yb);
+    mg_free(ib);
+    mg_dataset_destroy(train);
+    mg_dataset_destroy(test);
 }
 
-/* Rank 0 loads the checkpoint and every rank gets its state: parameters
- * and buffers through DDP's broadcast at creation, optimizer state and
- * counters here — so a multi-host job needs the file on rank 0 only. */
-static void resume_state(trainer *t, const char *path, mg_optim *opt, const char *hp,
-                         mg_ckpt_meta *meta)
+/* ---- language models: steps over text ------------------------------------- */
+
+/* Validation loss (collective in DDP) and its perplexity. */
+static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
 {
-    int failed = 0;
-    char msg[1200] = "";
-    if (t->rank == 0) {
-        if (mg_checkpoint_load(path, t->m, opt, meta)) {
-            snprintf(msg, sizeof msg, "--resume: %s", mg_last_error());
-            failed = 1;
-        } else {
-            failed = resume_flags_differ(meta->hparams, hp, path, msg, sizeof msg);
-        }
+    double v;
+    if (mg_lm_val_loss(t->m, text, batch, t->g, &v)) die_in_step(t);
+    *ppl = exp(v);
+    return v;
+}
+
+/* Rank 0 generates --sample bytes after --prompt and prints them. */
+static void print_sample(trainer *t, const options *o)
+{
+    if (!o->sample || t->rank != 0) return;
+    int np = (int)strlen(o->prompt);
+    int32_t *tok = malloc(sizeof *tok * (size_t)(np + o->sample));
+    if (!tok) die("out of memory for a sample of %d bytes", o->sample);
+    for (int i = 0; i < np; i++) tok[i] = (unsigned char)o->prompt[i];
+    if (mg_model_generate(t->m, tok, np, o->sample, o->temperature, o->top_k, o->seed, tok + np))
+        die("--sample: %s", mg_last_error());
+    printf("sample (%d bytes, temperature %g, top-k %d):\n%s", o->sample, o->temperature,
+           o->top_k, o->prompt);
+    for (int i = 0; i < o->sample; i++) putchar(tok[np + i]);
+    putchar('\n');
+    fflush(stdout);
+    free(tok);
+}
+
+static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
+                     mg_compress comp, mg_schedule sched, trainer *t)
+{
+    if (o->gpt.dim % o->gpt.heads)
+        die("--dim %d does not divide into --heads %d: give a multiple of %d", o->gpt.dim,
+            o->gpt.heads, o->gpt.heads);
+    mg_text *text;
+    if (mg_text_open(o->data, o->gpt.ctx, &text)) die("%s", mg_last_error());
+    join_job(o, t);
+    int local = o->batch / t->world, T = o->gpt.ctx;   /* sequences per rank */
+    gpt_spec spec = {o->gpt, o->seed};
+    mg_ckpt_meta meta;
+    setup_training(o, t, make_gpt, &spec, 1, kind, def->beta2, comp, local, &meta);
+    mg_model *m = t->m;
+    long step = meta.step;
+    double ppl, vl;
+    if (o->eval_only) {
+        vl = validate(t, text, local, &ppl);
+        if (t->rank == 0)
+            printf("%s: validation loss %.4f, perplexity %.2f (%d windows of %d bytes)\n",
+                   o->model, vl, ppl, mg_text_val_windows(text, T), T);
+        print_sample(t, o);
+        mg_text_close(text);
+        return;
     }
-    agree_or_die(t, failed, msg);
-    if (t->mode != MODE_DDP) return;
-    double c[3] = {(double)meta->step, (double)meta->epoch, (double)mg_model_rng_counter(t->m)};
-    if (mg_broadcast(t->g, c, 3, MG_F64, 0)) die("%s", mg_last_error());
-    meta->step = (long)c[0];
-    meta->epoch = (long)c[1];
-    mg_model_set_rng_counter(t->m, (uint64_t)c[2]);
-    mg_optim_set_steps(opt, meta->step);
-    for (int i = 0; i < mg_optim_num_states(opt); i++)
-        if (mg_broadcast(t->g, mg_optim_state(opt, i, NULL), mg_model_arena_size(t->m),
-                         MG_F32, 0))
-            die("%s", mg_last_error());
+    if (step >= o->steps) {
+        if (t->rank == 0)
+            fprintf(stderr, "%s: %s already covers %ld step(s); raise --steps to train more\n",
+                    prog, o->resume, step);
+        print_sample(t, o);
+        mg_text_close(text);
+        return;
+    }
+    sched.total_steps = o->steps;
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)local * T);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)local * T);
+    if (!x || !y) die("out of memory for a batch of %d sequences", local);
+    metrics mt = {lm_cols, L_COLS, NULL, 0, 0};
+    if (o->log && o->resume && t->rank == 0) read_log(o->log, &mt, (double)step);
+    if (!o->quiet) {
+        printf("mgtrain: %s (%d layers, dim %d, %d heads, context %d), %zu parameters, "
+               "batch %d", o->model, o->gpt.layers, o->gpt.dim, o->gpt.heads, T,
+               mg_model_num_params(m), o->batch);
+        if (t->mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (t->mode == MODE_DP) printf(" (%d DataParallel workers)", o->workers);
+        if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
+        printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,
+               o->steps, mg_text_size(text), mg_text_train_size(text));
+    }
+    if (step == 0) {   /* the curve starts at initialisation, as nanoGPT's */
+        log_row *r = metrics_add(&mt);
+        r->v[L_STEP] = 0;
+        r->v[L_VAL_LOSS] = vl = validate(t, text, local, &ppl);
+        r->v[L_VAL_PPL] = ppl;
+        if (!o->quiet) printf("step %5d/%ld  val loss %.4f  ppl %7.2f\n", 0, o->steps, vl, ppl);
+    }
+    progress pr = {isatty(2), o->quiet, mg_now(), 0};
+    double v[2] = {0, 0};   /* loss sum, steps since the last evaluation (this rank) */
+    double secs = 0, total_time = 0, t0 = mg_now(), lr = o->lr;
+    long first = step, tokens_per_step = (long)o->batch * T * o->accumulate;
+    while (step < o->steps) {
+        mg_model_zero_grad(m);
+        float loss = 0;
+        /* Micro-batch j of step s is draw s * accumulate + j of the seeded
+         * stream: accumulate 1 is models.md's batch order. */
+        for (int j = 0; j < o->accumulate; j++) {
+            uint64_t draw = (uint64_t)step * (uint64_t)o->accumulate + (uint64_t)j;
+            int rows = mg_text_batch(text, o->seed, draw, o->batch, T, t->rank, t->world, x, y);
+            loss += forward_backward(t, x, y, rows, j == o->accumulate - 1, NULL);
+        }
+        lr = mg_schedule_lr(&sched, step);
+        finish_step(t, o, o->accumulate, lr);
+        step++;
+        v[0] += loss / (float)o->accumulate;
+        v[1] += 1;
+        char label[64];
+        snprintf(label, sizeof label, "step %ld/%ld", step, o->steps);
+        progress_update(&pr, label, step - first, o->steps - first, (double)tokens_per_step,
+                        "tok", v[0] / v[1]);
+        if (step % o->eval_every && step < o->steps) continue;
+        secs = mg_now() - t0;
+        total_time += secs;
+        sum_over_ranks(t, v, 2);
+        log_row *r = metrics_add(&mt);
+        r->v[L_STEP] = (double)step;
+        r->v[L_TRAIN_LOSS] = v[0] / v[1];
+        r->v[L_SECONDS] = secs;
+        r->v[L_TOKENS_PER_S] = v[1] / t->world * (double)tokens_per_step / secs;
+        r->v[L_LR] = lr;
+        r->v[L_VAL_LOSS] = validate(t, text, local, &r->v[L_VAL_PPL]);
+        if (pr.tty && !o->quiet) fprintf(stderr, "\r%100s\r", "");
+        if (!o->quiet) {
+            printf("step %5ld/%ld  loss %.4f  val loss %.4f  ppl %7.2f  %7.2f s  %8.0f tok/s\n",
+                   step, o->steps, r->v[L_TRAIN_LOSS], r->v[L_VAL_LOSS], r->v[L_VAL_PPL], secs,
+                   r->v[L_TOKENS_PER_S]);
+            fflush(stdout);
+        }
+        write_metrics(t, o, &mt);
+        save_checkpoint(t, o, step, 0);
+        v[0] = v[1] = 0;
+        t0 = mg_now();
+    }
+    const log_row *last = &mt.rows[mt.n - 1];
+    if (t->rank == 0)
+        printf("final: validation loss %.4f, perplexity %.2f, %.1f s training, %.0f tokens/s, "
+               "peak memory %.0f MB\n", last->v[L_VAL_LOSS], last->v[L_VAL_PPL], total_time,
+               (double)(step - first) * tokens_per_step / total_time, mg_peak_rss() / 1e6);
+    print_ddp_stats(t);
+    print_sample(t, o);
+    free(mt.rows);
+    free(x);
+    free(y);
+    mg_text_close(text);
 }
 
 int main(int argc, char **argv)
@@ -459,13 +1056,26 @@ int main(int argc, char **argv)
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;
     if (mg_zoo_defaults_of(o.model, &def)) die("%s", mg_last_error());
+    int lm = def.language_model;
+    if (lm && o.have_epochs)
+        die("--epochs: %s trains by steps; give --steps N (default %ld)", o.model, def.steps);
+    if (!lm && (o.have_steps || o.have_eval_every || o.have_arch || o.sample ||
+                o.have_sample_opts))
+        die("--steps, --eval-every, --layers, --dim, --heads, --ctx and --sample apply to "
+            "gpt-mini; %s trains by --epochs", o.model);
     if (!o.have_batch) o.batch = def.batch;
     if (!o.have_lr) o.lr = def.lr;
     if (!o.have_momentum) o.momentum = def.momentum;
     if (!o.have_epochs) o.epochs = def.epochs;
+    if (!o.have_steps) o.steps = def.steps;
+    if (!o.have_eval_every) o.eval_every = def.eval_every;
+    if (!o.optimizer) o.optimizer = mg_optim_kind_name(def.optimizer);
     mg_optim_kind kind;
     if (mg_optim_parse(o.optimizer, &kind)) die("--optimizer: %s", mg_last_error());
-    if (o.weight_decay < 0) o.weight_decay = kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
+    if (o.weight_decay < 0)
+        o.weight_decay = kind == def.optimizer ? def.weight_decay
+                       : kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
+    if (o.clip_grad < 0) o.clip_grad = def.clip_grad;
     mg_schedule sched;
     if (mg_schedule_parse(o.schedule, o.lr, &sched)) die("--schedule: %s", mg_last_error());
     mg_compress comp;
@@ -476,240 +1086,17 @@ int main(int argc, char **argv)
     if (o.eval_only && !o.resume && !o.init)
         die("--eval-only needs weights: give --init FILE or --resume FILE");
     if (t.mode == MODE_DP && o.batch < o.workers)
-        die("--batch %d is smaller than --workers %d: give each worker at least one image",
+        die("--batch %d is smaller than --workers %d: give each worker at least one sample",
             o.batch, o.workers);
-    struct stat sb;
-    if (stat(o.data, &sb) || !S_ISDIR(sb.st_mode))
-        die("data directory '%s' not found: install the dataset-fashion-mnist "
-            "package (scripts/install-deps.sh) or pass --data DIR", o.data);
 
-    if (t.mode == MODE_DDP) {
-        if (!getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK"))
-            die("--parallel ddp needs a launcher: run it as 'mgrun -n N mgtrain "
-                "--parallel ddp ...' (or under mpirun)");
-        if (mg_group_init(NULL, &t.g)) die("%s", mg_last_error());
-        t.rank = mg_group_rank(t.g);
-        t.world = mg_group_size(t.g);
-        char msg[256];
-        snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
-                 "multiple of %d (--batch is the global batch)", o.batch, t.world, t.world);
-        agree_or_die(&t, o.batch % t.world != 0, msg);
-        if (t.rank != 0) o.quiet = 1;
-        mg_trace_open(NULL, t.rank, t.world);
-    } else {
-        mg_trace_open(NULL, 0, 1);
-    }
-    mg_set_threads(o.threads);   /* with --verbose, logs the CPU and the kernels */
-    /* An automatic restart (mgrun --max-restarts) resumes from the last save. */
-    if (!o.resume && o.save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
-        access(o.save, R_OK) == 0) {
-        o.resume = o.save;
-        if (t.rank == 0) fprintf(stderr, "%s: restarted: resuming from %s\n", prog, o.save);
-    }
+    if (lm) train_lm(&o, kind, &def, comp, sched, &t);
+    else train_images(&o, &def, kind, comp, sched, &t);
 
-    mg_dataset *train = NULL, *test = NULL;
-    if (!o.eval_only && mg_dataset_load(o.data, true, &train)) die("%s", mg_last_error());
-    if (mg_dataset_load(o.data, false, &test)) die("%s", mg_last_error());
-
-    int local = o.batch / t.world;  /* images per rank and micro-batch */
-    if (t.mode == MODE_DP) {
-        if (mg_dp_create(o.model, o.seed, o.workers, o.batch, &t.dp)) die("%s", mg_last_error());
-        t.m = mg_dp_model(t.dp);
-    } else if (mg_model_create(o.model, o.seed, &t.m)) {
-        die("%s", mg_last_error());
-    }
-    mg_model *m = t.m;
-    if (mg_model_reserve(m, local)) die("%s", mg_last_error());
-    mg_optim_config oc = mg_optim_defaults(kind, o.lr);
-    oc.momentum = o.momentum;
-    oc.weight_decay = o.weight_decay;
-    mg_optim *opt;
-    if (mg_optim_create(&oc, mg_model_arena_size(m), &opt)) die("%s", mg_last_error());
-
-    char hp[512];
-    hparams_string(&o, hp, sizeof hp);
-    mg_ckpt_meta meta;
-    memset(&meta, 0, sizeof meta);
-    if (o.resume) {
-        resume_state(&t, o.resume, opt, hp, &meta);
-    } else if (o.init) {
-        int failed = 0;
-        char msg[1200] = "";
-        if (t.rank == 0 && mg_model_load_weights(o.init, m, o.init_prefix)) {
-            snprintf(msg, sizeof msg, "--init: %s", mg_last_error());
-            failed = 1;
-        }
-        agree_or_die(&t, failed, msg);
-    }
-    if (t.mode == MODE_DDP) {
-        mg_ddp_options dopt = mg_ddp_defaults();
-        dopt.bucket_bytes = (size_t)(o.bucket_mb * (1 << 20));
-        if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
-        dopt.compress = comp;
-        if (mg_ddp_create(t.g, m, &dopt, &t.ddp)) die("%s", mg_last_error());
-    }
-    int start_epoch = (int)meta.epoch;
-    long step = meta.step;
-
-    mg_scaling sc = def.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
-    int c, h, w;
-    mg_model_input_shape(m, &c, &h, &w);
-    size_t in = (size_t)c * h * w;
-    int eval_batch = local;
-    float *xb = mg_alloc(sizeof(float) * in * (size_t)eval_batch);
-    int32_t *yb = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
-    int32_t *ib = mg_alloc(sizeof(int32_t) * (size_t)eval_batch);
-    if (!xb || !yb || !ib) die("out of memory for a batch of %d", eval_batch);
-
-    mg_sampler sampler = {0};
-    epoch_row *rows = NULL;
-    mg_loader *loader = NULL;
-    if (o.eval_only) {
-        double loss, acc;
-        evaluate(&t, test, xb, yb, ib, eval_batch, sc, &loss, &acc);
-        if (t.rank == 0)
-            printf("%s: test loss %.4f, test accuracy %.2f%% (%d images)\n", o.model, loss,
-                   100 * acc, test->n);
-        goto done;
-    }
-
-    /* Each rank's shard of every epoch's permutation (models.md: perm[r::k]). */
-    if (mg_sampler_init(&sampler, train->n, t.rank, t.world, true, o.seed, false))
-        die("%s", mg_last_error());
-    int n_local;
-    mg_sampler_indices(&sampler, &n_local);
-    int micro_per_epoch = (n_local + local - 1) / local;
-    int steps_per_epoch = (micro_per_epoch + o.accumulate - 1) / o.accumulate;
-    sched.total_steps = (long)steps_per_epoch * o.epochs;
-    if (start_epoch >= o.epochs) {
-        if (t.rank == 0)
-            fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
-                    prog, o.resume, start_epoch);
-        goto done;
-    }
-    if (step != (long)start_epoch * steps_per_epoch)
-        die("%s: step %ld is not the end of epoch %d with --batch %d --accumulate %d",
-            o.resume, step, start_epoch, o.batch, o.accumulate);
-
-    rows = calloc((size_t)o.epochs, sizeof *rows);
-    int n_rows = 0;
-    if (o.log && o.resume && t.rank == 0) n_rows = read_log(o.log, rows, start_epoch);
-
-    if (mg_loader_create(train, local, sc, &loader)) die("%s", mg_last_error());
-    progress pr = {isatty(2), o.quiet, 0, 0};
-    if (!o.quiet) {
-        printf("mgtrain: %s, %zu parameters, batch %d", o.model, mg_model_num_params(m), o.batch);
-        if (t.mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t.world);
-        if (t.mode == MODE_DP) printf(" (%d DataParallel workers)", o.workers);
-        if (o.accumulate > 1) printf(" x %d accumulated", o.accumulate);
-        printf(", %s lr %g, %d epochs\n", o.optimizer, o.lr, o.epochs);
-    }
-    float grad_scale = 1.0f / (float)o.accumulate;
-    double total_time = 0;
-    for (int e = start_epoch; e < o.epochs; e++) {
-        mg_sampler_set_epoch(&sampler, e);
-        const int32_t *order = mg_sampler_indices(&sampler, &n_local);
-        mg_loader_start(loader, order, n_local, local, 0);
-        double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
-        double t0 = mg_now(), lr = o.lr;
-        pr.start = t0;
-        pr.last = 0;
-        const float *x;
-        const int32_t *y;
-        int bs, micro = 0;
-        while ((bs = mg_loader_next(loader, &x, &y)) > 0) {
-            bool last = ++micro == o.accumulate || v[2] + bs >= n_local;
-            if (micro == 1) mg_model_zero_grad(m);
-            int cor;
-            float loss = forward_backward(&t, x, y, bs, last, &cor);
-            v[0] += (double)loss * bs;
-            v[1] += cor;
-            v[2] += bs;
-            if (!last) continue;
-            if (t.ddp && mg_ddp_finish(t.ddp)) die("rank %d: %s", t.rank, mg_last_error());
-            if (micro > 1) {
-                float *g = mg_model_grads(m), s = micro == o.accumulate ? grad_scale
-                                                                        : 1.0f / (float)micro;
-                for (size_t i = 0, n = mg_model_num_params(m); i < n; i++) g[i] *= s;
-            }
-            micro = 0;
-            double tl = mg_trace_now();
-            lr = mg_schedule_lr(&sched, step);
-            mg_optim_step(opt, mg_model_params(m), mg_model_grads(m), (float)lr);
-            mg_trace_event("optimizer", "optimizer", 0, tl, mg_trace_now());
-            step++;
-            progress_update(&pr, e + 1, o.epochs, (long)v[2] * t.world, train->n,
-                            v[0] / v[2]);
-        }
-        double secs = mg_now() - t0;
-        sum_over_ranks(&t, v, 3);
-        total_time += secs;
-        epoch_row *r = &rows[n_rows++];
-        r->epoch = e + 1;
-        r->step = step;
-        r->train_loss = v[0] / v[2];
-        r->train_acc = v[1] / v[2];
-        r->seconds = secs;
-        r->images_per_s = v[2] / secs;
-        r->lr = lr;
-        evaluate(&t, test, xb, yb, ib, eval_batch, sc, &r->test_loss, &r->test_acc);
-        if (pr.tty && !o.quiet) fprintf(stderr, "\r%100s\r", "");
-        if (!o.quiet) {
-            printf("epoch %2d/%d  loss %.4f  train acc %5.2f%%  test acc %5.2f%%  "
-                   "%6.2f s  %8.0f img/s\n", e + 1, o.epochs, r->train_loss,
-                   100 * r->train_acc, 100 * r->test_acc, secs, r->images_per_s);
-            fflush(stdout);
-        }
-        int failed = 0;
-        char msg[1200] = "";
-        if (t.rank == 0 && o.log &&
-            (write_log(o.log, rows, n_rows) || write_plot(o.log, o.model, rows, n_rows))) {
-            snprintf(msg, sizeof msg, "%s", mg_last_error());
-            failed = 1;
-        }
-        /* Also the barrier: every rank has finished the epoch before rank 0 saves. */
-        agree_or_die(&t, failed, msg);
-        if (o.save) {
-            memset(&meta, 0, sizeof meta);
-            snprintf(meta.model, sizeof meta.model, "%s", o.model);
-            meta.step = step;
-            meta.epoch = e + 1;
-            meta.seed = o.seed;
-            snprintf(meta.hparams, sizeof meta.hparams, "%s", hp);
-            if (t.rank == 0 && mg_checkpoint_save(o.save, m, opt, &meta)) {
-                snprintf(msg, sizeof msg, "--save: %s (the previous checkpoint, if any, is "
-                         "intact)", mg_last_error());
-                failed = 1;
-            }
-            agree_or_die(&t, failed, msg);
-        }
-    }
-    epoch_row *last = &rows[n_rows - 1];
-    if (t.rank == 0)
-        printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, "
-               "peak memory %.0f MB\n", 100 * last->test_acc, last->test_loss, total_time,
-               mg_peak_rss() / 1e6);
-    if (t.ddp && mg_trace_on()) {
-        mg_ddp_stats ds = mg_ddp_get_stats(t.ddp);
-        if (t.rank == 0 && ds.comm_us > 0)
-            fprintf(stderr, "%s: %d buckets, all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden "
-                    "behind backward)\n", prog, mg_ddp_num_buckets(t.ddp), ds.comm_us / 1e3,
-                    ds.exposed_us / 1e3, 100 * (1 - ds.exposed_us / ds.comm_us));
-    }
-done:
     if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
-    mg_sampler_free(&sampler);
-    free(rows);
-    mg_loader_destroy(loader);
-    mg_free(xb);
-    mg_free(yb);
-    mg_free(ib);
-    mg_optim_destroy(opt);
+    mg_optim_destroy(t.opt);
     mg_ddp_destroy(t.ddp);
     if (t.dp) mg_dp_destroy(t.dp);
-    else mg_model_destroy(m);
+    else mg_model_destroy(t.m);
     mg_group_destroy(t.g);
-    mg_dataset_destroy(train);
-    mg_dataset_destroy(test);
     return 0;
 }

@@ -41,21 +41,33 @@ typedef struct mg_param {
 /* Called after each layer's backward with the gradient range that is final. */
 typedef void (*mg_grad_hook)(void *ud, size_t lo, size_t hi);
 
-/* The zoo: "mlp", "lenet-d2l", "lenet5". Parameters initialised as
- * models.md says, from seed. */
+/* The zoo: "mlp", "lenet-d2l", "lenet5" (images) and "gpt-mini" (a
+ * byte-level language model at models.md's default sizes; other sizes:
+ * mg_model_create_gpt). Parameters initialised as models.md says, from
+ * seed. */
 mg_status mg_model_create(const char *name, uint64_t seed, mg_model **out);
 void mg_model_destroy(mg_model *m);
 /* NULL-terminated list of zoo names. */
 const char *const *mg_model_names(void);
 const char *mg_model_name(const mg_model *m);
 
-/* The default hyper-parameters of a zoo model (models.md's summary). */
+/* The default hyper-parameters of a zoo model (models.md). Image models
+ * train by epochs with SGD; a language model by steps with AdamW, weight
+ * decay on its 2-D parameters only (mg_model_decay_groups) and gradient
+ * clipping. */
 typedef struct mg_zoo_defaults {
     int batch;
     float lr;
     float momentum;
-    int epochs;
+    int epochs;             /* image models; 0 for a language model */
     bool normalized_input;  /* (u8/255 - 0.2860)/0.3530, else u8/255 */
+    bool language_model;    /* trains on text (mg_text), by steps */
+    long steps;             /* language model: optimizer steps */
+    int eval_every;         /* language model: steps between validations */
+    mg_optim_kind optimizer;
+    float beta2;            /* Adam/AdamW */
+    float weight_decay;     /* language model: on 2-D parameters only */
+    float clip_grad;        /* global gradient-norm clip; 0: none */
 } mg_zoo_defaults;
 mg_status mg_zoo_defaults_of(const char *name, mg_zoo_defaults *out);
 
@@ -117,6 +129,14 @@ mg_status mg_model_reserve(mg_model *m, int max_batch);
 const float *mg_model_forward(mg_model *m, const float *x, int batch);
 /* A language model's forward: tokens [batch, T] (int32, < vocab). */
 const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch);
+/* Generate n tokens after a prompt of n_prompt >= 1 tokens (nanoGPT's
+ * generate: the context cropped to the last T tokens, the next token
+ * drawn from the last position's logits / temperature, restricted to the
+ * top_k most likely when top_k > 0; temperature 0: the most likely).
+ * Draws come from a generator seeded by seed. MG_EINVAL for a model that
+ * is not a language model or a token outside the vocabulary. */
+mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
+                            float temperature, int top_k, uint64_t seed, int32_t *out);
 /* Mean softmax cross-entropy of the last forward against labels (one per
  * position: batch * positions of them); prepares
  * the logits' gradient for backward; *correct (may be NULL) gets the

@@ -8,6 +8,7 @@
 #include "core.h"
 #include "comm.h"
 #include "nn.h"
+#include "data.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -111,8 +112,14 @@ mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d);
  * each weighted by its share of the batch — so one step equals one process
  * on the whole batch. The optimizer steps replica 0 (mg_dp_model). */
 typedef struct mg_dp mg_dp;
+/* Replicas of a zoo model. */
 mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_batch,
                        mg_dp **out);
+/* Replicas made by `make` (called once per worker; e.g. a gpt-mini of
+ * other sizes through mg_model_create_gpt). */
+typedef mg_status (*mg_model_factory)(void *ud, mg_model **out);
+mg_status mg_dp_create_with(mg_model_factory make, void *ud, int workers, int max_batch,
+                            mg_dp **out);
 void mg_dp_destroy(mg_dp *dp);
 mg_model *mg_dp_model(mg_dp *dp);
 int mg_dp_workers(const mg_dp *dp);
@@ -123,12 +130,23 @@ int mg_dp_workers(const mg_dp *dp);
  * (dp)), then one call per micro-batch — N calls with batches of B leave
  * the sum of N batch-mean gradients, exactly as N forward/backward passes
  * in one process; scale by 1/N for the mean over the N*B images — then the
- * optimizer. *loss (may be NULL) gets the mean loss over the batch,
+ * optimizer. x is the batch as the model takes it (images as floats, a
+ * language model's int32 tokens [batch, T]; y then has T labels per
+ * sequence). *loss (may be NULL) gets the mean loss over the batch,
  * *correct (may be NULL) the argmax hits. MG_ENOMEM when a batch larger
  * than max_batch cannot be reserved on a replica; the gradients are then
  * left as they were. */
-mg_status mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
+mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
                                  float *loss, int *correct);
+
+/* ---- language models (lm.c) ----------------------------------------------
+ *
+ * Validation loss of a language model on a text's validation windows
+ * (models.md D: mean cross-entropy over all positions of the first 512
+ * windows of T = mg_model_positions(m)), in batches of `batch`. With a
+ * group g (may be NULL) it is collective: each rank evaluates a contiguous
+ * share of the windows and every rank gets the whole figure. */
+mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss);
 
 #ifdef __cplusplus
 }

@@ -57,8 +57,23 @@ mg_status mg_plot_svg(const char *path, const char *title,
                       const char *const panel_title[2],
                       const mg_plot_series *s, int n_series, int n)
 {
+    return mg_plot_svg_xy(path, title, panel_title, "epoch", NULL, s, n_series, n);
+}
+
+mg_status mg_plot_svg_xy(const char *path, const char *title,
+                         const char *const panel_title[2], const char *x_label,
+                         const double *xs, const mg_plot_series *s, int n_series, int n)
+{
     static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"};
     const int W = 900, H = 380, pw = 380, ph = 260, top = 60, left[2] = {70, 520};
+    /* x of point i: xs[i], or i + 1 (epochs); XPOS maps it into the panel */
+#define X(i) (xs ? xs[i] : (double)(i) + 1)
+    double xlo = n > 0 ? X(0) : 1, xhi = xlo;
+    for (int i = 1; i < n; i++) {
+        xlo = fmin(xlo, X(i));
+        xhi = fmax(xhi, X(i));
+    }
+#define XPOS(v) (x0 + (xhi > xlo ? ((v) - xlo) / (xhi - xlo) * pw : pw / 2.0))
     buf b = {0};
     addf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
          "font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -91,14 +106,13 @@ mg_status mg_plot_svg(const char *path, const char *title,
                  "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
                  x0, x0 + pw, y, y, x0 - 6, y + 4, fabs(v) < st / 1e6 ? 0.0 : v);
         }
-        int xt = n <= 10 ? 1 : (int)tick_step(1, n);
-        for (int e = 1; e <= n; e += xt) {
-            double x = x0 + (n > 1 ? (double)(e - 1) / (n - 1) * pw : pw / 2.0);
-            addf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n",
-                 x, y0 + ph + 16, e);
-        }
-        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">epoch</text>\n",
-             x0 + pw / 2, y0 + ph + 34);
+        double xst = xhi - xlo <= 10 ? 1 : tick_step(xlo, xhi);
+        for (double v = ceil(xlo / xst) * xst; v <= xhi + xst / 1e6; v += xst)
+            addf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
+                 XPOS(v), y0 + ph + 16, v);
+        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2, y0 + ph + 34);
+        escape(&b, x_label);
+        addf(&b, "</text>\n");
         int legend = 0;
         for (int k = 0; k < n_series; k++) {
             if (s[k].panel != p) continue;
@@ -106,16 +120,15 @@ mg_status mg_plot_svg(const char *path, const char *title,
             addf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
             for (int i = 0; i < n; i++) {
                 if (!isfinite(s[k].y[i])) continue;
-                double x = x0 + (n > 1 ? (double)i / (n - 1) * pw : pw / 2.0);
                 double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
-                addf(&b, "%.1f,%.1f ", x, y);
+                addf(&b, "%.1f,%.1f ", XPOS(X(i)), y);
             }
             addf(&b, "\"/>\n");
             for (int i = 0; i < n; i++) {
                 if (!isfinite(s[k].y[i])) continue;
-                double x = x0 + (n > 1 ? (double)i / (n - 1) * pw : pw / 2.0);
                 double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
-                addf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", x, y, c);
+                addf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>",
+                     XPOS(X(i)), y, c);
             }
             addf(&b, "\n<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
                  "<text x=\"%d\" y=\"%d\">", x0 + 10, y0 + 12 + 16 * legend, c,
@@ -125,6 +138,8 @@ mg_status mg_plot_svg(const char *path, const char *title,
             legend++;
         }
     }
+#undef X
+#undef XPOS
     addf(&b, "</svg>\n");
     if (b.oom) {
         free(b.s);

@@ -47,14 +47,22 @@ typedef struct {
     mg_zoo_defaults d;
 } zoo_entry;
 
+#define IMAGE_SGD(b_, lr_, mom_, norm_)                                                 \
+    {.batch = b_, .lr = lr_, .momentum = mom_, .epochs = 10, .normalized_input = norm_,   \
+     .optimizer = MG_OPTIM_SGD, .beta2 = 0.999f}
+
+/* gpt-mini is built by mg_model_create_gpt (any size); build is NULL. */
 static const zoo_entry zoo[] = {
-    {"mlp", build_mlp, 1, 1, 784, {128, 0.05f, 0.9f, 10, true}},
-    {"lenet-d2l", build_lenet_d2l, 1, 28, 28, {256, 0.2f, 0.0f, 10, false}},
-    {"lenet5", build_lenet5, 1, 28, 28, {128, 0.05f, 0.9f, 10, true}},
+    {"mlp", build_mlp, 1, 1, 784, IMAGE_SGD(128, 0.05f, 0.9f, true)},
+    {"lenet-d2l", build_lenet_d2l, 1, 28, 28, IMAGE_SGD(256, 0.2f, 0.0f, false)},
+    {"lenet5", build_lenet5, 1, 28, 28, IMAGE_SGD(128, 0.05f, 0.9f, true)},
+    {"gpt-mini", NULL, 0, 0, 0,
+     {.batch = 32, .lr = 1e-3f, .language_model = true, .steps = 2000, .eval_every = 250,
+      .optimizer = MG_OPTIM_ADAMW, .beta2 = 0.99f, .weight_decay = 0.1f, .clip_grad = 1.0f}},
 };
 #define N_ZOO ((int)(sizeof zoo / sizeof zoo[0]))
 
-static const char *const zoo_names[] = {"mlp", "lenet-d2l", "lenet5", NULL};
+static const char *const zoo_names[] = {"mlp", "lenet-d2l", "lenet5", "gpt-mini", NULL};
 
 const char *const *mg_model_names(void) { return zoo_names; }
 
@@ -67,7 +75,7 @@ static const zoo_entry *find(const char *name)
 
 static mg_status unknown(const char *name)
 {
-    return mg_error(MG_EINVAL, "unknown model '%s'; choose one of: mlp, lenet-d2l, lenet5",
+    return mg_error(MG_EINVAL, "unknown model '%s'; choose one of: mlp, lenet-d2l, lenet5, gpt-mini",
                     name ? name : "(null)");
 }
 
@@ -84,5 +92,9 @@ mg_status mg_model_create(const char *name, uint64_t seed, mg_model **out)
     *out = NULL;
     const zoo_entry *e = find(name);
     if (!e) return unknown(name);
+    if (!e->build) {
+        mg_gpt_config g = mg_gpt_defaults();
+        return mg_model_create_gpt(&g, seed, out);
+    }
     return mg_model_create_from(e->name, e->build(), e->c, e->h, e->w, seed, out);
 }

@@ -19,9 +19,9 @@
 
 typedef struct {
     mg_model *m;
-    const float *x;
+    const void *x;    /* the model's input: floats, or int32 tokens (4 bytes each too) */
     const int32_t *y;
-    int n;            /* images of this replica this step */
+    int n;            /* samples of this replica this step */
     float loss;
     int correct;
     /* A failed forward (a larger batch that cannot be reserved): the
@@ -42,7 +42,8 @@ struct mg_dp {
     unsigned gen;
     int pending;
     bool stop;
-    size_t in;         /* floats per image */
+    size_t in;         /* input elements (4 bytes) per sample */
+    int positions;     /* labels per sample (a language model: T) */
     /* Replica 0's gradients from before this call (earlier micro-batches):
      * replica 0 zeroes its arena to compute its own share. */
     float *acc;
@@ -55,7 +56,7 @@ static void apply(replica *r)
     r->correct = 0;
     r->st = MG_OK;
     if (r->n == 0) return;
-    if (!mg_model_forward(r->m, r->x, r->n)) {
+    if (!mg_model_forward(r->m, (const float *)r->x, r->n)) {
         r->st = MG_ENOMEM;
         snprintf(r->err, sizeof r->err, "%s", mg_last_error());
         return;
@@ -88,8 +89,23 @@ static void *worker(void *p)
     }
 }
 
+typedef struct { const char *name; uint64_t seed; } zoo_model;
+
+static mg_status make_zoo_model(void *ud, mg_model **out)
+{
+    const zoo_model *z = ud;
+    return mg_model_create(z->name, z->seed, out);
+}
+
 mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_batch,
                        mg_dp **out)
+{
+    zoo_model z = {model, seed};
+    return mg_dp_create_with(make_zoo_model, &z, workers, max_batch, out);
+}
+
+mg_status mg_dp_create_with(mg_model_factory make, void *ud, int workers, int max_batch,
+                            mg_dp **out)
 {
     *out = NULL;
     if (workers < 1)
@@ -108,7 +124,7 @@ mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_ba
     }
     int per = (max_batch + workers - 1) / workers;
     for (int k = 0; k < workers; k++) {
-        mg_status st = mg_model_create(model, seed, &dp->r[k].m);
+        mg_status st = make(ud, &dp->r[k].m);
         if (!st) st = mg_model_reserve(dp->r[k].m, per);
         if (st) {
             mg_dp_destroy(dp);
@@ -118,6 +134,7 @@ mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_ba
     int c, h, w;
     mg_model_input_shape(dp->r[0].m, &c, &h, &w);
     dp->in = (size_t)c * h * w;
+    dp->positions = mg_model_positions(dp->r[0].m);
     size_t n = mg_model_arena_size(dp->r[0].m);
     dp->acc = mg_alloc(n * sizeof(float));
     if (!dp->acc) {
@@ -160,7 +177,7 @@ void mg_dp_destroy(mg_dp *dp)
 mg_model *mg_dp_model(mg_dp *dp) { return dp->r[0].m; }
 int mg_dp_workers(const mg_dp *dp) { return dp->workers; }
 
-mg_status mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, int batch,
+mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
                                  float *loss, int *correct)
 {
     MG_ASSERT(batch > 0);
@@ -179,8 +196,8 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const float *x, const int32_t *y, in
     for (int k = 0; k < W; k++) {
         int len = batch - off < per ? batch - off : per;
         if (len < 0) len = 0;
-        dp->r[k].x = x + (size_t)off * dp->in;
-        dp->r[k].y = y + off;
+        dp->r[k].x = (const char *)x + (size_t)off * dp->in * 4;
+        dp->r[k].y = y + (size_t)off * dp->positions;
         dp->r[k].n = len;
         off += len;
     }
