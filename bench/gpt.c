@@ -5,9 +5,11 @@
  * bench/gpt.sh runs it beside PyTorch's bench/gpt_torch.py.
  *
  *   gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] [--heads H] [--data PATH]
+ *       [--no-eval]
  *
  * Prints the SGEMM peak, then "eval step S val_loss X" at step 0 and at
- * the end, then the summary line "gpt-mini B T steps tokens/s seconds
+ * the end (not with --no-eval: for big shapes, where validation would
+ * take longer than the steps; final_val_loss is then nan), then the summary line "gpt-mini B T steps tokens/s seconds
  * final_train_loss final_val_loss peak_MB GFLOP/s %peak" (the first step
  * warms up and is not timed; evaluation is not timed). GFLOP/s counts
  * the model's matrix work (mg_model_flops: linear layers, attention's two
@@ -29,11 +31,12 @@ static double val_loss(mg_model *m, const mg_text *t, int B)
 int main(int argc, char **argv)
 {
     mg_gpt_config g = mg_gpt_defaults();
-    int steps = 50, B = 32;
+    int steps = 50, B = 32, eval = 1;
     const char *data = NULL;
     static const struct option opts[] = {
         {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
-        {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"data", 1, 0, 'D'}, {0, 0, 0, 0}};
+        {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"data", 1, 0, 'D'},
+        {"no-eval", 0, 0, 'n'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 's': steps = atoi(optarg); break;
@@ -43,9 +46,10 @@ int main(int argc, char **argv)
         case 'd': g.dim = atoi(optarg); break;
         case 'h': g.heads = atoi(optarg); break;
         case 'D': data = optarg; break;
+        case 'n': eval = 0; break;
         default:
             fprintf(stderr, "usage: gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] "
-                            "[--heads H] [--data PATH]\n");
+                            "[--heads H] [--data PATH] [--no-eval]\n");
             return 2;
         }
     }
@@ -86,7 +90,7 @@ int main(int argc, char **argv)
     }
     printf("# gpt-mini L=%d d=%d h=%d T=%d B=%d: %zu parameters\n", g.layers, g.dim, g.heads, T, B,
            mg_model_num_params(m));
-    printf("eval step 0 val_loss %.4f\n", val_loss(m, t, B));
+    if (eval) printf("eval step 0 val_loss %.4f\n", val_loss(m, t, B));
     size_t np = mg_model_num_params(m);
     double t0 = 0, loss = 0;
     for (int s = 0; s < steps; s++) {
@@ -100,8 +104,8 @@ int main(int argc, char **argv)
         mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
     }
     double secs = mg_now() - t0, tok = (double)B * T * (steps - 1) / secs;
-    double vl = val_loss(m, t, B);
-    printf("eval step %d val_loss %.4f\n", steps, vl);
+    double vl = eval ? val_loss(m, t, B) : NAN;
+    if (eval) printf("eval step %d val_loss %.4f\n", steps, vl);
     double train_flops;
     mg_model_flops(m, NULL, &train_flops);   /* per sequence */
     double gf = train_flops * B * (steps - 1) / secs / 1e9;

@@ -8,8 +8,9 @@ eps 1e-8) and global gradient clipping to norm 1.0, on one thread per process.
 
     gpt_torch.py [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D]
                  [--heads H] [--eval-every N] [--data DIR] [--seed S]
-                 [--threads N] [--curve FILE] [--ddp WORLD]
+                 [--threads N] [--curve FILE] [--ddp WORLD] [--no-eval]
 
+--no-eval skips validation (for big shapes; final_val_loss is then nan).
 --ddp W spawns W processes (gloo, one thread each unless --threads) wrapped in
 DistributedDataParallel; rank r trains on rows r::W of the global batch B (so
 B/W sequences per rank) and evaluates windows r::W of the validation set.
@@ -218,6 +219,8 @@ def run(rank, world, port, args, text, out):
     curve = open(args.curve, "w") if rank == 0 and args.curve else None
 
     def report(step):
+        if args.no_eval:
+            return float("nan")
         v = evaluate(model, val, T, local, rank, world)
         if rank == 0:
             print(f"eval step {step} val_loss {v:.4f} ppl {math.exp(v):.2f}", flush=True)
@@ -273,6 +276,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--curve")
+    ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--ddp", type=int, default=1, metavar="WORLD")
     args = ap.parse_args()
     world = args.ddp
