@@ -1,7 +1,9 @@
 /* Tests of src/tensor: kernels against hand-computed answers (GEMM,
- * im2col, convolution, pooling) and the fast convolution (chunked
- * im2col + GEMM with fused ReLU/pool epilogues) against a direct
- * double-precision convolution, forward and both backward passes. */
+ * im2col, convolution, pooling) and the fast convolutions (chunked
+ * im2col + GEMM with fused ReLU/pool epilogues, the direct one-channel
+ * kernels, the kernels with images in the vector lanes) against a direct
+ * double-precision convolution, forward and both backward passes, and the
+ * lanes kernels against im2col + GEMM. */
 #include "harness.h"
 #include "multigrad/tensor.h"
 
@@ -281,6 +283,97 @@ TEST(tensor_conv_generic_kernels_match_direct)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_conv(&cases[i], 200 + i);
 }
 
+/* Shapes for the lanes path: channels, kernel widths 1..5, padding, tiles
+ * of a row (1..5 pixels), output channels off the register block, batches
+ * off the 16 lanes (one image, a group and a bit, a last group of one). */
+static const conv_case lanes_cases[] = {
+    {2, 5, 5, 1, 1, 1, 0, false, MG_POOL_NONE, 1},
+    {3, 7, 11, 7, 2, 1, 0, true, MG_POOL_MAX, 3},
+    {5, 9, 9, 13, 3, 1, 1, true, MG_POOL_AVG, 17},
+    {7, 8, 13, 6, 4, 1, 2, false, MG_POOL_NONE, 5},
+    {3, 11, 6, 9, 5, 1, 0, true, MG_POOL_AVG, 33},
+    {4, 6, 6, 4, 3, 1, 1, false, MG_POOL_MAX, 16},
+    {2, 3, 30, 5, 3, 1, 0, true, MG_POOL_NONE, 4},      /* one row of 28: six tiles */
+    {1, 40, 40, 3, 3, 1, 1, true, MG_POOL_MAX, 2},      /* one channel, too wide for direct */
+    {6, 14, 14, 16, 5, 1, 0, true, MG_POOL_MAX, 20},    /* lenet5 conv2: blocks of 4 */
+    {20, 13, 13, 50, 5, 1, 0, true, MG_POOL_AVG, 19},   /* lenet-d2l conv2 */
+};
+
+static bool have_avx512_kernels(void) { return mg_kernels()->own == MG_SIMD_AVX512; }
+
+/* The lanes kernels and im2col + GEMM on the same data: outputs, and each
+ * backward after the other's forward (the saved masks are shared). */
+static void check_lanes_vs_gemm(const conv_case *t, uint64_t seed)
+{
+    mg_conv2d_shape s, g;
+    CHECK(mg_conv2d_shape_init(&s, t->c, t->h, t->w, t->oc, t->k, t->k, t->stride, t->pad,
+                               t->relu, t->pool));
+    CHECK(s.lanes);
+    g = s;
+    g.lanes = false;
+    size_t nx = (size_t)t->n * t->c * t->h * t->w, nw = (size_t)t->oc * t->c * t->k * t->k;
+    size_t ny = (size_t)t->n * t->oc * s.ph * s.pw, nsv = mg_conv2d_saved_bytes(&s) * t->n + 1;
+    size_t nws = mg_conv2d_workspace(&s) > mg_conv2d_workspace(&g) ? mg_conv2d_workspace(&s)
+                                                                   : mg_conv2d_workspace(&g);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(t->oc * 4), *dy = malloc(ny * 4);
+    float *y[2] = {malloc(ny * 4), malloc(ny * 4)}, *dx[2] = {malloc(nx * 4), malloc(nx * 4)};
+    float *dw[2] = {calloc(nw, 4), calloc(nw, 4)}, *db[2] = {calloc(t->oc, 4), calloc(t->oc, 4)};
+    uint8_t *saved[2] = {calloc(nsv, 1), calloc(nsv, 1)};
+    float *ws = malloc(nws * 4);
+    mg_rng r;
+    mg_rng_init(&r, seed);
+    for (size_t i = 0; i < nx; i++) x[i] = mg_rng_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < nw; i++) w[i] = mg_rng_uniform(&r) - 0.5f;
+    for (int i = 0; i < t->oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
+    for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
+    const mg_conv2d_shape *sh[2] = {&s, &g};
+    for (int k = 0; k < 2; k++) mg_conv2d_forward(y[k], saved[k], x, w, b, sh[k], t->n, ws);
+    for (size_t i = 0; i < ny; i++)
+        CHECK_MSG(fabs(y[0][i] - y[1][i]) < 1e-5, "y[%zu]: %g vs %g", i, y[0][i], y[1][i]);
+    /* Each backward from the other path's forward. */
+    for (int k = 0; k < 2; k++)
+        mg_conv2d_backward(dx[k], dw[k], db[k], dy, y[1 - k], saved[1 - k], x, w, sh[k], t->n, ws);
+    for (size_t i = 0; i < nw; i++)
+        CHECK_MSG(fabs(dw[0][i] - dw[1][i]) < 1e-4, "dw[%zu]: %g vs %g", i, dw[0][i], dw[1][i]);
+    for (int i = 0; i < t->oc; i++) CHECK_NEAR(db[0][i], db[1][i], 1e-4);
+    for (size_t i = 0; i < nx; i++)
+        CHECK_MSG(fabs(dx[0][i] - dx[1][i]) < 1e-5, "dx[%zu]: %g vs %g", i, dx[0][i], dx[1][i]);
+    free(x); free(w); free(b); free(dy); free(ws);
+    for (int k = 0; k < 2; k++) {
+        free(y[k]); free(dx[k]); free(dw[k]); free(db[k]); free(saved[k]);
+    }
+}
+
+TEST(tensor_conv_lanes_match_direct_and_gemm)
+{
+    if (!have_avx512_kernels()) mgt_skip("no AVX-512 kernels in this build or on this CPU");
+    for (size_t i = 0; i < sizeof lanes_cases / sizeof lanes_cases[0]; i++) {
+        check_conv(&lanes_cases[i], 300 + i);
+        check_lanes_vs_gemm(&lanes_cases[i], 400 + i);
+    }
+    /* Outside its limits the lanes path is not chosen: stride 2, kernel
+     * rows of 6, a group beyond the cache budget. */
+    mg_conv2d_shape s;
+    CHECK(mg_conv2d_shape_init(&s, 3, 9, 9, 4, 3, 3, 2, 1, false, MG_POOL_NONE) && !s.lanes);
+    CHECK(mg_conv2d_shape_init(&s, 3, 9, 9, 4, 6, 6, 1, 0, false, MG_POOL_NONE) && !s.lanes);
+    CHECK(mg_conv2d_shape_init(&s, 64, 56, 56, 64, 3, 3, 1, 1, true, MG_POOL_NONE) && !s.lanes);
+    CHECK(mg_conv2d_shape_init(&s, 20, 13, 13, 50, 5, 5, 1, 0, true, MG_POOL_AVG) && s.lanes);
+}
+
+/* The same shapes on the portable C path. */
+TEST(tensor_conv_generic_kernels_odd_shapes)
+{
+    setenv("MG_KERNELS", "generic", 1);
+    for (size_t i = 0; i < sizeof lanes_cases / sizeof lanes_cases[0]; i++) {
+        mg_conv2d_shape s;
+        const conv_case *t = &lanes_cases[i];
+        CHECK(mg_conv2d_shape_init(&s, t->c, t->h, t->w, t->oc, t->k, t->k, t->stride, t->pad,
+                                   t->relu, t->pool));
+        CHECK(!s.simd && !s.lanes);
+        check_conv(t, 500 + i);
+    }
+}
+
 TEST(tensor_conv_chunked_matches_direct)
 {
     /* A tiny chunk budget: the batch spans several im2col chunks, the last
@@ -289,7 +382,7 @@ TEST(tensor_conv_chunked_matches_direct)
     conv_case t = {2, 6, 6, 4, 3, 1, 1, true, MG_POOL_AVG, 7};
     mg_conv2d_shape s;
     CHECK(mg_conv2d_shape_init(&s, 2, 6, 6, 4, 3, 3, 1, 1, true, MG_POOL_AVG));
-    CHECK(s.chunk > 1 && s.chunk < 7 && 7 % s.chunk != 0);
+    CHECK(s.chunk > 1 && s.chunk < 7 && 7 % s.chunk != 0 && !s.lanes);
     check_conv(&t, 7);
     /* The direct path's blocks too (one channel, 26x26 planes). */
     conv_case d = {1, 26, 26, 3, 3, 1, 0, true, MG_POOL_MAX, 7};

@@ -103,12 +103,17 @@ typedef struct mg_conv2d_shape {
     bool simd;            /* AVX-512 kernels (MG_KERNELS=generic: portable C) */
     bool direct;          /* one input channel: direct convolution, no im2col */
     int dchunk;           /* images per block of the direct path */
+    bool lanes;           /* stride 1: 16 images in the vector lanes, no im2col */
+    int mr;               /* output channels per register block of that path */
 } mg_conv2d_shape;
 
 /* Fills the derived fields; false if the geometry is impossible. The
  * kernels are chosen here: AVX-512 when compiled in (unless
  * MG_KERNELS=generic), and for a single input channel with stride 1 a
- * direct convolution whose input rows stay in registers. */
+ * direct convolution whose input rows stay in registers; other stride-1
+ * layers with kernel rows of up to 5 taps whose group of 16 images fits
+ * the cache budget (MG_CONV_CHUNK_KB) take the lanes path (16 images per
+ * vector, register-blocked FMA kernels, no im2col); the rest im2col + GEMM. */
 bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
                           int kh, int kw, int stride, int pad, bool relu,
                           mg_pool_kind pool);

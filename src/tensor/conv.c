@@ -12,11 +12,15 @@
  * A layer with one input channel (the first layer of an image model) has
  * so few taps per output that im2col would cost more than the arithmetic:
  * with AVX-512 it is a direct convolution instead (conv_avx512.c), forward
- * and weight gradient; its input gradient, rarely wanted, takes the GEMM
- * path. This file holds the portable C kernels and the dispatch; both
- * paths keep the same saved masks (conv_impl.h), so either backward
- * follows either forward. Limits: the fused pool is 2x2, stride 2, no
- * padding; other pools are layers. */
+ * and weight gradient. Other stride-1 layers whose group of 16 images fits
+ * the same cache budget (lenet-d2l's and lenet5's conv2) put the images in
+ * the vector lanes (conv_lanes_avx512.c): FMA kernels read the input where
+ * it lies, no im2col matrix and no BLAS packing, and their output goes
+ * through the same epilogues. This file holds the portable C kernels and
+ * the dispatch; all paths keep the same saved masks (conv_impl.h), so
+ * either backward follows either forward. Limits: the fused pool is 2x2,
+ * stride 2, no padding; other pools are layers. */
+#include <stdint.h>
 #include <string.h>
 #include "tensor/conv_impl.h"
 
@@ -25,6 +29,15 @@ static size_t chunk_budget_floats(void)
 {
     long kb = mg_env_long("MG_CONV_CHUNK_KB", 1024);
     return (size_t)(kb < 16 ? 16 : kb) * 256;
+}
+
+/* A group of the lanes path: its input, its output and one more of
+ * either (the pre-pool planes, or the input gradient). */
+static size_t lanes_data_floats(const mg_conv2d_shape *s)
+{
+    size_t in = (size_t)s->c * (s->h + 2 * s->pad) * (s->w + 2 * s->pad);
+    size_t out = (size_t)s->oc * s->oh * s->ow;
+    return 16 * (in + 2 * (out > in ? out : in));
 }
 
 static bool use_simd(void)
@@ -66,6 +79,9 @@ bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
      * share L2 with the block's outputs). */
     size_t plane = (size_t)(h + 2 * pad) * (w + 2 * pad), dchunk = chunk_budget_floats() / 4 / plane;
     s->dchunk = dchunk < 1 ? 1 : dchunk > 4096 ? 4096 : (int)dchunk;
+    /* Register blocks of 5 output channels, or 4 where that pads fewer. */
+    s->mr = (4 - oc % 4) % 4 < (5 - oc % 5) % 5 ? 4 : 5;
+    s->lanes = s->simd && stride == 1 && kw <= 5 && lanes_data_floats(s) <= chunk_budget_floats();
     return true;
 }
 
@@ -82,10 +98,41 @@ static size_t direct_floats(const mg_conv2d_shape *s)
  * 5% faster so with the Haswell kernels (3 of 3 paired runs, AMD EPYC). */
 static bool dw_transposed(const mg_conv2d_shape *s) { return s->oc <= 64; }
 
+/* The lanes path's workspace: packed weights for the forward (and the
+ * weight gradient's padding rows) and for the input gradient, then a
+ * group's input, output and pre-pool planes (or input gradient), each
+ * 64-byte aligned. Returns its size in floats (with the alignment slack). */
+typedef struct {
+    float *wf, *wb, *x, *y, *b;
+} lanes_ws;
+
+static size_t lanes_layout(const mg_conv2d_shape *s, float *ws, lanes_ws *l)
+{
+#ifdef MG__HAVE_AVX512
+    size_t K = (size_t)s->c * s->kh * s->kw, P = (size_t)s->oh * s->ow;
+    size_t in = (size_t)s->c * (s->h + 2 * s->pad) * (s->w + 2 * s->pad) * MG__LANES;
+    size_t out = (size_t)s->oc * P * MG__LANES;
+    size_t sz[5] = {mg__lanes_oc_padded(s) * K, s->oc * K, in,
+                    mg__lanes_oc_padded(s) * P * MG__LANES, out > in ? out : in};
+    float **dst[5] = {&l->wf, &l->wb, &l->x, &l->y, &l->b};
+    float *p = ws ? (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63) : NULL;
+    size_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        if (p) *dst[i] = p + off;
+        off += (sz[i] + 15) / 16 * 16;
+    }
+    return off + 16;
+#else
+    (void)s, (void)ws, (void)l;
+    return 0;
+#endif
+}
+
 size_t mg_conv2d_workspace(const mg_conv2d_shape *s)
 {
     size_t p = (size_t)s->oh * s->ow * s->chunk, K = (size_t)s->c * s->kh * s->kw;
-    size_t gemm = K * p + (size_t)s->oc * p + (dw_transposed(s) ? K * s->oc : 0);
+    size_t gemm = s->lanes ? lanes_layout(s, NULL, NULL)
+                           : K * p + (size_t)s->oc * p + (dw_transposed(s) ? K * s->oc : 0);
     size_t direct = s->direct ? direct_floats(s) : 0;
     return gemm > direct ? gemm : direct;
 }
@@ -218,21 +265,121 @@ static void pad_planes(float *xp, const float *x, int cn, const mg_conv2d_shape 
 }
 #endif
 
+/* The epilogue of a block of cn images from n0: pre-pool planes at
+ * blk + o * ld + i * P (bias, ReLU, pool, masks) into y. */
+static void epilogue_chunk(float *y, uint16_t *masks, const float *blk, int ld, int n0, int cn,
+                           const float *b, const mg_conv2d_shape *s)
+{
+    size_t out_sz = (size_t)s->oc * s->ph * s->pw, mplane = mg__plane_masks(s);
+    size_t out_plane = (size_t)s->ph * s->pw, P = (size_t)s->oh * s->ow;
+    for (int i = 0; i < cn; i++) {
+        float *yi = y + (n0 + i) * out_sz;
+        uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
+        for (int o = 0; o < s->oc; o++) {
+            float *dst = yi + o * out_plane;
+            uint16_t *mo = mi ? mi + o * mplane : NULL;
+            const float *src = blk + (size_t)o * ld + i * P;
+            float bo = b ? b[o] : 0.0f;
+#ifdef MG__HAVE_AVX512
+            if (s->simd && s->pool != MG_POOL_NONE) {
+                mg__pool_plane_avx512(dst, mo, src, bo, s);
+                continue;
+            }
+#endif
+            epilogue_plane(dst, mo, src, bo, s);
+        }
+    }
+}
+
+/* The pre-pool gradient planes of a block (blk + o * ld + i * P) from the
+ * layer output's gradient; db += their sums. */
+static void grad_chunk(float *blk, int ld, const float *dy, const float *y,
+                       const uint16_t *masks, int n0, int cn, float *db, const mg_conv2d_shape *s)
+{
+    size_t out_sz = (size_t)s->oc * s->ph * s->pw, mplane = mg__plane_masks(s);
+    size_t out_plane = (size_t)s->ph * s->pw, P = (size_t)s->oh * s->ow;
+    for (int i = 0; i < cn; i++) {
+        const float *dyi = dy + (n0 + i) * out_sz, *yi = y + (n0 + i) * out_sz;
+        const uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
+        for (int o = 0; o < s->oc; o++) {
+            float *dst = blk + (size_t)o * ld + i * P;
+            const uint16_t *mo = mi ? mi + o * mplane : NULL;
+            float g;
+#ifdef MG__HAVE_AVX512
+            if (s->simd && s->pool != MG_POOL_NONE)
+                g = mg__pool_grad_plane_avx512(dst, dyi + o * out_plane, mo, s);
+            else
+#endif
+                g = grad_plane(dst, dyi + o * out_plane, yi + o * out_plane, mo, s);
+            if (db) db[o] += g;
+        }
+    }
+}
+
+#ifdef MG__HAVE_AVX512
+/* The lanes path: per group of 16 images, the input into the lanes layout,
+ * the kernels, the output (or input gradient) back. */
+static void forward_lanes(float *y, uint16_t *masks, const float *x, const float *wt,
+                          const float *b, const mg_conv2d_shape *s, int n, float *ws)
+{
+    lanes_ws l;
+    lanes_layout(s, ws, &l);
+    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane;
+    int P = s->oh * s->ow;
+    mg__lanes_pack_weights(l.wf, NULL, wt, s);
+    for (int n0 = 0; n0 < n; n0 += MG__LANES) {
+        int cn = n - n0 < MG__LANES ? n - n0 : MG__LANES, ld = cn * P;
+        mg__lanes_pack(l.x, x + n0 * in_sz, cn, in_sz, s->c, plane, s->h, s->w, s->pad);
+        mg__lanes_forward(l.y, l.x, l.wf, s);
+        mg__lanes_unpack(l.b, P, ld, l.y, cn, s->oc, s->oh, s->ow, 0);
+        epilogue_chunk(y, masks, l.b, ld, n0, cn, b, s);
+    }
+}
+
+static void backward_lanes(float *dx, float *dw, float *db, const float *dy, const float *y,
+                           const uint16_t *masks, const float *x, const float *wt,
+                           const mg_conv2d_shape *s, int n, float *ws)
+{
+    lanes_ws l;
+    lanes_layout(s, ws, &l);
+    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane;
+    int P = s->oh * s->ow;
+    if (dx) mg__lanes_pack_weights(NULL, l.wb, wt, s);
+    /* The weight gradient's padding channels read these rows. */
+    memset(l.y + (size_t)s->oc * P * MG__LANES, 0,
+           sizeof(float) * (size_t)(mg__lanes_oc_padded(s) - s->oc) * P * MG__LANES);
+    for (int n0 = 0; n0 < n; n0 += MG__LANES) {
+        int cn = n - n0 < MG__LANES ? n - n0 : MG__LANES, ld = cn * P;
+        grad_chunk(l.b, ld, dy, y, masks, n0, cn, db, s);
+        mg__lanes_pack(l.y, l.b, cn, P, s->oc, ld, s->oh, s->ow, 0);
+        mg__lanes_pack(l.x, x + n0 * in_sz, cn, in_sz, s->c, plane, s->h, s->w, s->pad);
+        mg__lanes_dw(dw, l.y, l.x, s);
+        if (!dx) continue;
+        mg__lanes_dx(l.b, l.y, l.wb, s);
+        mg__lanes_unpack(dx + n0 * in_sz, in_sz, plane, l.b, cn, s->c, s->h, s->w, s->pad);
+    }
+}
+#endif
+
 void mg_conv2d_forward(float *y, uint8_t *saved, const float *x,
                        const float *wt, const float *b,
                        const mg_conv2d_shape *s, int n, float *ws)
 {
-    size_t in_sz = (size_t)s->c * s->h * s->w, out_sz = (size_t)s->oc * s->ph * s->pw;
-    size_t mplane = mg__plane_masks(s), out_plane = (size_t)s->ph * s->pw;
+    size_t in_sz = (size_t)s->c * s->h * s->w;
     uint16_t *masks = (uint16_t *)saved;
 #ifdef MG__HAVE_AVX512
     if (s->direct) {
+        size_t out_sz = (size_t)s->oc * s->ph * s->pw, mplane = mg__plane_masks(s);
         for (int n0 = 0; n0 < n; n0 += s->dchunk) {
             int cn = n - n0 < s->dchunk ? n - n0 : s->dchunk;
             pad_planes(ws, x + n0 * in_sz, cn, s);
             mg__direct_forward_avx512(y + n0 * out_sz, masks ? masks + n0 * s->oc * mplane : NULL,
                                       ws, cn, wt, b, s);
         }
+        return;
+    }
+    if (s->lanes) {
+        forward_lanes(y, masks, x, wt, b, s, n, ws);
         return;
     }
 #endif
@@ -243,23 +390,7 @@ void mg_conv2d_forward(float *y, uint8_t *saved, const float *x,
         int ld = cn * P;
         im2col_chunk(col, ld, x + n0 * in_sz, cn, s);
         mg_gemm(false, false, s->oc, ld, K, 1.0f, wt, K, col, ld, 0.0f, blk, ld);
-        for (int i = 0; i < cn; i++) {
-            float *yi = y + (n0 + i) * out_sz;
-            uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
-            for (int o = 0; o < s->oc; o++) {
-                float *dst = yi + o * out_plane;
-                uint16_t *mo = mi ? mi + o * mplane : NULL;
-                const float *src = blk + (size_t)o * ld + (size_t)i * P;
-                float bo = b ? b[o] : 0.0f;
-#ifdef MG__HAVE_AVX512
-                if (s->simd && s->pool != MG_POOL_NONE) {
-                    mg__pool_plane_avx512(dst, mo, src, bo, s);
-                    continue;
-                }
-#endif
-                epilogue_plane(dst, mo, src, bo, s);
-            }
-        }
+        epilogue_chunk(y, masks, blk, ld, n0, cn, b, s);
     }
 }
 
@@ -268,17 +399,21 @@ void mg_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
                         const float *wt, const mg_conv2d_shape *s, int n,
                         float *ws)
 {
-    size_t in_sz = (size_t)s->c * s->h * s->w, out_sz = (size_t)s->oc * s->ph * s->pw;
-    size_t mplane = mg__plane_masks(s), out_plane = (size_t)s->ph * s->pw;
+    size_t in_sz = (size_t)s->c * s->h * s->w;
     const uint16_t *masks = (const uint16_t *)saved;
 #ifdef MG__HAVE_AVX512
     if (s->direct && !dx) {
+        size_t out_sz = (size_t)s->oc * s->ph * s->pw, mplane = mg__plane_masks(s);
         for (int n0 = 0; n0 < n; n0 += s->dchunk) {
             int cn = n - n0 < s->dchunk ? n - n0 : s->dchunk;
             pad_planes(ws, x + n0 * in_sz, cn, s);
             mg__direct_backward_avx512(dw, db, dy + n0 * out_sz, y + n0 * out_sz,
                                        masks ? masks + n0 * s->oc * mplane : NULL, ws, cn, s);
         }
+        return;
+    }
+    if (s->lanes) {
+        backward_lanes(dx, dw, db, dy, y, masks, x, wt, s, n, ws);
         return;
     }
 #endif
@@ -289,22 +424,7 @@ void mg_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
     for (int n0 = 0; n0 < n; n0 += s->chunk) {
         int cn = n - n0 < s->chunk ? n - n0 : s->chunk;
         int ld = cn * P;
-        for (int i = 0; i < cn; i++) {
-            const float *dyi = dy + (n0 + i) * out_sz, *yi = y + (n0 + i) * out_sz;
-            const uint16_t *mi = masks ? masks + (size_t)(n0 + i) * s->oc * mplane : NULL;
-            for (int o = 0; o < s->oc; o++) {
-                float *dst = blk + (size_t)o * ld + (size_t)i * P;
-                const uint16_t *mo = mi ? mi + o * mplane : NULL;
-                float g;
-#ifdef MG__HAVE_AVX512
-                if (s->simd && s->pool != MG_POOL_NONE)
-                    g = mg__pool_grad_plane_avx512(dst, dyi + o * out_plane, mo, s);
-                else
-#endif
-                    g = grad_plane(dst, dyi + o * out_plane, yi + o * out_plane, mo, s);
-                if (db) db[o] += g;
-            }
-        }
+        grad_chunk(blk, ld, dy, y, masks, n0, cn, db, s);
         im2col_chunk(col, ld, x + n0 * in_sz, cn, s);
         if (dwt) mg_gemm(false, true, K, s->oc, ld, 1.0f, col, ld, blk, ld, 1.0f, dwt, s->oc);
         else mg_gemm(false, true, s->oc, K, ld, 1.0f, blk, ld, col, ld, 1.0f, dw, K);

@@ -22,22 +22,6 @@
 #include "tensor/conv_impl.h"
 
 #ifdef MG__HAVE_AVX512
-#include <immintrin.h>
-
-static inline __mmask16 lanes(int n)
-{
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
-/* Lanes l with lo <= l < hi. */
-static inline __mmask16 range_mask(int lo, int hi)
-{
-    if (lo < 0) lo = 0;
-    if (hi > 16) hi = 16;
-    if (hi <= lo) return 0;
-    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
-
 void mg__im2col_s1_avx512(float *col, int ldc, const float *x, int c, int h, int w,
                           int kh, int kw, int pad, int oh, int ow)
 {

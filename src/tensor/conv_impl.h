@@ -1,5 +1,6 @@
 /* multigrad — internals of the convolution kernels shared by conv.c (the
- * portable C path and the dispatch) and conv_avx512.c (the AVX-512 path).
+ * portable C path and the dispatch), conv_avx512.c (the AVX-512 im2col,
+ * pool and direct kernels) and conv_lanes_avx512.c (images in the lanes).
  *
  * Saved pool masks: per (image, channel) plane, per pooled row, per
  * segment of 16 pooled columns, four uint16 masks (window element 0..3 in
@@ -18,6 +19,23 @@ static inline size_t mg__plane_masks(const mg_conv2d_shape *s)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define MG__HAVE_AVX512 1
+#include <immintrin.h>
+
+/* The first n lanes (none for n <= 0, all for n >= 16). */
+static inline __mmask16 lanes(int n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* Lanes l with lo <= l < hi. */
+static inline __mmask16 range_mask(int lo, int hi)
+{
+    if (lo < 0) lo = 0;
+    if (hi > 16) hi = 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
 /* im2col for stride 1. */
 void mg__im2col_s1_avx512(float *col, int ldc, const float *x, int c, int h, int w,
                           int kh, int kw, int pad, int oh, int ow);
@@ -37,6 +55,29 @@ void mg__direct_forward_avx512(float *y, uint16_t *m, const float *xp, int cn,
 void mg__direct_backward_avx512(float *dw, float *db, const float *dy, const float *y,
                                 const uint16_t *m, const float *xp, int cn,
                                 const mg_conv2d_shape *s);
+
+/* Images in the lanes (conv_lanes_avx512.c): a group of MG__LANES images
+ * as [plane][row][column][image]. */
+enum { MG__LANES = 16 };
+/* Planes of cn <= 16 images (image i at src + i * img, plane p at
+ * + p * plane, rows x cols each) into the lanes layout with a zero border
+ * of pad; lanes past cn are zero. */
+void mg__lanes_pack(float *dst, const float *src, int cn, size_t img, int planes,
+                    size_t plane, int rows, int cols, int pad);
+/* The inverse, the border dropped. */
+void mg__lanes_unpack(float *dst, size_t img, size_t plane, const float *src, int cn,
+                      int planes, int rows, int cols, int pad);
+/* Output channels rounded up to the register block s->mr. */
+int mg__lanes_oc_padded(const mg_conv2d_shape *s);
+/* wf: mg__lanes_oc_padded * K floats (forward and weight gradient), wb:
+ * oc * K (input gradient); either may be NULL. */
+void mg__lanes_pack_weights(float *wf, float *wb, const float *wt, const mg_conv2d_shape *s);
+/* y [oc padded][oh][ow] vectors from x [c][h+2pad][w+2pad]. */
+void mg__lanes_forward(float *y, const float *x, const float *wf, const mg_conv2d_shape *s);
+/* dw += from dy [oc padded][oh][ow] and x. */
+void mg__lanes_dw(float *dw, const float *dy, const float *x, const mg_conv2d_shape *s);
+/* dx [c][h+2pad][w+2pad] = the input gradient (border included). */
+void mg__lanes_dx(float *dx, const float *dy, const float *wb, const mg_conv2d_shape *s);
 #endif
 
 #endif
