@@ -318,21 +318,29 @@ static void grad_chunk(float *blk, int ld, const float *dy, const float *y,
 
 #ifdef MG__HAVE_AVX512
 /* The lanes path: per group of 16 images, the input into the lanes layout,
- * the kernels, the output (or input gradient) back. */
+ * the kernels, the output (or input gradient) back. A fused pool runs in
+ * the lanes layout, so only pooled values cross the transposes; without
+ * one, the pre-pool planes go through the epilogues above. */
 static void forward_lanes(float *y, uint16_t *masks, const float *x, const float *wt,
                           const float *b, const mg_conv2d_shape *s, int n, float *ws)
 {
     lanes_ws l;
     lanes_layout(s, ws, &l);
-    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane;
+    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane, mplane = mg__plane_masks(s);
+    size_t out_plane = (size_t)s->ph * s->pw, out_sz = s->oc * out_plane;
     int P = s->oh * s->ow;
     mg__lanes_pack_weights(l.wf, NULL, wt, s);
     for (int n0 = 0; n0 < n; n0 += MG__LANES) {
         int cn = n - n0 < MG__LANES ? n - n0 : MG__LANES, ld = cn * P;
         mg__lanes_pack(l.x, x + n0 * in_sz, cn, in_sz, s->c, plane, s->h, s->w, s->pad);
         mg__lanes_forward(l.y, l.x, l.wf, s);
-        mg__lanes_unpack(l.b, P, ld, l.y, cn, s->oc, s->oh, s->ow, 0);
-        epilogue_chunk(y, masks, l.b, ld, n0, cn, b, s);
+        if (s->pool != MG_POOL_NONE) {
+            mg__lanes_pool(l.b, masks ? masks + n0 * s->oc * mplane : NULL, l.y, b, cn, s);
+            mg__lanes_unpack(y + n0 * out_sz, out_sz, out_plane, l.b, cn, s->oc, s->ph, s->pw, 0);
+        } else {
+            mg__lanes_unpack(l.b, P, ld, l.y, cn, s->oc, s->oh, s->ow, 0);
+            epilogue_chunk(y, masks, l.b, ld, n0, cn, b, s);
+        }
     }
 }
 
@@ -342,7 +350,8 @@ static void backward_lanes(float *dx, float *dw, float *db, const float *dy, con
 {
     lanes_ws l;
     lanes_layout(s, ws, &l);
-    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane;
+    size_t plane = (size_t)s->h * s->w, in_sz = s->c * plane, mplane = mg__plane_masks(s);
+    size_t out_plane = (size_t)s->ph * s->pw, out_sz = s->oc * out_plane;
     int P = s->oh * s->ow;
     if (dx) mg__lanes_pack_weights(NULL, l.wb, wt, s);
     /* The weight gradient's padding channels read these rows. */
@@ -350,8 +359,13 @@ static void backward_lanes(float *dx, float *dw, float *db, const float *dy, con
            sizeof(float) * (size_t)(mg__lanes_oc_padded(s) - s->oc) * P * MG__LANES);
     for (int n0 = 0; n0 < n; n0 += MG__LANES) {
         int cn = n - n0 < MG__LANES ? n - n0 : MG__LANES, ld = cn * P;
-        grad_chunk(l.b, ld, dy, y, masks, n0, cn, db, s);
-        mg__lanes_pack(l.y, l.b, cn, P, s->oc, ld, s->oh, s->ow, 0);
+        if (s->pool != MG_POOL_NONE) {
+            mg__lanes_pack(l.b, dy + n0 * out_sz, cn, out_sz, s->oc, out_plane, s->ph, s->pw, 0);
+            mg__lanes_unpool(l.y, db, l.b, masks + n0 * s->oc * mplane, cn, s);
+        } else {
+            grad_chunk(l.b, ld, dy, y, masks, n0, cn, db, s);
+            mg__lanes_pack(l.y, l.b, cn, P, s->oc, ld, s->oh, s->ow, 0);
+        }
         mg__lanes_pack(l.x, x + n0 * in_sz, cn, in_sz, s->c, plane, s->h, s->w, s->pad);
         mg__lanes_dw(dw, l.y, l.x, s);
         if (!dx) continue;

@@ -36,6 +36,41 @@ static inline __mmask16 range_mask(int lo, int hi)
     return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
+/* The 2x2 pool of window elements a, b (top row), c, d (bottom row), with
+ * the ReLU before it if relu: the pooled values, and in m[k] the lanes
+ * whose element k gets gradient (ReLU active for avg; the first maximum in
+ * row-major order, as PyTorch, for max). */
+static inline __m512 mg__pool4(__m512 a, __m512 b, __m512 c, __m512 d, bool relu,
+                               mg_pool_kind pool, __mmask16 m[4])
+{
+    __m512 zero = _mm512_setzero_ps();
+    if (pool == MG_POOL_AVG) {
+        if (relu) {
+            m[0] = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
+            m[1] = _mm512_cmp_ps_mask(b, zero, _CMP_GT_OQ);
+            m[2] = _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ);
+            m[3] = _mm512_cmp_ps_mask(d, zero, _CMP_GT_OQ);
+            a = _mm512_maskz_mov_ps(m[0], a);
+            b = _mm512_maskz_mov_ps(m[1], b);
+            c = _mm512_maskz_mov_ps(m[2], c);
+            d = _mm512_maskz_mov_ps(m[3], d);
+        } else {
+            m[0] = m[1] = m[2] = m[3] = 0xFFFF;
+        }
+        return _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)),
+                             _mm512_set1_ps(0.25f));
+    }
+    __m512 mx = _mm512_max_ps(_mm512_max_ps(a, b), _mm512_max_ps(c, d));
+    m[0] = _mm512_cmp_ps_mask(a, mx, _CMP_EQ_OQ);
+    m[1] = _mm512_cmp_ps_mask(b, mx, _CMP_EQ_OQ) & ~m[0];
+    m[2] = _mm512_cmp_ps_mask(c, mx, _CMP_EQ_OQ) & ~(m[0] | m[1]);
+    m[3] = (__mmask16) ~(m[0] | m[1] | m[2]);
+    if (!relu) return mx;
+    __mmask16 pos = _mm512_cmp_ps_mask(mx, zero, _CMP_GT_OQ);
+    for (int k = 0; k < 4; k++) m[k] &= pos;
+    return _mm512_maskz_mov_ps(pos, mx);
+}
+
 /* im2col for stride 1. */
 void mg__im2col_s1_avx512(float *col, int ldc, const float *x, int c, int h, int w,
                           int kh, int kw, int pad, int oh, int ow);
@@ -67,6 +102,16 @@ void mg__lanes_pack(float *dst, const float *src, int cn, size_t img, int planes
 /* The inverse, the border dropped. */
 void mg__lanes_unpack(float *dst, size_t img, size_t plane, const float *src, int cn,
                       int planes, int rows, int cols, int pad);
+/* The fused pool of a group: p16 [oc][ph][pw] pooled vectors from the
+ * pre-pool ones y16 [oc][oh][ow] and the bias, and the masks of its cn
+ * images in the saved format (masks: the group's first image's; NULL
+ * keeps none). */
+void mg__lanes_pool(float *p16, uint16_t *masks, const float *y16, const float *b, int cn,
+                    const mg_conv2d_shape *s);
+/* Its gradient: g16 [oc][oh][ow] from dy16 [oc][ph][pw] and the masks;
+ * db += the sums. */
+void mg__lanes_unpool(float *g16, float *db, const float *dy16, const uint16_t *masks, int cn,
+                      const mg_conv2d_shape *s);
 /* Output channels rounded up to the register block s->mr. */
 int mg__lanes_oc_padded(const mg_conv2d_shape *s);
 /* wf: mg__lanes_oc_padded * K floats (forward and weight gradient), wb:

@@ -118,6 +118,103 @@ void mg__lanes_unpack(float *dst, size_t img, size_t plane, const float *src, in
                        src + (((size_t)p * hp + r + pad) * wp + pad) * L, cn, cols);
 }
 
+/* ---- The fused pool in the lanes layout --------------------------------- */
+
+/* A window element's lanes are images, so the 2x2 pool is plain vector
+ * arithmetic (mg__pool4); only the masks change layout: the saved format
+ * (conv_impl.h) holds, per image, channel, pooled row and segment of 16
+ * pooled columns, a 16-bit mask over the columns for each window element,
+ * where the pool gives a mask over the images per column. The words of
+ * `bits` are the images: each column's mask becomes its bit. */
+static inline __m256i add_column_bit(__m256i bits, __mmask16 images, int col)
+{
+    return _mm256_or_si256(bits, _mm256_and_si256(_mm256_movm_epi16(images),
+                                                  _mm256_set1_epi16((short)(1 << col))));
+}
+
+/* The saved masks' offset of (channel o, pooled row py, segment sg) within
+ * an image's. */
+static size_t mask_at(const mg_conv2d_shape *s, int o, int py, int sg)
+{
+    return (size_t)o * mg__plane_masks(s) + ((size_t)py * mg__pool_segs(s) + sg) * 4;
+}
+
+void mg__lanes_pool(float *p16, uint16_t *masks, const float *y16, const float *b, int cn,
+                    const mg_conv2d_shape *s)
+{
+    int ow = s->ow, pw = s->pw;
+    size_t img = (size_t)s->oc * mg__plane_masks(s);
+    for (int o = 0; o < s->oc; o++) {
+        __m512 bv = _mm512_set1_ps(b ? b[o] : 0.0f);
+        const float *yo = y16 + (size_t)o * s->oh * ow * L;
+        for (int py = 0; py < s->ph; py++)
+            for (int sg = 0; sg < mg__pool_segs(s); sg++) {
+                __m256i bits[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                   _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int px = 16 * sg; px < pw && px < 16 * sg + 16; px++) {
+                    const float *z = yo + (size_t)(2 * py * ow + 2 * px) * L;
+                    __mmask16 m[4];
+                    __m512 v = mg__pool4(_mm512_add_ps(_mm512_loadu_ps(z), bv),
+                                         _mm512_add_ps(_mm512_loadu_ps(z + L), bv),
+                                         _mm512_add_ps(_mm512_loadu_ps(z + ow * L), bv),
+                                         _mm512_add_ps(_mm512_loadu_ps(z + (ow + 1) * L), bv),
+                                         s->relu, s->pool, m);
+                    _mm512_storeu_ps(p16 + ((size_t)(o * s->ph + py) * pw + px) * L, v);
+                    for (int k = 0; k < 4; k++) bits[k] = add_column_bit(bits[k], m[k], px - 16 * sg);
+                }
+                if (!masks) continue;
+                uint16_t w[4][16];
+                for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)w[k], bits[k]);
+                uint16_t *mo = masks + mask_at(s, o, py, sg);
+                for (int i = 0; i < cn; i++)
+                    for (int k = 0; k < 4; k++) mo[i * img + k] = w[k][i];
+            }
+    }
+}
+
+void mg__lanes_unpool(float *g16, float *db, const float *dy16, const uint16_t *masks, int cn,
+                      const mg_conv2d_shape *s)
+{
+    int ow = s->ow, oh = s->oh, pw = s->pw;
+    size_t img = (size_t)s->oc * mg__plane_masks(s);
+    __m512 scale = _mm512_set1_ps(s->pool == MG_POOL_AVG ? 0.25f : 1.0f), zero = _mm512_setzero_ps();
+    for (int o = 0; o < s->oc; o++) {
+        float *go = g16 + (size_t)o * oh * ow * L;
+        __m512 sum = zero;
+        for (int py = 0; py < s->ph; py++) {
+            for (int sg = 0; sg < mg__pool_segs(s); sg++) {
+                uint16_t w[4][16] = {{0}};
+                const uint16_t *mo = masks + mask_at(s, o, py, sg);
+                for (int i = 0; i < cn; i++)
+                    for (int k = 0; k < 4; k++) w[k][i] = mo[i * img + k];
+                __m256i bits[4];
+                for (int k = 0; k < 4; k++) bits[k] = _mm256_loadu_si256((const __m256i *)w[k]);
+                for (int px = 16 * sg; px < pw && px < 16 * sg + 16; px++) {
+                    __m512 g = _mm512_mul_ps(
+                        _mm512_loadu_ps(dy16 + ((size_t)(o * s->ph + py) * pw + px) * L), scale);
+                    float *z = go + (size_t)(2 * py * ow + 2 * px) * L;
+                    size_t at[4] = {0, L, (size_t)ow * L, (size_t)(ow + 1) * L};
+                    for (int k = 0; k < 4; k++) {
+                        /* Bit px - 16 sg of each image's word, as a lane mask. */
+                        __mmask16 m = _mm256_movepi16_mask(_mm256_slli_epi16(bits[k], 15 - (px - 16 * sg)));
+                        __m512 v = _mm512_maskz_mov_ps(m, g);
+                        _mm512_storeu_ps(z + at[k], v);
+                        sum = _mm512_add_ps(sum, v);
+                    }
+                }
+            }
+            /* A last column outside every window (odd width). */
+            for (int x = 2 * pw; x < ow; x++) {
+                _mm512_storeu_ps(go + (size_t)(2 * py * ow + x) * L, zero);
+                _mm512_storeu_ps(go + (size_t)((2 * py + 1) * ow + x) * L, zero);
+            }
+        }
+        /* A last row outside every window (odd height). */
+        for (int x = 2 * s->ph * ow; x < oh * ow; x++) _mm512_storeu_ps(go + (size_t)x * L, zero);
+        if (db) db[o] += _mm512_reduce_add_ps(sum);
+    }
+}
+
 /* ---- Weights ------------------------------------------------------------ */
 
 int mg__lanes_oc_padded(const mg_conv2d_shape *s) { return (s->oc + s->mr - 1) / s->mr * s->mr; }
