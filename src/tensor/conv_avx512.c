@@ -253,6 +253,8 @@ static inline __attribute__((always_inline)) void direct_fwd_block(
     size_t out_plane = (size_t)s->ph * s->pw, mplane = mg__plane_masks(s);
     const float *w = wt + (size_t)o0 * kh * kw, *bo = b ? b + o0 : NULL;
     __m512 zero = _mm512_setzero_ps(), r[4][4];
+    /* The next block's output, for writing (PREFETCHW). */
+    for (size_t k = 0; k < CB * out_plane; k += 16) _m_prefetchw(yi + (o0 + CB) * out_plane + k);
     if (s->pool != MG_POOL_NONE) {
         for (int py = 0; py < s->ph; py++) {
             direct_rows(xi, wp, 2 * py, w, kh, kw, bo, true, CB, r);

@@ -272,6 +272,19 @@ AI void fwd_tile(float *y, size_t ystride, const float *x, const float *w, int c
         for (int j = 0; j < NR; j++) _mm512_storeu_ps(y + m * ystride + j * L, acc[m][j]);
 }
 
+/* The sums of the lanes of a, b, c and d (a third of the shuffles of
+ * four _mm512_reduce_add_ps). */
+AI __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    /* Per 128-bit lane: {a0+a2, b0+b2, a1+a3, b1+b3}, the same for c, d. */
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    /* Per 128-bit lane: {a, b, c, d}. */
+    __m512 q = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* dw[m][kj] += the sum over the group's pixels and lanes of
  * dy[m][p] * x[p + kj] (one kernel row of one input channel). Channels
  * m >= mvalid (padding) are computed but not stored. */
@@ -291,8 +304,14 @@ AI void dw_row(float *dw, size_t dwstride, const float *dy, size_t dystride, con
                 for (int t = 0; t < KJ; t++) acc[m][t] = _mm512_fmadd_ps(dv, xv[t], acc[m][t]);
             }
         }
-    for (int m = 0; m < MR && m < mvalid; m++)
-        for (int t = 0; t < KJ; t++) dw[m * dwstride + t] += _mm512_reduce_add_ps(acc[m][t]);
+    for (int m = 0; m < MR && m < mvalid; m++) {
+        int t = 0;
+        for (; t + 4 <= KJ; t += 4)
+            _mm_storeu_ps(dw + m * dwstride + t,
+                          _mm_add_ps(_mm_loadu_ps(dw + m * dwstride + t),
+                                     sum4(acc[m][t], acc[m][t + 1], acc[m][t + 2], acc[m][t + 3])));
+        for (; t < KJ; t++) dw[m * dwstride + t] += _mm512_reduce_add_ps(acc[m][t]);
+    }
 }
 
 /* dx[d] += the sum over kj + j = d of acc[kj][j], acc[kj][j] = the sum
