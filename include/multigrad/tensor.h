@@ -113,7 +113,8 @@ typedef struct mg_conv2d_shape {
  * direct convolution whose input rows stay in registers; other stride-1
  * layers with kernel rows of up to 5 taps whose group of 16 images fits
  * the cache budget (MG_CONV_CHUNK_KB) take the lanes path (16 images per
- * vector, register-blocked FMA kernels, no im2col); the rest im2col + GEMM. */
+ * vector, register-blocked FMA kernels, no im2col; one thread, so with
+ * more than two BLAS threads im2col + GEMM); the rest im2col + GEMM. */
 bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
                           int kh, int kw, int stride, int pad, bool relu,
                           mg_pool_kind pool);
