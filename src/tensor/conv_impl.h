@@ -17,7 +17,8 @@ static inline size_t mg__plane_masks(const mg_conv2d_shape *s)
     return s->pool == MG_POOL_NONE ? 0 : (size_t)s->ph * mg__pool_segs(s) * 4;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* F, BW and VL: every AVX-512 CPU since Skylake-SP. */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MG__HAVE_AVX512 1
 #include <immintrin.h>
 

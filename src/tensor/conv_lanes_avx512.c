@@ -92,7 +92,9 @@ static void unpack_run(float *dst, size_t img, const float *src, int cn, int len
         transpose16(r);
         for (int i = 0; i < cn; i++) {
             _m_prefetchw(dst + i * img + x0 + PACK_AHEAD);
-            _mm512_mask_storeu_ps(dst + i * img + x0, lanes(nc), r[i]);
+            /* Masked stores only for a run's tail: they are slow on Zen 4. */
+            if (nc == 16) _mm512_storeu_ps(dst + i * img + x0, r[i]);
+            else _mm512_mask_storeu_ps(dst + i * img + x0, lanes(nc), r[i]);
         }
     }
 }
@@ -291,7 +293,8 @@ AI __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d)
     __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
     /* Per 128-bit lane: {a, b, c, d}. */
     __m512 q = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1));
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(q), 1));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(q), hi);
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
