@@ -81,7 +81,8 @@ bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
     s->dchunk = dchunk < 1 ? 1 : dchunk > 4096 ? 4096 : (int)dchunk;
     /* Register blocks of 5 output channels, or 4 where that pads fewer. */
     s->mr = (4 - oc % 4) % 4 < (5 - oc % 5) % 5 ? 4 : 5;
-    s->lanes = s->simd && stride == 1 && kw <= 5 && lanes_data_floats(s) <= chunk_budget_floats();
+    s->lanes = s->simd && stride == 1 && kw <= 5 &&
+               lanes_data_floats(s) <= chunk_budget_floats();
     return true;
 }
 

@@ -371,7 +371,8 @@ static inline __attribute__((always_inline)) void direct_bwd_k(
                 for (int t = 0; t < taps; t++) acc[t] = accs[j * taps + t];
                 const float *go = dy + ((size_t)i * s->oc + o) * out_plane;
                 prefetch_next(go + out_plane, out_plane * sizeof(float));
-                if (m) prefetch_next(m + ((size_t)i * s->oc + o + 1) * mplane, mplane * sizeof(uint16_t));
+                if (m)
+                    prefetch_next(m + ((size_t)i * s->oc + o + 1) * mplane, mplane * sizeof(uint16_t));
                 __m512 g0a, g0b, g1a, g1b;
                 if (s->pool != MG_POOL_NONE) {
                     const uint16_t *mo = m + ((size_t)i * s->oc + o) * mplane;

@@ -20,9 +20,12 @@
  *    sum_o w[o][c,ki,kj] * dy[o][p_j]; the sums that land on the same
  *    input pixel are added together and added to it once.
  * Nothing is computed for zero padding except what the padded input rows
- * hold. The copies in and out of the lanes layout are 16x16 transposes;
- * the bias, ReLU and pool stay in conv.c's epilogues, so the saved masks
- * and every other path are unchanged.
+ * hold. The copies in and out of the lanes layout are 16x16 transposes.
+ * A fused 2x2 pool (with the bias and ReLU) runs in the lanes layout too,
+ * so only pooled values are transposed back, and it writes the saved masks
+ * in the per-image format of the other paths: either backward follows
+ * either forward. Without a pool the pre-pool planes go through conv.c's
+ * epilogues.
  *
  * Limits (conv.c chooses this path only within them): stride 1, kernel
  * rows of at most 5 taps, and a group's data (input, output and one more
@@ -74,7 +77,8 @@ static void pack_run(float *dst, const float *src, int cn, size_t img, int len)
         __m512 r[16];
         for (int i = 0; i < 16; i++) {
             if (i < cn) _mm_prefetch((const char *)(src + i * img + x0 + PACK_AHEAD), _MM_HINT_T0);
-            r[i] = i < cn ? _mm512_maskz_loadu_ps(lanes(nc), src + i * img + x0) : _mm512_setzero_ps();
+            r[i] = i < cn ? _mm512_maskz_loadu_ps(lanes(nc), src + i * img + x0)
+                          : _mm512_setzero_ps();
         }
         transpose16(r);
         for (int j = 0; j < nc; j++) _mm512_storeu_ps(dst + (size_t)(x0 + j) * L, r[j]);
@@ -172,7 +176,8 @@ void mg__lanes_pool(float *p16, uint16_t *masks, const float *y16, const float *
                                          _mm512_add_ps(_mm512_loadu_ps(z + (ow + 1) * L), bv),
                                          s->relu, s->pool, m);
                     _mm512_storeu_ps(p16 + ((size_t)(o * s->ph + py) * pw + px) * L, v);
-                    for (int k = 0; k < 4; k++) bits[k] = add_column_bit(bits[k], m[k], px - 16 * sg);
+                    for (int k = 0; k < 4; k++)
+                        bits[k] = add_column_bit(bits[k], m[k], px - 16 * sg);
                 }
                 if (!masks) continue;
                 uint16_t w[4][16];
@@ -189,7 +194,8 @@ void mg__lanes_unpool(float *g16, float *db, const float *dy16, const uint16_t *
 {
     int ow = s->ow, oh = s->oh, pw = s->pw;
     size_t img = (size_t)s->oc * mg__plane_masks(s);
-    __m512 scale = _mm512_set1_ps(s->pool == MG_POOL_AVG ? 0.25f : 1.0f), zero = _mm512_setzero_ps();
+    __m512 scale = _mm512_set1_ps(s->pool == MG_POOL_AVG ? 0.25f : 1.0f);
+    __m512 zero = _mm512_setzero_ps();
     for (int o = 0; o < s->oc; o++) {
         float *go = g16 + (size_t)o * oh * ow * L;
         __m512 sum = zero;
@@ -208,7 +214,8 @@ void mg__lanes_unpool(float *g16, float *db, const float *dy16, const uint16_t *
                     size_t at[4] = {0, L, (size_t)ow * L, (size_t)(ow + 1) * L};
                     for (int k = 0; k < 4; k++) {
                         /* Bit px - 16 sg of each image's word, as a lane mask. */
-                        __mmask16 m = _mm256_movepi16_mask(_mm256_slli_epi16(bits[k], 15 - (px - 16 * sg)));
+                        __m256i top = _mm256_slli_epi16(bits[k], 15 - (px - 16 * sg));
+                        __mmask16 m = _mm256_movepi16_mask(top);
                         __m512 v = _mm512_maskz_mov_ps(m, g);
                         _mm512_storeu_ps(z + at[k], v);
                         sum = _mm512_add_ps(sum, v);
@@ -238,7 +245,8 @@ void mg__lanes_pack_weights(float *wf, float *wb, const float *wt, const mg_conv
     if (wf)
         for (int o = 0; o < ocp; o++)
             for (int k = 0; k < K; k++)
-                wf[((size_t)(o / mr) * K + k) * mr + o % mr] = o < s->oc ? wt[(size_t)o * K + k] : 0.0f;
+                wf[((size_t)(o / mr) * K + k) * mr + o % mr] =
+                    o < s->oc ? wt[(size_t)o * K + k] : 0.0f;
     /* Input gradient: [c][ki][o][kj]. */
     if (wb)
         for (int o = 0; o < s->oc; o++)
@@ -352,7 +360,8 @@ AI void dx_tile(float *dx, const float *dy, size_t dystride, const float *w, int
     }
 }
 
-/* One instance per register block: MR or KJ in 4..5 / 1..5, NR in 1..5. */
+/* One instance per register block: forward MR (4, 5) by NR (1..5), weight
+ * gradient MR by KJ = kw (1..5), input gradient NR by KJ. */
 typedef void fwd_fn(float *, size_t, const float *, const float *, int, int, int, size_t, size_t);
 typedef void dw_fn(float *, size_t, const float *, size_t, const float *, int, int, size_t, int);
 typedef void dx_fn(float *, const float *, size_t, const float *, int);
