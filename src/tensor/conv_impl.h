@@ -115,8 +115,9 @@ void mg__lanes_unpool(float *g16, float *db, const float *dy16, const uint16_t *
                       const mg_conv2d_shape *s);
 /* Output channels rounded up to the register block s->mr. */
 int mg__lanes_oc_padded(const mg_conv2d_shape *s);
-/* wf: mg__lanes_oc_padded * K floats (forward and weight gradient), wb:
- * oc * K (input gradient); either may be NULL. */
+/* The weights as the kernels read them: wf (mg__lanes_oc_padded * K
+ * floats) for the forward, wb (oc * K) for the input gradient; either may
+ * be NULL. */
 void mg__lanes_pack_weights(float *wf, float *wb, const float *wt, const mg_conv2d_shape *s);
 /* y [oc padded][oh][ow] vectors from x [c][h+2pad][w+2pad]. */
 void mg__lanes_forward(float *y, const float *x, const float *wf, const mg_conv2d_shape *s);
