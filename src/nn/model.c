@@ -424,7 +424,9 @@ mg_status mg_model_reserve(mg_model *m, int max_batch)
     p += in;
     m->scratch = (float *)p;
     m->have_fwd = m->have_loss = false;
-    mg_debug("model %s: reserved %.1f MB for batch %d", m->name, total / 1e6, max_batch);
+    mg_debug("model %s: reserved %.1f MB for batch %d (kept for backward %.1f, logits and "
+             "their gradient %.1f, input gradient %.1f, scratch %.1f)", m->name, total / 1e6,
+             max_batch, saved / 1e6, 2 * out / 1e6, in / 1e6, scratch * sizeof(float) / 1e6);
     return MG_OK;
 }
 
