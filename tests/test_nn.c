@@ -273,6 +273,20 @@ TEST(nn_grad_transformer_layers)
     gc_free(&g);
 }
 
+/* The gpt block in slices of two sequences (MG_BLOCK_ROWS 10, T 5): a
+ * batch of 3 runs as a full slice and a partial one, each with its
+ * LayerNorm statistics, log-sum-exp rows and kept tensors at its offset,
+ * and the weight gradients accumulate over both. */
+TEST(nn_grad_gpt_block_slices)
+{
+    setenv("MG_BLOCK_ROWS", "10", 1);
+    gc g;
+    snprintf(gc_what, sizeof gc_what, "gpt block in slices:");
+    gc_init(&g, mg_layer_gpt_block("blk", 8, 2), 3, 1, 5, 8, 65);
+    gc_run(&g, 1e-2);
+    gc_free(&g);
+}
+
 /* The causal mask: changing a later position never changes an earlier
  * output; the same sequence alone and in a batch gives the same output. */
 TEST(nn_attention_is_causal)

@@ -185,6 +185,8 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
 /* GELU with the tanh approximation; the backward reads the input x. */
 void mg_gelu_forward(float *y, const float *x, size_t n);
 void mg_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+/* y = gelu(x) and dydx = gelu'(x) in one pass (one exp per element). */
+void mg_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
 /* Causal multi-head self-attention of n sequences of T positions: qkv
  * [n, T, 3d] holds q, k, v side by side (head j: columns j*d/heads of
  * each), y [n, T, d] the heads' outputs side by side; softmax scaled by

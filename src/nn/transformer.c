@@ -7,6 +7,7 @@
  * n*T rows of the batch, so the per-position linear maps are one GEMM.
  * The embedding reads its input as int32 tokens (mg_model_forward_tokens
  * passes them through the float input pointer unchanged). */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,19 +179,35 @@ static void ln_bind(mg_layer *l, int n)
     f->rstd = (float *)(l->saved + mg__align(rows(l->in, n) * sizeof(float)));
 }
 
-static void ln_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+/* Forward and backward of rows [r0, r0 + nr) of the batch: their mean and
+ * rstd live at those rows of the saved statistics. The gpt block runs
+ * slices of its batch through these and recomputes a forward in its
+ * backward (the same arithmetic, so the same statistics) rather than
+ * keep the output. */
+static void ln_rows_forward(mg_layer *l, float *y, const float *x, size_t r0, size_t nr)
 {
     ln_layer *f = (ln_layer *)l;
-    mg_layernorm_forward(y, f->mean, f->rstd, x, l->p[0].data, l->p[1].data, rows(l->in, n), f->d,
+    mg_layernorm_forward(y, f->mean + r0, f->rstd + r0, x, l->p[0].data, l->p[1].data, nr, f->d,
                          f->eps);
+}
+
+static void ln_rows_backward(mg_layer *l, float *dx, const float *dy, const float *x, size_t r0,
+                             size_t nr)
+{
+    ln_layer *f = (ln_layer *)l;
+    mg_layernorm_backward(dx, l->p[0].grad, l->p[1].grad, dy, x, f->mean + r0, f->rstd + r0,
+                          l->p[0].data, nr, f->d);
+}
+
+static void ln_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    ln_rows_forward(l, y, x, 0, rows(l->in, n));
 }
 
 static void ln_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y, float *dy,
                         float *dx, int n)
 {
-    ln_layer *f = (ln_layer *)l;
-    mg_layernorm_backward(dx, l->p[0].grad, l->p[1].grad, dy, x, f->mean, f->rstd, l->p[0].data,
-                          rows(l->in, n), f->d);
+    ln_rows_backward(l, dx, dy, x, 0, rows(l->in, n));
 }
 
 static void ln_init(mg_layer *l, mg_rng *r)
@@ -262,19 +279,36 @@ static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
     *scratch = mg_attention_scratch(l->in[1]);
 }
 
-static void attn_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+/* Sequences [i0, i0 + n) of the batch: their log-sum-exp rows are at
+ * that offset of the saved ones (the gpt block runs slices). */
+static float *attn_lse(mg_layer *l, int i0)
+{
+    const attn_layer *a = (const attn_layer *)l;
+    return (float *)l->saved + (size_t)i0 * a->heads * l->in[1];
+}
+
+static void attn_seqs_forward(mg_layer *l, float *y, const float *x, int i0, int n, float *ws)
 {
     attn_layer *a = (attn_layer *)l;
-    mg_attention_forward(y, (float *)l->saved, x, n, l->in[1], a->d, a->heads, c->scratch);
+    mg_attention_forward(y, attn_lse(l, i0), x, n, l->in[1], a->d, a->heads, ws);
+}
+
+static void attn_seqs_backward(mg_layer *l, float *dx, const float *dy, const float *y,
+                               const float *x, int i0, int n, float *ws)
+{
+    attn_layer *a = (attn_layer *)l;
+    mg_attention_backward(dx, dy, y, attn_lse(l, i0), x, n, l->in[1], a->d, a->heads, ws);
+}
+
+static void attn_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    attn_seqs_forward(l, y, x, 0, n, c->scratch);
 }
 
 static void attn_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                           float *dy, float *dx, int n)
 {
-    attn_layer *a = (attn_layer *)l;
-    if (dx)
-        mg_attention_backward(dx, dy, y, (const float *)l->saved, x, n, l->in[1], a->d, a->heads,
-                              c->scratch);
+    if (dx) attn_seqs_backward(l, dx, dy, y, x, 0, n, c->scratch);
 }
 
 /* q k^T and P v: 2 * T * T * d each per sequence, half of it under the
@@ -302,18 +336,46 @@ mg_layer *mg_layer_attention(const char *name, int d, int heads)
 
 /* ---- The pre-LayerNorm block --------------------------------------------- */
 
-/* Children: 0 ln_1, 1 attn, 2 ln_2, 3 mlp. Saved beyond the children's:
- * a1 = ln_1(x), at = attn(a1), x1 = x + at, a2 = ln_2(x1), mo = mlp(a2). */
-enum { B_A1, B_AT, B_X1, B_A2, B_MO, B_N };
+/* x1 = x + attn(ln_1(x)); y = x1 + mlp(ln_2(x1)). The children are ln_1,
+ * attn (a Sequential of c_attn, the attention core and c_proj), ln_2 and
+ * mlp (c_fc, GELU, c_proj), as PyTorch's module tree names them; the block
+ * runs their layers itself so that it decides what outlives the forward
+ * (llm.c's choice, with its recomputation):
+ *   kept     qkv (3d per position), the attention output (d), x1 (d) and
+ *            c_fc's output (4d), plus the LayerNorm statistics and the
+ *            attention's log-sum-exp rows: 9d floats per position, where
+ *            keeping every layer's output took 17d;
+ *   redone   both LayerNorm outputs and the GELU output, recomputed in the
+ *            backward from what is kept (a row normalisation and one exp
+ *            per element, beside the GEMMs' 36 d^2 multiply-adds per
+ *            position; the GELU recomputation also gives its derivative,
+ *            so the backward takes no more exps than before);
+ *   dropped  the two branch outputs, added into the residual stream as
+ *            they are made.
+ * The block's input x is kept by the caller (the previous layer's output).
+ *
+ * The batch runs in slices of whole sequences (about MG_BLOCK_ROWS
+ * positions, default 512; read at set-up): the temporaries (LayerNorm and
+ * GELU outputs, the gradients inside the block) are slice-sized, shared by
+ * all blocks through the scratch, and stay in cache between the GEMMs that
+ * make and use them. Weight gradients accumulate over the slices. */
+enum { L_LN1, L_QKV, L_ATT, L_PROJ, L_LN2, L_FC, L_GELU, L_FCPROJ, L_N };   /* layers run */
+enum { K_QKV, K_ATT, K_X1, K_FC, K_N };                                      /* kept */
+enum { S_A, S_G, S_D, S_P, S_N };                                            /* per slice */
+static const int keep_width[K_N] = {3, 1, 1, 4};   /* times d, per position */
+static const int tmp_width[S_N] = {1, 4, 4, 4};
 
 typedef struct {
     mg_layer base;
-    float *act[B_N];
-    size_t act_floats;   /* one activation at the bound n, aligned */
+    mg_layer *leaf[L_N];   /* the children's layers, in forward order */
+    float *keep[K_N];
+    int slice_max;         /* sequences per slice, from MG_BLOCK_ROWS */
+    int slice;             /* ... at the bound batch */
 } block_layer;
 
 static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
 {
+    block_layer *b = (block_layer *)l;
     int cur[3] = {in[0], in[1], in[2]};
     for (int i = 0; i < l->n_child; i++) {
         mg_layer *ch = l->child[i];
@@ -323,31 +385,48 @@ static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
             return mg_error(MG_EINVAL, "block '%s': '%s' changes the shape %dx%dx%d",
                             l->name, ch->name, in[0], in[1], in[2]);
     }
+    long r = mg_env_long("MG_BLOCK_ROWS", 512);
+    b->slice_max = r / in[1] > 1 ? (int)(r / in[1] < INT_MAX ? r / in[1] : INT_MAX) : 1;
     memcpy(out, in, 3 * sizeof(int));
     return MG_OK;
 }
 
-static size_t block_act_bytes(const mg_layer *l, int n)
+/* Floats of temporary k for slices of `seqs` sequences, aligned. */
+static size_t tmp_floats(const mg_layer *l, int seqs, int k)
 {
-    return mg__align((size_t)n * mg__per_image(l->in) * sizeof(float));
+    size_t w = (size_t)tmp_width[k] * l->in[2];
+    return mg__align(rows(l->in, seqs) * w * sizeof(float)) / sizeof(float);
 }
+
+static int slice_at(const block_layer *b, int n) { return b->slice_max < n ? b->slice_max : n; }
 
 static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
-    size_t sv, sc;
-    mg__children_sizes(l, n, &sv, &sc);
-    size_t act = block_act_bytes(l, n);
-    *saved = sv + B_N * act;
-    *scratch = 3 * act / sizeof(float) + sc;
+    const block_layer *b = (const block_layer *)l;
+    size_t sv = 0, sc = 0, tmp = 0;
+    for (int i = 0; i < L_N; i++) {
+        size_t a, c;
+        b->leaf[i]->vt->sizes(b->leaf[i], n, &a, &c);
+        sv += mg__align(a);
+        if (c > sc) sc = c;
+    }
+    for (int k = 0; k < K_N; k++)
+        sv += mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
+    for (int k = 0; k < S_N; k++) tmp += tmp_floats(l, slice_at(b, n), k);
+    *saved = sv;
+    *scratch = tmp + sc;
 }
 
 static void block_bind(mg_layer *l, int n)
 {
     block_layer *b = (block_layer *)l;
-    char *p = mg__bind_children(l, n);
-    size_t act = block_act_bytes(l, n);
-    for (int k = 0; k < B_N; k++) b->act[k] = (float *)(p + k * act);
-    b->act_floats = act / sizeof(float);
+    char *p = l->saved;
+    for (int i = 0; i < L_N; i++) p = mg__bind_child(b->leaf[i], n, p);
+    for (int k = 0; k < K_N; k++) {
+        b->keep[k] = (float *)p;
+        p += mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
+    }
+    b->slice = slice_at(b, n);
 }
 
 static void block_propagate(mg_layer *l)
@@ -358,46 +437,94 @@ static void block_propagate(mg_layer *l)
     }
 }
 
-static void add(float *y, const float *a, const float *b, size_t m)
+/* The slice temporaries at the start of the scratch; *cc gets the rest,
+ * for the layers. */
+static void block_tmps(const block_layer *b, const mg_ctx *c, float *t[S_N], mg_ctx *cc)
 {
-    for (size_t i = 0; i < m; i++) y[i] = a[i] + b[i];
+    float *p = c->scratch;
+    for (int k = 0; k < S_N; k++) {
+        t[k] = p;
+        p += tmp_floats(&b->base, b->slice, k);
+    }
+    *cc = *c;
+    cc->scratch = p;
+}
+
+/* The kept tensors' rows of a slice starting at position r0. */
+static void block_kept(const block_layer *b, size_t r0, float *kp[K_N])
+{
+    for (int k = 0; k < K_N; k++)
+        kp[k] = b->keep[k] + r0 * keep_width[k] * (size_t)b->base.in[2];
+}
+
+static void add_to(float *restrict y, const float *restrict a, size_t m)
+{
+    for (size_t i = 0; i < m; i++) y[i] += a[i];
 }
 
 static void block_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     block_layer *b = (block_layer *)l;
-    mg_ctx cc = *c;
-    cc.scratch = c->scratch + 3 * b->act_floats;
-    size_t m = (size_t)n * mg__per_image(l->in);
-    mg_layer **ch = l->child;
-    ch[0]->vt->forward(ch[0], &cc, x, b->act[B_A1], n);
-    ch[1]->vt->forward(ch[1], &cc, b->act[B_A1], b->act[B_AT], n);
-    add(b->act[B_X1], x, b->act[B_AT], m);
-    ch[2]->vt->forward(ch[2], &cc, b->act[B_X1], b->act[B_A2], n);
-    ch[3]->vt->forward(ch[3], &cc, b->act[B_A2], b->act[B_MO], n);
-    add(y, b->act[B_X1], b->act[B_MO], m);
+    mg_ctx cc;
+    float *t[S_N], *kp[K_N];
+    block_tmps(b, c, t, &cc);
+    mg_layer **f = b->leaf;
+    int T = l->in[1], d = l->in[2];
+    for (int i0 = 0; i0 < n; i0 += b->slice) {
+        int k = n - i0 < b->slice ? n - i0 : b->slice;
+        size_t r0 = (size_t)i0 * T, nr = (size_t)k * T;
+        const float *xs = x + r0 * d;
+        float *ys = y + r0 * d;
+        block_kept(b, r0, kp);
+        ln_rows_forward(f[L_LN1], t[S_A], xs, r0, nr);
+        f[L_QKV]->vt->forward(f[L_QKV], &cc, t[S_A], kp[K_QKV], k);
+        attn_seqs_forward(f[L_ATT], kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
+        f[L_PROJ]->vt->forward(f[L_PROJ], &cc, kp[K_ATT], kp[K_X1], k);
+        add_to(kp[K_X1], xs, nr * d);
+        ln_rows_forward(f[L_LN2], t[S_A], kp[K_X1], r0, nr);
+        f[L_FC]->vt->forward(f[L_FC], &cc, t[S_A], kp[K_FC], k);
+        f[L_GELU]->vt->forward(f[L_GELU], &cc, kp[K_FC], t[S_G], k);
+        f[L_FCPROJ]->vt->forward(f[L_FCPROJ], &cc, t[S_G], ys, k);
+        add_to(ys, kp[K_X1], nr * d);
+    }
 }
 
+/* Per slice, in the slice's rows: dy is overwritten (the layer contract
+ * allows it) and serves for d(attention output) and d(ln_1 output). The
+ * linear layers have no ReLU, so their backward does not read their
+ * output (NULL). */
 static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                            float *dy, float *dx, int n)
 {
     block_layer *b = (block_layer *)l;
-    mg_ctx cc = *c;
-    float *g0 = c->scratch, *g1 = g0 + b->act_floats, *g2 = g1 + b->act_floats;
-    cc.scratch = c->scratch + 3 * b->act_floats;
-    size_t m = (size_t)n * mg__per_image(l->in);
-    mg_layer **ch = l->child;
-    /* y = x1 + mlp(ln_2(x1)): children may overwrite the gradient they get. */
-    memcpy(g0, dy, m * sizeof(float));
-    ch[3]->vt->backward(ch[3], &cc, b->act[B_A2], b->act[B_MO], g0, g1, n);
-    ch[2]->vt->backward(ch[2], &cc, b->act[B_X1], b->act[B_A2], g1, g2, n);
-    for (size_t i = 0; i < m; i++) g2[i] += dy[i];                 /* d x1 */
-    /* x1 = x + attn(ln_1(x)). */
-    memcpy(g0, g2, m * sizeof(float));
-    ch[1]->vt->backward(ch[1], &cc, b->act[B_A1], b->act[B_AT], g0, g1, n);
-    ch[0]->vt->backward(ch[0], &cc, x, b->act[B_A1], g1, dx, n);
-    if (dx)
-        for (size_t i = 0; i < m; i++) dx[i] += g2[i];
+    mg_ctx cc;
+    float *t[S_N], *kp[K_N];
+    block_tmps(b, c, t, &cc);
+    float *A = t[S_A], *G = t[S_G], *D = t[S_D], *P = t[S_P];
+    mg_layer **f = b->leaf;
+    int T = l->in[1], d = l->in[2];
+    for (int i0 = 0; i0 < n; i0 += b->slice) {
+        int k = n - i0 < b->slice ? n - i0 : b->slice;
+        size_t r0 = (size_t)i0 * T, nr = (size_t)k * T;
+        const float *xs = x + r0 * d;
+        float *dys = dy + r0 * d, *dxs = dx ? dx + r0 * d : NULL;
+        block_kept(b, r0, kp);
+        /* y = x1 + c_proj(gelu(c_fc(ln_2(x1)))). */
+        mg_gelu_forward_deriv(G, P, kp[K_FC], nr * 4 * d);         /* G = gelu, P = gelu' */
+        f[L_FCPROJ]->vt->backward(f[L_FCPROJ], &cc, G, NULL, dys, D, k);
+        for (size_t i = 0; i < nr * 4 * d; i++) G[i] = D[i] * P[i];  /* d c_fc output */
+        ln_rows_forward(f[L_LN2], A, kp[K_X1], r0, nr);              /* ln_2(x1) again */
+        f[L_FC]->vt->backward(f[L_FC], &cc, A, NULL, G, D, k);
+        ln_rows_backward(f[L_LN2], A, D, kp[K_X1], r0, nr);
+        add_to(A, dys, nr * d);                                        /* A = d x1 */
+        /* x1 = x + c_proj(attention(c_attn(ln_1(x)))). */
+        f[L_PROJ]->vt->backward(f[L_PROJ], &cc, kp[K_ATT], NULL, A, dys, k);
+        attn_seqs_backward(f[L_ATT], G, dys, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
+        ln_rows_forward(f[L_LN1], D, xs, r0, nr);                     /* ln_1(x) again */
+        f[L_QKV]->vt->backward(f[L_QKV], &cc, D, NULL, G, dys, k);
+        ln_rows_backward(f[L_LN1], dxs, dys, xs, r0, nr);
+        if (dxs) add_to(dxs, A, nr * d);
+    }
 }
 
 static const mg_layer_vt block_vt = {
@@ -427,6 +554,8 @@ mg_layer *mg_layer_gpt_block(const char *name, int d, int heads)
     memcpy(child, kids, sizeof kids);
     b->base.child = child;
     b->base.n_child = 4;
+    mg_layer *leaf[L_N] = {kids[0], attn[0], attn[1], attn[2], kids[2], mlp[0], mlp[1], mlp[2]};
+    memcpy(b->leaf, leaf, sizeof leaf);
     return &b->base;
 }
 
