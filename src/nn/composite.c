@@ -2,7 +2,12 @@
  * (y = branch(x) + shortcut(x), optional ReLU; shortcut NULL = identity).
  * They own their children, keep the children's outputs in their saved
  * memory (backward needs them), and give each child a slice of their own
- * saved memory and the scratch beyond what they use themselves. */
+ * saved memory and the scratch beyond what they use themselves.
+ *
+ * Sequential's backward passes the gradient between children through the
+ * sequence's own dy and dx buffers where they are large enough, and
+ * through scratch only where they are not (seq_plan): in gpt-mini that
+ * is one activation-sized buffer per sequence instead of two. */
 #include "multigrad/trace.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +20,12 @@ typedef struct {
     mg_layer base;
     float **acts;        /* outputs of children 0..n-2 */
     bool *has_params;    /* child i (or its children) has parameters */
-    size_t grad_floats;  /* one intermediate-gradient buffer at the bound n */
+    int *gbuf;           /* where child i >= 1 writes its input gradient (G_*) */
+    size_t gfloats[2];   /* the two scratch gradient buffers at the bound n */
 } seq_layer;
+
+/* Buffers for the gradient between child i-1 and child i. */
+enum { G_DY, G_DX, G_S0, G_S1 };
 
 static mg_status seq_setup(mg_layer *l, const int in[3], int out[3])
 {
@@ -34,42 +43,61 @@ static mg_status seq_setup(mg_layer *l, const int in[3], int out[3])
     return MG_OK;
 }
 
+/* Where each child i >= 1 writes its input gradient (which child i-1
+ * reads as its dy): the sequence's dy (a layer may overwrite its dy) or dx
+ * (free until child 0 writes it) when large enough, else one of two
+ * scratch buffers. A child never writes the buffer it reads, and child 1
+ * never writes dx, which child 0 writes while reading child 1's gradient.
+ * buf (may be NULL) gets the choices, sc the floats each scratch buffer
+ * needs (0: unused), aligned. */
+static void seq_plan(const mg_layer *l, int n, int *buf, size_t sc[2])
+{
+    size_t cap_dy = (size_t)n * mg__per_image(l->out);
+    size_t cap_dx = l->need_dx ? (size_t)n * mg__per_image(l->in) : 0;
+    sc[0] = sc[1] = 0;
+    int prev = G_DY;
+    for (int i = l->n_child - 1; i >= 1; i--) {
+        size_t f = (size_t)n * mg__per_image(l->child[i - 1]->out);
+        int b;
+        if (prev != G_DY && f <= cap_dy) b = G_DY;
+        else if (prev != G_DX && i > 1 && f <= cap_dx) b = G_DX;
+        else b = prev == G_S0 ? G_S1 : G_S0;
+        if (b >= G_S0 && f > sc[b - G_S0]) sc[b - G_S0] = f;
+        if (buf) buf[i] = b;
+        prev = b;
+    }
+    for (int k = 0; k < 2; k++) sc[k] = mg__align(sc[k] * sizeof(float)) / sizeof(float);
+}
+
 static void seq_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
-    size_t sv = 0, sc = 0, g = 0;
+    size_t sv = 0, sc = 0, g[2];
     for (int i = 0; i < l->n_child; i++) {
         const mg_layer *ch = l->child[i];
         size_t a, b;
         ch->vt->sizes(ch, n, &a, &b);
         sv += mg__align(a);
         if (b > sc) sc = b;
-        if (i + 1 < l->n_child) {
-            size_t f = (size_t)n * mg__per_image(ch->out);
-            sv += mg__align(f * sizeof(float));
-            if (f > g) g = f;
-        }
+        if (i + 1 < l->n_child) sv += mg__align((size_t)n * mg__per_image(ch->out) * sizeof(float));
     }
-    g = mg__align(g * sizeof(float)) / sizeof(float);
+    seq_plan(l, n, NULL, g);
     *saved = sv;
-    *scratch = 2 * g + sc;
+    *scratch = g[0] + g[1] + sc;
 }
 
 static void seq_bind(mg_layer *l, int n)
 {
     seq_layer *s = (seq_layer *)l;
     char *p = l->saved;
-    size_t g = 0;
     for (int i = 0; i < l->n_child; i++) {
         mg_layer *ch = l->child[i];
         p = mg__bind_child(ch, n, p);
         if (i + 1 < l->n_child) {
-            size_t f = (size_t)n * mg__per_image(ch->out);
             s->acts[i] = (float *)p;
-            p += mg__align(f * sizeof(float));
-            if (f > g) g = f;
+            p += mg__align((size_t)n * mg__per_image(ch->out) * sizeof(float));
         }
     }
-    s->grad_floats = mg__align(g * sizeof(float)) / sizeof(float);
+    seq_plan(l, n, s->gbuf, s->gfloats);
 }
 
 static void seq_propagate(mg_layer *l)
@@ -97,7 +125,7 @@ static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, 
 {
     seq_layer *s = (seq_layer *)l;
     mg_ctx cc = *c;
-    cc.scratch = c->scratch + 2 * s->grad_floats;
+    cc.scratch = c->scratch + s->gfloats[0] + s->gfloats[1];
     const float *cur = x;
     for (int i = 0; i < l->n_child; i++) {
         float *out = i + 1 == l->n_child ? y : s->acts[i];
@@ -113,8 +141,8 @@ void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float 
 {
     seq_layer *s = (seq_layer *)l;
     mg_ctx cc = *c;
-    float *ga = c->scratch, *gb = c->scratch + s->grad_floats;
-    cc.scratch = c->scratch + 2 * s->grad_floats;
+    float *bufs[] = {dy, dx, c->scratch, c->scratch + s->gfloats[0]};
+    cc.scratch = c->scratch + s->gfloats[0] + s->gfloats[1];
     float *cur = dy;
     for (int i = l->n_child - 1; i >= 0; i--) {
         mg_layer *ch = l->child[i];
@@ -122,7 +150,8 @@ void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float 
         const float *xin = i == 0 ? x : s->acts[i - 1];
         const float *yout = i + 1 == l->n_child ? y : s->acts[i];
         float *dxo = NULL;
-        if (ch->need_dx) dxo = i == 0 ? dx : (cur == ga ? gb : ga);
+        if (ch->need_dx) dxo = i == 0 ? dx : bufs[s->gbuf[i]];
+        MG_ASSERT(i == 0 || dxo || !ch->need_dx);   /* the plan uses dx only under need_dx */
         double t0 = mg_trace_on() ? mg_trace_now() : 0;
         ch->vt->backward(ch, &cc, xin, yout, cur, dxo, n);
         if (t0) trace_layer(ch, "backward", t0);
@@ -143,6 +172,7 @@ static void seq_destroy(mg_layer *l)
     seq_layer *s = (seq_layer *)l;
     free(s->acts);
     free(s->has_params);
+    free(s->gbuf);
 }
 
 static const mg_layer_vt seq_vt = {
@@ -159,10 +189,12 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
     if (s) {
         s->acts = calloc((size_t)(n ? n : 1), sizeof *s->acts);
         s->has_params = calloc((size_t)(n ? n : 1), sizeof *s->has_params);
+        s->gbuf = calloc((size_t)(n ? n : 1), sizeof *s->gbuf);
         s->base.child = calloc((size_t)(n ? n : 1), sizeof *s->base.child);
-        if (!s->acts || !s->has_params || !s->base.child) {
+        if (!s->acts || !s->has_params || !s->gbuf || !s->base.child) {
             free(s->acts);
             free(s->has_params);
+            free(s->gbuf);
             free(s->base.child);
             free(s);
             s = NULL;
