@@ -208,7 +208,9 @@ mg_layer *mg_layer_embedding(int vocab, int ctx, int d);
 mg_layer *mg_layer_tied_head(mg_layer *embedding);
 /* A pre-LayerNorm GPT-2 block: x += attn(ln_1(x)); x += mlp(ln_2(x)), with
  * children ln_1, attn (c_attn, causal attention, c_proj), ln_2 and mlp
- * (c_fc, GELU, c_proj). */
+ * (c_fc, GELU, c_proj). It keeps 9 d floats per position for the backward
+ * and recomputes its LayerNorm and GELU outputs there; it runs in slices
+ * of whole sequences of about MG_BLOCK_ROWS positions (default 512). */
 mg_layer *mg_layer_gpt_block(const char *name, int d, int heads);
 
 /* gpt-mini (models.md section D) at any size. */
