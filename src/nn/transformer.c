@@ -343,13 +343,13 @@ mg_layer *mg_layer_attention(const char *name, int d, int heads)
  * (llm.c's choice, with its recomputation):
  *   kept     qkv (3d per position), the attention output (d), x1 (d) and
  *            c_fc's output (4d), plus the LayerNorm statistics and the
- *            attention's log-sum-exp rows: 9d floats per position, where
- *            keeping every layer's output took 17d;
+ *            attention's log-sum-exp rows: 9d floats per position
+ *            (keeping every layer's output would take 17d);
  *   redone   both LayerNorm outputs and the GELU output, recomputed in the
  *            backward from what is kept (a row normalisation and one exp
  *            per element, beside the GEMMs' 36 d^2 multiply-adds per
  *            position; the GELU recomputation also gives its derivative,
- *            so the backward takes no more exps than before);
+ *            so the backward still takes one exp per element);
  *   dropped  the two branch outputs, added into the residual stream as
  *            they are made.
  * The block's input x is kept by the caller (the previous layer's output).
@@ -363,6 +363,8 @@ enum { L_LN1, L_QKV, L_ATT, L_PROJ, L_LN2, L_FC, L_GELU, L_FCPROJ, L_N };   /* l
 enum { K_QKV, K_ATT, K_X1, K_FC, K_N };                                      /* kept */
 enum { S_A, S_G, S_D, S_P, S_N };                                            /* per slice */
 static const int keep_width[K_N] = {3, 1, 1, 4};   /* times d, per position */
+/* A: a LayerNorm output or a d-wide gradient; G, D, P: the GELU output,
+ * its derivative and the 4d-wide gradients (dqkv fits in G). */
 static const int tmp_width[S_N] = {1, 4, 4, 4};
 
 typedef struct {
@@ -385,10 +387,16 @@ static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
             return mg_error(MG_EINVAL, "block '%s': '%s' changes the shape %dx%dx%d",
                             l->name, ch->name, in[0], in[1], in[2]);
     }
-    long r = mg_env_long("MG_BLOCK_ROWS", 512);
-    b->slice_max = r / in[1] > 1 ? (int)(r / in[1] < INT_MAX ? r / in[1] : INT_MAX) : 1;
+    long seqs = mg_env_long("MG_BLOCK_ROWS", 512) / in[1];
+    b->slice_max = seqs < 1 ? 1 : seqs > INT_MAX ? INT_MAX : (int)seqs;
     memcpy(out, in, 3 * sizeof(int));
     return MG_OK;
+}
+
+/* Bytes of kept tensor k at batch n, aligned. */
+static size_t keep_bytes(const mg_layer *l, int n, int k)
+{
+    return mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
 }
 
 /* Floats of temporary k for slices of `seqs` sequences, aligned. */
@@ -410,8 +418,7 @@ static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
         sv += mg__align(a);
         if (c > sc) sc = c;
     }
-    for (int k = 0; k < K_N; k++)
-        sv += mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
+    for (int k = 0; k < K_N; k++) sv += keep_bytes(l, n, k);
     for (int k = 0; k < S_N; k++) tmp += tmp_floats(l, slice_at(b, n), k);
     *saved = sv;
     *scratch = tmp + sc;
@@ -424,7 +431,7 @@ static void block_bind(mg_layer *l, int n)
     for (int i = 0; i < L_N; i++) p = mg__bind_child(b->leaf[i], n, p);
     for (int k = 0; k < K_N; k++) {
         b->keep[k] = (float *)p;
-        p += mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
+        p += keep_bytes(l, n, k);
     }
     b->slice = slice_at(b, n);
 }
