@@ -340,7 +340,7 @@ mg_layer *mg_layer_attention(const char *name, int d, int heads)
  * attn (a Sequential of c_attn, the attention core and c_proj), ln_2 and
  * mlp (c_fc, GELU, c_proj), as PyTorch's module tree names them; the block
  * runs their layers itself so that it decides what outlives the forward
- * (llm.c's choice, with its recomputation):
+ * (as llm.c's CUDA trainer does when told to recompute GELU and LayerNorm):
  *   kept     qkv (3d per position), the attention output (d), x1 (d) and
  *            c_fc's output (4d), plus the LayerNorm statistics and the
  *            attention's log-sum-exp rows: 9d floats per position
