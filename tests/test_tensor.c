@@ -144,6 +144,18 @@ static double ref_z(const conv_case *t, const float *x, const float *w, const fl
     return z;
 }
 
+/* A convolution test's input, weights, bias and output gradient from seed. */
+static void conv_inputs(uint64_t seed, float *x, size_t nx, float *w, size_t nw, float *b, int oc,
+                        float *dy, size_t ny)
+{
+    mg_rng r;
+    mg_rng_init(&r, seed);
+    for (size_t i = 0; i < nx; i++) x[i] = mg_rng_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < nw; i++) w[i] = mg_rng_uniform(&r) - 0.5f;
+    for (int i = 0; i < oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
+    for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
+}
+
 static void check_conv(const conv_case *t, uint64_t seed)
 {
     mg_conv2d_shape s;
@@ -157,12 +169,7 @@ static void check_conv(const conv_case *t, uint64_t seed)
     double *z = malloc(nz * 8), *gz = calloc(nz, 8);
     uint8_t *saved = malloc(mg_conv2d_saved_bytes(&s) * t->n + 1);
     float *ws = malloc(mg_conv2d_workspace(&s) * 4);
-    mg_rng r;
-    mg_rng_init(&r, seed);
-    for (size_t i = 0; i < nx; i++) x[i] = mg_rng_uniform(&r) - 0.5f;
-    for (size_t i = 0; i < nw; i++) w[i] = mg_rng_uniform(&r) - 0.5f;
-    for (int i = 0; i < t->oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
-    for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
+    conv_inputs(seed, x, nx, w, nw, b, t->oc, dy, ny);
     mg_conv2d_forward(y, saved, x, w, b, &s, t->n, ws);
     /* Without dx first (the direct path when it applies), then with. */
     float *dw0 = calloc(nw, 4), *db0 = calloc(t->oc, 4);
@@ -320,12 +327,7 @@ static void check_lanes_vs_gemm(const conv_case *t, uint64_t seed)
     float *dw[2] = {calloc(nw, 4), calloc(nw, 4)}, *db[2] = {calloc(t->oc, 4), calloc(t->oc, 4)};
     uint8_t *saved[2] = {calloc(nsv, 1), calloc(nsv, 1)};
     float *ws = malloc(nws * 4);
-    mg_rng r;
-    mg_rng_init(&r, seed);
-    for (size_t i = 0; i < nx; i++) x[i] = mg_rng_uniform(&r) - 0.5f;
-    for (size_t i = 0; i < nw; i++) w[i] = mg_rng_uniform(&r) - 0.5f;
-    for (int i = 0; i < t->oc; i++) b[i] = 0.2f * (mg_rng_uniform(&r) - 0.5f);
-    for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_uniform(&r) - 0.5f;
+    conv_inputs(seed, x, nx, w, nw, b, t->oc, dy, ny);
     const mg_conv2d_shape *sh[2] = {&s, &g};
     for (int k = 0; k < 2; k++) mg_conv2d_forward(y[k], saved[k], x, w, b, sh[k], t->n, ws);
     for (size_t i = 0; i < ny; i++)
