@@ -464,6 +464,19 @@ static void block_kept(const block_layer *b, size_t r0, float *kp[K_N])
         kp[k] = b->keep[k] + r0 * keep_width[k] * (size_t)b->base.in[2];
 }
 
+/* The slice of sequences starting at i0 (at most b->slice of n): returns
+ * its sequence count, its first row *r0 and row count *nr (T rows per
+ * sequence), and the kept buffers at its rows. */
+static int block_slice(const block_layer *b, int i0, int n, int T, size_t *r0, size_t *nr,
+                       float *kp[K_N])
+{
+    int k = n - i0 < b->slice ? n - i0 : b->slice;
+    *r0 = (size_t)i0 * T;
+    *nr = (size_t)k * T;
+    block_kept(b, *r0, kp);
+    return k;
+}
+
 static void add_to(float *restrict y, const float *restrict a, size_t m)
 {
     for (size_t i = 0; i < m; i++) y[i] += a[i];
@@ -477,12 +490,11 @@ static void block_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y
     block_tmps(b, c, t, &cc);
     mg_layer **f = b->leaf;
     int T = l->in[1], d = l->in[2];
-    for (int i0 = 0; i0 < n; i0 += b->slice) {
-        int k = n - i0 < b->slice ? n - i0 : b->slice;
-        size_t r0 = (size_t)i0 * T, nr = (size_t)k * T;
+    for (int i0 = 0, k; i0 < n; i0 += k) {
+        size_t r0, nr;
+        k = block_slice(b, i0, n, T, &r0, &nr, kp);
         const float *xs = x + r0 * d;
         float *ys = y + r0 * d;
-        block_kept(b, r0, kp);
         ln_rows_forward(f[L_LN1], t[S_A], xs, r0, nr);
         f[L_QKV]->vt->forward(f[L_QKV], &cc, t[S_A], kp[K_QKV], k);
         attn_seqs_forward(f[L_ATT], kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
@@ -510,12 +522,11 @@ static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
     float *A = t[S_A], *G = t[S_G], *D = t[S_D], *P = t[S_P];
     mg_layer **f = b->leaf;
     int T = l->in[1], d = l->in[2];
-    for (int i0 = 0; i0 < n; i0 += b->slice) {
-        int k = n - i0 < b->slice ? n - i0 : b->slice;
-        size_t r0 = (size_t)i0 * T, nr = (size_t)k * T;
+    for (int i0 = 0, k; i0 < n; i0 += k) {
+        size_t r0, nr;
+        k = block_slice(b, i0, n, T, &r0, &nr, kp);
         const float *xs = x + r0 * d;
         float *dys = dy + r0 * d, *dxs = dx ? dx + r0 * d : NULL;
-        block_kept(b, r0, kp);
         /* y = x1 + c_proj(gelu(c_fc(ln_2(x1)))). */
         mg_gelu_forward_deriv(G, P, kp[K_FC], nr * 4 * d);         /* G = gelu, P = gelu' */
         f[L_FCPROJ]->vt->backward(f[L_FCPROJ], &cc, G, NULL, dys, D, k);
