@@ -16,7 +16,7 @@ BUILD   := build
 OPT     := -O3 -march=native
 else
 BUILD   := build-$(SAN)
-OPT     := -O1 -fno-omit-frame-pointer -fsanitize=$(SAN)
+OPT     := -O1 -fno-omit-frame-pointer -fsanitize=$(SAN) -DMG_SANITIZED
 ifeq ($(SAN),undefined)
 OPT     += -fno-sanitize-recover=undefined
 endif

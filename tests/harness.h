@@ -98,6 +98,16 @@ mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_set
 /* Exit status, or 128 + N if a signal N killed it. */
 int mgt_exit_code(const mgt_result *r);
 
+/* How many times slower this build runs than the plain optimised one: 1,
+ * or more under a sanitizer (SAN=thread is the slowest). Deadlines that
+ * only guard against a hang are multiplied by it: each test's timeout,
+ * mgt_exec's, mgt_fork_ranks' and mgt_wait_for's. A time that a test
+ * measures as the product's promise is not. */
+double mgt_slow(void);
+/* Polls cond(arg) every 20 ms until it holds (returns 1) or secs x
+ * mgt_slow() have passed (returns 0). */
+int mgt_wait_for(int (*cond)(void *arg), void *arg, double secs);
+
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int mgt_free_port(void);
 

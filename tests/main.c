@@ -146,8 +146,32 @@ void mgt_read_into(const char *path, char *buf, size_t cap)
     fclose(f);
 }
 
+double mgt_slow(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    return 8;
+#elif defined(__SANITIZE_ADDRESS__)
+    return 3;
+#elif defined(MG_SANITIZED)
+    return 2;
+#else
+    return 1;
+#endif
+}
+
+int mgt_wait_for(int (*cond)(void *), void *arg, double secs)
+{
+    double deadline = mg_now() + secs * mgt_slow();
+    while (!cond(arg)) {
+        if (mg_now() > deadline) return 0;
+        usleep(20000);
+    }
+    return 1;
+}
+
 mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void))
 {
+    timeout_s *= mgt_slow();
     static mgt_result r;
     char out[600], err[600];
     snprintf(out, sizeof out, "%s/exec.out", mgt_tmpdir());
@@ -259,7 +283,7 @@ int mgt_fork_ranks(int n, int (*fn)(int, int, void *), void *arg,
         }
     }
     int failed = 0, left = n;
-    double deadline = mg_now() + timeout_s;
+    double deadline = mg_now() + timeout_s * mgt_slow();
     while (left > 0) {
         int st;
         pid_t p = waitpid(-1, &st, WNOHANG);
@@ -408,11 +432,12 @@ int main(int argc, char **argv)
         if (p <= 0) {
             double now = mg_now();
             for (int s = 0; s < jobs; s++) {
-                if (run[s].pid && now - run[s].start > tests[run[s].idx].timeout_s) {
+                if (run[s].pid && now - run[s].start > tests[run[s].idx].timeout_s * mgt_slow()) {
                     kill(-run[s].pid, SIGKILL);
                     waitpid(run[s].pid, &st, 0);
                     test_case *t = &tests[run[s].idx];
-                    printf("FAIL %s (%s): timed out after %d s\n", t->name, t->file, t->timeout_s);
+                    printf("FAIL %s (%s): timed out after %g s\n", t->name, t->file,
+                           t->timeout_s * mgt_slow());
                     show_output(run[s].out);
                     unlink(run[s].out);
                     run[s].pid = 0;

@@ -328,6 +328,15 @@ static pid_t find_rank(pid_t parent, int rank)
     return found;
 }
 
+/* mgt_wait_for conditions: rank's process has appeared; a file exists. */
+typedef struct { pid_t parent; int rank; pid_t pid; } rank_of;
+static int found_rank(void *arg)
+{
+    rank_of *r = arg;
+    return (r->pid = find_rank(r->parent, r->rank)) > 0;
+}
+static int file_exists(void *path) { return access(path, F_OK) == 0; }
+
 static pid_t spawn(const char *cmd, const char *log)
 {
     pid_t p = fork();
@@ -357,12 +366,9 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     snprintf(cmd, sizeof cmd, "exec %s -n 2 %s --model mlp --parallel ddp --epochs 5", mgrun,
              mgtrain);
     pid_t job = spawn(cmd, log);
-    pid_t victim = 0;
-    for (int i = 0; i < 300 && !victim; i++) {
-        usleep(20000);
-        victim = find_rank(job, 1);
-    }
-    CHECK_MSG(victim > 0, "rank 1 not found");
+    rank_of r1 = {job, 1, 0};
+    CHECK_MSG(mgt_wait_for(found_rank, &r1, 6), "rank 1 not found");
+    pid_t victim = r1.pid;
     usleep(1500000);
     kill(victim, SIGKILL);
     int st;
@@ -378,9 +384,7 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     snprintf(cmd, sizeof cmd, "exec %s --max-restarts 1 -n 2 %s --model mlp --parallel ddp "
              "--epochs 2 --save %s", mgrun, mgtrain, ck);
     job = spawn(cmd, log);
-    struct stat sb;
-    for (int i = 0; i < 3000 && stat(ck, &sb) != 0; i++) usleep(20000);
-    CHECK_MSG(stat(ck, &sb) == 0, "no checkpoint appeared");
+    CHECK_MSG(mgt_wait_for(file_exists, ck, 60), "no checkpoint appeared");
     victim = find_rank(job, 1);
     CHECK(victim > 0);
     kill(victim, SIGKILL);
