@@ -15,6 +15,7 @@
 #include "multigrad/core.h"
 
 static const uint8_t MAGIC[4] = {'M', 'G', 'A', '1'};
+static const uint8_t BUSY[4] = {'M', 'G', 'A', 'B'};
 #define VERSION 1u
 
 const char *mg__secret(const char *s)
@@ -71,7 +72,11 @@ mg_status mg__auth_client(int fd, const char *secret, const char *ctx, double de
     MG_TRY(nonce(reply + 4));
     mac(reply + 4 + MG__AUTH_NONCE, secret, "mg-client", ctx, hello + 8, reply + 4);
     MG_TRY(mg__sock_write_all(fd, reply, sizeof reply, deadline, what));
-    s = mg__sock_read_all(fd, fin, sizeof fin, deadline, what);
+    s = mg__sock_read_all(fd, fin, 4, deadline, what);
+    if (!s && !memcmp(fin, BUSY, 4))
+        return mg_error(MG_EPEER, "%s is busy: it turned this connection away to make room "
+                        "for others", what);
+    if (!s) s = mg__sock_read_all(fd, fin + 4, sizeof fin - 4, deadline, what);
     if (s == MG_EPEER)
         return mg_error(MG_EAUTH, "%s refused our credentials: every rank must have the same "
                         "MG_JOB_SECRET (and without one, only loopback connections are "
@@ -128,6 +133,11 @@ int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *c
     while (k < 0 && errno == EINTR);
     if (k != (ssize_t)sizeof fin) return a->state = -1;
     return a->state = 1;
+}
+
+void mg__auth_srv_busy(int fd)
+{
+    (void)!send(fd, BUSY, sizeof BUSY, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 mg_status mg__auth_server(int fd, const char *secret, const char *ctx, double deadline)

@@ -9,10 +9,12 @@
  * Both sides draw fresh nonces from RAND_bytes and compare MACs in
  * constant time, so neither a replayed exchange nor a server without the
  * secret passes. A wrong answer closes the connection; the server says
- * nothing more. ctx ("store", "data") keeps a MAC for one service from
- * being accepted by another. No secret means the empty key: then the
- * exchange only guards against strangers that speak no protocol, and
- * callers accept loopback peers only. */
+ * nothing more, except "MGAB" (busy) to a connection it evicts before the
+ * answer came, which the client takes as "try again". ctx ("store",
+ * "data") keeps a MAC for one service from being accepted by another. No
+ * secret means the empty key: then the exchange only guards against
+ * strangers that speak no protocol, and callers accept loopback peers
+ * only. */
 #ifndef MG_COMM_AUTH_H
 #define MG_COMM_AUTH_H
 
@@ -42,6 +44,8 @@ mg_status mg__auth_srv_begin(mg__auth_srv *a, int fd);
 /* Read what is available; returns 1 authenticated (final sent), 0 more
  * needed, -1 refused or connection failed. */
 int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *ctx);
+/* Turn away a connection still authenticating: it may try again. */
+void mg__auth_srv_busy(int fd);
 /* Blocking server side. */
 mg_status mg__auth_server(int fd, const char *secret, const char *ctx, double deadline);
 

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include "multigrad/comm.h"
 
 /* Bounds on everything a store accepts: nothing received is trusted. */
@@ -34,6 +35,27 @@ mg_status mg__kv_set(mg__kv *kv, const char *key, size_t klen, const void *val, 
 int mg__kv_del(mg__kv *kv, const char *key, size_t klen);
 /* Integer add on a decimal value (absent = 0). */
 mg_status mg__kv_add(mg__kv *kv, const char *key, size_t klen, int64_t delta, int64_t *out);
+
+/* ---- the TCP store protocol (tcp_store.c): pure functions, no I/O ---- */
+#define MG__STORE_HDR 24
+typedef struct mg__store_req {
+    uint8_t op, flags;
+    uint32_t klen, vlen;
+    int64_t arg;
+} mg__store_req;
+typedef struct mg__store_reply {
+    uint8_t status;
+    const void *val;          /* points into the table until it changes */
+    size_t vlen;
+    int64_t arg;
+} mg__store_reply;
+/* Validate a request header: 0, or -1 if the request must be refused. */
+int mg__store_parse_hdr(const uint8_t h[MG__STORE_HDR], mg__store_req *r);
+/* Apply a request whose body (key then value, klen + vlen bytes) is
+ * complete: 1 answered (*out set), 0 a GET or WAIT whose keys are not all
+ * there yet (answered with a timeout when expired), -1 malformed. */
+int mg__store_apply(mg__kv *kv, const mg__store_req *r, const uint8_t *body, bool expired,
+                    mg__store_reply *out);
 
 /* ---- clients ---- */
 typedef struct mg__store_vt {
