@@ -1,5 +1,7 @@
 /* Tests of the store against strangers: idle connections flooding the
- * store, a store out of file descriptors.
+ * store, a store out of file descriptors, clients of another user on a
+ * job without a secret, and a file store with planted links, forged or
+ * replayed records and unsafe directories.
  *
  * The store serves from a child process of its own: the test process
  * stays single-threaded, so it may fork ranks, and the child can be given
@@ -21,6 +23,7 @@
 #include "multigrad/comm.h"
 #include "multigrad/core.h"
 
+#define NOBODY 65534
 #define PER_SOURCE 128  /* MAX_AUTH_PER_SOURCE in tcp_store.c */
 
 /* Serve a store on 127.0.0.1 from a child (with at most nofile
@@ -258,4 +261,110 @@ TEST_T(store_client_retries_a_full_store_then_says_why, 90)
     CHECK_EQ(exit_code(late), 0);
     while (n) mg_store_destroy(s[--n]);
     stop_child(srv);
+}
+
+TEST(store_without_secret_refuses_other_users)
+{
+    if (geteuid() != 0) mgt_skip("needs root to run a client as another user (uid %d)", NOBODY);
+    unsetenv("MG_JOB_SECRET");
+    int port;
+    pid_t srv = serve_in_child("", 0, -1, &port);
+    /* A stranger is refused at once, and writes nothing. */
+    double t0 = mg_now();
+    CHECK_EQ(exit_code(client_in_child(port, "", NOBODY, 5)), 10 + MG_EAUTH);
+    CHECK_MSG(mg_now() - t0 < 3, "refused after %.2f s", mg_now() - t0);
+    /* The owner still joins, and finds nothing the stranger wrote. */
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    mg_store *s;
+    CHECK_OK(mg_store_connect(url, "", 0.3, &s));
+    void *v;
+    size_t n;
+    CHECK_ERR(mg_store_get(s, "poison", &v, &n), MG_ETIMEOUT);
+    mg_store_destroy(s);
+    stop_child(srv);
+    /* The other way: a store served by another user is not trusted. */
+    srv = serve_in_child("", 0, NOBODY, &port);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    CHECK_ERR(mg_store_connect(url, "", 5, &s), MG_EAUTH);
+    printf("store of another user: %s\n", mg_last_error());
+    CHECK_MSG(strstr(mg_last_error(), "another user"), "message: %s", mg_last_error());
+    stop_child(srv);
+}
+
+static void write_file(const char *path, const void *data, size_t n, int flags)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | flags, 0600);
+    CHECK(fd >= 0 && write(fd, data, n) == (ssize_t)n);
+    close(fd);
+}
+
+TEST(store_file_refuses_links_forgeries_and_unsafe_places)
+{
+    char dir[512], path[600], url[700], victim[600];
+    snprintf(dir, sizeof dir, "%s/fs", mgt_tmpdir());
+    CHECK(mkdir(dir, 0700) == 0);
+    mg_store *s;
+    /* A link planted where the store goes is not followed, whether it
+     * points at a file of ours or nowhere yet. */
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    write_file(victim, "precious", 8, O_TRUNC);
+    snprintf(path, sizeof path, "%s/store", dir);
+    snprintf(url, sizeof url, "file://%s", path);
+    CHECK(symlink(victim, path) == 0);
+    CHECK_ERR(mg_store_connect(url, "job", 1, &s), MG_EAUTH);
+    CHECK_MSG(strstr(mg_last_error(), "symbolic link"), "message: %s", mg_last_error());
+    size_t len;
+    char *content = mgt_slurp(victim, &len);
+    CHECK(len == 8 && !memcmp(content, "precious", 8));
+    free(content);
+    CHECK(unlink(path) == 0);
+    snprintf(victim, sizeof victim, "%s/created-by-link", dir);
+    CHECK(symlink(victim, path) == 0);
+    CHECK_ERR(mg_store_connect(url, "job", 1, &s), MG_EAUTH);
+    struct stat st;
+    CHECK(lstat(victim, &st) < 0);
+    CHECK(unlink(path) == 0);
+
+    /* A record forged without the job's secret is refused... */
+    CHECK_OK(mg_store_connect(url, "job", 0.5, &s));
+    CHECK_OK(mg_store_set(s, "k", "good", 4));
+    uint8_t rec[12 + 8 + 32] = {'R', 1, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 'e', 'v', 'i', 'l',
+                                'b', 'a', 'd', '!'};
+    write_file(path, rec, sizeof rec, O_APPEND);
+    void *v;
+    CHECK_ERR(mg_store_get(s, "evil", &v, &len), MG_EAUTH);
+    CHECK_MSG(strstr(mg_last_error(), "MG_JOB_SECRET"), "message: %s", mg_last_error());
+    mg_store_destroy(s);
+    CHECK(unlink(path) == 0);
+    /* ...and so are genuine records replayed at another place, and a job
+     * with another secret. */
+    CHECK_OK(mg_store_connect(url, "job", 0.5, &s));
+    CHECK_OK(mg_store_set(s, "k", "v1", 2));
+    char *log = mgt_slurp(path, &len);
+    write_file(path, log, len, O_APPEND);
+    free(log);
+    CHECK_ERR(mg_store_get(s, "k", &v, &len), MG_EAUTH);
+    mg_store *other;
+    CHECK_ERR(mg_store_connect(url, "another-job", 0.5, &other), MG_EAUTH);
+    mg_store_destroy(s);
+    CHECK(unlink(path) == 0);
+
+    /* A directory others may change (not sticky) is refused; a sticky one,
+     * such as /tmp, is fine. */
+    CHECK(chmod(dir, 0777) == 0);
+    CHECK_ERR(mg_store_connect(url, "job", 0.5, &s), MG_EAUTH);
+    CHECK_MSG(strstr(mg_last_error(), "another user"), "message: %s", mg_last_error());
+    CHECK(chmod(dir, 01777) == 0);
+    CHECK_OK(mg_store_connect(url, "job", 0.5, &s));
+    mg_store_destroy(s);
+    /* A file someone else planted (or may write) is refused. */
+    write_file(path, "", 0, O_TRUNC);
+    CHECK(chmod(path, 0622) == 0);
+    CHECK_ERR(mg_store_connect(url, "job", 0.5, &s), MG_EAUTH);
+    CHECK(chmod(path, 0600) == 0);
+    if (geteuid() == 0) {
+        CHECK(chown(path, NOBODY, NOBODY) == 0);
+        CHECK_ERR(mg_store_connect(url, "job", 0.5, &s), MG_EAUTH);
+    }
 }

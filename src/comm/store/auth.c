@@ -4,9 +4,12 @@
 #include "comm/store/auth.h"
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -25,6 +28,36 @@ const char *mg__secret(const char *s)
     return s ? s : "";
 }
 
+void mg__hmac(uint8_t out[32], const char *secret, const void *msg, size_t n)
+{
+    static const uint8_t empty[1] = {0};
+    size_t kl = strlen(secret);
+    unsigned int ol = 32;
+    uint8_t *r = HMAC(EVP_sha256(), kl ? (const void *)secret : (const void *)empty, (int)kl,
+                      msg, n, out, &ol);
+    MG_ASSERT(r && ol == 32);
+}
+
+/* Without a secret the MACs prove nothing, so the peer must be a process
+ * of this user (or root, who could read any secret anyway). The kernel
+ * tells who owns the other end of a loopback connection (sock.h). */
+static mg_status same_user(int fd, const char *what)
+{
+    unsigned uid;
+    if (mg__sock_peer_uid(fd, &uid)) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", mg_last_error());
+        return mg_error(MG_EUNSUPPORTED, "%s: without MG_JOB_SECRET only processes of this "
+                        "user may take part, and this cannot be checked here (%s): set the "
+                        "same MG_JOB_SECRET on every rank", what, why);
+    }
+    if (uid != geteuid() && uid != 0)
+        return mg_error(MG_EAUTH, "%s belongs to another user (uid %u, we are uid %u): without "
+                        "MG_JOB_SECRET only processes of the same user may take part; set the "
+                        "same MG_JOB_SECRET on every rank", what, uid, (unsigned)geteuid());
+    return MG_OK;
+}
+
 static void mac(uint8_t out[32], const char *secret, const char *role, const char *ctx,
                 const uint8_t *n1, const uint8_t *n2)
 {
@@ -39,12 +72,7 @@ static void mac(uint8_t out[32], const char *secret, const char *role, const cha
     m += MG__AUTH_NONCE;
     memcpy(msg + m, n2, MG__AUTH_NONCE);
     m += MG__AUTH_NONCE;
-    static const uint8_t empty[1] = {0};
-    size_t kl = strlen(secret);
-    unsigned int ol = 32;
-    uint8_t *r = HMAC(EVP_sha256(), kl ? (const void *)secret : (const void *)empty, (int)kl,
-                      msg, m, out, &ol);
-    MG_ASSERT(r && ol == 32);
+    mg__hmac(out, secret, msg, m);
 }
 
 static mg_status nonce(uint8_t *n)
@@ -79,14 +107,14 @@ mg_status mg__auth_client(int fd, const char *secret, const char *ctx, double de
     if (!s) s = mg__sock_read_all(fd, fin + 4, sizeof fin - 4, deadline, what);
     if (s == MG_EPEER)
         return mg_error(MG_EAUTH, "%s refused our credentials: every rank must have the same "
-                        "MG_JOB_SECRET (and without one, only loopback connections are "
-                        "allowed)", what);
+                        "MG_JOB_SECRET (without one, only processes of the same user on this "
+                        "host are accepted)", what);
     if (s) return s;
     mac(want, secret, "mg-server", ctx, reply + 4, hello + 8);
     if (memcmp(fin, MAGIC, 4) || CRYPTO_memcmp(fin + 4, want, 32))
         return mg_error(MG_EAUTH, "%s could not prove it knows the job secret: it is not "
                         "part of this job (check MG_JOB_SECRET and the address)", what);
-    return MG_OK;
+    return *secret ? MG_OK : same_user(fd, what);
 }
 
 mg_status mg__auth_srv_begin(mg__auth_srv *a, int fd)
@@ -125,6 +153,17 @@ int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *c
     mac(want, secret, "mg-client", ctx, a->snonce, a->buf + 4);
     if (memcmp(a->buf, MAGIC, 4) || CRYPTO_memcmp(a->buf + 4 + MG__AUTH_NONCE, want, 32))
         return a->state = -1;
+    mg_status who = *secret ? MG_OK : same_user(fd, "a client");
+    if (who) {
+        /* Strangers are refused quietly; a check that cannot be made at
+         * all refuses everyone, which the user must hear about once. */
+        static atomic_flag told = ATOMIC_FLAG_INIT;
+        if (who == MG_EUNSUPPORTED && !atomic_flag_test_and_set(&told))
+            mg_log("%s: refusing connections: %s", ctx, mg_last_error());
+        else
+            mg_debug("%s: refused: %s", ctx, mg_last_error());
+        return a->state = -1;
+    }
     uint8_t fin[MG__AUTH_FINAL];
     memcpy(fin, MAGIC, 4);
     mac(fin + 4, secret, "mg-server", ctx, a->buf + 4, a->snonce);

@@ -11,10 +11,12 @@
  * secret passes. A wrong answer closes the connection; the server says
  * nothing more, except "MGAB" (busy) to a connection it evicts before the
  * answer came, which the client takes as "try again". ctx ("store",
- * "data") keeps a MAC for one service from being accepted by another. No
- * secret means the empty key: then the exchange only guards against
- * strangers that speak no protocol, and callers accept loopback peers
- * only. */
+ * "data") keeps a MAC for one service from being accepted by another.
+ *
+ * No secret means the empty key, which anyone can use: then callers accept
+ * loopback peers only, and both ends also require the other to belong to
+ * the same user (or root), as the kernel reports the owner of the peer's
+ * socket (mg__sock_peer_uid). */
 #ifndef MG_COMM_AUTH_H
 #define MG_COMM_AUTH_H
 
@@ -48,6 +50,9 @@ int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *c
 void mg__auth_srv_busy(int fd);
 /* Blocking server side. */
 mg_status mg__auth_server(int fd, const char *secret, const char *ctx, double deadline);
+
+/* HMAC-SHA256 of msg keyed with the secret (empty allowed). */
+void mg__hmac(uint8_t out[32], const char *secret, const void *msg, size_t n);
 
 /* The job secret: explicit if non-NULL, else MG_JOB_SECRET, else "". */
 const char *mg__secret(const char *explicit_secret);

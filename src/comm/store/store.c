@@ -52,7 +52,7 @@ mg_status mg_store_connect(const char *url, const char *secret, double timeout, 
         st = mg__parse_tcp_url(url, host, sizeof host, &port);
         if (!st) st = mg__tcp_store_open(host, port, secret, timeout, s);
     } else if (!strncmp(url, "file://", 7)) {
-        st = mg__file_store_open(url + 7, timeout, s);
+        st = mg__file_store_open(url + 7, secret, timeout, s);
     } else {
         st = mg_error(MG_EINVAL, "store address '%s' is neither tcp://host:port nor "
                       "file:///path", url);

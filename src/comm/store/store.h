@@ -87,7 +87,8 @@ struct mg_store {
 
 mg_status mg__tcp_store_open(const char *host, int port, const char *secret, double timeout,
                              mg_store *s);
-mg_status mg__file_store_open(const char *path, double timeout, mg_store *s);
+mg_status mg__file_store_open(const char *path, const char *secret, double timeout,
+                              mg_store *s);
 
 mg_store *mg__store_ref(mg_store *s);
 /* Wait until one of keys exists; *index = which. */

@@ -476,7 +476,7 @@ mg_status mg_store_server_start(const char *host, int port, const char *secret,
         return mg_error(MG_EIO, "store server: cannot start its thread");
     }
     mg_debug("store: serving on %s:%d%s", host && *host ? host : "*", s->port,
-             s->loopback_only ? " (no secret: loopback clients only)" : "");
+             s->loopback_only ? " (no secret: clients of this user on this host only)" : "");
     *out = s;
     return MG_OK;
 }

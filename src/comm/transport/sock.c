@@ -15,6 +15,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include "multigrad/core.h"
 
 int mg__poll_ms(double deadline, int cap_ms)
@@ -243,6 +246,81 @@ bool mg__sock_peer_is_loopback(int fd)
     socklen_t sl = sizeof ss;
     if (getpeername(fd, (struct sockaddr *)&ss, &sl) < 0) return false;
     return sa_is_loopback((struct sockaddr *)&ss);
+}
+
+/* An address and port in inet_diag's form (IPv4-mapped as IPv4); the
+ * family, or 0. */
+static int diag_addr(const struct sockaddr_storage *ss, __be16 *port, __be32 addr[4])
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        *port = a->sin_port;
+        memcpy(addr, &a->sin_addr, 4);
+        return AF_INET;
+    }
+    if (ss->ss_family != AF_INET6) return 0;
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    *port = a->sin6_port;
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+        memcpy(addr, a->sin6_addr.s6_addr + 12, 4);
+        return AF_INET;
+    }
+    memcpy(addr, &a->sin6_addr, 16);
+    return AF_INET6;
+}
+
+/* One exact-match query to NETLINK_SOCK_DIAG (what ss uses), asking for
+ * the socket whose local end is the peer's and remote end is ours. Only
+ * an established socket counts: a closed peer's leftover (time-wait)
+ * socket reports uid 0. SO_PEERCRED would be simpler, but works on Unix
+ * sockets only. */
+mg_status mg__sock_peer_uid(int fd, unsigned *uid)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 r;
+    } q = {.nh = {.nlmsg_len = sizeof q, .nlmsg_type = SOCK_DIAG_BY_FAMILY,
+                  .nlmsg_flags = NLM_F_REQUEST},
+           .r = {.sdiag_protocol = IPPROTO_TCP, .idiag_states = ~0u,
+                 .id = {.idiag_cookie = {INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE}}}};
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) < 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) < 0)
+        return mg_error(MG_EIO, "cannot tell who owns a connection: %s", strerror(errno));
+    q.r.sdiag_family = (uint8_t)diag_addr(&peer, &q.r.id.idiag_sport, q.r.id.idiag_src);
+    if (!q.r.sdiag_family ||
+        diag_addr(&me, &q.r.id.idiag_dport, q.r.id.idiag_dst) != q.r.sdiag_family)
+        return mg_error(MG_EIO, "cannot tell who owns a connection: not an IP connection");
+    int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0)
+        return mg_error(MG_EIO, "cannot tell who owns a connection: netlink sock_diag: %s",
+                        strerror(errno));
+    struct timeval tv = {1, 0};
+    (void)setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    long buf[2048];
+    ssize_t n = send(nl, &q, sizeof q, 0);
+    if (n == (ssize_t)sizeof q) {
+        do n = recv(nl, buf, sizeof buf, 0);
+        while (n < 0 && errno == EINTR);
+    }
+    int e = errno;
+    close(nl);
+    const struct nlmsghdr *h = (const struct nlmsghdr *)buf;
+    if (n < 0 || !NLMSG_OK(h, (size_t)n))
+        return mg_error(MG_EIO, "cannot tell who owns a connection: netlink sock_diag: %s",
+                        n < 0 ? strerror(e) : "short answer");
+    if (h->nlmsg_type == NLMSG_ERROR) {
+        const struct nlmsgerr *err = NLMSG_DATA(h);
+        return mg_error(MG_EIO, "cannot tell who owns a connection: netlink sock_diag: %s",
+                        strerror(-err->error));
+    }
+    const struct inet_diag_msg *m = NLMSG_DATA(h);
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof *m) ||
+        m->idiag_state != 1 /* TCP_ESTABLISHED */)
+        return mg_error(MG_EIO, "cannot tell who owns a connection: its other end is gone");
+    *uid = m->idiag_uid;
+    return MG_OK;
 }
 
 bool mg__host_is_loopback(const char *host)

@@ -29,6 +29,10 @@ mg_status mg__sock_wait(int fd, short events, double deadline, const char *what)
 void mg__sock_nodelay(int fd);
 /* The peer of a connected socket is a loopback address. */
 bool mg__sock_peer_is_loopback(int fd);
+/* The user id owning the other end of a connection on this host (a
+ * loopback one), as the kernel's socket diagnostics report it; MG_EIO if
+ * it cannot be told (then treat the peer as a stranger). */
+mg_status mg__sock_peer_uid(int fd, unsigned *uid);
 /* host resolves only to loopback addresses (127/8, ::1, "localhost"). */
 bool mg__host_is_loopback(const char *host);
 /* Numeric address of this end of a connected socket ("10.0.0.3"). */
