@@ -45,7 +45,10 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
     int batch = batch_override > 0 ? batch_override : d.batch;
     mg_optim_config cfg = mg_optim_defaults(MG_OPTIM_SGD, d.lr);
     cfg.momentum = d.momentum;
-    if (mg_optim_create(&cfg, mg_model_arena_size(m), &o) || mg_model_reserve(m, batch)) {
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    if (mg_dataset_check_input(ds, name, c, h, w, mg_model_classes(m)) ||
+        mg_optim_create(&cfg, mg_model_arena_size(m), &o) || mg_model_reserve(m, batch)) {
         fprintf(stderr, "train: %s\n", mg_last_error());
         mg_model_destroy(m);
         return 1;
@@ -67,9 +70,9 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
         steps = 0;
         for (int i = 0; i < n; i += batch) {
             int b = n - i < batch ? n - i : batch;
-            mg_dataset_gather(ds, perm + i, b, sc, x, y);
             mg_model_zero_grad(m);
-            if (!mg_model_forward(m, x, b)) {
+            if (mg_dataset_gather(ds, perm + i, b, sc, x, (size_t)batch * ds->h * ds->w, y) ||
+                !mg_model_forward(m, x, b)) {
                 fprintf(stderr, "train: %s\n", mg_last_error());
                 rc = 1;
                 goto out;

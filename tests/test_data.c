@@ -9,6 +9,7 @@
 #include "harness.h"
 #include "multigrad/checkpoint.h"
 #include "multigrad/data.h"
+#include "idx_files.h"
 
 static const char *tmpfile_(const char *name)
 {
@@ -19,43 +20,14 @@ static const char *tmpfile_(const char *name)
     return p;
 }
 
-static void write_bytes(const char *path, const void *data, size_t n, bool gz)
-{
-    if (gz) {
-        gzFile f = gzopen(path, "wb");
-        CHECK(f != NULL);
-        CHECK(n == 0 || gzwrite(f, data, (unsigned)n) == (int)n);
-        CHECK(gzclose(f) == Z_OK);
-    } else {
-        FILE *f = fopen(path, "wb");
-        CHECK(f != NULL);
-        CHECK(fwrite(data, 1, n, f) == n);
-        CHECK(fclose(f) == 0);
-    }
-}
-
-/* An IDX file: magic, dims, then `extra` more or fewer data bytes than
- * the header announces (negative: truncated). Data byte i is i*7+3. */
-static size_t make_idx(uint8_t *buf, uint32_t magic, int ndim, const uint32_t *dims,
-                       long extra)
-{
-    size_t n = 0, size = 1;
-    uint32_t words[5] = {magic};
-    for (int d = 0; d < ndim; d++) { words[d + 1] = dims[d]; size *= dims[d]; }
-    for (int w = 0; w <= ndim; w++)
-        for (int b = 3; b >= 0; b--) buf[n++] = (uint8_t)(words[w] >> (8 * b));
-    for (size_t i = 0; i < (size_t)((long)size + extra); i++) buf[n++] = (uint8_t)(i * 7 + 3);
-    return n;
-}
-
 TEST(data_idx_good_plain_and_gzip)
 {
     static uint8_t buf[4096];
     const uint32_t dims[3] = {5, 3, 2};
-    size_t n = make_idx(buf, 0x803, 3, dims, 0);
+    size_t n = mgt_make_idx(buf, 0x803, 3, dims, 0);
     for (int gz = 0; gz < 2; gz++) {
         const char *p = tmpfile_(gz ? "a.idx.gz" : "a.idx");
-        write_bytes(p, buf, n, gz);
+        mgt_write_bytes(p, buf, n, gz);
         mg_idx x;
         CHECK_OK(mg_idx_load(p, &x));
         CHECK_EQ(x.ndim, 3);
@@ -67,14 +39,14 @@ TEST(data_idx_good_plain_and_gzip)
     }
     /* Labels (1 dimension) and the 4-dimension maximum. */
     const uint32_t d1[1] = {7}, d4[4] = {2, 1, 3, 2};
-    n = make_idx(buf, 0x801, 1, d1, 0);
-    write_bytes(tmpfile_("l.idx"), buf, n, false);
+    n = mgt_make_idx(buf, 0x801, 1, d1, 0);
+    mgt_write_bytes(tmpfile_("l.idx"), buf, n, false);
     mg_idx x;
     CHECK_OK(mg_idx_load(tmpfile_("l.idx"), &x));
     CHECK(x.ndim == 1 && x.size == 7 && x.data[6] == 45);
     mg_idx_free(&x);
-    n = make_idx(buf, 0x804, 4, d4, 0);
-    write_bytes(tmpfile_("4.idx.gz"), buf, n, true);
+    n = mgt_make_idx(buf, 0x804, 4, d4, 0);
+    mgt_write_bytes(tmpfile_("4.idx.gz"), buf, n, true);
     CHECK_OK(mg_idx_load(tmpfile_("4.idx.gz"), &x));
     CHECK(x.ndim == 4 && x.size == 12 && x.dims[3] == 2);
     mg_idx_free(&x);
@@ -84,7 +56,7 @@ static void expect_bad(const char *name, const void *data, size_t n, bool gz, mg
                        const char *needle)
 {
     const char *p = tmpfile_(name);
-    write_bytes(p, data, n, gz);
+    mgt_write_bytes(p, data, n, gz);
     mg_idx x = {.ndim = 9};
     mg_status st = mg_idx_load(p, &x);
     printf("%s: %s\n", name, mg_last_error());
@@ -102,19 +74,19 @@ TEST(data_idx_truncated_and_trailing)
     static uint8_t buf[4096];
     const uint32_t dims[3] = {5, 3, 2};
     for (int gz = 0; gz < 2; gz++) {
-        size_t n = make_idx(buf, 0x803, 3, dims, -1);
+        size_t n = mgt_make_idx(buf, 0x803, 3, dims, -1);
         expect_bad(gz ? "t1.gz" : "t1", buf, n, gz, MG_EFORMAT, "truncated");
-        n = make_idx(buf, 0x803, 3, dims, 0);
+        n = mgt_make_idx(buf, 0x803, 3, dims, 0);
         expect_bad(gz ? "t2.gz" : "t2", buf, 10, gz, MG_EFORMAT, "truncated");  /* in the header */
         expect_bad(gz ? "t3.gz" : "t3", buf, 2, gz, MG_EFORMAT, NULL);
         expect_bad(gz ? "t4.gz" : "t4", buf, 0, gz, MG_EFORMAT, NULL);
-        n = make_idx(buf, 0x803, 3, dims, 1);
+        n = mgt_make_idx(buf, 0x803, 3, dims, 1);
         expect_bad(gz ? "t5.gz" : "t5", buf, n, gz, MG_EFORMAT, "trailing");
     }
     /* A gzip stream cut short (its trailer and part of the data gone). */
-    size_t n = make_idx(buf, 0x803, 3, (const uint32_t[]){40, 10, 10}, 0);
+    size_t n = mgt_make_idx(buf, 0x803, 3, (const uint32_t[]){40, 10, 10}, 0);
     const char *p = tmpfile_("full.gz");
-    write_bytes(p, buf, n, true);
+    mgt_write_bytes(p, buf, n, true);
     static uint8_t gzbuf[8192];
     FILE *f = fopen(p, "rb");
     size_t gn = fread(gzbuf, 1, sizeof gzbuf, f);
@@ -130,15 +102,15 @@ TEST(data_idx_wrong_magic_and_garbage)
 {
     static uint8_t buf[4096];
     const uint32_t dims[3] = {5, 3, 2};
-    size_t n = make_idx(buf, 0x903, 3, dims, 0);             /* signed bytes */
+    size_t n = mgt_make_idx(buf, 0x903, 3, dims, 0);             /* signed bytes */
     expect_bad("m1", buf, n, false, MG_EFORMAT, "0x09");
-    n = make_idx(buf, 0x0d03, 3, dims, 0);                   /* float32 */
+    n = mgt_make_idx(buf, 0x0d03, 3, dims, 0);                   /* float32 */
     expect_bad("m2", buf, n, true, MG_EFORMAT, "0x00000d03");
-    n = make_idx(buf, 0x01000803, 3, dims, 0);
+    n = mgt_make_idx(buf, 0x01000803, 3, dims, 0);
     expect_bad("m3", buf, n, false, MG_EFORMAT, "magic");
-    n = make_idx(buf, 0x800, 0, dims, 0);                    /* 0 dimensions */
+    n = mgt_make_idx(buf, 0x800, 0, dims, 0);                    /* 0 dimensions */
     expect_bad("m4", buf, n, false, MG_EFORMAT, "magic");
-    n = make_idx(buf, 0x805, 3, dims, 0);                    /* 5 dimensions */
+    n = mgt_make_idx(buf, 0x805, 3, dims, 0);                    /* 5 dimensions */
     expect_bad("m5", buf, n, false, MG_EFORMAT, "magic");
     const char text[] = "this is not an IDX file, just some text\n";
     expect_bad("g1", text, sizeof text - 1, false, MG_EFORMAT, NULL);
@@ -158,37 +130,20 @@ TEST(data_idx_oversized_dimensions)
      * allocation (the file itself is small). */
     const uint32_t d1[2] = {65536, 65536}, d2[3] = {1024, 1024, 1025},
                    d3[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 2};
-    size_t n = make_idx(buf, 0x802, 2, d1, -(long)(65536ull * 65536));
+    size_t n = mgt_make_idx(buf, 0x802, 2, d1, -(long)(65536ull * 65536));
     expect_bad("o1", buf, n, false, MG_EFORMAT, "larger than");
-    n = make_idx(buf, 0x803, 3, d2, -(long)(1024 * 1024 * 1025));
+    n = mgt_make_idx(buf, 0x803, 3, d2, -(long)(1024 * 1024 * 1025));
     expect_bad("o2", buf, n, true, MG_EFORMAT, "larger than");
     size_t hdr = 4 + 16;
-    n = make_idx(buf, 0x804, 4, (const uint32_t[]){1, 1, 1, 1}, -1);
+    n = mgt_make_idx(buf, 0x804, 4, (const uint32_t[]){1, 1, 1, 1}, -1);
     for (int d = 0; d < 4; d++)
         for (int b = 0; b < 4; b++) buf[4 + 4 * d + b] = (uint8_t)(d3[d] >> (8 * (3 - b)));
     CHECK_EQ(n, hdr);
     expect_bad("o3", buf, n, false, MG_EFORMAT, "larger than");
     /* Exactly 1 GiB is allowed by the bound; this one is only truncated. */
     const uint32_t d4[3] = {1024, 1024, 1024};
-    n = make_idx(buf, 0x803, 3, d4, -(long)(1024 * 1024 * 1024));
+    n = mgt_make_idx(buf, 0x803, 3, d4, -(long)(1024 * 1024 * 1024));
     expect_bad("o4", buf, n, false, MG_EFORMAT, "truncated");
-}
-
-/* A small data set directory: n images of h x w, labels i % 10 (or bad). */
-static void make_dataset(const char *dir, const char *split, int n, int h, int w,
-                         int nlabels, int bad_label_at)
-{
-    static uint8_t buf[1 << 16];
-    char path[600];
-    size_t len = make_idx(buf, 0x803, 3, (const uint32_t[]){(uint32_t)n, (uint32_t)h,
-                          (uint32_t)w}, 0);
-    for (int i = 0; i < n * h * w; i++) buf[16 + i] = (uint8_t)((i * 37 + i / (h * w)) & 0xff);
-    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, split);
-    write_bytes(path, buf, len, true);
-    len = make_idx(buf, 0x801, 1, (const uint32_t[]){(uint32_t)nlabels}, 0);
-    for (int i = 0; i < nlabels; i++) buf[8 + i] = (uint8_t)(i == bad_label_at ? 10 : i % 10);
-    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, split);   /* plain */
-    write_bytes(path, buf, len, false);
 }
 
 TEST(data_dataset_errors_name_file_and_fix)
@@ -202,17 +157,17 @@ TEST(data_dataset_errors_name_file_and_fix)
     CHECK(strstr(mg_last_error(), "train-images-idx3-ubyte") &&
           strstr(mg_last_error(), "dataset-fashion-mnist"));
 
-    make_dataset(dir, "train", 12, 4, 3, 12, -1);
+    mgt_make_dataset(dir, "train", 12, 4, 3, 12, -1);
     CHECK_OK(mg_dataset_load(dir, true, &ds));
     CHECK(ds->n == 12 && ds->h == 4 && ds->w == 3 && ds->labels[11] == 1);
     mg_dataset_destroy(ds);
     CHECK_ERR(mg_dataset_load(dir, false, &ds), MG_EIO);      /* no t10k files */
     CHECK(strstr(mg_last_error(), "t10k-images-idx3-ubyte"));
 
-    make_dataset(dir, "t10k", 12, 4, 3, 11, -1);              /* counts disagree */
+    mgt_make_dataset(dir, "t10k", 12, 4, 3, 11, -1);              /* counts disagree */
     CHECK_ERR(mg_dataset_load(dir, false, &ds), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "t10k-labels-idx1-ubyte") && strstr(mg_last_error(), "12"));
-    make_dataset(dir, "t10k", 12, 4, 3, 12, 5);               /* label 10 */
+    mgt_make_dataset(dir, "t10k", 12, 4, 3, 12, 5);               /* label 10 */
     CHECK_ERR(mg_dataset_load(dir, false, &ds), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "label 10"));
     mg_dataset_destroy(NULL);
@@ -244,7 +199,7 @@ TEST_T(data_fashion_mnist_sizes_labels_and_scaling, 60)
     memcpy(idx, ind->data, sizeof idx);
     memcpy(xref, bx->data, sizeof xref);
     memcpy(yref, by->data, sizeof yref);
-    mg_dataset_gather(tr, idx, 128, MG_SCALE_NORMAL, x, y);
+    CHECK_OK(mg_dataset_gather(tr, idx, 128, MG_SCALE_NORMAL, x, 128 * 784, y));
     CHECK(memcmp(y, yref, sizeof y) == 0);
     int diff = 0;
     for (int i = 0; i < 128 * 784; i++) diff += memcmp(&x[i], &xref[i], 4) != 0;
@@ -252,7 +207,7 @@ TEST_T(data_fashion_mnist_sizes_labels_and_scaling, 60)
     mg_st_close(ref);
 
     /* Unit scaling: u8 / 255 exactly. */
-    mg_dataset_gather(te, (const int32_t[]){0, 9999}, 2, MG_SCALE_UNIT, x, NULL);
+    CHECK_OK(mg_dataset_gather(te, (const int32_t[]){0, 9999}, 2, MG_SCALE_UNIT, x, 2 * 784, NULL));
     for (int i = 0; i < 784; i++) {
         CHECK(x[i] == (float)te->images[i] / 255.0f);
         CHECK(x[784 + i] == (float)te->images[9999 * 784 + i] / 255.0f);
@@ -276,7 +231,7 @@ static void check_epoch(mg_loader *l, const mg_dataset *ds, const int32_t *order
         int cnt = mg_loader_next(l, &x, &y);
         int exp = n - k * batch < batch ? n - k * batch : batch;
         CHECK_MSG(cnt == exp, "batch %d: %d images, expected %d", k, cnt, exp);
-        mg_dataset_gather(ds, order + k * batch, cnt, sc, want, wy);
+        CHECK_OK(mg_dataset_gather(ds, order + k * batch, cnt, sc, want, 64 * 12, wy));
         CHECK(memcmp(x, want, (size_t)cnt * 12 * sizeof(float)) == 0);
         CHECK(memcmp(y, wy, (size_t)cnt * sizeof(int32_t)) == 0);
     }
@@ -289,7 +244,7 @@ static void check_epoch(mg_loader *l, const mg_dataset *ds, const int32_t *order
 TEST(data_loader_yields_gathered_batches)
 {
     const char *dir = mgt_tmpdir();
-    make_dataset(dir, "train", 50, 4, 3, 50, -1);
+    mgt_make_dataset(dir, "train", 50, 4, 3, 50, -1);
     mg_dataset *ds;
     CHECK_OK(mg_dataset_load(dir, true, &ds));
     int32_t order[50];
@@ -340,7 +295,7 @@ TEST_T(data_loader_fashion_epoch, 60)
     const int32_t *y;
     int k = 0, cnt, total = 0;
     while ((cnt = mg_loader_next(l, &x, &y)) > 0) {
-        mg_dataset_gather(ds, order + k * 128, cnt, MG_SCALE_NORMAL, want, wy);
+        CHECK_OK(mg_dataset_gather(ds, order + k * 128, cnt, MG_SCALE_NORMAL, want, 128 * 784, wy));
         CHECK(memcmp(x, want, (size_t)cnt * 784 * sizeof(float)) == 0);
         CHECK(memcmp(y, wy, (size_t)cnt * sizeof(int32_t)) == 0);
         total += cnt;

@@ -67,7 +67,8 @@ static int ddp_rank(int rank, int world, void *arg)
     for (int step = 0; step < c->steps; step++) {
         mg_model_zero_grad(m);
         for (int j = 0; j < c->accumulate; j++, micro++) {
-            mg_dataset_gather(train, order + (size_t)micro * local, local, sc, x, y);
+            CHECK_OK(mg_dataset_gather(train, order + (size_t)micro * local, local, sc, x,
+                                       784 * (size_t)local, y));
             mg_ddp_set_sync(ddp, j == c->accumulate - 1);
             mg_model_forward(m, x, local);
             mg_model_loss(m, y, NULL);
@@ -125,7 +126,7 @@ static float *reference(const ddp_case *c, int world, size_t *n)
                     long mi = (long)(step * c->accumulate + j) * local + i;
                     idx[k] = world ? perm[r + world * mi] : perm[(long)step * big + k];
                 }
-        mg_dataset_gather(train, idx, big, sc, x, y);
+        CHECK_OK(mg_dataset_gather(train, idx, big, sc, x, 784 * (size_t)big, y));
         mg_model_zero_grad(m);
         for (int j = 0; j < pieces; j++) {
             CHECK(mg_model_forward(m, x + (size_t)j * local * 784, local));

@@ -45,7 +45,7 @@ static void dp_equals_single(const char *model, int workers, int batch, int micr
     for (int step = 0; step < steps; step++) {
         int bs = micros == 1 && step == steps - 1 ? batch - 3 : batch, all = bs * micros;
         for (int k = 0; k < all; k++) idx[k] = (step * global + k * 7) % train->n;
-        mg_dataset_gather(train, idx, all, sc, x, y);
+        CHECK_OK(mg_dataset_gather(train, idx, all, sc, x, 784 * (size_t)global, y));
         mg_model_zero_grad(m);
         mg_model_forward(m, x, all);
         int c1, c2 = 0;

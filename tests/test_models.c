@@ -217,7 +217,7 @@ TEST_T(models_lenet5_matches_pytorch, 120)
     float *x = malloc(128 * 784 * 4);
     int32_t y[128];
     /* Step 0: the loader's batch, logits, loss and gradients. */
-    mg_dataset_gather(ds, steps, 128, MG_SCALE_NORMAL, x, y);
+    CHECK_OK(mg_dataset_gather(ds, steps, 128, MG_SCALE_NORMAL, x, 128 * 784, y));
     check_close_arr("batch0.x", x, ref_f32(f, "batch0.x", 128 * 784), 128 * 784, 1e-6, 1e-6);
     const mg_st_tensor *by = mg_st_find(f, "batch0.y");
     CHECK(by && by->dtype == MG_ST_I32);
@@ -246,7 +246,7 @@ TEST_T(models_lenet5_matches_pytorch, 120)
     CHECK_OK(mg_optim_create(&cfg, mg_model_arena_size(m), &o));
     mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 0.05f);
     for (int s = 1; s < 20; s++) {
-        mg_dataset_gather(ds, steps + s * 128, 128, MG_SCALE_NORMAL, x, y);
+        CHECK_OK(mg_dataset_gather(ds, steps + s * 128, 128, MG_SCALE_NORMAL, x, 128 * 784, y));
         mg_model_zero_grad(m);
         mg_model_forward(m, x, 128);
         loss = mg_model_loss(m, y, NULL);
@@ -294,7 +294,7 @@ TEST_T(models_short_training_learns, 120)
     float *x = malloc(128 * 784 * 4);
     mg_permutation(0, perm, train->n);
     for (int s = 0; s < 300; s++) {
-        mg_dataset_gather(train, perm + s * 128, 128, MG_SCALE_NORMAL, x, y);
+        CHECK_OK(mg_dataset_gather(train, perm + s * 128, 128, MG_SCALE_NORMAL, x, 128 * 784, y));
         mg_model_zero_grad(m);
         mg_model_forward(m, x, 128);
         mg_model_loss(m, y, NULL);
@@ -307,7 +307,7 @@ TEST_T(models_short_training_learns, 120)
     for (int i = 0; i < test->n; i += 128) {
         int n = test->n - i < 128 ? test->n - i : 128;
         for (int k = 0; k < n; k++) idx[k] = i + k;
-        mg_dataset_gather(test, idx, n, MG_SCALE_NORMAL, x, y);
+        CHECK_OK(mg_dataset_gather(test, idx, n, MG_SCALE_NORMAL, x, 128 * 784, y));
         int c;
         mg_model_forward(m, x, n);
         mg_model_loss(m, y, &c);

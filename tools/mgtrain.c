@@ -733,21 +733,40 @@ static void print_ddp_stats(const trainer *t)
 
 /* ---- image models: epochs over Fashion-MNIST ------------------------------ */
 
+/* The data sets' images and labels fit the model (images of another size
+ * would overrun its batches). */
+static void check_data_fits(trainer *t, const mg_dataset *train, const mg_dataset *test)
+{
+    int c, h, w, failed = 0;
+    char msg[1200] = "";
+    mg_model_input_shape(t->m, &c, &h, &w);
+    const mg_dataset *sets[2] = {train, test};
+    for (int i = 0; i < 2 && !failed; i++)
+        if (sets[i] && mg_dataset_check_input(sets[i], mg_model_name(t->m), c, h, w,
+                                              mg_model_classes(t->m))) {
+            snprintf(msg, sizeof msg, "%s", mg_last_error());
+            failed = 1;
+        }
+    agree_or_die(t, failed, msg);
+}
+
 /* Test loss and accuracy; in DDP each rank takes a contiguous shard of the
  * test set and the sums are all-reduced, so the figures are exact. */
 static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
                      int batch, mg_scaling sc, double *loss, double *acc)
 {
     mg_model *m = t->m;
-    int begin = 0, end = test->n;
+    int begin = 0, end = test->n, c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
     if (t->mode == MODE_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
     mg_model_set_training(m, false);
     double v[3] = {0, 0, 0};  /* loss sum, correct, images */
     for (int i = begin; i < end; i += batch) {
         int bs = end - i < batch ? end - i : batch;
         for (int k = 0; k < bs; k++) idx[k] = i + k;
-        mg_dataset_gather(test, idx, bs, sc, x, y);
-        if (!mg_model_forward(m, x, bs)) die_in_step(t);
+        if (mg_dataset_gather(test, idx, bs, sc, x, (size_t)batch * c * h * w, y) ||
+            !mg_model_forward(m, x, bs))
+            die_in_step(t);
         int c;
         v[0] += (double)mg_model_loss(m, y, &c) * bs;
         v[1] += c;
@@ -776,6 +795,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     zoo_spec spec = {o->model, o->seed};
     mg_ckpt_meta meta;
     setup_training(o, t, make_zoo, &spec, 0, kind, def->beta2, comp, local, &meta);
+    check_data_fits(t, train, test);
     mg_model *m = t->m;
     int start_epoch = (int)meta.epoch;
     long step = meta.step;

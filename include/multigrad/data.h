@@ -37,6 +37,7 @@ typedef struct mg_dataset {
     int h, w;          /* 28 x 28 */
     uint8_t *images;   /* n * h * w */
     uint8_t *labels;   /* n */
+    char *path;        /* the images file (for messages) */
 } mg_dataset;
 /* Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from dir (the
  * .gz file is preferred when both exist) and checks that images and labels
@@ -45,11 +46,18 @@ typedef struct mg_dataset {
  * set or pass --data DIR. */
 mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out);
 void mg_dataset_destroy(mg_dataset *ds);
-/* Gather images idx[0..n) into x (float, scaled; n*h*w floats) and labels
- * into y (may be NULL). The scaling is computed in float exactly as
- * PyTorch's x/255 and (x/255 - 0.2860)/0.3530, so batches match bit for bit. */
-void mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
-                       mg_scaling scaling, float *x, int32_t *y);
+/* Whether a model whose input is c x h x w floats per image (an MLP:
+ * 1 x 1 x h*w) and which tells `classes` classes apart can take the data
+ * set's images and labels; MG_EMISMATCH names both sides otherwise. */
+mg_status mg_dataset_check_input(const mg_dataset *ds, const char *model, int c, int h, int w,
+                                 int classes);
+/* Gather images idx[0..n) into x (float, scaled; x_len floats, at least
+ * n*h*w) and labels into y (may be NULL). The scaling is computed in float
+ * exactly as PyTorch's x/255 and (x/255 - 0.2860)/0.3530, so batches match
+ * bit for bit. A short x or an index out of range is MG_EINVAL, nothing
+ * written. */
+mg_status mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
+                            mg_scaling scaling, float *x, size_t x_len, int32_t *y);
 
 /* Background loader: batches of an index order, assembled one ahead on
  * its own thread (double buffering). One consumer thread. */

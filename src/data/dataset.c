@@ -72,6 +72,11 @@ mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
     ds->w = (int)im.dims[2];
     ds->images = im.data;
     ds->labels = lb.data;
+    if (!(ds->path = strdup(ipath))) {
+        free(ds);
+        st = mg_error(MG_ENOMEM, "data set: out of memory");
+        goto fail;
+    }
     *out = ds;
     return MG_OK;
 fail:
@@ -85,6 +90,7 @@ void mg_dataset_destroy(mg_dataset *ds)
     if (!ds) return;
     mg_free(ds->images);
     mg_free(ds->labels);
+    free(ds->path);
     free(ds);
 }
 
@@ -96,18 +102,43 @@ static void scale_table(mg_scaling scaling, float lut[256])
     }
 }
 
-void mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
-                       mg_scaling scaling, float *x, int32_t *y)
+mg_status mg_dataset_check_input(const mg_dataset *ds, const char *model, int c, int h, int w,
+                                 int classes)
+{
+    bool image = c == 1 && h == ds->h && w == ds->w;
+    bool flat = c == 1 && h == 1 && (long)w == (long)ds->h * ds->w;
+    if (!image && !flat)
+        return mg_error(MG_EMISMATCH, "data set %s has %dx%d images but model %s takes "
+                        "%dx%dx%d inputs (%d pixel%s per image): give --data a directory of "
+                        "images of that size (Fashion-MNIST and MNIST are 28x28), or another "
+                        "--model", ds->path, ds->h, ds->w, model, c, h, w, c * h * w,
+                        c * h * w == 1 ? "" : "s");
+    for (int i = 0; i < ds->n; i++)
+        if (ds->labels[i] >= classes)
+            return mg_error(MG_EMISMATCH, "data set %s: label %u of image %d is not one of "
+                            "model %s's %d classes", ds->path, ds->labels[i], i, model, classes);
+    return MG_OK;
+}
+
+mg_status mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
+                            mg_scaling scaling, float *x, size_t x_len, int32_t *y)
 {
     MG_ASSERT(scaling == MG_SCALE_UNIT || scaling == MG_SCALE_NORMAL);
+    size_t hw = (size_t)ds->h * (size_t)ds->w;
+    if (n < 0 || (size_t)n > x_len / hw)
+        return mg_error(MG_EINVAL, "gather: %d images of %dx%d from %s do not fit in %zu "
+                        "floats", n, ds->h, ds->w, ds->path, x_len);
+    for (int i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= ds->n)
+            return mg_error(MG_EINVAL, "gather: index %d is out of the %d images of %s",
+                            idx[i], ds->n, ds->path);
     float lut[256];
     scale_table(scaling, lut);
-    size_t hw = (size_t)ds->h * (size_t)ds->w;
     for (int i = 0; i < n; i++) {
-        MG_ASSERT(idx[i] >= 0 && idx[i] < ds->n);
         const uint8_t *src = ds->images + (size_t)idx[i] * hw;
         float *dst = x + (size_t)i * hw;
         for (size_t j = 0; j < hw; j++) dst[j] = lut[src[j]];
         if (y) y[i] = ds->labels[idx[i]];
     }
+    return MG_OK;
 }

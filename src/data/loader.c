@@ -22,6 +22,7 @@ typedef struct slot {
 struct mg_loader {
     const mg_dataset *ds;
     int max_batch;
+    size_t img;              /* floats per image */
     mg_scaling scaling;
     slot slots[2];
     pthread_t thread;
@@ -52,7 +53,11 @@ static void *worker(void *arg)
         long left = (long)l->n - (long)k * l->batch;
         int count = left < l->batch ? (int)left : l->batch;
         pthread_mutex_unlock(&l->mu);
-        mg_dataset_gather(l->ds, idx, count, l->scaling, s->x, s->y);
+        /* Cannot fail: the slot holds max_batch images of the data set's
+         * size, and order's indices are the caller's contract. */
+        mg_status st = mg_dataset_gather(l->ds, idx, count, l->scaling, s->x,
+                                         (size_t)l->max_batch * l->img, s->y);
+        MG_ASSERT(st == MG_OK);
         pthread_mutex_lock(&l->mu);
         s->count = count;
         s->state = READY;
@@ -74,7 +79,7 @@ mg_status mg_loader_create(const mg_dataset *ds, int max_batch, mg_scaling scali
     l->max_batch = max_batch;
     l->scaling = scaling;
     l->held = -1;
-    size_t img = (size_t)ds->h * (size_t)ds->w;
+    size_t img = l->img = (size_t)ds->h * (size_t)ds->w;
     for (int i = 0; i < 2; i++) {
         l->slots[i].x = mg_alloc((size_t)max_batch * img * sizeof(float));
         l->slots[i].y = mg_alloc((size_t)max_batch * sizeof(int32_t));
