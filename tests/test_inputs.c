@@ -119,3 +119,100 @@ TEST(inputs_gather_refuses_a_short_buffer)
     CHECK(strstr(mg_last_error(), "label 2") && strstr(mg_last_error(), "2 classes"));
     mg_dataset_destroy(ds);
 }
+
+/* ---- 2: checkpoints whose counters are out of range ---- */
+
+/* Copy checkpoint src to dst with metadata key set to value (added when
+ * absent), the checksum recomputed: what anyone can craft. */
+static void craft(const char *src, const char *dst, const char *key, const char *value)
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(src, &f));
+    int n = mg_st_count(f), nm = 0, nkeys = mg_st_meta_count(f);
+    mg_st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    const char **meta = calloc(2 * (size_t)nkeys + 2, sizeof *meta);
+    for (int i = 0; i < n; i++) t[i] = *mg_st_get(f, i);
+    bool set = false;
+    for (int i = 0; i < nkeys; i++) {
+        const char *k, *v = mg_st_meta_at(f, i, &k);
+        if (!strcmp(k, "multigrad.crc32")) continue;
+        if (!strcmp(k, key)) { v = value; set = true; }
+        meta[2 * nm] = k;
+        meta[2 * nm + 1] = v;
+        nm++;
+    }
+    if (!set) { meta[2 * nm] = key; meta[2 * nm + 1] = value; nm++; }
+    CHECK_OK(mg_st_write(dst, t, n, meta, nm));
+    free(t);
+    free(meta);
+    mg_st_close(f);
+}
+
+TEST(inputs_checkpoint_counters_out_of_range)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_ADAM, 1e-3f);
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&c, mg_model_arena_size(m), &o));
+    mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
+    mg_ckpt_meta meta = {.step = 1, .epoch = 1};
+    const char *good = tpath("good.st"), *bad = tpath("bad.st");
+    CHECK_OK(mg_checkpoint_save(good, m, o, &meta));
+    const struct { const char *key, *value; } cases[] = {
+        {"epoch", "18446744073709551613"},          /* 2^64 - 3: -3 as a long */
+        {"step", "18446744073709551568"},           /* 2^64 - 48 */
+        {"optimizer_steps", "9223372036854775808"}, /* 2^63: negative as a long */
+        {"optimizer_steps", "9007199254740992"},    /* 2^53: not exact as a double */
+        {"step", "9007199254740993"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        craft(good, bad, cases[i].key, cases[i].value);
+        mg_ckpt_meta got;
+        mg_status st = mg_checkpoint_load(bad, m, o, &got);
+        CHECK_MSG(st == MG_EFORMAT, "%s = %s: %s (%s, step %ld epoch %ld)", cases[i].key,
+                  cases[i].value, mg_status_name(st), mg_last_error(), got.step, got.epoch);
+        CHECK_MSG(strstr(mg_last_error(), cases[i].key) && strstr(mg_last_error(), "bad.st"),
+                  "%s", mg_last_error());
+        printf("%s\n", mg_last_error());
+        CHECK_EQ(mg_optim_steps(o), 1);
+    }
+    /* The largest counters allowed still load. */
+    craft(good, bad, "optimizer_steps", "9007199254740991");
+    CHECK_OK(mg_checkpoint_load(bad, m, o, NULL));
+    CHECK_EQ(mg_optim_steps(o), 9007199254740991L);
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+}
+
+TEST_T(inputs_mgtrain_resume_crafted_counters, 120)
+{
+    const char *dir = tpath("data"), *ck = tpath("ck.st"), *bad = tpath("bad.st");
+    CHECK(mkdir(dir, 0755) == 0);
+    mgt_make_dataset(dir, "train", 64, 28, 28, 64, -1);
+    mgt_make_dataset(dir, "t10k", 32, 28, 28, 32, -1);
+    char *out, base[1024], flags[1400];
+    snprintf(base, sizeof base, "--model mlp --data %s --batch 16 --log %s", dir,
+             tpath("log.csv"));
+    int rc = mgt_sh(&out, "%s %s --epochs 1 --save %s", mgt_tool("mgtrain"), base, ck);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    /* The issue's file: epoch 2^64 - 3 and a step to match, 2^64 - 12 (-3
+     * and -12: 4 steps per epoch), which trained from epoch -2. */
+    craft(ck, bad, "epoch", "18446744073709551613");
+    craft(bad, bad, "step", "18446744073709551604");
+    snprintf(flags, sizeof flags, "%s --epochs 2 --resume %s", base, bad);
+    expect_refused(flags, "bad.st", "'step' is 18446744073709551604", NULL);
+    craft(ck, bad, "optimizer_steps", "9223372036854775808");
+    expect_refused(flags, "bad.st", "optimizer_steps", NULL);
+    /* 2^32 epochs, which an int reads as 0: the file covers them all. */
+    craft(ck, bad, "epoch", "4294967296");
+    craft(bad, bad, "step", "0");
+    rc = mgt_sh(&out, "%s %s", mgt_tool("mgtrain"), flags);
+    CHECK_MSG(rc == 0 && strstr(out, "already covers 4294967296") && !strstr(out, "epoch  1/2"),
+              "%s", out);
+    free(out);
+    /* An epoch the steps do not match. */
+    craft(ck, bad, "step", "7");
+    expect_refused(flags, "step 7", NULL, NULL);
+}

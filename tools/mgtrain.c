@@ -797,7 +797,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     setup_training(o, t, make_zoo, &spec, 0, kind, def->beta2, comp, local, &meta);
     check_data_fits(t, train, test);
     mg_model *m = t->m;
-    int start_epoch = (int)meta.epoch;
+    long start_epoch = meta.epoch;   /* compared as read: at most 2^53 - 1 */
     long step = meta.step;
 
     mg_scaling sc = def->normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT;
@@ -832,12 +832,12 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     sched.total_steps = (long)steps_per_epoch * o->epochs;
     if (start_epoch >= o->epochs) {
         if (t->rank == 0)
-            fprintf(stderr, "%s: %s already covers %d epoch(s); raise --epochs to train more\n",
+            fprintf(stderr, "%s: %s already covers %ld epoch(s); raise --epochs to train more\n",
                     prog, o->resume, start_epoch);
         goto done;
     }
-    if (step != (long)start_epoch * steps_per_epoch)
-        die("%s: step %ld is not the end of epoch %d with --batch %d --accumulate %d",
+    if (step != start_epoch * steps_per_epoch)
+        die("%s: step %ld is not the end of epoch %ld with --batch %d --accumulate %d",
             o->resume, step, start_epoch, o->batch, o->accumulate);
 
     if (o->log && o->resume && t->rank == 0) read_log(o->log, &mt, start_epoch);
@@ -852,7 +852,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
     }
     double total_time = 0;
-    for (int e = start_epoch; e < o->epochs; e++) {
+    for (int e = (int)start_epoch; e < o->epochs; e++) {
         mg_sampler_set_epoch(&sampler, e);
         const int32_t *order = mg_sampler_indices(&sampler, &n_local);
         mg_loader_start(loader, order, n_local, local, 0);

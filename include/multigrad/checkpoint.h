@@ -78,8 +78,9 @@ typedef struct mg_ckpt_meta {
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta);
 /* Load into m (and o if not NULL). Refuses a file of another model, with
- * missing or mis-shaped tensors, or damaged, with a clear error; on error
- * m and o are unchanged. meta may be NULL. */
+ * missing or mis-shaped tensors, damaged, or with a step, epoch or
+ * optimizer step count over 2^53 - 1, with a clear error; on error m and
+ * o are unchanged. meta may be NULL. */
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
                              mg_ckpt_meta *meta);
 /* Load only parameters (and buffers if present) from any safetensors file

@@ -215,7 +215,13 @@ static void copy_floats(float *dst, const mg_st_tensor *x, size_t n)
     }
 }
 
-static mg_status meta_u64(const char *path, const mg_st_file *f, const char *key, uint64_t *out)
+/* Counters (steps, epochs) are at most 2^53 - 1: they fit a long and
+ * travel exactly as doubles (DDP broadcasts them so). */
+#define MAX_COUNT ((UINT64_C(1) << 53) - 1)
+
+/* A metadata number in [0, max]. */
+static mg_status meta_u64(const char *path, const mg_st_file *f, const char *key, uint64_t max,
+                          uint64_t *out)
 {
     const char *s = mg_st_meta(f, key);
     char *end;
@@ -224,6 +230,9 @@ static mg_status meta_u64(const char *path, const mg_st_file *f, const char *key
         (*out = strtoull(s, &end, 10), errno || *end))
         return mg_error(MG_EFORMAT, "%s: metadata '%s' is %s%s%s, expected a number: the file "
                         "is damaged", path, key, s ? "'" : "missing", s ? s : "", s ? "'" : "");
+    if (*out > max)
+        return mg_error(MG_EFORMAT, "%s: metadata '%s' is %s, over the largest a checkpoint "
+                        "holds (%" PRIu64 "): the file is damaged or crafted", path, key, s, max);
     return MG_OK;
 }
 
@@ -255,11 +264,11 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
                         "--model %s or another checkpoint", path, model ? model : "(none)",
                         mg_model_name(m), model ? model : "?");
     uint64_t step, epoch, seed, rng, os;
-    MG_TRY(meta_u64(path, f, "step", &step));
-    MG_TRY(meta_u64(path, f, "epoch", &epoch));
-    MG_TRY(meta_u64(path, f, "seed", &seed));
-    MG_TRY(meta_u64(path, f, "rng_counter", &rng));
-    MG_TRY(meta_u64(path, f, "optimizer_steps", &os));
+    MG_TRY(meta_u64(path, f, "step", MAX_COUNT, &step));
+    MG_TRY(meta_u64(path, f, "epoch", MAX_COUNT, &epoch));
+    MG_TRY(meta_u64(path, f, "seed", UINT64_MAX, &seed));
+    MG_TRY(meta_u64(path, f, "rng_counter", UINT64_MAX, &rng));
+    MG_TRY(meta_u64(path, f, "optimizer_steps", MAX_COUNT, &os));
     const char *hp = mg_st_meta(f, "hparams");
     if (!hp)
         return mg_error(MG_EFORMAT, "%s: metadata 'hparams' missing: the file is damaged", path);
