@@ -216,3 +216,77 @@ TEST_T(inputs_mgtrain_resume_crafted_counters, 120)
     craft(ck, bad, "step", "7");
     expect_refused(flags, "step 7", NULL, NULL);
 }
+
+/* ---- 6: headers with very many metadata keys parse in linear time ---- */
+
+/* A safetensors file at path whose metadata holds n keys "k<i>" (two of
+ * them equal if dup), one U8 tensor; returns the header's length. */
+static size_t many_keys_file(const char *path, long n, bool dup)
+{
+    size_t cap = 64 + (size_t)n * 24, len = 0;
+    char *h = malloc(cap);
+    CHECK(h != NULL);
+    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{");
+    for (long i = 0; i < n; i++)
+        len += (size_t)snprintf(h + len, cap - len, "%s\"k%ld\":\"v\"", i ? "," : "",
+                                dup && i == n - 1 ? 0 : i);
+    len += (size_t)snprintf(h + len, cap - len,
+                            "},\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}");
+    FILE *f = fopen(path, "wb");
+    uint64_t hl = len;
+    CHECK(f && fwrite(&hl, 8, 1, f) == 1 && fwrite(h, 1, len, f) == len && fputc(7, f) == 7);
+    CHECK(fclose(f) == 0);
+    free(h);
+    return len;
+}
+
+TEST_T(inputs_safetensors_many_metadata_keys_linear, 120)
+{
+    const char *p = tpath("many.st");
+    /* 100,000 keys (1.3 MB of header; 15 s before) and 1,000,000 (14 MB;
+     * some 25 minutes before). The bounds leave room for sanitizers and a
+     * loaded machine. */
+    const long counts[] = {100000, 1000000};
+    const double bounds[] = {5, 30};
+    for (int k = 0; k < 2; k++) {
+        size_t hl = many_keys_file(p, counts[k], false);
+        double t0 = mg_now();
+        mg_st_file *f;
+        CHECK_OK(mg_st_open(p, &f));
+        double secs = mg_now() - t0;
+        printf("%ld metadata keys (%zu-byte header): %.3f s\n", counts[k], hl, secs);
+        CHECK_EQ(mg_st_meta_count(f), counts[k]);
+        CHECK(strcmp(mg_st_meta(f, "k77"), "v") == 0 && mg_st_find(f, "x")->nbytes == 1);
+        mg_st_close(f);
+        CHECK_MSG(secs < bounds[k], "%ld keys took %.1f s", counts[k], secs);
+    }
+    /* A duplicate among them is still found. */
+    many_keys_file(p, 100000, true);
+    mg_st_file *f;
+    CHECK_ERR(mg_st_open(p, &f), MG_EFORMAT);
+    CHECK(strstr(mg_last_error(), "duplicate metadata key 'k0'"));
+    /* The writer is linear too: 100,000 keys through mg_st_write. */
+    enum { N = 100000 };
+    char (*keys)[16] = malloc(N * sizeof *keys);
+    const char **kv = malloc(2 * N * sizeof *kv);
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "key%d", i);
+        kv[2 * i] = keys[i];
+        kv[2 * i + 1] = "v";
+    }
+    uint8_t one = 1;
+    mg_st_tensor t = {"x", MG_ST_U8, 1, {1}, &one, 1};
+    double t0 = mg_now();
+    CHECK_OK(mg_st_write(p, &t, 1, kv, N));
+    CHECK_OK(mg_st_open(p, &f));
+    double secs = mg_now() - t0;
+    printf("wrote and read %d keys: %.3f s\n", N, secs);
+    CHECK(mg_st_verified(f) && mg_st_meta_count(f) == N + 1);
+    mg_st_close(f);
+    CHECK_MSG(secs < 5, "%.1f s", secs);
+    snprintf(keys[N - 1], sizeof keys[N - 1], "key0");
+    CHECK_ERR(mg_st_write(p, &t, 1, kv, N), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "'key0' given twice"));
+    free(keys);
+    free(kv);
+}

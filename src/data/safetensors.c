@@ -72,6 +72,41 @@ static bool tensor_bytes(mg_st_dtype d, int ndim, const int64_t *shape, uint64_t
     return true;
 }
 
+/* The first of n names that appears twice, or NULL; sorts names in place
+ * (n log n: a header may hold a million keys). */
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static const char *duplicate(const char **names, size_t n)
+{
+    qsort(names, n, sizeof *names, cmp_str);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(names[i - 1], names[i])) return names[i];
+    return NULL;
+}
+
+/* Tensor names (of t[0..n)) and metadata keys (keys[0], keys[2], ...; n_meta
+ * of them): the first given twice, in *dup with *what "tensor name" or
+ * "metadata key"; false when out of memory. */
+static bool find_duplicate(const mg_st_tensor *t, int n, const char *const *keys, int n_meta,
+                           const char **dup, const char **what)
+{
+    size_t cap = (size_t)(n > n_meta ? n : n_meta) + 1;
+    const char **s = malloc(cap * sizeof *s);
+    if (!s) return false;
+    for (int i = 0; i < n; i++) s[i] = t[i].name;
+    *what = "tensor name";
+    if (!(*dup = duplicate(s, (size_t)n))) {
+        for (int i = 0; i < n_meta; i++) s[i] = keys[2 * i];
+        *what = "metadata key";
+        *dup = duplicate(s, (size_t)n_meta);
+    }
+    free(s);
+    return true;
+}
+
 /* ---- the checksum (shared by writer and reader) ---- */
 
 typedef struct { const char *key, *value; } kv;
@@ -172,19 +207,17 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
             (nb && !t[i].data))
             return mg_error(MG_EINVAL, "%s: tensor '%s': dtype, shape and %zu data bytes "
                             "disagree", path, t[i].name, t[i].nbytes);
-        for (int j = 0; j < i; j++)
-            if (!strcmp(t[i].name, t[j].name))
-                return mg_error(MG_EINVAL, "%s: tensor name '%s' given twice", path, t[i].name);
     }
     for (int i = 0; i < n_meta; i++) {
         if (!meta[2 * i] || !meta[2 * i + 1])
             return mg_error(MG_EINVAL, "%s: metadata entry %d is NULL", path, i);
         if (!strcmp(meta[2 * i], CRC_KEY))
             return mg_error(MG_EINVAL, "%s: metadata key '%s' is reserved", path, CRC_KEY);
-        for (int j = 0; j < i; j++)
-            if (!strcmp(meta[2 * i], meta[2 * j]))
-                return mg_error(MG_EINVAL, "%s: metadata key '%s' given twice", path, meta[2 * i]);
     }
+    const char *dup, *what;
+    if (!find_duplicate(t, n, meta, n_meta, &dup, &what))
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    if (dup) return mg_error(MG_EINVAL, "%s: %s '%s' given twice", path, what, dup);
     return MG_OK;
 }
 
@@ -275,7 +308,8 @@ static int cmp_range(const void *a, const void *b)
     return (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Ranges match dtype x shape, lie in the data and tile it exactly. */
+/* Ranges match dtype x shape, lie in the data and tile it exactly; no
+ * name or metadata key appears twice. */
 static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, uint64_t dlen)
 {
     const uint8_t *data = f->buf + (f->size - dlen);
@@ -306,18 +340,12 @@ static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, u
         return mg_error(MG_EFORMAT, "%s: tensor byte ranges %s: the file is damaged", path,
                         pos == UINT64_MAX ? "overlap or leave gaps"
                                           : "do not cover the data (trailing bytes)");
-    /* Duplicate names. */
-    const mg_st_tensor **s = malloc(((size_t)f->n + 1) * sizeof *s);
-    if (!s) return mg_error(MG_ENOMEM, "safetensors: out of memory");
-    for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
-    qsort(s, (size_t)f->n, sizeof *s, cmp_tensor_name);
-    for (int i = 1; i < f->n; i++)
-        if (!strcmp(s[i - 1]->name, s[i]->name)) {
-            mg_status st = mg_error(MG_EFORMAT, "%s: tensor '%s' appears twice", path, s[i]->name);
-            free(s);
-            return st;
-        }
-    free(s);
+    const char *dup, *what;
+    if (!find_duplicate(f->t, f->n, f->meta, f->nmeta, &dup, &what))
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    if (dup)
+        return mg_error(MG_EFORMAT, "%s: duplicate %s '%s': the file is damaged", path, what,
+                        dup);
     return MG_OK;
 }
 
