@@ -6,8 +6,13 @@
  * work). Every bad case must give one clear line and a non-zero status,
  * never a crash or a hang. */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "harness.h"
 #include "idx_files.h"
 #include "multigrad/checkpoint.h"
@@ -20,13 +25,13 @@ static int count_lines(const char *s)
     return n;
 }
 
-/* tmpdir/name (four rotating buffers). */
+/* tmpdir/name (eight rotating buffers). */
 static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static const char *tpath(const char *fmt, ...)
 {
-    static char path[4][600];
+    static char path[8][600];
     static int k;
-    char name[256], *p = path[k++ % 4];
+    char name[256], *p = path[k++ % 8];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
@@ -289,4 +294,233 @@ TEST_T(inputs_safetensors_many_metadata_keys_linear, 120)
     CHECK(strstr(mg_last_error(), "'key0' given twice"));
     free(keys);
     free(kv);
+}
+
+/* ---- 8: the files training writes, FIFOs, gzip bombs ---- */
+
+static unsigned mode_of(const char *path)
+{
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0);
+    return sb.st_mode & 07777;
+}
+
+TEST(inputs_outputs_keep_their_mode_or_honour_the_umask)
+{
+    const char *p = tpath("out.st");
+    /* New files: the umask decides (0644 whatever it was, before). */
+    const unsigned masks[] = {027, 077, 002};
+    for (int i = 0; i < 3; i++) {
+        unlink(p);
+        umask(masks[i]);
+        CHECK_OK(mg_write_file_atomic(p, "x", 1));
+        CHECK_MSG(mode_of(p) == (0666 & ~masks[i]), "umask %03o: mode %03o", masks[i],
+                  mode_of(p));
+    }
+    /* An existing file keeps its mode, whatever the umask. */
+    umask(022);
+    const unsigned modes[] = {0600, 0664, 0640, 0444};
+    for (int i = 0; i < 4; i++) {
+        CHECK(chmod(p, modes[i]) == 0);
+        CHECK_OK(mg_write_file_atomic(p, "yy", 2));
+        CHECK_MSG(mode_of(p) == modes[i], "mode %03o became %03o", modes[i], mode_of(p));
+    }
+    /* Checkpoints go through the same writer. */
+    CHECK(chmod(p, 0600) == 0);
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    CHECK_OK(mg_checkpoint_save(p, m, NULL, NULL));
+    CHECK_EQ(mode_of(p), 0600);
+    mg_model_destroy(m);
+}
+
+static bool exists(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+static void touch(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0 && write(fd, "partial", 7) == 7 && close(fd) == 0);
+}
+
+TEST(inputs_interrupted_save_leftovers_are_cleaned)
+{
+    /* A save killed while it writes leaves its temporary file (killed
+     * again if the kill fell between a rename and the next save). */
+    char p[600], left[600] = "";
+    snprintf(p, sizeof p, "%s", tpath("ck.st"));
+    for (int attempt = 0; attempt < 5 && !left[0]; attempt++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            static char big[64 << 20];
+            for (;;) mg_write_file_atomic(p, big, sizeof big);
+        }
+        char *out = NULL;
+        for (double t0 = mg_now(); mg_now() - t0 < 30; usleep(1000)) {
+            free(out);
+            mgt_sh(&out, "ls %s | grep -x 'ck.st.tmp.......'", mgt_tmpdir());
+            if (*out) break;
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        free(out);
+        mgt_sh(&out, "ls %s | grep -x 'ck.st.tmp.......'", mgt_tmpdir());
+        if (*out) snprintf(left, sizeof left, "%s/%.*s", mgt_tmpdir(), (int)strcspn(out, "\n"),
+                           out);
+        free(out);
+    }
+    CHECK_MSG(left[0], "no temporary file was left");
+    /* Look-alikes that are not ours to remove. */
+    const char *kept[] = {"ck.st.tmp.keep", "ck.st.tmp.AbC1234", "other.st.tmp.AbC123",
+                          "ck.st.tmp.Dir001", "ck.st.tmp.Link01", "ck.st.tmp.Theirs",
+                          "ck.st.tmp.Locked"};
+    touch(tpath("%s", kept[0]));
+    touch(tpath("%s", kept[1]));
+    touch(tpath("%s", kept[2]));
+    CHECK(mkdir(tpath("%s", kept[3]), 0700) == 0);
+    CHECK(symlink(left, tpath("%s", kept[4])) == 0);
+    touch(tpath("%s", kept[5]));
+    CHECK(chown(tpath("%s", kept[5]), 65534, 65534) == 0 || geteuid() != 0);
+    if (geteuid() != 0) unlink(tpath("%s", kept[5]));
+    touch(tpath("%s", kept[6]));                /* a live writer holds its lock */
+    int lfd = open(tpath("%s", kept[6]), O_RDONLY);
+    CHECK(lfd >= 0 && flock(lfd, LOCK_EX) == 0);
+    touch(tpath("ck.st.tmp.Stale9"));          /* another leftover of ours */
+
+    CHECK_OK(mg_write_file_atomic(p, "whole", 5));
+    CHECK_MSG(!exists(left), "%s left behind", left);
+    CHECK(!exists(tpath("ck.st.tmp.Stale9")));
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        CHECK_MSG(exists(tpath("%s", kept[i])) || (i == 5 && geteuid() != 0),
+                  "%s was removed", kept[i]);
+    close(lfd);
+    char *s = mgt_slurp(p, NULL);
+    CHECK(strcmp(s, "whole") == 0);
+    free(s);
+}
+
+/* A tiny 28x28 data set in tmpdir/data (made once per test). */
+static const char *tiny_data(void)
+{
+    const char *dir = tpath("data");
+    if (!exists(dir)) {
+        CHECK(mkdir(dir, 0755) == 0);
+        mgt_make_dataset(dir, "train", 64, 28, 28, 64, -1);
+        mgt_make_dataset(dir, "t10k", 32, 28, 28, 32, -1);
+    }
+    return dir;
+}
+
+TEST_T(inputs_mgtrain_checks_outputs_before_any_work, 120)
+{
+    char data[600], flags[2048];
+    snprintf(data, sizeof data, "%s", tiny_data());
+    CHECK(mkdir(tpath("adir"), 0755) == 0);
+    CHECK(mkdir(tpath("plot.svg"), 0755) == 0);
+    CHECK(mkfifo(tpath("fifo.csv"), 0600) == 0);
+    const struct { const char *flag, *name, *says; } bad[] = {
+        {"--save", "nodir/x.st", "nodir/x.st"},
+        {"--save", "adir", "directory"},
+        {"--log", "nodir/log.csv", "nodir/log.csv"},
+        {"--log", "adir", "directory"},
+        {"--log", "plot.csv", "plot.svg"},       /* the plot next to it cannot be written */
+        {"--log", "fifo.csv", "FIFO"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        /* Without the check, the run trained an epoch before it found out. */
+        snprintf(flags, sizeof flags, "--model mlp --data %s --batch 16 --epochs 2 %s %s",
+                 data, bad[i].flag, tpath("%s", bad[i].name));
+        expect_refused(flags, bad[i].flag, bad[i].says, NULL);
+        snprintf(flags, sizeof flags, "--model gpt-mini --layers 1 --dim 16 --heads 2 --ctx 8 "
+                 "--data %s --steps 4 --eval-every 2 %s %s", "README.md",
+                 bad[i].flag, tpath("%s", bad[i].name));
+        expect_refused(flags, bad[i].flag, bad[i].says, NULL);
+    }
+    CHECK(!exists(tpath("nodir")));
+}
+
+/* The call in a child that must return within 20 s (a FIFO opened for
+ * reading blocks until a writer comes, which is never). */
+static void within_20s(void (*fn)(void))
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        fn();
+        _exit(0);
+    }
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the call %s",
+              WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? "hung on the FIFO"
+                                                                 : "failed");
+}
+
+static void load_fifos(void)
+{
+    const char *fifo = tpath("fifo");
+    mg_st_file *f;
+    CHECK_ERR(mg_st_open(fifo, &f), MG_EIO);
+    CHECK(strstr(mg_last_error(), "FIFO") && strstr(mg_last_error(), fifo));
+    mg_idx x;
+    CHECK_ERR(mg_idx_load(fifo, &x), MG_EIO);
+    CHECK(strstr(mg_last_error(), "FIFO") && strstr(mg_last_error(), fifo));
+    mg_dataset *ds;
+    CHECK_ERR(mg_dataset_load(tpath("fdata"), true, &ds), MG_EIO);
+    CHECK(strstr(mg_last_error(), "FIFO") && strstr(mg_last_error(), "train-labels"));
+}
+
+TEST_T(inputs_fifos_are_refused_not_waited_for, 120)
+{
+    CHECK(mkfifo(tpath("fifo"), 0600) == 0);
+    CHECK(mkdir(tpath("fdata"), 0755) == 0);
+    mgt_make_dataset(tpath("fdata"), "train", 8, 28, 28, 8, -1);
+    CHECK(unlink(tpath("fdata/train-labels-idx1-ubyte")) == 0);
+    CHECK(mkfifo(tpath("fdata/train-labels-idx1-ubyte"), 0600) == 0);
+    within_20s(load_fifos);
+    /* And through mgtrain: a checkpoint, weights, a data set. */
+    char flags[2048], fifo[600], fdata[600];
+    snprintf(fifo, sizeof fifo, "%s", tpath("fifo"));
+    snprintf(fdata, sizeof fdata, "%s", tpath("fdata"));
+    const char *cases[][2] = {{"--resume", fifo}, {"--init", fifo}, {"--data", fdata}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(flags, sizeof flags, "--model mlp --epochs 1 --batch 16 %s %s", cases[i][0],
+                 cases[i][1]);
+        const char *argv[16] = {mgt_tool("mgtrain"), "--model", "mlp", "--epochs", "1",
+                                cases[i][0], cases[i][1], NULL};
+        mgt_result *r = mgt_exec(30, argv, NULL);
+        CHECK_MSG(mgt_exit_code(r) == 2 && strstr(r->err, "FIFO") && count_lines(r->err) == 1,
+                  "%s: exit %d: %s", flags, mgt_exit_code(r), r->err);
+    }
+}
+
+TEST(inputs_idx_headers_are_compared_before_the_data_is_read)
+{
+    /* A gzip image file whose header announces 1 GiB (1024 images of
+     * 1024x1024) over 1 MB of data, and 10 labels: refused on the headers,
+     * before any image data is inflated. */
+    const char *dir = mgt_tmpdir();
+    const uint32_t dims[3] = {1024, 1024, 1024};
+    size_t body = 1 << 20;
+    uint8_t *buf = calloc(1, 16 + body);
+    mgt_make_idx(buf, 0x803, 3, dims, -(long)(1024L * 1024 * 1024));
+    mgt_write_bytes(tpath("train-images-idx3-ubyte.gz"), buf, 16 + body, true);
+    free(buf);
+    uint8_t lb[8 + 10];
+    mgt_write_bytes(tpath("train-labels-idx1-ubyte"), lb,
+                    mgt_make_idx(lb, 0x801, 1, (const uint32_t[]){10}, 0), false);
+    mg_dataset *ds;
+    CHECK_ERR(mg_dataset_load(dir, true, &ds), MG_EFORMAT);
+    printf("%s\n", mg_last_error());
+    CHECK_MSG(strstr(mg_last_error(), "expected 1024 labels") &&
+              strstr(mg_last_error(), "train-labels"), "%s", mg_last_error());
+    /* The header alone. */
+    mg_idx h;
+    CHECK_OK(mg_idx_load_header(tpath("train-images-idx3-ubyte.gz"), &h));
+    CHECK(h.ndim == 3 && h.dims[0] == 1024 && h.size == 1u << 30 && h.data == NULL);
 }

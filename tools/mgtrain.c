@@ -539,6 +539,23 @@ static void join_job(options *o, trainer *t)
     }
 }
 
+/* The files the run writes (rank 0: --save, --log and the plot next to
+ * it) can be written: found before any work, not after the first epoch. */
+static void check_outputs(const options *o, trainer *t)
+{
+    int failed = 0;
+    char msg[1200] = "", plot[4096] = "";
+    if (o->log) plot_path(o->log, plot, sizeof plot);
+    const char *flag[3] = {"--save", "--log", "--log (its plot)"};
+    const char *path[3] = {o->save, o->log, o->log ? plot : NULL};
+    for (int i = 0; i < 3 && t->rank == 0 && !o->eval_only && !failed; i++)
+        if (path[i] && mg_check_writable(path[i])) {
+            snprintf(msg, sizeof msg, "%s: %s", flag[i], mg_last_error());
+            failed = 1;
+        }
+    agree_or_die(t, failed, msg);
+}
+
 /* The optimizer of --optimizer and its settings; a language model decays
  * only its 2-D parameters (models.md D). */
 static void make_optimizer(const options *o, mg_optim_kind kind, float beta2, int lm, trainer *t)
@@ -787,6 +804,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
         die("data directory '%s' not found: install the dataset-fashion-mnist "
             "package (scripts/install-deps.sh) or pass --data DIR", o->data);
     join_job(o, t);
+    check_outputs(o, t);
     mg_dataset *train = NULL, *test = NULL;
     if (!o->eval_only && mg_dataset_load(o->data, true, &train)) die("%s", mg_last_error());
     if (mg_dataset_load(o->data, false, &test)) die("%s", mg_last_error());
@@ -958,6 +976,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     mg_text *text;
     if (mg_text_open(o->data, o->gpt.ctx, &text)) die("%s", mg_last_error());
     join_job(o, t);
+    check_outputs(o, t);
     int local = o->batch / t->world, T = o->gpt.ctx;   /* sequences per rank */
     gpt_spec spec = {o->gpt, o->seed};
     mg_ckpt_meta meta;

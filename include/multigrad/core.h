@@ -108,13 +108,25 @@ void mg_set_verbose(bool on);
 /* Monotonic clock in seconds. */
 double mg_now(void);
 
-/* Write a file atomically (temporary file in the same directory, fsync,
- * rename, fsync of the directory): a crash leaves either the old file or
- * the new one, never half of one, and a failure leaves no temporary file.
- * The _v form writes the n pieces one after another. Mode 0644. */
+/* Write a file atomically (temporary file PATH.tmp.XXXXXX in the same
+ * directory, fsync, rename, fsync of the directory): a crash leaves either
+ * the old file or the new one, never half of one, and a failure leaves no
+ * temporary file; one a crash left is removed by the next save of PATH.
+ * The _v form writes the n pieces one after another. The file keeps the
+ * mode of the one it replaces; a new file gets 0666 less the umask. */
 typedef struct mg_piece { const void *data; size_t len; } mg_piece;
 mg_status mg_write_file_atomic(const char *path, const void *data, size_t len);
 mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n);
+/* Whether path can be written by the above (before any work that ends in
+ * writing it): not a directory or other non-regular file, and a file can
+ * be created next to it. MG_EINVAL or MG_EIO naming path otherwise. */
+mg_status mg_check_writable(const char *path);
+/* Open a regular file for reading: never blocks (a FIFO is refused, not
+ * waited on) and refuses what is not a regular file. The descriptor, or
+ * -1 with mg_error set (MG_EIO; `how`, may be NULL, is appended as the
+ * fix); *sb (may be NULL) gets its fstat. */
+struct stat;
+int mg_open_regular(const char *path, const char *how, struct stat *sb);
 
 /* Peak resident set size of this process in bytes (from getrusage). */
 size_t mg_peak_rss(void);

@@ -22,8 +22,12 @@ typedef struct mg_idx {
 /* Reads plain or gzip IDX; checks the magic (0x000008NN: u8 data, NN = 1..4
  * dimensions), the dimensions (at most 1 GiB of data, refused before any
  * allocation) and that the data length matches the header exactly (a
- * short file or trailing bytes are MG_EFORMAT). Errors name the file. */
+ * short file or trailing bytes are MG_EFORMAT). Only regular files are
+ * read (a FIFO is MG_EIO, not waited on). Errors name the file. */
 mg_status mg_idx_load(const char *path, mg_idx *out);
+/* The header alone, checked as above (a plain file's length too): ndim,
+ * dims and size; data NULL. */
+mg_status mg_idx_load_header(const char *path, mg_idx *out);
 void mg_idx_free(mg_idx *idx);
 
 /* The two input scalings of models.md. */

@@ -1,15 +1,149 @@
-/* Atomic whole-file writes (core.h): checkpoints, logs, plots and traces
- * all go through here, so a crash never leaves half a file. */
+/* Files (core.h). Atomic whole-file writes: checkpoints, logs, plots and
+ * traces all go through here, so a crash never leaves half a file. The
+ * temporary file PATH.tmp.XXXXXX is created with mode 0666 (the umask
+ * applies), or the mode of the file it replaces, and stays locked
+ * (flock) while it is written: a save removes the leftovers of
+ * interrupted saves of the same file, only those no live writer holds
+ * (regular files of this user named so). Reading: regular files only,
+ * opened without blocking, so a FIFO is refused instead of waited on. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "multigrad/core.h"
+
+#define TMP_SUFFIX ".tmp."
+#define TMP_RANDOM 6   /* XXXXXX, as mkstemp */
+
+static const char tmp_chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "a special file";
+}
+
+int mg_open_regular(const char *path, const char *how, struct stat *sb)
+{
+    struct stat own;
+    if (!sb) sb = &own;
+    if (!how) how = "";
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        mg_error(MG_EIO, "cannot open %s: %s%s%s", path, strerror(errno), *how ? ": " : "", how);
+        return -1;
+    }
+    if (fstat(fd, sb) != 0) {
+        mg_error(MG_EIO, "cannot stat %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(sb->st_mode)) {
+        mg_error(MG_EIO, "%s is %s, not a regular file%s%s", path, file_kind(sb->st_mode),
+                 *how ? ": " : "", how);
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);   /* reads of a regular file block as usual */
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+/* dir and base name of path (copies). */
+static mg_status split_path(const char *path, char *dir, char *base, size_t cap)
+{
+    char a[4096], b[4096];
+    if (snprintf(a, sizeof a, "%s", path) >= (int)sizeof a || strlen(path) >= cap)
+        return mg_error(MG_EINVAL, "%s: path too long", path);
+    snprintf(b, sizeof b, "%s", path);
+    snprintf(dir, cap, "%s", dirname(a));
+    snprintf(base, cap, "%s", basename(b));
+    return MG_OK;
+}
+
+/* Whether name is base.tmp.XXXXXX. */
+static bool is_tmp_of(const char *name, const char *base)
+{
+    size_t bl = strlen(base), sl = strlen(TMP_SUFFIX);
+    if (strncmp(name, base, bl) || strncmp(name + bl, TMP_SUFFIX, sl)) return false;
+    const char *r = name + bl + sl;
+    return strlen(r) == TMP_RANDOM && strspn(r, tmp_chars) == TMP_RANDOM;
+}
+
+/* Removes the leftovers of interrupted saves of path (see the top). */
+static void remove_stale_tmp(const char *path)
+{
+    char dir[4096], base[4096];
+    if (split_path(path, dir, base, sizeof dir)) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_tmp_of(e->d_name, base)) continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat a, b;
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && a.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dirfd(d), e->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+            a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+            unlinkat(dirfd(d), e->d_name, 0);
+        close(fd);
+    }
+    closedir(d);
+}
+
+/* Creates path.tmp.XXXXXX (name in tmp) with the given mode (less the
+ * umask), locked; the descriptor, or -1 with errno set. */
+static int create_tmp(const char *path, char *tmp, size_t cap, mode_t mode)
+{
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned char r[TMP_RANDOM];
+        if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return -1;
+        char x[TMP_RANDOM + 1];
+        for (int i = 0; i < TMP_RANDOM; i++) x[i] = tmp_chars[r[i] % (sizeof tmp_chars - 1)];
+        x[TMP_RANDOM] = 0;
+        if (snprintf(tmp, cap, "%s" TMP_SUFFIX "%s", path, x) >= (int)cap) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd >= 0) {
+            flock(fd, LOCK_EX);
+            return fd;
+        }
+        if (errno != EEXIST) return -1;
+    }
+    return -1;
+}
+
+static mg_status no_tmp_error(const char *path)
+{
+    return mg_error(MG_EIO, "cannot create a temporary file next to %s: %s: check that the "
+                    "directory exists and is writable", path, strerror(errno));
+}
+
+mg_status mg_check_writable(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
+                        file_kind(sb.st_mode));
+    char tmp[4096];
+    int fd = create_tmp(path, tmp, sizeof tmp, 0600);
+    if (fd < 0) return no_tmp_error(path);
+    close(fd);
+    unlink(tmp);
+    return MG_OK;
+}
 
 static mg_status write_all(int fd, const void *data, size_t len, const char *path)
 {
@@ -29,24 +163,22 @@ static mg_status write_all(int fd, const void *data, size_t len, const char *pat
 mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n)
 {
     char tmp[4096], dir[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return mg_error(MG_EINVAL, "%s: path too long", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0)
-        return mg_error(MG_EIO, "cannot create a temporary file next to %s: %s: check that "
-                        "the directory exists and is writable", path, strerror(errno));
+    remove_stale_tmp(path);
+    /* The mode of the file replaced (exactly: fchmod), else 0666 less the umask. */
+    struct stat old;
+    bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode);
+    int fd = create_tmp(path, tmp, sizeof tmp, keep ? old.st_mode & 0777 : 0666);
+    if (fd < 0) return no_tmp_error(path);
     mg_status st = MG_OK;
     for (int i = 0; i < n && !st; i++)
         if (pieces[i].len) st = write_all(fd, pieces[i].data, pieces[i].len, tmp);
-    if (!st && (fchmod(fd, 0644) != 0 || fsync(fd) != 0))
+    if (!st && ((keep && fchmod(fd, old.st_mode & 0777) != 0) || fsync(fd) != 0))
         st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !st) st = mg_error(MG_EIO, "cannot write %s: %s", tmp, strerror(errno));
     if (!st && rename(tmp, path) != 0)
         st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (st) {
-        unlink(tmp);
-        return st;
-    }
+    if (st) unlink(tmp);
+    if (close(fd) != 0 && !st) st = mg_error(MG_EIO, "cannot write %s: %s", path, strerror(errno));
+    if (st) return st;
     /* The rename is durable only once the directory is synced. */
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);

@@ -27,6 +27,21 @@ static bool find_file(const char *dir, const char *stem, char *path, size_t cap)
 #define HOW_TO_FIX "install the data set (scripts/install-deps.sh installs the Debian " \
                    "package dataset-fashion-mnist) or pass --data DIR (or set MG_DATA)"
 
+/* Images [n, h, w] and one label per image. */
+static mg_status check_pair(const char *ipath, const char *lpath, const mg_idx *im,
+                            const mg_idx *lb)
+{
+    if (im->ndim != 3 || im->dims[0] == 0 || im->dims[1] == 0 || im->dims[2] == 0 ||
+        im->dims[0] > (uint32_t)INT32_MAX)
+        return mg_error(MG_EFORMAT, "%s: expected images as 3 non-empty dimensions "
+                        "[n, h, w], found %d dimensions", ipath, im->ndim);
+    if (lb->ndim != 1 || lb->dims[0] != im->dims[0])
+        return mg_error(MG_EFORMAT, "%s: expected %u labels (one per image of %s), found %s "
+                        "[%u]: the files do not belong together", lpath, im->dims[0], ipath,
+                        lb->ndim == 1 ? "" : "a multi-dimensional array", lb->dims[0]);
+    return MG_OK;
+}
+
 mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
 {
     *out = NULL;
@@ -43,22 +58,16 @@ mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
     if (!find_file(dir, stem, lpath, sizeof lpath))
         return mg_error(MG_EIO, "no %s[.gz] in %s: " HOW_TO_FIX, stem, dir);
 
+    /* The headers first: files that do not belong together are refused
+     * before megabytes of data are inflated. */
     mg_idx im, lb;
+    MG_TRY(mg_idx_load_header(ipath, &im));
+    MG_TRY(mg_idx_load_header(lpath, &lb));
+    MG_TRY(check_pair(ipath, lpath, &im, &lb));
     MG_TRY(mg_idx_load(ipath, &im));
     mg_status st = mg_idx_load(lpath, &lb);
-    if (st) { mg_idx_free(&im); return st; }
-    if (im.ndim != 3 || im.dims[0] == 0 || im.dims[1] == 0 || im.dims[2] == 0 ||
-        im.dims[0] > (uint32_t)INT32_MAX) {
-        st = mg_error(MG_EFORMAT, "%s: expected images as 3 non-empty dimensions "
-                      "[n, h, w], found %d dimensions", ipath, im.ndim);
-        goto fail;
-    }
-    if (lb.ndim != 1 || lb.dims[0] != im.dims[0]) {
-        st = mg_error(MG_EFORMAT, "%s: expected %u labels (one per image of %s), found %s "
-                      "[%u]: the files do not belong together", lpath, im.dims[0], ipath,
-                      lb.ndim == 1 ? "" : "a multi-dimensional array", lb.dims[0]);
-        goto fail;
-    }
+    if (!st) st = check_pair(ipath, lpath, &im, &lb);   /* a file may have changed since */
+    if (st) goto fail;
     for (size_t i = 0; i < lb.size; i++)
         if (lb.data[i] >= NUM_CLASSES) {
             st = mg_error(MG_EFORMAT, "%s: label %u of image %zu is not a class 0..%d",

@@ -3,11 +3,15 @@
  * Plain or gzip, told apart by the gzip magic (zlib reads both). Strict:
  * other element types, sizes over MG_IDX_MAX_BYTES (checked before any
  * allocation), a short file and trailing bytes are all errors, as is a
- * gzip stream that is damaged or fails its CRC. */
+ * gzip stream that is damaged or fails its CRC. Only regular files are
+ * opened (a FIFO is refused, not waited on). The header can be read alone
+ * (mg_idx_load_header), so that a data set compares its files' headers
+ * before it inflates megabytes of data. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 #include "multigrad/data.h"
 
@@ -37,14 +41,18 @@ static mg_status read_error(gzFile f, const char *path, const char *what)
                     "the file", path, msg);
 }
 
-mg_status mg_idx_load(const char *path, mg_idx *out)
+/* The header into out (ndim, dims, size), then the data if body. */
+static mg_status idx_read(const char *path, mg_idx *out, bool body)
 {
     memset(out, 0, sizeof *out);
-    errno = 0;
-    gzFile f = gzopen(path, "rb");
-    if (!f)
-        return mg_error(MG_EIO, "cannot open %s: %s", path,
-                        errno ? strerror(errno) : "out of memory");
+    struct stat sb;
+    int fd = mg_open_regular(path, NULL, &sb);
+    if (fd < 0) return MG_EIO;
+    gzFile f = gzdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return mg_error(MG_ENOMEM, "cannot read %s: out of memory", path);
+    }
     gzbuffer(f, 1 << 18);
     mg_status st = MG_OK;
     uint8_t hdr[4 + 4 * 4];
@@ -91,9 +99,8 @@ mg_status mg_idx_load(const char *path, mg_idx *out)
     }
     /* A plain file's length is known: check it before allocating. (A gzip
      * stream's is not; its buffer is only committed as data arrives.) */
-    struct stat sb;
     size_t want = 4 + 4 * (size_t)ndim + size;
-    if (gzdirect(f) && stat(path, &sb) == 0 && (size_t)sb.st_size != want) {
+    if (gzdirect(f) && (size_t)sb.st_size != want) {
         if ((size_t)sb.st_size < want)
             st = mg_error(MG_EFORMAT, "%s: truncated: the header announces %zu data bytes, "
                           "the file holds %zu: re-download or reinstall it", path, size,
@@ -101,6 +108,11 @@ mg_status mg_idx_load(const char *path, mg_idx *out)
         else
             st = mg_error(MG_EFORMAT, "%s: trailing bytes after the %zu data bytes the header "
                           "announces: the file is damaged or not IDX", path, size);
+        goto done;
+    }
+    if (!body) {
+        out->ndim = ndim;
+        out->size = size;
         goto done;
     }
     data = mg_alloc(size);
@@ -133,6 +145,13 @@ done:
     mg_free(data);
     if (st) memset(out, 0, sizeof *out);
     return st;
+}
+
+mg_status mg_idx_load(const char *path, mg_idx *out) { return idx_read(path, out, true); }
+
+mg_status mg_idx_load_header(const char *path, mg_idx *out)
+{
+    return idx_read(path, out, false);
 }
 
 void mg_idx_free(mg_idx *idx)

@@ -375,14 +375,10 @@ static mg_status verify_crc(const char *path, mg_st_file *f)
 
 static mg_status read_file(const char *path, mg_st_file *f)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return mg_error(MG_EIO, "cannot open %s: %s", path, strerror(errno));
     struct stat sb;
+    int fd = mg_open_regular(path, NULL, &sb);
+    if (fd < 0) return MG_EIO;
     mg_status st = MG_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = mg_error(MG_EIO, "%s: not a regular file", path);
-        goto out;
-    }
     f->size = (size_t)sb.st_size;
     if (!(f->buf = mg_alloc(f->size + 1))) {
         st = mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to read it", path, f->size);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "data/text_internal.h"
 
 #define MG_TEXT_MAX_BYTES ((size_t)1 << 31)
@@ -169,15 +170,17 @@ mg_status mg__text_list(const char *path, const char *default_dir, char ***files
 /* Reads exactly `size` bytes of path into buf and checks the end of file. */
 static mg_status read_file(const char *path, size_t size, bool default_set, uint8_t *buf)
 {
-    errno = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return mg_error(MG_EIO, "cannot open %s: %s: %s", path, errno ? strerror(errno) :
-                        "out of memory", default_set ? HOW_TO_FIX : "check that it exists and "
-                        "is readable, or pass --data with other text");
-    mg_status st = MG_OK;
     struct stat sb;
-    if (fstat(fileno(fp), &sb) == 0 && (size_t)sb.st_size != size) {
+    int fd = mg_open_regular(path, default_set ? HOW_TO_FIX : "check that it exists and is "
+                             "readable, or pass --data with other text", &sb);
+    if (fd < 0) return MG_EIO;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        return mg_error(MG_ENOMEM, "cannot read %s: out of memory", path);
+    }
+    mg_status st = MG_OK;
+    if ((size_t)sb.st_size != size) {
         st = mg_error(MG_EIO, "%s changed while the text corpus was read (%zu bytes, then "
                       "%lld): try again once nothing writes to it", path, size,
                       (long long)sb.st_size);
