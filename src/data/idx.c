@@ -53,7 +53,11 @@ static mg_status idx_read(const char *path, mg_idx *out, bool body)
         close(fd);
         return mg_error(MG_ENOMEM, "cannot read %s: out of memory", path);
     }
-    gzbuffer(f, 1 << 18);
+    /* zlib's buffer: 256 KiB to read a large file's data, 4 KiB for a
+     * header or a small file. */
+    unsigned buf = 1u << 12;
+    if (body && sb.st_size > (off_t)buf) buf = sb.st_size < (1 << 18) ? (unsigned)sb.st_size : 1u << 18;
+    gzbuffer(f, buf);
     mg_status st = MG_OK;
     uint8_t hdr[4 + 4 * 4];
     uint8_t *data = NULL;
