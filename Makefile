@@ -5,6 +5,9 @@
 #   make install PREFIX=/usr/local
 #   make test SAN=address|thread|undefined   the suite under a sanitizer
 #                                            (built into build-$(SAN)/)
+#   make fuzz       the libFuzzer targets fuzz/fuzz_<name>.c (clang) into
+#                   build-fuzz/fuzz/ (see fuzz/README.md); make test builds
+#                   them too when clang is installed
 
 CC      ?= gcc
 PREFIX  ?= /usr/local
@@ -14,8 +17,16 @@ JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 ifeq ($(SAN),)
 BUILD   := build
 OPT     := -O3 -march=native
+else ifeq ($(SAN),fuzz)
+# The library for the fuzz targets: clang's coverage for libFuzzer, ASan
+# and UBSan (any undefined behaviour is a crash the fuzzer reports).
+BUILD   := build-fuzz
+SANS    := address,undefined
+OPT     := -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,$(SANS) \
+           -fno-sanitize-recover=undefined
 else
 BUILD   := build-$(SAN)
+SANS    := $(SAN)
 OPT     := -O1 -fno-omit-frame-pointer -fsanitize=$(SAN) -DMG_SANITIZED
 ifeq ($(SAN),undefined)
 OPT     += -fno-sanitize-recover=undefined
@@ -33,13 +44,14 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initia
 CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -pthread -Iinclude -Isrc -MMD -MP \
            -fvisibility=default $(MPI_CFLAGS)
 LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) -lmvec -lm -lpthread -lrt
-LDFLAGS += $(if $(SAN),-fsanitize=$(SAN))
+LDFLAGS += $(if $(SANS),-fsanitize=$(SANS))
 
 LIB_SRC   := $(sort $(shell find src -name '*.c'))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
 TEST_SRC  := $(sort $(wildcard tests/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 EX_SRC    := $(sort $(wildcard examples/*.c))
+FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -47,8 +59,10 @@ TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 BENCHES   := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 EXAMPLES  := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 TESTBIN   := $(BUILD)/tests/mgtest
+FUZZERS   := $(FUZZ_SRC:fuzz/%.c=build-fuzz/fuzz/%)
+CLANG     := $(shell command -v clang 2>/dev/null)
 
-.PHONY: all lib tools tests benches examples test run install deps clean
+.PHONY: all lib tools tests benches examples test run install deps clean fuzz fuzzers
 # Keep the objects of tools, benches and examples (make would delete them as
 # intermediate files and rebuild them every time).
 .SECONDARY:
@@ -96,13 +110,30 @@ $(TESTBIN): $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a $(LDLIBS)
 
+# The fuzz targets: the library and each target compiled by clang into
+# build-fuzz/ (SAN=fuzz above), linked with libFuzzer's main.
+fuzz:
+ifeq ($(CLANG),)
+	@echo "make fuzz: clang is not installed (scripts/install-deps.sh installs it)" >&2; exit 1
+else
+	@$(MAKE) --no-print-directory -j$(JOBS) SAN=fuzz CC=$(CLANG) fuzzers
+endif
+
+fuzzers: $(FUZZERS)
+
+build-fuzz/fuzz/%: build-fuzz/obj/fuzz/%.o build-fuzz/lib/libmultigrad.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $< build-fuzz/lib/libmultigrad.a $(LDLIBS)
+
 deps:
 	@bash scripts/install-deps.sh
 
-# The fork-per-test runner; it ends with "N passed, N failed".
+# The fork-per-test runner; it ends with "N passed, N failed". The fuzz
+# targets' smoke test (tests/test_fuzz.c) runs what `make fuzz` built.
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
-	MG_BIN=$(BUILD)/bin ./$(TESTBIN) $(TESTFLAGS)
+	@$(if $(CLANG),$(MAKE) --no-print-directory fuzz,echo "make test: clang is not installed: no fuzz targets (their smoke test skips)")
+	MG_BIN=$(BUILD)/bin MG_FUZZ_BIN=build-fuzz/fuzz ./$(TESTBIN) $(TESTFLAGS)
 
 # The main job (see README).
 run: deps

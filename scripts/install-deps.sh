@@ -7,7 +7,8 @@
 set -euo pipefail
 
 pkgs=(build-essential pkg-config libopenblas-dev zlib1g-dev libssl-dev
-      libopenmpi-dev openmpi-bin dataset-fashion-mnist fortunes)
+      libopenmpi-dev openmpi-bin dataset-fashion-mnist fortunes
+      clang libclang-rt-14-dev)
 if [ "${1:-}" = "--bench" ]; then
     pkgs+=(python3-torch python3-numpy)
 fi
