@@ -356,8 +356,9 @@ TEST(inputs_interrupted_save_leftovers_are_cleaned)
         pid_t pid = fork();
         CHECK(pid >= 0);
         if (pid == 0) {
-            static char big[64 << 20];
-            for (;;) mg_write_file_atomic(p, big, sizeof big);
+            size_t n = 64 << 20;
+            char *big = calloc(1, n);
+            for (;;) mg_write_file_atomic(p, big, n);
         }
         char *out = NULL;
         for (double t0 = mg_now(); mg_now() - t0 < 30; usleep(1000)) {

@@ -773,15 +773,16 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
                      int batch, mg_scaling sc, double *loss, double *acc)
 {
     mg_model *m = t->m;
-    int begin = 0, end = test->n, c, h, w;
-    mg_model_input_shape(m, &c, &h, &w);
+    int begin = 0, end = test->n, ch, h, w;
+    mg_model_input_shape(m, &ch, &h, &w);
+    size_t x_len = (size_t)batch * ch * h * w;   /* x's floats */
     if (t->mode == MODE_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
     mg_model_set_training(m, false);
     double v[3] = {0, 0, 0};  /* loss sum, correct, images */
     for (int i = begin; i < end; i += batch) {
         int bs = end - i < batch ? end - i : batch;
         for (int k = 0; k < bs; k++) idx[k] = i + k;
-        if (mg_dataset_gather(test, idx, bs, sc, x, (size_t)batch * c * h * w, y) ||
+        if (mg_dataset_gather(test, idx, bs, sc, x, x_len, y) ||
             !mg_model_forward(m, x, bs))
             die_in_step(t);
         int c;
