@@ -3,7 +3,9 @@
 #define MG_FUZZ_COMMON_H
 
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,20 +44,41 @@ static inline const char *fuzz_file(int slot, const uint8_t *data, size_t size)
 }
 
 /* For loaders that take a directory: /dev/shm/mg-fuzz-<tag>-<pid> (made
- * on the first call, removed at exit) holding links names[i] to the
- * files of slots i = 0..n-1. Returns its path. */
+ * on the first call, removed at exit, and by the next run if a crash
+ * left it) holding links names[i] to the files of slots i = 0..n-1.
+ * Returns its path. */
 static char fuzz_dir_path[64];
 
-static inline void fuzz_dir_remove(void)
+static inline void fuzz_rm_rf(const char *path)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", fuzz_dir_path);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
     if (system(cmd)) {}
+}
+
+static inline void fuzz_dir_remove(void) { fuzz_rm_rf(fuzz_dir_path); }
+
+/* Directories of fuzz runs that are gone. */
+static inline void fuzz_dir_remove_stale(void)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        const char *dash = strrchr(e->d_name, '-');
+        int pid = dash ? atoi(dash + 1) : 0;
+        if (strncmp(e->d_name, "mg-fuzz-", 8) || pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        fuzz_rm_rf(path);
+    }
+    if (d) closedir(d);
 }
 
 static inline const char *fuzz_dir(const char *tag, const char *const *names, int n)
 {
     if (fuzz_dir_path[0]) return fuzz_dir_path;
+    fuzz_dir_remove_stale();
     snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "/dev/shm/mg-fuzz-%s-%d", tag, (int)getpid());
     if (mkdir(fuzz_dir_path, 0700) != 0 && errno != EEXIST) { perror(fuzz_dir_path); abort(); }
     for (int i = 0; i < n; i++) {

@@ -1,7 +1,8 @@
 /* libFuzzer target: the checkpoint loader (src/nn/checkpoint.c) and the
  * weights loader on any bytes, into a tiny gpt-mini (1 layer, dim 4,
- * vocabulary 8) with SGD momentum state. A refused file must leave the
- * model and optimizer as they were; an accepted one has counters in range. */
+ * vocabulary 8) with SGD momentum state; a file without a checksum is
+ * also loaded signed. A refused file must leave the model and optimizer
+ * as they were; an accepted one has counters in range. */
 #include "common.h"  /* first: it defines _GNU_SOURCE */
 #include <string.h>
 #include "multigrad/multigrad.h"
@@ -38,11 +39,10 @@ static bool unchanged(void)
                    snapshot_bytes());
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* Every loader on path: a refused file leaves model and optimizer as
+ * they were, an accepted one has its counters in range. */
+static void load_all(const char *path)
 {
-    if (!model) setup();
-    const char *path = fuzz_file(0, data, size);
     mg_ckpt_meta meta;
     snapshot();
     long steps = mg_optim_steps(optim);
@@ -56,5 +56,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (mg_checkpoint_load(path, model, NULL, NULL)) FUZZ_CHECK(unchanged());
     snapshot();
     if (mg_model_load_weights(path, model, NULL)) FUZZ_CHECK(unchanged());
+}
+
+/* A file without the checksum, given one (as anyone can): mutations
+ * almost always break the checksum, so this is how validation past it
+ * gets fuzzed. The signed copy is written to /dev/shm (mg_st_write takes
+ * a path it renames into). */
+static void load_signed(const char *path)
+{
+    mg_st_file *f;
+    if (mg_st_open(path, &f) != MG_OK) return;
+    int n = mg_st_count(f), nm = mg_st_meta_count(f);
+    mg_st_tensor *t = malloc(sizeof *t * (size_t)(n + 1));
+    const char **kv = malloc(sizeof *kv * (size_t)(2 * nm + 1));
+    FUZZ_CHECK(t && kv);
+    for (int i = 0; i < n; i++) t[i] = *mg_st_get(f, i);
+    for (int i = 0; i < nm; i++) kv[2 * i + 1] = mg_st_meta_at(f, i, &kv[2 * i]);
+    char signed_path[128];
+    snprintf(signed_path, sizeof signed_path, "%s/signed.st", fuzz_dir("checkpoint", NULL, 0));
+    if (!mg_st_verified(f) && mg_st_write(signed_path, t, n, kv, nm) == MG_OK)
+        load_all(signed_path);
+    free(t);
+    free(kv);
+    mg_st_close(f);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!model) setup();
+    const char *path = fuzz_file(0, data, size);
+    load_all(path);
+    load_signed(path);
     return 0;
 }
