@@ -67,15 +67,13 @@ void mgt_skip(const char *fmt, ...)
 const char *mgt_data(const char *name)
 {
     static _Thread_local char path[512];
-    const char *dir = getenv("MG_TEST_DATA");
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", name);
+    snprintf(path, sizeof path, "%s/%s", mg_env_str("MG_TEST_DATA", "tests/data"), name);
     return path;
 }
 
 const char *mgt_fashion_dir(void)
 {
-    const char *d = getenv("MG_DATA");
-    return d && *d ? d : "/usr/share/datasets/fashion-mnist";
+    return mg_env_str("MG_DATA", "/usr/share/datasets/fashion-mnist");
 }
 
 const char *mgt_tmpdir(void)
@@ -90,8 +88,7 @@ const char *mgt_tmpdir(void)
 const char *mgt_tool(const char *name)
 {
     static _Thread_local char path[512];
-    const char *dir = getenv("MG_BIN");
-    snprintf(path, sizeof path, "%s/%s", dir ? dir : "build/bin", name);
+    snprintf(path, sizeof path, "%s/%s", mg_env_str("MG_BIN", "build/bin"), name);
     return path;
 }
 

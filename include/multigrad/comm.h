@@ -52,12 +52,26 @@ typedef struct mg_work mg_work;
 
 typedef struct mg_group_options {
     const char *init_method; /* NULL: env:// (MASTER_ADDR, MASTER_PORT) */
-    int rank, size;          /* -1: from RANK, WORLD_SIZE */
+    int rank, size;          /* -1: from RANK, WORLD_SIZE (or an MPI launcher's) */
     int local_rank, local_size; /* -1: from LOCAL_RANK/LOCAL_WORLD_SIZE or rendezvous */
     const char *secret;      /* NULL: MG_JOB_SECRET (none: loopback only) */
-    const char *backend;     /* NULL: MG_BACKEND or "builtin"; "mpi" */
+    const char *backend;     /* NULL: MG_BACKEND, else mpi under an MPI launcher
+                                (when built with MPI), else "builtin" */
     double timeout_s;        /* <= 0: MG_TIMEOUT or 300 */
 } mg_group_options;
+
+/* How this process was started, from the environment: by a launcher that
+ * sets RANK and WORLD_SIZE (mgrun, torchrun), or by an MPI launcher (Open
+ * MPI's mpirun: OMPI_COMM_WORLD_*; PMIx: PMIX_RANK; PMI: PMI_RANK and
+ * PMI_SIZE). `by` names it ("RANK", "mpirun", "PMIx", "PMI"; NULL: no
+ * launcher); rank, size and the local ones are -1 where it does not say (or
+ * says nonsense: mg_group_init names that). */
+typedef struct mg_launch {
+    const char *by;
+    bool mpi;                /* started by an MPI launcher (whatever sets RANK) */
+    int rank, size, local_rank, local_size;
+} mg_launch;
+mg_launch mg_launch_detect(void);
 
 /* Options that take everything from the environment. */
 mg_group_options mg_group_options_default(void);

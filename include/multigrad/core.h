@@ -3,6 +3,7 @@
 #ifndef MULTIGRAD_CORE_H
 #define MULTIGRAD_CORE_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -51,7 +52,49 @@ uint32_t mg_rng_below(mg_rng *r, uint32_t n); /* uniform in [0, n), unbiased */
 /* Fisher-Yates permutation of 0..n-1 seeded by seed. */
 void mg_permutation(uint64_t seed, int32_t *perm, int n);
 
-/* Environment tunables, read through one helper so they can be logged. */
+/* Numbers from the command line or the environment: the whole string is
+ * a decimal in [lo, hi] (mg_parse_double: finite; MG_OPEN_LO / MG_OPEN_HI
+ * leave a bound out), else MG_EINVAL with one line naming `what` (a flag,
+ * "--threads", or a variable, "MG_THREADS") and the range, e.g.
+ * "--threads 4294967296 is out of range: give an integer from 1 to 1024". */
+enum { MG_OPEN_LO = 1, MG_OPEN_HI = 2 };
+mg_status mg_parse_long(const char *what, const char *s, long lo, long hi, long *out);
+mg_status mg_parse_double(const char *what, const char *s, double lo, double hi, int open,
+                          double *out);
+
+/* Environment tunables: every MG_* variable is a row of one table
+ * (src/core/param.c), as NCCL declares NCCL_PARAM. INT and REAL values lie
+ * in [min, max]; BOOL is 0/1 (or true/false, yes/no, on/off); CHOICE is one
+ * of `choices` ("auto|ring|rd"); STR and SECRET (never printed) have at
+ * most `max` characters (0: any). `dflt` is the value when unset, as text;
+ * NULL when the code decides (the doc says how). */
+typedef enum mg_tunable_type {
+    MG_TUNE_INT, MG_TUNE_REAL, MG_TUNE_BOOL, MG_TUNE_CHOICE, MG_TUNE_STR, MG_TUNE_SECRET
+} mg_tunable_type;
+typedef struct mg_tunable {
+    const char *name;
+    mg_tunable_type type;
+    const char *dflt;
+    double min, max;
+    const char *choices;
+    const char *doc;
+} mg_tunable;
+/* The table (n rows), and one row by name (NULL if none). */
+const mg_tunable *mg_tunables(int *n);
+const mg_tunable *mg_tunable_find(const char *name);
+/* The range a row accepts, as words ("an integer from 1 to 1024"). */
+void mg_tunable_range(const mg_tunable *p, char *buf, size_t cap);
+/* Its text in the environment now, unchecked; NULL if unset or empty. */
+const char *mg_tunable_value(const mg_tunable *p);
+/* Checks every MG_* variable that is set: MG_EINVAL with one line for a
+ * malformed or out-of-range value; a variable the table does not know
+ * gets a warning naming the closest one it does (once per process, on the
+ * first rank only). Programs call it at start-up (the tools do, and exit
+ * 2); mg_group_init does too. */
+mg_status mg_tunables_check(void);
+/* A tunable's value; `dflt` (the table's default, or what the code chose
+ * where the table has none) when it is unset. A value the check would
+ * refuse gives one warning and dflt. */
 long mg_env_long(const char *name, long dflt);
 double mg_env_double(const char *name, double dflt);
 const char *mg_env_str(const char *name, const char *dflt);
@@ -98,7 +141,14 @@ void mg_cpu_read_regs(mg_cpuid_regs *r);
 void mg_cpu_decode(const mg_cpuid_regs *r, mg_cpu_info *out);
 const mg_cpu_info *mg_cpu(void);
 
-/* Logging to stderr; MG_VERBOSE=1 enables mg_debug. */
+/* One line, "PREFIX: MESSAGE\n", to stderr in one write(2), so that the
+ * lines of processes sharing stderr (the ranks of a job) never run into
+ * each other. Messages longer than 4 KiB are cut. */
+void mg_eprintf(const char *prefix, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mg_veprintf(const char *prefix, const char *fmt, va_list ap);
+
+/* Logging to stderr ("multigrad: ..." lines, as mg_eprintf); MG_VERBOSE=1
+ * enables mg_debug. */
 void mg_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void mg_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool mg_verbose(void);

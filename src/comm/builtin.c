@@ -363,14 +363,7 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
     if (strlen(sec) >= sizeof b->secret)
         return mg_error(MG_EINVAL, "MG_JOB_SECRET is longer than %zu bytes", sizeof b->secret - 1);
     strcpy(b->secret, sec);
-    const char *tr = mg_env_str("MG_TRANSPORT", "auto");
-    if (strcmp(tr, "auto") && strcmp(tr, "tcp") && strcmp(tr, "shm"))
-        return mg_error(MG_EINVAL, "MG_TRANSPORT='%s': use auto, shm or tcp", tr);
-    b->force_tcp = !strcmp(tr, "tcp");
-    const char *al = mg_env_str("MG_ALGO", "auto");
-    b->algo_env = mg__algo_parse(al);
-    if (b->algo_env < 0)
-        return mg_error(MG_EINVAL, "MG_ALGO='%s': use auto, ring, rd, tree or shm", al);
+    b->force_tcp = !strcmp(mg_env_str("MG_TRANSPORT", "auto"), "tcp");
     double deadline = mg_now() + g->timeout;
     MG_TRY(open_store(b, opt, rank, deadline));
     b->world = true;
@@ -390,7 +383,7 @@ static mg_status fail_with(mg_status st, const char *fmt_prefix, int rank)
 static mg_status run_coll(mg__bi *b, mg__req *r)
 {
     mg_call c = r->c;
-    int algo = b->algo_env;
+    int algo = mg__algo_forced();
     if (algo == MG_ALGO_SHM && !b->p2p.shm) algo = MG_ALGO_AUTO;
     if (algo == MG_ALGO_AUTO) {
         mg_call *k = &b->sel_call;
@@ -465,7 +458,6 @@ static mg_status split(mg__bi *b, mg__req *r)
     sb->g = sub;
     sb->store = mg__store_ref(b->store);
     memcpy(sb->secret, b->secret, sizeof sb->secret);
-    sb->algo_env = b->algo_env;
     sb->force_tcp = b->force_tcp;
     sb->host_ranks = b->host_ranks;
     if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)

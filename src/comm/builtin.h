@@ -50,7 +50,6 @@ typedef struct mg__bi {
     char secret[512];
     bool world;              /* the group that joined the store first */
     uint64_t gid;
-    int algo_env;            /* MG_ALGO, or MG_ALGO_AUTO */
     bool force_tcp;
     mg__rinfo *info;         /* per rank */
     mg__link *link;          /* per rank; link[rank] unused */

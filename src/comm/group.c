@@ -48,7 +48,48 @@ static int env_int(const char *name, int *out)
     return 1;
 }
 
-static mg_status pick(int given, const char *env, bool required, int *out)
+/* An integer environment variable; -1 if unset or nonsense. */
+static int env_val(const char *name)
+{
+    int v = -1;
+    return env_int(name, &v) > 0 ? v : -1;
+}
+
+mg_launch mg_launch_detect(void)
+{
+    /* Each MPI launcher, with its names for the rank, the size and the local ones. */
+    static const struct { const char *by, *rank, *size, *local_rank, *local_size; } mpi[] = {
+        {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"PMIx", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE"},
+        {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    };
+    mg_launch l = {NULL, false, -1, -1, -1, -1};
+    const char *r = getenv("RANK");
+    if (r && *r) {
+        l.by = "RANK";
+        l.rank = env_val("RANK");
+        l.size = env_val("WORLD_SIZE");
+        l.local_rank = env_val("LOCAL_RANK");
+        l.local_size = env_val("LOCAL_WORLD_SIZE");
+    }
+    for (size_t i = 0; i < sizeof mpi / sizeof *mpi && !l.mpi; i++) {
+        const char *s = getenv(mpi[i].rank);
+        if (!s || !*s) continue;
+        l.mpi = true;
+        if (l.by) break;   /* RANK and WORLD_SIZE are the job's (e.g. mgrun under mpirun) */
+        l.by = mpi[i].by;
+        l.rank = env_val(mpi[i].rank);
+        l.size = env_val(mpi[i].size);
+        l.local_rank = env_val(mpi[i].local_rank);
+        l.local_size = env_val(mpi[i].local_size);
+    }
+    return l;
+}
+
+/* given (>= 0), else the environment variable env, else what an MPI
+ * launcher said (launched >= 0). */
+static mg_status pick(int given, const char *env, int launched, bool required, int *out)
 {
     *out = -1;
     if (given >= 0) {
@@ -57,7 +98,8 @@ static mg_status pick(int given, const char *env, bool required, int *out)
     }
     int r = env_int(env, out);
     if (r < 0) return mg_error(MG_EINVAL, "%s='%s' is not a non-negative integer", env, getenv(env));
-    if (r == 0 && required)
+    if (r == 0) *out = launched;
+    if (*out < 0 && required)
         return mg_error(MG_EINVAL, "%s is not set: start the ranks with a launcher (mgrun, "
                         "torchrun, mpirun) or pass rank and size explicitly", env);
     return MG_OK;
@@ -66,10 +108,12 @@ static mg_status pick(int given, const char *env, bool required, int *out)
 mg_status mg__resolve_ranks(const mg_group_options *opt, int *rank, int *size,
                             int *local_rank, int *local_size)
 {
-    MG_TRY(pick(opt->rank, "RANK", true, rank));
-    MG_TRY(pick(opt->size, "WORLD_SIZE", true, size));
-    MG_TRY(pick(opt->local_rank, "LOCAL_RANK", false, local_rank));
-    MG_TRY(pick(opt->local_size, "LOCAL_WORLD_SIZE", false, local_size));
+    mg_launch l = mg_launch_detect();
+    if (!l.mpi || !strcmp(l.by, "RANK")) l.rank = l.size = l.local_rank = l.local_size = -1;
+    MG_TRY(pick(opt->rank, "RANK", l.rank, true, rank));
+    MG_TRY(pick(opt->size, "WORLD_SIZE", l.size, true, size));
+    MG_TRY(pick(opt->local_rank, "LOCAL_RANK", l.local_rank, false, local_rank));
+    MG_TRY(pick(opt->local_size, "LOCAL_WORLD_SIZE", l.local_size, false, local_size));
     if (*size < 1)
         return mg_error(MG_EINVAL, "world size %d: it must be at least 1 (WORLD_SIZE)", *size);
     if (*rank < 0 || *rank >= *size)
@@ -81,15 +125,35 @@ mg_status mg__resolve_ranks(const mg_group_options *opt, int *rank, int *size,
     return MG_OK;
 }
 
+/* Started by an MPI launcher (and not by one that sets RANK), a group
+ * takes the MPI backend unless told otherwise; the builtin one gets its
+ * ranks from the launcher but still needs a rendezvous. */
+static mg_status mpi_launch_backend(const mg_group_options *opt, const char **name)
+{
+    mg_launch l = mg_launch_detect();
+    bool by_mpi = l.mpi && strcmp(l.by, "RANK");
+    if (!*name) *name = by_mpi && mg__backend_find("mpi") ? "mpi" : "builtin";
+    const char *a = getenv("MASTER_ADDR");
+    if (!by_mpi || strcmp(*name, "builtin") || opt->init_method || (a && *a)) return MG_OK;
+    if (!mg__backend_find("mpi"))
+        return mg_error(MG_EUNSUPPORTED, "started by %s, but this build has no MPI backend: "
+                        "rebuild multigrad with Open MPI installed (libopenmpi-dev), or give "
+                        "the builtin backend a rendezvous (mpirun -x MASTER_ADDR=HOST -x "
+                        "MASTER_PORT=PORT)", l.by);
+    return mg_error(MG_EINVAL, "MG_BACKEND=builtin under %s needs a rendezvous: mpirun -x "
+                    "MASTER_ADDR=HOST -x MASTER_PORT=PORT (or leave MG_BACKEND unset for the "
+                    "MPI backend)", l.by);
+}
+
 mg_status mg_group_init(const mg_group_options *opt, mg_group **out)
 {
     *out = NULL;
     mg_group_options def = mg_group_options_default();
     if (!opt) opt = &def;
+    MG_TRY(mg_tunables_check());
     double timeout = opt->timeout_s > 0 ? opt->timeout_s : mg_env_double("MG_TIMEOUT", 300);
-    if (!(timeout > 0))
-        return mg_error(MG_EINVAL, "MG_TIMEOUT=%g: the timeout must be positive (seconds)", timeout);
-    const char *name = opt->backend ? opt->backend : mg_env_str("MG_BACKEND", "builtin");
+    const char *name = opt->backend ? opt->backend : mg_env_str("MG_BACKEND", NULL);
+    MG_TRY(mpi_launch_backend(opt, &name));
     const mg__backend *be = mg__backend_find(name);
     if (!be) {
         if (!strcmp(name, "mpi"))

@@ -90,15 +90,16 @@ void mg__group_fail(mg_group *g, mg_status code, const char *msg)
     g->fail_code = code;
     snprintf(g->fail_msg, sizeof g->fail_msg, "%s", msg);
     atomic_store(&g->failed, 2);
-    mg_debug("rank %d: group failed: %s", g->rank, msg);
-    g->be->abort(g, g->fail_msg);
+    mg_debug("rank %d: group failed: %s", g->rank, mg_error_past_rank(msg, g->rank));
+    /* Peers say "rank R failed and aborted the group: ...": R once. */
+    g->be->abort(g, mg_error_past_rank(g->fail_msg, g->rank));
 }
 
 static mg_status failed_error(mg_group *g)
 {
     /* The message is complete once failed reads 2 (set by the one writer). */
     while (atomic_load(&g->failed) == 1) sched_yield();
-    return mg_error(g->fail_code, "this group failed earlier and cannot be used any more: %s",
+    return mg_error(g->fail_code, "%s (the group failed earlier and cannot be used any more)",
                     g->fail_msg);
 }
 

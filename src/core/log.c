@@ -1,8 +1,10 @@
 /* Logging to stderr, clocks and process statistics. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include "multigrad/core.h"
 
@@ -13,18 +15,39 @@ void mg_set_verbose(bool on) { v = on; }
 bool mg_verbose(void)
 {
     if (v < 0) {
-        const char *s = getenv("MG_VERBOSE");
-        v = s && *s && *s != '0';
+        v = 0;   /* its own read logs nothing */
+        v = mg_env_long("MG_VERBOSE", 0) != 0;
     }
     return v;
 }
 
-static void vlog(const char *fmt, va_list ap)
+void mg_veprintf(const char *prefix, const char *fmt, va_list ap)
 {
-    char line[2048];
-    vsnprintf(line, sizeof line, fmt, ap);
-    fprintf(stderr, "multigrad: %s\n", line);
+    char line[4096];
+    int n = prefix ? snprintf(line, sizeof line, "%s: ", prefix) : 0;
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    if (m < 0) m = 0;
+    size_t len = (size_t)n + ((size_t)m < sizeof line - (size_t)n - 1
+                              ? (size_t)m : sizeof line - (size_t)n - 2);
+    line[len++] = '\n';
+    for (const char *p = line; len > 0;) {
+        ssize_t w = write(2, p, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        p += w;
+        len -= (size_t)w;
+    }
 }
+
+void mg_eprintf(const char *prefix, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mg_veprintf(prefix, fmt, ap);
+    va_end(ap);
+}
+
+static void vlog(const char *fmt, va_list ap) { mg_veprintf("multigrad", fmt, ap); }
 
 void mg_log(const char *fmt, ...)
 {

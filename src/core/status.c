@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "multigrad/status.h"
 
 static _Thread_local char last_error[1024];
@@ -16,6 +17,13 @@ mg_status mg_error(mg_status code, const char *fmt, ...)
 }
 
 const char *mg_last_error(void) { return last_error; }
+
+const char *mg_error_past_rank(const char *msg, int rank)
+{
+    char me[24];
+    int n = snprintf(me, sizeof me, "rank %d: ", rank);
+    return strncmp(msg, me, (size_t)n) ? msg : msg + n;
+}
 
 const char *mg_status_name(mg_status s)
 {

@@ -27,8 +27,7 @@
 /* Read at each shape set-up (model creation), not in the step. */
 static size_t chunk_budget_floats(void)
 {
-    long kb = mg_env_long("MG_CONV_CHUNK_KB", 1024);
-    return (size_t)(kb < 16 ? 16 : kb) * 256;
+    return (size_t)mg_env_long("MG_CONV_CHUNK_KB", 1024) * 256;
 }
 
 /* A group of the lanes path: its input, its output and one more of

@@ -33,12 +33,7 @@ static void threads_init(void)
 {
     mg_kernels();   /* the right GEMM kernels before the first GEMM */
     if (threads_explicit) return;
-    long n = mg_env_long("MG_THREADS", 1);
-    if (n < 1) {
-        mg_log("warning: MG_THREADS=%ld is not positive; using 1", n);
-        n = 1;
-    }
-    n_threads = (int)n;
+    n_threads = (int)mg_env_long("MG_THREADS", 1);
     openblas_set_num_threads(n_threads);
 }
 

@@ -43,19 +43,11 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static void env_read(void)
 {
-    long c = mg_env_long("MG_COLL_CHUNK", 512 << 10);
-    env_chunk = c < 4096 ? 4096 : (size_t)c;
+    env_chunk = (size_t)mg_env_long("MG_COLL_CHUNK", 512 << 10);
     long s = mg_env_long("MG_SHM_CHUNK", 0);
     env_shm_chunk = s <= 0 ? 0 : s < 4096 ? 4096 : (size_t)s;
-    const char *a = mg_env_str("MG_ALGO", NULL);
-    env_algo = MG_ALGO_AUTO;
-    if (a && *a) {
-        int v = mg__algo_parse(a);
-        if (v < 0)
-            mg_log("warning: MG_ALGO='%s' is not one of auto, ring, rd, tree, shm; using auto", a);
-        else
-            env_algo = v;
-    }
+    /* The table admits only the names mg__algo_parse knows. */
+    env_algo = mg__algo_parse(mg_env_str("MG_ALGO", "auto"));
 }
 
 size_t mg__coll_chunk(void)
@@ -70,7 +62,7 @@ size_t mg__shm_chunk_cap(void)
     return env_shm_chunk;
 }
 
-static mg__algo env_forced_algo(void)
+mg__algo mg__algo_forced(void)
 {
     pthread_once(&env_once, env_read);
     return (mg__algo)env_algo;
@@ -222,7 +214,7 @@ static mg_status run_algo(mg__op *o, mg__algo a)
 
 static mg__algo choose(mg__p2p *p, const mg_call *c, mg__algo algo)
 {
-    if (algo == MG_ALGO_AUTO) algo = env_forced_algo();
+    if (algo == MG_ALGO_AUTO) algo = mg__algo_forced();
     if (algo == MG_ALGO_SHM && !p->shm) {
         mg__algo best = mg__coll_select(p, c);
         mg_debug("%s: algorithm shm needs all ranks on one host with shared memory; "

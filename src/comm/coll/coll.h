@@ -115,6 +115,8 @@ typedef enum {
 const char *mg__algo_name(mg__algo a);
 /* "ring" | "rd" | "tree" | "shm" | "auto"; -1 if unknown. */
 int mg__algo_parse(const char *name);
+/* The algorithm MG_ALGO forces (MG_ALGO_AUTO: none), read once. */
+mg__algo mg__algo_forced(void);
 
 /* Run one operation (any mg_coll but SEND/RECV, which the group carries
  * itself). count/dtype/op/root as in mg_call; sendbuf already resolved

@@ -645,8 +645,7 @@ static mg_status be_init(mg_group *g, const mg_group_options *opt)
      * world of its own: refuse before initialising MPI at all. */
     int inited = 0;
     MPI_Initialized(&inited);
-    if (!inited && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") &&
-        !getenv("PMI_RANK"))
+    if (!inited && !mg_launch_detect().mpi)
         MG_TRY(check_world(opt, 0, 1));
     MG_TRY(mpi_setup());
     int rank = 0, size = 1, mpi_rc;

@@ -24,7 +24,7 @@ static const uint8_t BUSY[4] = {'M', 'G', 'A', 'B'};
 const char *mg__secret(const char *s)
 {
     if (s) return s;
-    s = getenv("MG_JOB_SECRET");
+    s = mg_env_str("MG_JOB_SECRET", NULL);
     return s ? s : "";
 }
 

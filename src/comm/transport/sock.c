@@ -173,9 +173,9 @@ mg_status mg__sock_connect(const char *host, int port, double deadline, const ch
         wait = wait * 2 > 0.25 ? 0.25 : wait * 2;
     }
     freeaddrinfo(res);
-    return mg_error(MG_ETIMEOUT, "cannot reach %s at %s:%d within the deadline: %s; check "
+    return mg_error(MG_ETIMEOUT, "cannot reach %s within the deadline: %s; check "
                     "that it is running and that the address and port are right",
-                    what, host, port, strerror(last ? last : ETIMEDOUT));
+                    what, strerror(last ? last : ETIMEDOUT));
 }
 
 mg_status mg__sock_wait(int fd, short events, double deadline, const char *what)

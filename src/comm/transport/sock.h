@@ -14,7 +14,8 @@
  * the port is taken. */
 mg_status mg__sock_listen(const char *host, int port, int *fd, int *bound_port);
 /* Connect to host:port, retrying refused or unreachable attempts until
- * deadline (mg_now() seconds). `what` names the peer in messages. */
+ * deadline (mg_now() seconds). `what` names the peer and its address in
+ * messages ("the store at HOST:PORT"). */
 mg_status mg__sock_connect(const char *host, int port, double deadline, const char *what,
                            int *fd);
 /* Accept one pending connection (-1 and errno EAGAIN when none). */
