@@ -396,8 +396,8 @@ TEST_T(mgrun_bad_input, 30)
     struct { const char *args[12]; const char *says; } cases[] = {
         {{"--bogus", "sh", "-c", touch}, "unknown or ambiguous option '--bogus'"},
         {{"-x", "sh", "-c", touch}, "unknown option '-x'"},
-        {{"-n", "0", "sh", "-c", touch}, "--nproc-per-node: 0 is out of range"},
-        {{"-n", "two", "sh", "-c", touch}, "'two' is not a whole number"},
+        {{"-n", "0", "sh", "-c", touch}, "--nproc-per-node 0 is out of range: give an integer from 1 to 4096"},
+        {{"-n", "two", "sh", "-c", touch}, "'two' is not an integer"},
         {{"-n"}, "option '-n' needs a value"},
         {{"-n", "2"}, "no program to run"},
         {{"no-such-program-mg"}, "cannot run 'no-such-program-mg': not found in PATH"},
@@ -406,7 +406,7 @@ TEST_T(mgrun_bad_input, 30)
          "--node-rank 2 is out of range for --nnodes 2"},
         {{"--nnodes", "2", "sh", "-c", touch}, "needs --master-port"},
         {{"--nnodes", "2", "--master-port", "29500", "sh", "-c", touch}, "needs MG_JOB_SECRET"},
-        {{"--master-port", "70000", "sh", "-c", touch}, "--master-port: 70000 is out of range"},
+        {{"--master-port", "70000", "sh", "-c", touch}, "--master-port 70000 is out of range: give an integer from 1 to 65535"},
         {{"--bind", "socket", "sh", "-c", touch}, "--bind: unknown mode 'socket'"},
         {{"--bind", "core", "-n", "4096", "sh", "-c", touch}, "use fewer workers or --bind none"},
     };
@@ -429,4 +429,82 @@ TEST_T(mgrun_bad_input, 30)
     const char *theirs[] = {"sh", "-c", "echo \"$1\"", "sh", "--help", NULL};
     run(theirs, &R);
     CHECK(EXITED(&R, 0) && strcmp(R.out, "--help\n") == 0);
+}
+
+/* A process's state letter from /proc (R, S, T stopped, Z zombie), or 0. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    mgt_read_into(path, buf, sizeof buf);
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+static void wait_state(pid_t pid, char state)
+{
+    double t0 = mg_now();
+    while (proc_state(pid) != state) {
+        CHECK_MSG(mg_now() - t0 < 10, "pid %d never reached state %c", (int)pid, state);
+        usleep(2000);
+    }
+}
+
+/* A stopped worker (SIGSTOP, a debugger) is why the others fail (in a job,
+ * on their deadline): the summary names it first and the failure after it,
+ * and SIGCONT lets it act on the SIGTERM at once, without the grace. */
+TEST_T(mgrun_summary_names_stopped_worker_as_cause, 30)
+{
+    setenv("MG_GRACE", "20", 1);
+    const char *script =
+        "echo $$ > \"$1/pid.$RANK\"; "
+        "if [ $RANK = 1 ]; then kill -STOP $$; fi; "
+        "if [ $RANK = 0 ]; then while [ ! -s \"$1/pid.1\" ]; do sleep 0.01; done; "
+        "  while ! grep -q '^State:.*stopped' /proc/$(cat \"$1/pid.1\")/status; do sleep 0.01; "
+        "  done; exit 1; fi; "
+        "exec sleep 30";
+    const char *args[] = {"-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 1), "status %d: %s", R.status, R.err);
+    CHECK_MSG(R.secs < 10, "%.1f s", R.secs);
+    char expect[256];
+    snprintf(expect, sizeof expect, "mgrun: rank 1 (pid %d) was stopped by signal %d (SIGSTOP); "
+             "then rank 0 (pid %d) exited with status 1; stopped the other 2 worker(s)\n",
+             (int)worker_pid(1), SIGSTOP, (int)worker_pid(0));
+    CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'", R.err);
+    for (int r = 0; r < 3; r++) CHECK(gone(worker_pid(r)));
+}
+
+/* A worker killed by a signal is the cause even when mgrun finds another
+ * one gone at the same moment (it failed on losing the first): mgrun is
+ * stopped while rank 0 kills rank 1 and exits. */
+TEST_T(mgrun_summary_names_killed_worker_as_cause, 30)
+{
+    setenv("MG_GRACE", "20", 1);
+    const char *script =
+        "echo $$ > \"$1/pid.$RANK\"; "
+        "if [ $RANK = 0 ]; then while [ ! -e \"$1/go\" ]; do sleep 0.01; done; "
+        "  kill -9 $(cat \"$1/pid.1\"); exit 1; fi; "
+        "exec sleep 30";
+    const char *args[] = {"-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    double t0 = mg_now();
+    pid_t pid = start(args);
+    pid_t w[3];
+    for (int r = 0; r < 3; r++) w[r] = worker_pid(r);
+    CHECK(kill(pid, SIGSTOP) == 0);
+    wait_state(pid, 'T');
+    char go[600];
+    snprintf(go, sizeof go, "%s/go", mgt_tmpdir());
+    close(open(go, O_WRONLY | O_CREAT, 0600));
+    wait_state(w[0], 'Z');
+    wait_state(w[1], 'Z');
+    CHECK(kill(pid, SIGCONT) == 0);
+    finish(pid, t0, 20, &R);
+    CHECK_MSG(EXITED(&R, 128 + SIGKILL), "status %d: %s", R.status, R.err);
+    char expect[256];
+    snprintf(expect, sizeof expect, "mgrun: rank 1 (pid %d) was killed by signal 9 (SIGKILL); "
+             "then rank 0 (pid %d) exited with status 1; stopped the other 1 worker(s)\n",
+             (int)w[1], (int)w[0]);
+    CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'", R.err);
+    CHECK(gone(w[2]));
 }

@@ -119,13 +119,7 @@ static void parse_args(int argc, char **argv, options *o)
             o->backend = optarg;
             break;
         case 't': o->tcp = 1; break;
-        case 'T': {
-            char *end;
-            o->timeout = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->timeout > 0))
-                mgb_bad_input("-T: '%s' is not a number of seconds > 0", optarg);
-            break;
-        }
+        case 'T': o->timeout = mgb_parse_double("-T", optarg, 0, 1e7, MG_OPEN_LO); break;
         case 'h': usage(stdout); exit(0);
         case OPT_VERSION: mg_print_version("mgbench"); exit(0);
         default: mgb_bad_option(opt, argv);
@@ -149,7 +143,8 @@ static void __attribute__((noreturn)) op_failed(const bench *b, int coll, mg_dty
                                                  size_t bytes, mg_status s)
 {
     fprintf(stderr, "%s: rank %d: %s of %zu B (%s) failed: %s: %s\n", mgb_prog, b->rank,
-            mgb_coll_names[coll], bytes, mg_dtype_name(t), mg_status_name(s), mg_last_error());
+            mgb_coll_names[coll], bytes, mg_dtype_name(t), mg_status_name(s),
+            mg_error_past_rank(mg_last_error(), b->rank));
     exit(1);
 }
 
@@ -492,41 +487,26 @@ int main(int argc, char **argv)
      * rank 0 before it prints once another rank has exited. */
     options o;
     parse_args(argc, argv, &o);
+    if (mg_tunables_check()) mgb_bad_input("%s", mg_last_error());
     if (o.algo) setenv("MG_ALGO", o.algo, 1);
     if (o.tcp) setenv("MG_TRANSPORT", "tcp", 1);
-    const char *rank_env = getenv("RANK"), *world_env = getenv("WORLD_SIZE");
-    const char *ompi_rank = getenv("OMPI_COMM_WORLD_RANK");
-    int under_mgrun = rank_env && *rank_env && world_env && *world_env;
-    int under_mpirun = ompi_rank && *ompi_rank;
-    /* Under mpirun (and nothing else) MPI carries the job by default. */
-    const char *backend = o.backend ? o.backend :
-        mg_env_str("MG_BACKEND", under_mpirun && !under_mgrun ? "mpi" : "builtin");
-    if (strcmp(backend, "builtin") && strcmp(backend, "mpi"))
-        mgb_bad_input("MG_BACKEND='%s' is not builtin or mpi", backend);
-    if (under_mpirun && !under_mgrun && !strcmp(backend, "builtin")) {
-        /* The builtin backend under mpirun: ranks from MPI, rendezvous from MASTER_*. */
-        if (!getenv("MASTER_ADDR") || !getenv("MASTER_PORT"))
-            mgb_bad_input("--backend builtin under mpirun needs MASTER_ADDR and MASTER_PORT "
-                      "(mpirun -x MASTER_ADDR=host -x MASTER_PORT=port ...)");
-        setenv("RANK", ompi_rank, 1);
-        setenv("WORLD_SIZE", mg_env_str("OMPI_COMM_WORLD_SIZE", "1"), 1);
-        setenv("LOCAL_RANK", mg_env_str("OMPI_COMM_WORLD_LOCAL_RANK", "0"), 1);
-        setenv("LOCAL_WORLD_SIZE", mg_env_str("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), 1);
-        under_mgrun = 1;
-    }
-    const char *ws = under_mgrun ? getenv("WORLD_SIZE") : getenv("OMPI_COMM_WORLD_SIZE");
-    if ((under_mgrun || under_mpirun) && o.nranks && ws && atoi(ws) != o.nranks)
-        mgb_bad_input("-n %d, but the launcher started %s ranks", o.nranks, ws);
+    /* Under a launcher (mgrun, torchrun, mpirun) this is one of its ranks;
+     * the group picks the backend (MPI under mpirun) unless --backend does. */
+    mg_launch l = mg_launch_detect();
+    if (l.by && o.nranks && l.size >= 0 && l.size != o.nranks)
+        mgb_bad_input("-n %d, but the launcher started %d ranks", o.nranks, l.size);
     /* Checked before any rank starts, so the message cannot be lost when a
-     * launcher stops the ranks that have not printed yet. */
-    int n = (under_mgrun || under_mpirun) && ws ? atoi(ws) : o.nranks ? o.nranks : 1;
-    if (o.c.root >= n)
+     * launcher stops the ranks that have not printed yet (a launcher that
+     * does not say its size leaves them to run_rank). */
+    int n = l.by ? l.size : o.nranks ? o.nranks : 1;
+    if (n > 0 && o.c.root >= n)
         mgb_bad_input("-r %d is not a rank of this %d-rank group", o.c.root, n);
     bool sendrecv = false;
     for (int i = 0; i < o.c.ncolls; i++) sendrecv |= o.c.colls[i] == MGB_SENDRECV;
-    if (sendrecv && n < 2 && !o.c.all_colls)
+    if (sendrecv && n == 1 && !o.c.all_colls)
         mgb_bad_input("sendrecv needs at least 2 ranks");
-    if (under_mgrun || under_mpirun) return run_rank(&o, backend);
-    if (!strcmp(backend, "mpi")) return launch_mpirun(&o, n);
+    if (l.by) return run_rank(&o, o.backend);
+    const char *backend = o.backend ? o.backend : mg_env_str("MG_BACKEND", NULL);
+    if (backend && !strcmp(backend, "mpi")) return launch_mpirun(&o, n);
     return launch_local(&o, n, backend);
 }

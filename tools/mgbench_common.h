@@ -54,12 +54,12 @@ static inline void __attribute__((noreturn, format(printf, 1, 2)))
 mgb_bad_input(const char *fmt, ...)
 {
     if (!mgb_quiet) {
+        char msg[2048];
         va_list ap;
-        fprintf(stderr, "%s: ", mgb_prog);
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        fprintf(stderr, " (see %s --help)\n", mgb_prog);
+        mg_eprintf(mgb_prog, "%s (see %s --help)", msg, mgb_prog);
     }
     if (mgb_before_exit) mgb_before_exit();
     exit(MGB_BAD_INPUT);
@@ -67,11 +67,16 @@ mgb_bad_input(const char *fmt, ...)
 
 static inline long mgb_parse_long(const char *flag, const char *s, long lo, long hi)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end) mgb_bad_input("%s: '%s' is not a whole number", flag, s);
-    if (v < lo || v > hi) mgb_bad_input("%s: %ld is out of range (%ld..%ld)", flag, v, lo, hi);
+    long v;
+    if (mg_parse_long(flag, s, lo, hi, &v)) mgb_bad_input("%s", mg_last_error());
+    return v;
+}
+
+static inline double mgb_parse_double(const char *flag, const char *s, double lo, double hi,
+                                      int open)
+{
+    double v;
+    if (mg_parse_double(flag, s, lo, hi, open, &v)) mgb_bad_input("%s", mg_last_error());
     return v;
 }
 
@@ -192,14 +197,10 @@ static inline int mgb_option(mgb_opts *o, int opt, const char *arg)
     switch (opt) {
     case 'b': o->minb = mgb_parse_size("-b", arg); return 1;
     case 'e': o->maxb = mgb_parse_size("-e", arg); return 1;
-    case 'f': {
-        char *end;
-        o->factor = strtod(arg, &end);
-        if (end == arg || *end || !(o->factor >= 1) || !isfinite(o->factor))
-            mgb_bad_input("-f: '%s' is not a step factor of 1 or more", arg);
+    case 'f':
+        o->factor = mgb_parse_double("-f", arg, 1, 1e6, 0);
         factor_given = 1;
         return 1;
-    }
     case MGB_OPT_STEPBYTES:
         o->stepb = mgb_parse_size("--stepbytes", arg);
         if (o->stepb == 0) mgb_bad_input("--stepbytes must be more than 0");

@@ -71,6 +71,8 @@ typedef struct {
     int rank;
     pid_t pid;                  /* also its process group */
     bool running, root_failure;
+    int stop_sig;               /* it is stopped (SIGSTOP, a debugger): the signal, else 0 */
+    int stopped_by;             /* stopped when the first failure came: the signal */
     int status;                 /* as from waitpid */
     stream out[2];
 } worker;
@@ -148,23 +150,16 @@ static void usage(FILE *f)
 static void __attribute__((noreturn, format(printf, 1, 2))) bad_input(const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "mgrun: ");
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    mg_veprintf("mgrun", fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n");
     exit(BAD_INPUT);
 }
 
 static int parse_int(const char *flag, const char *s, long lo, long hi)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end)
-        bad_input("%s: '%s' is not a whole number", flag, s);
-    if (v < lo || v > hi)
-        bad_input("%s: %ld is out of range (%ld..%ld)", flag, v, lo, hi);
+    long v;
+    if (mg_parse_long(flag, s, lo, hi, &v)) bad_input("%s", mg_last_error());
     return (int)v;
 }
 
@@ -273,7 +268,9 @@ static void parse_args(int argc, char **argv, options *o)
                   (long)o->nproc * o->nnodes, 1L << 24);
     if (o->nnodes > 1 && o->master_port == 0)
         bad_input("--nnodes %d needs --master-port (the same on every node)", o->nnodes);
-    const char *secret = getenv("MG_JOB_SECRET");
+    /* The MG_* variables are checked once here rather than by every worker. */
+    if (mg_tunables_check()) bad_input("%s", mg_last_error());
+    const char *secret = mg_env_str("MG_JOB_SECRET", NULL);
     if (secret && *secret) {
         if (strlen(secret) < 16 || strlen(secret) >= sizeof o->secret)
             bad_input("MG_JOB_SECRET must have 16 to %zu characters (it has %zu); "
@@ -290,8 +287,7 @@ static void parse_args(int argc, char **argv, options *o)
         bad_input("--bind core: %d workers on this node but %d CPUs to bind them to; "
                   "use fewer workers or --bind none", o->nproc, o->ncpus);
     if (o->bind == BIND_AUTO) o->bind = o->nproc <= o->ncpus ? BIND_CORE : BIND_NONE;
-    o->grace = mg_env_double("MG_GRACE", 5.0);
-    if (o->grace < 0) o->grace = 0;
+    o->grace = mg_env_double("MG_GRACE", 5);
 }
 
 /* 32 random bytes in hex: every connection of the job proves it knows it. */
@@ -584,9 +580,18 @@ static int exit_code(int st)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Why the job failed, rather than a consequence of it. */
+static bool is_cause(const worker *w)
+{
+    return w->stopped_by || (w->root_failure && WIFSIGNALED(w->status));
+}
+
 static void describe(char *buf, size_t cap, const worker *w)
 {
-    if (WIFEXITED(w->status))
+    if (w->stopped_by)
+        snprintf(buf, cap, "rank %d (pid %d) was stopped by signal %d (%s)", w->rank,
+                 (int)w->pid, w->stopped_by, sig_name(w->stopped_by));
+    else if (WIFEXITED(w->status))
         snprintf(buf, cap, "rank %d (pid %d) exited with status %d", w->rank,
                  (int)w->pid, WEXITSTATUS(w->status));
     else
@@ -623,6 +628,9 @@ static void begin_stop(job *j, int sig, double grace)
     j->stopping = true;
     j->deadline = mg_now() + grace;
     signal_all(j, sig);
+    /* A stopped worker acts on the signal only once it runs again. */
+    for (int i = 0; i < j->nw; i++)
+        if (j->w[i].running && j->w[i].stop_sig) kill(-j->w[i].pid, SIGCONT);
 }
 
 static void reap(job *j, double grace)
@@ -630,10 +638,14 @@ static void reap(job *j, double grace)
     int st;
     pid_t pid;
     bool new_failure = false;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    while ((pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
         for (int i = 0; i < j->nw; i++) {
             worker *w = &j->w[i];
             if (!w->running || w->pid != pid) continue;
+            if (WIFSTOPPED(st) || WIFCONTINUED(st)) {
+                w->stop_sig = WIFSTOPPED(st) ? WSTOPSIG(st) : 0;
+                continue;
+            }
             w->running = false;
             w->status = st;
             j->running--;
@@ -644,7 +656,11 @@ static void reap(job *j, double grace)
             }
         }
     }
-    if (new_failure) begin_stop(j, SIGTERM, grace);
+    if (!new_failure) return;
+    /* A worker stopped when the others fail is why they fail (their
+     * collectives wait for it until their deadline). */
+    for (int i = 0; i < j->nw; i++) j->w[i].stopped_by = j->w[i].running ? j->w[i].stop_sig : 0;
+    begin_stop(j, SIGTERM, grace);
 }
 
 static void on_user_signal(job *j, int sig, double grace)
@@ -752,12 +768,26 @@ static int run_attempt(const options *o, int attempt, int port, bool *may_restar
     size_t msg_len = 0;
     FILE *m = open_memstream(&msg, &msg_len);
     if (m && j.n_root > 0) {
+        /* The cause first: a worker killed by a signal, or stopped, when the
+         * others failed; then those that failed after it (their timeouts and
+         * lost peers follow from it). Without one, the failures in order. */
+        bool any_cause = false;
+        int code_from = j.first_root;
+        for (int i = 0; i < j.nw; i++) any_cause |= is_cause(&j.w[i]);
         fprintf(m, "mgrun: ");
         for (int i = 0, k = 0; i < j.nw; i++) {
-            if (!j.w[i].root_failure) continue;
+            const worker *w = &j.w[i];
+            if (any_cause ? !is_cause(w) : !w->root_failure) continue;
+            char d[160];
+            describe(d, sizeof d, w);
+            fprintf(m, "%s%s", k++ ? ", " : "", d);
+            if (k == 1 && w->root_failure) code_from = i;
+        }
+        for (int i = 0, k = 0; any_cause && i < j.nw; i++) {
+            if (!j.w[i].root_failure || is_cause(&j.w[i])) continue;
             char d[160];
             describe(d, sizeof d, &j.w[i]);
-            fprintf(m, "%s%s", k++ ? ", " : "", d);
+            fprintf(m, "%s%s", k++ ? ", " : "; then ", d);
         }
         if (j.stopped > 0)
             fprintf(m, "; stopped the other %d worker(s)", j.stopped);
@@ -766,7 +796,7 @@ static int run_attempt(const options *o, int attempt, int port, bool *may_restar
         if (j.n_killed > 0 && !j.interrupted)
             fprintf(m, " (%d with SIGKILL after %g s of SIGTERM)", j.n_killed, o->grace);
         fprintf(m, "\n");
-        rc = exit_code(j.w[j.first_root].status);
+        rc = exit_code(j.w[code_from].status);
         *may_restart = rc != 0 && !j.interrupted;
     }
     if (m && j.interrupted) {
@@ -797,7 +827,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));
         return 1;
     }
-    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART | SA_NOCLDSTOP};
+    /* SIGCHLD also when a worker is stopped or continued (reap notes it). */
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < N_HANDLED; i++) sigaction(handled_signals[i], &sa, NULL);
     signal(SIGPIPE, SIG_IGN);

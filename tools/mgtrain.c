@@ -12,13 +12,14 @@
  * PyTorch's names, written atomically, and --resume continues exactly
  * where one left off.
  *
- * Bad input (unknown model, a non-positive number, a missing data
- * directory, a damaged or mismatched checkpoint) gives one line saying
- * what is wrong and how to fix it, and exit status 2; no file is written
- * before the input has been checked. */
+ * Bad input (unknown model, a number outside its flag's range, a bad MG_*
+ * variable, a missing data directory, a damaged or mismatched checkpoint,
+ * DDP ranks started with different flags) gives one line saying what is
+ * wrong and how to fix it, and exit status 2; no file is written before
+ * the input has been checked. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <openssl/evp.h>
 #include "multigrad/multigrad.h"
 #include "multigrad/plot.h"
 
@@ -49,14 +51,14 @@ typedef struct {
 static const char *prog = "mgtrain";
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+typedef struct trainer trainer;
+static void die_in_step(const trainer *t) __attribute__((noreturn));
 static void die(const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "%s: ", prog);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    mg_veprintf(prog, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     exit(2);
 }
 
@@ -98,6 +100,7 @@ static void usage(FILE *f)
 "  --verbose           print the CPU, the kernels in use and the settings\n"
 "                      (as MG_VERBOSE=1)\n"
 "  --version           version, CPU and kernels of this machine\n"
+"  --print-params      the MG_* environment variables: default, range, meaning\n"
 "  --parallel MODE     none | dp (threads in this process) | ddp (one rank of\n"
 "                      a job started by mgrun or mpirun) (default none)\n"
 "  --workers N         DataParallel threads (default 2)\n"
@@ -117,28 +120,39 @@ static void usage(FILE *f)
 "  --help              this text\n");
 }
 
-static long parse_long(const char *flag, const char *s, long lo)
+/* A flag's number, in the range its meaning allows. */
+static long int_flag(const char *flag, long lo, long hi)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || end == s)
-        die("%s '%s' is not an integer; give e.g. %s 10", flag, s, flag);
-    if (v < lo)
-        die("%s %s must be at least %ld", flag, s, lo);
+    long v;
+    if (mg_parse_long(flag, optarg, lo, hi, &v)) die("%s", mg_last_error());
     return v;
 }
 
-static float parse_float(const char *flag, const char *s, int positive)
+static float real_flag(const char *flag, double lo, double hi, int open)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || !isfinite(v))
-        die("%s '%s' is not a number; give e.g. %s 0.1", flag, s, flag);
-    if (positive && v <= 0) die("%s %s must be positive", flag, s);
-    if (!positive && v < 0) die("%s %s must not be negative", flag, s);
+    double v;
+    if (mg_parse_double(flag, optarg, lo, hi, open, &v)) die("%s", mg_last_error());
     return (float)v;
+}
+
+/* The tunables' table and the values set now; then the check of those
+ * (a warning for a name it does not know, exit 2 for a bad value). */
+static void print_params(void)
+{
+    int n;
+    const mg_tunable *p = mg_tunables(&n);
+    printf("%-22s %-12s %-36s %s\n", "# variable", "default", "accepts", "meaning");
+    for (int i = 0; i < n; i++) {
+        char range[128];
+        const char *now = mg_tunable_value(&p[i]);
+        mg_tunable_range(&p[i], range, sizeof range);
+        printf("%-22s %-12s %-36s %s", p[i].name, p[i].dflt ? *p[i].dflt ? p[i].dflt : "''" : "-",
+               range, p[i].doc);
+        if (now) printf(" [set: %s]", p[i].type == MG_TUNE_SECRET ? "..." : now);
+        putchar('\n');
+    }
+    fflush(stdout);
+    if (mg_tunables_check()) die("%s", mg_last_error());
 }
 
 static void parse_args(int argc, char **argv, options *o)
@@ -147,7 +161,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
-           O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK };
+           O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -163,11 +177,10 @@ static void parse_args(int argc, char **argv, options *o)
         {"eval-every", 1, 0, O_EVAL_EVERY}, {"layers", 1, 0, O_LAYERS}, {"dim", 1, 0, O_DIM},
         {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
-        {0, 0, 0, 0}};
+        {"print-params", 0, 0, O_PARAMS}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->schedule = "constant";
-    o->threads = (int)mg_env_long("MG_THREADS", 1);
     o->weight_decay = -1;
     o->clip_grad = -1;
     o->parallel = "none";
@@ -185,15 +198,18 @@ static void parse_args(int argc, char **argv, options *o)
         switch (c) {
         case O_MODEL: o->model = optarg; break;
         case O_DATA: o->data = optarg; break;
-        case O_EPOCHS: o->epochs = (int)parse_long("--epochs", optarg, 1); o->have_epochs = 1; break;
-        case O_BATCH: o->batch = (int)parse_long("--batch", optarg, 1); o->have_batch = 1; break;
-        case O_LR: o->lr = parse_float("--lr", optarg, 1); o->have_lr = 1; break;
-        case O_MOM: o->momentum = parse_float("--momentum", optarg, 0); o->have_momentum = 1; break;
+        case O_EPOCHS: o->epochs = (int)int_flag("--epochs", 1, 1000000); o->have_epochs = 1; break;
+        case O_BATCH: o->batch = (int)int_flag("--batch", 1, 65536); o->have_batch = 1; break;
+        case O_LR: o->lr = real_flag("--lr", 0, 1e6, MG_OPEN_LO); o->have_lr = 1; break;
+        case O_MOM:
+            o->momentum = real_flag("--momentum", 0, 1, MG_OPEN_HI);
+            o->have_momentum = 1;
+            break;
         case O_OPT: o->optimizer = optarg; break;
-        case O_WD: o->weight_decay = parse_float("--weight-decay", optarg, 0); break;
+        case O_WD: o->weight_decay = real_flag("--weight-decay", 0, 1e6, 0); break;
         case O_SCHED: o->schedule = optarg; break;
-        case O_SEED: o->seed = (uint64_t)parse_long("--seed", optarg, 0); break;
-        case O_THREADS: o->threads = (int)parse_long("--threads", optarg, 1); break;
+        case O_SEED: o->seed = (uint64_t)int_flag("--seed", 0, LONG_MAX); break;
+        case O_THREADS: o->threads = (int)int_flag("--threads", 1, 1024); break;
         case O_SAVE: o->save = optarg; break;
         case O_RESUME: o->resume = optarg; break;
         case O_INIT: o->init = optarg; break;
@@ -203,33 +219,33 @@ static void parse_args(int argc, char **argv, options *o)
         case O_QUIET: o->quiet = 1; break;
         case O_HELP: usage(stdout); exit(0);
         case O_PARALLEL: o->parallel = optarg; break;
-        case O_WORKERS: o->workers = (int)parse_long("--workers", optarg, 1); break;
-        case O_BUCKET: o->bucket_mb = parse_float("--bucket-mb", optarg, 1); break;
-        case O_ACCUM: o->accumulate = (int)parse_long("--accumulate", optarg, 1); break;
+        case O_WORKERS: o->workers = (int)int_flag("--workers", 1, 1024); break;
+        case O_BUCKET: o->bucket_mb = real_flag("--bucket-mb", 0.001, 65536, 0); break;
+        case O_ACCUM: o->accumulate = (int)int_flag("--accumulate", 1, 65536); break;
         case O_COMPRESS: o->compress = optarg; break;
         case O_VERBOSE: mg_set_verbose(true); break;
         case O_VERSION: mg_print_version("mgtrain"); exit(0);
-        case O_CLIP: o->clip_grad = parse_float("--clip-grad", optarg, 0); break;
-        case O_STEPS: o->steps = parse_long("--steps", optarg, 1); o->have_steps = 1; break;
+        case O_PARAMS: print_params(); exit(0);
+        case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
+        case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
         case O_EVAL_EVERY:
-            o->eval_every = (int)parse_long("--eval-every", optarg, 1);
+            o->eval_every = (int)int_flag("--eval-every", 1, 1000000000);
             o->have_eval_every = 1;
             break;
-        case O_LAYERS: o->gpt.layers = (int)parse_long("--layers", optarg, 1); o->have_arch = 1; break;
-        case O_DIM: o->gpt.dim = (int)parse_long("--dim", optarg, 1); o->have_arch = 1; break;
-        case O_HEADS: o->gpt.heads = (int)parse_long("--heads", optarg, 1); o->have_arch = 1; break;
-        case O_CTX: o->gpt.ctx = (int)parse_long("--ctx", optarg, 2); o->have_arch = 1; break;
-        case O_SAMPLE: o->sample = (int)parse_long("--sample", optarg, 1); break;
+        case O_LAYERS: o->gpt.layers = (int)int_flag("--layers", 1, 256); o->have_arch = 1; break;
+        case O_DIM: o->gpt.dim = (int)int_flag("--dim", 1, 16384); o->have_arch = 1; break;
+        case O_HEADS: o->gpt.heads = (int)int_flag("--heads", 1, 256); o->have_arch = 1; break;
+        case O_CTX: o->gpt.ctx = (int)int_flag("--ctx", 2, 16384); o->have_arch = 1; break;
+        case O_SAMPLE: o->sample = (int)int_flag("--sample", 1, 1 << 20); break;
         case O_PROMPT: o->prompt = optarg; o->have_sample_opts = 1; break;
-        case O_TEMP: o->temperature = parse_float("--temperature", optarg, 0); o->have_sample_opts = 1; break;
-        case O_TOPK: o->top_k = (int)parse_long("--top-k", optarg, 0); o->have_sample_opts = 1; break;
+        case O_TEMP: o->temperature = real_flag("--temperature", 0, 1000, 0); o->have_sample_opts = 1; break;
+        case O_TOPK: o->top_k = (int)int_flag("--top-k", 0, 256); o->have_sample_opts = 1; break;
         default:
             if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
             die("unknown option '%s' (see --help)", argv[optind - 1]);
         }
     }
     if (optind < argc) die("unexpected argument '%s' (see --help)", argv[optind]);
-    if (o->momentum >= 1) die("--momentum %g must be below 1", o->momentum);
     if (strcmp(o->parallel, "none") && strcmp(o->parallel, "dp") && strcmp(o->parallel, "ddp"))
         die("unknown --parallel '%s': use none, dp or ddp", o->parallel);
 }
@@ -467,7 +483,7 @@ static int resume_flags_differ(const char *saved, const char *now, const char *p
 
 /* ---- parallel modes ------------------------------------------------------- */
 
-typedef struct {
+struct trainer {
     enum { MODE_NONE, MODE_DP, MODE_DDP } mode;
     mg_group *g;        /* ddp */
     int rank, world;
@@ -475,53 +491,125 @@ typedef struct {
     mg_dp *dp;
     mg_model *m;        /* the model the optimizer steps (dp: replica 0) */
     mg_optim *opt;
+    int lm;             /* a language model */
     char hp[512];       /* hparams_string */
-} trainer;
+};
 
 /* Sum values over the ranks (no-op in one process). */
 static void sum_over_ranks(trainer *t, double *v, int n)
 {
     if (t->mode != MODE_DDP) return;
-    if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM))
-        die("rank %d: %s", t->rank, mg_last_error());
+    if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM)) die_in_step(t);
 }
 
-/* A step failed on this rank (a forward could not reserve its batch). In
- * a DDP job the other ranks' next collective fails when this one exits,
- * and they stop too. */
-static void die_in_step(const trainer *t) __attribute__((noreturn));
+/* A step failed on this rank (a forward could not reserve its batch, a
+ * collective failed). In a DDP job the other ranks' next collective fails
+ * when this one exits, and they stop too. The line names the rank once
+ * (a group's errors begin with it). */
 static void die_in_step(const trainer *t)
 {
-    if (t->mode == MODE_DDP) die("rank %d: %s", t->rank, mg_last_error());
-    die("%s", mg_last_error());
+    const char *e = mg_last_error();
+    if (t->mode == MODE_DDP) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
+    die("%s", e);
 }
 
-/* Every rank leaves when one fails: the failing rank's message is printed
- * by that rank; the others exit too instead of waiting for it forever. */
+/* Every rank leaves when one fails. The failing rank says why before the
+ * others can know, and leaves first, so that a launcher names it as the
+ * cause; the others wait until it is gone (their barrier fails) instead of
+ * waiting for it forever. */
 static void agree_or_die(trainer *t, int failed, const char *what)
 {
+    if (failed) mg_eprintf(prog, "%s", what);
     if (t->mode == MODE_DDP) {
-        double f = failed;
-        sum_over_ranks(t, &f, 1);
-        if (f > 0 && !failed)
-            die("rank %d: stopping because another rank failed (its message says why)",
-                t->rank);
+        double who = failed ? t->rank + 1 : 0;   /* the last failing rank, + 1 */
+        if (mg_all_reduce(t->g, &who, &who, 1, MG_F64, MG_MAX)) die_in_step(t);
+        if (who > 0 && !failed) {
+            mg_barrier(t->g);
+            die("rank %d: stopping because rank %d failed (its message says why)", t->rank,
+                (int)who - 1);
+        }
     }
-    if (failed) die("%s", what);
+    if (failed) exit(2);
 }
 
-/* Join the DDP job (when --parallel ddp) and set the threads; check the
- * batch divides among the ranks. An automatic restart (mgrun
- * --max-restarts) resumes from the last save. */
+/* ---- ranks that disagree --------------------------------------------------- */
+
+/* One setting of a ";"-separated list as the flag that gives it:
+ * "model=mlp" -> "--model mlp". */
+static void setting_words(const char *kv, size_t n, char *out, size_t cap)
+{
+    size_t k = strcspn(kv, "=");
+    if (k > n) k = n;
+    char flag[64] = "--layers/--dim/--heads/--ctx";
+    if (k != 4 || strncmp(kv, "arch", 4)) {
+        snprintf(flag, sizeof flag, "--%.*s", (int)k, kv);
+        for (char *p = flag; *p; p++) if (*p == '_') *p = '-';
+    }
+    snprintf(out, cap, "%s %.*s", flag, k < n ? (int)(n - k - 1) : 0, kv + k + (k < n));
+}
+
+/* Every rank of a DDP job checks before its first collective that all
+ * were started with the same settings, and again once the data are loaded:
+ * ranks that disagree would otherwise fail later with a misleading error,
+ * or wait for each other until the timeout. One all-gather of a SHA-256
+ * digest; when they differ, one of the settings, to name the first
+ * difference from rank 0. */
+#define SETTINGS_CAP 1024
+static void same_on_every_rank(trainer *t, const char *settings)
+{
+    if (t->mode != MODE_DDP) return;
+    unsigned char md[EVP_MAX_MD_SIZE], *all = malloc((size_t)t->world * SETTINGS_CAP);
+    if (!all || !EVP_Digest(settings, strlen(settings), md, NULL, EVP_sha256(), NULL))
+        die("cannot compare the settings of the ranks: out of memory");
+    if (mg_all_gather(t->g, md, all, 32, MG_U8)) die_in_step(t);
+    int other = 0;
+    for (int r = 1; r < t->world && !other; r++) other = memcmp(all + 32 * r, all, 32) ? r : 0;
+    if (other) {
+        char mine[SETTINGS_CAP] = "";
+        snprintf(mine, sizeof mine, "%s", settings);
+        if (mg_all_gather(t->g, mine, all, SETTINGS_CAP, MG_U8)) die_in_step(t);
+        const char *a = (const char *)all + (size_t)other * SETTINGS_CAP, *b = (const char *)all;
+        all[(size_t)other * SETTINGS_CAP + SETTINGS_CAP - 1] = all[SETTINGS_CAP - 1] = 0;
+        for (;;) {
+            size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
+            if (!*a && !*b)
+                die("rank %d was started with other settings than rank 0: start every rank "
+                    "with the same flags", other);
+            if (la != lb || strncmp(a, b, la)) {
+                char wa[SETTINGS_CAP], wb[SETTINGS_CAP];
+                setting_words(a, la, wa, sizeof wa);
+                setting_words(b, lb, wb, sizeof wb);
+                die("rank %d has %s, rank 0 has %s: start every rank with the same %s", other,
+                    wa, wb, strncmp(a, "data=", 5) ? "flags" : "data");
+            }
+            a += la + (a[la] != 0);
+            b += lb + (b[lb] != 0);
+        }
+    }
+    free(all);
+}
+
+/* Join the DDP job (when --parallel ddp) and set the threads; check that
+ * the ranks agree and the batch divides among them. An automatic restart
+ * (mgrun --max-restarts) resumes from the last save. */
 static void join_job(options *o, trainer *t)
 {
     if (t->mode == MODE_DDP) {
-        if (!getenv("RANK") && !getenv("OMPI_COMM_WORLD_RANK"))
+        if (!mg_launch_detect().by)
             die("--parallel ddp needs a launcher: run it as 'mgrun -n N mgtrain "
                 "--parallel ddp ...' (or under mpirun)");
         if (mg_group_init(NULL, &t->g)) die("%s", mg_last_error());
         t->rank = mg_group_rank(t->g);
         t->world = mg_group_size(t->g);
+        /* The checkpoint's hyper-parameters and what shapes the collectives;
+         * not what each rank may choose (threads, output paths, verbosity). */
+        char settings[SETTINGS_CAP], hp[512];
+        hparams_string(o, t->lm, hp, sizeof hp);
+        snprintf(settings, sizeof settings, "%s;compress=%s;bucket_mb=%g;eval_every=%d;"
+                 "eval_only=%s;resume=%s;init=%s", hp, o->compress, o->bucket_mb, o->eval_every,
+                 o->eval_only ? "yes" : "no", o->resume ? "given" : "none",
+                 o->init ? "given" : "none");
+        same_on_every_rank(t, settings);
         char msg[256];
         snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
                  "multiple of %d (--batch is the global batch)", o->batch, t->world, t->world);
@@ -693,7 +781,7 @@ static float forward_backward(trainer *t, const void *x, const int32_t *y, int b
  * one), then the optimizer. */
 static void finish_step(trainer *t, const options *o, int micro, double lr)
 {
-    if (t->ddp && mg_ddp_finish(t->ddp)) die("rank %d: %s", t->rank, mg_last_error());
+    if (t->ddp && mg_ddp_finish(t->ddp)) die_in_step(t);
     mg_model *m = t->m;
     float *g = mg_model_grads(m);
     size_t n = mg_model_num_params(m);
@@ -809,6 +897,10 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     mg_dataset *train = NULL, *test = NULL;
     if (!o->eval_only && mg_dataset_load(o->data, true, &train)) die("%s", mg_last_error());
     if (mg_dataset_load(o->data, false, &test)) die("%s", mg_last_error());
+    char data[128];
+    snprintf(data, sizeof data, "data=with %d+%d images of %dx%d", train ? train->n : 0, test->n,
+             test->h, test->w);
+    same_on_every_rank(t, data);
 
     int local = o->batch / t->world;  /* images per rank and micro-batch */
     zoo_spec spec = {o->model, o->seed};
@@ -977,6 +1069,9 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     mg_text *text;
     if (mg_text_open(o->data, o->gpt.ctx, &text)) die("%s", mg_last_error());
     join_job(o, t);
+    char data[64];
+    snprintf(data, sizeof data, "data=with %zu bytes", mg_text_size(text));
+    same_on_every_rank(t, data);
     check_outputs(o, t);
     int local = o->batch / t->world, T = o->gpt.ctx;   /* sequences per rank */
     gpt_spec spec = {o->gpt, o->seed};
@@ -1088,6 +1183,8 @@ int main(int argc, char **argv)
 {
     options o;
     parse_args(argc, argv, &o);
+    if (mg_tunables_check()) die("%s", mg_last_error());
+    if (!o.threads) o.threads = (int)mg_env_long("MG_THREADS", 1);
     mg_kernels();   /* the GEMM kernel check sets the environment: before any thread starts */
     trainer t = {.mode = !strcmp(o.parallel, "dp") ? MODE_DP
                        : !strcmp(o.parallel, "ddp") ? MODE_DDP : MODE_NONE,
@@ -1096,7 +1193,7 @@ int main(int argc, char **argv)
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;
     if (mg_zoo_defaults_of(o.model, &def)) die("%s", mg_last_error());
-    int lm = def.language_model;
+    int lm = t.lm = def.language_model;
     if (lm && o.have_epochs)
         die("--epochs: %s trains by steps; give --steps N (default %ld)", o.model, def.steps);
     if (!lm && (o.have_steps || o.have_eval_every || o.have_arch || o.sample ||
