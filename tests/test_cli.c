@@ -2,8 +2,9 @@
  * MG_* variable takes is checked against its range (one line, exit 2, no
  * work done); one table lists the variables (mgtrain --print-params) and a
  * misspelt one is named; DDP ranks started with different settings stop
- * at once naming the difference; the README's mpirun lines run; each
- * diagnostic line is one write(2), whole, naming its rank once.
+ * at once naming the difference; launchers are told by their variables;
+ * each diagnostic line is one write(2), whole, naming its rank and address
+ * once. (The README's mpirun lines run in test_mpi.c.)
  * Needs the tools (make -j2 all, or MG_BIN). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -95,9 +96,9 @@ TEST_T(cli_flag_numbers_out_of_range, 120)
                  : !strcmp(bad[i].tool, "mgrun")
                      ? mgt_sh(&out, "%s %s %s", tool, bad[i].args, save)
                      : mgt_sh(&out, "%s %s", tool, bad[i].args);
-        CHECK_MSG(rc == 2 && count_lines(out) == 1 && !strncmp(out, bad[i].tool, strlen(bad[i].tool))
-                  && strstr(out, bad[i].says), "%s %s: exit %d: %s", bad[i].tool, bad[i].args,
-                  rc, out);
+        CHECK_MSG(rc == 2 && count_lines(out) == 1 &&
+                  !strncmp(out, bad[i].tool, strlen(bad[i].tool)) && strstr(out, bad[i].says),
+                  "%s %s: exit %d: %s", bad[i].tool, bad[i].args, rc, out);
         CHECK_MSG(access(save, F_OK) != 0, "%s %s did the work", bad[i].tool, bad[i].args);
         free(out);
     }
@@ -290,51 +291,6 @@ TEST_T(cli_ddp_ranks_that_disagree_stop_naming_the_difference, 120)
     disagree(f0, f1, "rank 1 has --data with ");
 }
 
-/* ---- mpirun, as the README says ------------------------------------------ */
-
-/* Every `mpirun` line of the README's examples, as written, with the tools
- * on PATH, mpirun told through its environment that root may run it and
- * that two cores may carry more ranks; mgtrain lines get --epochs 1 to
- * keep the test short. */
-TEST_T(cli_readme_mpirun_lines_run, 300)
-{
-    if (mgt_sh(NULL, "command -v mpirun") != 0) mgt_skip("mpirun is not installed");
-#ifndef MG_HAVE_MPI
-    mgt_skip("this build has no MPI backend (mpicc was not installed)");
-#endif
-    char path[600], bin[4096], *readme;
-    snprintf(path, sizeof path, "%s/../../README.md", mgt_data(""));
-    readme = mgt_slurp(path, NULL);
-    if (!*readme) mgt_skip("README.md is not here (%s)", path);
-    snprintf(path, sizeof path, "%s", mgt_tool("mgtrain"));
-    *strrchr(path, '/') = 0;
-    CHECK(realpath(path, bin));
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
-    int ran = 0, trained = 0;
-    for (char *l = strtok(readme, "\n"); l; l = strtok(NULL, "\n")) {
-        if (strncmp(l, "mpirun ", 7)) continue;
-        char *hash = strstr(l, " #");
-        if (hash) *hash = 0;
-        bool mgtrain = strstr(l, " mgtrain ") && !strstr(l, "--epochs");
-        char *out;
-        int rc = mgt_sh(&out, "PATH=%s:$PATH %s%s", bin, l, mgtrain ? " --epochs 1" : "");
-        CHECK_MSG(rc == 0, "'%s' exited %d:\n%s", l, rc, out);
-        if (strstr(l, " mgtrain ")) {
-            CHECK_MSG(strstr(out, "final: test accuracy") && strstr(out, "on 2 ranks, ddp"),
-                      "'%s':\n%s", l, out);
-            trained++;
-        }
-        if (strstr(l, " mgbench ")) CHECK_MSG(strstr(out, "backend mpi"), "'%s':\n%s", l, out);
-        free(out);
-        ran++;
-    }
-    free(readme);
-    CHECK_MSG(ran >= 2 && trained >= 1, "%d mpirun lines in the README, %d of mgtrain", ran,
-              trained);
-}
-
 /* ---- diagnostics ------------------------------------------------------------ */
 
 /* Runs argv with stderr on a SOCK_SEQPACKET socket, where each write(2)
@@ -452,7 +408,7 @@ TEST_T(cli_four_rank_failure_lines_whole_and_cause_named, 120)
         for (int j = 0; j < 3; j++)
             CHECK_MSG(count_of(l, pre[j]) == (j == k), "line %d: '%s'", n + 1, l);
         for (int r = 0; r < 4; r++) {
-            char me[16];
+            char me[32];
             snprintf(me, sizeof me, "rank %d: ", r);
             CHECK_MSG(count_of(l, me) <= 1, "line %d names rank %d twice: '%s'", n + 1, r, l);
         }
@@ -503,17 +459,16 @@ TEST(cli_launcher_detected_from_its_variables)
                      "mpirun -x MASTER_ADDR=HOST"), "%s", mg_last_error());
 }
 
-/* Under mpirun with MG_BACKEND=builtin and a rendezvous, the ranks are
- * mpirun's. */
-TEST_T(cli_mpirun_with_builtin_backend, 120)
+/* A rank that cannot reach the rendezvous names the address once. */
+TEST_T(cli_unreachable_store_named_once, 60)
 {
-    if (mgt_sh(NULL, "command -v mpirun") != 0) mgt_skip("mpirun is not installed");
-    char bench[512], *out;
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
-    int rc = mgt_sh(&out, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                    "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -n 2 -x MG_BACKEND=builtin "
-                    "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=%d %s all_reduce -e 4K",
-                    mgt_free_port(), bench);
-    CHECK_MSG(rc == 0 && strstr(out, "ranks 2  backend builtin"), "exit %d: %s", rc, out);
+    int port = mgt_free_port();
+    char *out, addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    int rc = mgt_sh(&out, "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
+                    "MG_TIMEOUT=1 %s --model mlp --parallel ddp", port, mgt_tool("mgtrain"));
+    CHECK_MSG(rc == 2 && count_lines(out) == 1 && strstr(out, "cannot reach the store at ") &&
+              count_of(out, addr) == 1 && count_of(out, "mgtrain: ") == 1, "exit %d: %s", rc,
+              out);
     free(out);
 }

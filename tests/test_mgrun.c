@@ -396,7 +396,8 @@ TEST_T(mgrun_bad_input, 30)
     struct { const char *args[12]; const char *says; } cases[] = {
         {{"--bogus", "sh", "-c", touch}, "unknown or ambiguous option '--bogus'"},
         {{"-x", "sh", "-c", touch}, "unknown option '-x'"},
-        {{"-n", "0", "sh", "-c", touch}, "--nproc-per-node 0 is out of range: give an integer from 1 to 4096"},
+        {{"-n", "0", "sh", "-c", touch},
+         "--nproc-per-node 0 is out of range: give an integer from 1 to 4096"},
         {{"-n", "two", "sh", "-c", touch}, "'two' is not an integer"},
         {{"-n"}, "option '-n' needs a value"},
         {{"-n", "2"}, "no program to run"},
@@ -406,7 +407,8 @@ TEST_T(mgrun_bad_input, 30)
          "--node-rank 2 is out of range for --nnodes 2"},
         {{"--nnodes", "2", "sh", "-c", touch}, "needs --master-port"},
         {{"--nnodes", "2", "--master-port", "29500", "sh", "-c", touch}, "needs MG_JOB_SECRET"},
-        {{"--master-port", "70000", "sh", "-c", touch}, "--master-port 70000 is out of range: give an integer from 1 to 65535"},
+        {{"--master-port", "70000", "sh", "-c", touch},
+         "--master-port 70000 is out of range: give an integer from 1 to 65535"},
         {{"--bind", "socket", "sh", "-c", touch}, "--bind: unknown mode 'socket'"},
         {{"--bind", "core", "-n", "4096", "sh", "-c", touch}, "use fewer workers or --bind none"},
     };

@@ -11,7 +11,10 @@
  *   memory, the in-place and overlapping forms of coll.h, AVG, async
  *   work, a timeout that names the operation and the peer it fails, and
  *   mismatched collectives with MG_MPI_CHECK=1;
- * - outside mpirun, a job of several ranks is refused with a clear error.
+ * - outside mpirun, a job of several ranks is refused with a clear error;
+ * - the README's mpirun lines run as written (mpirun is detected: mgtrain
+ *   --parallel ddp takes the MPI backend), and the builtin backend under
+ *   mpirun takes its ranks from mpirun.
  * Skipped when the build has no MPI or mpirun is not installed. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -594,6 +597,57 @@ TEST_T(mpi_group_memory, 60) { worker("memory", "2"); }
 TEST_T(mpi_in_place_forms_avg_async, 60) { worker("forms", "3"); worker("forms", "1"); }
 TEST_T(mpi_timeout_names_op_and_tells_peers, 60) { worker("timeout", "2"); }
 TEST_T(mpi_mismatch_checked, 60) { worker("mismatch", "2"); }
+
+/* Every `mpirun` line of the README's examples, as written, with the tools
+ * on PATH (two cores carry more ranks: told through the environment);
+ * mgtrain lines get --epochs 1 to keep the test short. */
+TEST_T(mpi_readme_lines_run_as_written, 300)
+{
+    need_mpi();
+    char path[600], bin[4096], *readme;
+    snprintf(path, sizeof path, "%s/../../README.md", mgt_data(""));
+    readme = mgt_slurp(path, NULL);
+    if (!*readme) mgt_skip("README.md is not here (%s)", path);
+    snprintf(path, sizeof path, "%s", mgt_tool("mgtrain"));
+    *strrchr(path, '/') = 0;
+    CHECK(realpath(path, bin));
+    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 1);
+    int ran = 0, trained = 0;
+    for (char *l = strtok(readme, "\n"); l; l = strtok(NULL, "\n")) {
+        if (strncmp(l, "mpirun ", 7)) continue;
+        char *hash = strstr(l, " #"), cmd[8192];
+        if (hash) *hash = 0;
+        bool mgtrain = strstr(l, " mgtrain ") != NULL;
+        snprintf(cmd, sizeof cmd, "PATH=%s:$PATH %s%s", bin, l,
+                 mgtrain && !strstr(l, "--epochs") ? " --epochs 1" : "");
+        result *r = run(240, (const char *[]){"sh", "-c", cmd, NULL});
+        CHECK_MSG(exit_code(r) == 0, "'%s' exited %d:\n%s\n%s", l, exit_code(r), r->out, r->err);
+        if (mgtrain)
+            CHECK_MSG(strstr(r->out, "final: test accuracy") && strstr(r->out, "on 2 ranks, ddp"),
+                      "'%s':\n%s", l, r->out);
+        if (strstr(l, " mgbench "))
+            CHECK_MSG(strstr(r->out, "backend mpi"), "'%s':\n%s", l, r->out);
+        trained += mgtrain;
+        ran++;
+    }
+    free(readme);
+    CHECK_MSG(ran >= 2 && trained >= 1, "%d mpirun lines in the README, %d of mgtrain", ran,
+              trained);
+}
+
+/* With MG_BACKEND=builtin and a rendezvous, the ranks are mpirun's. */
+TEST_T(mpi_builtin_backend_takes_mpirun_ranks, 120)
+{
+    need_mpi();
+    char bench[512], port[64];
+    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    snprintf(port, sizeof port, "MASTER_PORT=%d", mgt_free_port());
+    result *r = run(90, (const char *[]){"mpirun", "--oversubscribe", "-n", "2", "-x",
+                                         "MG_BACKEND=builtin", "-x", "MASTER_ADDR=127.0.0.1", "-x",
+                                         port, bench, "all_reduce", "-e", "4K", NULL});
+    CHECK_MSG(exit_code(r) == 0 && strstr(r->out, "ranks 2  backend builtin"), "exit %d: %s\n%s",
+              exit_code(r), r->out, r->err);
+}
 
 /* Under mgrun (not mpirun) each process would be a lone MPI world. */
 static int lone(int rank, int n, void *arg)

@@ -238,7 +238,10 @@ static void parse_args(int argc, char **argv, options *o)
         case O_CTX: o->gpt.ctx = (int)int_flag("--ctx", 2, 16384); o->have_arch = 1; break;
         case O_SAMPLE: o->sample = (int)int_flag("--sample", 1, 1 << 20); break;
         case O_PROMPT: o->prompt = optarg; o->have_sample_opts = 1; break;
-        case O_TEMP: o->temperature = real_flag("--temperature", 0, 1000, 0); o->have_sample_opts = 1; break;
+        case O_TEMP:
+            o->temperature = real_flag("--temperature", 0, 1000, 0);
+            o->have_sample_opts = 1;
+            break;
         case O_TOPK: o->top_k = (int)int_flag("--top-k", 0, 256); o->have_sample_opts = 1; break;
         default:
             if (optopt) die("option '%s' needs a value (see --help)", argv[optind - 1]);
