@@ -14,8 +14,7 @@
 
 TEST_T(fuzz_targets_smoke, 600)
 {
-    const char *bin = getenv("MG_FUZZ_BIN");
-    if (!bin || !*bin) bin = "build-fuzz/fuzz";
+    const char *bin = mg_env_str("MG_FUZZ_BIN", "build-fuzz/fuzz");
     glob_t g;
     CHECK_MSG(glob("fuzz/fuzz_*.c", 0, NULL, &g) == 0 && g.gl_pathc > 0,
               "no fuzz/fuzz_*.c: run the tests from the repository's root");

@@ -63,6 +63,7 @@ static const mg_tunable params[] = {
     {"MG_DATA", S, "/usr/share/datasets/fashion-mnist", 0, 4000, NULL, "tests: the Fashion-MNIST directory"},
     {"MG_TEST_DATA", S, "tests/data", 0, 4000, NULL, "tests: the directory of their data files"},
     {"MG_TEST_JOBS", I, "2", 1, 1024, NULL, "tests: how many run at once (mgtest -j)"},
+    {"MG_FUZZ_BIN", S, "build-fuzz/fuzz", 0, 4000, NULL, "tests: the directory of the built fuzz targets (make fuzz)"},
 };
 #define N_PARAMS (int)(sizeof params / sizeof *params)
 
