@@ -17,7 +17,9 @@
  * This layer knows nothing of tensors beyond (pointer, count, dtype).
  *
  * Environment (read at init): MG_TIMEOUT (seconds, default 300: every wait
- * of an operation has this deadline), MG_BACKEND (builtin | mpi),
+ * of an operation has this deadline), MG_PEER_TIMEOUT (seconds, default 15;
+ * 0: off: a peer that shows no sign of life — data or heartbeat — for this
+ * long while a rank waits on it is declared dead), MG_BACKEND (builtin | mpi),
  * MG_TRANSPORT (auto | tcp: TCP even between ranks on one host), MG_ALGO
  * (auto | ring | rd | tree | shm), MG_SHM_SLOT_KB and MG_SHM_RING_KB
  * (shared-memory sizes), MG_SPIN_US and MG_YIELD_US (how long a wait spins

@@ -57,6 +57,11 @@ typedef struct mg__backend {
     mg_status (*run)(mg_group *g, mg__req *r);
     /* The group failed with msg: tell the peers, best effort and quickly. */
     void (*abort)(mg_group *g, const char *msg);
+    /* Optional: called on the progress thread about every g->tick_s
+     * seconds while the group is idle (it holds the execution right), so
+     * the backend can show its peers that this rank lives while the
+     * caller computes. */
+    void (*tick)(mg_group *g);
     /* Release everything; the progress thread has stopped and the queue
      * is empty. */
     void (*destroy)(mg_group *g);
@@ -69,6 +74,7 @@ struct mg_group {
     void *impl;
     int rank, size, local_rank, local_size;
     double timeout;
+    double tick_s;              /* be->tick's period (0: no ticks) */
     /* the queue (work.c) */
     pthread_mutex_t mu;
     pthread_cond_t wake, done;

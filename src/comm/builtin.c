@@ -251,7 +251,8 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
         if (slot < MG__SHM_SLOT_MIN) slot = MG__SHM_SLOT_MIN;
         mg__shmx_cfg cfg = {.gid = b->gid, .rank = rank, .size = size, .local = local,
                             .all_local = nlocal == size, .ring_bytes = ring, .slot_bytes = slot,
-                            .spin = b->spin, .pid = pids, .start = starts};
+                            .spin = b->spin, .pid = pids, .start = starts,
+                            .peer_timeout = b->peer_timeout};
         st = mg__shmx_create(&cfg, &b->shmx);
     }
     char bk[KEYLEN];
@@ -268,7 +269,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     for (int r = 0; !st && r < size; r++) {
         mg__link *l = &b->link[r];
         if (local[r] && r != rank) mg__shmx_chan(b->shmx, r, &l->ch);
-        else if (need[r]) mg__tcp_chan(fds[r], r, &l->ch);
+        else if (need[r]) mg__tcp_chan(fds[r], r, b->peer_timeout, &l->ch);
         else l->ch = (mg__chan){.kind = MG__CH_NONE, .peer = r, .fd = -1};
     }
     if (st && b->link && fds)
@@ -277,6 +278,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     if (!st) {
         mg__p2p_init(b);
         b->p2p.shm = mg__shmx_view(b->shmx);
+        b->beat_s = g->tick_s = mg__beat_period(b->peer_timeout);
     }
     free(local);
     free(need);
@@ -364,6 +366,7 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
         return mg_error(MG_EINVAL, "MG_JOB_SECRET is longer than %zu bytes", sizeof b->secret - 1);
     strcpy(b->secret, sec);
     b->force_tcp = !strcmp(mg_env_str("MG_TRANSPORT", "auto"), "tcp");
+    b->peer_timeout = mg_env_double("MG_PEER_TIMEOUT", 15);
     double deadline = mg_now() + g->timeout;
     MG_TRY(open_store(b, opt, rank, deadline));
     b->world = true;
@@ -459,6 +462,7 @@ static mg_status split(mg__bi *b, mg__req *r)
     sb->store = mg__store_ref(b->store);
     memcpy(sb->secret, b->secret, sizeof sb->secret);
     sb->force_tcp = b->force_tcp;
+    sb->peer_timeout = b->peer_timeout;
     sb->host_ranks = b->host_ranks;
     if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)
         MG_ASSERT(!"split prefix fits: checked above");
@@ -548,6 +552,12 @@ static void bi_abort(mg_group *g, const char *msg)
     mg__bi_abort_links(b, msg);
 }
 
+static void bi_tick(mg_group *g)
+{
+    mg__bi *b = g->impl;
+    if (b->link) mg__bi_beat(b);
+}
+
 static void bi_destroy(mg_group *g)
 {
     mg__bi *b = g->impl;
@@ -589,5 +599,6 @@ static void bi_destroy(mg_group *g)
 }
 
 const mg__backend mg__backend_builtin = {
-    .name = "builtin", .init = bi_init, .run = bi_run, .abort = bi_abort, .destroy = bi_destroy,
+    .name = "builtin", .init = bi_init, .run = bi_run, .abort = bi_abort, .tick = bi_tick,
+    .destroy = bi_destroy,
 };

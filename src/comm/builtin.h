@@ -27,7 +27,7 @@ typedef struct mg__umsg {
     uint8_t data[];
 } mg__umsg;
 
-enum { MG__RX_HEADER, MG__RX_HELD, MG__RX_DIRECT, MG__RX_UNEXP, MG__RX_ABORT };
+enum { MG__RX_HEADER, MG__RX_HELD, MG__RX_DIRECT, MG__RX_UNEXP, MG__RX_ABORT, MG__RX_BEAT };
 
 /* One peer: its channel and the frame being received from it. */
 typedef struct mg__link {
@@ -40,7 +40,7 @@ typedef struct mg__link {
     mg__umsg *um;
     mg_status err;     /* why the link failed */
     bool closed;       /* the peer closed it between frames */
-    char amsg[1024];   /* an abort notice's text */
+    char amsg[MG__ABORT_MAX + 1]; /* an abort notice's text */
 } mg__link;
 
 typedef struct mg__bi {
@@ -61,6 +61,8 @@ typedef struct mg__bi {
     mg_call sel_call;        /* the last call select.c was asked about... */
     int sel_algo;            /* ...and its answer (steady training loops repeat calls) */
     double deadline;         /* of the request being run */
+    double peer_timeout;     /* MG_PEER_TIMEOUT (transport.h); 0: off */
+    double beat_s, next_beat; /* heartbeat period; when the next is due */
     mg__umsg *uhead;         /* unexpected messages, arrival order */
     size_t ubytes, umax;
     int nsplit;
@@ -79,6 +81,10 @@ void mg__bi_abort_links(mg__bi *b, const char *msg);
 /* Orderly close of the TCP links: shutdown, drain to EOF (bounded). */
 void mg__bi_close_links(mg__bi *b, double deadline);
 void mg__bi_free_unexpected(mg__bi *b);
+/* Show this rank's sign of life to its peers when one is due (heartbeat
+ * frames on quiet TCP channels, the shared-memory counter). Called by
+ * the thread that holds the group: often, it costs a clock read. */
+void mg__bi_beat(mg__bi *b);
 /* "send #3 to rank 1 (100 x f32, tag 7) at a.c:12" */
 void mg__bi_describe_p2p(const mg__req *r, char *buf, size_t n);
 

@@ -15,14 +15,18 @@
  * sending while the other is already in a collective, both complete),
  * then spins briefly (shared memory only) and blocks: futex on this rank's
  * doorbell when only shared memory is involved, poll() when TCP is. After
- * each block it checks the deadline, peers' abort notices and, on this
- * host, whether the awaited peers still live. */
+ * each block it checks the deadline, peers' abort notices, whether the
+ * awaited peers showed a sign of life within MG_PEER_TIMEOUT (transport.h)
+ * and, on this host, whether their processes still live. While it waits
+ * or moves data, this rank beats for its peers (heartbeat frames on TCP
+ * channels that are otherwise quiet); heartbeats received are dropped. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include "comm/builtin.h"
@@ -151,13 +155,16 @@ static int claim(mg__bi *b, mg__link *l, want *w)
     mg__fp *h = &l->h;
     int peer = l->ch.peer;
     char d1[200], d2[200];
-    if (h->magic != MG__FRAME_MAGIC || h->kind < MG__FRAME_COLL || h->kind > MG__FRAME_ABORT)
-        return link_fail(l, mg_error(MG_EFORMAT, "corrupt frame from rank %d (bad header): the "
-                                     "stream is out of step (a peer of another version, or "
-                                     "memory corruption)", peer));
+    const char *bad = mg__frame_check(h);
+    if (bad)
+        return link_fail(l, mg_error(MG_EFORMAT, "corrupt frame from rank %d (%s): the stream is "
+                                     "out of step (a peer of another version, or memory "
+                                     "corruption)", peer, bad));
+    if (h->kind == MG__FRAME_BEAT) {
+        l->mode = MG__RX_BEAT;
+        return 0;
+    }
     if (h->kind == MG__FRAME_ABORT) {
-        if (h->len >= sizeof l->amsg)
-            return link_fail(l, mg_error(MG_EFORMAT, "corrupt abort notice from rank %d", peer));
         l->mode = MG__RX_ABORT;
         l->dst = (uint8_t *)l->amsg;
         l->left = h->len;
@@ -262,6 +269,7 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
         int mode = l->mode;
         mg__umsg *um = l->um;
         link_reset(l);
+        if (mode == MG__RX_BEAT) continue;
         if (mode == MG__RX_DIRECT) {
             w->done = true;
             return 1;
@@ -359,6 +367,49 @@ static bool shm_ready(void *p)
     return false;
 }
 
+void mg__bi_beat(mg__bi *b)
+{
+    double now = mg__now_coarse();
+    if (now < b->next_beat) return;
+    b->next_beat = now + b->beat_s / 2;
+    for (int p = 0; p < b->g->size; p++)
+        if (b->link[p].ch.kind == MG__CH_TCP) mg__chan_beat(&b->link[p].ch, now - b->beat_s / 2);
+    if (b->shmx) mg__shmx_beat(b->shmx);
+}
+
+/* A TCP peer awaited that sent nothing — data or heartbeat — for the peer
+ * timeout (counted from the start of this request at the earliest) is
+ * dead to us. Bytes queued behind a frame this rank cannot take yet count
+ * as a sign of life too. Shared-memory peers: mg__shmx_check. */
+static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *what)
+{
+    if (b->peer_timeout <= 0) return MG_OK;
+    double now = mg__now_coarse(), start = b->deadline - b->g->timeout;
+    for (int i = 0; i < n; i++) {
+        mg__chan *c = &b->link[peers[i]].ch;
+        double since = c->last_rx > start ? c->last_rx : start;
+        if (c->kind != MG__CH_TCP || now - since <= b->peer_timeout) continue;
+        int inq = 0;
+        if (ioctl(c->fd, FIONREAD, &inq) == 0 && inq != c->inq_seen) {
+            c->inq_seen = inq;
+            c->last_rx = now;
+            continue;
+        }
+        const mg__rinfo *it = &b->info[peers[i]];
+        char who[200];
+        int state = MG__UNSEEN;
+        if (!strcmp(b->info[b->g->rank].hostkey, it->hostkey)) {
+            snprintf(who, sizeof who, "rank %d (pid %d, this host)", peers[i], (int)it->pid);
+            state = mg__proc_state(it->pid, it->start);
+        } else {
+            snprintf(who, sizeof who, "rank %d (host %s, %s:%d)", peers[i], it->host, it->addr,
+                     (int)it->port);
+        }
+        return mg__peer_silent(who, b->peer_timeout, what, state);
+    }
+    return MG_OK;
+}
+
 /* Nothing moved: wait a little (spin, then block) and check for failures. */
 static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const char *what)
 {
@@ -388,6 +439,7 @@ static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const cha
     if (t && !t->done) peers[npeers++] = t->l->ch.peer;
     if (rl) peers[npeers++] = rl->ch.peer;
     if (b->shmx) MG_TRY(mg__shmx_check(b->shmx, peers, npeers, what));
+    MG_TRY(check_silence(b, peers, npeers, what));
     if (mg_now() < b->deadline) return MG_OK;
     /* A peer on this host can be asked how it is. */
     int p = peers[npeers - 1];
@@ -422,6 +474,7 @@ static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
     char what[96];
     for (;;) {
         int prog = 0, r;
+        mg__bi_beat(b);
         if (t && !t->done) {
             if (t->l->ch.dead)
                 return mg_error(MG_EPEER, "the link to rank %d failed earlier", t->l->ch.peer);
@@ -587,14 +640,14 @@ void mg__bi_free_unexpected(mg__bi *b)
 void mg__bi_abort_links(mg__bi *b, const char *msg)
 {
     size_t len = strlen(msg);
-    if (len > sizeof ((mg__link *)0)->amsg - 1) len = sizeof ((mg__link *)0)->amsg - 1;
+    if (len > MG__ABORT_MAX) len = MG__ABORT_MAX;
     for (int p = 0; p < b->g->size; p++) {
         mg__link *l = &b->link[p];
         if (l->ch.kind != MG__CH_TCP || l->ch.dead) continue;
         bool sent = false;
-        if (!l->ch.tx_mid) {
+        if (mg__chan_at_boundary(&l->ch)) {
             mg__fp h = {.magic = MG__FRAME_MAGIC, .kind = MG__FRAME_ABORT, .len = len};
-            uint8_t buf[sizeof h + 1024];
+            uint8_t buf[sizeof h + MG__ABORT_MAX];
             memcpy(buf, &h, sizeof h);
             memcpy(buf + sizeof h, msg, len);
             sent = !mg__sock_write_all(l->ch.fd, buf, sizeof h + len, mg_now() + 0.1, "abort");

@@ -8,6 +8,10 @@
  * machine a hand-off costs more than the collective). Order is kept
  * because the inline path is only taken when nothing is queued or running.
  *
+ * While no request runs, the progress thread ticks the backend every
+ * g->tick_s seconds (holding the execution right meanwhile, as a request
+ * would): heartbeats keep flowing while the caller computes.
+ *
  * A request's error message is recorded on the executing thread; it is
  * copied into the mg_work and re-recorded on the waiting thread. After a
  * failure the group is poisoned: every later request fails at once with
@@ -118,13 +122,44 @@ static mg_status exec(mg_group *g, mg__req *r)
     return st;
 }
 
+static void abs_time(struct timespec *ts, double from_now)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    double t = (double)ts->tv_sec + 1e-9 * (double)ts->tv_nsec + (from_now > 1e9 ? 1e9 : from_now);
+    ts->tv_sec = (time_t)t;
+    ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
+}
+
+/* Wait for work (caller holds g->mu), ticking the backend while idle. */
+static void idle_wait(mg_group *g, double *next_tick)
+{
+    if (!g->be->tick || g->tick_s <= 0 || atomic_load(&g->failed)) {
+        pthread_cond_wait(&g->wake, &g->mu);
+        return;
+    }
+    double now = mg_now();
+    if (now < *next_tick) {
+        struct timespec ts;
+        abs_time(&ts, *next_tick - now);
+        pthread_cond_timedwait(&g->wake, &g->mu, &ts);
+        return;
+    }
+    *next_tick = now + g->tick_s;
+    if (g->executing || g->head) return;
+    g->executing = true;
+    pthread_mutex_unlock(&g->mu);
+    g->be->tick(g);
+    pthread_mutex_lock(&g->mu);
+    g->executing = false;
+}
+
 static void *progress_main(void *arg)
 {
     mg_group *g = arg;
+    double next_tick = 0;
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!(g->head && !g->executing) && !(g->stop && !g->head))
-            pthread_cond_wait(&g->wake, &g->mu);
+        while (!(g->head && !g->executing) && !(g->stop && !g->head)) idle_wait(g, &next_tick);
         if (!g->head) break; /* stop requested and nothing left */
         struct mg_work *w = g->head;
         g->head = w->next;
@@ -262,10 +297,7 @@ static mg_status wait_done(struct mg_work *w, double timeout)
     if (atomic_load_explicit(&w->state, memory_order_acquire) != W_DONE) {
         mg_group *g = w->g;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (timeout > 1e9 ? 1e9 : timeout);
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        abs_time(&ts, timeout);
         pthread_mutex_lock(&g->mu);
         int rc = 0;
         while (atomic_load(&w->state) != W_DONE && rc != ETIMEDOUT)

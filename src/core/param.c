@@ -44,6 +44,7 @@ static const mg_tunable params[] = {
     {"MG_TRANSPORT", C, "auto", 0, 0, "auto|shm|tcp", "between ranks on one host: shared memory (auto) or tcp"},
     {"MG_ALGO", C, "auto", 0, 0, "auto|ring|rd|tree|shm", "force a collective algorithm (auto: the cost model's choice)"},
     {"MG_TIMEOUT", R, "300", 0.001, 1e7, NULL, "deadline of every wait of a group, seconds"},
+    {"MG_PEER_TIMEOUT", R, "15", 0, 1e7, NULL, "seconds a waiting rank hears nothing (data or heartbeat) from a peer before declaring it dead; 0: only MG_TIMEOUT"},
     {"MG_JOB_SECRET", K, NULL, 0, 511, NULL, "the job's shared secret (mgrun sets one); without one only loopback peers"},
     {"MG_COLL_CHUNK", I, "524288", 4096, 1 << 30, NULL, "collectives: bytes per pipelined chunk of a ring"},
     {"MG_SHM_CHUNK", I, "0", 0, 1 << 30, NULL, "shared-memory collectives: bytes per chunk (0: from the slot size; at least 4096)"},

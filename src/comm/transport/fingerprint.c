@@ -43,6 +43,15 @@ void mg__fp_make(mg__fp *fp, const mg_call *c, uint64_t seq, int algo)
     }
 }
 
+const char *mg__frame_check(const mg__fp *h)
+{
+    if (h->magic != MG__FRAME_MAGIC) return "bad magic";
+    if (h->kind < MG__FRAME_COLL || h->kind > MG__FRAME_BEAT) return "unknown kind";
+    if (h->kind == MG__FRAME_ABORT && h->len > MG__ABORT_MAX) return "abort notice too long";
+    if (h->kind == MG__FRAME_BEAT && h->len) return "heartbeat with a payload";
+    return NULL;
+}
+
 bool mg__fp_same(const mg__fp *a, const mg__fp *b)
 {
     return a->kind == b->kind && a->coll == b->coll && a->dtype == b->dtype && a->op == b->op &&

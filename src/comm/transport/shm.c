@@ -7,6 +7,7 @@
  *         a peer that reads o's counter reads its fingerprint in the same
  *         cache line: the check costs no extra transfer
  *    384  sleep line: o's "sleeping" flag and doorbell futex
+ *    448  heartbeat: a counter o bumps while it lives (transport.h)
  *    512  abort notice (flag, message)
  *   2048  the last 16 fingerprints in full (for messages, and for peers
  *         that fell behind), each under a seqlock
@@ -46,6 +47,7 @@
 #define SEG_MAGIC 0x314d454748534d47ull
 #define OFF_HOT 256
 #define OFF_SLEEP 384
+#define OFF_BEAT 448
 #define OFF_ABORT 512
 #define OFF_HIST 2048
 #define OFF_RINGS 4096
@@ -94,6 +96,7 @@ struct mg__ring {
 
 _Static_assert(sizeof(seg_hdr) <= OFF_HOT - 0, "header fits");
 _Static_assert(sizeof(hot_line) <= 128, "hot line fits");
+_Static_assert(sizeof(sleep_line) <= OFF_BEAT - OFF_SLEEP, "sleep line fits");
 _Static_assert(OFF_ABORT + sizeof(abort_area) <= OFF_HIST, "abort area fits");
 _Static_assert(OFF_HIST + HIST * sizeof(hist_rec) <= OFF_RINGS, "history fits");
 
@@ -123,6 +126,9 @@ struct mg__shmx {
     uint64_t seq, nbar;
     uint64_t *checked;         /* per rank: seq whose fingerprint matched */
     double deadline, started, next_live;
+    double peer_timeout;       /* MG_PEER_TIMEOUT; 0: off */
+    uint64_t *beat_seen;       /* per rank: its heartbeat counter, last read... */
+    double *beat_at;           /* ...and when it was seen to change */
     mg__shm view;
     galloc *allocs;
     unsigned nalloc;
@@ -139,6 +145,10 @@ static mg_status v_wait(mg__shm *s, int rank, uint64_t v);
 
 static inline hot_line *hot(mg__shmx *x, int r) { return (hot_line *)(x->seg[r] + OFF_HOT); }
 static inline sleep_line *slp(mg__shmx *x, int r) { return (sleep_line *)(x->seg[r] + OFF_SLEEP); }
+static inline _Atomic uint64_t *beat(mg__shmx *x, int r)
+{
+    return (_Atomic uint64_t *)(x->seg[r] + OFF_BEAT);
+}
 static inline abort_area *abt(mg__shmx *x, int r) { return (abort_area *)(x->seg[r] + OFF_ABORT); }
 static inline hist_rec *hist(mg__shmx *x, int r, uint64_t seq)
 {
@@ -201,7 +211,11 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     x->peers = calloc((size_t)n, sizeof *x->peers);
     x->seg = calloc((size_t)n, sizeof *x->seg);
     x->checked = calloc((size_t)n, sizeof *x->checked);
-    if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked) {
+    x->beat_seen = calloc((size_t)n, sizeof *x->beat_seen);
+    x->beat_at = calloc((size_t)n, sizeof *x->beat_at);
+    x->peer_timeout = cfg->peer_timeout;
+    if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked ||
+        !x->beat_seen || !x->beat_at) {
         mg__shmx_destroy(x);
         return mg_error(MG_ENOMEM, "shm: out of memory");
     }
@@ -302,6 +316,8 @@ void mg__shmx_destroy(mg__shmx *x)
     free(x->peers);
     free(x->seg);
     free(x->checked);
+    free(x->beat_seen);
+    free(x->beat_at);
     free(x);
 }
 
@@ -366,11 +382,30 @@ void mg__shmx_describe_peer(mg__shmx *x, int peer, char *buf, size_t n)
     snprintf(buf, n, "rank %d (pid %d, this host)", peer, (int)x->pid[peer]);
 }
 
+void mg__shmx_beat(mg__shmx *x)
+{
+    atomic_fetch_add_explicit(beat(x, x->rank), 1, memory_order_relaxed);
+}
+
+/* Peer p's heartbeat has not moved for the peer timeout, counted from the
+ * start of this operation at the earliest. */
+static bool silent(mg__shmx *x, int p, double now)
+{
+    uint64_t b = atomic_load_explicit(beat(x, p), memory_order_relaxed);
+    if (b != x->beat_seen[p]) {
+        x->beat_seen[p] = b;
+        x->beat_at[p] = now;
+    }
+    double since = x->beat_at[p] > x->started ? x->beat_at[p] : x->started;
+    return x->peer_timeout > 0 && now - since > x->peer_timeout;
+}
+
 mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
 {
     char msg[MAX_ABORT], who[96];
     int r = mg__shmx_aborted(x, msg, sizeof msg);
     if (r >= 0) return mg_error(MG_EPEER, "rank %d failed and aborted the group: %s", r, msg);
+    mg__shmx_beat(x);
     double now = mg_now();
     bool late = now >= x->deadline;
     if (now >= x->next_live || late) {
@@ -383,6 +418,7 @@ mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
             if (l == MG__DEAD)
                 return mg_error(MG_EPEER, "%s died (its process is gone) while this rank was %s",
                                 who, what);
+            if (silent(x, p, now)) return mg__peer_silent(who, x->peer_timeout, what, l);
             if (late)
                 return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: %s is %s", now - x->started,
                                 what, who, l == MG__STOPPED
@@ -484,6 +520,7 @@ static uint32_t fp_word(const mg__fp *f)
 
 void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
 {
+    mg__shmx_beat(x);
     x->fp = *fp;
     x->seq = fp->seq;
     x->deadline = deadline;

@@ -22,6 +22,7 @@ typedef struct mg__shmx_cfg {
     mg__spin_cfg spin;
     const pid_t *pid;      /* per group rank, for liveness checks */
     const uint64_t *start;
+    double peer_timeout;   /* MG_PEER_TIMEOUT (transport.h); 0: off */
 } mg__shmx_cfg;
 
 /* Create and map this rank's segment (named after gid and rank). */
@@ -53,9 +54,13 @@ mg__shm *mg__shmx_view(mg__shmx *x);
 
 /* Sleep up to slice seconds on this rank's doorbell unless ready(arg). */
 void mg__shmx_block(mg__shmx *x, double slice, bool (*ready)(void *), void *arg);
+/* Show this rank's sign of life to its local peers (a counter in its
+ * segment; cheap enough for every wait). */
+void mg__shmx_beat(mg__shmx *x);
 /* After a block: fail if a local peer aborted, if one of peers[0..n) died
- * (checked every few hundred ms), or if the deadline passed. `what`
- * describes the wait for messages. */
+ * or showed no sign of life for the peer timeout (checked every few
+ * hundred ms), or if the deadline passed. Beats too. `what` describes the
+ * wait for messages. */
 mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what);
 /* First local peer that announced an abort (its message to msg), or -1. */
 int mg__shmx_aborted(mg__shmx *x, char *msg, size_t n);

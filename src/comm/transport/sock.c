@@ -41,6 +41,16 @@ void mg__sock_nodelay(int fd)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+void mg__sock_keepalive(int fd, double idle_s)
+{
+    int on = 1, idle = idle_s < 1 ? 1 : idle_s > 86400 ? 86400 : (int)idle_s;
+    int intvl = idle / 5 < 1 ? 1 : idle / 5, cnt = 5;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
 static mg_status resolve(const char *host, int port, int passive, struct addrinfo **res,
                          const char *what)
 {

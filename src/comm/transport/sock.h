@@ -28,6 +28,9 @@ mg_status mg__sock_write_all(int fd, const void *buf, size_t n, double deadline,
  * after deadline. */
 mg_status mg__sock_wait(int fd, short events, double deadline, const char *what);
 void mg__sock_nodelay(int fd);
+/* Keepalive probes after idle_s seconds idle, every idle_s / 5 after
+ * that; five unanswered ones close the connection. */
+void mg__sock_keepalive(int fd, double idle_s);
 /* The peer of a connected socket is a loopback address. */
 bool mg__sock_peer_is_loopback(int fd);
 /* The user id owning the other end of a connection on this host (a

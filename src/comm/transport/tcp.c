@@ -8,7 +8,14 @@
  *
  * Data sockets are non-blocking with TCP_NODELAY; reads and writes take
  * what the kernel gives (partial transfers and EINTR are the caller's
- * loop's business, see p2p.c). */
+ * loop's business, see p2p.c). Heartbeats are header-only frames sent
+ * between frames; one the socket took only in part is finished before the
+ * next frame's first byte. TCP keepalive is a backstop for a connection
+ * idle both ways (no heartbeats: the group is held by a long request that
+ * does not communicate), so a vanished host still shows as an error.
+ * No TCP_USER_TIMEOUT: since Linux 5.11 it also closes a connection
+ * whose receiver keeps its window shut, and a rank that computes for
+ * minutes does exactly that to a peer that sent it a large frame. */
 #define _GNU_SOURCE
 #include "comm/transport/tcp.h"
 #include <errno.h>
@@ -174,16 +181,60 @@ mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int
     return MG_OK;
 }
 
-void mg__tcp_chan(int fd, int peer, mg__chan *c)
+void mg__tcp_chan(int fd, int peer, double peer_timeout, mg__chan *c)
 {
     memset(c, 0, sizeof *c);
     c->kind = MG__CH_TCP;
     c->peer = peer;
     c->fd = fd;
+    c->last_rx = c->last_tx = mg__now_coarse();
+    if (peer_timeout > 0) mg__sock_keepalive(fd, peer_timeout);
+}
+
+static ssize_t chan_failed(mg__chan *c)
+{
+    mg_error(MG_EPEER, "the connection to rank %d failed (%s): it exited, crashed or aborted",
+             c->peer, strerror(errno));
+    return -1;
+}
+
+static const mg__fp beat_frame = {.magic = MG__FRAME_MAGIC, .kind = MG__FRAME_BEAT};
+
+/* Send what is left of a heartbeat: 0 when nothing is, 1 when some still
+ * is (the socket is full), -1 on error (errno set). */
+static int beat_flush(mg__chan *c)
+{
+    while (c->beat_left) {
+        const uint8_t *p = (const uint8_t *)&beat_frame + sizeof beat_frame - c->beat_left;
+        ssize_t k = send(c->fd, p, c->beat_left, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) {
+            c->beat_left = (uint8_t)(c->beat_left - k);
+            c->last_tx = mg__now_coarse();
+        } else if (k < 0 && errno == EINTR) {
+            continue;
+        } else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            return -1;
+        } else {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void mg__tcp_chan_beat(mg__chan *c, double before)
+{
+    if (c->dead || c->eof || c->fd < 0) return;
+    if (!c->beat_left) {
+        if (c->tx_mid || c->last_tx > before) return;
+        c->beat_left = sizeof beat_frame;
+    }
+    (void)beat_flush(c);
 }
 
 ssize_t mg__tcp_chan_write(mg__chan *c, const void *a, size_t an, const void *b, size_t bn)
 {
+    int r = beat_flush(c);
+    if (r) return r > 0 ? 0 : chan_failed(c);
     struct iovec iov[2];
     int n = 0;
     if (an) iov[n++] = (struct iovec){(void *)a, an};
@@ -192,12 +243,11 @@ ssize_t mg__tcp_chan_write(mg__chan *c, const void *a, size_t an, const void *b,
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     for (;;) {
         ssize_t k = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) c->last_tx = mg__now_coarse();
         if (k >= 0) return k;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        mg_error(MG_EPEER, "the connection to rank %d failed (%s): it exited, crashed or "
-                 "aborted", c->peer, strerror(errno));
-        return -1;
+        return chan_failed(c);
     }
 }
 
@@ -205,7 +255,10 @@ ssize_t mg__tcp_chan_read(mg__chan *c, void *buf, size_t n)
 {
     for (;;) {
         ssize_t k = recv(c->fd, buf, n, MSG_DONTWAIT);
-        if (k > 0) return k;
+        if (k > 0) {
+            c->last_rx = mg__now_coarse();
+            return k;
+        }
         if (k == 0) {
             c->eof = true;
             mg_error(MG_EPEER, "rank %d closed its connection: it exited, crashed or aborted",
@@ -214,8 +267,6 @@ ssize_t mg__tcp_chan_read(mg__chan *c, void *buf, size_t n)
         }
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        mg_error(MG_EPEER, "the connection to rank %d failed (%s): it exited, crashed or "
-                 "aborted", c->peer, strerror(errno));
-        return -1;
+        return chan_failed(c);
     }
 }

@@ -22,7 +22,9 @@ mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int
                                 const bool *need, char (*addr)[64], const int *port,
                                 const char *secret, double deadline, int *fds);
 
-void mg__tcp_chan(int fd, int peer, mg__chan *c);
+/* peer_timeout > 0: TCP keepalive probes after that long idle. */
+void mg__tcp_chan(int fd, int peer, double peer_timeout, mg__chan *c);
+void mg__tcp_chan_beat(mg__chan *c, double before);
 ssize_t mg__tcp_chan_write(mg__chan *c, const void *a, size_t an, const void *b, size_t bn);
 ssize_t mg__tcp_chan_read(mg__chan *c, void *buf, size_t n);
 

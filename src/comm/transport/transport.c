@@ -57,6 +57,13 @@ int mg__spin_step(mg__spin *s, const mg__spin_cfg *cfg)
 
 /* ---- liveness ---- */
 
+double mg__beat_period(double peer_timeout)
+{
+    /* Several beats per timeout: a late or lost one is no alarm. */
+    double p = peer_timeout / 8;
+    return p <= 0 || p > 1 ? 1 : p < 0.05 ? 0.05 : p;
+}
+
 static int read_stat(pid_t pid, char *state, uint64_t *start)
 {
     char path[64], buf[1024];
@@ -87,6 +94,17 @@ uint64_t mg__proc_starttime(pid_t pid)
     return read_stat(pid, &st, &start) ? 0 : start;
 }
 
+mg_status mg__peer_silent(const char *who, double secs, const char *what, int state)
+{
+    const char *why = state == MG__STOPPED
+        ? "it is stopped (SIGSTOP or a debugger); resume or end it"
+        : state == MG__UNSEEN ? "it is stopped, cut off from this host (network partition) or "
+                                "badly overloaded"
+        : "its process runs but does not beat: frozen or starved of CPU";
+    return mg_error(MG_EPEER, "%s sent nothing for %.0f s while this rank was %s: %s "
+                    "(MG_PEER_TIMEOUT=%g)", who, secs, what, why, secs);
+}
+
 mg__liveness mg__proc_state(pid_t pid, uint64_t starttime)
 {
     if (pid <= 0) return MG__ALIVE;
@@ -111,6 +129,11 @@ ssize_t mg__chan_write(mg__chan *c, const void *a, size_t an, const void *b, siz
 ssize_t mg__chan_read(mg__chan *c, void *buf, size_t n)
 {
     return c->kind == MG__CH_SHM ? mg__shm_chan_read(c, buf, n) : mg__tcp_chan_read(c, buf, n);
+}
+
+void mg__chan_beat(mg__chan *c, double before)
+{
+    if (c->kind == MG__CH_TCP) mg__tcp_chan_beat(c, before);
 }
 
 bool mg__chan_readable(mg__chan *c)
