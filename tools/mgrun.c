@@ -7,7 +7,9 @@
  * after MG_GRACE seconds) and reports who failed and how. With
  * --max-restarts N the whole local job is started again up to N times.
  * Unless they outnumber its CPUs, it binds each worker to an equal share
- * of them (--bind), as Open MPI does.
+ * of them (--bind), as Open MPI does. The workers' shared-memory segments
+ * carry a tag of the job's (MG_SHM_TAG); once they have exited, for
+ * whatever reason, mgrun removes any their ranks left.
  *
  * Limits: it is not an elastic agent. It serves no store (rank 0 does),
  * and on a multi-node job each node restarts only its own workers — the
@@ -53,6 +55,7 @@ typedef struct {
     int ncpus;
     char **prog;                /* PROGRAM ARGS... (NULL-terminated) */
     char secret[80];
+    char shm_tag[17];           /* MG_SHM_TAG: 16 random hex digits */
     double grace;               /* seconds between SIGTERM and SIGKILL */
 } options;
 
@@ -128,8 +131,10 @@ static void usage(FILE *f)
 "\n"
 "Each worker gets RANK (node_rank * nproc + local rank), WORLD_SIZE,\n"
 "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and NODE_RANK (the node rank),\n"
-"GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET and\n"
-"MG_RESTART_COUNT (0, then 1 after the first restart, ...); with more than\n"
+"GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET,\n"
+"MG_RESTART_COUNT (0, then 1 after the first restart, ...) and MG_SHM_TAG\n"
+"(in the names of their shared memory, which mgrun removes once they have\n"
+"exited, however they ended); with more than\n"
 "one worker, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are set to 1 unless\n"
 "already set; bound workers get MG_LOCAL_CPUS, the CPUs they share.\n"
 "Workers read stdin from /dev/null and run in their own process groups.\n"
@@ -290,14 +295,13 @@ static void parse_args(int argc, char **argv, options *o)
     o->grace = mg_env_double("MG_GRACE", 5);
 }
 
-/* 32 random bytes in hex: every connection of the job proves it knows it. */
-static int make_secret(char *hex)
+/* n random bytes in hex (hex has room for 2n + 1). */
+static int random_hex(char *hex, size_t n)
 {
     unsigned char b[32];
-    if (RAND_bytes(b, sizeof b) != 1 &&
-        getrandom(b, sizeof b, 0) != (ssize_t)sizeof b)
+    if (n > sizeof b || (RAND_bytes(b, (int)n) != 1 && getrandom(b, n, 0) != (ssize_t)n))
         return -1;
-    for (size_t i = 0; i < sizeof b; i++) sprintf(hex + 2 * i, "%02x", b[i]);
+    for (size_t i = 0; i < n; i++) sprintf(hex + 2 * i, "%02x", b[i]);
     return 0;
 }
 
@@ -498,6 +502,7 @@ exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
     /* This launcher's node serves the rendezvous store (see serve_store);
      * each attempt rendezvouses under its own keys. */
     setenv("MG_STORE_SERVED", "1", 1);
+    setenv("MG_SHM_TAG", o->shm_tag, 1);
     set_env_int("MG_RUN_ID", attempt);
     if (o->bind == BIND_CORE) {
         bind_worker(o, local);
@@ -819,8 +824,10 @@ int main(int argc, char **argv)
 {
     options o;
     parse_args(argc, argv, &o);
-    if (!o.secret[0] && make_secret(o.secret) != 0) {
-        fprintf(stderr, "mgrun: cannot draw the job secret: %s\n", strerror(errno));
+    /* The secret: every connection of the job proves it knows it. */
+    if ((!o.secret[0] && random_hex(o.secret, 32) != 0) || random_hex(o.shm_tag, 8) != 0) {
+        fprintf(stderr, "mgrun: cannot draw random bytes (job secret, shared-memory tag): %s\n",
+                strerror(errno));
         return 1;
     }
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -844,6 +851,8 @@ int main(int argc, char **argv)
     for (int attempt = 0;; attempt++) {
         bool may_restart;
         rc = run_attempt(&o, attempt, port, &may_restart);
+        int left = mg_shm_remove_tagged(o.shm_tag);
+        if (left) mg_debug("mgrun: removed %d shared-memory segment name(s) the workers left", left);
         if (rc == 0 || !may_restart) break;
         if (attempt >= o.max_restarts) {
             if (o.max_restarts > 0)

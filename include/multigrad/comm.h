@@ -25,7 +25,8 @@
  * (shared-memory sizes), MG_SPIN_US and MG_YIELD_US (how long a wait spins
  * and yields before sleeping), MG_P2P_UNEXPECTED_MB (bound on messages
  * buffered before their receive), MG_STORE_SERVED=1 (a launcher serves
- * the store), MG_RUN_ID (separates restarts sharing a launcher's store). */
+ * the store), MG_RUN_ID (separates restarts sharing a launcher's store),
+ * MG_SHM_TAG (set by mgrun: see mg_shm_remove_tagged). */
 #ifndef MULTIGRAD_COMM_H
 #define MULTIGRAD_COMM_H
 
@@ -123,6 +124,13 @@ mg_status mg_store_server_start(const char *host, int port, const char *secret,
 int mg_store_server_port(const mg_store_server *s);
 /* Stops serving and closes every client connection. Accepts NULL. */
 void mg_store_server_stop(mg_store_server *s);
+
+/* For launchers: ranks started with MG_SHM_TAG=tag (up to 16 letters and
+ * digits, unique to the job on this host) put it in the names of their
+ * shared-memory segments; once they have all exited, this removes the
+ * names any of them left (a rank killed between creating a segment and
+ * its peers mapping it cannot). Returns how many it removed. */
+int mg_shm_remove_tagged(const char *tag);
 
 /* Connect to "tcp://host:port" or "file:///path". timeout_s bounds the
  * connection and is the default deadline of get and wait (<= 0: MG_TIMEOUT

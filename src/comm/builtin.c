@@ -252,7 +252,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
         mg__shmx_cfg cfg = {.gid = b->gid, .rank = rank, .size = size, .local = local,
                             .all_local = nlocal == size, .ring_bytes = ring, .slot_bytes = slot,
                             .spin = b->spin, .pid = pids, .start = starts,
-                            .peer_timeout = b->peer_timeout};
+                            .peer_timeout = b->peer_timeout, .tag = b->shm_tag};
         st = mg__shmx_create(&cfg, &b->shmx);
     }
     char bk[KEYLEN];
@@ -367,6 +367,12 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
     strcpy(b->secret, sec);
     b->force_tcp = !strcmp(mg_env_str("MG_TRANSPORT", "auto"), "tcp");
     b->peer_timeout = mg_env_double("MG_PEER_TIMEOUT", 15);
+    const char *tag = mg_env_str("MG_SHM_TAG", "");
+    size_t tn = strspn(tag, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ");
+    if (tag[tn] || tn > MG__SHM_TAG_MAX)
+        return mg_error(MG_EINVAL, "MG_SHM_TAG='%s': give up to %d letters and digits (mgrun "
+                        "sets it)", tag, MG__SHM_TAG_MAX);
+    strcpy(b->shm_tag, tag);
     double deadline = mg_now() + g->timeout;
     MG_TRY(open_store(b, opt, rank, deadline));
     b->world = true;
@@ -463,6 +469,7 @@ static mg_status split(mg__bi *b, mg__req *r)
     memcpy(sb->secret, b->secret, sizeof sb->secret);
     sb->force_tcp = b->force_tcp;
     sb->peer_timeout = b->peer_timeout;
+    strcpy(sb->shm_tag, b->shm_tag);
     sb->host_ranks = b->host_ranks;
     if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)
         MG_ASSERT(!"split prefix fits: checked above");

@@ -48,6 +48,7 @@ typedef struct mg__bi {
     mg_store *store;
     char prefix[800];
     char secret[512];
+    char shm_tag[MG__SHM_TAG_MAX + 1]; /* MG_SHM_TAG: in shared-memory names */
     bool world;              /* the group that joined the store first */
     uint64_t gid;
     bool force_tcp;

@@ -57,6 +57,7 @@ static const mg_tunable params[] = {
     {"MG_GRACE", R, "5", 0, 86400, NULL, "mgrun: seconds between SIGTERM and SIGKILL when it stops the workers"},
     {"MG_STORE_SERVED", B, "0", 0, 1, NULL, "set by mgrun: the launcher serves the rendezvous store, rank 0 does not"},
     {"MG_RUN_ID", S, "", 0, 32, NULL, "set by mgrun: the attempt, so that a restart rendezvouses under keys of its own"},
+    {"MG_SHM_TAG", S, "", 0, 16, NULL, "set by mgrun: letters and digits in the job's shared-memory names, which it removes when the job ends"},
     {"MG_RESTART_COUNT", I, "0", 0, 1000000, NULL, "set by mgrun: restarts so far (mgtrain resumes from --save after one)"},
     {"MG_MPIRUN", S, "mpirun", 0, 4000, NULL, "mgbench --backend mpi -n N: the mpirun it starts"},
     {"MG_BIN", S, "build/bin", 0, 4000, NULL, "tests and bench scripts: the directory of the built tools"},

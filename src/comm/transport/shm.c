@@ -23,6 +23,14 @@
  * waiter's recheck sees the data, so no wake-up is lost and the fast path
  * costs one load of a line that rarely changes.
  *
+ * Names: /mg-[TAG-]GID-RANK (and -aIDX for group memory), TAG being the
+ * launcher's MG_SHM_TAG: mgrun removes its job's names when the job ends,
+ * whatever killed the ranks. A name exists from the segment's creation
+ * until every local peer has mapped it; meanwhile SIGTERM, SIGINT and
+ * SIGHUP first remove the names of the group's segments on this host —
+ * this rank's and its peers', which a SIGKILL may have ended before they
+ * could — then do what they did before.
+ *
  * Counters only grow (the algorithms derive them from their operation
  * count), so a peer that moved on to a later operation satisfies every
  * wait of an earlier one. Limits: a peer more than 16 operations ahead
@@ -30,11 +38,14 @@
  * rank anyway). */
 #define _GNU_SOURCE
 #include "comm/transport/shm.h"
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +122,7 @@ typedef struct galloc {
 struct mg__shmx {
     int rank, size;
     uint64_t gid;
+    char tag[MG__SHM_TAG_MAX + 1];
     bool all_local;
     bool *local;
     pid_t *pid;
@@ -174,8 +186,6 @@ static long futex(_Atomic uint32_t *a, int op, uint32_t v, const struct timespec
     return syscall(SYS_futex, (uint32_t *)a, op, v, ts, NULL, 0);
 }
 
-/* ---- segments ---------------------------------------------------------- */
-
 static void layout(mg__shmx *x)
 {
     int nl = 0;
@@ -185,9 +195,148 @@ static void layout(mg__shmx *x)
     x->total = x->slot_off + (x->all_local ? page_up(x->slot_bytes) : 0);
 }
 
-static void seg_name(char *buf, size_t n, uint64_t gid, int rank)
+/* ---- names not yet removed ------------------------------------------------ */
+
+#define MAX_NAMED 64
+#define SHM_DIR "/dev/shm"
+static const int guarded[] = {SIGTERM, SIGINT, SIGHUP};
+#define NGUARD (int)(sizeof guarded / sizeof *guarded)
+
+static struct {
+    pthread_mutex_t mu;
+    int count;
+    bool installed[NGUARD];
+    struct sigaction old[NGUARD];
+    _Atomic bool used[MAX_NAMED];
+    char path[MAX_NAMED][96];
+} named = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Remove the names (unlink is async-signal-safe), then the signal's
+ * previous disposition: its handler, or the default action (re-raised:
+ * it is delivered when this handler returns). */
+static void on_guarded(int sig, siginfo_t *si, void *ctx)
 {
-    snprintf(buf, n, "/mg-%016llx-%d", (unsigned long long)gid, rank);
+    int saved = errno;
+    for (int i = 0; i < MAX_NAMED; i++)
+        if (atomic_load(&named.used[i])) unlink(named.path[i]);
+    for (int k = 0; k < NGUARD; k++) {
+        if (guarded[k] != sig) continue;
+        struct sigaction *o = &named.old[k];
+        if (o->sa_flags & SA_SIGINFO) {
+            o->sa_sigaction(sig, si, ctx);
+        } else if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) {
+            o->sa_handler(sig);
+        } else {
+            sigaction(sig, o, NULL);
+            raise(sig);
+        }
+    }
+    errno = saved;
+}
+
+/* The handler is installed while there are names (caller holds mu). */
+static void guard(bool on)
+{
+    for (int k = 0; k < NGUARD; k++) {
+        if (!on) {
+            if (named.installed[k]) sigaction(guarded[k], &named.old[k], NULL);
+            named.installed[k] = false;
+            continue;
+        }
+        struct sigaction *o = &named.old[k];
+        if (sigaction(guarded[k], NULL, o)) continue;
+        if (!(o->sa_flags & SA_SIGINFO) && o->sa_handler == SIG_IGN) continue; /* ends nothing */
+        struct sigaction sa = {.sa_sigaction = on_guarded,
+                               .sa_flags = SA_SIGINFO | (o->sa_flags & SA_RESTART)};
+        sigemptyset(&sa.sa_mask);
+        named.installed[k] = sigaction(guarded[k], &sa, NULL) == 0;
+    }
+}
+
+static void name_keep(const char *name)
+{
+    pthread_mutex_lock(&named.mu);
+    for (int i = 0; i < MAX_NAMED; i++)
+        if (!atomic_load(&named.used[i])) {
+            snprintf(named.path[i], sizeof named.path[i], SHM_DIR "%s", name);
+            atomic_store(&named.used[i], true);
+            if (named.count++ == 0) guard(true);
+            break;
+        }
+    pthread_mutex_unlock(&named.mu);
+}
+
+static void name_drop(const char *name)
+{
+    pthread_mutex_lock(&named.mu);
+    for (int i = 0; i < MAX_NAMED; i++)
+        if (atomic_load(&named.used[i]) && !strcmp(named.path[i] + strlen(SHM_DIR), name)) {
+            atomic_store(&named.used[i], false);
+            if (--named.count == 0) guard(false);
+            break;
+        }
+    pthread_mutex_unlock(&named.mu);
+}
+
+/* Create a segment of its own (fd, or -1 with errno), its name guarded
+ * from before it exists: a signal right after creation finds it. */
+static int named_create(const char *name)
+{
+    name_keep(name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        int e = errno;
+        name_drop(name);
+        errno = e;
+    }
+    return fd;
+}
+
+static void named_unlink(const char *name)
+{
+    shm_unlink(name);
+    name_drop(name);
+}
+
+int mg_shm_remove_tagged(const char *tag)
+{
+    char prefix[MG__SHM_TAG_MAX + 8];
+    int n = snprintf(prefix, sizeof prefix, "mg-%s-", tag), removed = 0;
+    DIR *d = n > 4 && (size_t)n < sizeof prefix ? opendir(SHM_DIR) : NULL;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, (size_t)n) && !unlinkat(dirfd(d), e->d_name, 0)) removed++;
+    closedir(d);
+    return removed;
+}
+
+/* ---- segments ------------------------------------------------------------ */
+
+static void seg_name(char *buf, size_t n, const char *tag, uint64_t gid, int rank)
+{
+    snprintf(buf, n, "/mg-%s%s%016llx-%d", tag, *tag ? "-" : "", (unsigned long long)gid, rank);
+}
+
+/* Group memory: allocation idx of rank. */
+static void alloc_name(char *buf, size_t n, const char *tag, uint64_t gid, int rank, unsigned idx)
+{
+    seg_name(buf, n, tag, gid, rank);
+    size_t k = strlen(buf);
+    snprintf(buf + k, n - k, "-a%u", idx);
+}
+
+/* Guard (or stop guarding) the names of the local peers' segments
+ * (idx < 0) or allocations idx: see the top of this file. */
+static void guard_peers(mg__shmx *x, long idx, bool keep)
+{
+    for (int i = 0; i < x->npeers; i++) {
+        char name[80];
+        if (idx < 0) seg_name(name, sizeof name, x->tag, x->gid, x->peers[i]);
+        else alloc_name(name, sizeof name, x->tag, x->gid, x->peers[i], (unsigned)idx);
+        if (keep) name_keep(name);
+        else name_drop(name);
+    }
 }
 
 mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
@@ -199,6 +348,8 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     x->rank = cfg->rank;
     x->size = n;
     x->gid = cfg->gid;
+    MG_ASSERT(strlen(cfg->tag) <= MG__SHM_TAG_MAX);
+    strcpy(x->tag, cfg->tag);
     x->all_local = cfg->all_local;
     x->spin = cfg->spin;
     size_t rb = 4096; /* the largest power of two within the budget */
@@ -226,11 +377,13 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
         if (x->local[r] && r != x->rank) x->peers[x->npeers++] = r;
     }
     layout(x);
-    seg_name(x->name, sizeof x->name, x->gid, x->rank);
-    int fd = shm_open(x->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    seg_name(x->name, sizeof x->name, x->tag, x->gid, x->rank);
+    guard_peers(x, -1, true);
+    int fd = named_create(x->name);
     if (fd < 0) {
         mg_status st = mg_error(MG_EIO, "shm_open(%s): %s; is /dev/shm mounted and writable?",
                                 x->name, strerror(errno));
+        guard_peers(x, -1, false);
         mg__shmx_destroy(x);
         return st;
     }
@@ -238,7 +391,7 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
         mg_status st = mg_error(MG_EIO, "cannot size shared memory %s to %zu bytes: %s (is "
                                 "/dev/shm full?)", x->name, x->total, strerror(errno));
         close(fd);
-        shm_unlink(x->name);
+        mg__shmx_unlink(x);
         mg__shmx_destroy(x);
         return st;
     }
@@ -246,7 +399,7 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     close(fd);
     if (p == MAP_FAILED) {
         mg_status st = mg_error(MG_EIO, "mmap of %s: %s", x->name, strerror(errno));
-        shm_unlink(x->name);
+        mg__shmx_unlink(x);
         mg__shmx_destroy(x);
         return st;
     }
@@ -269,7 +422,7 @@ mg_status mg__shmx_attach(mg__shmx *x)
     for (int i = 0; i < x->npeers; i++) {
         int r = x->peers[i];
         char name[64];
-        seg_name(name, sizeof name, x->gid, r);
+        seg_name(name, sizeof name, x->tag, x->gid, r);
         int fd = shm_open(name, O_RDWR, 0);
         if (fd < 0)
             return mg_error(MG_EIO, "cannot open rank %d's shared memory %s: %s; if the ranks "
@@ -297,7 +450,9 @@ mg_status mg__shmx_attach(mg__shmx *x)
 
 void mg__shmx_unlink(mg__shmx *x)
 {
-    if (!x->unlinked) shm_unlink(x->name);
+    if (x->unlinked) return;
+    named_unlink(x->name);
+    guard_peers(x, -1, false);
     x->unlinked = true;
 }
 
@@ -699,10 +854,7 @@ mg__shm *mg__shmx_view(mg__shmx *x)
 
 /* ---- group memory ------------------------------------------------------------ */
 
-static void alloc_name(char *buf, size_t n, uint64_t gid, int rank, unsigned idx)
-{
-    snprintf(buf, n, "/mg-%016llx-%d-a%u", (unsigned long long)gid, rank, idx);
-}
+
 
 static void galloc_unmap(mg__shmx *x, galloc *a)
 {
@@ -726,9 +878,10 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
     a->mapped = page_up(bytes ? bytes : 1);
     unsigned idx = a->idx = x->nalloc++;
     char name[80];
-    alloc_name(name, sizeof name, x->gid, x->rank, idx);
+    alloc_name(name, sizeof name, x->tag, x->gid, x->rank, idx);
     mg_status st = MG_OK;
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    guard_peers(x, idx, true);
+    int fd = named_create(name);
     if (fd < 0) {
         st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
     } else {
@@ -749,7 +902,7 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
     for (int i = 0; !st && i < x->npeers; i++) {
         int r = x->peers[i];
         char pn[80];
-        alloc_name(pn, sizeof pn, x->gid, r, idx);
+        alloc_name(pn, sizeof pn, x->tag, x->gid, r, idx);
         int pfd = shm_open(pn, O_RDWR, 0);
         struct stat sb;
         if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->mapped) {
@@ -764,7 +917,8 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
         if (pfd >= 0) close(pfd);
     }
     if (!st) st = v_barrier(&x->view, 1);
-    shm_unlink(name);
+    if (fd >= 0) named_unlink(name);
+    guard_peers(x, idx, false);
     if (st) {
         galloc_unmap(x, a);
         return st;

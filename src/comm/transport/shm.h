@@ -12,8 +12,12 @@
 
 typedef struct mg__shmx mg__shmx;
 
+/* The longest MG_SHM_TAG (letters and digits). */
+#define MG__SHM_TAG_MAX 16
+
 typedef struct mg__shmx_cfg {
     uint64_t gid;
+    const char *tag;       /* "" or MG_SHM_TAG, checked: part of the names */
     int rank, size;
     const bool *local;     /* per group rank: reached through shm (self included) */
     bool all_local;        /* every rank local: slots and the mg__shm view */
