@@ -1,6 +1,6 @@
 /* Nothing of a job outlives it in /dev/shm (issue 16 item 4): mgrun jobs
- * of 4 ranks are interrupted early — a worker killed with SIGKILL, or
- * mgrun given SIGINT — at random moments and at the moment the first
+ * of 4 ranks are interrupted early — a worker killed with SIGKILL, mgrun
+ * given SIGINT, or mgrun killed with SIGKILL — at random moments and at the moment the first
  * shared-memory segment appears (inside the window between a segment's
  * creation and the removal of its name), and no segment of theirs may be
  * left. As root each job gets a /dev/shm of its own, so every segment
@@ -93,7 +93,19 @@ static void wait_segment(int ino, double timeout_s)
     }
 }
 
-enum { KILL_WORKER, INTERRUPT_MGRUN };
+enum { KILL_WORKER, INTERRUPT_MGRUN, KILL_MGRUN, N_HOW };
+
+/* mgt_wait_for: no segment named mg-* is left in shm_dir (a killed
+ * mgrun's janitor removes them a moment after mgrun is gone). */
+static int no_segment(void *unused)
+{
+    DIR *d = opendir(shm_dir);
+    struct dirent *e;
+    int any = 0;
+    while (d && !any && (e = readdir(d))) any = !strncmp(e->d_name, "mg-", 3);
+    if (d) closedir(d);
+    return !any;
+}
 
 /* One job, interrupted `how`: after delay_ms, or (delay_ms < 0) when a
  * segment appears. Returns the segments it left. */
@@ -127,6 +139,7 @@ static int trial(int how, int delay_ms, int ino)
     pid_t pids[16];
     int np = read_pids(pids_file, pids, 16);
     if (how == INTERRUPT_MGRUN) kill(pid, SIGINT);
+    else if (how == KILL_MGRUN) kill(pid, SIGKILL);
     else if (np > 0) kill(pids[rand() % np], SIGKILL);
     int st;
     double t0 = mg_now();
@@ -139,6 +152,8 @@ static int trial(int how, int delay_ms, int ino)
         usleep(5000);
     }
     np = read_pids(pids_file, pids, 16);
+    if (how == KILL_MGRUN && private_shm) mgt_wait_for(no_segment, NULL, 2);
+    else if (how == KILL_MGRUN) usleep(1000000);   /* other jobs' segments may stay */
     return count_left(pids, np);
 }
 
@@ -149,8 +164,8 @@ TEST_T(shm_nothing_left_after_early_interruptions, 240)
     CHECK(ino >= 0);
     CHECK(inotify_add_watch(ino, shm_dir, IN_CREATE) >= 0);
     srand((unsigned)getpid());
-    int left[2] = {0, 0}, leaky[2] = {0, 0}, trials = 20;
-    for (int how = 0; how < 2; how++)
+    int left[N_HOW] = {0}, leaky[N_HOW] = {0}, trials = 20;
+    for (int how = 0; how < N_HOW; how++)
         for (int t = 0; t < trials; t++) {
             /* Half at a random early moment, half inside the window. */
             int delay = t % 2 ? rand() % 300 : -1;
@@ -161,10 +176,12 @@ TEST_T(shm_nothing_left_after_early_interruptions, 240)
     close(ino);
     if (private_shm) rmdir(shm_dir);
     printf("segments left: %d by %d of %d jobs with a SIGKILLed worker, %d by %d of %d jobs "
-           "whose mgrun got SIGINT\n", left[KILL_WORKER], leaky[KILL_WORKER], trials,
-           left[INTERRUPT_MGRUN], leaky[INTERRUPT_MGRUN], trials);
+           "whose mgrun got SIGINT, %d by %d of %d jobs whose mgrun was SIGKILLed\n",
+           left[KILL_WORKER], leaky[KILL_WORKER], trials, left[INTERRUPT_MGRUN],
+           leaky[INTERRUPT_MGRUN], trials, left[KILL_MGRUN], leaky[KILL_MGRUN], trials);
     CHECK_EQ(left[KILL_WORKER], 0);
     CHECK_EQ(left[INTERRUPT_MGRUN], 0);
+    CHECK_EQ(left[KILL_MGRUN], 0);
 }
 
 /* ---- the workers' own guard, for jobs without mgrun ---------------------------- */

@@ -9,7 +9,8 @@
  * Unless they outnumber its CPUs, it binds each worker to an equal share
  * of them (--bind), as Open MPI does. The workers' shared-memory segments
  * carry a tag of the job's (MG_SHM_TAG); once they have exited, for
- * whatever reason, mgrun removes any their ranks left.
+ * whatever reason, mgrun removes any their ranks left (and a janitor
+ * child does, should mgrun itself be killed outright).
  *
  * Limits: it is not an elastic agent. It serves no store (rank 0 does),
  * and on a multi-node job each node restarts only its own workers — the
@@ -820,6 +821,34 @@ static int run_attempt(const options *o, int attempt, int port, bool *may_restar
     return rc;
 }
 
+/* A janitor for a launcher killed outright (SIGKILL): a child in a session
+ * of its own that waits for EOF on a pipe only mgrun writes to (the kernel
+ * closes it however mgrun ends), then removes the job's shared-memory
+ * names, those its workers (killed by their parent-death signal) were
+ * creating. A second pass covers a worker the signal reaches a moment
+ * after the pipe closes. Best effort: without it, mgrun's own clean-up
+ * still runs whenever mgrun lives to see its workers end. */
+static void start_janitor(const char *tag)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[1]);
+        setsid();
+        int null = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd < 3 && null >= 0; fd++) dup2(null, fd);
+        char c;
+        while (read(fds[0], &c, 1) < 0 && errno == EINTR) {}
+        for (int pass = 0; pass < 2; pass++) {
+            mg_shm_remove_tagged(tag);
+            usleep(200000);
+        }
+        _exit(0);
+    }
+    close(fds[0]);   /* fds[1] stays open in mgrun alone (close-on-exec) */
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -830,6 +859,7 @@ int main(int argc, char **argv)
                 strerror(errno));
         return 1;
     }
+    start_janitor(o.shm_tag);
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));
         return 1;
