@@ -106,9 +106,11 @@ $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(BUILD)/lib/libmultigrad.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/lib/libmultigrad.a $(LDLIBS)
 
+# The tests count allocations (tests/alloc_count.c).
+ALLOC_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=posix_memalign
 $(TESTBIN): $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a $(LDLIBS)
+	$(CC) $(LDFLAGS) $(ALLOC_WRAP) -o $@ $(TEST_OBJ) $(BUILD)/lib/libmultigrad.a $(LDLIBS)
 
 # The fuzz targets: the library and each target compiled by clang into
 # build-fuzz/ (SAN=fuzz above), linked with libFuzzer's main.

@@ -91,7 +91,7 @@ int main(int argc, char **argv)
     printf("# gpt-mini L=%d d=%d h=%d T=%d B=%d: %zu parameters\n", g.layers, g.dim, g.heads, T, B,
            mg_model_num_params(m));
     if (eval) printf("eval step 0 val_loss %.4f\n", val_loss(m, t, B));
-    size_t np = mg_model_num_params(m);
+    size_t np = mg_model_arena_size(m);
     double t0 = 0, loss = 0;
     for (int s = 0; s < steps; s++) {
         if (s == 1) t0 = mg_now();

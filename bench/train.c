@@ -33,11 +33,36 @@ static void usage(FILE *f)
 
 static double peak_gflops;
 
+/* The epoch's batches, gathered from the preloaded data set in the
+ * order of perm: each step's one micro-batch. */
+typedef struct {
+    const mg_dataset *ds;
+    const int32_t *perm;
+    int at, batch;
+    mg_scaling sc;
+    float *x;
+    int32_t *y;
+} feed;
+
+static bool next_batch(void *ud, mg_micro_batch *b)
+{
+    feed *f = ud;
+    if (f->at >= f->ds->n) return false;
+    int n = f->ds->n - f->at < f->batch ? f->ds->n - f->at : f->batch;
+    if (mg_dataset_gather(f->ds, f->perm + f->at, n, f->sc, f->x,
+                          (size_t)f->batch * f->ds->h * f->ds->w, f->y))
+        return false;
+    f->at += n;
+    *b = (mg_micro_batch){f->x, f->y, n, true};
+    return true;
+}
+
 static int run(const char *name, const mg_dataset *ds, int epochs, int batch_override)
 {
     mg_zoo_defaults d;
     mg_model *m;
-    mg_optim *o;
+    mg_optim *o = NULL;
+    mg_strategy *st = NULL;
     if (mg_zoo_defaults_of(name, &d) || mg_model_create(name, 0, &m)) {
         fprintf(stderr, "train: %s\n", mg_last_error());
         return 1;
@@ -47,9 +72,12 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
     cfg.momentum = d.momentum;
     int c, h, w;
     mg_model_input_shape(m, &c, &h, &w);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.max_batch = batch;
     if (mg_dataset_check_input(ds, name, c, h, w, mg_model_classes(m)) ||
-        mg_optim_create(&cfg, mg_model_arena_size(m), &o) || mg_model_reserve(m, batch)) {
+        mg_strategy_create(m, &so, &st) || mg_strategy_optim(st, &cfg, &o)) {
         fprintf(stderr, "train: %s\n", mg_last_error());
+        mg_strategy_destroy(st);
         mg_model_destroy(m);
         return 1;
     }
@@ -64,23 +92,21 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
     int rc = 0;
     double loss_sum = 0, t0 = mg_now();
     long images = 0, steps = 0;
+    mg_step_options opt = {.accumulate = 1, .lr = d.lr};
     for (int e = 0; e < epochs; e++) {
         mg_permutation((uint64_t)e, perm, n);
         loss_sum = 0;
         steps = 0;
-        for (int i = 0; i < n; i += batch) {
-            int b = n - i < batch ? n - i : batch;
-            mg_model_zero_grad(m);
-            if (mg_dataset_gather(ds, perm + i, b, sc, x, (size_t)batch * ds->h * ds->w, y) ||
-                !mg_model_forward(m, x, b)) {
+        feed f = {ds, perm, 0, batch, sc, x, y};
+        mg_step_result r;
+        while (f.at < n) {
+            if (mg_train_step(st, o, &opt, next_batch, &f, &r) || r.micro == 0) {
                 fprintf(stderr, "train: %s\n", mg_last_error());
                 rc = 1;
                 goto out;
             }
-            loss_sum += mg_model_loss(m, y, NULL);
-            mg_model_backward(m);
-            mg_optim_step(o, mg_model_params(m), mg_model_grads(m), d.lr);
-            images += b;
+            loss_sum += r.loss_sum / (double)r.samples;
+            images += r.samples;
             steps++;
         }
     }
@@ -96,6 +122,7 @@ out:
     free(y);
     mg_free(x);
     mg_optim_destroy(o);
+    mg_strategy_destroy(st);
     mg_model_destroy(m);
     return rc;
 }

@@ -24,7 +24,7 @@ static void setup(void)
     saved = malloc(2 * mg_model_arena_size(model) * sizeof(float));
 }
 
-static size_t snapshot_bytes(void) { return mg_model_num_params(model) * sizeof(float); }
+static size_t snapshot_bytes(void) { return mg_model_arena_size(model) * sizeof(float); }
 
 static void snapshot(void)
 {

@@ -109,6 +109,9 @@ double mgt_slow(void);
 int mgt_wait_for(int (*cond)(void *arg), void *arg, double secs);
 
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
+/* Heap allocations (malloc, calloc, realloc, posix_memalign) of this
+ * process so far, every thread (tests/alloc_count.c). */
+long mgt_allocs(void);
 int mgt_free_port(void);
 
 /* In a forked rank: join a group of n ranks through tcp://127.0.0.1:port

@@ -417,14 +417,21 @@ static snapshot snap(mg_model *m, mg_optim *o)
     return s;
 }
 
-/* Bit-exact equality of the used part of the arenas with a snapshot. */
+/* Bit-exact equality of every tensor (not the units' padding) with a
+ * snapshot. */
 static bool same_as(mg_model *m, mg_optim *o, const snapshot *s)
 {
-    size_t n = mg_model_num_params(m), nb = mg_model_buffer_size(m);
-    if (memcmp(s->params, mg_model_params(m), n * sizeof(float))) return false;
+    size_t nb = mg_model_buffer_size(m);
     if (nb && memcmp(s->buffers, mg_model_buffers(m), nb * sizeof(float))) return false;
-    for (int i = 0; o && i < mg_optim_num_states(o); i++)
-        if (memcmp(s->state[i], mg_optim_state(o, i, NULL), n * sizeof(float))) return false;
+    for (int t = 0; t < mg_model_num_tensors(m); t++) {
+        const mg_param *p = mg_model_tensor(m, t);
+        if (p->is_buffer) continue;
+        size_t bytes = p->numel * sizeof(float);
+        if (memcmp(s->params + p->offset, p->data, bytes)) return false;
+        for (int i = 0; o && i < mg_optim_num_states(o); i++)
+            if (memcmp(s->state[i] + p->offset, mg_optim_state(o, i, NULL) + p->offset, bytes))
+                return false;
+    }
     return true;
 }
 

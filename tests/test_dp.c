@@ -94,7 +94,7 @@ TEST(dp_mlp_3_workers_accumulate_3_equals_one_process)
     dp_equals_single("mlp", 3, 40, 3, 6);
 }
 
-/* A batch larger than max_batch makes the replicas reserve again; when
+/* A batch larger than max_batch makes the threads' tapes again; when
  * that fails the call reports it and leaves the gradients as they were. */
 TEST(dp_forward_that_cannot_reserve_is_an_error)
 {
@@ -129,7 +129,7 @@ TEST(dp_forward_that_cannot_reserve_is_an_error)
      * size computation does not overflow); x and y are never read, the
      * reservation fails first. */
     CHECK_ERR(mg_dp_forward_backward(dp, x, y, INT_MAX / 2, &l, &c), MG_ENOMEM);
-    CHECK_MSG(strstr(mg_last_error(), "DataParallel replica") &&
+    CHECK_MSG(strstr(mg_last_error(), "DataParallel threads") &&
               strstr(mg_last_error(), "smaller batch"), "%s", mg_last_error());
     CHECK(memcmp(kept, mg_model_grads(m0), n * sizeof(float)) == 0);
     /* Still usable with batches that fit. */

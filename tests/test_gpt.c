@@ -99,9 +99,16 @@ TEST(gpt_model_definition)
     for (int i = 0; i < ng; i++) {
         CHECK_EQ(gr[i].lo, at);
         at = gr[i].hi;
-        if (gr[i].weight_decay > 0) decayed += gr[i].hi - gr[i].lo;
     }
-    CHECK_EQ(at, mg_model_num_params(m));
+    CHECK_EQ(at, mg_model_arena_size(m));   /* the groups tile the arena, padding too */
+    for (int t = 0; t < mg_model_num_tensors(m); t++) {
+        const mg_param *q = mg_model_tensor(m, t);
+        int k = 0;
+        while (k < ng && gr[k].hi <= q->offset) k++;
+        CHECK(k < ng && gr[k].lo <= q->offset && q->offset + q->numel <= gr[k].hi);
+        CHECK_EQ(gr[k].weight_decay, q->ndim >= 2 ? 0.1f : 0.0f);
+        if (q->ndim >= 2) decayed += q->numel;
+    }
     CHECK_EQ(decayed, 256 * 128 + 128 * 128 + 4 * (384 * 128 + 128 * 128 + 512 * 128 * 2));
     mg_model_destroy(m);
 
@@ -136,7 +143,7 @@ TEST(gpt_matches_pytorch_at_init)
         snprintf(key, sizeof key, "grad.%s", p->name);
         check_scaled(key, p->grad, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4);
     }
-    double norm = sqrt(mg_grad_sumsq(mg_model_grads(m), mg_model_num_params(m)));
+    double norm = sqrt(mg_grad_sumsq(mg_model_grads(m), mg_model_arena_size(m)));
     CHECK_CLOSE(norm, *(const float *)ref(f, "grad_norm0", MG_ST_F32, 1)->data, 1e-4, 0);
     mg_model_destroy(m);
     mg_st_close(f);
@@ -175,7 +182,7 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
     const int32_t *offs = ref(f, "steps.offsets", MG_ST_I32, 20 * B)->data;
     const float *losses = ref(f, "losses", MG_ST_F32, 20)->data;
     int32_t x[B * T], y[B * T];
-    size_t np = mg_model_num_params(m);
+    size_t np = mg_model_arena_size(m);
     for (int s = 0; s < 20; s++) {
         int64_t o64[B];
         for (int i = 0; i < B; i++) o64[i] = offs[s * B + i];

@@ -39,13 +39,13 @@ static void gc_init(gc *g, mg_layer *layer, int n, int c, int h, int w, uint64_t
     for (int i = 0; i < n * g->in_sz; i++) g->x[i] = urand(&rg);
     for (int i = 0; i < n * g->out_sz; i++) g->r[i] = urand(&rg);
     /* Parameters of moderate size, so gradients are not tiny. */
-    float *p = mg_model_params(g->m);
-    for (size_t i = 0; i < mg_model_num_params(g->m); i++) p[i] = 0.5f * urand(&rg);
     /* ... except batch-norm scales near 1. */
     for (int t = 0; t < mg_model_num_tensors(g->m); t++) {
         const mg_param *q = mg_model_tensor(g->m, t);
-        if (!q->is_buffer && strstr(q->name, "bn") && strstr(q->name, "weight"))
-            for (size_t i = 0; i < q->numel; i++) q->data[i] = 1.0f + 0.3f * urand(&rg);
+        if (q->is_buffer) continue;
+        bool bn_scale = strstr(q->name, "bn") && strstr(q->name, "weight");
+        for (size_t i = 0; i < q->numel; i++)
+            q->data[i] = bn_scale ? 1.0f + 0.3f * urand(&rg) : 0.5f * urand(&rg);
     }
 }
 
@@ -104,8 +104,8 @@ static void gc_run(gc *g, double rtol)
     mg_model_zero_grad(m);
     gc_loss(g);
     mg_model_backward_from(m, g->r);
-    size_t np = mg_model_num_params(m);
-    float *ga = malloc(sizeof(float) * (np ? np : 1));
+    size_t np = mg_model_arena_size(m);
+    float *ga = malloc(sizeof(float) * np);
     memcpy(ga, mg_model_grads(m), sizeof(float) * np);
     int nin = g->n * g->in_sz;
     float *gx = malloc(sizeof(float) * (size_t)nin);
@@ -400,18 +400,61 @@ TEST(nn_fused_equals_separate)
 }
 
 typedef struct {
+    mg_model *m;
     int calls;
-    size_t lo[16], hi[16];
+    int unit[32];
+    char kind[32];    /* 'f', 'F', 'b', 'B': pre/post forward, pre/post backward */
 } hook_log;
 
-static void log_hook(void *ud, size_t lo, size_t hi)
+static void log_call(void *ud, int unit, char kind)
 {
     hook_log *h = ud;
-    if (h->calls < 16) {
-        h->lo[h->calls] = lo;
-        h->hi[h->calls] = hi;
+    if (h->calls < 32) {
+        h->unit[h->calls] = unit;
+        h->kind[h->calls] = kind;
     }
     h->calls++;
+}
+static void log_pre_f(void *ud, mg_tape *t, int u) { log_call(ud, u, 'f'); }
+static void log_post_f(void *ud, mg_tape *t, int u) { log_call(ud, u, 'F'); }
+static void log_pre_b(void *ud, mg_tape *t, int u) { log_call(ud, u, 'b'); }
+static void log_post_b(void *ud, mg_tape *t, int u) { log_call(ud, u, 'B'); }
+static const mg_unit_hooks log_hooks = {log_pre_f, log_post_f, log_pre_b, log_post_b};
+
+/* Units tile the arena in reverse order, each padded to the unit pad, and
+ * every tensor lies inside its unit's range; padding stays zero. */
+static void check_unit_layout(mg_model *m, size_t pad)
+{
+    size_t at = 0;
+    int nu = mg_model_num_units(m);
+    for (int u = nu - 1; u >= 0; u--) {
+        mg_unit_info ui = mg_model_unit(m, u);
+        CHECK_EQ(ui.lo, at);
+        CHECK_EQ((ui.hi - ui.lo) % pad, 0);
+        CHECK(ui.hi - ui.lo >= ui.numel && ui.hi - ui.lo < ui.numel + pad);
+        at = ui.hi;
+    }
+    CHECK(at == mg_model_arena_size(m) || (at == 0 && mg_model_arena_size(m) == pad));
+    size_t used = 0;
+    for (int i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param *t = mg_model_tensor(m, i);
+        if (t->is_buffer) continue;
+        used += t->numel;
+        bool inside = false;
+        for (int u = 0; u < nu; u++) {
+            mg_unit_info ui = mg_model_unit(m, u);
+            inside = inside || (t->offset >= ui.lo && t->offset + t->numel <= ui.lo + ui.numel);
+        }
+        CHECK(inside);
+        CHECK(t->data == mg_model_params(m) + t->offset);
+        CHECK(t->grad == mg_model_grads(m) + t->offset);
+    }
+    CHECK_EQ(used, mg_model_num_params(m));
+    for (int u = 0; u < nu; u++) {
+        mg_unit_info ui = mg_model_unit(m, u);
+        for (size_t i = ui.lo + ui.numel; i < ui.hi; i++)
+            CHECK(mg_model_params(m)[i] == 0.0f && mg_model_grads(m)[i] == 0.0f);
+    }
 }
 
 TEST(nn_arena_layout_and_hook_order)
@@ -423,7 +466,10 @@ TEST(nn_arena_layout_and_hook_order)
                            "fc3.weight", "fc3.bias"};
     size_t numel[] = {150, 6, 2400, 16, 48000, 120, 10080, 84, 840, 10};
     CHECK_EQ(mg_model_num_tensors(m), 10);
-    /* Backward order: fc3 first; each layer weight then bias; no gaps. */
+    CHECK_EQ(mg_model_num_units(m), 5);
+    CHECK_EQ(mg_model_unit_pad(m), MG_SIMD_FLOATS);
+    /* Backward order: fc3 first; each layer weight then bias; a unit's
+     * range rounded up to the pad. */
     size_t off = 0;
     for (int i = 9; i >= 0; i -= 2) {
         const mg_param *w = mg_model_tensor(m, i - 1), *b = mg_model_tensor(m, i);
@@ -432,22 +478,25 @@ TEST(nn_arena_layout_and_hook_order)
         CHECK_EQ(b->numel, numel[i]);
         CHECK_EQ(w->offset, off);
         CHECK_EQ(b->offset, off + w->numel);
-        CHECK(w->data == mg_model_params(m) + w->offset);
-        CHECK(w->grad == mg_model_grads(m) + w->offset);
         CHECK(!w->is_buffer && !b->is_buffer);
-        off += w->numel + b->numel;
+        mg_unit_info ui = mg_model_unit(m, i / 2);
+        size_t nl = strlen(ui.name);   /* "fc3" of "fc3.bias" */
+        CHECK(nl > 0 && strncmp(ui.name, names[i], nl) == 0 && names[i][nl] == '.');
+        CHECK_EQ(ui.lo, off);
+        CHECK_EQ(ui.numel, w->numel + b->numel);
+        off = (off + w->numel + b->numel + 15) / 16 * 16;
+        CHECK_EQ(ui.hi, off);
     }
     const mg_param *cw = mg_model_find(m, "conv1.weight");
     CHECK(cw && cw->ndim == 4 && cw->shape[0] == 6 && cw->shape[1] == 1 &&
           cw->shape[2] == 5 && cw->shape[3] == 5);
     CHECK(mg_model_find(m, "conv9.weight") == NULL);
     CHECK_EQ(mg_model_num_params(m), 61706);
-    CHECK_EQ(off, 61706);
-    CHECK_EQ(mg_model_arena_size(m) % MG_ARENA_PAD, 0);
-    CHECK(mg_model_arena_size(m) >= 61706 && mg_model_arena_size(m) < 61706 + MG_ARENA_PAD);
-    /* Hook: one call per layer, in increasing arena order, tiling the arena. */
-    hook_log h = {0};
-    mg_model_set_grad_hook(m, log_hook, &h);
+    CHECK_EQ(mg_model_arena_size(m), off);
+    check_unit_layout(m, MG_SIMD_FLOATS);
+    /* Hooks: around each unit, forward in order, backward in reverse. */
+    hook_log h = {.m = m};
+    mg_model_set_hooks(m, &log_hooks, &h);
     float x[2 * 784];
     int32_t y[2] = {1, 7};
     for (int i = 0; i < 2 * 784; i++) x[i] = (float)((i * 37) % 101) / 101.0f;
@@ -455,18 +504,55 @@ TEST(nn_arena_layout_and_hook_order)
     mg_model_loss(m, y, NULL);
     mg_model_zero_grad(m);
     mg_model_backward(m);
-    CHECK_EQ(h.calls, 5);
-    size_t expect_hi[] = {850, 850 + 10164, 850 + 10164 + 48120, 61706 - 156};
+    CHECK_EQ(h.calls, 20);
     for (int i = 0; i < 5; i++) {
-        CHECK_EQ(h.lo[i], i == 0 ? 0 : h.hi[i - 1]);
-        if (i < 4) CHECK_EQ(h.hi[i], expect_hi[i]);
+        CHECK(h.unit[2 * i] == i && h.kind[2 * i] == 'f');
+        CHECK(h.unit[2 * i + 1] == i && h.kind[2 * i + 1] == 'F');
+        CHECK(h.unit[10 + 2 * i] == 4 - i && h.kind[10 + 2 * i] == 'b');
+        CHECK(h.unit[11 + 2 * i] == 4 - i && h.kind[11 + 2 * i] == 'B');
     }
-    CHECK_EQ(h.hi[4], mg_model_arena_size(m));
-    /* Padding stays zero. */
-    for (size_t i = mg_model_num_params(m); i < mg_model_arena_size(m); i++) {
-        CHECK(mg_model_params(m)[i] == 0.0f);
-        CHECK(mg_model_grads(m)[i] == 0.0f);
+    /* A pad for 13 ranks: the same parameters by name, every range splits
+     * into 13 equal shards of whole SIMD vectors. */
+    size_t n0 = mg_model_arena_size(m);
+    float *before = malloc(n0 * sizeof(float));
+    memcpy(before, mg_model_params(m), n0 * sizeof(float));
+    size_t old_off[10];
+    for (int i = 0; i < 10; i++) old_off[i] = mg_model_tensor(m, i)->offset;
+    CHECK_OK(mg_model_set_unit_pad(m, 13 * 16));
+    check_unit_layout(m, 13 * 16);
+    for (int i = 0; i < 10; i++) {
+        const mg_param *t = mg_model_tensor(m, i);
+        CHECK(memcmp(t->data, before + old_off[i], t->numel * sizeof(float)) == 0);
     }
+    free(before);
+    mg_model_destroy(m);
+}
+
+/* Nested Sequentials open up into units at any depth, with the tensor
+ * names of the tree. */
+TEST(nn_units_at_any_depth)
+{
+    mg_layer *inner[] = {mg_layer_linear("a", 8, 8, true), mg_layer_linear("b", 8, 8, true)};
+    mg_layer *mid[] = {mg_layer_sequential("inner", inner, 2), mg_layer_relu("act")};
+    mg_layer *top[] = {mg_layer_sequential("mid", mid, 2), mg_layer_linear("out", 8, 3, false)};
+    mg_model *m;
+    CHECK_OK(mg_model_create_from("nested", mg_layer_sequential(NULL, top, 2), 1, 1, 8, 1, &m));
+    CHECK_EQ(mg_model_num_units(m), 4);
+    const char *want[] = {"mid.inner.a", "mid.inner.b", "mid.act", "out"};
+    for (int u = 0; u < 4; u++) CHECK(strcmp(mg_model_unit(m, u).name, want[u]) == 0);
+    CHECK(mg_model_find(m, "mid.inner.b.weight") != NULL);
+    CHECK_EQ(mg_model_unit(m, 2).numel, 0);
+    check_unit_layout(m, MG_SIMD_FLOATS);
+    hook_log h = {.m = m};
+    mg_model_set_hooks(m, &log_hooks, &h);
+    float x[2 * 8] = {0.5f, -1, 2, 0.25f, 1, -0.5f, 3, 1, 0, 1, 2, 3, -1, -2, 0.5f, 0.75f};
+    int32_t y[2] = {0, 2};
+    mg_model_forward(m, x, 2);
+    mg_model_loss(m, y, NULL);
+    mg_model_backward(m);
+    /* Backward: out, act, b, a (unit 0 needs no input gradient). */
+    CHECK_EQ(h.calls, 16);
+    for (int i = 0; i < 4; i++) CHECK(h.unit[8 + 2 * i] == 3 - i && h.kind[9 + 2 * i] == 'B');
     mg_model_destroy(m);
 }
 

@@ -36,7 +36,7 @@
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
     const char *parallel, *compress, *prompt;
-    int epochs, batch, threads, quiet, eval_only, workers, accumulate;
+    int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
     uint64_t seed;
@@ -107,6 +107,11 @@ static void usage(FILE *f)
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
 "  --compress C        DDP gradient compression: none | fp16 | bf16\n"
+"  --recompute         drop each unit's activations after its forward and run\n"
+"                      the forward again before its backward: less memory,\n"
+"                      the same numbers\n"
+"  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
+"                      bytes) as the strategy lays them out, and stop\n"
 "gpt-mini only:\n"
 "  --steps N           optimizer steps (default 2000)\n"
 "  --eval-every N      steps between validations (default 250)\n"
@@ -161,7 +166,8 @@ static void parse_args(int argc, char **argv, options *o)
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
-           O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS };
+           O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
+           O_RECOMPUTE, O_PLAN };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -177,7 +183,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"eval-every", 1, 0, O_EVAL_EVERY}, {"layers", 1, 0, O_LAYERS}, {"dim", 1, 0, O_DIM},
         {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
-        {"print-params", 0, 0, O_PARAMS}, {0, 0, 0, 0}};
+        {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
+        {"print-plan", 0, 0, O_PLAN}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->schedule = "constant";
@@ -226,6 +233,8 @@ static void parse_args(int argc, char **argv, options *o)
         case O_VERBOSE: mg_set_verbose(true); break;
         case O_VERSION: mg_print_version("mgtrain"); exit(0);
         case O_PARAMS: print_params(); exit(0);
+        case O_RECOMPUTE: o->recompute = 1; break;
+        case O_PLAN: o->print_plan = 1; break;
         case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
         case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
         case O_EVAL_EVERY:
@@ -490,9 +499,8 @@ struct trainer {
     enum { MODE_NONE, MODE_DP, MODE_DDP } mode;
     mg_group *g;        /* ddp */
     int rank, world;
-    mg_ddp *ddp;
-    mg_dp *dp;
-    mg_model *m;        /* the model the optimizer steps (dp: replica 0) */
+    mg_strategy *s;
+    mg_model *m;
     mg_optim *opt;
     int lm;             /* a language model */
     char hp[512];       /* hparams_string */
@@ -655,7 +663,7 @@ static void make_optimizer(const options *o, mg_optim_kind kind, float beta2, in
     oc.momentum = o->momentum;
     oc.weight_decay = o->weight_decay;
     if (kind != MG_OPTIM_SGD) oc.beta2 = beta2;
-    if (mg_optim_create(&oc, mg_model_arena_size(t->m), &t->opt)) die("%s", mg_last_error());
+    if (mg_strategy_optim(t->s, &oc, &t->opt)) die("%s", mg_last_error());
     if (!lm) return;
     int n = mg_model_decay_groups(t->m, o->weight_decay, NULL, 0);
     mg_optim_group *g = malloc(sizeof *g * (size_t)n);
@@ -665,42 +673,16 @@ static void make_optimizer(const options *o, mg_optim_kind kind, float beta2, in
     free(g);
 }
 
-/* Rank 0 loads the checkpoint and every rank gets its state: parameters
- * and buffers through DDP's broadcast at creation, optimizer state and
- * counters here — so a multi-host job needs the file on rank 0 only. */
-static void resume_state(trainer *t, const char *path, mg_ckpt_meta *meta)
-{
-    int failed = 0;
-    char msg[1200] = "";
-    if (t->rank == 0) {
-        if (mg_checkpoint_load(path, t->m, t->opt, meta)) {
-            snprintf(msg, sizeof msg, "--resume: %s", mg_last_error());
-            failed = 1;
-        } else {
-            failed = resume_flags_differ(meta->hparams, t->hp, path, msg, sizeof msg);
-        }
-    }
-    agree_or_die(t, failed, msg);
-    if (t->mode != MODE_DDP) return;
-    double c[3] = {(double)meta->step, (double)meta->epoch, (double)mg_model_rng_counter(t->m)};
-    if (mg_broadcast(t->g, c, 3, MG_F64, 0)) die("%s", mg_last_error());
-    meta->step = (long)c[0];
-    meta->epoch = (long)c[1];
-    mg_model_set_rng_counter(t->m, (uint64_t)c[2]);
-    mg_optim_set_steps(t->opt, meta->step);
-    for (int i = 0; i < mg_optim_num_states(t->opt); i++)
-        if (mg_broadcast(t->g, mg_optim_state(t->opt, i, NULL), mg_model_arena_size(t->m),
-                         MG_F32, 0))
-            die("%s", mg_last_error());
-}
-
-/* The starting state (--resume or --init), then DDP (which broadcasts
- * rank 0's parameters). */
-static void start_state(const options *o, mg_compress comp, trainer *t, mg_ckpt_meta *meta)
+/* The starting state: --resume (rank 0 reads the checkpoint, the strategy
+ * gives every rank its state) or --init (rank 0 reads the weights). */
+static void start_state(const options *o, trainer *t, mg_ckpt_meta *meta)
 {
     memset(meta, 0, sizeof *meta);
     if (o->resume) {
-        resume_state(t, o->resume, meta);
+        if (mg_strategy_load(t->s, o->resume, t->opt, meta)) die("--resume: %s", mg_last_error());
+        char msg[1200] = "";
+        if (resume_flags_differ(meta->hparams, t->hp, o->resume, msg, sizeof msg))
+            die("%s", msg);
     } else if (o->init) {
         int failed = 0;
         char msg[1200] = "";
@@ -709,13 +691,7 @@ static void start_state(const options *o, mg_compress comp, trainer *t, mg_ckpt_
             failed = 1;
         }
         agree_or_die(t, failed, msg);
-    }
-    if (t->mode == MODE_DDP) {
-        mg_ddp_options dopt = mg_ddp_defaults();
-        dopt.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
-        if (dopt.first_bucket_bytes > dopt.bucket_bytes) dopt.first_bucket_bytes = dopt.bucket_bytes;
-        dopt.compress = comp;
-        if (mg_ddp_create(t->g, t->m, &dopt, &t->ddp)) die("%s", mg_last_error());
+        if (mg_strategy_sync(t->s)) die("%s", mg_last_error());
     }
 }
 
@@ -742,57 +718,102 @@ static mg_status make_gpt(void *ud, mg_model **out)
     return mg_model_create_gpt(&s->g, s->seed, out);
 }
 
-/* The model (DataParallel: its replicas) for local batches, the
- * optimizer, the starting state and DDP. */
+/* --print-plan: the units as the strategy laid them out (rank 0), then
+ * every rank stops. */
+static void print_plan(trainer *t, int local)
+{
+    mg_model *m = t->m;
+    if (t->rank == 0) {
+        printf("plan: %s, strategy %s on %d rank(s), units padded to %zu floats; %zu "
+               "parameters in an arena of %zu floats\n", mg_model_name(m),
+               mg_strategy_name(t->s), t->world, mg_model_unit_pad(m), mg_model_num_params(m),
+               mg_model_arena_size(m));
+        printf("%4s  %-16s %-12s %10s  %-22s %12s %12s %12s\n", "unit", "name", "kind",
+               "params", "arena range", "fwd MFLOP", "kept KB", "out KB");
+        for (int u = 0; u < mg_model_num_units(m); u++) {
+            mg_unit_info ui = mg_model_unit(m, u);
+            char range[48] = "-";
+            if (ui.hi > ui.lo) snprintf(range, sizeof range, "[%zu, %zu)", ui.lo, ui.hi);
+            printf("%4d  %-16s %-12s %10zu  %-22s %12.3f %12.1f %12.1f\n", u, ui.name, ui.kind,
+                   ui.numel, range, ui.flops / 1e6, ui.saved_bytes / 1e3, ui.out_bytes / 1e3);
+        }
+        mg_tape *tp;
+        if (mg_tape_create(m, local, &tp)) die("%s", mg_last_error());
+        printf("(FLOPs and bytes per sample.) A tape for a micro-batch of %d: %.1f MB%s\n",
+               local, mg_tape_bytes(tp) / 1e6, mg_model_recompute(m) ? " (recomputing)" : "");
+        mg_tape_destroy(tp);
+    }
+    exit(0);
+}
+
+/* The model, the strategy for local micro-batches (DDP: rank 0's
+ * parameters on every rank), the optimizer over its range and the
+ * starting state. */
 static void setup_training(const options *o, trainer *t, mg_model_factory make, void *ud, int lm,
                            mg_optim_kind kind, float beta2, mg_compress comp, int local,
                            mg_ckpt_meta *meta)
 {
-    if (t->mode == MODE_DP) {
-        if (mg_dp_create_with(make, ud, o->workers, o->batch, &t->dp)) die("%s", mg_last_error());
-        t->m = mg_dp_model(t->dp);
-    } else if (make(ud, &t->m)) {
-        die("%s", mg_last_error());
-    }
-    if (mg_model_reserve(t->m, local)) die("%s", mg_last_error());
+    if (make(ud, &t->m)) die("%s", mg_last_error());
+    mg_model_set_recompute(t->m, o->recompute);
+    mg_strategy_options so = mg_strategy_defaults(t->mode == MODE_DP ? MG_STRATEGY_DP
+                                                  : t->mode == MODE_DDP ? MG_STRATEGY_DDP
+                                                  : MG_STRATEGY_SINGLE);
+    so.max_batch = t->mode == MODE_DP ? o->batch : local;
+    so.workers = o->workers;
+    so.group = t->g;
+    so.ddp.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
+    if (so.ddp.first_bucket_bytes > so.ddp.bucket_bytes)
+        so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
+    so.ddp.compress = comp;
+    if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
+    if (o->print_plan) print_plan(t, local);
     make_optimizer(o, kind, beta2, lm, t);
     hparams_string(o, lm, t->hp, sizeof t->hp);
-    start_state(o, comp, t, meta);
+    start_state(o, t, meta);
 }
 
-/* Forward and backward of one (local) micro-batch — images as floats, a
- * language model's int32 tokens; sync says whether DDP all-reduces this
- * one (the last of an accumulation). */
-static float forward_backward(trainer *t, const void *x, const int32_t *y, int bs, bool sync,
-                              int *correct)
+/* A micro-batch source for mg_train_step: the loader's batches of an
+ * epoch (the last one ends the step), or a language model's draws. */
+typedef struct {
+    mg_loader *loader;
+    int left;            /* images of this rank's epoch not yet drawn */
+    /* language model */
+    const mg_text *text;
+    uint64_t seed, draw;
+    int batch, T, rank, world;
+    int32_t *x, *y;
+} source;
+
+static bool next_images(void *ud, mg_micro_batch *b)
 {
-    float loss;
-    if (t->mode == MODE_DP) {
-        if (mg_dp_forward_backward(t->dp, x, y, bs, &loss, correct)) die_in_step(t);
-        return loss;
-    }
-    if (t->ddp) mg_ddp_set_sync(t->ddp, sync);
-    if (!mg_model_forward(t->m, (const float *)x, bs)) die_in_step(t);
-    loss = mg_model_loss(t->m, y, correct);
-    mg_model_backward(t->m);
-    return loss;
+    source *s = ud;
+    const float *x;
+    const int32_t *y;
+    int n = mg_loader_next(s->loader, &x, &y);
+    if (n <= 0) return false;
+    s->left -= n;
+    *b = (mg_micro_batch){x, y, n, s->left <= 0};
+    return true;
 }
 
-/* After the step's micro-batches: DDP's all-reduce, the mean over
- * `micro` micro-batches, clipping to the global norm (after DDP every
- * rank holds the whole averaged gradient, so the local norm is the global
- * one), then the optimizer. */
-static void finish_step(trainer *t, const options *o, int micro, double lr)
+/* Micro-batch j of step s is draw s * accumulate + j of the seeded
+ * stream: accumulate 1 is models.md's batch order. */
+static bool next_text(void *ud, mg_micro_batch *b)
 {
-    if (t->ddp && mg_ddp_finish(t->ddp)) die_in_step(t);
-    mg_model *m = t->m;
-    float *g = mg_model_grads(m);
-    size_t n = mg_model_num_params(m);
-    if (micro > 1) mg_grad_scale(g, n, 1.0f / (float)micro);
-    if (o->clip_grad > 0) mg_clip_grad_norm(g, n, o->clip_grad);
-    double tl = mg_trace_now();
-    mg_optim_step(t->opt, mg_model_params(m), g, (float)lr);
-    mg_trace_event("optimizer", "optimizer", 0, tl, mg_trace_now());
+    source *s = ud;
+    int rows = mg_text_batch(s->text, s->seed, s->draw++, s->batch, s->T, s->rank, s->world, s->x,
+                             s->y);
+    *b = (mg_micro_batch){s->x, s->y, rows, false};
+    return true;
+}
+
+/* One optimizer step through the strategy; this rank's figures in r. */
+static void train_step(trainer *t, const options *o, double lr, source *src, mg_batch_source next,
+                       mg_step_result *r)
+{
+    mg_step_options so = {.accumulate = o->accumulate, .lr = (float)lr,
+                          .clip_grad = o->clip_grad};
+    if (mg_train_step(t->s, t->opt, &so, next, src, r)) die_in_step(t);
 }
 
 /* Rank 0 writes the log and its plot; every rank learns whether it worked
@@ -819,23 +840,18 @@ static void save_checkpoint(trainer *t, const options *o, long step, long epoch)
     meta.epoch = epoch;
     meta.seed = o->seed;
     snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
-    int failed = 0;
-    char msg[1200] = "";
-    if (t->rank == 0 && mg_checkpoint_save(o->save, t->m, t->opt, &meta)) {
-        snprintf(msg, sizeof msg, "--save: %s (the previous checkpoint, if any, is intact)",
-                 mg_last_error());
-        failed = 1;
-    }
-    agree_or_die(t, failed, msg);
+    if (mg_strategy_save(t->s, o->save, t->opt, &meta))
+        die("--save: %s (the previous checkpoint, if any, is intact)", mg_last_error());
 }
 
 static void print_ddp_stats(const trainer *t)
 {
-    if (!t->ddp || !mg_trace_on()) return;
-    mg_ddp_stats ds = mg_ddp_get_stats(t->ddp);
+    mg_ddp *ddp = mg_strategy_ddp(t->s);
+    if (!ddp || !mg_trace_on()) return;
+    mg_ddp_stats ds = mg_ddp_get_stats(ddp);
     if (t->rank == 0 && ds.comm_us > 0)
         fprintf(stderr, "%s: %d buckets, all-reduce %.1f ms, %.1f ms exposed (%.0f%% hidden "
-                "behind backward)\n", prog, mg_ddp_num_buckets(t->ddp), ds.comm_us / 1e3,
+                "behind backward)\n", prog, mg_ddp_num_buckets(ddp), ds.comm_us / 1e3,
                 ds.exposed_us / 1e3, 100 * (1 - ds.exposed_us / ds.comm_us));
 }
 
@@ -976,21 +992,15 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
         pr.last = 0;
         char label[64];
         snprintf(label, sizeof label, "epoch %d/%d", e + 1, o->epochs);
-        const float *x;
-        const int32_t *y;
-        int bs, micro = 0;
-        while ((bs = mg_loader_next(loader, &x, &y)) > 0) {
-            bool last = ++micro == o->accumulate || v[2] + bs >= n_local;
-            if (micro == 1) mg_model_zero_grad(m);
-            int cor;
-            float loss = forward_backward(t, x, y, bs, last, &cor);
-            v[0] += (double)loss * bs;
-            v[1] += cor;
-            v[2] += bs;
-            if (!last) continue;
+        source src = {.loader = loader, .left = n_local};
+        for (;;) {
+            mg_step_result sr;
             lr = mg_schedule_lr(&sched, step);
-            finish_step(t, o, micro, lr);
-            micro = 0;
+            train_step(t, o, lr, &src, next_images, &sr);
+            if (sr.micro == 0) break;
+            v[0] += sr.loss_sum;
+            v[1] += (double)sr.correct;
+            v[2] += (double)sr.samples;
             step++;
             progress_update(&pr, label, (long)v[2] * t->world, train->n, 1, "img", v[0] / v[2]);
         }
@@ -1128,19 +1138,14 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     double secs = 0, total_time = 0, t0 = mg_now(), lr = o->lr;
     long first = step, tokens_per_step = (long)o->batch * T * o->accumulate;
     while (step < o->steps) {
-        mg_model_zero_grad(m);
-        float loss = 0;
-        /* Micro-batch j of step s is draw s * accumulate + j of the seeded
-         * stream: accumulate 1 is models.md's batch order. */
-        for (int j = 0; j < o->accumulate; j++) {
-            uint64_t draw = (uint64_t)step * (uint64_t)o->accumulate + (uint64_t)j;
-            int rows = mg_text_batch(text, o->seed, draw, o->batch, T, t->rank, t->world, x, y);
-            loss += forward_backward(t, x, y, rows, j == o->accumulate - 1, NULL);
-        }
+        source src = {.text = text, .seed = o->seed,
+                      .draw = (uint64_t)step * (uint64_t)o->accumulate, .batch = o->batch,
+                      .T = T, .rank = t->rank, .world = t->world, .x = x, .y = y};
+        mg_step_result sr;
         lr = mg_schedule_lr(&sched, step);
-        finish_step(t, o, o->accumulate, lr);
+        train_step(t, o, lr, &src, next_text, &sr);
         step++;
-        v[0] += loss / (float)o->accumulate;
+        v[0] += sr.loss_sum / (double)sr.samples;
         v[1] += 1;
         char label[64];
         snprintf(label, sizeof label, "step %ld/%ld", step, o->steps);
@@ -1234,9 +1239,8 @@ int main(int argc, char **argv)
 
     if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
     mg_optim_destroy(t.opt);
-    mg_ddp_destroy(t.ddp);
-    if (t.dp) mg_dp_destroy(t.dp);
-    else mg_model_destroy(t.m);
+    mg_strategy_destroy(t.s);
+    mg_model_destroy(t.m);
     mg_group_destroy(t.g);
     return 0;
 }

@@ -14,6 +14,8 @@ extern "C" {
 #endif
 
 #define MG_ALIGN 64
+/* Floats in one SIMD register's worth of aligned memory (AVX-512). */
+#define MG_SIMD_FLOATS (MG_ALIGN / 4)
 
 /* 64-byte aligned allocation; NULL on failure (size 0 gives a valid pointer).
  * mg_alloc_zero also zeroes. Free with mg_free (accepts NULL). */

@@ -1,15 +1,20 @@
-/* multigrad — layers with backward, and models whose parameters live in
- * arenas laid out in backward order.
+/* multigrad — layers with backward, and models: a sequence of units whose
+ * parameters live in arenas laid out in backward order, run on tapes.
  *
- * A model owns three arenas of the same layout: parameters, gradients and
- * (through mg_optim) optimizer state. The last layer's parameters come
- * first, so backward finishes gradients in increasing arena order; after
- * each layer's backward the model calls the gradient hook with the range
- * [lo, hi) that is now final (data-parallel training launches
- * communication from it). Each weight is a view at a fixed offset.
+ * A model is structure and parameters only. A unit is a layer or a block
+ * (nested Sequentials are opened up into their layers); each owns one
+ * contiguous range of the arenas, padded so that a world size divides it.
+ * The model owns parameters and gradients; optimizer state (mg_optim) has
+ * the same layout. The last unit's parameters come first, so backward
+ * finishes gradients in increasing arena order. Hooks run around each
+ * unit's forward and backward: a strategy is the set of hooks it installs
+ * (DDP all-reduces a bucket once its units' backward is done).
  *
- * The training step allocates nothing: mg_model_reserve() sizes the
- * activation and workspace arena for a batch once. */
+ * Activations saved for backward live in a tape (mg_tape) the caller
+ * owns, one per micro-batch in flight, sized once for a batch and reused:
+ * the training step allocates nothing. Several tapes can be live on one
+ * model (a pipeline stage's micro-batches, DataParallel threads). The
+ * mg_model_forward family runs on a tape the model keeps for itself. */
 #ifndef MULTIGRAD_NN_H
 #define MULTIGRAD_NN_H
 
@@ -38,8 +43,7 @@ typedef struct mg_param {
     bool is_buffer;
 } mg_param;
 
-/* Called after each layer's backward with the gradient range that is final. */
-typedef void (*mg_grad_hook)(void *ud, size_t lo, size_t hi);
+typedef struct mg_tape mg_tape;
 
 /* The zoo: "mlp", "lenet-d2l", "lenet5" (images) and "gpt-mini" (a
  * byte-level language model at models.md's default sizes; other sizes:
@@ -88,15 +92,19 @@ int mg_model_classes(const mg_model *m);
  * model (whose logits are [batch, T, vocab] and labels [batch, T]). */
 int mg_model_positions(const mg_model *m);
 
-/* The arenas. arena_size is the padded length in floats (a multiple of
- * MG_ARENA_PAD), num_params the floats actually used. */
-#define MG_ARENA_PAD 1024
+/* The arenas. arena_size is the padded length in floats (each unit's range
+ * is a multiple of the unit pad), num_params the floats actually used. */
 size_t mg_model_num_params(const mg_model *m);
 /* FLOPs per image of a forward and of a training step (forward and
  * backward), counting the GEMM-like work of convolution and linear layers
  * (2 per multiply-add); either pointer may be NULL. */
 void mg_model_flops(const mg_model *m, double *forward, double *train);
 size_t mg_model_arena_size(const mg_model *m);
+/* The tensors of an arena of the model's layout (its parameters, its
+ * gradients or an optimizer state) one after the other in table order,
+ * without padding, as torch's parameters_to_vector: num_params floats,
+ * the same whatever the unit pad. */
+void mg_model_to_vector(const mg_model *m, const float *arena, float *out);
 float *mg_model_params(mg_model *m);
 float *mg_model_grads(mg_model *m);
 /* Buffers (running statistics) in their own arena; may be 0 floats. */
@@ -114,13 +122,88 @@ const mg_param *mg_model_find(const mg_model *m, const char *name);
  * caller keeps ownership and must outlive the model's use of it. NULL
  * moves the gradients back to the model's own arena. */
 void mg_model_set_grad_storage(mg_model *m, float *grads);
-void mg_model_set_grad_hook(mg_model *m, mg_grad_hook fn, void *ud);
 void mg_model_set_training(mg_model *m, bool training);
+bool mg_model_training(const mg_model *m);
 /* Seed of dropout masks (a counter-based stream, advanced per step). */
 void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
 
-/* Size the activation workspace for batches up to max_batch (once). */
+/* ---- Units ------------------------------------------------------------
+ * Unit i in forward order: its name (the layer path, e.g. "h.0"; the kind
+ * for an unnamed layer), its padded parameter range [lo, hi) of the
+ * arena (lo == hi: no parameters), the parameters in it, its forward
+ * FLOPs per sample and the bytes it keeps for backward (saved) and
+ * outputs per sample. */
+typedef struct mg_unit_info {
+    const char *name, *kind;
+    size_t lo, hi, numel;
+    double flops;
+    size_t saved_bytes, out_bytes;
+} mg_unit_info;
+int mg_model_num_units(const mg_model *m);
+mg_unit_info mg_model_unit(const mg_model *m, int i);
+/* Lay the arenas out again with every unit's range a multiple of pad
+ * floats (a strategy passes lcm(world size, MG_SIMD_FLOATS); the default
+ * is MG_SIMD_FLOATS). Parameters keep their values; gradients are zeroed.
+ * Call it before mg_model_set_grad_storage and before making optimizer
+ * state. MG_ENOMEM if the new arenas cannot be allocated. */
+mg_status mg_model_set_unit_pad(mg_model *m, size_t pad);
+size_t mg_model_unit_pad(const mg_model *m);
+
+/* Hooks around each unit's work, called with the tape of the pass (the
+ * same thread). pre_backward runs before a recomputed forward too.
+ * The table must outlive its use; NULL removes it. */
+typedef struct mg_unit_hooks {
+    void (*pre_forward)(void *ud, mg_tape *t, int unit);
+    void (*post_forward)(void *ud, mg_tape *t, int unit);
+    void (*pre_backward)(void *ud, mg_tape *t, int unit);
+    void (*post_backward)(void *ud, mg_tape *t, int unit);
+} mg_unit_hooks;
+void mg_model_set_hooks(mg_model *m, const mg_unit_hooks *h, void *ud);
+
+/* Activation recomputation: units share one block for what they keep from
+ * forward to backward and run their forward again just before their
+ * backward (as torch.utils.checkpoint on every unit): less memory, about
+ * one more forward of time, the same numbers bit for bit. Tapes made
+ * before a change (of this or of mg_model_set_input_grad) must be made
+ * again. */
+void mg_model_set_recompute(mg_model *m, bool on);
+bool mg_model_recompute(const mg_model *m);
+
+/* ---- Tapes -------------------------------------------------------------
+ * A tape holds one micro-batch's forward for its backward: sized for
+ * batches up to max_batch and touched at creation. Forward never
+ * allocates: a larger batch is refused (NULL, MG_EINVAL). By default the
+ * backward accumulates into the model's gradient arena and a training
+ * forward updates the model's buffers (running statistics); set_grads and
+ * set_buffers point them elsewhere (arenas of the model's layout, e.g. a
+ * DataParallel thread's own). Training mode and the dropout position are
+ * the model's at the forward; the backward reuses them. */
+mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out);
+void mg_tape_destroy(mg_tape *t);
+size_t mg_tape_bytes(const mg_tape *t);   /* activation memory */
+int mg_tape_capacity(const mg_tape *t);
+void mg_tape_set_grads(mg_tape *t, float *grads);
+void mg_tape_set_buffers(mg_tape *t, float *buffers);
+mg_model *mg_tape_model(const mg_tape *t);
+/* The next forward draws dropout at position `step` and leaves the
+ * model's counter alone (threads sharing a model at one position). */
+void mg_tape_pin_step(mg_tape *t, uint64_t step);
+/* As mg_model_forward (and _tokens, _loss, _backward, _backward_from,
+ * _input_grad) on the given tape; the logits stay valid until the tape's
+ * next forward. */
+const float *mg_tape_forward(mg_tape *t, const float *x, int batch);
+const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch);
+float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct);
+void mg_tape_backward(mg_tape *t);
+void mg_tape_backward_from(mg_tape *t, const float *dout);
+const float *mg_tape_input_grad(const mg_tape *t);
+const float *mg_tape_logits(const mg_tape *t);
+
+/* ---- The model's own tape ----------------------------------------------
+ * Size it for batches up to max_batch (once; a larger batch later makes it
+ * again, an allocation). */
 mg_status mg_model_reserve(mg_model *m, int max_batch);
+mg_tape *mg_model_tape(mg_model *m);
 /* Forward a batch x [batch, c, h, w]; returns the logits [batch, classes]
  * (valid until the next forward). x must stay unchanged until the
  * backward. A batch larger than the reserved one reserves again (an
@@ -143,9 +226,7 @@ mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, in
  * number of argmax hits. */
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
 /* Backward of the last forward and loss: accumulates into the gradient
- * arena and calls the hook after each layer that has parameters, in
- * increasing arena order; the ranges of one backward tile
- * [0, arena_size) (the last includes the padding). */
+ * arena, calling the unit hooks around each unit. */
 void mg_model_backward(mg_model *m);
 void mg_model_zero_grad(mg_model *m);
 
@@ -155,7 +236,7 @@ uint64_t mg_model_rng_counter(const mg_model *m);
 void mg_model_set_rng_counter(mg_model *m, uint64_t counter);
 
 /* Also compute d(loss)/d(input) in backward (pipeline stages, tests); set
- * before mg_model_reserve. The gradient is valid after mg_model_backward. */
+ * before making tapes. The gradient is valid after mg_model_backward. */
 void mg_model_set_input_grad(mg_model *m, bool on);
 const float *mg_model_input_grad(const mg_model *m);
 /* Backward from a given gradient of the output [batch, classes] instead of

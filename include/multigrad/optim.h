@@ -33,12 +33,20 @@ const char *mg_optim_kind_name(mg_optim_kind kind);
 typedef struct mg_optim mg_optim;
 /* State arenas of n floats (the model's arena_size). */
 mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out);
+/* State arenas of hi - lo floats for the range [lo, hi) of the arena that
+ * this process updates (a strategy's range: a ZeRO shard holds 1/N of the
+ * state). Updates, groups and steps take arena offsets; state i of the
+ * arena's offset k is mg_optim_state(o, i, NULL)[k - lo]. */
+mg_status mg_optim_create_range(const mg_optim_config *cfg, size_t lo, size_t hi,
+                                mg_optim **out);
+void mg_optim_range(const mg_optim *o, size_t *lo, size_t *hi);
 void mg_optim_destroy(mg_optim *o);
 const mg_optim_config *mg_optim_config_of(const mg_optim *o);
 
 /* Parameter groups (torch's param_groups): ranges of the arena with their
  * own weight decay, e.g. AdamW decaying only the 2-D weights. Ranges must
- * not overlap; what no group covers keeps the configuration's decay. */
+ * not overlap; what no group covers keeps the configuration's decay; parts
+ * outside the optimizer's range are ignored. */
 typedef struct mg_optim_group {
     size_t lo, hi;
     float weight_decay;
@@ -61,14 +69,14 @@ double mg_clip_grad_norm(float *g, size_t n, float max_norm);
  * the learning rate), then update over one or more ranges. */
 void mg_optim_begin_step(mg_optim *o, float lr);
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
-/* begin_step + update over [0, n). */
+/* begin_step + update over the optimizer's whole range. */
 void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
 
 /* Steps taken so far (restored from checkpoints). */
 long mg_optim_steps(const mg_optim *o);
 void mg_optim_set_steps(mg_optim *o, long steps);
 /* State arenas: SGD with momentum has "momentum_buffer"; Adam(W) "exp_avg"
- * and "exp_avg_sq". Each of n floats. */
+ * and "exp_avg_sq". Each covers the optimizer's range. */
 int mg_optim_num_states(const mg_optim *o);
 float *mg_optim_state(mg_optim *o, int i, const char **name);
 

@@ -9,6 +9,7 @@
 #include "comm.h"
 #include "nn.h"
 #include "data.h"
+#include "checkpoint.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -105,37 +106,42 @@ mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d);
 
 /* ---- DataParallel (dp.c) ------------------------------------------------
  *
- * One process, `workers` threads each holding a replica, as
- * torch.nn.DataParallel: replicate replica 0's parameters, scatter the
- * batch in contiguous chunks, apply the replicas in parallel (forward,
- * loss, backward), gather the loss and reduce the gradients to replica 0,
- * each weighted by its share of the batch — so one step equals one process
- * on the whole batch. The optimizer steps replica 0 (mg_dp_model). */
+ * One process, `workers` threads on one model, as torch.nn.DataParallel:
+ * scatter the batch in contiguous chunks, apply the model in parallel (each
+ * thread forward, loss and backward on its own tape into its own gradient
+ * arena), gather the loss and reduce the gradients onto the model's, each
+ * weighted by its share of the batch — so one step equals one process on
+ * the whole batch. Threads share the parameters; batch-norm running
+ * statistics are the first thread's, as torch keeps device 0's. The
+ * optimizer steps the model. */
 typedef struct mg_dp mg_dp;
-/* Replicas of a zoo model. */
+/* Wraps the caller's model (which must outlive it and have no unit hooks)
+ * for batches up to max_batch. */
+mg_status mg_dp_wrap(mg_model *m, int workers, int max_batch, mg_dp **out);
+/* A zoo model made for it (destroyed with it). */
 mg_status mg_dp_create(const char *model, uint64_t seed, int workers, int max_batch,
                        mg_dp **out);
-/* Replicas made by `make` (called once per worker; e.g. a gpt-mini of
- * other sizes through mg_model_create_gpt). */
+/* A model made by `make` (e.g. a gpt-mini of other sizes through
+ * mg_model_create_gpt), destroyed with it. */
 typedef mg_status (*mg_model_factory)(void *ud, mg_model **out);
 mg_status mg_dp_create_with(mg_model_factory make, void *ud, int workers, int max_batch,
                             mg_dp **out);
 void mg_dp_destroy(mg_dp *dp);
 mg_model *mg_dp_model(mg_dp *dp);
 int mg_dp_workers(const mg_dp *dp);
-/* Replicate, scatter, apply, gather, reduce: adds the gradients of the
- * mean loss over the batch (the replicas' gradients, each weighted by its
- * share of the batch) to replica 0's gradient arena, as mg_model_backward
- * accumulates into a model's. So a step is: mg_model_zero_grad(mg_dp_model
- * (dp)), then one call per micro-batch — N calls with batches of B leave
- * the sum of N batch-mean gradients, exactly as N forward/backward passes
- * in one process; scale by 1/N for the mean over the N*B images — then the
+/* Scatter, apply, gather, reduce: adds the gradients of the mean loss
+ * over the batch (the threads' gradients, each weighted by its share of
+ * the batch) to the model's gradient arena, as mg_model_backward
+ * accumulates into a model's. So a step is: mg_model_zero_grad, then one
+ * call per micro-batch — N calls with batches of B leave the sum of N
+ * batch-mean gradients, exactly as N forward/backward passes in one
+ * process; scale by 1/N for the mean over the N*B images — then the
  * optimizer. x is the batch as the model takes it (images as floats, a
  * language model's int32 tokens [batch, T]; y then has T labels per
  * sequence). *loss (may be NULL) gets the mean loss over the batch,
- * *correct (may be NULL) the argmax hits. MG_ENOMEM when a batch larger
- * than max_batch cannot be reserved on a replica; the gradients are then
- * left as they were. */
+ * *correct (may be NULL) the argmax hits. A batch larger than max_batch
+ * makes the threads' tapes again (MG_ENOMEM if that fails, the gradients
+ * then left as they were). */
 mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
                                  float *loss, int *correct);
 
@@ -147,6 +153,83 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
  * group g (may be NULL) it is collective: each rank evaluates a contiguous
  * share of the windows and every rank gets the whole figure. */
 mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss);
+
+/* ---- Strategies and the training step (strategy.c) ----------------------
+ *
+ * A strategy owns how a step turns a batch into forward/backward work and
+ * communication, which range of the arena this process's optimizer
+ * updates (its state arenas are exactly that range), and how checkpoints
+ * are written and read. single: one process; dp: DataParallel threads on
+ * one model; ddp: DistributedDataParallel over a group (its units padded
+ * to lcm(world size, SIMD width)). Make the strategy before the optimizer
+ * (mg_strategy_optim). */
+typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP } mg_strategy_kind;
+/* "none" (or "single") | "dp" | "ddp" */
+mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
+
+typedef struct mg_strategy_options {
+    mg_strategy_kind kind;
+    int max_batch;          /* the largest micro-batch this process runs */
+    int workers;            /* dp: threads */
+    mg_group *group;        /* ddp: the data-parallel group */
+    mg_ddp_options ddp;     /* ddp: buckets, compression */
+} mg_strategy_options;
+mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
+
+typedef struct mg_strategy mg_strategy;
+/* Collective for ddp (rank 0's parameters reach every rank). The model
+ * must outlive the strategy. */
+mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out);
+void mg_strategy_destroy(mg_strategy *s);
+const char *mg_strategy_name(const mg_strategy *s);
+mg_model *mg_strategy_model(const mg_strategy *s);
+mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp */
+/* The arena range [lo, hi) this process's optimizer updates. */
+void mg_strategy_range(const mg_strategy *s, size_t *lo, size_t *hi);
+/* An optimizer whose state covers exactly that range. */
+mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim **out);
+/* Sum n values over the data-parallel ranks (metrics); nothing in one
+ * process. Collective. */
+mg_status mg_strategy_sum(mg_strategy *s, double *v, int n);
+/* Rank 0's parameters, buffers and dropout position on every rank (after
+ * rank 0 changed them, e.g. loaded weights). Collective. */
+mg_status mg_strategy_sync(mg_strategy *s);
+/* Checkpoints (checkpoint.h): rank 0 writes or reads, and every rank gets
+ * the outcome (rank 0's error message), the state and the metadata.
+ * Collective. */
+mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
+                           const mg_ckpt_meta *meta);
+mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta);
+
+/* One micro-batch as the model takes it (images as floats, a language
+ * model's int32 tokens; y one label per position); last: the last of the
+ * step (e.g. the end of an epoch). A source fills one and returns true,
+ * or returns false when it has none. */
+typedef struct mg_micro_batch {
+    const void *x;
+    const int32_t *y;
+    int n;
+    bool last;
+} mg_micro_batch;
+typedef bool (*mg_batch_source)(void *ud, mg_micro_batch *out);
+
+typedef struct mg_step_options {
+    int accumulate;     /* micro-batches per step (at most) */
+    float lr;
+    float clip_grad;    /* global gradient-norm clip; 0: none */
+} mg_step_options;
+typedef struct mg_step_result {
+    int micro;          /* micro-batches run (0: the source had none) */
+    long samples, correct;
+    double loss_sum;    /* sum over samples of their micro-batch's mean loss */
+    double grad_norm;   /* before clipping (with clip_grad) */
+} mg_step_result;
+/* The training step, the same for every strategy: zero the gradients;
+ * forward, loss and backward of up to accumulate micro-batches from next
+ * (communication on the last only); the mean over them; clipping; the
+ * optimizer over the strategy's range. This process's figures in r. */
+mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
+                        mg_batch_source next, void *ud, mg_step_result *r);
 
 #ifdef __cplusplus
 }

@@ -204,8 +204,9 @@ void mg_attention_backward(float *dqkv, const float *dy, const float *y, const f
 
 /* Training mode: normalises with the batch statistics (biased variance),
  * stores mean and 1/sqrt(var+eps) per channel, and updates the running
- * statistics as PyTorch does (momentum 0.1, unbiased variance). Eval mode
- * (training false) uses the running statistics. */
+ * statistics as PyTorch does (momentum 0.1, unbiased variance) unless
+ * run_mean and run_var are NULL. Eval mode (training false) uses the
+ * running statistics. */
 void mg_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
                             const float *gamma, const float *beta,
                             float *run_mean, float *run_var, int n, int c, int hw,

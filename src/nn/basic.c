@@ -72,7 +72,7 @@ static void maxpool_sizes(const mg_layer *l, int n, size_t *saved, size_t *scrat
 static void maxpool_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     pool_layer *p = (pool_layer *)l;
-    mg_maxpool2d_forward(y, (int32_t *)l->saved, x, n * l->in[0], l->in[1], l->in[2], p->k,
+    mg_maxpool2d_forward(y, (int32_t *)mg__saved(l, c), x, n * l->in[0], l->in[1], l->in[2], p->k,
                          p->s);
 }
 
@@ -81,7 +81,7 @@ static void maxpool_backward(mg_layer *l, const mg_ctx *c, const float *x, const
 {
     pool_layer *p = (pool_layer *)l;
     if (dx)
-        mg_maxpool2d_backward(dx, dy, (const int32_t *)l->saved, n * l->in[0], l->in[1],
+        mg_maxpool2d_backward(dx, dy, (const int32_t *)mg__saved(l, c), n * l->in[0], l->in[1],
                               l->in[2], p->k, p->s);
 }
 
@@ -168,7 +168,7 @@ static void dropout_forward(mg_layer *l, const mg_ctx *c, const float *x, float 
         memcpy(y, x, m * sizeof(float));
         return;
     }
-    uint8_t *keep = (uint8_t *)l->saved;
+    uint8_t *keep = (uint8_t *)mg__saved(l, c);
     mg_dropout_mask(keep, m, d->p, dropout_stream(l, c->dropout_seed), c->step << 32);
     mg_dropout_apply(y, x, keep, m, d->p);
 }
@@ -182,7 +182,7 @@ static void dropout_backward(mg_layer *l, const mg_ctx *c, const float *x, const
     if (!c->training || d->p == 0.0f)
         memcpy(dx, dy, m * sizeof(float));
     else
-        mg_dropout_apply(dx, dy, (const uint8_t *)l->saved, m, d->p);
+        mg_dropout_apply(dx, dy, (const uint8_t *)mg__saved(l, c), m, d->p);
 }
 
 static const mg_layer_vt dropout_vt = {

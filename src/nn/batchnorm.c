@@ -29,18 +29,25 @@ static void bn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 static void bn_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     bn_layer *b = (bn_layer *)l;
-    float *mean = (float *)l->saved, *invstd = mean + b->ch;
-    mg_batchnorm2d_forward(y, mean, invstd, x, l->p[0].data, l->p[1].data, l->p[2].data,
-                           l->p[3].data, n, b->ch, l->in[1] * l->in[2], 1e-5f, 0.1f,
-                           c->training);
+    float *mean = (float *)mg__saved(l, c), *invstd = mean + b->ch;
+    /* Training updates the running statistics of the context's buffers
+     * (a recomputed forward does not: it already did); evaluation reads
+     * the model's. */
+    float *rm = l->p[2].data, *rv = l->p[3].data;
+    if (c->training) {
+        rm = c->recompute ? NULL : mg__buffer(l, c, 2);
+        rv = c->recompute ? NULL : mg__buffer(l, c, 3);
+    }
+    mg_batchnorm2d_forward(y, mean, invstd, x, l->p[0].data, l->p[1].data, rm, rv, n, b->ch,
+                           l->in[1] * l->in[2], 1e-5f, 0.1f, c->training);
 }
 
 static void bn_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                         float *dy, float *dx, int n)
 {
     bn_layer *b = (bn_layer *)l;
-    const float *mean = (const float *)l->saved, *invstd = mean + b->ch;
-    mg_batchnorm2d_backward(dx, l->p[0].grad, l->p[1].grad, dy, x, mean, invstd,
+    const float *mean = (const float *)mg__saved(l, c), *invstd = mean + b->ch;
+    mg_batchnorm2d_backward(dx, mg__grad(l, c, 0), mg__grad(l, c, 1), dy, x, mean, invstd,
                             l->p[0].data, n, b->ch, l->in[1] * l->in[2], c->training);
 }
 

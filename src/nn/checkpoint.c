@@ -35,6 +35,17 @@ static const char *short_float(char *buf, size_t cap, float x)
     return buf;
 }
 
+/* Optimizer state s indexed by arena offset. Checkpoints hold every
+ * parameter's state, so the optimizer must cover all of them (a sharded
+ * strategy gathers first). */
+static float *optim_arena(const mg_model *m, mg_optim *o, int s, const char **name)
+{
+    size_t lo, hi;
+    mg_optim_range(o, &lo, &hi);
+    MG_ASSERT(lo == 0 && hi >= mg_model_arena_size(m));
+    return mg_optim_state(o, s, name);
+}
+
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta)
 {
@@ -67,7 +78,7 @@ mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
     }
     for (int s = 0; s < ns; s++) {
         const char *sname;
-        const float *state = mg_optim_state(o, s, &sname);
+        const float *state = optim_arena(m, o, s, &sname);
         for (int i = 0; i < nt; i++) {
             const mg_param *p = mg_model_tensor(m, i);
             if (p->is_buffer) continue;
@@ -354,7 +365,7 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt
     if (o) {
         for (int s = 0; s < mg_optim_num_states(o); s++) {
             const char *sname;
-            float *state = mg_optim_state(o, s, &sname);
+            float *state = optim_arena(m, o, s, &sname);
             for (int i = 0; i < nt; i++) {
                 const mg_param *p = mg_model_tensor(m, i);
                 if (p->is_buffer) continue;

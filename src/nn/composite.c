@@ -18,14 +18,15 @@
 
 typedef struct {
     mg_layer base;
-    float **acts;        /* outputs of children 0..n-2 */
     bool *has_params;    /* child i (or its children) has parameters */
     int *gbuf;           /* where child i >= 1 writes its input gradient (G_*) */
-    size_t gfloats[2];   /* the two scratch gradient buffers at the bound n */
+    size_t gper[2];      /* floats per image of the two scratch gradient buffers */
 } seq_layer;
 
 /* Buffers for the gradient between child i-1 and child i. */
 enum { G_DY, G_DX, G_S0, G_S1 };
+
+bool mg__is_sequential(const mg_layer *l) { return strcmp(l->vt->kind, "sequential") == 0; }
 
 static mg_status seq_setup(mg_layer *l, const int in[3], int out[3])
 {
@@ -48,30 +49,36 @@ static mg_status seq_setup(mg_layer *l, const int in[3], int out[3])
  * (free until child 0 writes it) when large enough, else one of two
  * scratch buffers. A child never writes the buffer it reads, and child 1
  * never writes dx, which child 0 writes while reading child 1's gradient.
- * buf (may be NULL) gets the choices, sc the floats each scratch buffer
- * needs (0: unused), aligned. */
-static void seq_plan(const mg_layer *l, int n, int *buf, size_t sc[2])
+ * Every size is per image, so the choice holds for any batch. buf (may be
+ * NULL) gets the choices, per the floats per image each scratch buffer
+ * needs (0: unused). */
+static void seq_plan(const mg_layer *l, int *buf, size_t per[2])
 {
-    size_t cap_dy = (size_t)n * mg__per_image(l->out);
-    size_t cap_dx = l->need_dx ? (size_t)n * mg__per_image(l->in) : 0;
-    sc[0] = sc[1] = 0;
+    size_t cap_dy = mg__per_image(l->out);
+    size_t cap_dx = l->need_dx ? mg__per_image(l->in) : 0;
+    per[0] = per[1] = 0;
     int prev = G_DY;
     for (int i = l->n_child - 1; i >= 1; i--) {
-        size_t f = (size_t)n * mg__per_image(l->child[i - 1]->out);
+        size_t f = mg__per_image(l->child[i - 1]->out);
         int b;
         if (prev != G_DY && f <= cap_dy) b = G_DY;
         else if (prev != G_DX && i > 1 && f <= cap_dx) b = G_DX;
         else b = prev == G_S0 ? G_S1 : G_S0;
-        if (b >= G_S0 && f > sc[b - G_S0]) sc[b - G_S0] = f;
+        if (b >= G_S0 && f > per[b - G_S0]) per[b - G_S0] = f;
         if (buf) buf[i] = b;
         prev = b;
     }
-    for (int k = 0; k < 2; k++) sc[k] = mg__align(sc[k] * sizeof(float)) / sizeof(float);
+}
+
+/* Floats of scratch gradient buffer k at batch n, aligned. */
+static size_t seq_gfloats(const size_t per[2], int n, int k)
+{
+    return mg__align((size_t)n * per[k] * sizeof(float)) / sizeof(float);
 }
 
 static void seq_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
-    size_t sv = 0, sc = 0, g[2];
+    size_t sv = 0, sc = 0, per[2];
     for (int i = 0; i < l->n_child; i++) {
         const mg_layer *ch = l->child[i];
         size_t a, b;
@@ -80,24 +87,23 @@ static void seq_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
         if (b > sc) sc = b;
         if (i + 1 < l->n_child) sv += mg__align((size_t)n * mg__per_image(ch->out) * sizeof(float));
     }
-    seq_plan(l, n, NULL, g);
+    seq_plan(l, NULL, per);
     *saved = sv;
-    *scratch = g[0] + g[1] + sc;
+    *scratch = seq_gfloats(per, n, 0) + seq_gfloats(per, n, 1) + sc;
 }
 
-static void seq_bind(mg_layer *l, int n)
+/* Child i's memory, then its output (slot 1 + i), for each child. */
+static void seq_bind(mg_layer *l, int n, char **slot)
 {
-    seq_layer *s = (seq_layer *)l;
-    char *p = l->saved;
+    char *p = slot[l->slot];
     for (int i = 0; i < l->n_child; i++) {
         mg_layer *ch = l->child[i];
-        p = mg__bind_child(ch, n, p);
+        p = mg__bind_child(ch, n, p, slot);
         if (i + 1 < l->n_child) {
-            s->acts[i] = (float *)p;
+            slot[l->slot + 1 + i] = p;
             p += mg__align((size_t)n * mg__per_image(ch->out) * sizeof(float));
         }
     }
-    seq_plan(l, n, s->gbuf, s->gfloats);
 }
 
 static void seq_propagate(mg_layer *l)
@@ -111,6 +117,7 @@ static void seq_propagate(mg_layer *l)
         if (ch->vt->propagate) ch->vt->propagate(ch);
         before = before || s->has_params[i];
     }
+    seq_plan(l, s->gbuf, s->gper);
 }
 
 /* MG_TRACE: one event per child layer and pass (see trace.h). */
@@ -121,41 +128,67 @@ static void trace_layer(const mg_layer *l, const char *pass, double t0)
     mg_trace_event(name, pass, 0, t0, mg_trace_now());
 }
 
-static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+/* Child i's input and output in the call (x, y: the sequence's). */
+static const float *seq_in(const mg_layer *l, const mg_ctx *c, const float *x, int i)
+{
+    return i == 0 ? x : (const float *)mg__slot(l, c, i);
+}
+
+static float *seq_out(const mg_layer *l, const mg_ctx *c, const float *y, int i)
+{
+    return i + 1 == l->n_child ? (float *)y : (float *)mg__slot(l, c, 1 + i);
+}
+
+static void seq_child_forward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                              int i, int n)
+{
+    double t0 = mg_trace_on() ? mg_trace_now() : 0;
+    mg_layer *ch = l->child[i];
+    ch->vt->forward(ch, c, seq_in(l, c, x, i), seq_out(l, c, y, i), n);
+    if (t0) trace_layer(ch, c->recompute ? "recompute" : "forward", t0);
+}
+
+void mg__seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n,
+                     const mg__seq_calls *k)
 {
     seq_layer *s = (seq_layer *)l;
     mg_ctx cc = *c;
-    cc.scratch = c->scratch + s->gfloats[0] + s->gfloats[1];
-    const float *cur = x;
+    cc.scratch = c->scratch + seq_gfloats(s->gper, n, 0) + seq_gfloats(s->gper, n, 1);
     for (int i = 0; i < l->n_child; i++) {
-        float *out = i + 1 == l->n_child ? y : s->acts[i];
-        double t0 = mg_trace_on() ? mg_trace_now() : 0;
-        l->child[i]->vt->forward(l->child[i], &cc, cur, out, n);
-        if (t0) trace_layer(l->child[i], "forward", t0);
-        cur = out;
+        if (k && k->before) k->before(k->ud, i, false);
+        seq_child_forward(l, &cc, x, y, i, n);
+        if (k && k->after) k->after(k->ud, i, false);
     }
 }
 
+static void seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    mg__seq_forward(l, c, x, y, n, NULL);
+}
+
 void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
-                      float *dy, float *dx, int n, mg__child_done done, void *ud)
+                      float *dy, float *dx, int n, const mg__seq_calls *k)
 {
     seq_layer *s = (seq_layer *)l;
-    mg_ctx cc = *c;
-    float *bufs[] = {dy, dx, c->scratch, c->scratch + s->gfloats[0]};
-    cc.scratch = c->scratch + s->gfloats[0] + s->gfloats[1];
+    mg_ctx cc = *c, rc;
+    size_t g0 = seq_gfloats(s->gper, n, 0);
+    float *bufs[] = {dy, dx, c->scratch, c->scratch + g0};
+    cc.scratch = c->scratch + g0 + seq_gfloats(s->gper, n, 1);
+    rc = cc;
+    rc.recompute = true;
     float *cur = dy;
     for (int i = l->n_child - 1; i >= 0; i--) {
         mg_layer *ch = l->child[i];
         if (!ch->need_dx && !s->has_params[i]) break;
-        const float *xin = i == 0 ? x : s->acts[i - 1];
-        const float *yout = i + 1 == l->n_child ? y : s->acts[i];
+        if (k && k->before) k->before(k->ud, i, true);
+        if (k && k->recompute && k->rerun[i]) seq_child_forward(l, &rc, x, y, i, n);
         float *dxo = NULL;
         if (ch->need_dx) dxo = i == 0 ? dx : bufs[s->gbuf[i]];
         MG_ASSERT(i == 0 || dxo || !ch->need_dx);   /* the plan uses dx only under need_dx */
         double t0 = mg_trace_on() ? mg_trace_now() : 0;
-        ch->vt->backward(ch, &cc, xin, yout, cur, dxo, n);
+        ch->vt->backward(ch, &cc, seq_in(l, c, x, i), seq_out(l, c, y, i), cur, dxo, n);
         if (t0) trace_layer(ch, "backward", t0);
-        if (done) done(ud, i);
+        if (k && k->after) k->after(k->ud, i, true);
         if (!dxo) break;
         cur = dxo;
     }
@@ -164,13 +197,12 @@ void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float 
 static void seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                          float *dy, float *dx, int n)
 {
-    mg__seq_backward(l, c, x, y, dy, dx, n, NULL, NULL);
+    mg__seq_backward(l, c, x, y, dy, dx, n, NULL);
 }
 
 static void seq_destroy(mg_layer *l)
 {
     seq_layer *s = (seq_layer *)l;
-    free(s->acts);
     free(s->has_params);
     free(s->gbuf);
 }
@@ -187,12 +219,10 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
     for (int i = 0; ok && i < n; i++) ok = children[i] != NULL;
     seq_layer *s = ok ? (seq_layer *)mg__layer_alloc(sizeof *s, &seq_vt, name) : NULL;
     if (s) {
-        s->acts = calloc((size_t)(n ? n : 1), sizeof *s->acts);
         s->has_params = calloc((size_t)(n ? n : 1), sizeof *s->has_params);
         s->gbuf = calloc((size_t)(n ? n : 1), sizeof *s->gbuf);
         s->base.child = calloc((size_t)(n ? n : 1), sizeof *s->base.child);
-        if (!s->acts || !s->has_params || !s->gbuf || !s->base.child) {
-            free(s->acts);
+        if (!s->has_params || !s->gbuf || !s->base.child) {
             free(s->has_params);
             free(s->gbuf);
             free(s->base.child);
@@ -209,6 +239,7 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
         if (!children[i]->name[0] && !children[i]->anonymous) snprintf(children[i]->name, sizeof children[i]->name, "%d", i);
     }
     s->base.n_child = n;
+    s->base.n_slots = n > 1 ? n : 1;
     return &s->base;
 }
 
@@ -217,8 +248,6 @@ mg_layer *mg_layer_sequential(const char *name, mg_layer *const *children, int n
 typedef struct {
     mg_layer base;
     bool relu;
-    float *bo, *so;      /* branch and shortcut outputs */
-    size_t out_floats, in_floats;
 } res_layer;
 
 static mg_status res_setup(mg_layer *l, const int in[3], int out[3])
@@ -253,14 +282,18 @@ static void res_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
     *scratch = (out + in) / sizeof(float) + sc;
 }
 
-static void res_bind(mg_layer *l, int n)
+/* Floats of n outputs or inputs, aligned. */
+static size_t res_floats(const int s[3], int n)
 {
-    res_layer *r = (res_layer *)l;
-    char *p = mg__bind_children(l, n);
-    r->out_floats = mg__align((size_t)n * mg__per_image(l->out) * sizeof(float)) / sizeof(float);
-    r->in_floats = mg__align((size_t)n * mg__per_image(l->in) * sizeof(float)) / sizeof(float);
-    r->bo = (float *)p;
-    r->so = l->n_child > 1 ? r->bo + r->out_floats : NULL;
+    return mg__align((size_t)n * mg__per_image(s) * sizeof(float)) / sizeof(float);
+}
+
+/* Slots 1 and 2: the branch's and the shortcut's outputs. */
+static void res_bind(mg_layer *l, int n, char **slot)
+{
+    char *p = mg__bind_children(l, n, slot);
+    slot[l->slot + 1] = p;
+    slot[l->slot + 2] = l->n_child > 1 ? p + res_floats(l->out, n) * sizeof(float) : NULL;
 }
 
 static void res_propagate(mg_layer *l)
@@ -275,16 +308,17 @@ static void res_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, 
 {
     res_layer *r = (res_layer *)l;
     mg_ctx cc = *c;
-    cc.scratch = c->scratch + r->out_floats + r->in_floats;
+    cc.scratch = c->scratch + res_floats(l->out, n) + res_floats(l->in, n);
     size_t m = (size_t)n * mg__per_image(l->out);
-    l->child[0]->vt->forward(l->child[0], &cc, x, r->bo, n);
+    float *bo = (float *)mg__slot(l, c, 1);
+    l->child[0]->vt->forward(l->child[0], &cc, x, bo, n);
     const float *so = x;
     if (l->n_child > 1) {
-        l->child[1]->vt->forward(l->child[1], &cc, x, r->so, n);
-        so = r->so;
+        so = (float *)mg__slot(l, c, 2);
+        l->child[1]->vt->forward(l->child[1], &cc, x, (float *)so, n);
     }
     for (size_t i = 0; i < m; i++) {
-        float v = r->bo[i] + so[i];
+        float v = bo[i] + so[i];
         y[i] = r->relu && !(v > 0.0f) ? 0.0f : v;
     }
 }
@@ -294,19 +328,20 @@ static void res_backward(mg_layer *l, const mg_ctx *c, const float *x, const flo
 {
     res_layer *r = (res_layer *)l;
     mg_ctx cc = *c;
-    float *dy2 = c->scratch, *tmp = c->scratch + r->out_floats;
-    cc.scratch = c->scratch + r->out_floats + r->in_floats;
+    float *dy2 = c->scratch, *tmp = c->scratch + res_floats(l->out, n);
+    cc.scratch = tmp + res_floats(l->in, n);
     size_t m = (size_t)n * mg__per_image(l->out);
     if (r->relu)
         for (size_t i = 0; i < m; i++) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
     /* The branch may overwrite dy; the shortcut needs it too. */
     memcpy(dy2, dy, m * sizeof(float));
     mg_layer *b = l->child[0];
-    if (dx || mg__layer_has_params(b)) b->vt->backward(b, &cc, x, r->bo, dy, dx, n);
+    if (dx || mg__layer_has_params(b))
+        b->vt->backward(b, &cc, x, (float *)mg__slot(l, c, 1), dy, dx, n);
     if (l->n_child > 1) {
         mg_layer *s = l->child[1];
         if (dx || mg__layer_has_params(s)) {
-            s->vt->backward(s, &cc, x, r->so, dy2, dx ? tmp : NULL, n);
+            s->vt->backward(s, &cc, x, (float *)mg__slot(l, c, 2), dy2, dx ? tmp : NULL, n);
             size_t mi = (size_t)n * mg__per_image(l->in);
             if (dx)
                 for (size_t i = 0; i < mi; i++) dx[i] += tmp[i];
@@ -333,6 +368,7 @@ mg_layer *mg_layer_residual(const char *name, mg_layer *branch, mg_layer *shortc
         return NULL;
     }
     r->relu = relu;
+    r->base.n_slots = 3;
     r->base.child[0] = branch;
     if (!branch->name[0]) snprintf(branch->name, sizeof branch->name, "branch");
     r->base.n_child = 1;

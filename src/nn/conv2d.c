@@ -38,7 +38,7 @@ static void conv_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 static void conv_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     conv_layer *cv = (conv_layer *)l;
-    mg_conv2d_forward(y, (uint8_t *)l->saved, x, l->p[0].data, l->p[1].data, &cv->s, n,
+    mg_conv2d_forward(y, (uint8_t *)mg__saved(l, c), x, l->p[0].data, l->p[1].data, &cv->s, n,
                       c->scratch);
 }
 
@@ -46,8 +46,8 @@ static void conv_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
                           float *dy, float *dx, int n)
 {
     conv_layer *cv = (conv_layer *)l;
-    mg_conv2d_backward(dx, l->p[0].grad, l->p[1].grad, dy, y, (const uint8_t *)l->saved, x,
-                       l->p[0].data, &cv->s, n, c->scratch);
+    mg_conv2d_backward(dx, mg__grad(l, c, 0), mg__grad(l, c, 1), dy, y,
+                       (const uint8_t *)mg__saved(l, c), x, l->p[0].data, &cv->s, n, c->scratch);
 }
 
 static double conv_flops(const mg_layer *l)

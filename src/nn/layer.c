@@ -14,6 +14,7 @@ mg_layer *mg__layer_alloc(size_t size, const mg_layer_vt *vt, const char *name)
     l->vt = vt;
     l->init_kind = MG_INIT_TORCH_DEFAULT;
     l->need_dx = true;
+    l->n_slots = 1;
     if (name) snprintf(l->name, sizeof l->name, "%s", name);
     return l;
 }
@@ -108,18 +109,23 @@ void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
     *scratch = sc;
 }
 
-char *mg__bind_child(mg_layer *ch, int n, char *p)
+size_t mg__saved_bytes(const mg_layer *l, int n)
 {
     size_t a, b;
-    ch->vt->sizes(ch, n, &a, &b);
-    ch->saved = p;
-    if (ch->vt->bind) ch->vt->bind(ch, n);
-    return p + mg__align(a);
+    l->vt->sizes(l, n, &a, &b);
+    return mg__align(a);
 }
 
-char *mg__bind_children(mg_layer *l, int n)
+char *mg__bind_child(mg_layer *ch, int n, char *p, char **slot)
 {
-    char *p = l->saved;
-    for (int i = 0; i < l->n_child; i++) p = mg__bind_child(l->child[i], n, p);
+    slot[ch->slot] = p;
+    if (ch->vt->bind) ch->vt->bind(ch, n, slot);
+    return p + mg__saved_bytes(ch, n);
+}
+
+char *mg__bind_children(mg_layer *l, int n, char **slot)
+{
+    char *p = slot[l->slot];
+    for (int i = 0; i < l->n_child; i++) p = mg__bind_child(l->child[i], n, p, slot);
     return p;
 }

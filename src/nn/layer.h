@@ -2,11 +2,16 @@
  * context" style): every layer is a struct that starts with mg_layer, whose
  * vtable gives shape inference, memory sizes, forward and backward.
  *
- * Memory: a layer never allocates while training. At mg_model_reserve()
- * each layer states what it keeps from forward to backward (`saved`, per
- * max batch) and what it needs only during one call (`scratch`); the model
- * carves one block for all of it. Composite layers (Sequential, Residual)
- * carve their children's parts out of their own.
+ * Memory: a layer never allocates while training and keeps no per-call
+ * state. Each layer states what it keeps from forward to backward (`saved`,
+ * per batch) and what it needs only during one call (`scratch`); a tape
+ * (mg_tape, one per micro-batch in flight) carves one block for all of it.
+ * A layer reaches its part through the tape's slots, which the call's
+ * context carries: slot l->slot is its saved memory, the next n_slots - 1
+ * are pointers it derives from it at bind time (Sequential: its children's
+ * outputs). Composite layers carve their children's parts out of their own.
+ * Gradients and buffer updates also go where the context says, so several
+ * tapes (DataParallel threads) can run on one model at once.
  *
  * Backward contract: dy may be overwritten by the layer; dx (NULL when no
  * earlier layer needs it) is overwritten; parameter gradients accumulate. */
@@ -19,9 +24,13 @@
 
 typedef struct mg_ctx {
     bool training;
+    bool recompute;       /* a forward run again before its backward: updates no state */
     uint64_t dropout_seed;
-    uint64_t step;        /* training forwards so far: the dropout counter */
+    uint64_t step;        /* the dropout counter of this forward */
     float *scratch;       /* this call's workspace */
+    char **slot;          /* the tape's memory of each layer (see above) */
+    float *grads;         /* the gradient arena backward accumulates into */
+    float *buffers;       /* the buffer arena a training forward updates */
 } mg_ctx;
 
 typedef struct mg_layer_param {
@@ -30,7 +39,8 @@ typedef struct mg_layer_param {
     int shape[MG_MAX_DIMS];
     size_t numel;
     bool is_buffer;
-    float *data, *grad;   /* bound by the model; grad NULL for buffers */
+    size_t off;           /* into the parameter (or buffer) arena */
+    float *data;          /* bound by the model */
 } mg_layer_param;
 
 typedef struct mg_layer_vt {
@@ -41,8 +51,9 @@ typedef struct mg_layer_vt {
     /* Bytes kept from forward to backward for n images, and floats of
      * scratch needed within one forward or backward call. */
     void (*sizes)(const mg_layer *l, int n, size_t *saved, size_t *scratch);
-    /* Optional: after l->saved is set, hand parts to children. */
-    void (*bind)(mg_layer *l, int n);
+    /* Optional: with slot[l->slot] set to the saved memory for n images,
+     * fill the layer's other slots and hand parts to children. */
+    void (*bind)(mg_layer *l, int n, char **slot);
     /* Optional: after need_dx is set, tell children. */
     void (*propagate)(mg_layer *l);
     void (*forward)(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n);
@@ -64,14 +75,30 @@ struct mg_layer {
     int in[3], out[3];          /* per image, set by setup */
     bool need_dx;               /* the input gradient is used */
     int id;                     /* position in the model (dropout streams) */
+    int slot, n_slots;          /* the layer's slots in a tape (n_slots >= 1) */
     int n_params;
     mg_layer_param p[MG__MAX_LAYER_PARAMS];
     int n_child;
     mg_layer **child;
     mg_init_kind init_kind;
     float init_std;
-    char *saved;                /* kept from forward to backward */
 };
+
+/* A layer's memory in the call's tape, its k-th slot, the gradient of its
+ * parameter i and the running value of its buffer i. */
+static inline char *mg__saved(const mg_layer *l, const mg_ctx *c) { return c->slot[l->slot]; }
+static inline char *mg__slot(const mg_layer *l, const mg_ctx *c, int k)
+{
+    return c->slot[l->slot + k];
+}
+static inline float *mg__grad(const mg_layer *l, const mg_ctx *c, int i)
+{
+    return c->grads + l->p[i].off;
+}
+static inline float *mg__buffer(const mg_layer *l, const mg_ctx *c, int i)
+{
+    return c->buffers + l->p[i].off;
+}
 
 /* Allocates a zeroed layer of `size` bytes (a struct starting with
  * mg_layer); NULL on allocation failure. */
@@ -95,18 +122,32 @@ size_t mg__align(size_t bytes);
 void mg__no_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
 mg_status mg__same_setup(mg_layer *l, const int in[3], int out[3]);
 void mg__children_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch);
-char *mg__bind_children(mg_layer *l, int n);
+char *mg__bind_children(mg_layer *l, int n, char **slot);
 /* Gives child ch its saved memory at p; returns the first byte after it. */
-char *mg__bind_child(mg_layer *ch, int n, char *p);
+char *mg__bind_child(mg_layer *ch, int n, char *p, char **slot);
+/* The aligned bytes a layer keeps for n images. */
+size_t mg__saved_bytes(const mg_layer *l, int n);
 
 /* A sequence model's output per sample is `positions` rows of logits
  * (the language model's [T, vocab]); labels are per position. */
 void mg__model_set_positions(mg_model *m, int positions);
 
-/* Sequential's backward with a callback after each child (the model's
- * gradient hook). */
-typedef void (*mg__child_done)(void *ud, int child);
+/* Sequential's forward and backward with calls around each child (the
+ * model's unit hooks); with `recompute`, backward runs each child's
+ * forward again (as a recomputation, c->recompute) before its backward
+ * where rerun says so. A
+ * Sequential's slot 1 + i holds child i's output (i < n_child - 1). */
+typedef struct mg__seq_calls {
+    void (*before)(void *ud, int child, bool backward);
+    void (*after)(void *ud, int child, bool backward);
+    void *ud;
+    bool recompute;
+    const bool *rerun;   /* recompute: child i's forward runs again (its memory was reused) */
+} mg__seq_calls;
+void mg__seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n,
+                     const mg__seq_calls *k);
 void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
-                      float *dy, float *dx, int n, mg__child_done done, void *ud);
+                      float *dy, float *dx, int n, const mg__seq_calls *k);
+bool mg__is_sequential(const mg_layer *l);
 
 #endif

@@ -55,8 +55,8 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
                             float *dy, float *dx, int n)
 {
     linear_layer *f = (linear_layer *)l;
-    mg_linear_backward(dx, l->p[0].grad, l->p[1].grad, dy, y, x, l->p[0].data, n * rows_of(l),
-                       f->in_f, f->out_f, f->relu);
+    mg_linear_backward(dx, mg__grad(l, c, 0), mg__grad(l, c, 1), dy, y, x, l->p[0].data,
+                       n * rows_of(l), f->in_f, f->out_f, f->relu);
 }
 
 static double linear_flops(const mg_layer *l)

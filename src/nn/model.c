@@ -1,52 +1,82 @@
-/* Models: a tree of layers whose parameters live in arenas.
+/* Models: a sequence of units whose parameters live in arenas, run on
+ * caller-owned tapes.
+ *
+ * Units: the root's layers, with nested Sequentials opened up, so a unit
+ * is a layer or a block at any depth of nesting (gpt-mini: the embedding,
+ * each transformer block, ln_f, the head). Units are what strategies work
+ * with: hooks run around each unit's forward and backward, and each owns
+ * one contiguous range of the arenas.
  *
  * Parameters, gradients and (in src/optim) optimizer state are arenas of
- * one layout: the parameter tensors in reverse forward order (the last
- * layer's first, each layer's weight then bias), packed without gaps and
- * padded with zeros to a multiple of MG_ARENA_PAD floats. Backward thus
- * finishes gradients in increasing arena order; after each top-level layer
- * the gradient hook gets the range that is now final, and the ranges of one
- * backward tile [0, arena_size) exactly (the last one includes the padding).
- * Buffers (batch-norm running statistics) have an arena of their own, in
- * forward order.
+ * one layout: units in reverse forward order (the last unit's first),
+ * within a unit its layers' tensors in reverse order (each layer's weight
+ * then bias), and each unit's range padded with zeros to a multiple of
+ * the model's pad (mg_model_set_unit_pad: a strategy makes it a multiple
+ * of its world size, so every unit splits into equal shards). Backward
+ * thus finishes gradients in increasing arena order, and the ranges of
+ * the units tile the arena. Buffers (batch-norm running statistics) have
+ * an arena of their own, in forward order.
  *
- * All activation, gradient and workspace memory is one block sized by
- * mg_model_reserve for the largest batch and touched once, so a training
- * step neither allocates nor page-faults. */
+ * Everything a forward keeps for its backward, the logits, their gradient
+ * and the workspace are one block of a tape (mg_tape) sized for a batch
+ * once and touched at creation, so a training step neither allocates nor
+ * page-faults. With recomputation the units share one block for what they
+ * keep (the largest unit's), and each unit's forward runs again before its
+ * backward. The mg_model_forward family runs on a tape the model owns. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "nn/layer.h"
 
+typedef struct unit {
+    mg_layer *l;
+    char name[64];
+    size_t lo, hi;             /* padded range in the parameter arena */
+    size_t numel;              /* parameters in it */
+    int leaf0, n_leaves;       /* its layers with tensors: m->leaves[leaf0 ...] */
+} unit;
+
 struct mg_model {
     char name[32];
-    mg_layer *root;            /* a Sequential */
+    mg_layer *root;            /* a Sequential whose children are the units */
+    unit *units;
+    int n_units;
     int in[3], classes;
     int positions;             /* rows of logits per sample (1; T for a language model) */
     size_t out_size;           /* floats of output per sample: positions * classes */
-    size_t num_params, arena_size, buf_size;
+    size_t num_params, arena_size, buf_size, pad;
     float *params, *grads, *own_grads, *buffers;
     mg_param *tensors;
     int n_tensors;
     mg_layer **leaves;         /* layers with their own tensors, forward order */
     int n_leaves;
-    size_t *top_lo, *top_hi;   /* arena range of each top-level layer */
-    int first_param_child;     /* the top-level layer whose hook ends backward */
-    mg_grad_hook hook;
-    void *hook_ud;
-    mg_ctx ctx;
-    bool input_grad;
-    /* Workspace, sized by mg_model_reserve. */
-    int max_batch;
-    char *ws;
-    float *logits, *dlogits, *dinput, *scratch;
-    /* The last forward. */
-    int batch;
-    const float *x;
-    bool have_fwd, have_loss;
+    int n_slots;               /* slots of a tape */
+    const mg_unit_hooks *hooks;
+    void *hooks_ud;
+    mg_ctx ctx;                /* training, dropout seed and counter */
+    bool input_grad, recompute;
+    unsigned layout;           /* changes when tapes must be made again */
+    mg_tape *tape;             /* the mg_model_forward family's */
 };
 
-static bool is_sequential(const mg_layer *l) { return strcmp(l->vt->kind, "sequential") == 0; }
+struct mg_tape {
+    mg_model *m;
+    unsigned layout;           /* m->layout it was made for */
+    int cap;                   /* largest batch */
+    size_t bytes;
+    char *mem;
+    char **slot;
+    bool *rerun;               /* recomputation: unit i runs its forward again */
+    float *logits, *dlogits, *dinput, *scratch;
+    float *grads, *buffers;    /* NULL: the model's */
+    /* The last forward. */
+    const float *x;
+    int batch;
+    uint64_t step;
+    bool training, have_fwd, have_loss;
+    bool pinned;               /* the next forward draws dropout at pin */
+    uint64_t pin;
+};
 
 /* ---- Building ------------------------------------------------------------ */
 
@@ -58,8 +88,10 @@ static int count_leaves(const mg_layer *l)
 }
 
 /* Pre-order walk: leaves in forward order, with their full names (which
- * must leave room for ".running_mean" in mg_param's 64 bytes). */
-static bool collect(mg_model *m, mg_layer *l, const char *prefix, char (*names)[64], int *id)
+ * must leave room for ".running_mean" in mg_param's 64 bytes); paths[id]
+ * gets each layer's. */
+static bool collect(mg_model *m, mg_layer *l, const char *prefix, char (*names)[64],
+                    char (*paths)[64], int *id)
 {
     l->id = (*id)++;
     char path[64];
@@ -68,103 +100,108 @@ static bool collect(mg_model *m, mg_layer *l, const char *prefix, char (*names)[
     else if (l->anonymous) k = snprintf(path, sizeof path, "%s", prefix);
     else if (!prefix[0]) k = snprintf(path, sizeof path, "%s", l->name);
     else k = snprintf(path, sizeof path, "%s.%s", prefix, l->name);
+    memcpy(paths[l->id], path, sizeof path);
     if (k < 0 || k + 14 > 64) {
         mg_error(MG_EINVAL, "model '%s': layer path '%s...' is too long for a tensor name "
                  "(at most 49 characters); use shorter layer names", m->name, path);
         return false;
     }
     if (l->n_params > 0) {
-        memcpy(names[m->n_leaves], path, sizeof path);
+        memcpy(names[m->n_leaves], path, 64);
         m->leaves[m->n_leaves++] = l;
     }
     for (int i = 0; i < l->n_child; i++)
-        if (!collect(m, l->child[i], path, names, id)) return false;
+        if (!collect(m, l->child[i], paths[l->id], names, paths, id)) return false;
     return true;
 }
 
-static void range_of(const mg_layer *l, size_t *lo, size_t *hi, const float *base)
+static int count_layers(const mg_layer *l)
 {
-    for (int i = 0; i < l->n_params; i++) {
-        if (l->p[i].is_buffer) continue;
-        size_t a = (size_t)(l->p[i].data - base), b = a + l->p[i].numel;
-        if (a < *lo) *lo = a;
-        if (b > *hi) *hi = b;
-    }
-    for (int i = 0; i < l->n_child; i++) range_of(l->child[i], lo, hi, base);
+    int n = 1;
+    for (int i = 0; i < l->n_child; i++) n += count_layers(l->child[i]);
+    return n;
 }
 
-static void bind_grads(mg_model *m)
+/* The units under l: its children, with Sequentials opened up. out may be
+ * NULL (counting). */
+static int open_up(mg_layer *l, mg_layer **out, int n)
 {
-    for (int i = 0; i < m->n_tensors; i++) {
-        mg_param *t = &m->tensors[i];
-        if (!t->is_buffer) t->grad = m->grads + t->offset;
+    for (int i = 0; i < l->n_child; i++) {
+        mg_layer *ch = l->child[i];
+        if (mg__is_sequential(ch)) n = open_up(ch, out, n);
+        else if (out) out[n++] = ch;
+        else n++;
     }
-    for (int i = 0; i < m->n_leaves; i++) {
-        mg_layer *l = m->leaves[i];
-        for (int j = 0; j < l->n_params; j++)
-            if (!l->p[j].is_buffer) l->p[j].grad = m->grads + (l->p[j].data - m->params);
-    }
+    return n;
 }
 
-static mg_status layout(mg_model *m)
+/* Frees the Sequential shells under l (not their units). */
+static void free_shells(mg_layer *l)
 {
-    int n_leaves = count_leaves(m->root), id = 0;
+    for (int i = 0; i < l->n_child; i++)
+        if (mg__is_sequential(l->child[i])) free_shells(l->child[i]);
+    l->n_child = 0;
+    mg_layer_destroy(l);
+}
+
+static void assign_slots(mg_layer *l, int *next)
+{
+    l->slot = *next;
+    *next += l->n_slots;
+    for (int i = 0; i < l->n_child; i++) assign_slots(l->child[i], next);
+}
+
+/* Names the tensors and the units, then replaces the root by a Sequential
+ * of the units. */
+static mg_status build(mg_model *m)
+{
+    int n_leaves = count_leaves(m->root), n_layers = count_layers(m->root), id = 0;
     char (*names)[64] = calloc((size_t)(n_leaves ? n_leaves : 1), 64);
+    char (*paths)[64] = calloc((size_t)n_layers, 64);
     m->leaves = calloc((size_t)(n_leaves ? n_leaves : 1), sizeof *m->leaves);
-    int n_t = 0;
-    if (names && m->leaves) {
-        if (!collect(m, m->root, NULL, names, &id)) {
-            free(names);
-            return MG_EINVAL;
-        }
+    int n_units = open_up(m->root, NULL, 0);
+    mg_layer **ul = calloc((size_t)n_units, sizeof *ul);
+    m->units = calloc((size_t)n_units, sizeof *m->units);
+    mg_status st = MG_OK;
+    if (!names || !paths || !m->leaves || !ul || !m->units) {
+        st = mg_error(MG_ENOMEM, "model '%s': out of memory for the parameter table", m->name);
+    } else if (!collect(m, m->root, NULL, names, paths, &id)) {
+        st = MG_EINVAL;
+    } else {
+        int n_t = 0;
         for (int i = 0; i < m->n_leaves; i++) n_t += m->leaves[i]->n_params;
         m->tensors = calloc((size_t)(n_t ? n_t : 1), sizeof *m->tensors);
+        if (!m->tensors) st = mg_error(MG_ENOMEM, "model '%s': out of memory", m->name);
     }
-    if (!names || !m->leaves || !m->tensors) {
-        free(names);
-        return mg_error(MG_ENOMEM, "model '%s': out of memory for the parameter table", m->name);
-    }
-    /* Arena offsets: leaves in reverse, each one's parameters in order. */
-    size_t off = 0, boff = 0;
-    size_t *poff = calloc((size_t)(n_t ? n_t : 1), sizeof *poff);
-    if (!poff) {
-        free(names);
-        return mg_error(MG_ENOMEM, "model '%s': out of memory for the parameter table", m->name);
-    }
-    for (int i = m->n_leaves - 1, base = n_t; i >= 0; i--) {
-        mg_layer *l = m->leaves[i];
-        base -= l->n_params;
-        for (int j = 0; j < l->n_params; j++)
-            if (!l->p[j].is_buffer) {
-                poff[base + j] = off;
-                off += l->p[j].numel;
+    if (!st) {
+        open_up(m->root, ul, 0);
+        mg_layer *root = mg_layer_sequential(NULL, ul, n_units);
+        if (!root) {
+            st = mg_error(MG_ENOMEM, "model '%s': out of memory", m->name);
+        } else {
+            free_shells(m->root);
+            m->root = root;
+            memcpy(root->in, ul[0]->in, sizeof root->in);
+            memcpy(root->out, ul[n_units - 1]->out, sizeof root->out);
+            m->n_units = n_units;
+            for (int u = 0, leaf = 0; u < n_units; u++) {
+                unit *un = &m->units[u];
+                un->l = ul[u];
+                snprintf(un->name, sizeof un->name, "%s",
+                         paths[ul[u]->id][0] ? paths[ul[u]->id] : ul[u]->vt->kind);
+                un->leaf0 = leaf;
+                un->n_leaves = count_leaves(ul[u]);
+                leaf += un->n_leaves;
             }
+            m->n_slots = 0;
+            assign_slots(root, &m->n_slots);
+        }
     }
-    m->num_params = off;
-    m->arena_size = (off + MG_ARENA_PAD - 1) / MG_ARENA_PAD * MG_ARENA_PAD;
-    if (m->arena_size == 0) m->arena_size = MG_ARENA_PAD;
-    for (int i = 0, k = 0; i < m->n_leaves; i++)
-        for (int j = 0; j < m->leaves[i]->n_params; j++, k++)
-            if (m->leaves[i]->p[j].is_buffer) {
-                poff[k] = boff;
-                boff += m->leaves[i]->p[j].numel;
-            }
-    m->buf_size = boff;
-    m->params = mg_alloc_zero(m->arena_size * sizeof(float));
-    m->own_grads = mg_alloc_zero(m->arena_size * sizeof(float));
-    m->buffers = mg_alloc_zero((boff ? boff : 1) * sizeof(float));
-    if (!m->params || !m->own_grads || !m->buffers) {
-        free(names);
-        free(poff);
-        return mg_error(MG_ENOMEM, "model '%s': cannot allocate arenas of %zu floats",
-                        m->name, m->arena_size);
-    }
-    m->grads = m->own_grads;
-    /* Named tensors: parameters in forward order, then buffers. */
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0, k = 0; i < m->n_leaves; i++) {
+    /* Tensor names: parameters in forward order, then buffers. */
+    for (int pass = 0; pass < 2 && !st; pass++)
+        for (int i = 0; i < m->n_leaves; i++) {
             mg_layer *l = m->leaves[i];
-            for (int j = 0; j < l->n_params; j++, k++) {
+            for (int j = 0; j < l->n_params; j++) {
                 mg_layer_param *p = &l->p[j];
                 if (p->is_buffer != (pass == 1)) continue;
                 mg_param *t = &m->tensors[m->n_tensors++];
@@ -175,31 +212,103 @@ static mg_status layout(mg_model *m)
                 t->ndim = p->ndim;
                 memcpy(t->shape, p->shape, sizeof t->shape);
                 t->numel = p->numel;
-                t->offset = poff[k];
                 t->is_buffer = p->is_buffer;
-                t->data = p->data = (p->is_buffer ? m->buffers : m->params) + poff[k];
             }
         }
     free(names);
-    free(poff);
-    bind_grads(m);
-    /* Hook ranges of the top-level layers. */
-    int nc = m->root->n_child;
-    m->top_lo = calloc((size_t)nc, sizeof *m->top_lo);
-    m->top_hi = calloc((size_t)nc, sizeof *m->top_hi);
-    if (!m->top_lo || !m->top_hi)
-        return mg_error(MG_ENOMEM, "model '%s': out of memory", m->name);
-    m->first_param_child = -1;
-    for (int i = 0; i < nc; i++) {
-        size_t lo = SIZE_MAX, hi = 0;
-        range_of(m->root->child[i], &lo, &hi, m->params);
-        if (hi == 0) lo = 0;
-        else if (m->first_param_child < 0) m->first_param_child = i;
-        m->top_lo[i] = lo;
-        m->top_hi[i] = hi;
+    free(paths);
+    free(ul);
+    return st;
+}
+
+/* Places the units' parameters for ranges padded to `pad` (with assign,
+ * into the units and layer parameters); returns the arena's floats. */
+static size_t place(mg_model *m, size_t pad, bool assign)
+{
+    size_t off = 0;
+    for (int u = m->n_units - 1; u >= 0; u--) {
+        unit *un = &m->units[u];
+        size_t lo = off;
+        for (int i = un->leaf0 + un->n_leaves - 1; i >= un->leaf0; i--)
+            for (int j = 0; j < m->leaves[i]->n_params; j++) {
+                mg_layer_param *p = &m->leaves[i]->p[j];
+                if (p->is_buffer) continue;
+                if (assign) p->off = off;
+                off += p->numel;
+            }
+        size_t used = off - lo;
+        off = (off + pad - 1) / pad * pad;
+        if (assign) {
+            un->lo = lo;
+            un->hi = off;
+            un->numel = used;
+        }
     }
+    return off ? off : pad;
+}
+
+/* Arena offsets of every tensor for unit ranges padded to `pad`; the
+ * arenas are made anew and the parameters (and buffers) keep their
+ * values. On failure nothing changes. */
+static mg_status layout(mg_model *m, size_t pad)
+{
+    size_t arena = place(m, pad, false), boff = 0;
+    /* Buffers: forward order, the same offsets in every layout. */
+    for (int i = 0; i < m->n_leaves; i++)
+        for (int j = 0; j < m->leaves[i]->n_params; j++)
+            if (m->leaves[i]->p[j].is_buffer) {
+                m->leaves[i]->p[j].off = boff;
+                boff += m->leaves[i]->p[j].numel;
+            }
+    float *params = mg_alloc_zero(arena * sizeof(float));
+    float *grads = mg_alloc_zero(arena * sizeof(float));
+    if (!m->buffers) m->buffers = mg_alloc_zero((boff ? boff : 1) * sizeof(float));
+    if (!params || !grads || !m->buffers) {
+        mg_free(params);
+        mg_free(grads);
+        return mg_error(MG_ENOMEM, "model '%s': cannot allocate arenas of %zu floats", m->name,
+                        arena);
+    }
+    place(m, pad, true);
+    /* p->data still points into the old arena (none at creation). */
+    for (int i = 0; i < m->n_leaves && m->params; i++)
+        for (int j = 0; j < m->leaves[i]->n_params; j++) {
+            mg_layer_param *p = &m->leaves[i]->p[j];
+            if (!p->is_buffer) memcpy(params + p->off, p->data, p->numel * sizeof(float));
+        }
+    size_t used = 0;
+    for (int u = 0; u < m->n_units; u++) used += m->units[u].numel;
+    mg_free(m->params);
+    mg_free(m->own_grads);
+    m->params = params;
+    m->grads = m->own_grads = grads;
+    m->num_params = used;
+    m->arena_size = arena;
+    m->buf_size = boff;
+    m->pad = pad;
+    /* Table entries follow the layers' order: parameters, then buffers. */
+    for (int pass = 0, k = 0; pass < 2; pass++)
+        for (int i = 0; i < m->n_leaves; i++)
+            for (int j = 0; j < m->leaves[i]->n_params; j++) {
+                mg_layer_param *p = &m->leaves[i]->p[j];
+                if (p->is_buffer != (pass == 1)) continue;
+                mg_param *t = &m->tensors[k++];
+                t->offset = p->off;
+                t->data = p->data = (p->is_buffer ? m->buffers : m->params) + p->off;
+                t->grad = p->is_buffer ? NULL : m->grads + p->off;
+            }
     return MG_OK;
 }
+
+mg_status mg_model_set_unit_pad(mg_model *m, size_t pad)
+{
+    MG_ASSERT(pad > 0);
+    MG_ASSERT(m->grads == m->own_grads);   /* before DDP moves the gradients */
+    if (pad == m->pad) return MG_OK;
+    return layout(m, pad);
+}
+
+size_t mg_model_unit_pad(const mg_model *m) { return m->pad; }
 
 mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, int w,
                                uint64_t seed, mg_model **out)
@@ -210,7 +319,7 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
         mg_layer_destroy(root);
         return mg_error(MG_EINVAL, "model '%s': bad input shape %dx%dx%d", name, c, h, w);
     }
-    if (!is_sequential(root)) {
+    if (!mg__is_sequential(root)) {
         root = mg_layer_sequential(NULL, &root, 1);
         if (!root) return mg_error(MG_ENOMEM, "model '%s': out of memory", name);
     }
@@ -226,16 +335,17 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
     m->in[2] = w;
     memcpy(root->in, m->in, sizeof m->in);
     mg_status st = root->vt->setup(root, m->in, root->out);
-    if (st == MG_OK) st = layout(m);
+    if (st == MG_OK) st = build(m);
+    if (st == MG_OK) st = layout(m, MG_SIMD_FLOATS);
     if (st) {
         mg_model_destroy(m);
         return st;
     }
-    m->out_size = mg__per_image(root->out);
+    m->out_size = mg__per_image(m->root->out);
     m->classes = (int)m->out_size;
     m->positions = 1;
-    root->need_dx = false;
-    root->vt->propagate(root);
+    m->root->need_dx = false;
+    m->root->vt->propagate(m->root);
     m->ctx.training = true;
     mg_model_init_params(m, seed);
     *out = m;
@@ -245,15 +355,14 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
 void mg_model_destroy(mg_model *m)
 {
     if (!m) return;
+    mg_tape_destroy(m->tape);
     mg_layer_destroy(m->root);
     mg_free(m->params);
     mg_free(m->own_grads);
     mg_free(m->buffers);
-    mg_free(m->ws);
     free(m->tensors);
     free(m->leaves);
-    free(m->top_lo);
-    free(m->top_hi);
+    free(m->units);
     free(m);
 }
 
@@ -266,6 +375,36 @@ void mg_model_init_params(mg_model *m, uint64_t seed)
         if (l->vt->init) l->vt->init(l, &r);
         else mg__layer_init_default(l, &r);
     }
+}
+
+/* ---- Units ----------------------------------------------------------------- */
+
+int mg_model_num_units(const mg_model *m) { return m->n_units; }
+
+static double flops_of(const mg_layer *l)
+{
+    double f = l->vt->flops ? l->vt->flops(l) : 0.0;
+    for (int i = 0; i < l->n_child; i++) f += flops_of(l->child[i]);
+    return f;
+}
+
+mg_unit_info mg_model_unit(const mg_model *m, int i)
+{
+    MG_ASSERT(i >= 0 && i < m->n_units);
+    const unit *u = &m->units[i];
+    mg_unit_info r = {.name = u->name, .kind = u->l->vt->kind, .lo = u->lo, .hi = u->hi,
+                      .numel = u->numel, .flops = flops_of(u->l)};
+    size_t a, b;
+    u->l->vt->sizes(u->l, 1, &a, &b);
+    r.saved_bytes = a;
+    r.out_bytes = mg__per_image(u->l->out) * sizeof(float);
+    return r;
+}
+
+void mg_model_set_hooks(mg_model *m, const mg_unit_hooks *h, void *ud)
+{
+    m->hooks = h;
+    m->hooks_ud = ud;
 }
 
 /* ---- Accessors ----------------------------------------------------------- */
@@ -285,23 +424,35 @@ int mg_model_positions(const mg_model *m) { return m->positions; }
 int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int cap)
 {
     /* Tensors in arena order (the table is in forward order, the arena the
-     * reverse of it by layer), so merging sees neighbours. */
+     * reverse of it by layer), so merging sees neighbours; a unit's padding
+     * goes with its last tensor's group. */
     int n = 0;
     size_t at = 0;
     float last = -1.0f;   /* the decay of group n-1 (which ends at `at`) */
-    while (at < m->num_params) {
+    while (at < m->arena_size) {
         const mg_param *t = NULL;
-        for (int i = 0; i < m->n_tensors && !t; i++)
-            if (!m->tensors[i].is_buffer && m->tensors[i].offset == at) t = &m->tensors[i];
-        MG_ASSERT(t);
-        float d = t->ndim >= 2 ? wd : 0.0f;
-        if (n == 0 || d != last) {
-            if (n < cap) out[n].lo = at;
-            n++;
-            last = d;
+        size_t next = m->arena_size;
+        for (int i = 0; i < m->n_tensors && !t; i++) {
+            const mg_param *c = &m->tensors[i];
+            if (c->is_buffer) continue;
+            if (c->offset == at) t = c;
+            else if (c->offset > at && c->offset < next) next = c->offset;
         }
-        at += t->numel;
-        if (n <= cap) out[n - 1] = (mg_optim_group){.lo = out[n - 1].lo, .hi = at, .weight_decay = d};
+        if (!t && n == 0) break;   /* no parameters at all */
+        if (t) {
+            float d = t->ndim >= 2 ? wd : 0.0f;
+            if (n == 0 || d != last) {
+                if (n < cap) out[n].lo = at;
+                n++;
+                last = d;
+            }
+            next = at + t->numel;
+        }
+        at = next;
+        if (n <= cap) {
+            out[n - 1].hi = at;
+            out[n - 1].weight_decay = last;
+        }
     }
     return n;
 }
@@ -313,13 +464,18 @@ void mg__model_set_positions(mg_model *m, int positions)
     m->classes = (int)(m->out_size / (size_t)positions);
 }
 
-const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch)
-{
-    /* The embedding layer reads its input as int32 (nn/transformer.c). */
-    return mg_model_forward(m, (const float *)(const void *)tokens, batch);
-}
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 size_t mg_model_arena_size(const mg_model *m) { return m->arena_size; }
+
+void mg_model_to_vector(const mg_model *m, const float *arena, float *out)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        const mg_param *t = &m->tensors[i];
+        if (t->is_buffer) continue;
+        memcpy(out, arena + t->offset, t->numel * sizeof(float));
+        out += t->numel;
+    }
+}
 float *mg_model_params(mg_model *m) { return m->params; }
 float *mg_model_grads(mg_model *m) { return m->grads; }
 size_t mg_model_buffer_size(const mg_model *m) { return m->buf_size; }
@@ -362,19 +518,26 @@ void mg_model_set_grad_storage(mg_model *m, float *grads)
     if (grads == m->grads) return;
     memcpy(grads, m->grads, m->arena_size * sizeof(float));
     m->grads = grads;
-    bind_grads(m);
-}
-
-void mg_model_set_grad_hook(mg_model *m, mg_grad_hook fn, void *ud)
-{
-    m->hook = fn;
-    m->hook_ud = ud;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!m->tensors[i].is_buffer) m->tensors[i].grad = grads + m->tensors[i].offset;
 }
 
 void mg_model_set_training(mg_model *m, bool training) { m->ctx.training = training; }
+bool mg_model_training(const mg_model *m) { return m->ctx.training; }
 void mg_model_set_dropout_seed(mg_model *m, uint64_t seed) { m->ctx.dropout_seed = seed; }
 uint64_t mg_model_rng_counter(const mg_model *m) { return m->ctx.step; }
 void mg_model_set_rng_counter(mg_model *m, uint64_t counter) { m->ctx.step = counter; }
+
+/* A change of what tapes hold: tapes made before it are refused, the
+ * model's own is made again at its next use. */
+static void relayout(mg_model *m)
+{
+    m->layout++;
+    int cap = m->tape ? m->tape->cap : 0;
+    mg_tape_destroy(m->tape);
+    m->tape = NULL;
+    if (cap) mg_model_reserve(m, cap);
+}
 
 void mg_model_set_input_grad(mg_model *m, bool on)
 {
@@ -382,107 +545,276 @@ void mg_model_set_input_grad(mg_model *m, bool on)
     m->input_grad = on;
     m->root->need_dx = on;
     m->root->vt->propagate(m->root);
-    /* The workspace layout changes: the next reserve starts afresh. */
-    mg_free(m->ws);
-    m->ws = NULL;
-    m->max_batch = 0;
-    m->have_fwd = m->have_loss = false;
+    relayout(m);
 }
 
-const float *mg_model_input_grad(const mg_model *m) { return m->input_grad ? m->dinput : NULL; }
+void mg_model_set_recompute(mg_model *m, bool on)
+{
+    if (m->recompute == on) return;
+    m->recompute = on;
+    relayout(m);
+}
 
-/* ---- Training step ------------------------------------------------------- */
+bool mg_model_recompute(const mg_model *m) { return m->recompute; }
+
+/* ---- Tapes ------------------------------------------------------------------ */
+
+/* Bytes of n floats, aligned. */
+static size_t fbytes(size_t n) { return mg__align(n * sizeof(float)); }
+
+/* The tape's block for batches of n: what the units keep (side by side, or
+ * with recomputation one block they share), the units' outputs, logits,
+ * their gradient, the input gradient and the scratch. With mem NULL only
+ * counts; else fills the slots and the tape's pointers. */
+static size_t tape_layout(const mg_model *m, int n, char *mem, mg_tape *t)
+{
+    mg_layer *root = m->root;
+    size_t saved, scratch, off = 0;
+    root->vt->sizes(root, n, &saved, &scratch);
+    if (!m->recompute) {
+        if (mem) {
+            t->slot[root->slot] = mem;
+            root->vt->bind(root, n, t->slot);
+        }
+        off = mg__align(saved);
+    } else {
+        size_t shared = 0;
+        for (int u = 0; u < m->n_units; u++) {
+            size_t b = mg__saved_bytes(m->units[u].l, n);
+            if (b > shared) shared = b;
+        }
+        off = shared;
+        int last = -1;
+        for (int u = 0; u < m->n_units; u++) {
+            mg_layer *l = m->units[u].l;
+            if (mem) {
+                mg__bind_child(l, n, mem, t->slot);
+                t->rerun[u] = mg__saved_bytes(l, n) > 0;
+                if (t->rerun[u]) last = u;
+            }
+            if (u + 1 < m->n_units) {
+                if (mem) t->slot[root->slot + 1 + u] = mem + off;
+                off += fbytes((size_t)n * mg__per_image(l->out));
+            }
+        }
+        /* The last unit's kept memory is still its own at its backward. */
+        if (mem && last >= 0) t->rerun[last] = false;
+    }
+    size_t out = fbytes((size_t)n * m->out_size);
+    size_t in = m->input_grad ? fbytes((size_t)n * mg__per_image(m->in)) : 0;
+    if (mem) {
+        t->logits = (float *)(mem + off);
+        t->dlogits = (float *)(mem + off + out);
+        t->dinput = in ? (float *)(mem + off + 2 * out) : NULL;
+        t->scratch = (float *)(mem + off + 2 * out + in);
+    }
+    return off + 2 * out + in + scratch * sizeof(float);
+}
+
+mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out)
+{
+    *out = NULL;
+    if (max_batch <= 0)
+        return mg_error(MG_EINVAL, "model '%s': batch size %d must be positive", m->name,
+                        max_batch);
+    mg_tape *t = calloc(1, sizeof *t);
+    if (!t) return mg_error(MG_ENOMEM, "model '%s': out of memory for a tape", m->name);
+    t->m = m;
+    t->layout = m->layout;
+    t->cap = max_batch;
+    t->bytes = tape_layout(m, max_batch, NULL, NULL);
+    /* Zeroed: every page is touched now rather than in the first step. */
+    t->mem = mg_alloc_zero(t->bytes);
+    t->slot = calloc((size_t)m->n_slots, sizeof *t->slot);
+    t->rerun = calloc((size_t)m->n_units, sizeof *t->rerun);
+    if (!t->mem || !t->slot || !t->rerun) {
+        mg_tape_destroy(t);
+        return mg_error(MG_ENOMEM, "model '%s': cannot allocate %.1f MB of activations for "
+                        "batch %d; use a smaller batch", m->name, t->bytes / 1e6, max_batch);
+    }
+    tape_layout(m, max_batch, t->mem, t);
+    mg_debug("model %s: a tape of %.1f MB for batch %d%s", m->name, t->bytes / 1e6, max_batch,
+             m->recompute ? " (recomputing)" : "");
+    *out = t;
+    return MG_OK;
+}
+
+void mg_tape_destroy(mg_tape *t)
+{
+    if (!t) return;
+    mg_free(t->mem);
+    free(t->slot);
+    free(t->rerun);
+    free(t);
+}
+
+size_t mg_tape_bytes(const mg_tape *t) { return t->bytes; }
+int mg_tape_capacity(const mg_tape *t) { return t->cap; }
+void mg_tape_set_grads(mg_tape *t, float *grads) { t->grads = grads; }
+void mg_tape_set_buffers(mg_tape *t, float *buffers) { t->buffers = buffers; }
+mg_model *mg_tape_model(const mg_tape *t) { return t->m; }
+
+void mg_tape_pin_step(mg_tape *t, uint64_t step)
+{
+    t->pinned = true;
+    t->pin = step;
+}
+
+/* The context of a pass on tape t: the model's settings, the tape's
+ * memory and where gradients and buffer updates go. */
+static mg_ctx tape_ctx(const mg_tape *t)
+{
+    mg_ctx c = t->m->ctx;
+    c.recompute = false;
+    c.slot = t->slot;
+    c.scratch = t->scratch;
+    c.grads = t->grads ? t->grads : t->m->grads;
+    c.buffers = t->buffers ? t->buffers : t->m->buffers;
+    return c;
+}
+
+static void unit_before(void *ud, int i, bool backward)
+{
+    mg_tape *t = ud;
+    const mg_unit_hooks *h = t->m->hooks;
+    if (!h) return;
+    if (backward && h->pre_backward) h->pre_backward(t->m->hooks_ud, t, i);
+    if (!backward && h->pre_forward) h->pre_forward(t->m->hooks_ud, t, i);
+}
+
+static void unit_after(void *ud, int i, bool backward)
+{
+    mg_tape *t = ud;
+    const mg_unit_hooks *h = t->m->hooks;
+    if (!h) return;
+    if (backward && h->post_backward) h->post_backward(t->m->hooks_ud, t, i);
+    if (!backward && h->post_forward) h->post_forward(t->m->hooks_ud, t, i);
+}
+
+static void check_tape(const mg_tape *t)
+{
+    /* A programmer error: set input gradients and recomputation before
+     * making tapes. */
+    MG_ASSERT(t->layout == t->m->layout);
+}
+
+const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
+{
+    mg_model *m = t->m;
+    check_tape(t);
+    if (batch <= 0 || batch > t->cap) {
+        mg_error(MG_EINVAL, "model '%s': batch %d does not fit a tape made for %d", m->name,
+                 batch, t->cap);
+        return NULL;
+    }
+    mg_ctx c = tape_ctx(t);
+    if (t->pinned) c.step = t->pin;
+    else if (m->ctx.training) m->ctx.step++;
+    t->pinned = false;
+    t->step = c.step;
+    t->training = c.training;
+    mg__seq_calls k = {unit_before, unit_after, t, false, NULL};
+    mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
+    t->x = x;
+    t->batch = batch;
+    t->have_fwd = true;
+    t->have_loss = false;
+    return t->logits;
+}
+
+const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch)
+{
+    /* The embedding layer reads its input as int32 (nn/transformer.c). */
+    return mg_tape_forward(t, (const float *)(const void *)tokens, batch);
+}
+
+float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
+{
+    MG_ASSERT(t->have_fwd);
+    const mg_model *m = t->m;
+    t->have_loss = true;
+    return mg_softmax_xent(t->logits, labels, t->batch * m->positions, m->classes, t->dlogits,
+                           correct);
+}
+
+static void run_backward(mg_tape *t)
+{
+    mg_model *m = t->m;
+    check_tape(t);
+    mg_ctx c = tape_ctx(t);
+    c.step = t->step;
+    c.training = t->training;
+    mg__seq_calls k = {unit_before, unit_after, t, m->recompute, t->rerun};
+    mg__seq_backward(m->root, &c, t->x, t->logits, t->dlogits, t->dinput, t->batch, &k);
+    t->have_loss = false;   /* dlogits were consumed (layers may overwrite dy) */
+}
+
+void mg_tape_backward(mg_tape *t)
+{
+    MG_ASSERT(t->have_fwd && t->have_loss);
+    run_backward(t);
+}
+
+void mg_tape_backward_from(mg_tape *t, const float *dout)
+{
+    MG_ASSERT(t->have_fwd);
+    memmove(t->dlogits, dout, (size_t)t->batch * t->m->out_size * sizeof(float));
+    run_backward(t);
+}
+
+const float *mg_tape_input_grad(const mg_tape *t) { return t->dinput; }
+const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
+
+/* ---- The model's own tape ---------------------------------------------------- */
 
 mg_status mg_model_reserve(mg_model *m, int max_batch)
 {
     if (max_batch <= 0)
         return mg_error(MG_EINVAL, "model '%s': batch size %d must be positive", m->name,
                         max_batch);
-    if (max_batch <= m->max_batch) return MG_OK;
-    size_t saved, scratch;
-    m->root->vt->sizes(m->root, max_batch, &saved, &scratch);
-    size_t out = mg__align((size_t)max_batch * m->out_size * sizeof(float));
-    size_t in = m->input_grad ? mg__align((size_t)max_batch * mg__per_image(m->in) * sizeof(float)) : 0;
-    size_t total = mg__align(saved) + 2 * out + in + scratch * sizeof(float);
-    /* Zeroed: every page is touched now rather than in the first step. */
-    char *ws = mg_alloc_zero(total);
-    if (!ws)
-        return mg_error(MG_ENOMEM,
-                        "model '%s': cannot allocate %.1f MB of activations for batch %d; "
-                        "use a smaller batch", m->name, total / 1e6, max_batch);
-    mg_free(m->ws);
-    m->ws = ws;
-    m->max_batch = max_batch;
-    m->root->saved = ws;
-    if (m->root->vt->bind) m->root->vt->bind(m->root, max_batch);
-    char *p = ws + mg__align(saved);
-    m->logits = (float *)p;
-    p += out;
-    m->dlogits = (float *)p;
-    p += out;
-    m->dinput = in ? (float *)p : NULL;
-    p += in;
-    m->scratch = (float *)p;
-    m->have_fwd = m->have_loss = false;
-    mg_debug("model %s: reserved %.1f MB for batch %d (kept for backward %.1f, logits and "
-             "their gradient %.1f, input gradient %.1f, scratch %.1f)", m->name, total / 1e6,
-             max_batch, saved / 1e6, 2 * out / 1e6, in / 1e6, scratch * sizeof(float) / 1e6);
+    if (m->tape && max_batch <= m->tape->cap) return MG_OK;
+    mg_tape *t;
+    MG_TRY(mg_tape_create(m, max_batch, &t));
+    mg_tape_destroy(m->tape);
+    m->tape = t;
     return MG_OK;
 }
+
+mg_tape *mg_model_tape(mg_model *m) { return m->tape; }
 
 const float *mg_model_forward(mg_model *m, const float *x, int batch)
 {
     MG_ASSERT(batch > 0);
-    if (batch > m->max_batch && mg_model_reserve(m, batch)) return NULL;
-    mg_ctx c = m->ctx;
-    c.scratch = m->scratch;
-    m->root->vt->forward(m->root, &c, x, m->logits, batch);
-    if (m->ctx.training) m->ctx.step++;
-    m->x = x;
-    m->batch = batch;
-    m->have_fwd = true;
-    m->have_loss = false;
-    return m->logits;
+    if (mg_model_reserve(m, batch)) return NULL;
+    return mg_tape_forward(m->tape, x, batch);
+}
+
+const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch)
+{
+    return mg_model_forward(m, (const float *)(const void *)tokens, batch);
 }
 
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct)
 {
-    MG_ASSERT(m->have_fwd);
-    m->have_loss = true;
-    return mg_softmax_xent(m->logits, labels, m->batch * m->positions, m->classes, m->dlogits,
-                           correct);
-}
-
-static void child_done(void *ud, int i)
-{
-    mg_model *m = ud;
-    if (!m->hook || m->top_hi[i] == 0) return;
-    size_t hi = i == m->first_param_child ? m->arena_size : m->top_hi[i];
-    m->hook(m->hook_ud, m->top_lo[i], hi);
-}
-
-static void run_backward(mg_model *m)
-{
-    mg_ctx c = m->ctx;
-    c.scratch = m->scratch;
-    mg__seq_backward(m->root, &c, m->x, m->logits, m->dlogits, m->dinput, m->batch,
-                     child_done, m);
-    if (m->hook && m->first_param_child < 0) m->hook(m->hook_ud, 0, m->arena_size);
+    MG_ASSERT(m->tape);
+    return mg_tape_loss(m->tape, labels, correct);
 }
 
 void mg_model_backward(mg_model *m)
 {
-    MG_ASSERT(m->have_fwd && m->have_loss);
-    run_backward(m);
-    m->have_loss = false;   /* dlogits were consumed (layers may overwrite dy) */
+    MG_ASSERT(m->tape);
+    mg_tape_backward(m->tape);
 }
 
 void mg_model_backward_from(mg_model *m, const float *dout)
 {
-    MG_ASSERT(m->have_fwd);
-    memmove(m->dlogits, dout, (size_t)m->batch * m->out_size * sizeof(float));
-    run_backward(m);
-    m->have_loss = false;
+    MG_ASSERT(m->tape);
+    mg_tape_backward_from(m->tape, dout);
+}
+
+const float *mg_model_input_grad(const mg_model *m)
+{
+    return m->input_grad && m->tape ? m->tape->dinput : NULL;
 }
 
 void mg_model_zero_grad(mg_model *m)

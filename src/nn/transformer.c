@@ -55,7 +55,7 @@ static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
 {
     embed_layer *e = (embed_layer *)l;
     const int32_t *tok = (const int32_t *)(const void *)x;
-    float *gte = l->p[0].grad, *gpe = l->p[1].grad;
+    float *gte = mg__grad(l, c, 0), *gpe = mg__grad(l, c, 1);
     for (int i = 0; i < n; i++)
         for (int t = 0; t < e->ctx; t++) {
             const float *g = dy + ((size_t)i * e->ctx + t) * e->d;
@@ -118,8 +118,8 @@ static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
     int r = (int)rows(l->in, n);
-    mg_gemm(true, false, e->vocab, e->d, r, 1.0f, dy, e->vocab, x, e->d, 1.0f, e->base.p[0].grad,
-            e->d);
+    mg_gemm(true, false, e->vocab, e->d, r, 1.0f, dy, e->vocab, x, e->d, 1.0f,
+            mg__grad(&e->base, c, 0), e->d);
     if (dx)
         mg_gemm(false, false, r, e->d, e->vocab, 1.0f, dy, e->vocab, e->base.p[0].data, e->d,
                 0.0f, dx, e->d);
@@ -154,7 +154,6 @@ typedef struct {
     mg_layer base;
     int d;
     float eps;
-    float *mean, *rstd;   /* in saved */
 } ln_layer;
 
 static mg_status ln_setup(mg_layer *l, const int in[3], int out[3])
@@ -172,11 +171,10 @@ static void ln_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
     *scratch = 0;
 }
 
-static void ln_bind(mg_layer *l, int n)
+/* Slot 0: the rows' means; slot 1: their 1/std. */
+static void ln_bind(mg_layer *l, int n, char **slot)
 {
-    ln_layer *f = (ln_layer *)l;
-    f->mean = (float *)l->saved;
-    f->rstd = (float *)(l->saved + mg__align(rows(l->in, n) * sizeof(float)));
+    slot[l->slot + 1] = slot[l->slot] + mg__align(rows(l->in, n) * sizeof(float));
 }
 
 /* Forward and backward of rows [r0, r0 + nr) of the batch: their mean and
@@ -184,30 +182,33 @@ static void ln_bind(mg_layer *l, int n)
  * slices of its batch through these and recomputes a forward in its
  * backward (the same arithmetic, so the same statistics) rather than
  * keep the output. */
-static void ln_rows_forward(mg_layer *l, float *y, const float *x, size_t r0, size_t nr)
+static void ln_rows_forward(mg_layer *l, const mg_ctx *c, float *y, const float *x, size_t r0,
+                            size_t nr)
 {
     ln_layer *f = (ln_layer *)l;
-    mg_layernorm_forward(y, f->mean + r0, f->rstd + r0, x, l->p[0].data, l->p[1].data, nr, f->d,
+    float *mean = (float *)mg__slot(l, c, 0), *rstd = (float *)mg__slot(l, c, 1);
+    mg_layernorm_forward(y, mean + r0, rstd + r0, x, l->p[0].data, l->p[1].data, nr, f->d,
                          f->eps);
 }
 
-static void ln_rows_backward(mg_layer *l, float *dx, const float *dy, const float *x, size_t r0,
-                             size_t nr)
+static void ln_rows_backward(mg_layer *l, const mg_ctx *c, float *dx, const float *dy,
+                             const float *x, size_t r0, size_t nr)
 {
     ln_layer *f = (ln_layer *)l;
-    mg_layernorm_backward(dx, l->p[0].grad, l->p[1].grad, dy, x, f->mean + r0, f->rstd + r0,
+    const float *mean = (float *)mg__slot(l, c, 0), *rstd = (float *)mg__slot(l, c, 1);
+    mg_layernorm_backward(dx, mg__grad(l, c, 0), mg__grad(l, c, 1), dy, x, mean + r0, rstd + r0,
                           l->p[0].data, nr, f->d);
 }
 
 static void ln_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
-    ln_rows_forward(l, y, x, 0, rows(l->in, n));
+    ln_rows_forward(l, c, y, x, 0, rows(l->in, n));
 }
 
 static void ln_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y, float *dy,
                         float *dx, int n)
 {
-    ln_rows_backward(l, dx, dy, x, 0, rows(l->in, n));
+    ln_rows_backward(l, c, dx, dy, x, 0, rows(l->in, n));
 }
 
 static void ln_init(mg_layer *l, mg_rng *r)
@@ -228,6 +229,7 @@ mg_layer *mg_layer_layernorm(const char *name, int d, float eps)
     if (!f) return NULL;
     f->d = d;
     f->eps = eps;
+    f->base.n_slots = 2;
     mg__layer_param(&f->base, "weight", false, 1, (int[]){d});
     mg__layer_param(&f->base, "bias", false, 1, (int[]){d});
     return &f->base;
@@ -281,34 +283,35 @@ static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 
 /* Sequences [i0, i0 + n) of the batch: their log-sum-exp rows are at
  * that offset of the saved ones (the gpt block runs slices). */
-static float *attn_lse(mg_layer *l, int i0)
+static float *attn_lse(mg_layer *l, const mg_ctx *c, int i0)
 {
     const attn_layer *a = (const attn_layer *)l;
-    return (float *)l->saved + (size_t)i0 * a->heads * l->in[1];
+    return (float *)mg__saved(l, c) + (size_t)i0 * a->heads * l->in[1];
 }
 
-static void attn_seqs_forward(mg_layer *l, float *y, const float *x, int i0, int n, float *ws)
+static void attn_seqs_forward(mg_layer *l, const mg_ctx *c, float *y, const float *x, int i0,
+                              int n, float *ws)
 {
     attn_layer *a = (attn_layer *)l;
-    mg_attention_forward(y, attn_lse(l, i0), x, n, l->in[1], a->d, a->heads, ws);
+    mg_attention_forward(y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws);
 }
 
-static void attn_seqs_backward(mg_layer *l, float *dx, const float *dy, const float *y,
-                               const float *x, int i0, int n, float *ws)
+static void attn_seqs_backward(mg_layer *l, const mg_ctx *c, float *dx, const float *dy,
+                               const float *y, const float *x, int i0, int n, float *ws)
 {
     attn_layer *a = (attn_layer *)l;
-    mg_attention_backward(dx, dy, y, attn_lse(l, i0), x, n, l->in[1], a->d, a->heads, ws);
+    mg_attention_backward(dx, dy, y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws);
 }
 
 static void attn_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
-    attn_seqs_forward(l, y, x, 0, n, c->scratch);
+    attn_seqs_forward(l, c, y, x, 0, n, c->scratch);
 }
 
 static void attn_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                           float *dy, float *dx, int n)
 {
-    if (dx) attn_seqs_backward(l, dx, dy, y, x, 0, n, c->scratch);
+    if (dx) attn_seqs_backward(l, c, dx, dy, y, x, 0, n, c->scratch);
 }
 
 /* q k^T and P v: 2 * T * T * d each per sequence, half of it under the
@@ -370,9 +373,7 @@ static const int tmp_width[S_N] = {1, 4, 4, 4};
 typedef struct {
     mg_layer base;
     mg_layer *leaf[L_N];   /* the children's layers, in forward order */
-    float *keep[K_N];
     int slice_max;         /* sequences per slice, from MG_BLOCK_ROWS */
-    int slice;             /* ... at the bound batch */
 } block_layer;
 
 static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
@@ -424,16 +425,16 @@ static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
     *scratch = tmp + sc;
 }
 
-static void block_bind(mg_layer *l, int n)
+/* Slot 1 + k: kept tensor k. */
+static void block_bind(mg_layer *l, int n, char **slot)
 {
     block_layer *b = (block_layer *)l;
-    char *p = l->saved;
-    for (int i = 0; i < L_N; i++) p = mg__bind_child(b->leaf[i], n, p);
+    char *p = slot[l->slot];
+    for (int i = 0; i < L_N; i++) p = mg__bind_child(b->leaf[i], n, p, slot);
     for (int k = 0; k < K_N; k++) {
-        b->keep[k] = (float *)p;
+        slot[l->slot + 1 + k] = p;
         p += keep_bytes(l, n, k);
     }
-    b->slice = slice_at(b, n);
 }
 
 static void block_propagate(mg_layer *l)
@@ -444,36 +445,30 @@ static void block_propagate(mg_layer *l)
     }
 }
 
-/* The slice temporaries at the start of the scratch; *cc gets the rest,
- * for the layers. */
-static void block_tmps(const block_layer *b, const mg_ctx *c, float *t[S_N], mg_ctx *cc)
+/* The slice temporaries (slices of a batch of n) at the start of the
+ * scratch; *cc gets the rest, for the layers. */
+static void block_tmps(const block_layer *b, const mg_ctx *c, int n, float *t[S_N], mg_ctx *cc)
 {
     float *p = c->scratch;
     for (int k = 0; k < S_N; k++) {
         t[k] = p;
-        p += tmp_floats(&b->base, b->slice, k);
+        p += tmp_floats(&b->base, slice_at(b, n), k);
     }
     *cc = *c;
     cc->scratch = p;
 }
 
-/* The kept tensors' rows of a slice starting at position r0. */
-static void block_kept(const block_layer *b, size_t r0, float *kp[K_N])
-{
-    for (int k = 0; k < K_N; k++)
-        kp[k] = b->keep[k] + r0 * keep_width[k] * (size_t)b->base.in[2];
-}
-
-/* The slice of sequences starting at i0 (at most b->slice of n): returns
+/* The slice of sequences starting at i0 (at most a slice of n): returns
  * its sequence count, its first row *r0 and row count *nr (T rows per
- * sequence), and the kept buffers at its rows. */
-static int block_slice(const block_layer *b, int i0, int n, int T, size_t *r0, size_t *nr,
-                       float *kp[K_N])
+ * sequence), and the kept tensors at its rows. */
+static int block_slice(const block_layer *b, const mg_ctx *c, int i0, int n, int T, size_t *r0,
+                       size_t *nr, float *kp[K_N])
 {
-    int k = n - i0 < b->slice ? n - i0 : b->slice;
+    int s = slice_at(b, n), k = n - i0 < s ? n - i0 : s;
     *r0 = (size_t)i0 * T;
     *nr = (size_t)k * T;
-    block_kept(b, *r0, kp);
+    for (int j = 0; j < K_N; j++)
+        kp[j] = (float *)mg__slot(&b->base, c, 1 + j) + *r0 * keep_width[j] * (size_t)b->base.in[2];
     return k;
 }
 
@@ -487,20 +482,20 @@ static void block_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y
     block_layer *b = (block_layer *)l;
     mg_ctx cc;
     float *t[S_N], *kp[K_N];
-    block_tmps(b, c, t, &cc);
+    block_tmps(b, c, n, t, &cc);
     mg_layer **f = b->leaf;
     int T = l->in[1], d = l->in[2];
     for (int i0 = 0, k; i0 < n; i0 += k) {
         size_t r0, nr;
-        k = block_slice(b, i0, n, T, &r0, &nr, kp);
+        k = block_slice(b, c, i0, n, T, &r0, &nr, kp);
         const float *xs = x + r0 * d;
         float *ys = y + r0 * d;
-        ln_rows_forward(f[L_LN1], t[S_A], xs, r0, nr);
+        ln_rows_forward(f[L_LN1], c, t[S_A], xs, r0, nr);
         f[L_QKV]->vt->forward(f[L_QKV], &cc, t[S_A], kp[K_QKV], k);
-        attn_seqs_forward(f[L_ATT], kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
+        attn_seqs_forward(f[L_ATT], c, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
         f[L_PROJ]->vt->forward(f[L_PROJ], &cc, kp[K_ATT], kp[K_X1], k);
         add_to(kp[K_X1], xs, nr * d);
-        ln_rows_forward(f[L_LN2], t[S_A], kp[K_X1], r0, nr);
+        ln_rows_forward(f[L_LN2], c, t[S_A], kp[K_X1], r0, nr);
         f[L_FC]->vt->forward(f[L_FC], &cc, t[S_A], kp[K_FC], k);
         f[L_GELU]->vt->forward(f[L_GELU], &cc, kp[K_FC], t[S_G], k);
         f[L_FCPROJ]->vt->forward(f[L_FCPROJ], &cc, t[S_G], ys, k);
@@ -518,29 +513,29 @@ static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
     block_layer *b = (block_layer *)l;
     mg_ctx cc;
     float *t[S_N], *kp[K_N];
-    block_tmps(b, c, t, &cc);
+    block_tmps(b, c, n, t, &cc);
     float *A = t[S_A], *G = t[S_G], *D = t[S_D], *P = t[S_P];
     mg_layer **f = b->leaf;
     int T = l->in[1], d = l->in[2];
     for (int i0 = 0, k; i0 < n; i0 += k) {
         size_t r0, nr;
-        k = block_slice(b, i0, n, T, &r0, &nr, kp);
+        k = block_slice(b, c, i0, n, T, &r0, &nr, kp);
         const float *xs = x + r0 * d;
         float *dys = dy + r0 * d, *dxs = dx ? dx + r0 * d : NULL;
         /* y = x1 + c_proj(gelu(c_fc(ln_2(x1)))). */
         mg_gelu_forward_deriv(G, P, kp[K_FC], nr * 4 * d);         /* G = gelu, P = gelu' */
         f[L_FCPROJ]->vt->backward(f[L_FCPROJ], &cc, G, NULL, dys, D, k);
         for (size_t i = 0; i < nr * 4 * d; i++) G[i] = D[i] * P[i];  /* d c_fc output */
-        ln_rows_forward(f[L_LN2], A, kp[K_X1], r0, nr);              /* ln_2(x1) again */
+        ln_rows_forward(f[L_LN2], c, A, kp[K_X1], r0, nr);              /* ln_2(x1) again */
         f[L_FC]->vt->backward(f[L_FC], &cc, A, NULL, G, D, k);
-        ln_rows_backward(f[L_LN2], A, D, kp[K_X1], r0, nr);
+        ln_rows_backward(f[L_LN2], c, A, D, kp[K_X1], r0, nr);
         add_to(A, dys, nr * d);                                        /* A = d x1 */
         /* x1 = x + c_proj(attention(c_attn(ln_1(x)))). */
         f[L_PROJ]->vt->backward(f[L_PROJ], &cc, kp[K_ATT], NULL, A, dys, k);
-        attn_seqs_backward(f[L_ATT], G, dys, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
-        ln_rows_forward(f[L_LN1], D, xs, r0, nr);                     /* ln_1(x) again */
+        attn_seqs_backward(f[L_ATT], c, G, dys, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
+        ln_rows_forward(f[L_LN1], c, D, xs, r0, nr);                     /* ln_1(x) again */
         f[L_QKV]->vt->backward(f[L_QKV], &cc, D, NULL, G, dys, k);
-        ln_rows_backward(f[L_LN1], dxs, dys, xs, r0, nr);
+        ln_rows_backward(f[L_LN1], c, dxs, dys, xs, r0, nr);
         if (dxs) add_to(dxs, A, nr * d);
     }
 }
@@ -572,6 +567,7 @@ mg_layer *mg_layer_gpt_block(const char *name, int d, int heads)
     memcpy(child, kids, sizeof kids);
     b->base.child = child;
     b->base.n_child = 4;
+    b->base.n_slots = 1 + K_N;
     mg_layer *leaf[L_N] = {kids[0], attn[0], attn[1], attn[2], kids[2], mlp[0], mlp[1], mlp[2]};
     memcpy(b->leaf, leaf, sizeof leaf);
     return &b->base;

@@ -22,7 +22,7 @@
 
 struct mg_optim {
     mg_optim_config cfg;
-    size_t n;
+    size_t base, n;      /* the state covers arena floats [base, base + n) */
     long steps;
     float lr;                 /* learning rate of the current step */
     int nstates;
@@ -121,11 +121,19 @@ static struct seg new_seg(size_t lo, size_t hi, float wd)
 
 mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
 {
+    return mg_optim_create_range(cfg, 0, n, out);
+}
+
+mg_status mg_optim_create_range(const mg_optim_config *cfg, size_t lo, size_t hi, mg_optim **out)
+{
     *out = NULL;
     MG_TRY(check_config(cfg));
+    MG_ASSERT(lo <= hi);
+    size_t n = hi - lo;
     mg_optim *o = calloc(1, sizeof *o);
     if (!o) return mg_error(MG_ENOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
+    o->base = lo;
     o->n = n;
     o->lr = cfg->lr;
     o->seg = calloc(1, sizeof *o->seg);
@@ -134,7 +142,7 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
         return mg_error(MG_ENOMEM, "optimizer: out of memory");
     }
     o->nseg = 1;
-    o->seg[0] = new_seg(0, n, cfg->weight_decay);
+    o->seg[0] = new_seg(lo, hi, cfg->weight_decay);
     if (cfg->kind == MG_OPTIM_SGD) {
         if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
     } else {
@@ -182,13 +190,16 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
     if (n) memcpy(g, groups, sizeof *g * (size_t)n);
     qsort(g, (size_t)n, sizeof *g, by_lo);
     int ns = 0;
-    size_t at = 0;
+    size_t at = o->base, end = o->base + o->n;
     for (int i = 0; i < n; i++) {
-        if (g[i].lo < at || g[i].hi < g[i].lo || g[i].hi > o->n ||
+        if (g[i].hi <= o->base || g[i].lo >= end) continue;   /* outside the range */
+        if (g[i].lo < o->base) g[i].lo = o->base;
+        if (g[i].hi > end) g[i].hi = end;
+        if (g[i].lo < at || g[i].hi < g[i].lo ||
             !(g[i].weight_decay >= 0.0f) || !isfinite(g[i].weight_decay)) {
             mg_error(MG_EINVAL, "optimizer: parameter group [%zu, %zu) with weight decay %g "
-                     "overlaps another, leaves the %zu parameters or has a bad decay",
-                     g[i].lo, g[i].hi, (double)g[i].weight_decay, o->n);
+                     "overlaps another or has a bad decay", g[i].lo, g[i].hi,
+                     (double)g[i].weight_decay);
             free(g);
             free(seg);
             return MG_EINVAL;
@@ -197,7 +208,7 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
         if (g[i].hi > g[i].lo) seg[ns++] = new_seg(g[i].lo, g[i].hi, g[i].weight_decay);
         at = g[i].hi;
     }
-    if (at < o->n || ns == 0) seg[ns++] = new_seg(at, o->n, o->cfg.weight_decay);
+    if (at < end || ns == 0) seg[ns++] = new_seg(at, end, o->cfg.weight_decay);
     free(g);
     free(o->seg);
     o->seg = seg;
@@ -249,18 +260,18 @@ void mg_optim_begin_step(mg_optim *o, float lr)
 
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
 {
-    MG_ASSERT(lo <= hi && hi <= o->n);
+    MG_ASSERT(o->base <= lo && lo <= hi && hi <= o->base + o->n);
     MG_ASSERT(o->steps > 0);   /* begin_step first */
+    float *st[2] = {NULL, NULL};
+    for (int i = 0; i < o->nstates; i++) st[i] = o->state[i] - o->base;   /* arena-indexed */
     for (int i = 0; i < o->nseg && lo < hi; i++) {
         const struct seg *sg = &o->seg[i];
         if (sg->hi <= lo) continue;
         size_t a = lo, b = hi < sg->hi ? hi : sg->hi;
         if (o->cfg.kind == MG_OPTIM_SGD)
-            mg__sgd_update(params + a, grads + a, o->nstates ? o->state[0] + a : NULL, b - a,
-                           &sg->sgd);
+            mg__sgd_update(params + a, grads + a, o->nstates ? st[0] + a : NULL, b - a, &sg->sgd);
         else
-            mg__adam_update(params + a, grads + a, o->state[0] + a, o->state[1] + a, b - a,
-                            &sg->adam);
+            mg__adam_update(params + a, grads + a, st[0] + a, st[1] + a, b - a, &sg->adam);
         lo = b;
     }
 }
@@ -268,10 +279,16 @@ void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, 
 void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
 {
     mg_optim_begin_step(o, lr);
-    mg_optim_update(o, params, grads, 0, o->n);
+    mg_optim_update(o, params, grads, o->base, o->base + o->n);
 }
 
 long mg_optim_steps(const mg_optim *o) { return o->steps; }
+
+void mg_optim_range(const mg_optim *o, size_t *lo, size_t *hi)
+{
+    *lo = o->base;
+    *hi = o->base + o->n;
+}
 
 void mg_optim_set_steps(mg_optim *o, long steps)
 {

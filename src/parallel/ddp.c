@@ -2,13 +2,15 @@
  * across the group after every backward, as torch's DDP does.
  *
  * The gradient arena is allocated through the group (mg_group_alloc), so
- * ranks on one host reduce each other's gradients in place. Gradients are
- * grouped into buckets — contiguous ranges of the arena split at tensor
- * boundaries, the first capped at 1 MiB and the rest at 25 MiB by default,
- * as PyTorch's — and because the arena is laid out in backward order, the
- * model's backward hook reports finished ranges in increasing order: a
- * bucket's async all-reduce starts the moment its last gradient is final,
- * overlapping communication with the rest of backward. mg_ddp_finish
+ * ranks on one host reduce each other's gradients in place. Its units are
+ * padded to a multiple of lcm(world size, SIMD width), so every range
+ * splits into equal shards. Gradients are grouped into buckets —
+ * contiguous ranges of the arena split at unit boundaries, the first
+ * closed at 1 MiB and the rest at 25 MiB by default, as PyTorch's — and
+ * because the arena is laid out in backward order, units finish in
+ * increasing arena order: a unit's post-backward hook starts the async
+ * all-reduce of every bucket that is now final, overlapping communication
+ * with the rest of backward. mg_ddp_finish
  * launches any bucket that got no gradient this step (so unused parameters
  * never hang a step), waits for all and decompresses where buckets were
  * sent as fp16/bf16. */
@@ -55,43 +57,38 @@ mg_status mg_compress_parse(const char *s, mg_compress *out)
     return MG_OK;
 }
 
-/* Split the used part of the arena into buckets at tensor boundaries. */
+/* Split the arena into buckets at unit boundaries: units in arena order
+ * (the reverse of forward order), closing a bucket once it reaches its
+ * cap; the last bucket ends at the arena's end. */
 static mg_status make_buckets(mg_ddp *d)
 {
-    int nt = mg_model_num_tensors(d->m);
-    size_t used = 0;
-    for (int i = 0; i < nt; i++) {
-        const mg_param *p = mg_model_tensor(d->m, i);
-        if (!p->is_buffer && p->offset + p->numel > used) used = p->offset + p->numel;
-    }
-    /* Both lists before any use, so a failed allocation is never written. */
-    size_t *ends = malloc(sizeof(size_t) * (size_t)(nt + 1));
-    if (!ends) return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
-    d->b = calloc((size_t)nt + 1, sizeof *d->b);
-    if (!d->b) {
-        free(ends);
-        return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
-    }
-    /* Tensor ends, sorted: the arena is dense in backward order, so walk it. */
-    int ne = 0;
-    for (int i = 0; i < nt; i++) {
-        const mg_param *p = mg_model_tensor(d->m, i);
-        if (!p->is_buffer) ends[ne++] = p->offset + p->numel;
-    }
-    for (int i = 1; i < ne; i++)
-        for (int j = i; j > 0 && ends[j - 1] > ends[j]; j--) {
-            size_t t = ends[j]; ends[j] = ends[j - 1]; ends[j - 1] = t;
-        }
+    int nu = mg_model_num_units(d->m);
+    d->b = calloc((size_t)nu + 1, sizeof *d->b);
+    if (!d->b) return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
     size_t lo = 0;
-    for (int i = 0; i < ne; i++) {
+    for (int u = nu - 1; u >= 0; u--) {
+        size_t hi = mg_model_unit(d->m, u).hi;
         size_t cap = d->nb == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
-        if ((ends[i] - lo) * sizeof(float) >= cap || i == ne - 1) {
-            d->b[d->nb++] = (bucket){.lo = lo, .hi = ends[i]};
-            lo = ends[i];
+        if (hi > lo && (hi - lo) * sizeof(float) >= cap) {
+            d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
+            lo = hi;
         }
     }
-    free(ends);
+    if (lo < d->n) d->b[d->nb++] = (bucket){.lo = lo, .hi = d->n};
     return MG_OK;
+}
+
+/* The least common multiple of the world size and the SIMD width: the
+ * unit pad that splits every unit into equal, aligned shards. */
+static size_t unit_pad(int world)
+{
+    size_t a = (size_t)world, b = MG_SIMD_FLOATS;
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return (size_t)world / a * MG_SIMD_FLOATS;
 }
 
 static void launch(mg_ddp *d, bucket *b)
@@ -112,14 +109,19 @@ static void launch(mg_ddp *d, bucket *b)
     if (st) d->err = st;
 }
 
-static void on_grads_final(void *ud, size_t lo, size_t hi)
+/* After a unit's backward its gradients are final: launch every bucket
+ * that now is. */
+static void on_unit_done(void *ud, mg_tape *t, int unit)
 {
     mg_ddp *d = ud;
-    (void)lo;
+    (void)t;
     if (!d->sync) return;
+    size_t hi = mg_model_unit(d->m, unit).hi;
     if (hi > d->ready) d->ready = hi;
     while (d->next < d->nb && d->b[d->next].hi <= d->ready) launch(d, &d->b[d->next++]);
 }
+
+static const mg_unit_hooks ddp_hooks = {.post_backward = on_unit_done};
 
 mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out)
 {
@@ -134,8 +136,11 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
         return mg_error(MG_EINVAL, "ddp: bucket sizes must be positive");
     }
     d->sync = true;
+    size_t pad = unit_pad(mg_group_size(g));
+    mg_status st = MG_OK;
+    if (mg_model_unit_pad(m) % pad) st = mg_model_set_unit_pad(m, pad);
     d->n = mg_model_arena_size(m);
-    mg_status st = make_buckets(d);
+    if (!st) st = make_buckets(d);
     if (!st) {
         d->grads = mg_group_alloc(g, d->n * sizeof(float));
         if (!d->grads) st = mg_error(MG_ENOMEM, "ddp: cannot allocate %zu bytes of group "
@@ -147,7 +152,7 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
     }
     if (!st) {
         mg_model_set_grad_storage(m, d->grads);
-        mg_model_set_grad_hook(m, on_grads_final, d);
+        mg_model_set_hooks(m, &ddp_hooks, d);
         /* Every replica starts from rank 0's parameters and buffers. */
         st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
         if (!st && mg_model_buffer_size(m))
@@ -168,7 +173,7 @@ void mg_ddp_destroy(mg_ddp *d)
     if (d->grads) {
         /* Hand the model back its own memory before the group's goes. */
         mg_model_set_grad_storage(d->m, NULL);
-        mg_model_set_grad_hook(d->m, NULL, NULL);
+        mg_model_set_hooks(d->m, NULL, NULL);
         mg_group_free(d->g, d->grads);
     }
     if (d->half) mg_group_free(d->g, d->half);

@@ -1,16 +1,19 @@
-/* DataParallel: one process, several threads each holding a replica of the
- * model, as torch.nn.DataParallel does on several devices of one machine:
- * replicate the parameters of replica 0, scatter the batch, apply the
- * replicas in parallel (forward, loss, backward), gather the losses and
- * reduce the gradients to replica 0, weighting each by its share of the
- * batch so the result equals one process on the whole batch. The reduce
- * adds to replica 0's gradients, as a backward does, so micro-batches
- * accumulate. The caller steps the optimizer on replica 0; the next step
- * replicates again.
+/* DataParallel: one process, several threads on one model, as
+ * torch.nn.DataParallel does on several devices of one machine: scatter
+ * the batch, apply the model in parallel (each thread forward, loss and
+ * backward on its own tape into its own gradient arena), gather the
+ * losses and reduce the gradients onto the model's, weighting each by its
+ * share of the batch so the result equals one process on the whole batch.
+ * The reduce adds to the model's gradients, as a backward does, so
+ * micro-batches accumulate. The caller steps the optimizer on the model.
  *
- * Compared with DDP this keeps one optimizer and pays a replicate and a
- * reduce over all parameters every step, serialised on replica 0 — the
- * design difference the PyTorch tutorials point out. */
+ * The threads share the parameters (they only read them), so nothing is
+ * replicated; what a forward writes goes to the thread's tape, gradient
+ * arena and, for threads after the first, a copy of the buffers (batch-
+ * norm running statistics stay the first thread's, as torch keeps device
+ * 0's). Compared with DDP this keeps one optimizer and pays a reduce over
+ * all parameters every step, serialised on one thread — the design
+ * difference the PyTorch tutorials point out. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,25 +21,29 @@
 #include "multigrad/parallel.h"
 
 typedef struct {
-    mg_model *m;
+    mg_tape *t;
+    float *grads;     /* this thread's gradient arena */
+    float *buffers;   /* threads after the first: their copy of the buffers */
     const void *x;    /* the model's input: floats, or int32 tokens (4 bytes each too) */
     const int32_t *y;
-    int n;            /* samples of this replica this step */
+    int n;            /* samples of this thread this step */
     float loss;
     int correct;
-    /* A failed forward (a larger batch that cannot be reserved): the
-     * message is per thread, so it is kept here for the main thread. */
+    /* A failed forward: the message is per thread, so it is kept here for
+     * the main thread. */
     mg_status st;
     char err[512];
-} replica;
+} worker;
 
 struct mg_dp {
+    mg_model *m;
+    bool own;          /* made by mg_dp_create(_with): destroyed with it */
     int workers;
-    replica *r;
+    worker *w;
     pthread_t *threads;
-    int started;       /* worker threads 1..started are running */
-    /* Step hand-off: the main thread bumps gen; each worker applies its
-     * replica once per generation and the last one to finish signals. */
+    int started;       /* threads 1..started are running */
+    /* Step hand-off: the main thread bumps gen; each thread applies the
+     * model once per generation and the last one to finish signals. */
     pthread_mutex_t mu;
     pthread_cond_t go, fin;
     unsigned gen;
@@ -44,30 +51,29 @@ struct mg_dp {
     bool stop;
     size_t in;         /* input elements (4 bytes) per sample */
     int positions;     /* labels per sample (a language model: T) */
-    /* Replica 0's gradients from before this call (earlier micro-batches):
-     * replica 0 zeroes its arena to compute its own share. */
-    float *acc;
 };
 
-static void apply(replica *r)
+static void apply(worker *r, uint64_t step)
 {
-    mg_model_zero_grad(r->m);
+    size_t n = mg_model_arena_size(mg_tape_model(r->t));
+    memset(r->grads, 0, n * sizeof(float));
     r->loss = 0;
     r->correct = 0;
     r->st = MG_OK;
     if (r->n == 0) return;
-    if (!mg_model_forward(r->m, (const float *)r->x, r->n)) {
-        r->st = MG_ENOMEM;
+    mg_tape_pin_step(r->t, step);
+    if (!mg_tape_forward(r->t, (const float *)r->x, r->n)) {
+        r->st = MG_EINVAL;
         snprintf(r->err, sizeof r->err, "%s", mg_last_error());
         return;
     }
-    r->loss = mg_model_loss(r->m, r->y, &r->correct);
-    mg_model_backward(r->m);
+    r->loss = mg_tape_loss(r->t, r->y, &r->correct);
+    mg_tape_backward(r->t);
 }
 
 typedef struct { mg_dp *dp; int k; } thread_arg;
 
-static void *worker(void *p)
+static void *thread_main(void *p)
 {
     thread_arg a = *(thread_arg *)p;
     free(p);
@@ -82,11 +88,85 @@ static void *worker(void *p)
         }
         seen = dp->gen;
         pthread_mutex_unlock(&dp->mu);
-        apply(&dp->r[a.k]);
+        apply(&dp->w[a.k], mg_model_rng_counter(dp->m));
         pthread_mutex_lock(&dp->mu);
         if (--dp->pending == 0) pthread_cond_signal(&dp->fin);
         pthread_mutex_unlock(&dp->mu);
     }
+}
+
+/* Each thread's tape for `per` samples: all made, or none changed. */
+static mg_status make_tapes(mg_dp *dp, int per)
+{
+    mg_tape **t = calloc((size_t)dp->workers, sizeof *t);
+    if (!t) return mg_error(MG_ENOMEM, "dp: out of memory");
+    mg_status st = MG_OK;
+    for (int k = 0; k < dp->workers && !st; k++) st = mg_tape_create(dp->m, per, &t[k]);
+    for (int k = 0; k < dp->workers; k++) {
+        if (st) {
+            mg_tape_destroy(t[k]);
+            continue;
+        }
+        mg_tape_destroy(dp->w[k].t);
+        dp->w[k].t = t[k];
+        mg_tape_set_grads(t[k], dp->w[k].grads);
+        mg_tape_set_buffers(t[k], dp->w[k].buffers);
+    }
+    free(t);
+    if (st) return mg_error(st, "DataParallel threads: %s", mg_last_error());
+    return MG_OK;
+}
+
+mg_status mg_dp_wrap(mg_model *m, int workers, int max_batch, mg_dp **out)
+{
+    *out = NULL;
+    if (workers < 1)
+        return mg_error(MG_EINVAL, "DataParallel needs at least 1 worker (got %d)", workers);
+    if (max_batch < 1)
+        return mg_error(MG_EINVAL, "DataParallel: batch size %d must be positive", max_batch);
+    mg_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return mg_error(MG_ENOMEM, "dp: out of memory");
+    dp->m = m;
+    dp->workers = workers;
+    pthread_mutex_init(&dp->mu, NULL);
+    pthread_cond_init(&dp->go, NULL);
+    pthread_cond_init(&dp->fin, NULL);
+    dp->w = calloc((size_t)workers, sizeof *dp->w);
+    dp->threads = calloc((size_t)workers, sizeof *dp->threads);
+    if (!dp->w || !dp->threads) {
+        mg_dp_destroy(dp);
+        return mg_error(MG_ENOMEM, "dp: out of memory");
+    }
+    size_t n = mg_model_arena_size(m), nb = mg_model_buffer_size(m);
+    for (int k = 0; k < workers; k++) {
+        dp->w[k].grads = mg_alloc_zero(n * sizeof(float));
+        if (k > 0 && nb) dp->w[k].buffers = mg_alloc(nb * sizeof(float));
+        if (!dp->w[k].grads || (k > 0 && nb && !dp->w[k].buffers)) {
+            mg_dp_destroy(dp);
+            return mg_error(MG_ENOMEM, "dp: cannot allocate gradients for %d threads", workers);
+        }
+    }
+    mg_status st = make_tapes(dp, (max_batch + workers - 1) / workers);
+    if (st) {
+        mg_dp_destroy(dp);
+        return st;
+    }
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    dp->in = (size_t)c * h * w;
+    dp->positions = mg_model_positions(m);
+    for (int k = 1; k < workers; k++) {
+        thread_arg *a = malloc(sizeof *a);
+        if (a) *a = (thread_arg){dp, k};
+        if (!a || pthread_create(&dp->threads[k], NULL, thread_main, a)) {
+            free(a);
+            mg_dp_destroy(dp);
+            return mg_error(MG_ENOMEM, "dp: cannot start worker thread %d", k);
+        }
+        dp->started = k;
+    }
+    *out = dp;
+    return MG_OK;
 }
 
 typedef struct { const char *name; uint64_t seed; } zoo_model;
@@ -108,51 +188,12 @@ mg_status mg_dp_create_with(mg_model_factory make, void *ud, int workers, int ma
                             mg_dp **out)
 {
     *out = NULL;
-    if (workers < 1)
-        return mg_error(MG_EINVAL, "DataParallel needs at least 1 worker (got %d)", workers);
-    mg_dp *dp = calloc(1, sizeof *dp);
-    if (!dp) return mg_error(MG_ENOMEM, "dp: out of memory");
-    dp->workers = workers;
-    pthread_mutex_init(&dp->mu, NULL);
-    pthread_cond_init(&dp->go, NULL);
-    pthread_cond_init(&dp->fin, NULL);
-    dp->r = calloc((size_t)workers, sizeof *dp->r);
-    dp->threads = calloc((size_t)workers, sizeof *dp->threads);
-    if (!dp->r || !dp->threads) {
-        mg_dp_destroy(dp);
-        return mg_error(MG_ENOMEM, "dp: out of memory");
-    }
-    int per = (max_batch + workers - 1) / workers;
-    for (int k = 0; k < workers; k++) {
-        mg_status st = make(ud, &dp->r[k].m);
-        if (!st) st = mg_model_reserve(dp->r[k].m, per);
-        if (st) {
-            mg_dp_destroy(dp);
-            return st;
-        }
-    }
-    int c, h, w;
-    mg_model_input_shape(dp->r[0].m, &c, &h, &w);
-    dp->in = (size_t)c * h * w;
-    dp->positions = mg_model_positions(dp->r[0].m);
-    size_t n = mg_model_arena_size(dp->r[0].m);
-    dp->acc = mg_alloc(n * sizeof(float));
-    if (!dp->acc) {
-        mg_dp_destroy(dp);
-        return mg_error(MG_ENOMEM, "dp: cannot allocate %zu floats to accumulate gradients", n);
-    }
-    for (int k = 1; k < workers; k++) {
-        thread_arg *a = malloc(sizeof *a);
-        if (a) *a = (thread_arg){dp, k};
-        if (!a || pthread_create(&dp->threads[k], NULL, worker, a)) {
-            free(a);
-            mg_dp_destroy(dp);
-            return mg_error(MG_ENOMEM, "dp: cannot start worker thread %d", k);
-        }
-        dp->started = k;
-    }
-    *out = dp;
-    return MG_OK;
+    mg_model *m;
+    MG_TRY(make(ud, &m));
+    mg_status st = mg_dp_wrap(m, workers, max_batch, out);
+    if (st) mg_model_destroy(m);
+    else (*out)->own = true;
+    return st;
 }
 
 void mg_dp_destroy(mg_dp *dp)
@@ -163,18 +204,21 @@ void mg_dp_destroy(mg_dp *dp)
     pthread_cond_broadcast(&dp->go);
     pthread_mutex_unlock(&dp->mu);
     for (int k = 1; k <= dp->started; k++) pthread_join(dp->threads[k], NULL);
-    if (dp->r)
-        for (int k = 0; k < dp->workers; k++) mg_model_destroy(dp->r[k].m);
+    for (int k = 0; dp->w && k < dp->workers; k++) {
+        mg_tape_destroy(dp->w[k].t);
+        mg_free(dp->w[k].grads);
+        mg_free(dp->w[k].buffers);
+    }
+    if (dp->own) mg_model_destroy(dp->m);
     pthread_mutex_destroy(&dp->mu);
     pthread_cond_destroy(&dp->go);
     pthread_cond_destroy(&dp->fin);
-    free(dp->r);
+    free(dp->w);
     free(dp->threads);
-    mg_free(dp->acc);
     free(dp);
 }
 
-mg_model *mg_dp_model(mg_dp *dp) { return dp->r[0].m; }
+mg_model *mg_dp_model(mg_dp *dp) { return dp->m; }
 int mg_dp_workers(const mg_dp *dp) { return dp->workers; }
 
 mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
@@ -182,59 +226,49 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
 {
     MG_ASSERT(batch > 0);
     int W = dp->workers;
-    mg_model *m0 = dp->r[0].m;
-    size_t n = mg_model_arena_size(m0), nb = mg_model_buffer_size(m0);
-    float *g0 = mg_model_grads(m0);
-    memcpy(dp->acc, g0, n * sizeof(float));
-    /* replicate */
-    for (int k = 1; k < W; k++) {
-        memcpy(mg_model_params(dp->r[k].m), mg_model_params(m0), n * sizeof(float));
-        if (nb) memcpy(mg_model_buffers(dp->r[k].m), mg_model_buffers(m0), nb * sizeof(float));
-    }
+    mg_model *m = dp->m;
+    size_t n = mg_model_arena_size(m), nb = mg_model_buffer_size(m);
     /* scatter: contiguous chunks, as torch's scatter along dim 0 */
     int per = (batch + W - 1) / W, off = 0;
+    if (per > mg_tape_capacity(dp->w[0].t)) MG_TRY(make_tapes(dp, per));
     for (int k = 0; k < W; k++) {
         int len = batch - off < per ? batch - off : per;
         if (len < 0) len = 0;
-        dp->r[k].x = (const char *)x + (size_t)off * dp->in * 4;
-        dp->r[k].y = y + (size_t)off * dp->positions;
-        dp->r[k].n = len;
+        dp->w[k].x = (const char *)x + (size_t)off * dp->in * 4;
+        dp->w[k].y = y + (size_t)off * dp->positions;
+        dp->w[k].n = len;
         off += len;
+        if (k > 0 && nb) memcpy(dp->w[k].buffers, mg_model_buffers(m), nb * sizeof(float));
     }
-    /* parallel apply: replica 0 on this thread */
+    /* parallel apply: the first share on this thread; every thread draws
+     * dropout at the model's position, which then moves on once */
+    uint64_t step = mg_model_rng_counter(m);
     pthread_mutex_lock(&dp->mu);
     dp->pending = W - 1;
     dp->gen++;
     pthread_cond_broadcast(&dp->go);
     pthread_mutex_unlock(&dp->mu);
-    apply(&dp->r[0]);
+    apply(&dp->w[0], step);
     pthread_mutex_lock(&dp->mu);
     while (dp->pending > 0) pthread_cond_wait(&dp->fin, &dp->mu);
     pthread_mutex_unlock(&dp->mu);
+    if (mg_model_training(m)) mg_model_set_rng_counter(m, step + 1);
     for (int k = 0; k < W; k++)
-        if (dp->r[k].st) {
-            /* Leave the gradients as they were: the caller may stop here or
-             * retry with smaller batches. */
-            memcpy(g0, dp->acc, n * sizeof(float));
-            return mg_error(dp->r[k].st, "DataParallel replica %d: %s", k, dp->r[k].err);
-        }
-    /* gather and reduce to replica 0, weighted by batch share, on top of
-     * what it held (g0 = acc + sum_k w_k g_k; for a zeroed arena exactly
-     * the weighted sum) */
+        if (dp->w[k].st)   /* the gradients are left as they were */
+            return mg_error(dp->w[k].st, "DataParallel thread %d: %s", k, dp->w[k].err);
+    /* gather and reduce onto the model's gradients, weighted by batch
+     * share, on top of what they held */
     float l = 0;
     int cor = 0;
-    const float *acc = dp->acc;
-    float w0 = (float)dp->r[0].n / (float)batch;
-    for (size_t i = 0; i < n; i++) g0[i] = acc[i] + w0 * g0[i];
+    float *g = mg_model_grads(m);
     for (int k = 0; k < W; k++) {
-        l += dp->r[k].loss * (float)dp->r[k].n / (float)batch;
-        cor += dp->r[k].correct;
-        if (k == 0 || dp->r[k].n == 0) continue;
-        const float *gk = mg_model_grads(dp->r[k].m);
-        float wk = (float)dp->r[k].n / (float)batch;
-        for (size_t i = 0; i < n; i++) g0[i] += wk * gk[i];
+        l += dp->w[k].loss * (float)dp->w[k].n / (float)batch;
+        cor += dp->w[k].correct;
+        if (dp->w[k].n == 0) continue;
+        const float *gk = dp->w[k].grads;
+        float wk = (float)dp->w[k].n / (float)batch;
+        for (size_t i = 0; i < n; i++) g[i] += wk * gk[i];
     }
-    /* Batch-norm running statistics stay replica 0's, as in torch's DataParallel. */
     if (loss) *loss = l;
     if (correct) *correct = cor;
     return MG_OK;

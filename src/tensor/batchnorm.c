@@ -32,8 +32,10 @@ void mg_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x
             double unbiased = m > 1 ? s2 / (double)(m - 1) : var;
             mu = (float)dm;
             is = (float)(1.0 / sqrt(var + eps));
-            run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)dm;
-            run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+            if (run_mean) {
+                run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)dm;
+                run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+            }
         } else {
             mu = run_mean[ch];
             is = (float)(1.0 / sqrt((double)run_var[ch] + eps));

@@ -1,0 +1,261 @@
+/* Tapes, units and the training step: several tapes in flight on one
+ * model, recomputation bit for bit, the step through every strategy in
+ * one process, and no allocation after the first step. */
+#include <string.h>
+#include "harness.h"
+#include "multigrad/multigrad.h"
+
+/* A small gpt-mini and an image model with dropout and batch norm: the
+ * state a forward draws (dropout masks) and updates (running statistics). */
+static mg_model *small_gpt(uint64_t seed)
+{
+    mg_gpt_config c = {.layers = 2, .dim = 32, .heads = 2, .ctx = 16, .vocab = 64};
+    mg_model *m;
+    CHECK_OK(mg_model_create_gpt(&c, seed, &m));
+    return m;
+}
+
+static mg_model *drop_bn(uint64_t seed)
+{
+    mg_layer *block[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 1, true, MG_POOL_MAX),
+                         mg_layer_batchnorm2d("bn", 4)};
+    mg_layer *l[] = {mg_layer_sequential("features", block, 2), mg_layer_flatten("flat"),
+                     mg_layer_dropout("drop", 0.3f), mg_layer_linear("fc", 4 * 4 * 4, 5, false)};
+    mg_model *m;
+    CHECK_OK(mg_model_create_from("drop-bn", mg_layer_sequential(NULL, l, 4), 1, 8, 8, seed, &m));
+    mg_model_set_dropout_seed(m, 99);
+    return m;
+}
+
+typedef struct {
+    int n, in;           /* samples per micro-batch, input floats per sample */
+    int labels;          /* per sample */
+    float x[4][9 * 28 * 28];
+    int32_t y[4][8 * 16];
+} batches;
+
+/* Four micro-batches for model m: tokens or images with labels. */
+static void fill(batches *b, mg_model *m, int n)
+{
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    b->n = n;
+    b->in = c * h * w;
+    b->labels = mg_model_positions(m);
+    bool lm = b->labels > 1;
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i < n * b->in; i++) {
+            unsigned v = (unsigned)(i * 2654435761u + (unsigned)k * 97u);
+            if (lm) ((int32_t *)b->x[k])[i] = (int32_t)(v % 64u);
+            else b->x[k][i] = (float)(v % 1000u) / 500.0f - 1.0f;
+        }
+        for (int i = 0; i < n * b->labels; i++)
+            b->y[k][i] = (int32_t)(((unsigned)i * 7u + (unsigned)k) % (unsigned)mg_model_classes(m));
+    }
+}
+
+static bool same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+/* Forwards of several micro-batches held at once, then their backwards,
+ * give what one at a time gives — bit for bit. */
+static void several_tapes(mg_model *(*make)(uint64_t), int n)
+{
+    mg_model *a = make(1), *b = make(1);
+    static batches bt;
+    fill(&bt, a, n);
+    size_t na = mg_model_arena_size(a), out = (size_t)n * mg_model_positions(a) *
+                                               (size_t)mg_model_classes(a);
+    mg_tape *t[3];
+    for (int k = 0; k < 3; k++) CHECK_OK(mg_tape_create(a, n, &t[k]));
+    float *logits0 = malloc(out * sizeof(float));
+    mg_model_zero_grad(a);
+    for (int k = 0; k < 3; k++) {
+        CHECK(mg_tape_forward(t[k], bt.x[k], n) != NULL);
+        if (k == 0) memcpy(logits0, mg_tape_logits(t[0]), out * sizeof(float));
+    }
+    CHECK(same(logits0, mg_tape_logits(t[0]), out));   /* untouched by the others */
+    for (int k = 0; k < 3; k++) {
+        mg_tape_loss(t[k], bt.y[k], NULL);
+        mg_tape_backward(t[k]);
+    }
+    mg_model_zero_grad(b);
+    CHECK_OK(mg_model_reserve(b, n));
+    for (int k = 0; k < 3; k++) {
+        CHECK(mg_model_forward(b, bt.x[k], n) != NULL);
+        if (k == 0) CHECK(same(logits0, mg_tape_logits(mg_model_tape(b)), out));
+        mg_model_loss(b, bt.y[k], NULL);
+        mg_model_backward(b);
+    }
+    CHECK_MSG(same(mg_model_grads(a), mg_model_grads(b), na), "%s: gradients differ",
+              mg_model_name(a));
+    CHECK(same(mg_model_buffers(a), mg_model_buffers(b), mg_model_buffer_size(a)));
+    CHECK_EQ(mg_model_rng_counter(a), mg_model_rng_counter(b));
+    for (int k = 0; k < 3; k++) mg_tape_destroy(t[k]);
+    free(logits0);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+TEST(tapes_several_in_flight_equal_one_at_a_time)
+{
+    several_tapes(small_gpt, 3);
+    several_tapes(drop_bn, 6);
+}
+
+/* Three SGD steps with and without recomputation: the same gradients,
+ * parameters and running statistics, bit for bit, on less memory. */
+static void recompute_same(mg_model *a, mg_model *b, int n)
+{
+    static batches bt;
+    fill(&bt, a, n);
+    mg_model_set_recompute(b, true);
+    CHECK(mg_model_recompute(b) && !mg_model_recompute(a));
+    mg_tape *ta, *tb;
+    CHECK_OK(mg_tape_create(a, n, &ta));
+    CHECK_OK(mg_tape_create(b, n, &tb));
+    printf("%s: tape %.2f MB, recomputing %.2f MB\n", mg_model_name(a), mg_tape_bytes(ta) / 1e6,
+           mg_tape_bytes(tb) / 1e6);
+    CHECK(mg_tape_bytes(tb) < mg_tape_bytes(ta));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
+    oc.momentum = 0.9f;
+    mg_optim *oa, *ob;
+    size_t na = mg_model_arena_size(a);
+    CHECK_OK(mg_optim_create(&oc, na, &oa));
+    CHECK_OK(mg_optim_create(&oc, na, &ob));
+    for (int s = 0; s < 3; s++) {
+        mg_model *m[2] = {a, b};
+        mg_tape *t[2] = {ta, tb};
+        mg_optim *o[2] = {oa, ob};
+        float loss[2];
+        for (int i = 0; i < 2; i++) {
+            mg_model_zero_grad(m[i]);
+            CHECK(mg_tape_forward(t[i], bt.x[s], n) != NULL);
+            loss[i] = mg_tape_loss(t[i], bt.y[s], NULL);
+            mg_tape_backward(t[i]);
+        }
+        CHECK(loss[0] == loss[1]);
+        CHECK_MSG(same(mg_model_grads(a), mg_model_grads(b), na), "%s step %d: gradients differ",
+                  mg_model_name(a), s);
+        for (int i = 0; i < 2; i++) mg_optim_step(o[i], mg_model_params(m[i]), mg_model_grads(m[i]), 0.1f);
+    }
+    CHECK(same(mg_model_params(a), mg_model_params(b), na));
+    CHECK(same(mg_model_buffers(a), mg_model_buffers(b), mg_model_buffer_size(a)));
+    mg_tape_destroy(ta);
+    mg_tape_destroy(tb);
+    mg_optim_destroy(oa);
+    mg_optim_destroy(ob);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+TEST(tapes_recompute_is_bit_identical)
+{
+    recompute_same(small_gpt(3), small_gpt(3), 4);
+    recompute_same(drop_bn(3), drop_bn(3), 8);
+    mg_model *a, *b;
+    CHECK_OK(mg_model_create("lenet-d2l", 5, &a));
+    CHECK_OK(mg_model_create("lenet-d2l", 5, &b));
+    recompute_same(a, b, 2);
+}
+
+/* A batch larger than the tape is refused with a message, never run on
+ * memory of the wrong size. */
+TEST(tapes_batch_larger_than_tape_is_refused)
+{
+    mg_model *m = small_gpt(0);
+    mg_tape *t;
+    CHECK_OK(mg_tape_create(m, 2, &t));
+    static batches bt;
+    fill(&bt, m, 3);
+    CHECK(mg_tape_forward(t, bt.x[0], 3) == NULL);
+    CHECK(strstr(mg_last_error(), "does not fit a tape made for 2"));
+    CHECK(mg_tape_forward(t, bt.x[0], 2) != NULL);
+    CHECK_ERR(mg_tape_create(m, 0, &t), MG_EINVAL);
+    mg_tape_destroy(t);
+    mg_model_destroy(m);
+}
+
+typedef struct {
+    batches *b;
+    int k, micro;
+} feed;
+
+static bool next_batch(void *ud, mg_micro_batch *out)
+{
+    feed *f = ud;
+    if (f->k >= f->micro) return false;
+    int k = f->k++;
+    *out = (mg_micro_batch){f->b->x[k], f->b->y[k], f->b->n, false};
+    return true;
+}
+
+/* One step of `accumulate` micro-batches through strategy kind. */
+static void step_with(mg_model *m, mg_strategy_kind kind, batches *b, int accumulate,
+                      mg_strategy **s, mg_optim **o, mg_step_result *r)
+{
+    if (!*s) {
+        mg_strategy_options so = mg_strategy_defaults(kind);
+        so.max_batch = b->n;
+        so.workers = 3;
+        CHECK_OK(mg_strategy_create(m, &so, s));
+        mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+        oc.momentum = 0.9f;
+        CHECK_OK(mg_strategy_optim(*s, &oc, o));
+    }
+    feed f = {b, 0, accumulate};
+    mg_step_options opt = {.accumulate = accumulate, .lr = 0.05f, .clip_grad = 1.0f};
+    CHECK_OK(mg_train_step(*s, *o, &opt, next_batch, &f, r));
+    CHECK_EQ(r->micro, accumulate);
+}
+
+static mg_model *lenet5(uint64_t seed)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", seed, &m));
+    return m;
+}
+
+/* The step through DataParallel (3 threads on one model) equals the
+ * single-process step with and without accumulation (models without
+ * batch norm and dropout, whose statistics and masks are per thread as in
+ * torch); after the first step neither allocates. */
+TEST(tapes_train_step_dp_equals_single_and_allocates_nothing)
+{
+    mg_model *(*make[])(uint64_t) = {small_gpt, lenet5};
+    int n[] = {6, 8};
+    for (int z = 0; z < 2; z++)
+        for (int acc = 1; acc <= 2; acc++) {
+            static batches b;
+            mg_model *m[2] = {make[z](7), make[z](7)};
+            fill(&b, m[0], n[z]);
+            mg_strategy *s[2] = {NULL, NULL};
+            mg_optim *o[2] = {NULL, NULL};
+            mg_strategy_kind kind[2] = {MG_STRATEGY_SINGLE, MG_STRATEGY_DP};
+            for (int step = 0; step < 3; step++)
+                for (int i = 0; i < 2; i++) {
+                    mg_step_result r;
+                    long before = mgt_allocs();
+                    step_with(m[i], kind[i], &b, acc, &s[i], &o[i], &r);
+                    if (step > 0)
+                        CHECK_MSG(mgt_allocs() == before, "%s, %s: %ld allocations in step %d",
+                                  mg_model_name(m[i]), mg_strategy_name(s[i]),
+                                  mgt_allocs() - before, step);
+                }
+            size_t na = mg_model_num_params(m[0]);
+            float *va = malloc(na * sizeof(float)), *vb = malloc(na * sizeof(float));
+            mg_model_to_vector(m[0], mg_model_params(m[0]), va);
+            mg_model_to_vector(m[1], mg_model_params(m[1]), vb);
+            double worst = 0;
+            for (size_t i = 0; i < na; i++) worst = fmax(worst, fabs((double)va[i] - vb[i]));
+            printf("%s accumulate %d: dp vs single, largest difference %.3g\n",
+                   mg_model_name(m[0]), acc, worst);
+            CHECK_MSG(worst <= 1e-5, "dp differs from one process by %g", worst);
+            for (int i = 0; i < 2; i++) {
+                mg_optim_destroy(o[i]);
+                mg_strategy_destroy(s[i]);
+                mg_model_destroy(m[i]);
+            }
+            free(va);
+            free(vb);
+        }
+}
