@@ -231,6 +231,44 @@ typedef struct mg_step_result {
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r);
 
+/* ---- device mesh (mesh.c) -------------------------------------------------
+ *
+ * The ranks of a group as a grid of named dimensions (`--mesh
+ * dp=2,pp=2,tp=2`), as Megatron-LM lays them out: tp varies fastest
+ * (tensor-parallel neighbours share a host), then dp, then pp, so
+ *     rank = tp_i + tp * (dp_i + dp * pp_i).
+ * Each dimension has its own sub-group (made with mg_group_split) holding
+ * the ranks that differ only in that coordinate, ordered by it: a rank's
+ * rank in its dimension-d group is its coordinate d. A dimension of size 1
+ * has a 1-rank group. A strategy talks only to its own dimension's group. */
+typedef enum { MG_MESH_TP, MG_MESH_DP, MG_MESH_PP, MG_MESH_DIMS } mg_mesh_dim;
+/* "tp", "dp", "pp" */
+const char *mg_mesh_dim_name(mg_mesh_dim d);
+/* Pure: "dp=2", "dp=2,tp=2", "pp=2,dp=2,tp=2" (any order, each at most
+ * once) into sizes[] indexed by mg_mesh_dim. A missing tp or pp is 1; a
+ * missing dp is world / (tp * pp), as Megatron derives it; the product
+ * must be world. Else MG_EINVAL with one line naming the spec, the problem
+ * and what to write instead; sizes[] is then left as it was. */
+mg_status mg_mesh_parse(const char *spec, int world, int sizes[MG_MESH_DIMS]);
+/* "dp=2,pp=1,tp=2": sizes in this fixed order (for logs and plans). */
+void mg_mesh_format(const int sizes[MG_MESH_DIMS], char *buf, size_t cap);
+
+typedef struct mg_mesh mg_mesh;
+/* Collective over g: every rank parses spec (with g's size as world),
+ * the ranks check that they agree (one small all-reduce: a rank whose spec
+ * is bad gets MG_EINVAL, the others MG_EMISMATCH, none waits for a
+ * timeout) and then make one sub-group per dimension, tp, dp, pp in this
+ * order. g must outlive the mesh. */
+mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out);
+/* Destroys the sub-groups (not g); NULL is fine. */
+void mg_mesh_destroy(mg_mesh *m);
+int mg_mesh_size(const mg_mesh *m, mg_mesh_dim d);
+/* This rank's coordinate along d: its rank in mg_mesh_group(m, d). */
+int mg_mesh_coord(const mg_mesh *m, mg_mesh_dim d);
+mg_group *mg_mesh_group(mg_mesh *m, mg_mesh_dim d);
+/* mg_mesh_format of the mesh's sizes. */
+void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
