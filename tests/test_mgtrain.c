@@ -211,6 +211,42 @@ TEST_T(mgtrain_gpt_ddp_and_dp_equal_one_process, 240)
         }
 }
 
+/* --recompute trains to the same parameters bit for bit; --print-plan
+ * shows the units as DDP on 3 ranks pads them; --mesh takes dp and
+ * refuses what is not built yet with one line. */
+TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
+{
+    const char *t = mgt_tmpdir();
+    char *out, a[512], b[512], bin[512], run[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(a, sizeof a, "%s/plain.st", t);
+    snprintf(b, sizeof b, "%s/recomputed.st", t);
+    for (int r = 0; r < 2; r++) {
+        int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 4 --eval-every 4 --save %s%s", bin,
+                        r ? b : a, r ? " --recompute" : "");
+        CHECK_MSG(rc == 0, "%s", out);
+        free(out);
+    }
+    double worst, d = ckpt_rel_diff(b, a, &worst);
+    CHECK_MSG(d == 0 && worst == 0, "recomputation changed the parameters by %g", d);
+
+    int rc = mgt_sh(&out, "%s -n 3 %s " GPT_SMALL " --batch 6 --mesh dp=3 --print-plan", run,
+                    bin);
+    CHECK_MSG(rc == 0 && strstr(out, "strategy ddp on 3 rank(s), mesh dp=3,pp=1,tp=1") &&
+              strstr(out, "units padded to 48 floats") && strstr(out, " h.1 ") &&
+              strstr(out, "gpt_block") && strstr(out, "A tape for a micro-batch of 2"),
+              "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh tp=2", run, bin);
+    CHECK_MSG(rc != 0 && strstr(out, "--mesh tp=2: pipeline (pp) and tensor (tp) parallelism "
+                                "are not built yet"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 3 %s " GPT_SMALL " --batch 6 --mesh dp=2", run, bin);
+    CHECK_MSG(rc != 0 && strstr(out, "has dp*tp*pp = 2 ranks but the job has 3"), "%s", out);
+    free(out);
+}
+
 /* Resuming at step 5 gives the same bytes as 10 steps in one go (the
  * batches depend only on seed and step); the log keeps its rows; the
  * plot exists; --eval-only and --sample work from the checkpoint. */

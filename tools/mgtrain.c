@@ -35,7 +35,7 @@
 
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
-    const char *parallel, *compress, *prompt;
+    const char *parallel, *compress, *prompt, *mesh;
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
@@ -103,6 +103,10 @@ static void usage(FILE *f)
 "  --print-params      the MG_* environment variables: default, range, meaning\n"
 "  --parallel MODE     none | dp (threads in this process) | ddp (one rank of\n"
 "                      a job started by mgrun or mpirun) (default none)\n"
+"  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
+"                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
+"                      --parallel ddp is --mesh dp=<ranks>; pp and tp are\n"
+"                      not built yet\n"
 "  --workers N         DataParallel threads (default 2)\n"
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
@@ -167,7 +171,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN };
+           O_RECOMPUTE, O_PLAN, O_MESH };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -184,7 +188,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
-        {"print-plan", 0, 0, O_PLAN}, {0, 0, 0, 0}};
+        {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->schedule = "constant";
@@ -235,6 +239,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_PARAMS: print_params(); exit(0);
         case O_RECOMPUTE: o->recompute = 1; break;
         case O_PLAN: o->print_plan = 1; break;
+        case O_MESH: o->mesh = optarg; break;
         case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
         case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
         case O_EVAL_EVERY:
@@ -260,6 +265,10 @@ static void parse_args(int argc, char **argv, options *o)
     if (optind < argc) die("unexpected argument '%s' (see --help)", argv[optind]);
     if (strcmp(o->parallel, "none") && strcmp(o->parallel, "dp") && strcmp(o->parallel, "ddp"))
         die("unknown --parallel '%s': use none, dp or ddp", o->parallel);
+    if (o->mesh && !strcmp(o->parallel, "dp"))
+        die("--mesh lays out the ranks of a job; --parallel dp is threads in one process: "
+            "give one of them");
+    if (o->mesh) o->parallel = "ddp";   /* the mesh's dp dimension runs DDP */
 }
 
 /* ---- metrics log and plot ------------------------------------------------
@@ -497,7 +506,8 @@ static int resume_flags_differ(const char *saved, const char *now, const char *p
 
 struct trainer {
     enum { MODE_NONE, MODE_DP, MODE_DDP } mode;
-    mg_group *g;        /* ddp */
+    mg_group *g;        /* ddp: the whole job */
+    mg_mesh *mesh;      /* its ranks as a mesh (--parallel ddp: dp only) */
     int rank, world;
     mg_strategy *s;
     mg_model *m;
@@ -607,11 +617,19 @@ static void join_job(options *o, trainer *t)
 {
     if (t->mode == MODE_DDP) {
         if (!mg_launch_detect().by)
-            die("--parallel ddp needs a launcher: run it as 'mgrun -n N mgtrain "
-                "--parallel ddp ...' (or under mpirun)");
+            die("%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' (or under "
+                "mpirun)", o->mesh ? "--mesh" : "--parallel ddp",
+                o->mesh ? "--mesh dp=N" : "--parallel ddp");
         if (mg_group_init(NULL, &t->g)) die("%s", mg_last_error());
         t->rank = mg_group_rank(t->g);
         t->world = mg_group_size(t->g);
+        char spec[32];
+        snprintf(spec, sizeof spec, "dp=%d", t->world);
+        if (mg_mesh_create(t->g, o->mesh ? o->mesh : spec, &t->mesh))
+            die("--mesh: %s", mg_last_error());
+        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1 || mg_mesh_size(t->mesh, MG_MESH_PP) > 1)
+            die("--mesh %s: pipeline (pp) and tensor (tp) parallelism are not built yet; "
+                "give dp only, e.g. --mesh dp=%d", o->mesh, t->world);
         /* The checkpoint's hyper-parameters and what shapes the collectives;
          * not what each rank may choose (threads, output paths, verbosity). */
         char settings[SETTINGS_CAP], hp[512];
@@ -724,10 +742,12 @@ static void print_plan(trainer *t, int local)
 {
     mg_model *m = t->m;
     if (t->rank == 0) {
-        printf("plan: %s, strategy %s on %d rank(s), units padded to %zu floats; %zu "
+        char mesh[64] = "";
+        if (t->mesh) mg_mesh_describe(t->mesh, mesh, sizeof mesh);
+        printf("plan: %s, strategy %s on %d rank(s)%s%s, units padded to %zu floats; %zu "
                "parameters in an arena of %zu floats\n", mg_model_name(m),
-               mg_strategy_name(t->s), t->world, mg_model_unit_pad(m), mg_model_num_params(m),
-               mg_model_arena_size(m));
+               mg_strategy_name(t->s), t->world, t->mesh ? ", mesh " : "", mesh,
+               mg_model_unit_pad(m), mg_model_num_params(m), mg_model_arena_size(m));
         printf("%4s  %-16s %-12s %10s  %-22s %12s %12s %12s\n", "unit", "name", "kind",
                "params", "arena range", "fwd MFLOP", "kept KB", "out KB");
         for (int u = 0; u < mg_model_num_units(m); u++) {
@@ -760,7 +780,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
                                                   : MG_STRATEGY_SINGLE);
     so.max_batch = t->mode == MODE_DP ? o->batch : local;
     so.workers = o->workers;
-    so.group = t->g;
+    so.group = t->mesh ? mg_mesh_group(t->mesh, MG_MESH_DP) : NULL;
     so.ddp.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
     if (so.ddp.first_bucket_bytes > so.ddp.bucket_bytes)
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
@@ -1241,6 +1261,7 @@ int main(int argc, char **argv)
     mg_optim_destroy(t.opt);
     mg_strategy_destroy(t.s);
     mg_model_destroy(t.m);
+    mg_mesh_destroy(t.mesh);
     mg_group_destroy(t.g);
     return 0;
 }
