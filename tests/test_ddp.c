@@ -432,6 +432,64 @@ TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
     mg_st_close(b);
 }
 
+/* gpt-mini's blocks sit in a nested Sequential ("h"); each block is a
+ * unit, and DDP starts a bucket's all-reduce as soon as the backward of
+ * its units is done — not after the whole "h". A probe hook added after
+ * DDP's records how many buckets have started after each unit. */
+typedef struct {
+    mg_ddp *ddp;
+    int launched[8];   /* after unit i's backward */
+} probe;
+
+static void probe_done(void *ud, mg_tape *t, int unit)
+{
+    probe *p = ud;
+    if (unit < 8) p->launched[unit] = mg_ddp_launched(p->ddp);
+}
+
+static int nested_rank(int rank, int world, void *arg)
+{
+    mg_group *g = mgt_join(rank, world, *(int *)arg, NULL, 20);
+    CHECK(g);
+    mg_gpt_config c = {.layers = 2, .dim = 32, .heads = 2, .ctx = 16, .vocab = 64};
+    mg_model *m;
+    CHECK_OK(mg_model_create_gpt(&c, 0, &m));
+    CHECK_OK(mg_model_reserve(m, 2));
+    mg_ddp_options o = mg_ddp_defaults();
+    o.first_bucket_bytes = o.bucket_bytes = 1 << 10;
+    mg_ddp *ddp;
+    CHECK_OK(mg_ddp_create(g, m, &o, &ddp));
+    /* Units: embedding, h.0, h.1, ln_f, head; buckets close at h.1 (with
+     * ln_f), h.0 and the embedding. */
+    CHECK_EQ(mg_model_num_units(m), 5);
+    CHECK(strcmp(mg_model_unit(m, 2).name, "h.1") == 0);
+    CHECK_EQ(mg_ddp_num_buckets(ddp), 3);
+    probe p = {.ddp = ddp};
+    static const mg_unit_hooks probe_hooks = {.post_backward = probe_done};
+    CHECK_OK(mg_model_add_hooks(m, &probe_hooks, &p));
+    int32_t x[2 * 16], y[2 * 16];
+    for (int i = 0; i < 32; i++) x[i] = (i * 7 + rank) % 64, y[i] = (i * 5) % 64;
+    mg_model_zero_grad(m);
+    mg_model_forward_tokens(m, x, 2);
+    mg_model_loss(m, y, NULL);
+    mg_model_backward(m);
+    CHECK_EQ(p.launched[2], 1);   /* after h.1: its bucket is on its way */
+    CHECK_EQ(p.launched[1], 2);   /* after h.0 */
+    CHECK_EQ(p.launched[0], 3);
+    CHECK_OK(mg_ddp_finish(ddp));
+    mg_model_remove_hooks(m, &probe_hooks, &p);
+    mg_ddp_destroy(ddp);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(ddp_buckets_start_after_each_nested_unit, 60)
+{
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, nested_rank, &port, 40, st), 0);
+}
+
 /* A rank whose parameters receive no gradient in a step (here: it runs no
  * backward at all) still completes the step: mg_ddp_finish launches the
  * buckets the hook never reached, and the average counts its zeros. */

@@ -496,7 +496,7 @@ TEST(nn_arena_layout_and_hook_order)
     check_unit_layout(m, MG_SIMD_FLOATS);
     /* Hooks: around each unit, forward in order, backward in reverse. */
     hook_log h = {.m = m};
-    mg_model_set_hooks(m, &log_hooks, &h);
+    CHECK_OK(mg_model_add_hooks(m, &log_hooks, &h));
     float x[2 * 784];
     int32_t y[2] = {1, 7};
     for (int i = 0; i < 2 * 784; i++) x[i] = (float)((i * 37) % 101) / 101.0f;
@@ -544,7 +544,8 @@ TEST(nn_units_at_any_depth)
     CHECK_EQ(mg_model_unit(m, 2).numel, 0);
     check_unit_layout(m, MG_SIMD_FLOATS);
     hook_log h = {.m = m};
-    mg_model_set_hooks(m, &log_hooks, &h);
+    CHECK_OK(mg_model_add_hooks(m, &log_hooks, &h));
+    CHECK_EQ(mg_model_num_hooks(m), 1);
     float x[2 * 8] = {0.5f, -1, 2, 0.25f, 1, -0.5f, 3, 1, 0, 1, 2, 3, -1, -2, 0.5f, 0.75f};
     int32_t y[2] = {0, 2};
     mg_model_forward(m, x, 2);

@@ -50,11 +50,15 @@ static void fill(batches *b, mg_model *m, int n)
             else b->x[k][i] = (float)(v % 1000u) / 500.0f - 1.0f;
         }
         for (int i = 0; i < n * b->labels; i++)
-            b->y[k][i] = (int32_t)(((unsigned)i * 7u + (unsigned)k) % (unsigned)mg_model_classes(m));
+            b->y[k][i] = (int32_t)(((unsigned)i * 7u + (unsigned)k) %
+                                   (unsigned)mg_model_classes(m));
     }
 }
 
-static bool same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+static bool same(const float *a, const float *b, size_t n)
+{
+    return !memcmp(a, b, n * sizeof(float));
+}
 
 /* Forwards of several micro-batches held at once, then their backwards,
  * give what one at a time gives — bit for bit. */
@@ -136,7 +140,8 @@ static void recompute_same(mg_model *a, mg_model *b, int n)
         CHECK(loss[0] == loss[1]);
         CHECK_MSG(same(mg_model_grads(a), mg_model_grads(b), na), "%s step %d: gradients differ",
                   mg_model_name(a), s);
-        for (int i = 0; i < 2; i++) mg_optim_step(o[i], mg_model_params(m[i]), mg_model_grads(m[i]), 0.1f);
+        for (int i = 0; i < 2; i++)
+            mg_optim_step(o[i], mg_model_params(m[i]), mg_model_grads(m[i]), 0.1f);
     }
     CHECK(same(mg_model_params(a), mg_model_params(b), na));
     CHECK(same(mg_model_buffers(a), mg_model_buffers(b), mg_model_buffer_size(a)));

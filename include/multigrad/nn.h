@@ -150,15 +150,20 @@ mg_status mg_model_set_unit_pad(mg_model *m, size_t pad);
 size_t mg_model_unit_pad(const mg_model *m);
 
 /* Hooks around each unit's work, called with the tape of the pass (the
- * same thread). pre_backward runs before a recomputed forward too.
- * The table must outlive its use; NULL removes it. */
+ * same thread), table after table in the order they were added (a
+ * strategy's, a user's probe). pre_backward runs before a recomputed
+ * forward too. A table must stay valid until it is removed; at most
+ * MG_MAX_UNIT_HOOKS (MG_EINVAL beyond). */
 typedef struct mg_unit_hooks {
     void (*pre_forward)(void *ud, mg_tape *t, int unit);
     void (*post_forward)(void *ud, mg_tape *t, int unit);
     void (*pre_backward)(void *ud, mg_tape *t, int unit);
     void (*post_backward)(void *ud, mg_tape *t, int unit);
 } mg_unit_hooks;
-void mg_model_set_hooks(mg_model *m, const mg_unit_hooks *h, void *ud);
+#define MG_MAX_UNIT_HOOKS 4
+mg_status mg_model_add_hooks(mg_model *m, const mg_unit_hooks *h, void *ud);
+void mg_model_remove_hooks(mg_model *m, const mg_unit_hooks *h, void *ud);
+int mg_model_num_hooks(const mg_model *m);
 
 /* Activation recomputation: units share one block for what they keep from
  * forward to backward and run their forward again just before their

@@ -94,6 +94,8 @@ void mg_ddp_destroy(mg_ddp *d);
 void mg_ddp_set_sync(mg_ddp *d, bool sync);
 mg_status mg_ddp_finish(mg_ddp *d);
 int mg_ddp_num_buckets(const mg_ddp *d);
+/* Buckets whose all-reduce has started this step (in arena order). */
+int mg_ddp_launched(const mg_ddp *d);
 void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi);
 
 /* Communication accounting, summed over synchronised steps. */

@@ -51,8 +51,8 @@ struct mg_model {
     mg_layer **leaves;         /* layers with their own tensors, forward order */
     int n_leaves;
     int n_slots;               /* slots of a tape */
-    const mg_unit_hooks *hooks;
-    void *hooks_ud;
+    struct { const mg_unit_hooks *h; void *ud; } hooks[MG_MAX_UNIT_HOOKS];
+    int n_hooks;
     mg_ctx ctx;                /* training, dropout seed and counter */
     bool input_grad, recompute;
     unsigned layout;           /* changes when tapes must be made again */
@@ -401,11 +401,28 @@ mg_unit_info mg_model_unit(const mg_model *m, int i)
     return r;
 }
 
-void mg_model_set_hooks(mg_model *m, const mg_unit_hooks *h, void *ud)
+mg_status mg_model_add_hooks(mg_model *m, const mg_unit_hooks *h, void *ud)
 {
-    m->hooks = h;
-    m->hooks_ud = ud;
+    if (m->n_hooks == MG_MAX_UNIT_HOOKS)
+        return mg_error(MG_EINVAL, "model '%s' has %d hook tables already: remove one first",
+                        m->name, MG_MAX_UNIT_HOOKS);
+    m->hooks[m->n_hooks].h = h;
+    m->hooks[m->n_hooks++].ud = ud;
+    return MG_OK;
 }
+
+void mg_model_remove_hooks(mg_model *m, const mg_unit_hooks *h, void *ud)
+{
+    for (int i = 0; i < m->n_hooks; i++)
+        if (m->hooks[i].h == h && m->hooks[i].ud == ud) {
+            size_t after = (size_t)(m->n_hooks - i - 1);
+            memmove(&m->hooks[i], &m->hooks[i + 1], sizeof m->hooks[0] * after);
+            m->n_hooks--;
+            return;
+        }
+}
+
+int mg_model_num_hooks(const mg_model *m) { return m->n_hooks; }
 
 /* ---- Accessors ----------------------------------------------------------- */
 
@@ -673,22 +690,25 @@ static mg_ctx tape_ctx(const mg_tape *t)
     return c;
 }
 
+/* The hook tables in the order they were added. */
 static void unit_before(void *ud, int i, bool backward)
 {
     mg_tape *t = ud;
-    const mg_unit_hooks *h = t->m->hooks;
-    if (!h) return;
-    if (backward && h->pre_backward) h->pre_backward(t->m->hooks_ud, t, i);
-    if (!backward && h->pre_forward) h->pre_forward(t->m->hooks_ud, t, i);
+    for (int k = 0; k < t->m->n_hooks; k++) {
+        const mg_unit_hooks *h = t->m->hooks[k].h;
+        void (*fn)(void *, mg_tape *, int) = backward ? h->pre_backward : h->pre_forward;
+        if (fn) fn(t->m->hooks[k].ud, t, i);
+    }
 }
 
 static void unit_after(void *ud, int i, bool backward)
 {
     mg_tape *t = ud;
-    const mg_unit_hooks *h = t->m->hooks;
-    if (!h) return;
-    if (backward && h->post_backward) h->post_backward(t->m->hooks_ud, t, i);
-    if (!backward && h->post_forward) h->post_forward(t->m->hooks_ud, t, i);
+    for (int k = 0; k < t->m->n_hooks; k++) {
+        const mg_unit_hooks *h = t->m->hooks[k].h;
+        void (*fn)(void *, mg_tape *, int) = backward ? h->post_backward : h->post_forward;
+        if (fn) fn(t->m->hooks[k].ud, t, i);
+    }
 }
 
 static void check_tape(const mg_tape *t)

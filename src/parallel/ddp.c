@@ -37,7 +37,7 @@ struct mg_ddp {
     int nb;
     size_t ready;           /* gradients [0, ready) are final this step */
     int next;               /* first bucket not launched */
-    bool sync;
+    bool sync, hooked;
     mg_status err;
     mg_ddp_stats stats;
 };
@@ -152,9 +152,10 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
     }
     if (!st) {
         mg_model_set_grad_storage(m, d->grads);
-        mg_model_set_hooks(m, &ddp_hooks, d);
+        st = mg_model_add_hooks(m, &ddp_hooks, d);
+        d->hooked = !st;
         /* Every replica starts from rank 0's parameters and buffers. */
-        st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
+        if (!st) st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
         if (!st && mg_model_buffer_size(m))
             st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
     }
@@ -173,7 +174,7 @@ void mg_ddp_destroy(mg_ddp *d)
     if (d->grads) {
         /* Hand the model back its own memory before the group's goes. */
         mg_model_set_grad_storage(d->m, NULL);
-        mg_model_set_hooks(d->m, NULL, NULL);
+        if (d->hooked) mg_model_remove_hooks(d->m, &ddp_hooks, d);
         mg_group_free(d->g, d->grads);
     }
     if (d->half) mg_group_free(d->g, d->half);
@@ -184,6 +185,7 @@ void mg_ddp_destroy(mg_ddp *d)
 void mg_ddp_set_sync(mg_ddp *d, bool sync) { d->sync = sync; }
 
 int mg_ddp_num_buckets(const mg_ddp *d) { return d->nb; }
+int mg_ddp_launched(const mg_ddp *d) { return d->sync ? d->next : 0; }
 
 void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi)
 {
