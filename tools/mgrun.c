@@ -180,7 +180,7 @@ static void check_program(const char *name)
             bad_input("cannot run '%s': %s", name, strerror(errno));
         return;
     }
-    const char *path = getenv("PATH");
+    const char *path = mg_env_other("PATH");
     if (!path) path = "/usr/local/bin:/usr/bin:/bin";
     bool seen = false;
     for (const char *p = path;; ) {

@@ -100,6 +100,12 @@ mg_status mg_tunables_check(void);
 long mg_env_long(const char *name, long dflt);
 double mg_env_double(const char *name, double dflt);
 const char *mg_env_str(const char *name, const char *dflt);
+/* A variable that others define and set for us — a launcher's RANK,
+ * WORLD_SIZE, MASTER_ADDR, ..., MPI's OMPI_* and PMI*, OpenBLAS's
+ * OPENBLAS_CORETYPE, PATH — as it is (NULL: unset): read through this
+ * file too, so that src/core/param.c is the one place that reads the
+ * environment. */
+const char *mg_env_other(const char *name);
 
 /* CPUs the local ranks of this job share: MG_LOCAL_CPUS when a launcher
  * that binds its workers to CPUs of their own sets it (mgrun does), else

@@ -308,11 +308,11 @@ static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, do
     char url[600], host[256];
     int port;
     if (!strcmp(im, "env://")) {
-        const char *a = getenv("MASTER_ADDR");
+        const char *a = mg_env_other("MASTER_ADDR");
         if (!a || !*a)
             return mg_error(MG_EINVAL, "MASTER_ADDR is not set: start the ranks with a launcher "
                             "(mgrun, torchrun) or give an init method tcp://host:port");
-        MG_TRY(parse_port(getenv("MASTER_PORT"), &port));
+        MG_TRY(parse_port(mg_env_other("MASTER_PORT"), &port));
         snprintf(host, sizeof host, "%s", a);
     } else if (!strncmp(im, "tcp://", 6)) {
         MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));

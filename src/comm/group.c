@@ -38,7 +38,7 @@ const mg__backend *mg__backend_find(const char *name)
 /* An integer environment variable: 1 if set, 0 if unset, -1 if malformed. */
 static int env_int(const char *name, int *out)
 {
-    const char *s = getenv(name);
+    const char *s = mg_env_other(name);
     if (!s || !*s) return 0;
     char *end;
     errno = 0;
@@ -65,7 +65,7 @@ mg_launch mg_launch_detect(void)
         {"PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
     };
     mg_launch l = {NULL, false, -1, -1, -1, -1};
-    const char *r = getenv("RANK");
+    const char *r = mg_env_other("RANK");
     if (r && *r) {
         l.by = "RANK";
         l.rank = env_val("RANK");
@@ -74,7 +74,7 @@ mg_launch mg_launch_detect(void)
         l.local_size = env_val("LOCAL_WORLD_SIZE");
     }
     for (size_t i = 0; i < sizeof mpi / sizeof *mpi && !l.mpi; i++) {
-        const char *s = getenv(mpi[i].rank);
+        const char *s = mg_env_other(mpi[i].rank);
         if (!s || !*s) continue;
         l.mpi = true;
         if (l.by) break;   /* RANK and WORLD_SIZE are the job's (e.g. mgrun under mpirun) */
@@ -97,7 +97,8 @@ static mg_status pick(int given, const char *env, int launched, bool required, i
         return MG_OK;
     }
     int r = env_int(env, out);
-    if (r < 0) return mg_error(MG_EINVAL, "%s='%s' is not a non-negative integer", env, getenv(env));
+    if (r < 0)
+        return mg_error(MG_EINVAL, "%s='%s' is not a non-negative integer", env, mg_env_other(env));
     if (r == 0) *out = launched;
     if (*out < 0 && required)
         return mg_error(MG_EINVAL, "%s is not set: start the ranks with a launcher (mgrun, "
@@ -133,7 +134,7 @@ static mg_status mpi_launch_backend(const mg_group_options *opt, const char **na
     mg_launch l = mg_launch_detect();
     bool by_mpi = l.mpi && strcmp(l.by, "RANK");
     if (!*name) *name = by_mpi && mg__backend_find("mpi") ? "mpi" : "builtin";
-    const char *a = getenv("MASTER_ADDR");
+    const char *a = mg_env_other("MASTER_ADDR");
     if (!by_mpi || strcmp(*name, "builtin") || opt->init_method || (a && *a)) return MG_OK;
     if (!mg__backend_find("mpi"))
         return mg_error(MG_EUNSUPPORTED, "started by %s, but this build has no MPI backend: "

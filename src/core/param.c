@@ -292,6 +292,8 @@ const char *mg_env_str(const char *name, const char *dflt)
     return s ? s : dflt;
 }
 
+const char *mg_env_other(const char *name) { return getenv(name); }
+
 /* ---- the start-up check --------------------------------------------------- */
 
 extern char **environ;

@@ -108,7 +108,7 @@ static bool can_reselect(void)
 static bool select_core(const char *name)
 {
     if (!can_reselect() || core_index(name) < 0) return false;
-    const char *cur = getenv("OPENBLAS_CORETYPE");
+    const char *cur = mg_env_other("OPENBLAS_CORETYPE");
     char *saved = cur ? strdup(cur) : NULL;
     gotoblas_dynamic_quit();
     setenv("OPENBLAS_CORETYPE", name, 1);
@@ -140,7 +140,7 @@ static void kernels_init(void)
     while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
     snprintf(k->blas, sizeof k->blas, "%.*s", n, cfg);
 
-    const char *user = getenv("OPENBLAS_CORETYPE");
+    const char *user = mg_env_other("OPENBLAS_CORETYPE");
     const char *misdetect = mg_env_str("MG_BLAS_MISDETECT", NULL);
     const char *want = mg_env_str("MG_BLAS_CORE", "auto");
     if (misdetect) {

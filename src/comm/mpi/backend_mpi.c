@@ -623,7 +623,7 @@ static mpi_be *be_new(mg_group *g)
 /* What the environment or options say the world is must agree with MPI. */
 static mg_status check_world(const mg_group_options *opt, int rank, int size)
 {
-    const char *ws = getenv("WORLD_SIZE"), *rs = getenv("RANK");
+    const char *ws = mg_env_other("WORLD_SIZE"), *rs = mg_env_other("RANK");
     int want_size = opt->size >= 0 ? opt->size : ws && *ws ? atoi(ws) : -1;
     int want_rank = opt->rank >= 0 ? opt->rank : rs && *rs ? atoi(rs) : -1;
     if (want_size > 1 && size == 1)
