@@ -645,9 +645,10 @@ mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out)
     t->slot = calloc((size_t)m->n_slots, sizeof *t->slot);
     t->rerun = calloc((size_t)m->n_units, sizeof *t->rerun);
     if (!t->mem || !t->slot || !t->rerun) {
+        double mb = t->bytes / 1e6;
         mg_tape_destroy(t);
         return mg_error(MG_ENOMEM, "model '%s': cannot allocate %.1f MB of activations for "
-                        "batch %d; use a smaller batch", m->name, t->bytes / 1e6, max_batch);
+                        "batch %d; use a smaller batch", m->name, mb, max_batch);
     }
     tape_layout(m, max_batch, t->mem, t);
     mg_debug("model %s: a tape of %.1f MB for batch %d%s", m->name, t->bytes / 1e6, max_batch,
