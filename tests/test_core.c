@@ -1,4 +1,4 @@
-/* Tests of src/core: errors, arenas, the generator and permutations. */
+/* Tests of src/core: errors, the generator and permutations. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include "harness.h"
@@ -9,19 +9,6 @@ TEST(core_error_message)
     CHECK_EQ(mg_error(MG_EIO, "cannot open %s", "x.bin"), MG_EIO);
     CHECK(strcmp(mg_last_error(), "cannot open x.bin") == 0);
     CHECK(strcmp(mg_status_name(MG_ETIMEOUT), "MG_ETIMEOUT") == 0);
-}
-
-TEST(core_arena_alignment_and_bounds)
-{
-    mg_arena a;
-    CHECK_OK(mg_arena_init(&a, 1024));
-    char *p = mg_arena_push(&a, 3), *q = mg_arena_push(&a, 100);
-    CHECK(p && q && ((uintptr_t)p % MG_ALIGN) == 0 && ((uintptr_t)q % MG_ALIGN) == 0);
-    CHECK(q - p == MG_ALIGN);
-    CHECK(mg_arena_push(&a, 2000) == NULL);
-    mg_arena_reset(&a);
-    CHECK(mg_arena_push(&a, 1024) == p);
-    mg_arena_free(&a);
 }
 
 TEST(core_rng_reproducible_and_uniform)

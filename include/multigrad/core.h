@@ -23,19 +23,6 @@ void *mg_alloc(size_t bytes);
 void *mg_alloc_zero(size_t bytes);
 void mg_free(void *p);
 
-/* A bump arena: many aligned allocations, freed together. Used for
- * activations and workspaces sized once per batch shape, so the training
- * step allocates nothing. */
-typedef struct mg_arena {
-    char *base;
-    size_t cap, used, peak;
-} mg_arena;
-mg_status mg_arena_init(mg_arena *a, size_t cap);
-void mg_arena_free(mg_arena *a);
-/* Aligned to MG_ALIGN; NULL if the arena is full (caller grows and retries). */
-void *mg_arena_push(mg_arena *a, size_t bytes);
-void mg_arena_reset(mg_arena *a);
-
 /* Counter-based generator (Philox-4x32-10): the stream is a pure function
  * of (seed, counter), so runs are reproducible and a stream can be split
  * by giving each user its own seed. */
@@ -47,7 +34,6 @@ typedef struct mg_rng {
 } mg_rng;
 void mg_rng_init(mg_rng *r, uint64_t seed);
 uint32_t mg_rng_u32(mg_rng *r);
-uint64_t mg_rng_u64(mg_rng *r);
 float mg_rng_uniform(mg_rng *r);          /* [0, 1) */
 float mg_rng_normal(mg_rng *r);           /* N(0, 1), Box-Muller */
 uint32_t mg_rng_below(mg_rng *r, uint32_t n); /* uniform in [0, n), unbiased */
@@ -144,8 +130,7 @@ typedef struct mg_cpu_info {
     bool avx512_bf16;
 } mg_cpu_info;
 
-/* This CPU's registers; decoding them; this CPU's info (read once). */
-void mg_cpu_read_regs(mg_cpuid_regs *r);
+/* Decoding a CPU's registers; this CPU's info (read once). */
 void mg_cpu_decode(const mg_cpuid_regs *r, mg_cpu_info *out);
 const mg_cpu_info *mg_cpu(void);
 

@@ -1,6 +1,6 @@
-/* multigrad — float32 tensors and the kernels under every layer.
- * A tensor is a view: a pointer into an arena plus up to 4 dimensions,
- * row-major and contiguous. Kernels take outputs first, then inputs, then
+/* multigrad — the float32 kernels under every layer. A tensor is a plain
+ * pointer to row-major, contiguous data (up to MG_MAX_DIMS dimensions,
+ * passed alongside). Kernels take outputs first, then inputs, then
  * dimensions; backward kernels accumulate into parameter gradients (and
  * overwrite input gradients, which nothing else shares). Images are NCHW. */
 #ifndef MULTIGRAD_TENSOR_H
@@ -16,15 +16,6 @@ extern "C" {
 #endif
 
 #define MG_MAX_DIMS 4
-
-typedef struct mg_tensor {
-    float *data;
-    int ndim;
-    int shape[MG_MAX_DIMS];
-} mg_tensor;
-
-mg_tensor mg_tensor_view(float *data, int ndim, const int *shape);
-size_t mg_tensor_numel(const mg_tensor *t);
 
 /* BLAS threads for this process (default 1, or MG_THREADS). */
 void mg_set_threads(int n);

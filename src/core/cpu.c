@@ -62,7 +62,7 @@ void mg_cpu_decode(const mg_cpuid_regs *r, mg_cpu_info *out)
     if (BIT(d7, 24) && BIT(d7, 22) && (r->xcr0 & 0x60000) == 0x60000) out->simd = MG_SIMD_AMX;
 }
 
-void mg_cpu_read_regs(mg_cpuid_regs *r)
+static void read_regs(mg_cpuid_regs *r)
 {
     memset(r, 0, sizeof *r);
 #ifdef MG__X86
@@ -106,7 +106,7 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 static void cpu_init(void)
 {
     mg_cpuid_regs r;
-    mg_cpu_read_regs(&r);
+    read_regs(&r);
     mg_cpu_decode(&r, &this_cpu);
 }
 

@@ -37,12 +37,6 @@ uint32_t mg_rng_u32(mg_rng *r)
     return r->buf[4 - r->avail--];
 }
 
-uint64_t mg_rng_u64(mg_rng *r)
-{
-    uint64_t hi = mg_rng_u32(r);
-    return (hi << 32) | mg_rng_u32(r);
-}
-
 float mg_rng_uniform(mg_rng *r)
 {
     return (float)(mg_rng_u32(r) >> 8) * (1.0f / 16777216.0f);

@@ -1,4 +1,4 @@
-/* Tensor views, the BLAS thread setting and GEMM through OpenBLAS.
+/* The BLAS thread setting and GEMM through OpenBLAS.
  * One BLAS thread per process unless asked: data-parallel ranks, not BLAS
  * threads, use the cores. The setting is applied lazily on the first GEMM
  * (or explicitly with mg_set_threads), so MG_THREADS works without any
@@ -6,24 +6,6 @@
 #include <pthread.h>
 #include <cblas.h>
 #include "multigrad/tensor.h"
-
-mg_tensor mg_tensor_view(float *data, int ndim, const int *shape)
-{
-    MG_ASSERT(ndim >= 0 && ndim <= MG_MAX_DIMS);
-    mg_tensor t = {.data = data, .ndim = ndim};
-    for (int i = 0; i < ndim; i++) {
-        MG_ASSERT(shape[i] >= 0);
-        t.shape[i] = shape[i];
-    }
-    return t;
-}
-
-size_t mg_tensor_numel(const mg_tensor *t)
-{
-    size_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
-    return n;
-}
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int n_threads = 1;

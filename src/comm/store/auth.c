@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #include "comm/store/auth.h"
 #include <errno.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,16 +176,4 @@ int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *c
 void mg__auth_srv_busy(int fd)
 {
     (void)!send(fd, BUSY, sizeof BUSY, MSG_DONTWAIT | MSG_NOSIGNAL);
-}
-
-mg_status mg__auth_server(int fd, const char *secret, const char *ctx, double deadline)
-{
-    mg__auth_srv a;
-    MG_TRY(mg__auth_srv_begin(&a, fd));
-    for (;;) {
-        int r = mg__auth_srv_step(&a, fd, secret, ctx);
-        if (r > 0) return MG_OK;
-        if (r < 0) return mg_error(MG_EAUTH, "a %s connection failed authentication", ctx);
-        MG_TRY(mg__sock_wait(fd, POLLIN, deadline, "authentication"));
-    }
 }

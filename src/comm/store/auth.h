@@ -48,8 +48,6 @@ mg_status mg__auth_srv_begin(mg__auth_srv *a, int fd);
 int mg__auth_srv_step(mg__auth_srv *a, int fd, const char *secret, const char *ctx);
 /* Turn away a connection still authenticating: it may try again. */
 void mg__auth_srv_busy(int fd);
-/* Blocking server side. */
-mg_status mg__auth_server(int fd, const char *secret, const char *ctx, double deadline);
 
 /* HMAC-SHA256 of msg keyed with the secret (empty allowed). */
 void mg__hmac(uint8_t out[32], const char *secret, const void *msg, size_t n);
