@@ -19,8 +19,10 @@
 extern "C" {
 #endif
 
-typedef enum { MG_ST_F32, MG_ST_F64, MG_ST_F16, MG_ST_BF16, MG_ST_I32,
-               MG_ST_I64, MG_ST_U8 } mg_st_dtype;
+/* The element types (core.h's) under the names this API has always had. */
+typedef enum { MG_ST_F32 = MG_F32, MG_ST_F64 = MG_F64, MG_ST_F16 = MG_F16,
+               MG_ST_BF16 = MG_BF16, MG_ST_I32 = MG_I32, MG_ST_I64 = MG_I64,
+               MG_ST_U8 = MG_U8 } mg_st_dtype;
 
 typedef struct mg_st_tensor {
     const char *name;

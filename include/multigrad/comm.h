@@ -38,12 +38,8 @@
 extern "C" {
 #endif
 
-typedef enum { MG_F32, MG_F64, MG_F16, MG_BF16, MG_I32, MG_I64, MG_U8,
-               MG_DTYPE_COUNT } mg_dtype;
 typedef enum { MG_SUM, MG_PROD, MG_MIN, MG_MAX, MG_AVG, MG_OP_COUNT } mg_op;
 
-size_t mg_dtype_size(mg_dtype t);
-const char *mg_dtype_name(mg_dtype t);
 const char *mg_op_name(mg_op op);
 
 /* f32 <-> f16/bf16 (round to nearest even), e.g. to compress gradients. */

@@ -23,6 +23,13 @@ void *mg_alloc(size_t bytes);
 void *mg_alloc_zero(size_t bytes);
 void mg_free(void *p);
 
+/* Element types of buffers (communication) and files (safetensors). */
+typedef enum { MG_F32, MG_F64, MG_F16, MG_BF16, MG_I32, MG_I64, MG_U8,
+               MG_DTYPE_COUNT } mg_dtype;
+/* Bytes per element (0 out of range) and the name, "f32" ("?"). */
+size_t mg_dtype_size(mg_dtype t);
+const char *mg_dtype_name(mg_dtype t);
+
 /* Counter-based generator (Philox-4x32-10): the stream is a pure function
  * of (seed, counter), so runs are reproducible and a stream can be split
  * by giving each user its own seed. */

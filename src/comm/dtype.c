@@ -1,19 +1,7 @@
-/* Names and sizes of the communication enums (comm.h). Out-of-range
- * values give "?" (names) or 0 (sizes) rather than reading past a table:
- * these are also used on values received from peers. */
+/* Names of the communication enums (comm.h; element types are core's).
+ * Out-of-range values give "?" rather than reading past a table: these
+ * are also used on values received from peers. */
 #include "multigrad/comm.h"
-
-size_t mg_dtype_size(mg_dtype t)
-{
-    static const size_t sz[MG_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1};
-    return (unsigned)t < MG_DTYPE_COUNT ? sz[t] : 0;
-}
-
-const char *mg_dtype_name(mg_dtype t)
-{
-    static const char *n[MG_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
-    return (unsigned)t < MG_DTYPE_COUNT ? n[t] : "?";
-}
 
 const char *mg_op_name(mg_op op)
 {

@@ -40,28 +40,22 @@
 #define MAX_NDIM MG__ST_MAX_NDIM
 #define CRC_KEY "multigrad.crc32"
 
-const char *const mg__st_dtype_names[MG__ST_NUM_DTYPES] = {"F32", "F64", "F16", "BF16", "I32",
-                                                           "I64", "U8"};
-static const size_t dtype_sizes[] = {4, 8, 2, 2, 4, 8, 1};
-#define dtype_names mg__st_dtype_names
-#define NUM_DTYPES MG__ST_NUM_DTYPES
-
 const char *mg_st_dtype_name(mg_st_dtype d)
 {
-    MG_ASSERT((unsigned)d < NUM_DTYPES);
-    return dtype_names[d];
+    MG_ASSERT((unsigned)d < MG_DTYPE_COUNT);
+    return mg__dtypes[d].st_name;
 }
 
 size_t mg_st_dtype_size(mg_st_dtype d)
 {
-    MG_ASSERT((unsigned)d < NUM_DTYPES);
-    return dtype_sizes[d];
+    MG_ASSERT((unsigned)d < MG_DTYPE_COUNT);
+    return mg__dtypes[d].size;
 }
 
 /* dtype size * product of shape, or false on overflow. */
 static bool tensor_bytes(mg_st_dtype d, int ndim, const int64_t *shape, uint64_t *out)
 {
-    uint64_t n = dtype_sizes[d];
+    uint64_t n = mg_st_dtype_size(d);
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return false;
         uint64_t s = (uint64_t)shape[i];
@@ -138,7 +132,7 @@ static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int n
     for (int i = 0; i < n; i++) {
         const mg_st_tensor *t = sorted[i];
         crc = crc_str(crc, t->name);
-        crc = crc_str(crc, dtype_names[t->dtype]);
+        crc = crc_str(crc, mg_st_dtype_name(t->dtype));
         for (int d = 0; d < t->ndim; d++) {
             snprintf(dims, sizeof dims, "%lld,", (long long)t->shape[d]);
             crc = crc32_z(crc, (const Bytef *)dims, strlen(dims));
@@ -202,7 +196,7 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
         uint64_t nb;
         if (!t[i].name || !t[i].name[0] || !strcmp(t[i].name, "__metadata__"))
             return mg_error(MG_EINVAL, "%s: tensor %d has no usable name", path, i);
-        if ((unsigned)t[i].dtype >= NUM_DTYPES || t[i].ndim < 0 || t[i].ndim > MAX_NDIM ||
+        if ((unsigned)t[i].dtype >= MG_DTYPE_COUNT || t[i].ndim < 0 || t[i].ndim > MAX_NDIM ||
             !tensor_bytes(t[i].dtype, t[i].ndim, t[i].shape, &nb) || nb != t[i].nbytes ||
             (nb && !t[i].data))
             return mg_error(MG_EINVAL, "%s: tensor '%s': dtype, shape and %zu data bytes "
@@ -255,7 +249,7 @@ static mg_status build_header(const mg_st_tensor *t, int n, const char *const *m
         puts_(h, ",");
         put_json_str(h, t[i].name);
         puts_(h, ":{\"dtype\":\"");
-        puts_(h, dtype_names[t[i].dtype]);
+        puts_(h, mg_st_dtype_name(t[i].dtype));
         puts_(h, "\",\"shape\":[");
         for (int d = 0; d < t[i].ndim; d++) {
             snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
@@ -319,7 +313,8 @@ static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, u
         if (!tensor_bytes(t->dtype, t->ndim, t->shape, &nb) || e < b || e - b != nb)
             return mg_error(MG_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not "
                             "hold a %s tensor of its shape: the file is damaged", path, t->name,
-                            (unsigned long long)b, (unsigned long long)e, dtype_names[t->dtype]);
+                            (unsigned long long)b, (unsigned long long)e,
+                            mg_st_dtype_name(t->dtype));
         if (e > dlen)
             return mg_error(MG_EFORMAT, "%s: tensor '%s' ends at data byte %llu but the file "
                             "has %llu data bytes: the file is truncated", path, t->name,

@@ -6,11 +6,10 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "core/dtype.h"
 #include "multigrad/checkpoint.h"
 
-#define MG__ST_NUM_DTYPES 7
 #define MG__ST_MAX_NDIM 8
-extern const char *const mg__st_dtype_names[MG__ST_NUM_DTYPES];
 
 struct mg_st_file {
     uint8_t *buf;          /* the whole file */

@@ -11,8 +11,6 @@
 #include <string.h>
 #include "st_internal.h"
 
-#define dtype_names mg__st_dtype_names
-#define NUM_DTYPES MG__ST_NUM_DTYPES
 #define MAX_NDIM MG__ST_MAX_NDIM
 
 typedef struct {
@@ -222,8 +220,8 @@ static bool parse_tensor(parser *ps, mg_st_tensor *t, uint64_t off[2])
             const char *d = parse_string(ps);
             if (!d) return false;
             int i = 0;
-            while (i < NUM_DTYPES && strcmp(d, dtype_names[i])) i++;
-            if (i == NUM_DTYPES)
+            while (i < MG_DTYPE_COUNT && strcmp(d, mg__dtypes[i].st_name)) i++;
+            if (i == MG_DTYPE_COUNT)
                 return fail(ps, "unsupported dtype (F32, F64, F16, BF16, I32, I64, U8 are read)");
             t->dtype = (mg_st_dtype)i;
             have_dtype = true;
