@@ -406,6 +406,16 @@ static int async_rank(int rank, int n, void *arg)
     CHECK_ERR(mg_broadcast_async(g, &y, 1, MG_I32, n + 3, &bad), MG_EINVAL);
     CHECK(bad == NULL);
     CHECK_ERR(mg_all_reduce(g, &y, &y, 1, (mg_dtype)99, MG_SUM), MG_EINVAL);
+    /* So does a NULL buffer this rank would read or write (each rank its
+     * own root here: nothing is sent)... */
+    CHECK_ERR(mg_all_reduce_async(g, NULL, &y, 1, MG_I32, MG_SUM, &bad), MG_EINVAL);
+    CHECK(bad == NULL && strstr(mg_last_error(), "all_reduce: NULL send buffer on rank"));
+    CHECK_ERR(mg_gather(g, &y, NULL, 1, MG_I32, rank), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "gather: NULL receive buffer on rank"));
+    /* ... but not one it leaves alone: reduce writes only the root's. */
+    int32_t sum = 0;
+    CHECK_OK(mg_reduce(g, &y, rank == 0 ? &sum : NULL, 1, MG_I32, MG_SUM, 0));
+    CHECK_EQ(sum, rank == 0 ? n * y : 0);
     CHECK_OK(smoke(g));
     mg_group_destroy(g);
     return 0;

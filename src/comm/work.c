@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include "comm/backend.h"
+#include "comm/call.h"
 #include "multigrad/core.h"
 
 enum { W_QUEUED, W_RUNNING, W_DONE };
@@ -181,36 +182,7 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-/* ---- validation and issue ------------------------------------------------ */
-
-static bool rooted(mg_coll c)
-{
-    return c == MG_COLL_BROADCAST || c == MG_COLL_REDUCE || c == MG_COLL_GATHER ||
-           c == MG_COLL_SCATTER;
-}
-
-static mg_status validate(const mg_group *g, const mg_call *c)
-{
-    if ((unsigned)c->coll >= MG_COLL_COUNT)
-        return mg_error(MG_EINVAL, "operation %d is not an mg_coll", (int)c->coll);
-    const char *name = mg_coll_name(c->coll);
-    if (c->coll == MG_COLL_BARRIER) return MG_OK;
-    if ((unsigned)c->dtype >= MG_DTYPE_COUNT)
-        return mg_error(MG_EINVAL, "%s: unknown dtype %d", name, (int)c->dtype);
-    if ((unsigned)c->op >= MG_OP_COUNT)
-        return mg_error(MG_EINVAL, "%s: unknown reduction op %d", name, (int)c->op);
-    bool p2p = c->coll == MG_COLL_SEND || c->coll == MG_COLL_RECV;
-    if ((rooted(c->coll) || p2p) && (c->root < 0 || c->root >= g->size))
-        return mg_error(MG_EINVAL, "%s: %s %d is outside [0, %d)", name, p2p ? "peer" : "root",
-                        c->root, g->size);
-    size_t es = mg_dtype_size(c->dtype);
-    if (c->count > SIZE_MAX / es / (size_t)g->size)
-        return mg_error(MG_EINVAL, "%s: count %zu overflows the address space", name, c->count);
-    if (c->count && ((c->coll == MG_COLL_SEND && !c->sendbuf) ||
-                     (c->coll == MG_COLL_RECV && !c->recvbuf)))
-        return mg_error(MG_EINVAL, "%s: NULL buffer for %zu elements", name, c->count);
-    return MG_OK;
-}
+/* ---- issue --------------------------------------------------------------- */
 
 static void make_req(mg_group *g, const mg_call *c, mg__req *r)
 {
@@ -268,7 +240,7 @@ mg_status mg__run_req(mg_group *g, mg__req *r) { return run_req(g, r); }
 
 mg_status mg_run(mg_group *g, const mg_call *c)
 {
-    MG_TRY(validate(g, c));
+    MG_TRY(mg__call_check(c, g->rank, g->size));
     mg__req r;
     make_req(g, c, &r);
     return run_req(g, &r);
@@ -277,7 +249,7 @@ mg_status mg_run(mg_group *g, const mg_call *c)
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
 {
     *out = NULL;
-    MG_TRY(validate(g, c));
+    MG_TRY(mg__call_check(c, g->rank, g->size));
     if (atomic_load(&g->failed)) return failed_error(g);
     struct mg_work *w = calloc(1, sizeof *w);
     if (!w) return mg_error(MG_ENOMEM, "mg_start: out of memory");

@@ -1,6 +1,7 @@
-/* The collective dispatcher: mg__coll_run validates an operation, resolves
- * the in-place conventions of coll.h into the few shapes the algorithms
- * accept (copying through a temporary where a caller's buffers overlap in
+/* The collective dispatcher: mg__coll_run takes an operation the group
+ * checked when it was issued (mg__call_check), resolves the in-place
+ * conventions of coll.h into the few shapes the algorithms accept
+ * (copying through a temporary where a caller's buffers overlap in
  * another way), handles the trivial cases (count 0, one rank), picks the
  * algorithm (argument, MG_ALGO, or select.c's cost model) and calls it.
  * Also: algorithm names, scratch memory kept between operations, rank
@@ -174,37 +175,6 @@ static int overlaps(const void *a, size_t an, const void *b, size_t bn)
     return x < y + bn && y < x + an;
 }
 
-static int rooted(mg_coll c)
-{
-    return c == MG_COLL_BROADCAST || c == MG_COLL_REDUCE || c == MG_COLL_GATHER ||
-           c == MG_COLL_SCATTER;
-}
-
-static mg_status validate(const mg__p2p *p, const mg_call *c)
-{
-    const char *name = coll_str(c->coll);
-    if ((unsigned)c->coll > MG_COLL_BARRIER)
-        return mg_error(MG_EINVAL, "collective: operation %d is not a collective "
-                        "(send and recv are carried by the group)", (int)c->coll);
-    if (c->coll == MG_COLL_BARRIER) return MG_OK;
-    if ((unsigned)c->dtype >= MG_DTYPE_COUNT)
-        return mg_error(MG_EINVAL, "%s: unknown dtype %d", name, (int)c->dtype);
-    if ((unsigned)c->op >= MG_OP_COUNT)
-        return mg_error(MG_EINVAL, "%s: unknown op %d", name, (int)c->op);
-    if (rooted(c->coll) && (c->root < 0 || c->root >= p->size))
-        return mg_error(MG_EINVAL, "%s: root %d is outside [0, %d)", name, c->root, p->size);
-    if (!c->count) return MG_OK;
-    int root = c->root == p->rank;
-    int need_send = c->coll != MG_COLL_BROADCAST && (c->coll != MG_COLL_SCATTER || root);
-    int need_recv = c->coll == MG_COLL_BROADCAST ||
-                    ((c->coll != MG_COLL_REDUCE && c->coll != MG_COLL_GATHER) || root);
-    if ((need_send && !c->sendbuf) || (need_recv && !c->recvbuf) ||
-        (c->coll == MG_COLL_BROADCAST && root && !c->sendbuf))
-        return mg_error(MG_EINVAL, "%s: NULL buffer on rank %d for %zu elements",
-                        name, p->rank, c->count);
-    return MG_OK;
-}
-
 static mg_status run_algo(mg__op *o, mg__algo a)
 {
     algo_fn f = table[a][o->coll];
@@ -228,7 +198,7 @@ static mg__algo choose(mg__p2p *p, const mg_call *c, mg__algo algo)
 mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
 {
     MG_ASSERT(p && c && p->size >= 1 && p->rank >= 0 && p->rank < p->size);
-    MG_TRY(validate(p, c));
+    MG_ASSERT((unsigned)c->coll <= MG_COLL_BARRIER);
     if (c->coll != MG_COLL_BARRIER && !c->count) return MG_OK;
 
     mg__op o = {

@@ -119,7 +119,8 @@ int mg__algo_parse(const char *name);
 mg__algo mg__algo_forced(void);
 
 /* Run one operation (any mg_coll but SEND/RECV, which the group carries
- * itself). count/dtype/op/root as in mg_call; sendbuf already resolved
+ * itself), its arguments checked by the group (mg__call_check in
+ * comm/call.h). count/dtype/op/root as in mg_call; sendbuf already resolved
  * (never MG_IN_PLACE: the group passes recvbuf for in place, as sendbuf ==
  * recvbuf). algo MG_ALGO_AUTO lets select.c choose from its cost model
  * (MG_ALGO in the environment forces one); an algorithm that cannot run
