@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <openssl/rand.h>
 #include "comm/builtin.h"
+#include "comm/call.h"
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
@@ -539,7 +540,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
     if (st && !r->rejected) {
         char d[200];
-        mg__bi_describe_p2p(r, d, sizeof d);
+        mg__call_describe_p2p(&r->c, r->seq, d, sizeof d);
         return fail_with(st, d, g->rank);
     }
     return st;

@@ -86,7 +86,5 @@ void mg__bi_free_unexpected(mg__bi *b);
  * frames on quiet TCP channels, the shared-memory counter). Called by
  * the thread that holds the group: often, it costs a clock read. */
 void mg__bi_beat(mg__bi *b);
-/* "send #3 to rank 1 (100 x f32, tag 7) at a.c:12" */
-void mg__bi_describe_p2p(const mg__req *r, char *buf, size_t n);
 
 #endif

@@ -3,6 +3,8 @@
  * Out-of-range values give "?" rather than reading past a table: these
  * are also used on values received from peers. */
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include "comm/call.h"
 
 const char *mg_op_name(mg_op op)
@@ -17,6 +19,12 @@ const char *mg_coll_name(mg_coll c)
         "broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
         "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
     return (unsigned)c < MG_COLL_COUNT ? n[c] : "?";
+}
+
+bool mg__coll_rooted(mg_coll c)
+{
+    return c == MG_COLL_BROADCAST || c == MG_COLL_REDUCE || c == MG_COLL_GATHER ||
+           c == MG_COLL_SCATTER;
 }
 
 /* Which of its buffers a rank uses: broadcast and scatter read sendbuf at
@@ -44,9 +52,7 @@ mg_status mg__call_check(const mg_call *c, int rank, int size)
     if ((unsigned)c->op >= MG_OP_COUNT)
         return mg_error(MG_EINVAL, "%s: unknown reduction op %d", name, (int)c->op);
     bool p2p = c->coll == MG_COLL_SEND || c->coll == MG_COLL_RECV;
-    bool rooted = c->coll == MG_COLL_BROADCAST || c->coll == MG_COLL_REDUCE ||
-                  c->coll == MG_COLL_GATHER || c->coll == MG_COLL_SCATTER;
-    if ((rooted || p2p) && (c->root < 0 || c->root >= size))
+    if ((mg__coll_rooted(c->coll) || p2p) && (c->root < 0 || c->root >= size))
         return mg_error(MG_EINVAL, "%s: %s %d is outside [0, %d)", name, p2p ? "peer" : "root",
                         c->root, size);
     if (c->count > SIZE_MAX / mg_dtype_size(c->dtype) / (size_t)size)
@@ -60,4 +66,20 @@ mg_status mg__call_check(const mg_call *c, int rank, int size)
         return mg_error(MG_EINVAL, "%s: NULL %s buffer on rank %d for %zu elements", name, which,
                         rank, c->count);
     return MG_OK;
+}
+
+bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+    if (!a || !b || !an || !bn) return false;
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bn && y < x + an;
+}
+
+void mg__call_describe_p2p(const mg_call *c, uint64_t seq, char *buf, size_t n)
+{
+    const char *f = c->file ? strrchr(c->file, '/') : NULL;
+    f = f ? f + 1 : c->file ? c->file : "?";
+    snprintf(buf, n, "%s #%llu %s rank %d (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
+             (unsigned long long)seq, c->coll == MG_COLL_SEND ? "to" : "from", c->root,
+             c->count, mg_dtype_name(c->dtype), c->tag, f, c->line);
 }

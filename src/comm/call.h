@@ -14,4 +14,12 @@
  * with one line naming the operation and the argument otherwise. */
 mg_status mg__call_check(const mg_call *c, int rank, int size);
 
+/* Broadcast, reduce, gather and scatter: the collectives with a root. */
+bool mg__coll_rooted(mg_coll c);
+/* Whether [a, a + an) and [b, b + bn) share a byte (NULL or empty: no). */
+bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn);
+/* A send or receive, the seq-th to (from) its peer, for messages:
+ * "send #3 to rank 1 (100 x f32, tag 7) at a.c:12". */
+void mg__call_describe_p2p(const mg_call *c, uint64_t seq, char *buf, size_t n);
+
 #endif

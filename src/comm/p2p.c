@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "comm/builtin.h"
+#include "comm/call.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
 
@@ -122,16 +123,6 @@ static int link_broken(mg__bi *b, mg__link *l)
     return -1;
 }
 
-void mg__bi_describe_p2p(const mg__req *r, char *buf, size_t n)
-{
-    const mg_call *c = &r->c;
-    const char *f = c->file ? strrchr(c->file, '/') : NULL;
-    f = f ? f + 1 : c->file ? c->file : "?";
-    snprintf(buf, n, "%s #%llu %s rank %d (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
-             (unsigned long long)r->seq, c->coll == MG_COLL_SEND ? "to" : "from", c->root,
-             c->count, mg_dtype_name(c->dtype), c->tag, f, c->line);
-}
-
 static void describe_frame_p2p(const mg__fp *h, int peer, char *buf, size_t n)
 {
     char file[sizeof h->file + 1];
@@ -174,7 +165,7 @@ static int claim(mg__bi *b, mg__link *l, want *w)
         if (w && w->kind == WANT_P2P && h->root == w->tag) {
             if (h->len != w->n) {
                 describe_frame_p2p(h, peer, d1, sizeof d1);
-                mg__bi_describe_p2p(w->req, d2, sizeof d2);
+                mg__call_describe_p2p(&w->req->c, w->req->seq, d2, sizeof d2);
                 return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s "
                                              "does not fit this rank's %s; send and receive "
                                              "counts and dtypes must match", peer, d1, d2));
@@ -281,7 +272,7 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
                 if (um->h.len != w->n) {
                     char d1[200], d2[200];
                     describe_frame_p2p(&um->h, l->ch.peer, d1, sizeof d1);
-                    mg__bi_describe_p2p(w->req, d2, sizeof d2);
+                    mg__call_describe_p2p(&w->req->c, w->req->seq, d2, sizeof d2);
                     b->ubytes -= um->h.len;
                     free(um);
                     return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's "
@@ -602,7 +593,7 @@ mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
         if (um->h.len != n) {
             char d1[200], d2[200];
             describe_frame_p2p(&um->h, peer, d1, sizeof d1);
-            mg__bi_describe_p2p(r, d2, sizeof d2);
+            mg__call_describe_p2p(&r->c, r->seq, d2, sizeof d2);
             return mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s does not fit this "
                             "rank's %s; send and receive counts and dtypes must match", peer, d1, d2);
         }

@@ -11,6 +11,7 @@
  * docs/algorithms.md lists (e.g. rd gather -> binomial tree). */
 #include <pthread.h>
 #include <stdlib.h>
+#include "comm/call.h"
 #include "comm/coll/algos.h"
 
 static const char *algo_names[MG_ALGO_COUNT] = {"auto", "ring", "rd", "tree", "shm"};
@@ -26,14 +27,6 @@ int mg__algo_parse(const char *name)
     for (int a = 0; a < MG_ALGO_COUNT; a++)
         if (!strcmp(name, algo_names[a])) return a;
     return -1;
-}
-
-static const char *coll_str(mg_coll c)
-{
-    static const char *n[MG_COLL_COUNT] = {
-        "broadcast", "reduce", "all_reduce", "all_gather", "gather", "scatter",
-        "reduce_scatter", "all_to_all", "barrier", "send", "recv"};
-    return (unsigned)c < MG_COLL_COUNT ? n[c] : "?";
 }
 
 /* ---- tunables ----------------------------------------------------------- */
@@ -85,7 +78,7 @@ void *mg__op_scratch(mg__op *o, size_t bytes)
     p->scratch_bytes = p->scratch ? bytes : 0;
     if (!p->scratch)
         mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes of scratch on rank %d",
-                 coll_str(o->coll), bytes, o->rank);
+                 mg_coll_name(o->coll), bytes, o->rank);
     return p->scratch;
 }
 
@@ -168,13 +161,6 @@ static const algo_fn table[MG_ALGO_COUNT][MG_COLL_BARRIER + 1] = {
         [MG_COLL_BARRIER] = mg__shm_barrier},
 };
 
-static int overlaps(const void *a, size_t an, const void *b, size_t bn)
-{
-    if (!a || !b || !an || !bn) return 0;
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + bn && y < x + an;
-}
-
 static mg_status run_algo(mg__op *o, mg__algo a)
 {
     algo_fn f = table[a][o->coll];
@@ -188,7 +174,7 @@ static mg__algo choose(mg__p2p *p, const mg_call *c, mg__algo algo)
     if (algo == MG_ALGO_SHM && !p->shm) {
         mg__algo best = mg__coll_select(p, c);
         mg_debug("%s: algorithm shm needs all ranks on one host with shared memory; "
-                 "using %s", coll_str(c->coll), mg__algo_name(best));
+                 "using %s", mg_coll_name(c->coll), mg__algo_name(best));
         return best;
     }
     if (algo == MG_ALGO_AUTO || (unsigned)algo >= MG_ALGO_COUNT) return mg__coll_select(p, c);
@@ -227,30 +213,30 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
     case MG_COLL_ALL_REDUCE:
     case MG_COLL_REDUCE:
         if (o.sbuf != o.rbuf && (o.coll == MG_COLL_ALL_REDUCE || me_root) &&
-            overlaps(o.sbuf, blk, o.rbuf, blk))
+            mg__overlaps(o.sbuf, blk, o.rbuf, blk))
             in_bytes = blk;
         break;
     case MG_COLL_ALL_GATHER:
     case MG_COLL_GATHER:
         if (o.coll == MG_COLL_ALL_GATHER || me_root) {
             if (o.sbuf == o.rbuf) o.sbuf = o.rbuf + (size_t)o.rank * blk;
-            if (o.sbuf != o.rbuf + (size_t)o.rank * blk && overlaps(o.sbuf, blk, o.rbuf, all))
+            if (o.sbuf != o.rbuf + (size_t)o.rank * blk && mg__overlaps(o.sbuf, blk, o.rbuf, all))
                 in_bytes = blk;
         }
         break;
     case MG_COLL_SCATTER:
         if (me_root) {
             if (o.rbuf == o.sbuf) o.rbuf = (char *)o.sbuf + (size_t)o.root * blk;
-            if (o.rbuf != o.sbuf + (size_t)o.root * blk && overlaps(o.sbuf, all, o.rbuf, blk))
+            if (o.rbuf != o.sbuf + (size_t)o.root * blk && mg__overlaps(o.sbuf, all, o.rbuf, blk))
                 out_bytes = blk;
         }
         break;
     case MG_COLL_REDUCE_SCATTER:
-        if (o.rbuf != o.sbuf + (size_t)o.rank * blk && overlaps(o.sbuf, all, o.rbuf, blk))
+        if (o.rbuf != o.sbuf + (size_t)o.rank * blk && mg__overlaps(o.sbuf, all, o.rbuf, blk))
             out_bytes = blk;
         break;
     case MG_COLL_ALL_TO_ALL:
-        if (overlaps(o.sbuf, all, o.rbuf, all)) in_bytes = all;
+        if (mg__overlaps(o.sbuf, all, o.rbuf, all)) in_bytes = all;
         break;
     default:
         break;
@@ -258,7 +244,7 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
     if (in_bytes) {
         if (!(tmp_in = mg_alloc(in_bytes)))
             return mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to copy an "
-                            "overlapping input", coll_str(o.coll), in_bytes);
+                            "overlapping input", mg_coll_name(o.coll), in_bytes);
         memcpy(tmp_in, o.sbuf, in_bytes);
         o.sbuf = tmp_in;
     }
@@ -266,7 +252,7 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
         if (!(tmp_out = mg_alloc(out_bytes))) {
             mg_free(tmp_in);
             return mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes for an output "
-                            "that overlaps the input", coll_str(o.coll), out_bytes);
+                            "that overlaps the input", mg_coll_name(o.coll), out_bytes);
         }
         final_out = o.rbuf;
         o.rbuf = tmp_out;

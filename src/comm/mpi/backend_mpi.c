@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "comm/mpi/backend_mpi.h"
+#include "comm/call.h"
 #include "comm/coll/coll.h"
 #include "comm/transport/transport.h"
 #include "multigrad/core.h"
@@ -353,18 +354,7 @@ static void describe(const mg__req *r, char *buf, size_t n)
         mg__fp_describe(&fp, buf, n);
         return;
     }
-    const char *f = c->file ? strrchr(c->file, '/') : NULL;
-    f = f ? f + 1 : c->file ? c->file : "?";
-    snprintf(buf, n, "%s #%llu %s rank %d (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
-             (unsigned long long)r->seq, c->coll == MG_COLL_SEND ? "to" : "from", c->root,
-             c->count, mg_dtype_name(c->dtype), c->tag, f, c->line);
-}
-
-static int overlaps(const void *a, size_t an, const void *b, size_t bn)
-{
-    if (!a || !b || !an || !bn) return 0;
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + bn && y < x + an;
+    mg__call_describe_p2p(c, r->seq, buf, n);
 }
 
 static void *scratch(mpi_be *m, size_t bytes)
@@ -455,7 +445,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
         if (c->coll == MG_COLL_REDUCE && !root) break;
         if (sb == rb) {
             sb = MPI_IN_PLACE;
-        } else if (overlaps(sb, blk, rb, blk)) {
+        } else if (mg__overlaps(sb, blk, rb, blk)) {
             void *t = scratch(m, blk);
             if (!t) return MG_ENOMEM;
             memcpy(t, sb, blk);
@@ -466,7 +456,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
         if (c->coll == MG_COLL_GATHER && !root) break;
         if (sb == rb || sb == (char *)rb + (size_t)me * blk) {
             sb = MPI_IN_PLACE;
-        } else if (overlaps(sb, blk, rb, all)) {
+        } else if (mg__overlaps(sb, blk, rb, all)) {
             void *t = scratch(m, blk);
             if (!t) return MG_ENOMEM;
             memcpy(t, sb, blk);
@@ -477,7 +467,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
         if (!root) break;
         if (sb == rb || rb == (const char *)sb + (size_t)me * blk) {
             rb = MPI_IN_PLACE;
-        } else if (overlaps(sb, all, rb, blk)) {
+        } else if (mg__overlaps(sb, all, rb, blk)) {
             final_out = rb;
             out_bytes = blk;
             if (!(rb = scratch(m, blk))) return MG_ENOMEM;
@@ -486,7 +476,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
     case MG_COLL_REDUCE_SCATTER:
         if (rb == sb) {
             sb = MPI_IN_PLACE;     /* input in rb, result at its start (MPI's form) */
-        } else if (overlaps(sb, all, rb, blk)) {
+        } else if (mg__overlaps(sb, all, rb, blk)) {
             final_out = rb;        /* e.g. NCCL's form, rb == sb + me * blk */
             out_bytes = blk;
             if (!(rb = scratch(m, blk))) return MG_ENOMEM;
@@ -495,7 +485,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
     case MG_COLL_ALL_TO_ALL:
         if (sb == rb) {
             sb = MPI_IN_PLACE;
-        } else if (overlaps(sb, all, rb, all)) {
+        } else if (mg__overlaps(sb, all, rb, all)) {
             void *t = scratch(m, all);
             if (!t) return MG_ENOMEM;
             memcpy(t, sb, all);

@@ -4,18 +4,13 @@
  * disagree. Descriptions sanitise what peers sent: a header is never
  * trusted to be well-formed text. */
 #include "comm/transport/transport.h"
+#include "comm/call.h"
 #include <stdio.h>
 #include <string.h>
 
 static bool has_op(int c)
 {
     return c == MG_COLL_REDUCE || c == MG_COLL_ALL_REDUCE || c == MG_COLL_REDUCE_SCATTER;
-}
-
-static bool has_root(int c)
-{
-    return c == MG_COLL_BROADCAST || c == MG_COLL_REDUCE || c == MG_COLL_GATHER ||
-           c == MG_COLL_SCATTER;
 }
 
 void mg__fp_make(mg__fp *fp, const mg_call *c, uint64_t seq, int algo)
@@ -30,7 +25,7 @@ void mg__fp_make(mg__fp *fp, const mg_call *c, uint64_t seq, int algo)
         fp->count = c->count;
     }
     if (has_op(c->coll)) fp->op = (uint8_t)c->op;
-    if (has_root(c->coll)) fp->root = c->root;
+    if (mg__coll_rooted(c->coll)) fp->root = c->root;
     fp->seq = seq;
     fp->line = (uint32_t)(c->line > 0 ? c->line : 0);
     if (c->file) {
@@ -71,7 +66,7 @@ void mg__fp_describe(const mg__fp *fp, char *buf, size_t n)
     char extra[64] = "";
     if (has_op(fp->coll))
         snprintf(extra, sizeof extra, ", %s", fp->op < MG_OP_COUNT ? mg_op_name((mg_op)fp->op) : "?");
-    else if (has_root(fp->coll))
+    else if (mg__coll_rooted(fp->coll))
         snprintf(extra, sizeof extra, ", root %d", fp->root);
     if (fp->coll == MG__COLL_ALLOC)
         snprintf(buf, n, "%s #%llu (%llu bytes)", cn, (unsigned long long)fp->seq,
