@@ -63,8 +63,8 @@ void ct_put(void *buf, size_t i, mg_dtype t, double v)
     switch (t) {
     case MG_F32: ((float *)buf)[i] = (float)v; break;
     case MG_F64: ((double *)buf)[i] = v; break;
-    case MG_F16: ((uint16_t *)buf)[i] = mg__f32_to_f16((float)v); break;
-    case MG_BF16: ((uint16_t *)buf)[i] = mg__f32_to_bf16((float)v); break;
+    case MG_F16: ((uint16_t *)buf)[i] = mg_f32_to_f16((float)v); break;
+    case MG_BF16: ((uint16_t *)buf)[i] = mg_f32_to_bf16((float)v); break;
     case MG_I32: ((int32_t *)buf)[i] = (int32_t)(long long)v; break;
     case MG_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
     default: ((uint8_t *)buf)[i] = (uint8_t)(long long)v; break;
@@ -76,8 +76,8 @@ double ct_get(const void *buf, size_t i, mg_dtype t)
     switch (t) {
     case MG_F32: return ((const float *)buf)[i];
     case MG_F64: return ((const double *)buf)[i];
-    case MG_F16: return mg__f16_to_f32(((const uint16_t *)buf)[i]);
-    case MG_BF16: return mg__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case MG_F16: return mg_f16_to_f32(((const uint16_t *)buf)[i]);
+    case MG_BF16: return mg_bf16_to_f32(((const uint16_t *)buf)[i]);
     case MG_I32: return ((const int32_t *)buf)[i];
     case MG_I64: return (double)((const int64_t *)buf)[i];
     default: return ((const uint8_t *)buf)[i];

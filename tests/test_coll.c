@@ -168,26 +168,26 @@ TEST(coll_reduce_semantics)
     double x[2] = {NAN, 5}, y[2] = {0, NAN};
     mg__reduce(x, y, 2, MG_F64, MG_MAX);
     CHECK(isnan(x[0]) && isnan(x[1]));
-    uint16_t h[2] = {mg__f32_to_bf16(NAN), mg__f32_to_bf16(3)}, k[2] = {mg__f32_to_bf16(1),
-                                                                         mg__f32_to_bf16(4)};
+    uint16_t h[2] = {mg_f32_to_bf16(NAN), mg_f32_to_bf16(3)}, k[2] = {mg_f32_to_bf16(1),
+                                                                         mg_f32_to_bf16(4)};
     mg__reduce(h, k, 2, MG_BF16, MG_MAX);
-    CHECK(isnan(mg__bf16_to_f32(h[0])) && mg__bf16_to_f32(h[1]) == 4);
+    CHECK(isnan(mg_bf16_to_f32(h[0])) && mg_bf16_to_f32(h[1]) == 4);
     /* AVG of halves divides in f32 and rounds once. */
-    uint16_t a = mg__f32_to_f16(7);
+    uint16_t a = mg_f32_to_f16(7);
     mg__reduce_finish(&a, 1, MG_F16, MG_AVG, 3);
-    CHECK_EQ(a, mg__f32_to_f16(7.0f / 3.0f));
+    CHECK_EQ(a, mg_f32_to_f16(7.0f / 3.0f));
     /* Rounding of half sums: 2049 + 0 is not representable in f16. */
-    uint16_t p = mg__f32_to_f16(2048), q = mg__f32_to_f16(1);
+    uint16_t p = mg_f32_to_f16(2048), q = mg_f32_to_f16(1);
     mg__reduce(&p, &q, 1, MG_F16, MG_SUM);
-    CHECK_EQ(mg__f16_to_f32(p), 2048);   /* 2049 ties to even */
+    CHECK_EQ(mg_f16_to_f32(p), 2048);   /* 2049 ties to even */
 }
 
 TEST(coll_f16_bf16_conversions)
 {
     /* Every f16 value converts to f32 and back unchanged (NaNs stay NaN). */
     for (uint32_t h = 0; h < 65536; h++) {
-        float f = mg__f16_to_f32((uint16_t)h);
-        uint16_t back = mg__f32_to_f16(f);
+        float f = mg_f16_to_f32((uint16_t)h);
+        uint16_t back = mg_f32_to_f16(f);
         if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
             CHECK(isnan(f) && (back & 0x7c00) == 0x7c00 && (back & 0x3ff));
             continue;
@@ -195,20 +195,20 @@ TEST(coll_f16_bf16_conversions)
         CHECK_MSG(back == h, "f16 %#x -> %g -> %#x", h, (double)f, back);
     }
     /* Rounding to nearest even at the boundaries. */
-    CHECK_EQ(mg__f32_to_f16(65504), 0x7bff);
-    CHECK_EQ(mg__f32_to_f16(65519.99f), 0x7bff);
-    CHECK_EQ(mg__f32_to_f16(65520), 0x7c00);
-    CHECK_EQ(mg__f32_to_f16(1 + 1.0f / 2048), 0x3c00);           /* tie -> even */
-    CHECK_EQ(mg__f32_to_f16(1 + 3.0f / 2048), 0x3c02);           /* tie -> even (up) */
-    CHECK_EQ(mg__f32_to_f16(ldexpf(1, -24)), 0x0001);            /* smallest subnormal */
-    CHECK_EQ(mg__f32_to_f16(ldexpf(1, -25)), 0x0000);            /* tie -> 0 */
-    CHECK_EQ(mg__f32_to_f16(ldexpf(3, -26)), 0x0001);            /* 0.75 ulp -> 1 */
-    CHECK_EQ(mg__f32_to_f16(-0.0f), 0x8000);
-    CHECK_EQ(mg__f32_to_bf16(1 + 1.0f / 256), 0x3f80);           /* tie -> even */
-    CHECK_EQ(mg__f32_to_bf16(1 + 3.0f / 256), 0x3f82);
-    CHECK_EQ(mg__f32_to_bf16(INFINITY), 0x7f80);
-    CHECK(isnan(mg__bf16_to_f32(mg__f32_to_bf16(NAN))));
-    CHECK_EQ(mg__f32_to_bf16(3.0e38f), 0x7f62);
+    CHECK_EQ(mg_f32_to_f16(65504), 0x7bff);
+    CHECK_EQ(mg_f32_to_f16(65519.99f), 0x7bff);
+    CHECK_EQ(mg_f32_to_f16(65520), 0x7c00);
+    CHECK_EQ(mg_f32_to_f16(1 + 1.0f / 2048), 0x3c00);           /* tie -> even */
+    CHECK_EQ(mg_f32_to_f16(1 + 3.0f / 2048), 0x3c02);           /* tie -> even (up) */
+    CHECK_EQ(mg_f32_to_f16(ldexpf(1, -24)), 0x0001);            /* smallest subnormal */
+    CHECK_EQ(mg_f32_to_f16(ldexpf(1, -25)), 0x0000);            /* tie -> 0 */
+    CHECK_EQ(mg_f32_to_f16(ldexpf(3, -26)), 0x0001);            /* 0.75 ulp -> 1 */
+    CHECK_EQ(mg_f32_to_f16(-0.0f), 0x8000);
+    CHECK_EQ(mg_f32_to_bf16(1 + 1.0f / 256), 0x3f80);           /* tie -> even */
+    CHECK_EQ(mg_f32_to_bf16(1 + 3.0f / 256), 0x3f82);
+    CHECK_EQ(mg_f32_to_bf16(INFINITY), 0x7f80);
+    CHECK(isnan(mg_bf16_to_f32(mg_f32_to_bf16(NAN))));
+    CHECK_EQ(mg_f32_to_bf16(3.0e38f), 0x7f62);
     /* The vector paths (F16C when built with it) agree with the scalar
      * conversions on random values, through a reduction with zero. */
     mg_rng r;
@@ -222,7 +222,7 @@ TEST(coll_f16_bf16_conversions)
             uint32_t bits = mg_rng_u32(&r);
             memcpy(&f[i], &bits, 4);
             if (isnan(f[i]) || (t == 0 && fabsf(f[i]) > 70000)) f[i] = mg_rng_normal(&r) * 1000;
-            hv[i] = t ? mg__f32_to_bf16(f[i]) : mg__f32_to_f16(f[i]);
+            hv[i] = t ? mg_f32_to_bf16(f[i]) : mg_f32_to_f16(f[i]);
             zero[i] = 0;
         }
         mg__reduce3(out, hv, zero, N, dt, MG_SUM);

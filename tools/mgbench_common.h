@@ -242,43 +242,13 @@ static inline size_t mgb_next_size(const mgb_opts *o, size_t sz)
 
 /* ---- elements and check data ----------------------------------------- */
 
-static inline float mgb_f16_to_f32(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    float f;
-    if (e == 0) {
-        f = ldexpf((float)m, -24);
-        return s ? -f : f;
-    }
-    u = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112) << 23) | (m << 13);
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Only ever given integers f16 holds exactly, so it never rounds. */
-static inline uint16_t mgb_f32_to_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t s = (u >> 16) & 0x8000, e = (u >> 23) & 255, m = u & 0x7fffff;
-    int ne = (int)e - 112;
-    if (e == 0 || ne <= 0) return (uint16_t)s;
-    if (e == 255 || ne >= 31) return (uint16_t)(s | 0x7c00 | (e == 255 && m ? 0x200 : 0));
-    return (uint16_t)(s | ((uint32_t)ne << 10) | (m >> 13));
-}
-
 static inline double mgb_get(const void *buf, mg_dtype t, size_t i)
 {
     switch (t) {
     case MG_F32: return ((const float *)buf)[i];
     case MG_F64: return ((const double *)buf)[i];
-    case MG_F16: return mgb_f16_to_f32(((const uint16_t *)buf)[i]);
-    case MG_BF16: {
-        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        return f;
-    }
+    case MG_F16: return mg_f16_to_f32(((const uint16_t *)buf)[i]);
+    case MG_BF16: return mg_bf16_to_f32(((const uint16_t *)buf)[i]);
     case MG_I32: return ((const int32_t *)buf)[i];
     case MG_I64: return (double)((const int64_t *)buf)[i];
     default: return ((const uint8_t *)buf)[i];
@@ -290,14 +260,8 @@ static inline void mgb_set(void *buf, mg_dtype t, size_t i, double v)
     switch (t) {
     case MG_F32: ((float *)buf)[i] = (float)v; break;
     case MG_F64: ((double *)buf)[i] = v; break;
-    case MG_F16: ((uint16_t *)buf)[i] = mgb_f32_to_f16((float)v); break;
-    case MG_BF16: {
-        float f = (float)v;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16);   /* exact integers: no rounding */
-        break;
-    }
+    case MG_F16: ((uint16_t *)buf)[i] = mg_f32_to_f16((float)v); break;
+    case MG_BF16: ((uint16_t *)buf)[i] = mg_f32_to_bf16((float)v); break;
     case MG_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case MG_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
     default: ((uint8_t *)buf)[i] = (uint8_t)v; break;

@@ -29,6 +29,13 @@ typedef enum { MG_F32, MG_F64, MG_F16, MG_BF16, MG_I32, MG_I64, MG_U8,
 /* Bytes per element (0 out of range) and the name, "f32" ("?"). */
 size_t mg_dtype_size(mg_dtype t);
 const char *mg_dtype_name(mg_dtype t);
+/* One f16 or bf16 value to f32 and back, rounding to nearest even (as
+ * PyTorch; NaN stays NaN, f16 overflows to infinity). Buffers:
+ * mg_convert_from_f32 / mg_convert_to_f32 (comm.h). */
+float mg_f16_to_f32(uint16_t h);
+uint16_t mg_f32_to_f16(float f);
+float mg_bf16_to_f32(uint16_t h);
+uint16_t mg_f32_to_bf16(float f);
 
 /* Counter-based generator (Philox-4x32-10): the stream is a pure function
  * of (seed, counter), so runs are reproducible and a stream can be split

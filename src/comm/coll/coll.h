@@ -163,10 +163,4 @@ void mg__reduce_multi(void *const *dst, int nd, const void *const *src, int ns,
 /* memcpy with non-temporal stores (for copies larger than the caches). */
 void mg__copy_nt(void *dst, const void *src, size_t n);
 
-/* Scalar conversions, round to nearest even (exposed for tests). */
-float mg__f16_to_f32(uint16_t h);
-uint16_t mg__f32_to_f16(float f);
-float mg__bf16_to_f32(uint16_t h);
-uint16_t mg__f32_to_bf16(float f);
-
 #endif

@@ -18,71 +18,7 @@
 #include <immintrin.h>
 #endif
 #include "comm/coll/algos.h"
-
-/* ---- scalar conversions ------------------------------------------------ */
-
-float mg__f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0x1f) {
-        x = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);  /* NaN: quiet */
-    } else if (e == 0) {
-        if (!m) {
-            x = sign;
-        } else {
-            uint32_t sh = 0;
-            while (!(m & 0x400u)) { m <<= 1; sh++; }
-            x = sign | ((113u - sh) << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else {
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t mg__f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);     /* >= 65520: inf */
-    if (ax < 0x38800000u) {                                        /* f16 subnormal */
-        if (ax <= 0x33000000u) return (uint16_t)sign;              /* <= 2^-25: 0 */
-        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126u - e, r = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1u))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t r = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;
-    return (uint16_t)(sign | r);
-}
-
-float mg__bf16_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static inline uint16_t bf16_round(uint32_t u)
-{
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? ((u >> 16) | 0x40u)
-                                                        : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
-}
-
-uint16_t mg__f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return bf16_round(u);
-}
+#include "core/bf16.h"
 
 /* ---- block conversions -------------------------------------------------- */
 
@@ -91,17 +27,14 @@ static void half_to_f32(float *restrict d, const void *src, size_t n, mg_dtype t
     const uint16_t *s = src;
     size_t i = 0;
     if (t == MG_BF16) {
-        for (; i < n; i++) {
-            uint32_t u = (uint32_t)s[i] << 16;
-            memcpy(&d[i], &u, 4);
-        }
+        for (; i < n; i++) d[i] = mg__bf16_to_f32(s[i]);
         return;
     }
 #ifdef __F16C__
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
 #endif
-    for (; i < n; i++) d[i] = mg__f16_to_f32(s[i]);
+    for (; i < n; i++) d[i] = mg_f16_to_f32(s[i]);
 }
 
 static void f32_to_half(void *dst, const float *restrict s, size_t n, mg_dtype t)
@@ -109,11 +42,7 @@ static void f32_to_half(void *dst, const float *restrict s, size_t n, mg_dtype t
     uint16_t *d = dst;
     size_t i = 0;
     if (t == MG_BF16) {
-        for (; i < n; i++) {
-            uint32_t u;
-            memcpy(&u, &s[i], 4);
-            d[i] = bf16_round(u);
-        }
+        for (; i < n; i++) d[i] = mg__f32_to_bf16(s[i]);
         return;
     }
 #ifdef __F16C__
@@ -121,7 +50,7 @@ static void f32_to_half(void *dst, const float *restrict s, size_t n, mg_dtype t
         _mm_storeu_si128((__m128i *)(d + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
-    for (; i < n; i++) d[i] = mg__f32_to_f16(s[i]);
+    for (; i < n; i++) d[i] = mg_f32_to_f16(s[i]);
 }
 
 /* ---- native kernels ------------------------------------------------------ */
