@@ -28,7 +28,7 @@ typedef struct {
 
 typedef struct rank_state {
     mg__p2p p;
-    mg__shm shm;
+    mg__shm_view shm;
     pthread_cond_t cv;          /* this rank sleeps here */
     mgt_world *w;
     int rank;
@@ -188,14 +188,14 @@ static mg_status m_sendrecv(mg__p2p *p, int to, const void *sbuf, size_t sn, int
 
 /* ---- shared memory ------------------------------------------------------ */
 
-static void *m_slot(mg__shm *s, int rank)
+static void *m_slot(mg__shm_view *s, int rank)
 {
     rank_state *me = s->ctx;
     MG_ASSERT(rank >= 0 && rank < me->w->P);
     return me->w->slots + (size_t)rank * me->w->slot_bytes;
 }
 
-static uint64_t m_gaddr(mg__shm *s, const void *ptr, size_t bytes)
+static uint64_t m_gaddr(mg__shm_view *s, const void *ptr, size_t bytes)
 {
     rank_state *me = s->ctx;
     mgt_world *w = me->w;
@@ -204,7 +204,7 @@ static uint64_t m_gaddr(mg__shm *s, const void *ptr, size_t bytes)
     return (uint64_t)(c - g) + 1;
 }
 
-static void *m_gptr(mg__shm *s, int rank, uint64_t ga)
+static void *m_gptr(mg__shm_view *s, int rank, uint64_t ga)
 {
     rank_state *me = s->ctx;
     mgt_world *w = me->w;
@@ -212,13 +212,13 @@ static void *m_gptr(mg__shm *s, int rank, uint64_t ga)
     return w->gmem + (size_t)rank * w->gmem_bytes + (ga - 1);
 }
 
-static void *m_peer_ptr(mg__shm *s, int peer, const void *ptr)
+static void *m_peer_ptr(mg__shm_view *s, int peer, const void *ptr)
 {
     uint64_t ga = m_gaddr(s, ptr, 1);
     return ga ? m_gptr(s, peer, ga) : NULL;
 }
 
-static mg_status m_barrier(mg__shm *s, int phase)
+static mg_status m_barrier(mg__shm_view *s, int phase)
 {
     rank_state *me = s->ctx;
     mgt_world *w = me->w;
@@ -241,7 +241,7 @@ static mg_status m_barrier(mg__shm *s, int phase)
     return MG_OK;
 }
 
-static void m_post(mg__shm *s, uint64_t v)
+static void m_post(mg__shm_view *s, uint64_t v)
 {
     rank_state *me = s->ctx;
     mgt_world *w = me->w;
@@ -255,7 +255,7 @@ static void m_post(mg__shm *s, uint64_t v)
     }
 }
 
-static mg_status m_wait(mg__shm *s, int rank, uint64_t v)
+static mg_status m_wait(mg__shm_view *s, int rank, uint64_t v)
 {
     rank_state *me = s->ctx;
     mgt_world *w = me->w;
@@ -314,9 +314,10 @@ mgt_world *mgt_world_create(int size, int shm, size_t slot_bytes, size_t gmem_by
         cond_init(&rs->cv);
         rs->p = (mg__p2p){.rank = r, .size = size, .ctx = rs, .send = m_send, .recv = m_recv,
                           .sendrecv = m_sendrecv, .shm = shm ? &rs->shm : NULL};
-        rs->shm = (mg__shm){.slot_bytes = slot_bytes, .slot = m_slot, .peer_ptr = m_peer_ptr,
-                            .gaddr = m_gaddr, .gptr = m_gptr, .barrier = m_barrier,
-                            .post = m_post, .wait = m_wait, .ctx = rs};
+        rs->shm = (mg__shm_view){.slot_bytes = slot_bytes, .slot = m_slot,
+                                 .peer_ptr = m_peer_ptr, .gaddr = m_gaddr, .gptr = m_gptr,
+                                 .barrier = m_barrier, .post = m_post, .wait = m_wait,
+                                 .ctx = rs};
     }
     return w;
 }

@@ -1,7 +1,7 @@
 /* An in-process stand-in for the group, for testing the collective
  * algorithms (src/comm/coll) without processes or transports: a "world" of
- * threads, one per rank, joined by the mg__p2p and mg__shm interfaces of
- * src/comm/coll/coll.h.
+ * threads, one per rank, joined by the mg__p2p and mg__shm_view interfaces
+ * of src/comm/coll/coll.h.
  *
  * The channels are strict: a send completes only when the peer has taken
  * the message (rendezvous, the least buffering any transport offers), a

@@ -379,7 +379,7 @@ TEST_T(coll_large_counts, 180)
 
 TEST(coll_select_cost_model)
 {
-    mg__shm dummy = {0};
+    mg__shm_view dummy = {0};
     mg__p2p tcp = {.rank = 0}, shm = {.rank = 0, .shm = &dummy};
     mg_call c = {.dtype = MG_F32, .op = MG_SUM};
     size_t counts[] = {1, 256, 1 << 18, 1 << 24, (size_t)1 << 26};

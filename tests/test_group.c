@@ -321,7 +321,7 @@ static int alloc_rank(int rank, int n, void *arg)
     CHECK(other);
     for (size_t i = 0; i < count; i++) buf[i] = (int32_t)(rank * 1000 + (int)(i % 997));
     mg__bi *b = g->impl;
-    mg__shm *s = b->p2p.shm;
+    mg__shm_view *s = b->p2p.shm;
     bool tcp = j->transport && !strcmp(j->transport, "tcp");
     CHECK((s != NULL) == !tcp);
     CHECK_OK(mg_barrier(g));

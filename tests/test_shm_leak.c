@@ -193,16 +193,16 @@ static void user_handler(int sig) { user_handler_ran = sig; }
 
 /* This process's segment of a 2-rank group whose peer never maps it: its
  * name stays until the peer would have, as in a start-up cut short. */
-static mg__shmx *half_made_group(char *path, size_t n)
+static mg__shm_transport *half_made_group(char *path, size_t n)
 {
     bool local[2] = {true, true};
     pid_t pid[2] = {getpid(), getpid()};
     uint64_t start[2] = {0, 0}, gid = ((uint64_t)getpid() << 20) ^ (uint64_t)rand();
-    mg__shmx_cfg cfg = {.gid = gid, .rank = 0, .size = 2, .local = local, .all_local = true,
-                        .ring_bytes = 4096, .slot_bytes = 4096, .pid = pid, .start = start,
-                        .tag = ""};
-    mg__shmx *x;
-    CHECK_OK(mg__shmx_create(&cfg, &x));
+    mg__shm_transport_cfg cfg = {.gid = gid, .rank = 0, .size = 2, .local = local,
+                                 .all_local = true, .ring_bytes = 4096, .slot_bytes = 4096,
+                                 .pid = pid, .start = start, .tag = ""};
+    mg__shm_transport *x;
+    CHECK_OK(mg__shm_transport_create(&cfg, &x));
     snprintf(path, n, "/dev/shm/mg-%016llx-0", (unsigned long long)gid);
     CHECK_MSG(access(path, F_OK) == 0, "%s missing", path);
     return x;
@@ -218,12 +218,12 @@ static void interrupt_half_made(void (*disposition)(int))
     CHECK(kid >= 0);
     if (kid == 0) {
         signal(SIGTERM, disposition);
-        mg__shmx *x = half_made_group(path, sizeof path);
+        mg__shm_transport *x = half_made_group(path, sizeof path);
         raise(SIGTERM);
         /* Ignored, or handled by the program: it goes on. */
         CHECK(user_handler_ran == (disposition == user_handler ? SIGTERM : 0));
         CHECK((access(path, F_OK) == 0) == (disposition == SIG_IGN));
-        mg__shmx_destroy(x);
+        mg__shm_transport_destroy(x);
         CHECK(access(path, F_OK) != 0);
         /* The program's disposition is back once no name is pending. */
         struct sigaction now;

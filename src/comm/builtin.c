@@ -250,26 +250,27 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
                           : ring > ((size_t)4 << 20) ? (size_t)4 << 20 : ring;
         size_t slot = sk > 0 ? (size_t)sk << 10 : MG__SHM_SLOT_BYTES;
         if (slot < MG__SHM_SLOT_MIN) slot = MG__SHM_SLOT_MIN;
-        mg__shmx_cfg cfg = {.gid = b->gid, .rank = rank, .size = size, .local = local,
-                            .all_local = nlocal == size, .ring_bytes = ring, .slot_bytes = slot,
-                            .spin = b->spin, .pid = pids, .start = starts,
-                            .peer_timeout = b->peer_timeout, .tag = b->shm_tag};
-        st = mg__shmx_create(&cfg, &b->shmx);
+        mg__shm_transport_cfg cfg = {.gid = b->gid, .rank = rank, .size = size, .local = local,
+                                     .all_local = nlocal == size, .ring_bytes = ring,
+                                     .slot_bytes = slot, .spin = b->spin, .pid = pids,
+                                     .start = starts, .peer_timeout = b->peer_timeout,
+                                     .tag = b->shm_tag};
+        st = mg__shm_transport_create(&cfg, &b->shm_transport);
     }
     char bk[KEYLEN];
     if (!st) st = key_fmt(bk, sizeof bk, b->prefix, "shm-created", -1);
     if (!st) st = mg__store_barrier(b->store, bk, size, left(deadline));
-    if (!st && b->shmx) st = mg__shmx_attach(b->shmx);
+    if (!st && b->shm_transport) st = mg__shm_transport_attach(b->shm_transport);
     if (!st) st = key_fmt(bk, sizeof bk, b->prefix, "shm-mapped", -1);
     if (!st) st = mg__store_barrier(b->store, bk, size, left(deadline));
-    if (b->shmx) mg__shmx_unlink(b->shmx);
+    if (b->shm_transport) mg__shm_transport_unlink(b->shm_transport);
     if (!st && any_tcp)
         st = mg__tcp_connect_peers(&lis, b->gid, rank, size, need, addr, ports, b->secret,
                                    deadline, fds);
     mg__tcp_listener_close(&lis);
     for (int r = 0; !st && r < size; r++) {
         mg__link *l = &b->link[r];
-        if (local[r] && r != rank) mg__shmx_chan(b->shmx, r, &l->ch);
+        if (local[r] && r != rank) mg__shm_transport_chan(b->shm_transport, r, &l->ch);
         else if (need[r]) mg__tcp_chan(fds[r], r, b->peer_timeout, &l->ch);
         else l->ch = (mg__chan){.kind = MG__CH_NONE, .peer = r, .fd = -1};
     }
@@ -278,7 +279,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
             if (need[r] && fds[r] > 0) close(fds[r]);
     if (!st) {
         mg__p2p_init(b);
-        b->p2p.shm = mg__shmx_view(b->shmx);
+        b->p2p.shm = mg__shm_transport_view(b->shm_transport);
         b->beat_s = g->tick_s = mg__beat_period(b->peer_timeout);
     }
     free(local);
@@ -408,7 +409,7 @@ static mg_status run_coll(mg__bi *b, mg__req *r)
     }
     mg__fp_make(&b->fp, &c, r->seq, algo);
     b->deadline = b->p2p.deadline = mg__now_coarse() + b->g->timeout;
-    if (b->shmx) mg__shmx_begin(b->shmx, &b->fp, b->deadline);
+    if (b->shm_transport) mg__shm_transport_begin(b->shm_transport, &b->fp, b->deadline);
     mg_status st = mg__coll_run(&b->p2p, &c, (mg__algo)algo);
     if (st) {
         char d[200];
@@ -494,8 +495,8 @@ static mg_status galloc(mg__bi *b, mg__req *r)
         b->fp.coll = MG__COLL_ALLOC;
         b->fp.count = r->bytes;
         b->deadline = mg_now() + b->g->timeout;
-        mg__shmx_begin(b->shmx, &b->fp, b->deadline);
-        mg_status st = mg__shmx_alloc(b->shmx, r->bytes, r->out_ptr);
+        mg__shm_transport_begin(b->shm_transport, &b->fp, b->deadline);
+        mg_status st = mg__shm_transport_alloc(b->shm_transport, r->bytes, r->out_ptr);
         if (st) {
             char d[200];
             mg__fp_describe(&b->fp, d, sizeof d);
@@ -514,7 +515,7 @@ static mg_status galloc(mg__bi *b, mg__req *r)
 
 static mg_status gfree(mg__bi *b, mg__req *r)
 {
-    if (b->shmx && mg__shmx_free(b->shmx, r->ptr)) return MG_OK;
+    if (b->shm_transport && mg__shm_transport_free(b->shm_transport, r->ptr)) return MG_OK;
     for (int i = 0; i < b->nplain; i++)
         if (b->plain[i] == r->ptr) {
             mg_free(r->ptr);
@@ -536,7 +537,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     }
     if (r->c.coll != MG_COLL_SEND && r->c.coll != MG_COLL_RECV) return run_coll(b, r);
     b->deadline = mg_now() + g->timeout;
-    if (b->shmx) mg__shmx_set_deadline(b->shmx, b->deadline);
+    if (b->shm_transport) mg__shm_transport_set_deadline(b->shm_transport, b->deadline);
     mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
     if (st && !r->rejected) {
         char d[200];
@@ -549,7 +550,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
 static void bi_abort(mg_group *g, const char *msg)
 {
     mg__bi *b = g->impl;
-    if (b->shmx) mg__shmx_abort(b->shmx, msg);
+    if (b->shm_transport) mg__shm_transport_abort(b->shm_transport, msg);
     if (!b->link) return;
     bool tcp = false;
     for (int p = 0; p < g->size; p++) tcp = tcp || b->link[p].ch.kind == MG__CH_TCP;
@@ -572,7 +573,7 @@ static void bi_destroy(mg_group *g)
     bool failed = atomic_load(&g->failed) != 0;
     double grace = g->timeout < 10 ? g->timeout : 10;
     if (b->link) mg__bi_close_links(b, failed ? mg_now() : mg_now() + grace);
-    mg__shmx_destroy(b->shmx);
+    mg__shm_transport_destroy(b->shm_transport);
     for (int i = 0; i < b->nplain; i++) mg_free(b->plain[i]);
     free(b->plain);
     mg__bi_free_unexpected(b);

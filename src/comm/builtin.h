@@ -54,7 +54,7 @@ typedef struct mg__bi {
     bool force_tcp;
     mg__rinfo *info;         /* per rank */
     mg__link *link;          /* per rank; link[rank] unused */
-    mg__shmx *shmx;          /* NULL without local peers */
+    mg__shm_transport *shm_transport; /* NULL without local peers */
     mg__p2p p2p;             /* what the algorithms see */
     mg__spin_cfg spin;
     int host_ranks;          /* ranks of the whole job on this host (spin policy) */

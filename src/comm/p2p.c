@@ -365,13 +365,13 @@ void mg__bi_beat(mg__bi *b)
     b->next_beat = now + b->beat_s / 2;
     for (int p = 0; p < b->g->size; p++)
         if (b->link[p].ch.kind == MG__CH_TCP) mg__chan_beat(&b->link[p].ch, now - b->beat_s / 2);
-    if (b->shmx) mg__shmx_beat(b->shmx);
+    if (b->shm_transport) mg__shm_transport_beat(b->shm_transport);
 }
 
 /* A TCP peer awaited that sent nothing — data or heartbeat — for the peer
  * timeout (counted from the start of this request at the earliest) is
  * dead to us. Bytes queued behind a frame this rank cannot take yet count
- * as a sign of life too. Shared-memory peers: mg__shmx_check. */
+ * as a sign of life too. Shared-memory peers: mg__shm_transport_check. */
 static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *what)
 {
     if (b->peer_timeout <= 0) return MG_OK;
@@ -410,7 +410,7 @@ static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const cha
     int n = b->g->size;
     struct pollfd pf[n + 1];
     int np = 0;
-    if (tcp || (b->shmx == NULL)) {
+    if (tcp || (b->shm_transport == NULL)) {
         for (int p = 0; p < n; p++) {
             mg__link *l = &b->link[p];
             if (l->ch.kind != MG__CH_TCP || l->ch.dead) continue;
@@ -424,12 +424,12 @@ static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const cha
             return mg_error(MG_EIO, "poll: %s", strerror(errno));
     } else {
         blockctx c = {b, t, rl};
-        mg__shmx_block(b->shmx, SLICE, shm_ready, &c);
+        mg__shm_transport_block(b->shm_transport, SLICE, shm_ready, &c);
     }
     int peers[2], npeers = 0;
     if (t && !t->done) peers[npeers++] = t->l->ch.peer;
     if (rl) peers[npeers++] = rl->ch.peer;
-    if (b->shmx) MG_TRY(mg__shmx_check(b->shmx, peers, npeers, what));
+    if (b->shm_transport) MG_TRY(mg__shm_transport_check(b->shm_transport, peers, npeers, what));
     MG_TRY(check_silence(b, peers, npeers, what));
     if (mg_now() < b->deadline) return MG_OK;
     /* A peer on this host can be asked how it is. */

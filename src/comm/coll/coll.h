@@ -3,8 +3,8 @@
  *
  * An algorithm sees only a rank, a size and per-peer byte channels
  * (mg__p2p) — never which transport carries them — plus, when every rank
- * of the group is on this host, a shared-memory view (mg__shm) for the
- * direct algorithms. Each call runs one whole operation on the group's
+ * of the group is on this host, a shared-memory view (mg__shm_view) for
+ * the direct algorithms. Each call runs one whole operation on the group's
  * progress thread; channels are FIFO per ordered pair of ranks, and the
  * group guarantees every rank runs operations in the same order (the
  * fingerprint check rejects ranks that do not).
@@ -17,7 +17,7 @@
 #include "multigrad/comm.h"
 
 typedef struct mg__p2p mg__p2p;
-typedef struct mg__shm mg__shm;
+typedef struct mg__shm_view mg__shm_view;
 
 struct mg__p2p {
     int rank, size;
@@ -34,7 +34,7 @@ struct mg__p2p {
                           int from, void *rbuf, size_t rn);
     /* Non-NULL when all ranks of the group share this host's memory (and
      * the group wants the direct algorithms: MG_TRANSPORT=tcp sets NULL). */
-    mg__shm *shm;
+    mg__shm_view *shm;
     /* Scratch memory the algorithms keep between operations so that a
      * steady stream of collectives allocates nothing. Zero-initialise both
      * fields; call mg__coll_scratch_free(p) when p is no longer used. */
@@ -53,31 +53,31 @@ struct mg__p2p {
 #define MG__SHM_SLOT_BYTES ((size_t)4 << 20)
 #define MG__SHM_SLOT_MIN ((size_t)64 << 10)
 
-struct mg__shm {
+struct mg__shm_view {
     /* Per-rank scratch slots of `slot_bytes` each (64-byte aligned),
      * mapped in every process of the group: slot(s, r) is rank r's slot as
      * seen here. The slots belong to the algorithms alone; the group never
      * writes them after creating them zeroed. */
     size_t slot_bytes;
-    void *(*slot)(mg__shm *s, int rank);
+    void *(*slot)(mg__shm_view *s, int rank);
     /* If ptr lies in memory from mg_group_alloc, the address of peer's
      * matching allocation (same offset) as mapped here; else NULL.
      * (Equivalent to gptr(s, peer, gaddr(s, ptr)); kept for the group's
      * own use — the algorithms use gaddr/gptr, which let ranks whose
      * buffers lie at different offsets still find one another's.) */
-    void *(*peer_ptr)(mg__shm *s, int peer, const void *ptr);
+    void *(*peer_ptr)(mg__shm_view *s, int peer, const void *ptr);
     /* Group-memory address of ptr: 0 if [ptr, ptr + bytes) does not lie
      * within one mg_group_alloc allocation of this rank; otherwise a
      * non-zero value that names (allocation, offset) the same way on
      * every rank — allocations are collective, so the k-th allocation of
      * every rank has the same name. */
-    uint64_t (*gaddr)(mg__shm *s, const void *ptr, size_t bytes);
+    uint64_t (*gaddr)(mg__shm_view *s, const void *ptr, size_t bytes);
     /* Rank `rank`'s memory at group-memory address ga as mapped here
      * (for rank == own rank: the caller's own pointer back). */
-    void *(*gptr)(mg__shm *s, int rank, uint64_t ga);
+    void *(*gptr)(mg__shm_view *s, int rank, uint64_t ga);
     /* Barrier among the group's ranks (all local), blocking with the
      * deadline; `phase` lets an algorithm use several per operation. */
-    mg_status (*barrier)(mg__shm *s, int phase);
+    mg_status (*barrier)(mg__shm_view *s, int phase);
     /* A signal counter per rank. post(s, v) sets this rank's counter to v;
      * wait(s, r, v) blocks until rank r's counter is >= v (spinning
      * briefly, then sleeping on a futex), failing with the deadline or
@@ -88,8 +88,8 @@ struct mg__shm {
      * release semantics and a successful wait acquire semantics: what a
      * rank wrote to shared memory before post(v) is visible to a rank
      * whose wait(v) returned. */
-    void (*post)(mg__shm *s, uint64_t v);
-    mg_status (*wait)(mg__shm *s, int rank, uint64_t v);
+    void (*post)(mg__shm_view *s, uint64_t v);
+    mg_status (*wait)(mg__shm_view *s, int rank, uint64_t v);
     /* Owned by the algorithms (the number of shared-memory operations run
      * so far, equal on every rank): zero-initialise, never touch. */
     uint64_t coll_seq;

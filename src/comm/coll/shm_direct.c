@@ -33,9 +33,9 @@
  * would find in cache (measured slower at 16-32 MiB). */
 #define NT_BYTES ((size_t)16 << 20)
 
-mg_status mg__shx_begin(mg__shx *x, mg__op *o)
+mg_status mg__shm_op_begin(mg__shm_op *x, mg__op *o)
 {
-    mg__shm *s = o->p->shm;
+    mg__shm_view *s = o->p->shm;
     MG_ASSERT(s && s->slot_bytes >= MG__SHM_SLOT_MIN);
     int P = o->size;
     size_t ptrs = ((size_t)3 * (size_t)P * sizeof(void *) + 63) & ~(size_t)63;
@@ -65,28 +65,28 @@ mg_status mg__shx_begin(mg__shx *x, mg__op *o)
     return MG_OK;
 }
 
-mg_status mg__shx_wait_all(mg__shx *x, uint32_t v)
+mg_status mg__shm_op_wait_all(mg__shm_op *x, uint32_t v)
 {
-    for (int d = 1; d < x->P; d++) MG_TRY(mg__shx_wait(x, (x->me + d) % x->P, v));
+    for (int d = 1; d < x->P; d++) MG_TRY(mg__shm_op_wait(x, (x->me + d) % x->P, v));
     return MG_OK;
 }
 
-mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1)
+mg_status mg__shm_op_arrive(mg__shm_op *x, uint64_t g0, uint64_t g1)
 {
-    mg__shm_hdr *h = mg__shx_hdr(x, x->me);
+    mg__shm_hdr *h = mg__shm_op_hdr(x, x->me);
     h->ga[0] = g0;
     h->ga[1] = g1;
-    mg__shx_post(x, 1);
-    return mg__shx_wait_all(x, 1);
+    mg__shm_op_post(x, 1);
+    return mg__shm_op_wait_all(x, 1);
 }
 
-void mg__shx_publish(mg__shx *x, const void *src, size_t n)
+void mg__shm_op_publish(mg__shm_op *x, const void *src, size_t n)
 {
-    mg__shm_tiny *t = mg__shx_tiny(x, x->me);
-    if (n) memcpy(mg__shx_small(x, x->me, n), src, n);
+    mg__shm_tiny *t = mg__shm_op_tiny(x, x->me);
+    if (n) memcpy(mg__shm_op_small(x, x->me, n), src, n);
     t->shape = x->shape;
     atomic_store_explicit(&t->stamp, x->base + 1, memory_order_release);
-    mg__shx_post(x, 1);
+    mg__shm_op_post(x, 1);
 }
 
 /* Busy-wait rounds (~25 ns each) on a peer's stamp before the group's
@@ -110,13 +110,13 @@ static inline void relax(void)
 #endif
 }
 
-mg_status mg__shx_wait_published(mg__shx *x)
+mg_status mg__shm_op_wait_published(mg__shm_op *x)
 {
     uint64_t want = x->base + 1;
     int spins = stamp_spins(x->P);
     for (int d = 1; d < x->P; d++) {
         int q = (x->me + d) % x->P;
-        mg__shm_tiny *t = mg__shx_tiny(x, q);
+        mg__shm_tiny *t = mg__shm_op_tiny(x, q);
         int seen = 0;
         for (int i = 0; i < spins && !seen; i++) {
             if (atomic_load_explicit(&t->stamp, memory_order_acquire) == want)
@@ -127,7 +127,7 @@ mg_status mg__shx_wait_published(mg__shx *x)
         if (seen && t->shape == x->shape) continue;
         /* Not there yet, or a different call: the group's wait sleeps,
          * notices dead peers and names mismatched calls. */
-        MG_TRY(mg__shx_wait(x, q, 1));
+        MG_TRY(mg__shm_op_wait(x, q, 1));
         if (atomic_load_explicit(&t->stamp, memory_order_acquire) != want ||
             t->shape != x->shape)
             return mg_error(MG_EMISMATCH, "shared-memory collective: rank %d runs a different "
@@ -138,7 +138,7 @@ mg_status mg__shx_wait_published(mg__shx *x)
     return MG_OK;
 }
 
-void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len)
+void mg__shm_op_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len)
 {
     size_t al = es >= 64 ? 1 : 64 / es, units = (m + al - 1) / al;
     size_t a = units * (size_t)q / (size_t)P * al, b = units * (size_t)(q + 1) / (size_t)P * al;
@@ -169,7 +169,7 @@ static int tune_class(size_t n)
     return c;
 }
 
-void mg__shx_stage_begin(mg__shx *x, size_t bytes)
+void mg__shm_op_stage_begin(mg__shm_op *x, size_t bytes)
 {
     const struct mg__shm_tune *t = &x->s->tune;
     int co = x->o->coll, c = x->tc = tune_class(bytes);
@@ -179,7 +179,7 @@ void mg__shx_stage_begin(mg__shx *x, size_t bytes)
     x->t0 = mg_now();
 }
 
-void mg__shx_stage_end(mg__shx *x)
+void mg__shm_op_stage_end(mg__shm_op *x)
 {
     struct mg__shm_tune *t = &x->s->tune;
     int co = x->o->coll, c = x->tc;
@@ -189,22 +189,22 @@ void mg__shx_stage_end(mg__shx *x)
 
 /* Stage chunk k of our input, all but our own part (which we read in
  * place). */
-static void stage_in(mg__shx *x, size_t k, size_t C)
+static void stage_in(mg__shm_op *x, size_t k, size_t C)
 {
     mg__op *o = x->o;
     size_t es = o->es, c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C, lo, len;
-    mg__shx_part(m, x->P, x->me, es, &lo, &len);
-    char *st = mg__shx_stage(x, x->me, k);
+    mg__shm_op_part(m, x->P, x->me, es, &lo, &len);
+    char *st = mg__shm_op_stage(x, x->me, k);
     const char *in = o->sbuf + c0 * es;
-    mg__shx_stage_copy(x, st, in, lo * es);
-    mg__shx_stage_copy(x, st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
+    mg__shm_op_stage_copy(x, st, in, lo * es);
+    mg__shm_op_stage_copy(x, st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
 }
 
 /* Counter values of chunk k: inputs staged (A), our part reduced (B). */
 static uint32_t cA(size_t k) { return (uint32_t)(2 + 2 * k); }
 static uint32_t cB(size_t k) { return (uint32_t)(3 + 2 * k); }
 
-static mg_status staged_reduce(mg__shx *x, int root)
+static mg_status staged_reduce(mg__shm_op *x, int root)
 {
     mg__op *o = x->o;
     size_t es = o->es, C = x->stage / es, nch = (o->count + C - 1) / C;
@@ -212,17 +212,18 @@ static mg_status staged_reduce(mg__shx *x, int root)
     /* A vector larger than the caches goes to recvbuf with non-temporal
      * stores (no read-for-ownership). */
     int nt = o->count * es >= NT_BYTES && o->sbuf != o->rbuf;
-    mg__shx_stage_begin(x, o->count * es);
+    mg__shm_op_stage_begin(x, o->count * es);
     int stream = x->stream;
     stage_in(x, 0, C);
-    mg__shx_post(x, cA(0));
+    mg__shm_op_post(x, cA(0));
     for (size_t k = 0; k < nch; k++) {
         size_t c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C, lo, len;
-        MG_TRY(mg__shx_wait_all(x, cA(k)));
-        mg__shx_part(m, P, me, es, &lo, &len);
+        MG_TRY(mg__shm_op_wait_all(x, cA(k)));
+        mg__shm_op_part(m, P, me, es, &lo, &len);
         if (len) {
             for (int q = 0; q < P; q++)
-                x->src[q] = q == me ? o->sbuf + (c0 + lo) * es : mg__shx_stage(x, q, k) + lo * es;
+                x->src[q] = q == me ? o->sbuf + (c0 + lo) * es
+                                    : mg__shm_op_stage(x, q, k) + lo * es;
             /* Destinations written with cached stores first: the kernel
              * streams a suffix of them (the staging copy when streaming,
              * recvbuf when it is large). */
@@ -230,76 +231,78 @@ static mg_status staged_reduce(mg__shx *x, int root)
             if (stream) {
                 if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
                 cached = mine && !nt;
-                if (stage) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
+                if (stage) x->dst[nd++] = mg__shm_op_stage(x, me, k) + lo * es;
             } else {
-                if (stage) x->dst[nd++] = mg__shx_stage(x, me, k) + lo * es;
+                if (stage) x->dst[nd++] = mg__shm_op_stage(x, me, k) + lo * es;
                 if (mine) x->dst[nd++] = o->rbuf + (c0 + lo) * es;
                 cached = nt && mine ? nd - 1 : nd;
             }
             mg__reduce_multi(x->dst, nd, x->src, P, len, o->dt, o->op, P, cached);
         }
-        mg__shx_post(x, cB(k));
+        mg__shm_op_post(x, cB(k));
         if (k + 1 < nch) {
             stage_in(x, k + 1, C);
-            mg__shx_post(x, cA(k + 1));
+            mg__shm_op_post(x, cA(k + 1));
         }
         /* Everyone waits here, so that staging buffer (k + 1) % 3 is free
          * when it is refilled in the next round. */
-        MG_TRY(mg__shx_wait_all(x, cB(k)));
+        MG_TRY(mg__shm_op_wait_all(x, cB(k)));
         if (!mine) continue;
         for (int q = 0; q < P; q++) {
             if (q == me) continue;
-            mg__shx_part(m, P, q, es, &lo, &len);
+            mg__shm_op_part(m, P, q, es, &lo, &len);
             if (nt)
-                mg__copy_nt(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
+                mg__copy_nt(o->rbuf + (c0 + lo) * es, mg__shm_op_stage(x, q, k) + lo * es,
+                            len * es);
             else
-                memcpy(o->rbuf + (c0 + lo) * es, mg__shx_stage(x, q, k) + lo * es, len * es);
+                memcpy(o->rbuf + (c0 + lo) * es, mg__shm_op_stage(x, q, k) + lo * es, len * es);
         }
     }
-    mg__shx_stage_end(x);
+    mg__shm_op_stage_end(x);
     return MG_OK;
 }
 
 /* all_reduce (root < 0) and reduce. */
 static mg_status reduce_common(mg__op *o, int root)
 {
-    mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o));
+    mg__shm_op x;
+    MG_TRY(mg__shm_op_begin(&x, o));
     size_t n = o->count * o->es, es = o->es;
     int P = x.P, me = x.me, all = root < 0, mine = all || me == root;
     if (n <= x.sm && n * (size_t)P <= SMALL_READ) {
-        mg__shx_publish(&x, o->sbuf, n);
-        MG_TRY(mg__shx_wait_published(&x));
+        mg__shm_op_publish(&x, o->sbuf, n);
+        MG_TRY(mg__shm_op_wait_published(&x));
         if (mine) {
-            for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, n);
+            for (int q = 0; q < P; q++) x.src[q] = mg__shm_op_small(&x, q, n);
             void *d = o->rbuf;
             mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         }
         return MG_OK;
     }
-    MG_TRY(mg__shx_arrive(&x, mg__shx_gaddr(&x, o->sbuf, n),
-                          mine ? mg__shx_gaddr(&x, o->rbuf, n) : 0));
+    MG_TRY(mg__shm_op_arrive(&x, mg__shm_op_gaddr(&x, o->sbuf, n),
+                             mine ? mg__shm_op_gaddr(&x, o->rbuf, n) : 0));
     int direct = 1;
     for (int q = 0; q < P; q++) {
-        const mg__shm_hdr *h = mg__shx_hdr(&x, q);
+        const mg__shm_hdr *h = mg__shm_op_hdr(&x, q);
         if (!h->ga[0] || ((all || q == root) && !h->ga[1])) direct = 0;
     }
     if (!direct) return staged_reduce(&x, root);
     size_t lo, len;
-    mg__shx_part(o->count, P, me, es, &lo, &len);
+    mg__shm_op_part(o->count, P, me, es, &lo, &len);
     /* Destinations in place first, out of place (streamed when large) last. */
     int nd = 0, nip = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int q = 0; q < P; q++) {
-            const mg__shm_hdr *h = mg__shx_hdr(&x, q);
+            const mg__shm_hdr *h = mg__shm_op_hdr(&x, q);
             if (!(all || q == root) || (h->ga[0] == h->ga[1]) != (pass == 0)) continue;
-            x.dst[nd++] = mg__shx_gptr(&x, q, h->ga[1]) + lo * es;
+            x.dst[nd++] = mg__shm_op_gptr(&x, q, h->ga[1]) + lo * es;
             nip += pass == 0;
         }
-    for (int q = 0; q < P; q++) x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + lo * es;
+    for (int q = 0; q < P; q++)
+        x.src[q] = mg__shm_op_gptr(&x, q, mg__shm_op_hdr(&x, q)->ga[0]) + lo * es;
     if (len) mg__reduce_multi(x.dst, nd, x.src, P, len, o->dt, o->op, P, n >= NT_BYTES ? nip : nd);
-    mg__shx_post(&x, 2);
-    return mg__shx_wait_all(&x, 2);
+    mg__shm_op_post(&x, 2);
+    return mg__shm_op_wait_all(&x, 2);
 }
 
 mg_status mg__shm_all_reduce(mg__op *o) { return reduce_common(o, -1); }
@@ -311,27 +314,27 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
     size_t es = o->es, blk = o->count * es, all = blk * (size_t)P;
     /* Staging holds one piece of every block; pieces are whole lines. */
     size_t al = es >= 64 ? 1 : 64 / es;
-    mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o));
+    mg__shm_op x;
+    MG_TRY(mg__shm_op_begin(&x, o));
     size_t C = x.stage / (size_t)P / es / al * al;
     if (all <= x.sm && all <= SMALL_READ) {
-        mg__shx_publish(&x, o->sbuf, all);
-        MG_TRY(mg__shx_wait_published(&x));
-        for (int q = 0; q < P; q++) x.src[q] = mg__shx_small(&x, q, all) + (size_t)me * blk;
+        mg__shm_op_publish(&x, o->sbuf, all);
+        MG_TRY(mg__shm_op_wait_published(&x));
+        for (int q = 0; q < P; q++) x.src[q] = mg__shm_op_small(&x, q, all) + (size_t)me * blk;
         void *d = o->rbuf;
         mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         return MG_OK;
     }
-    MG_TRY(mg__shx_arrive(&x, mg__shx_gaddr(&x, o->sbuf, all), 0));
+    MG_TRY(mg__shm_op_arrive(&x, mg__shm_op_gaddr(&x, o->sbuf, all), 0));
     int direct = 1;
-    for (int q = 0; q < P; q++) direct &= mg__shx_hdr(&x, q)->ga[0] != 0;
+    for (int q = 0; q < P; q++) direct &= mg__shm_op_hdr(&x, q)->ga[0] != 0;
     if (direct) {
         for (int q = 0; q < P; q++)
-            x.src[q] = mg__shx_gptr(&x, q, mg__shx_hdr(&x, q)->ga[0]) + (size_t)me * blk;
+            x.src[q] = mg__shm_op_gptr(&x, q, mg__shm_op_hdr(&x, q)->ga[0]) + (size_t)me * blk;
         void *d = o->rbuf;
         mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
-        mg__shx_post(&x, 2);
-        return mg__shx_wait_all(&x, 2);
+        mg__shm_op_post(&x, 2);
+        return mg__shm_op_wait_all(&x, 2);
     }
     if (!C) {
         /* Too many ranks for the staging buffers: every rank sees the
@@ -339,33 +342,33 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         return mg__ring_reduce_scatter(o);
     }
     size_t nch = (o->count + C - 1) / C;
-    mg__shx_stage_begin(&x, all);
+    mg__shm_op_stage_begin(&x, all);
     for (size_t k = 0; k < nch; k++) {
         size_t c0 = k * C, m = o->count - c0 < C ? o->count - c0 : C;
         /* Buffer k % 3 was last read in chunk k - 3, before B(k-3). */
-        if (k >= 3) MG_TRY(mg__shx_wait_all(&x, cB(k - 3)));
-        char *st = mg__shx_stage(&x, me, k);
+        if (k >= 3) MG_TRY(mg__shm_op_wait_all(&x, cB(k - 3)));
+        char *st = mg__shm_op_stage(&x, me, k);
         for (int q = 0; q < P; q++)
             if (q != me)
-                mg__shx_stage_copy(&x, st + (size_t)q * C * es, o->sbuf + (size_t)q * blk + c0 * es,
-                                   m * es);
-        mg__shx_post(&x, cA(k));
-        MG_TRY(mg__shx_wait_all(&x, cA(k)));
+                mg__shm_op_stage_copy(&x, st + (size_t)q * C * es,
+                                      o->sbuf + (size_t)q * blk + c0 * es, m * es);
+        mg__shm_op_post(&x, cA(k));
+        MG_TRY(mg__shm_op_wait_all(&x, cA(k)));
         for (int q = 0; q < P; q++)
             x.src[q] = q == me ? o->sbuf + (size_t)me * blk + c0 * es
-                               : mg__shx_stage(&x, q, k) + (size_t)me * C * es;
+                               : mg__shm_op_stage(&x, q, k) + (size_t)me * C * es;
         void *d = o->rbuf + c0 * es;
         mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 1);
-        mg__shx_post(&x, cB(k));
+        mg__shm_op_post(&x, cB(k));
     }
-    mg__shx_stage_end(&x);
+    mg__shm_op_stage_end(&x);
     return MG_OK;
 }
 
 mg_status mg__shm_barrier(mg__op *o)
 {
-    mg__shx x;
-    MG_TRY(mg__shx_begin(&x, o));
-    mg__shx_publish(&x, NULL, 0);
-    return mg__shx_wait_published(&x);
+    mg__shm_op x;
+    MG_TRY(mg__shm_op_begin(&x, o));
+    mg__shm_op_publish(&x, NULL, 0);
+    return mg__shm_op_wait_published(&x);
 }

@@ -37,17 +37,17 @@ typedef struct {
 } mg__shm_hdr;
 
 /* Inputs up to this size travel in the tiny line itself. */
-#define MG__SHX_TINY 48
+#define MG__SHM_TINY_BYTES 48
 
 typedef struct {
     _Atomic uint64_t stamp;   /* base + 1 once this operation's input is in */
     uint64_t shape;           /* the call (collective, dtype, op, root, count) */
-    char data[MG__SHX_TINY];
+    char data[MG__SHM_TINY_BYTES];
 } mg__shm_tiny;
 
 typedef struct {
     mg__op *o;
-    mg__shm *s;
+    mg__shm_view *s;
     int me, P;
     uint64_t seq, base;
     size_t sm, stage, reg;
@@ -57,63 +57,63 @@ typedef struct {
     void **dst;             /* P pointers */
     int stream, tc;         /* staging stores streamed; size class (-1: none) */
     double t0;
-} mg__shx;
+} mg__shm_op;
 
 /* Start a shared-memory operation: take the sequence number, map slots.
  * Uses the operation's scratch call. */
-mg_status mg__shx_begin(mg__shx *x, mg__op *o);
+mg_status mg__shm_op_begin(mg__shm_op *x, mg__op *o);
 
-static inline void mg__shx_post(mg__shx *x, uint32_t v) { x->s->post(x->s, x->base + v); }
-static inline mg_status mg__shx_wait(mg__shx *x, int q, uint32_t v)
+static inline void mg__shm_op_post(mg__shm_op *x, uint32_t v) { x->s->post(x->s, x->base + v); }
+static inline mg_status mg__shm_op_wait(mg__shm_op *x, int q, uint32_t v)
 {
     return x->s->wait(x->s, q, x->base + v);
 }
 /* Wait for every peer's counter to reach v (peers after us first, so
  * that ranks do not all queue on the same one). */
-mg_status mg__shx_wait_all(mg__shx *x, uint32_t v);
+mg_status mg__shm_op_wait_all(mg__shm_op *x, uint32_t v);
 
-static inline mg__shm_tiny *mg__shx_tiny(mg__shx *x, int q)
+static inline mg__shm_tiny *mg__shm_op_tiny(mg__shm_op *x, int q)
 {
     return (mg__shm_tiny *)(void *)(x->slot[q] + (x->seq & 1) * x->reg);
 }
-static inline mg__shm_hdr *mg__shx_hdr(mg__shx *x, int q)
+static inline mg__shm_hdr *mg__shm_op_hdr(mg__shm_op *x, int q)
 {
     return (mg__shm_hdr *)(void *)(x->slot[q] + (x->seq & 1) * x->reg + 64);
 }
 /* Where rank q's small input of n bytes lies. */
-static inline char *mg__shx_small(mg__shx *x, int q, size_t n)
+static inline char *mg__shm_op_small(mg__shm_op *x, int q, size_t n)
 {
     char *r = x->slot[q] + (x->seq & 1) * x->reg;
-    return n <= MG__SHX_TINY ? r + offsetof(mg__shm_tiny, data) : r + 128;
+    return n <= MG__SHM_TINY_BYTES ? r + offsetof(mg__shm_tiny, data) : r + 128;
 }
-static inline char *mg__shx_stage(mg__shx *x, int q, size_t k)
+static inline char *mg__shm_op_stage(mg__shm_op *x, int q, size_t k)
 {
     return x->slot[q] + 2 * x->reg + (k % 3) * x->stage;
 }
 /* Group-memory address of [p, p + n) (0: not group memory). */
-static inline uint64_t mg__shx_gaddr(mg__shx *x, const void *p, size_t n)
+static inline uint64_t mg__shm_op_gaddr(mg__shm_op *x, const void *p, size_t n)
 {
     return p && x->s->gaddr ? x->s->gaddr(x->s, p, n) : 0;
 }
-static inline char *mg__shx_gptr(mg__shx *x, int q, uint64_t ga)
+static inline char *mg__shm_op_gptr(mg__shm_op *x, int q, uint64_t ga)
 {
     return x->s->gptr(x->s, q, ga);
 }
 /* Publish two group addresses, post arrival (1), wait for every peer's. */
-mg_status mg__shx_arrive(mg__shx *x, uint64_t g0, uint64_t g1);
+mg_status mg__shm_op_arrive(mg__shm_op *x, uint64_t g0, uint64_t g1);
 /* Small form: copy n bytes (src may be NULL when n is 0) to where
- * mg__shx_small says, stamp and post arrival (1). */
-void mg__shx_publish(mg__shx *x, const void *src, size_t n);
+ * mg__shm_op_small says, stamp and post arrival (1). */
+void mg__shm_op_publish(mg__shm_op *x, const void *src, size_t n);
 /* Wait until every peer has published this operation (same call shape). */
-mg_status mg__shx_wait_published(mg__shx *x);
+mg_status mg__shm_op_wait_published(mg__shm_op *x);
 
 /* Staged forms: choose how this operation of `bytes` writes the staging
  * buffers (sets x->stream: cached or non-temporal stores, whichever has
  * been faster here lately), and, at the end, record what it cost. */
-void mg__shx_stage_begin(mg__shx *x, size_t bytes);
-void mg__shx_stage_end(mg__shx *x);
+void mg__shm_op_stage_begin(mg__shm_op *x, size_t bytes);
+void mg__shm_op_stage_end(mg__shm_op *x);
 /* Copy into a staging buffer with the stores chosen. */
-static inline void mg__shx_stage_copy(mg__shx *x, void *dst, const void *src, size_t n)
+static inline void mg__shm_op_stage_copy(mg__shm_op *x, void *dst, const void *src, size_t n)
 {
     if (x->stream)
         mg__copy_nt(dst, src, n);
@@ -124,6 +124,6 @@ static inline void mg__shx_stage_copy(mg__shx *x, void *dst, const void *src, si
 /* Element range [*lo, *lo + *len) of part q when m elements are cut into P
  * parts on cache-line boundaries (so ranks writing neighbouring parts do
  * not share lines). */
-void mg__shx_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len);
+void mg__shm_op_part(size_t m, int P, int q, size_t es, size_t *lo, size_t *len);
 
 #endif

@@ -119,7 +119,7 @@ typedef struct galloc {
     uint8_t **base;   /* per rank */
 } galloc;
 
-struct mg__shmx {
+struct mg__shm_transport {
     int rank, size;
     uint64_t gid;
     char tag[MG__SHM_TAG_MAX + 1];
@@ -141,38 +141,47 @@ struct mg__shmx {
     double peer_timeout;       /* MG_PEER_TIMEOUT; 0: off */
     uint64_t *beat_seen;       /* per rank: its heartbeat counter, last read... */
     double *beat_at;           /* ...and when it was seen to change */
-    mg__shm view;
+    mg__shm_view view;
     galloc *allocs;
     unsigned nalloc;
 };
 
-/* The mg__shm view's operations (defined below). */
-static void *v_slot(mg__shm *s, int rank);
-static void *v_peer_ptr(mg__shm *s, int peer, const void *ptr);
-static uint64_t v_gaddr(mg__shm *s, const void *ptr, size_t bytes);
-static void *v_gptr(mg__shm *s, int rank, uint64_t ga);
-static mg_status v_barrier(mg__shm *s, int phase);
-static void v_post(mg__shm *s, uint64_t v);
-static mg_status v_wait(mg__shm *s, int rank, uint64_t v);
+/* The mg__shm_view's operations (defined below). */
+static void *v_slot(mg__shm_view *s, int rank);
+static void *v_peer_ptr(mg__shm_view *s, int peer, const void *ptr);
+static uint64_t v_gaddr(mg__shm_view *s, const void *ptr, size_t bytes);
+static void *v_gptr(mg__shm_view *s, int rank, uint64_t ga);
+static mg_status v_barrier(mg__shm_view *s, int phase);
+static void v_post(mg__shm_view *s, uint64_t v);
+static mg_status v_wait(mg__shm_view *s, int rank, uint64_t v);
 
-static inline hot_line *hot(mg__shmx *x, int r) { return (hot_line *)(x->seg[r] + OFF_HOT); }
-static inline sleep_line *slp(mg__shmx *x, int r) { return (sleep_line *)(x->seg[r] + OFF_SLEEP); }
-static inline _Atomic uint64_t *beat(mg__shmx *x, int r)
+static inline hot_line *hot(mg__shm_transport *x, int r)
+{
+    return (hot_line *)(x->seg[r] + OFF_HOT);
+}
+static inline sleep_line *slp(mg__shm_transport *x, int r)
+{
+    return (sleep_line *)(x->seg[r] + OFF_SLEEP);
+}
+static inline _Atomic uint64_t *beat(mg__shm_transport *x, int r)
 {
     return (_Atomic uint64_t *)(x->seg[r] + OFF_BEAT);
 }
-static inline abort_area *abt(mg__shmx *x, int r) { return (abort_area *)(x->seg[r] + OFF_ABORT); }
-static inline hist_rec *hist(mg__shmx *x, int r, uint64_t seq)
+static inline abort_area *abt(mg__shm_transport *x, int r)
+{
+    return (abort_area *)(x->seg[r] + OFF_ABORT);
+}
+static inline hist_rec *hist(mg__shm_transport *x, int r, uint64_t seq)
 {
     return (hist_rec *)(x->seg[r] + OFF_HIST) + (seq % HIST);
 }
-static inline mg__ring *ring(mg__shmx *x, int owner, int sender)
+static inline mg__ring *ring(mg__shm_transport *x, int owner, int sender)
 {
     return (mg__ring *)(x->seg[owner] + OFF_RINGS) + sender;
 }
 /* Which of owner's rings carries sender's bytes: senders are numbered
  * among owner's local peers in rank order. */
-static uint8_t *ring_data(mg__shmx *x, int owner, int sender)
+static uint8_t *ring_data(mg__shm_transport *x, int owner, int sender)
 {
     int idx = 0;
     for (int t = 0; t < sender; t++) idx += x->local[t] && t != owner;
@@ -186,7 +195,7 @@ static long futex(_Atomic uint32_t *a, int op, uint32_t v, const struct timespec
     return syscall(SYS_futex, (uint32_t *)a, op, v, ts, NULL, 0);
 }
 
-static void layout(mg__shmx *x)
+static void layout(mg__shm_transport *x)
 {
     int nl = 0;
     for (int r = 0; r < x->size; r++) nl += x->local[r];
@@ -328,7 +337,7 @@ static void alloc_name(char *buf, size_t n, const char *tag, uint64_t gid, int r
 
 /* Guard (or stop guarding) the names of the local peers' segments
  * (idx < 0) or allocations idx: see the top of this file. */
-static void guard_peers(mg__shmx *x, long idx, bool keep)
+static void guard_peers(mg__shm_transport *x, long idx, bool keep)
 {
     for (int i = 0; i < x->npeers; i++) {
         char name[80];
@@ -339,10 +348,10 @@ static void guard_peers(mg__shmx *x, long idx, bool keep)
     }
 }
 
-mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
+mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_transport **out)
 {
     *out = NULL;
-    mg__shmx *x = calloc(1, sizeof *x);
+    mg__shm_transport *x = calloc(1, sizeof *x);
     if (!x) return mg_error(MG_ENOMEM, "shm: out of memory");
     int n = cfg->size;
     x->rank = cfg->rank;
@@ -367,7 +376,7 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     x->peer_timeout = cfg->peer_timeout;
     if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked ||
         !x->beat_seen || !x->beat_at) {
-        mg__shmx_destroy(x);
+        mg__shm_transport_destroy(x);
         return mg_error(MG_ENOMEM, "shm: out of memory");
     }
     for (int r = 0; r < n; r++) {
@@ -384,23 +393,23 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
         mg_status st = mg_error(MG_EIO, "shm_open(%s): %s; is /dev/shm mounted and writable?",
                                 x->name, strerror(errno));
         guard_peers(x, -1, false);
-        mg__shmx_destroy(x);
+        mg__shm_transport_destroy(x);
         return st;
     }
     if (ftruncate(fd, (off_t)x->total) < 0) {
         mg_status st = mg_error(MG_EIO, "cannot size shared memory %s to %zu bytes: %s (is "
                                 "/dev/shm full?)", x->name, x->total, strerror(errno));
         close(fd);
-        mg__shmx_unlink(x);
-        mg__shmx_destroy(x);
+        mg__shm_transport_unlink(x);
+        mg__shm_transport_destroy(x);
         return st;
     }
     void *p = mmap(NULL, x->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
         mg_status st = mg_error(MG_EIO, "mmap of %s: %s", x->name, strerror(errno));
-        mg__shmx_unlink(x);
-        mg__shmx_destroy(x);
+        mg__shm_transport_unlink(x);
+        mg__shm_transport_destroy(x);
         return st;
     }
     x->seg[x->rank] = p;
@@ -410,14 +419,14 @@ mg_status mg__shmx_create(const mg__shmx_cfg *cfg, mg__shmx **out)
     for (uint64_t i = 0; i < HIST; i++) atomic_store(&hist(x, x->rank, i)->seq, UINT64_MAX);
     atomic_store(&hot(x, x->rank)->fp_seq, UINT64_MAX);
     /* Made once: the algorithms keep state (coll_seq) in the view. */
-    x->view = (mg__shm){.slot_bytes = x->slot_bytes, .slot = v_slot, .peer_ptr = v_peer_ptr,
-                        .gaddr = v_gaddr, .gptr = v_gptr, .barrier = v_barrier,
-                        .post = v_post, .wait = v_wait, .ctx = x};
+    x->view = (mg__shm_view){.slot_bytes = x->slot_bytes, .slot = v_slot, .peer_ptr = v_peer_ptr,
+                             .gaddr = v_gaddr, .gptr = v_gptr, .barrier = v_barrier,
+                             .post = v_post, .wait = v_wait, .ctx = x};
     *out = x;
     return MG_OK;
 }
 
-mg_status mg__shmx_attach(mg__shmx *x)
+mg_status mg__shm_transport_attach(mg__shm_transport *x)
 {
     for (int i = 0; i < x->npeers; i++) {
         int r = x->peers[i];
@@ -448,7 +457,7 @@ mg_status mg__shmx_attach(mg__shmx *x)
     return MG_OK;
 }
 
-void mg__shmx_unlink(mg__shmx *x)
+void mg__shm_transport_unlink(mg__shm_transport *x)
 {
     if (x->unlinked) return;
     named_unlink(x->name);
@@ -456,12 +465,12 @@ void mg__shmx_unlink(mg__shmx *x)
     x->unlinked = true;
 }
 
-void mg__shmx_destroy(mg__shmx *x)
+void mg__shm_transport_destroy(mg__shm_transport *x)
 {
     if (!x) return;
-    while (x->allocs) mg__shmx_free(x, x->allocs->base[x->rank]);
+    while (x->allocs) mg__shm_transport_free(x, x->allocs->base[x->rank]);
     if (x->seg) {
-        if (x->seg[x->rank]) mg__shmx_unlink(x);
+        if (x->seg[x->rank]) mg__shm_transport_unlink(x);
         for (int r = 0; r < x->size; r++)
             if (x->seg[r]) munmap(x->seg[r], x->total);
     }
@@ -478,7 +487,7 @@ void mg__shmx_destroy(mg__shmx *x)
 
 /* ---- wake-ups, aborts, liveness ----------------------------------------- */
 
-void mg__shmx_wake(mg__shmx *x, int peer)
+void mg__shm_transport_wake(mg__shm_transport *x, int peer)
 {
     sleep_line *s = slp(x, peer);
     if (atomic_load(&s->sleeping)) {
@@ -487,12 +496,12 @@ void mg__shmx_wake(mg__shmx *x, int peer)
     }
 }
 
-static void wake_peers(mg__shmx *x)
+static void wake_peers(mg__shm_transport *x)
 {
-    for (int i = 0; i < x->npeers; i++) mg__shmx_wake(x, x->peers[i]);
+    for (int i = 0; i < x->npeers; i++) mg__shm_transport_wake(x, x->peers[i]);
 }
 
-void mg__shmx_block(mg__shmx *x, double slice, bool (*ready)(void *), void *arg)
+void mg__shm_transport_block(mg__shm_transport *x, double slice, bool (*ready)(void *), void *arg)
 {
     sleep_line *s = slp(x, x->rank);
     atomic_store(&s->sleeping, 1);
@@ -504,7 +513,7 @@ void mg__shmx_block(mg__shmx *x, double slice, bool (*ready)(void *), void *arg)
     atomic_store(&s->sleeping, 0);
 }
 
-int mg__shmx_aborted(mg__shmx *x, char *msg, size_t n)
+int mg__shm_transport_aborted(mg__shm_transport *x, char *msg, size_t n)
 {
     for (int i = 0; i < x->npeers; i++) {
         abort_area *a = abt(x, x->peers[i]);
@@ -519,7 +528,7 @@ int mg__shmx_aborted(mg__shmx *x, char *msg, size_t n)
     return -1;
 }
 
-void mg__shmx_abort(mg__shmx *x, const char *msg)
+void mg__shm_transport_abort(mg__shm_transport *x, const char *msg)
 {
     abort_area *a = abt(x, x->rank);
     if (atomic_load(&a->flag)) return;
@@ -532,19 +541,19 @@ void mg__shmx_abort(mg__shmx *x, const char *msg)
     }
 }
 
-void mg__shmx_describe_peer(mg__shmx *x, int peer, char *buf, size_t n)
+void mg__shm_transport_describe_peer(mg__shm_transport *x, int peer, char *buf, size_t n)
 {
     snprintf(buf, n, "rank %d (pid %d, this host)", peer, (int)x->pid[peer]);
 }
 
-void mg__shmx_beat(mg__shmx *x)
+void mg__shm_transport_beat(mg__shm_transport *x)
 {
     atomic_fetch_add_explicit(beat(x, x->rank), 1, memory_order_relaxed);
 }
 
 /* Peer p's heartbeat has not moved for the peer timeout, counted from the
  * start of this operation at the earliest. */
-static bool silent(mg__shmx *x, int p, double now)
+static bool silent(mg__shm_transport *x, int p, double now)
 {
     uint64_t b = atomic_load_explicit(beat(x, p), memory_order_relaxed);
     if (b != x->beat_seen[p]) {
@@ -555,12 +564,12 @@ static bool silent(mg__shmx *x, int p, double now)
     return x->peer_timeout > 0 && now - since > x->peer_timeout;
 }
 
-mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
+mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what)
 {
     char msg[MAX_ABORT], who[96];
-    int r = mg__shmx_aborted(x, msg, sizeof msg);
+    int r = mg__shm_transport_aborted(x, msg, sizeof msg);
     if (r >= 0) return mg_error(MG_EPEER, "rank %d failed and aborted the group: %s", r, msg);
-    mg__shmx_beat(x);
+    mg__shm_transport_beat(x);
     double now = mg_now();
     bool late = now >= x->deadline;
     if (now >= x->next_live || late) {
@@ -569,7 +578,7 @@ mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
             int p = peers[i];
             if (!x->local[p] || p == x->rank) continue;
             mg__liveness l = mg__proc_state(x->pid[p], x->start[p]);
-            mg__shmx_describe_peer(x, p, who, sizeof who);
+            mg__shm_transport_describe_peer(x, p, who, sizeof who);
             if (l == MG__DEAD)
                 return mg_error(MG_EPEER, "%s died (its process is gone) while this rank was %s",
                                 who, what);
@@ -589,7 +598,7 @@ mg_status mg__shmx_check(mg__shmx *x, const int *peers, int n, const char *what)
 
 /* ---- channels ------------------------------------------------------------ */
 
-void mg__shmx_chan(mg__shmx *x, int peer, mg__chan *c)
+void mg__shm_transport_chan(mg__shm_transport *x, int peer, mg__chan *c)
 {
     memset(c, 0, sizeof *c);
     c->kind = MG__CH_SHM;
@@ -600,7 +609,7 @@ void mg__shmx_chan(mg__shmx *x, int peer, mg__chan *c)
     c->tx_data = ring_data(x, peer, x->rank);
     c->rx_data = ring_data(x, x->rank, peer);
     c->cap = x->ring_bytes;
-    c->shmx = x;
+    c->shm_transport = x;
 }
 
 static void copy_in(uint8_t *ring_base, size_t cap, uint64_t pos, const uint8_t *src, size_t n)
@@ -632,7 +641,7 @@ ssize_t mg__shm_chan_write(mg__chan *c, const void *a, size_t an, const void *b,
     if (ka) copy_in(c->tx_data, c->cap, tail, a, ka);
     if (k > ka) copy_in(c->tx_data, c->cap, tail + ka, b, k - ka);
     atomic_store(&c->tx->tail, tail + k);
-    mg__shmx_wake(c->shmx, c->peer);
+    mg__shm_transport_wake(c->shm_transport, c->peer);
     return (ssize_t)k;
 }
 
@@ -649,7 +658,7 @@ ssize_t mg__shm_chan_read(mg__chan *c, void *buf, size_t n)
     if (k > CHUNK) k = CHUNK;
     copy_out(buf, c->rx_data, c->cap, head, k);
     atomic_store(&c->rx->head, head + k);
-    mg__shmx_wake(c->shmx, c->peer);
+    mg__shm_transport_wake(c->shm_transport, c->peer);
     return (ssize_t)k;
 }
 
@@ -665,7 +674,7 @@ bool mg__shm_chan_writable(mg__chan *c)
     return tail - atomic_load(&c->tx->head) < c->cap;
 }
 
-/* ---- the mg__shm view ------------------------------------------------------ */
+/* ---- the mg__shm_view ---------------------------------------------------- */
 
 static uint32_t fp_word(const mg__fp *f)
 {
@@ -673,9 +682,9 @@ static uint32_t fp_word(const mg__fp *f)
            (uint32_t)f->algo << 24;
 }
 
-void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
+void mg__shm_transport_begin(mg__shm_transport *x, const mg__fp *fp, double deadline)
 {
-    mg__shmx_beat(x);
+    mg__shm_transport_beat(x);
     x->fp = *fp;
     x->seq = fp->seq;
     x->deadline = deadline;
@@ -694,7 +703,7 @@ void mg__shmx_begin(mg__shmx *x, const mg__fp *fp, double deadline)
     atomic_store_explicit(&m->fp_seq, fp->seq, memory_order_release);
 }
 
-void mg__shmx_set_deadline(mg__shmx *x, double deadline)
+void mg__shm_transport_set_deadline(mg__shm_transport *x, double deadline)
 {
     x->deadline = deadline;
     x->started = mg_now();
@@ -703,7 +712,7 @@ void mg__shmx_set_deadline(mg__shmx *x, double deadline)
 /* Peer r has reached this operation (or passed it): check that it is the
  * same operation. Seqlocks guard against reading a fingerprint the peer is
  * overwriting; a peer too far ahead is not checked. */
-static mg_status fp_check(mg__shmx *x, int r)
+static mg_status fp_check(mg__shm_transport *x, int r)
 {
     if (x->checked[r] == x->seq) return MG_OK;
     hot_line *h = hot(x, r);
@@ -735,7 +744,7 @@ static mg_status fp_check(mg__shmx *x, int r)
 }
 
 typedef struct {
-    mg__shmx *x;
+    mg__shm_transport *x;
     int r;
     uint64_t v;
 } wait_arg;
@@ -752,33 +761,33 @@ static bool barrier_reached(void *p)
     return atomic_load(&hot(a->x, a->r)->barrier) >= a->v;
 }
 
-static mg_status wait_for(mg__shmx *x, bool (*cond)(void *), wait_arg *a, const char *what)
+static mg_status wait_for(mg__shm_transport *x, bool (*cond)(void *), wait_arg *a, const char *what)
 {
     mg__spin sp = {0};
     char msg[160];
     while (!cond(a)) {
         if (!mg__spin_step(&sp, &x->spin)) continue;
-        mg__shmx_block(x, SLICE, cond, a);
+        mg__shm_transport_block(x, SLICE, cond, a);
         if (cond(a)) break;
         /* A peer in another operation may never post what we wait for:
          * its fingerprint tells, long before the deadline. */
         MG_TRY(fp_check(x, a->r));
         snprintf(msg, sizeof msg, "waiting for rank %d (%s)", a->r, what);
-        MG_TRY(mg__shmx_check(x, &a->r, 1, msg));
+        MG_TRY(mg__shm_transport_check(x, &a->r, 1, msg));
     }
     return fp_check(x, a->r);
 }
 
-static void *v_slot(mg__shm *s, int rank)
+static void *v_slot(mg__shm_view *s, int rank)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     MG_ASSERT(rank >= 0 && rank < x->size);
     return x->seg[rank] + x->slot_off;
 }
 
-static void *v_peer_ptr(mg__shm *s, int peer, const void *ptr)
+static void *v_peer_ptr(mg__shm_view *s, int peer, const void *ptr)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     const uint8_t *p = ptr;
     for (galloc *a = x->allocs; a; a = a->next) {
         const uint8_t *mine = a->base[x->rank];
@@ -790,9 +799,9 @@ static void *v_peer_ptr(mg__shm *s, int peer, const void *ptr)
 /* Group-memory addresses: (allocation index + 1) << 40 | offset. */
 #define GA_SHIFT 40
 
-static uint64_t v_gaddr(mg__shm *s, const void *ptr, size_t bytes)
+static uint64_t v_gaddr(mg__shm_view *s, const void *ptr, size_t bytes)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     const uint8_t *p = ptr;
     for (galloc *a = x->allocs; a; a = a->next) {
         const uint8_t *mine = a->base[x->rank];
@@ -802,9 +811,9 @@ static uint64_t v_gaddr(mg__shm *s, const void *ptr, size_t bytes)
     return 0;
 }
 
-static void *v_gptr(mg__shm *s, int rank, uint64_t ga)
+static void *v_gptr(mg__shm_view *s, int rank, uint64_t ga)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     MG_ASSERT(ga && rank >= 0 && rank < x->size);
     unsigned idx = (unsigned)(ga >> GA_SHIFT) - 1;
     size_t off = (size_t)(ga & (((uint64_t)1 << GA_SHIFT) - 1));
@@ -817,9 +826,9 @@ static void *v_gptr(mg__shm *s, int rank, uint64_t ga)
     return NULL;
 }
 
-static mg_status v_barrier(mg__shm *s, int phase)
+static mg_status v_barrier(mg__shm_view *s, int phase)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     x->nbar++;
     atomic_store(&hot(x, x->rank)->barrier, x->nbar);
     wake_peers(x);
@@ -832,22 +841,22 @@ static mg_status v_barrier(mg__shm *s, int phase)
     return MG_OK;
 }
 
-static void v_post(mg__shm *s, uint64_t v)
+static void v_post(mg__shm_view *s, uint64_t v)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     atomic_store(&hot(x, x->rank)->post, v);
     wake_peers(x);
 }
 
-static mg_status v_wait(mg__shm *s, int rank, uint64_t v)
+static mg_status v_wait(mg__shm_view *s, int rank, uint64_t v)
 {
-    mg__shmx *x = s->ctx;
+    mg__shm_transport *x = s->ctx;
     wait_arg a = {x, rank, v};
     if (post_reached(&a)) return fp_check(x, rank);
     return wait_for(x, post_reached, &a, "its posted counter");
 }
 
-mg__shm *mg__shmx_view(mg__shmx *x)
+mg__shm_view *mg__shm_transport_view(mg__shm_transport *x)
 {
     return x && x->all_local ? &x->view : NULL;
 }
@@ -856,7 +865,7 @@ mg__shm *mg__shmx_view(mg__shmx *x)
 
 
 
-static void galloc_unmap(mg__shmx *x, galloc *a)
+static void galloc_unmap(mg__shm_transport *x, galloc *a)
 {
     for (int r = 0; r < x->size; r++)
         if (a->base[r]) munmap(a->base[r], a->mapped);
@@ -864,7 +873,7 @@ static void galloc_unmap(mg__shmx *x, galloc *a)
     free(a);
 }
 
-mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
+mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out)
 {
     MG_ASSERT(x->all_local);
     *out = NULL;
@@ -929,7 +938,7 @@ mg_status mg__shmx_alloc(mg__shmx *x, size_t bytes, void **out)
     return MG_OK;
 }
 
-int mg__shmx_free(mg__shmx *x, void *p)
+int mg__shm_transport_free(mg__shm_transport *x, void *p)
 {
     for (galloc **pp = &x->allocs; *pp; pp = &(*pp)->next)
         if ((*pp)->base[x->rank] == p) {

@@ -128,7 +128,7 @@ typedef struct mg__chan {
     uint8_t *tx_data, *rx_data;
     size_t cap;
     uint64_t tx_head_seen, rx_tail_seen;  /* cached far-side indices */
-    void *shmx;                            /* for wake-ups */
+    void *shm_transport;                   /* for wake-ups */
     /* liveness (mg__now_coarse() seconds) */
     double last_rx, last_tx;               /* bytes last received / sent */
     int inq_seen;                          /* TCP: unread bytes queued, last seen */
