@@ -173,25 +173,6 @@ static mg_status check_tensor(const char *path, const mg_st_file *f, const char 
     return MG_OK;
 }
 
-static float half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | man << 13;
-    } else if (exp) {
-        bits = sign | (exp + 112) << 23 | man << 13;
-    } else if (man) {
-        int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400));
-        bits = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
-    } else {
-        bits = sign;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static void copy_floats(float *dst, const mg_st_tensor *x, size_t n)
 {
     const uint8_t *s = x->data;
@@ -210,15 +191,14 @@ static void copy_floats(float *dst, const mg_st_tensor *x, size_t n)
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            dst[i] = half_to_float(h);
+            dst[i] = mg_f16_to_f32(h);
         }
         break;
     case MG_ST_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            uint32_t b = (uint32_t)h << 16;
-            memcpy(&dst[i], &b, 4);
+            dst[i] = mg_bf16_to_f32(h);
         }
         break;
     default:
