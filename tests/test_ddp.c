@@ -490,6 +490,65 @@ TEST_T(ddp_buckets_start_after_each_nested_unit, 60)
     CHECK_EQ(mgt_fork_ranks(2, nested_rank, &port, 40, st), 0);
 }
 
+/* A DDP training step through mg_train_step allocates nothing after the
+ * first: not the model, not the buckets' all-reduces, not the group's
+ * progress thread (every thread of the rank counts). */
+typedef struct {
+    float *x;
+    int32_t *y;
+    int n, k;
+} fixed_feed;
+
+static bool fixed_next(void *ud, mg_micro_batch *b)
+{
+    fixed_feed *f = ud;
+    if (f->k++) return false;
+    *b = (mg_micro_batch){f->x, f->y, f->n, true};
+    return true;
+}
+
+static int alloc_rank(int rank, int world, void *arg)
+{
+    mg_group *g = mgt_join(rank, world, *(int *)arg, NULL, 20);
+    CHECK(g);
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_DDP);
+    so.group = g;
+    so.max_batch = 8;
+    so.ddp.first_bucket_bytes = so.ddp.bucket_bytes = 64 << 10;   /* several buckets */
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    oc.momentum = 0.9f;
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    static float x[8 * 784];
+    int32_t y[8];
+    for (int i = 0; i < 8 * 784; i++) x[i] = (float)((i * 37 + rank) % 11) / 11.0f;
+    for (int i = 0; i < 8; i++) y[i] = i % 10;
+    mg_step_options opt = {.accumulate = 1, .lr = 0.05f};
+    for (int step = 0; step < 4; step++) {
+        fixed_feed f = {x, y, 8, 0};
+        mg_step_result r;
+        long before = mgt_allocs();
+        CHECK_OK(mg_train_step(s, o, &opt, fixed_next, &f, &r));
+        long n = mgt_allocs() - before;
+        CHECK_MSG(step == 0 || n == 0, "rank %d: %ld allocations in DDP step %d", rank, n, step);
+    }
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(ddp_train_step_allocates_nothing, 60)
+{
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, alloc_rank, &port, 40, st), 0);
+}
+
 /* A rank whose parameters receive no gradient in a step (here: it runs no
  * backward at all) still completes the step: mg_ddp_finish launches the
  * buckets the hook never reached, and the average counts its zeros. */

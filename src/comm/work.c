@@ -246,12 +246,47 @@ mg_status mg_run(mg_group *g, const mg_call *c)
     return run_req(g, &r);
 }
 
+/* Freed works wait here for the next mg_start, so that a training step's
+ * all-reduces allocate nothing once the first step has run. Process-wide
+ * (a work may outlive its group) and bounded. */
+#define POOL_MAX 64
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mg_work *pool;
+static int pool_n;
+
+static struct mg_work *work_new(void)
+{
+    pthread_mutex_lock(&pool_mu);
+    struct mg_work *w = pool;
+    if (w) {
+        pool = w->next;
+        pool_n--;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    if (!w) return calloc(1, sizeof *w);
+    memset(w, 0, sizeof *w);
+    return w;
+}
+
+static void work_release(struct mg_work *w)
+{
+    pthread_mutex_lock(&pool_mu);
+    if (pool_n < POOL_MAX) {
+        w->next = pool;
+        pool = w;
+        pool_n++;
+        w = NULL;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    free(w);
+}
+
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
 {
     *out = NULL;
     MG_TRY(mg__call_check(c, g->rank, g->size));
     if (atomic_load(&g->failed)) return failed_error(g);
-    struct mg_work *w = calloc(1, sizeof *w);
+    struct mg_work *w = work_new();
     if (!w) return mg_error(MG_ENOMEM, "mg_start: out of memory");
     w->g = g;
     w->heap = true;
@@ -316,5 +351,5 @@ void mg_work_free(mg_work *w)
         mg_error(MG_OK, "%s", keep);
     }
     MG_ASSERT(w->heap);
-    free(w);
+    work_release(w);
 }
