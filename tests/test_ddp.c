@@ -528,6 +528,10 @@ static int alloc_rank(int rank, int world, void *arg)
     for (int i = 0; i < 8 * 784; i++) x[i] = (float)((i * 37 + rank) % 11) / 11.0f;
     for (int i = 0; i < 8; i++) y[i] = i % 10;
     mg_step_options opt = {.accumulate = 1, .lr = 0.05f};
+    /* Rank 0 also serves the rendezvous store, whose thread allocates to
+     * answer the other rank's requests: the last of joining are over once
+     * both have passed a barrier, and leaving waits for the second. */
+    CHECK_OK(mg_barrier(g));
     for (int step = 0; step < 4; step++) {
         fixed_feed f = {x, y, 8, 0};
         mg_step_result r;
@@ -536,6 +540,7 @@ static int alloc_rank(int rank, int world, void *arg)
         long n = mgt_allocs() - before;
         CHECK_MSG(step == 0 || n == 0, "rank %d: %ld allocations in DDP step %d", rank, n, step);
     }
+    CHECK_OK(mg_barrier(g));
     mg_optim_destroy(o);
     mg_strategy_destroy(s);
     mg_model_destroy(m);

@@ -247,6 +247,38 @@ TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
     free(out);
 }
 
+/* A checkpoint moves freely between strategies and world sizes (it holds
+ * tensors by name, whatever the unit padding): 2 steps on 3 DDP ranks,
+ * 2 more in one process, 2 on 2 ranks, 2 with DataParallel threads end
+ * where 8 steps in one process do, up to the summation order. */
+TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
+{
+    const char *t = mgt_tmpdir();
+    char *out, ref[512], ck[512], bin[512], run[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ref, sizeof ref, "%s/straight.st", t);
+    snprintf(ck, sizeof ck, "%s/moving.st", t);
+    int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 8 --eval-every 2 --save %s", bin, ref);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    const char *mode[4] = {"--parallel ddp", "", "--parallel ddp", "--parallel dp --workers 3"};
+    int ranks[4] = {3, 1, 2, 1};
+    for (int k = 0; k < 4; k++) {
+        char launch[600] = "", resume[600] = "";
+        if (ranks[k] > 1) snprintf(launch, sizeof launch, "%s -n %d ", run, ranks[k]);
+        if (k) snprintf(resume, sizeof resume, "--resume %s", ck);
+        rc = mgt_sh(&out, "%s%s " GPT_SMALL " %s --steps %d --eval-every 2 --save %s %s", launch,
+                    bin, mode[k], 2 * (k + 1), ck, resume);
+        CHECK_MSG(rc == 0, "step %d: %s", 2 * (k + 1), out);
+        free(out);
+    }
+    double worst, d = ckpt_rel_diff(ck, ref, &worst);
+    printf("8 steps over ddp 3, one process, ddp 2, dp 3 vs one process: %.3g (max %.3g)\n", d,
+           worst);
+    CHECK_MSG(d <= 1e-4, "parameters differ from one process by %g", d);
+}
+
 /* Resuming at step 5 gives the same bytes as 10 steps in one go (the
  * batches depend only on seed and step); the log keeps its rows; the
  * plot exists; --eval-only and --sample work from the checkpoint. */
