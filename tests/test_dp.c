@@ -144,4 +144,16 @@ TEST(dp_one_worker_and_bad_arguments)
     CHECK_ERR(mg_dp_create("no-such-model", 0, 2, 16, &dp), MG_EINVAL);
     CHECK_OK(mg_dp_create("mlp", 0, 1, 16, &dp));
     mg_dp_destroy(dp);
+    /* A model another strategy already hooks is refused, not raced on. */
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    static const mg_unit_hooks none = {0};
+    CHECK_OK(mg_model_add_hooks(m, &none, NULL));
+    CHECK_ERR(mg_dp_wrap(m, 2, 16, &dp), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "unit hooks"));
+    mg_model_remove_hooks(m, &none, NULL);
+    CHECK_EQ(mg_model_num_hooks(m), 0);
+    CHECK_OK(mg_dp_wrap(m, 2, 16, &dp));
+    mg_dp_destroy(dp);
+    mg_model_destroy(m);
 }

@@ -124,6 +124,10 @@ mg_status mg_dp_wrap(mg_model *m, int workers, int max_batch, mg_dp **out)
         return mg_error(MG_EINVAL, "DataParallel needs at least 1 worker (got %d)", workers);
     if (max_batch < 1)
         return mg_error(MG_EINVAL, "DataParallel: batch size %d must be positive", max_batch);
+    if (mg_model_num_hooks(m))
+        return mg_error(MG_EINVAL, "DataParallel: model '%s' has unit hooks (another strategy's?), "
+                        "which its threads would call at once; give it a model of its own",
+                        mg_model_name(m));
     mg_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return mg_error(MG_ENOMEM, "dp: out of memory");
     dp->m = m;
