@@ -141,6 +141,8 @@ typedef struct mg_unit_info {
 } mg_unit_info;
 int mg_model_num_units(const mg_model *m);
 mg_unit_info mg_model_unit(const mg_model *m, int i);
+/* Just the range (cheap: for hooks on the training path). */
+void mg_model_unit_range(const mg_model *m, int i, size_t *lo, size_t *hi);
 /* Lay the arenas out again with every unit's range a multiple of pad
  * floats (a strategy passes lcm(world size, MG_SIMD_FLOATS); the default
  * is MG_SIMD_FLOATS). Parameters keep their values; gradients are zeroed.

@@ -388,6 +388,13 @@ static double flops_of(const mg_layer *l)
     return f;
 }
 
+void mg_model_unit_range(const mg_model *m, int i, size_t *lo, size_t *hi)
+{
+    MG_ASSERT(i >= 0 && i < m->n_units);
+    *lo = m->units[i].lo;
+    *hi = m->units[i].hi;
+}
+
 mg_unit_info mg_model_unit(const mg_model *m, int i)
 {
     MG_ASSERT(i >= 0 && i < m->n_units);

@@ -67,7 +67,8 @@ static mg_status make_buckets(mg_ddp *d)
     if (!d->b) return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
     size_t lo = 0;
     for (int u = nu - 1; u >= 0; u--) {
-        size_t hi = mg_model_unit(d->m, u).hi;
+        size_t ulo, hi;
+        mg_model_unit_range(d->m, u, &ulo, &hi);
         size_t cap = d->nb == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
         if (hi > lo && (hi - lo) * sizeof(float) >= cap) {
             d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
@@ -116,7 +117,8 @@ static void on_unit_done(void *ud, mg_tape *t, int unit)
     mg_ddp *d = ud;
     (void)t;
     if (!d->sync) return;
-    size_t hi = mg_model_unit(d->m, unit).hi;
+    size_t lo, hi;
+    mg_model_unit_range(d->m, unit, &lo, &hi);
     if (hi > d->ready) d->ready = hi;
     while (d->next < d->nb && d->b[d->next].hi <= d->ready) launch(d, &d->b[d->next++]);
 }
