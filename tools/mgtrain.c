@@ -36,6 +36,7 @@
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
     const char *parallel, *compress, *prompt, *mesh;
+    mg_strategy_kind strategy;   /* of --parallel, or ddp for --mesh */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
@@ -263,12 +264,11 @@ static void parse_args(int argc, char **argv, options *o)
         }
     }
     if (optind < argc) die("unexpected argument '%s' (see --help)", argv[optind]);
-    if (strcmp(o->parallel, "none") && strcmp(o->parallel, "dp") && strcmp(o->parallel, "ddp"))
-        die("unknown --parallel '%s': use none, dp or ddp", o->parallel);
-    if (o->mesh && !strcmp(o->parallel, "dp"))
+    if (mg_strategy_parse(o->parallel, &o->strategy)) die("--parallel: %s", mg_last_error());
+    if (o->mesh && o->strategy == MG_STRATEGY_DP)
         die("--mesh lays out the ranks of a job; --parallel dp is threads in one process: "
             "give one of them");
-    if (o->mesh) o->parallel = "ddp";   /* the mesh's dp dimension runs DDP */
+    if (o->mesh) o->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
 }
 
 /* ---- metrics log and plot ------------------------------------------------
@@ -505,7 +505,7 @@ static int resume_flags_differ(const char *saved, const char *now, const char *p
 /* ---- parallel modes ------------------------------------------------------- */
 
 struct trainer {
-    enum { MODE_NONE, MODE_DP, MODE_DDP } mode;
+    mg_strategy_kind mode;   /* --parallel (or --mesh: ddp) */
     mg_group *g;        /* ddp: the whole job */
     mg_mesh *mesh;      /* its ranks as a mesh (--parallel ddp: dp only) */
     int rank, world;
@@ -519,7 +519,7 @@ struct trainer {
 /* Sum values over the ranks (no-op in one process). */
 static void sum_over_ranks(trainer *t, double *v, int n)
 {
-    if (t->mode != MODE_DDP) return;
+    if (t->mode != MG_STRATEGY_DDP) return;
     if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM)) die_in_step(t);
 }
 
@@ -530,7 +530,7 @@ static void sum_over_ranks(trainer *t, double *v, int n)
 static void die_in_step(const trainer *t)
 {
     const char *e = mg_last_error();
-    if (t->mode == MODE_DDP) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
+    if (t->mode == MG_STRATEGY_DDP) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
     die("%s", e);
 }
 
@@ -541,7 +541,7 @@ static void die_in_step(const trainer *t)
 static void agree_or_die(trainer *t, int failed, const char *what)
 {
     if (failed) mg_eprintf(prog, "%s", what);
-    if (t->mode == MODE_DDP) {
+    if (t->mode == MG_STRATEGY_DDP) {
         double who = failed ? t->rank + 1 : 0;   /* the last failing rank, + 1 */
         if (mg_all_reduce(t->g, &who, &who, 1, MG_F64, MG_MAX)) die_in_step(t);
         if (who > 0 && !failed) {
@@ -578,7 +578,7 @@ static void setting_words(const char *kv, size_t n, char *out, size_t cap)
 #define SETTINGS_CAP 1024
 static void same_on_every_rank(trainer *t, const char *settings)
 {
-    if (t->mode != MODE_DDP) return;
+    if (t->mode != MG_STRATEGY_DDP) return;
     unsigned char md[EVP_MAX_MD_SIZE], *all = malloc((size_t)t->world * SETTINGS_CAP);
     if (!all || !EVP_Digest(settings, strlen(settings), md, NULL, EVP_sha256(), NULL))
         die("cannot compare the settings of the ranks: out of memory");
@@ -615,7 +615,7 @@ static void same_on_every_rank(trainer *t, const char *settings)
  * (mgrun --max-restarts) resumes from the last save. */
 static void join_job(options *o, trainer *t)
 {
-    if (t->mode == MODE_DDP) {
+    if (t->mode == MG_STRATEGY_DDP) {
         if (!mg_launch_detect().by)
             die("%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' (or under "
                 "mpirun)", o->mesh ? "--mesh" : "--parallel ddp",
@@ -775,10 +775,8 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
 {
     if (make(ud, &t->m)) die("%s", mg_last_error());
     mg_model_set_recompute(t->m, o->recompute);
-    mg_strategy_options so = mg_strategy_defaults(t->mode == MODE_DP ? MG_STRATEGY_DP
-                                                  : t->mode == MODE_DDP ? MG_STRATEGY_DDP
-                                                  : MG_STRATEGY_SINGLE);
-    so.max_batch = t->mode == MODE_DP ? o->batch : local;
+    mg_strategy_options so = mg_strategy_defaults(t->mode);
+    so.max_batch = t->mode == MG_STRATEGY_DP ? o->batch : local;
     so.workers = o->workers;
     so.group = t->mesh ? mg_mesh_group(t->mesh, MG_MESH_DP) : NULL;
     so.ddp.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
@@ -903,7 +901,7 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
     int begin = 0, end = test->n, ch, h, w;
     mg_model_input_shape(m, &ch, &h, &w);
     size_t x_len = (size_t)batch * ch * h * w;   /* x's floats */
-    if (t->mode == MODE_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
+    if (t->mode == MG_STRATEGY_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
     mg_model_set_training(m, false);
     double v[3] = {0, 0, 0};  /* loss sum, correct, images */
     for (int i = begin; i < end; i += batch) {
@@ -996,8 +994,8 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     progress pr = {isatty(2), o->quiet, 0, 0};
     if (!o->quiet) {
         printf("mgtrain: %s, %zu parameters, batch %d", o->model, mg_model_num_params(m), o->batch);
-        if (t->mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
-        if (t->mode == MODE_DP) printf(" (%d DataParallel workers)", o->workers);
+        if (t->mode == MG_STRATEGY_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
         if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
     }
@@ -1140,8 +1138,8 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         printf("mgtrain: %s (%d layers, dim %d, %d heads, context %d), %zu parameters, "
                "batch %d", o->model, o->gpt.layers, o->gpt.dim, o->gpt.heads, T,
                mg_model_num_params(m), o->batch);
-        if (t->mode == MODE_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
-        if (t->mode == MODE_DP) printf(" (%d DataParallel workers)", o->workers);
+        if (t->mode == MG_STRATEGY_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
         if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,
                o->steps, mg_text_size(text), mg_text_train_size(text));
@@ -1214,9 +1212,7 @@ int main(int argc, char **argv)
     if (mg_tunables_check()) die("%s", mg_last_error());
     if (!o.threads) o.threads = (int)mg_env_long("MG_THREADS", 1);
     mg_kernels();   /* the GEMM kernel check sets the environment: before any thread starts */
-    trainer t = {.mode = !strcmp(o.parallel, "dp") ? MODE_DP
-                       : !strcmp(o.parallel, "ddp") ? MODE_DDP : MODE_NONE,
-                 .rank = 0, .world = 1};
+    trainer t = {.mode = o.strategy, .rank = 0, .world = 1};
 
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;
@@ -1245,12 +1241,12 @@ int main(int argc, char **argv)
     if (mg_schedule_parse(o.schedule, o.lr, &sched)) die("--schedule: %s", mg_last_error());
     mg_compress comp;
     if (mg_compress_parse(o.compress, &comp)) die("--compress: %s", mg_last_error());
-    if (comp != MG_COMPRESS_NONE && t.mode != MODE_DDP)
+    if (comp != MG_COMPRESS_NONE && t.mode != MG_STRATEGY_DDP)
         die("--compress %s applies to --parallel ddp only", o.compress);
     if (o.resume && o.init) die("--resume and --init both set: give one of them");
     if (o.eval_only && !o.resume && !o.init)
         die("--eval-only needs weights: give --init FILE or --resume FILE");
-    if (t.mode == MODE_DP && o.batch < o.workers)
+    if (t.mode == MG_STRATEGY_DP && o.batch < o.workers)
         die("--batch %d is smaller than --workers %d: give each worker at least one sample",
             o.batch, o.workers);
 

@@ -819,7 +819,9 @@ const float *mg_model_forward(mg_model *m, const float *x, int batch)
 
 const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch)
 {
-    return mg_model_forward(m, (const float *)(const void *)tokens, batch);
+    MG_ASSERT(batch > 0);
+    if (mg_model_reserve(m, batch)) return NULL;
+    return mg_tape_forward_tokens(m->tape, tokens, batch);
 }
 
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct)
@@ -842,7 +844,7 @@ void mg_model_backward_from(mg_model *m, const float *dout)
 
 const float *mg_model_input_grad(const mg_model *m)
 {
-    return m->input_grad && m->tape ? m->tape->dinput : NULL;
+    return m->tape ? mg_tape_input_grad(m->tape) : NULL;
 }
 
 void mg_model_zero_grad(mg_model *m)
