@@ -36,8 +36,9 @@
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
     const char *parallel, *compress, *prompt, *mesh;
-    mg_strategy_kind strategy;   /* of --parallel, or ddp for --mesh */
+    mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
+    int zero;           /* --zero stage, 0: none */
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
     uint64_t seed;
@@ -115,6 +116,9 @@ static void usage(FILE *f)
 "  --recompute         drop each unit's activations after its forward and run\n"
 "                      the forward again before its backward: less memory,\n"
 "                      the same numbers\n"
+"  --zero STAGE        with --parallel ddp or --mesh dp=N: ZeRO stage 1 (each rank\n"
+"                      keeps 1/N of the optimizer state), 2 (and of the\n"
+"                      gradients) or 3 (and of the parameters)\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
 "gpt-mini only:\n"
@@ -172,7 +176,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN, O_MESH };
+           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -189,7 +193,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
-        {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {0, 0, 0, 0}};
+        {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
     o->schedule = "constant";
@@ -241,6 +246,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_RECOMPUTE: o->recompute = 1; break;
         case O_PLAN: o->print_plan = 1; break;
         case O_MESH: o->mesh = optarg; break;
+        case O_ZERO: o->zero = (int)int_flag("--zero", 1, 3); break;
         case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
         case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
         case O_EVAL_EVERY:
@@ -269,6 +275,12 @@ static void parse_args(int argc, char **argv, options *o)
         die("--mesh lays out the ranks of a job; --parallel dp is threads in one process: "
             "give one of them");
     if (o->mesh) o->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
+    if (o->zero) {
+        if (o->strategy != MG_STRATEGY_DDP)
+            die("--zero %d shards the state of a data-parallel job: give it with --parallel ddp "
+                "or --mesh dp=N", o->zero);
+        o->strategy = MG_STRATEGY_ZERO;   /* ... or ZeRO */
+    }
 }
 
 /* ---- metrics log and plot ------------------------------------------------
@@ -505,7 +517,7 @@ static int resume_flags_differ(const char *saved, const char *now, const char *p
 /* ---- parallel modes ------------------------------------------------------- */
 
 struct trainer {
-    mg_strategy_kind mode;   /* --parallel (or --mesh: ddp) */
+    mg_strategy_kind mode;   /* --parallel (or --mesh: ddp; with --zero: zero) */
     mg_group *g;        /* ddp: the whole job */
     mg_mesh *mesh;      /* its ranks as a mesh (--parallel ddp: dp only) */
     int rank, world;
@@ -516,10 +528,23 @@ struct trainer {
     char hp[512];       /* hparams_string */
 };
 
+/* One rank of a job (DDP or ZeRO), not one process. */
+static bool distributed(const trainer *t)
+{
+    return t->mode == MG_STRATEGY_DDP || t->mode == MG_STRATEGY_ZERO;
+}
+
+/* The whole parameters here (ZeRO-3 gathers them; collective) for
+ * evaluation and sampling, until mg_strategy_release. */
+static void gather(trainer *t)
+{
+    if (mg_strategy_gather(t->s)) die_in_step(t);
+}
+
 /* Sum values over the ranks (no-op in one process). */
 static void sum_over_ranks(trainer *t, double *v, int n)
 {
-    if (t->mode != MG_STRATEGY_DDP) return;
+    if (!distributed(t)) return;
     if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM)) die_in_step(t);
 }
 
@@ -530,7 +555,7 @@ static void sum_over_ranks(trainer *t, double *v, int n)
 static void die_in_step(const trainer *t)
 {
     const char *e = mg_last_error();
-    if (t->mode == MG_STRATEGY_DDP) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
+    if (distributed(t)) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
     die("%s", e);
 }
 
@@ -541,7 +566,7 @@ static void die_in_step(const trainer *t)
 static void agree_or_die(trainer *t, int failed, const char *what)
 {
     if (failed) mg_eprintf(prog, "%s", what);
-    if (t->mode == MG_STRATEGY_DDP) {
+    if (distributed(t)) {
         double who = failed ? t->rank + 1 : 0;   /* the last failing rank, + 1 */
         if (mg_all_reduce(t->g, &who, &who, 1, MG_F64, MG_MAX)) die_in_step(t);
         if (who > 0 && !failed) {
@@ -578,7 +603,7 @@ static void setting_words(const char *kv, size_t n, char *out, size_t cap)
 #define SETTINGS_CAP 1024
 static void same_on_every_rank(trainer *t, const char *settings)
 {
-    if (t->mode != MG_STRATEGY_DDP) return;
+    if (!distributed(t)) return;
     unsigned char md[EVP_MAX_MD_SIZE], *all = malloc((size_t)t->world * SETTINGS_CAP);
     if (!all || !EVP_Digest(settings, strlen(settings), md, NULL, EVP_sha256(), NULL))
         die("cannot compare the settings of the ranks: out of memory");
@@ -615,7 +640,7 @@ static void same_on_every_rank(trainer *t, const char *settings)
  * (mgrun --max-restarts) resumes from the last save. */
 static void join_job(options *o, trainer *t)
 {
-    if (t->mode == MG_STRATEGY_DDP) {
+    if (distributed(t)) {
         if (!mg_launch_detect().by)
             die("%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' (or under "
                 "mpirun)", o->mesh ? "--mesh" : "--parallel ddp",
@@ -635,9 +660,9 @@ static void join_job(options *o, trainer *t)
         char settings[SETTINGS_CAP], hp[512];
         hparams_string(o, t->lm, hp, sizeof hp);
         snprintf(settings, sizeof settings, "%s;compress=%s;bucket_mb=%g;eval_every=%d;"
-                 "eval_only=%s;resume=%s;init=%s", hp, o->compress, o->bucket_mb, o->eval_every,
-                 o->eval_only ? "yes" : "no", o->resume ? "given" : "none",
-                 o->init ? "given" : "none");
+                 "eval_only=%s;resume=%s;init=%s;zero=%d", hp, o->compress, o->bucket_mb,
+                 o->eval_every, o->eval_only ? "yes" : "no", o->resume ? "given" : "none",
+                 o->init ? "given" : "none", o->zero);
         same_on_every_rank(t, settings);
         char msg[256];
         snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
@@ -783,6 +808,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     if (so.ddp.first_bucket_bytes > so.ddp.bucket_bytes)
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
     so.ddp.compress = comp;
+    so.zero_stage = o->zero;
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
     if (o->print_plan) print_plan(t, local);
     make_optimizer(o, kind, beta2, lm, t);
@@ -901,7 +927,8 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
     int begin = 0, end = test->n, ch, h, w;
     mg_model_input_shape(m, &ch, &h, &w);
     size_t x_len = (size_t)batch * ch * h * w;   /* x's floats */
-    if (t->mode == MG_STRATEGY_DDP) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
+    if (distributed(t)) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
+    gather(t);
     mg_model_set_training(m, false);
     double v[3] = {0, 0, 0};  /* loss sum, correct, images */
     for (int i = begin; i < end; i += batch) {
@@ -916,6 +943,7 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
         v[2] += bs;
     }
     mg_model_set_training(m, true);
+    mg_strategy_release(t->s);
     sum_over_ranks(t, v, 3);
     *loss = v[0] / v[2];
     *acc = v[1] / v[2];
@@ -994,7 +1022,8 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     progress pr = {isatty(2), o->quiet, 0, 0};
     if (!o->quiet) {
         printf("mgtrain: %s, %zu parameters, batch %d", o->model, mg_model_num_params(m), o->batch);
-        if (t->mode == MG_STRATEGY_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (distributed(t))
+            printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
         if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
@@ -1068,15 +1097,17 @@ done:
 static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
 {
     double v;
+    gather(t);
     if (mg_lm_val_loss(t->m, text, batch, t->g, &v)) die_in_step(t);
+    mg_strategy_release(t->s);
     *ppl = exp(v);
     return v;
 }
 
-/* Rank 0 generates --sample bytes after --prompt and prints them. */
-static void print_sample(trainer *t, const options *o)
+/* Rank 0 generates --sample bytes after --prompt and prints them (the
+ * whole parameters gathered: collective under ZeRO-3). */
+static void generate(trainer *t, const options *o)
 {
-    if (!o->sample || t->rank != 0) return;
     int np = (int)strlen(o->prompt);
     int32_t *tok = malloc(sizeof *tok * (size_t)(np + o->sample));
     if (!tok) die("out of memory for a sample of %d bytes", o->sample);
@@ -1089,6 +1120,14 @@ static void print_sample(trainer *t, const options *o)
     putchar('\n');
     fflush(stdout);
     free(tok);
+}
+
+static void print_sample(trainer *t, const options *o)
+{
+    if (!o->sample) return;
+    gather(t);
+    if (t->rank == 0) generate(t, o);
+    mg_strategy_release(t->s);
 }
 
 static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
@@ -1138,7 +1177,8 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         printf("mgtrain: %s (%d layers, dim %d, %d heads, context %d), %zu parameters, "
                "batch %d", o->model, o->gpt.layers, o->gpt.dim, o->gpt.heads, T,
                mg_model_num_params(m), o->batch);
-        if (t->mode == MG_STRATEGY_DDP) printf(" (%d per rank on %d ranks, ddp)", local, t->world);
+        if (distributed(t))
+            printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
         if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,

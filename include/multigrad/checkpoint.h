@@ -40,6 +40,15 @@ typedef struct mg_st_tensor {
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
                       const char *const *meta, int n_meta);
 
+/* For a file written in parts (by several processes): the bytes before
+ * the data (length and header) of a file of these tensors (their data may
+ * be NULL) and metadata, with the checksum made from data_crc[i], the
+ * CRC-32 (zlib's crc32) of tensor i's data bytes. Its length does not
+ * depend on the CRCs; tensor i's data starts at *len plus the bytes of the
+ * tensors before it. *out is malloc'd. */
+mg_status mg_st_header(const mg_st_tensor *t, int n, const char *const *meta, int n_meta,
+                       const uint32_t *data_crc, void **out, size_t *len);
+
 typedef struct mg_st_file mg_st_file;
 /* Read and validate a whole file (header JSON, dtypes, shapes, byte ranges
  * in bounds, non-overlapping, covering the data). */
@@ -79,7 +88,35 @@ typedef struct mg_ckpt_meta {
  * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. */
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta);
-/* Load into m (and o if not NULL). Refuses a file of another model, with
+/* A checkpoint written by several processes into one file, each its own
+ * byte ranges (a sharded strategy's ranks, each its pieces of the arena):
+ * every process makes the same writer (the layout: tensors, offsets, file
+ * size) from the same model shape, optimizer kind and meta; one creates
+ * the file (mg_atomic_begin with mg_ckpt_writer_size); each writes the
+ * parameters and optimizer state of its arena ranges r (the optimizer must
+ * hold their state), and the buffers where `buffers`, getting the CRC of
+ * every piece it wrote; the creator, with every process's pieces, writes
+ * the header (refusing bytes nobody or two processes wrote) and commits.
+ * mg_checkpoint_save is this with one process writing everything. */
+typedef struct mg_ckpt_writer mg_ckpt_writer;
+typedef struct mg_ckpt_piece {
+    int32_t tensor;     /* index in the file's table */
+    uint32_t crc;       /* CRC-32 of the piece's bytes */
+    uint64_t off, len;  /* bytes within the tensor's data */
+} mg_ckpt_piece;
+mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *meta,
+                                mg_ckpt_writer **out);
+void mg_ckpt_writer_destroy(mg_ckpt_writer *w);
+uint64_t mg_ckpt_writer_size(const mg_ckpt_writer *w);
+/* *out (malloc'd, *np entries) gets the pieces written. */
+mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const mg_range *r,
+                             int nr, bool buffers, mg_ckpt_piece **out, int *np);
+/* Sorts pc. */
+mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_ckpt_piece *pc,
+                               int n);
+
+/* Load into m (and o if not NULL: the state of o's ranges, so a shard
+ * reads its part of a checkpoint any world size wrote). Refuses a file of another model, with
  * missing or mis-shaped tensors, damaged, or with a step, epoch or
  * optimizer step count over 2^53 - 1, with a clear error; on error m and
  * o are unchanged. meta may be NULL. */

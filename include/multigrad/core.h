@@ -22,6 +22,16 @@ extern "C" {
 void *mg_alloc(size_t bytes);
 void *mg_alloc_zero(size_t bytes);
 void mg_free(void *p);
+/* Zeroed memory in a mapping of its own (page-aligned; NULL on failure):
+ * a page becomes resident when first written, so an arena of which a
+ * process uses only a part (a ZeRO shard) costs only that part. Free with
+ * mg_unmap and the same size. */
+void *mg_map_zero(size_t bytes);
+void mg_unmap(void *p, size_t bytes);
+/* Zero [p, p + bytes) of memory from mg_map_zero, giving its whole pages
+ * back to the system (they read as zeros and become resident again when
+ * written); the partial pages at the edges are cleared in place. */
+void mg_mem_discard(void *p, size_t bytes);
 
 /* Element types of buffers (communication) and files (safetensors). */
 typedef enum { MG_F32, MG_F64, MG_F16, MG_BF16, MG_I32, MG_I64, MG_U8,
@@ -174,6 +184,20 @@ double mg_now(void);
 typedef struct mg_piece { const void *data; size_t len; } mg_piece;
 mg_status mg_write_file_atomic(const char *path, const void *data, size_t len);
 mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n);
+/* The same in phases, for a file several processes write (each its own
+ * byte ranges, by the temporary name): begin makes the temporary file of
+ * `size` bytes (its name in tmp); pwrite_all writes at an offset (a full
+ * disk is a clear MG_EIO); commit syncs, renames and syncs the directory
+ * (closing fd; on failure the temporary file is removed); abort removes
+ * it. */
+mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd);
+mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, const char *path);
+mg_status mg_atomic_commit(const char *path, const char *tmp, int fd);
+void mg_atomic_abort(const char *tmp, int fd);
+/* CRC-32 (zlib's) of len bytes, and of two byte strings one after the
+ * other from their CRCs (len_b: the second's length). */
+uint32_t mg_crc32(const void *data, size_t len);
+uint32_t mg_crc32_combine(uint32_t a, uint32_t b, uint64_t len_b);
 /* Whether path can be written by the above (before any work that ends in
  * writing it): not a directory or other non-regular file, and a file can
  * be created next to it. MG_EINVAL or MG_EIO naming path otherwise. */

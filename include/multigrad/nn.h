@@ -132,12 +132,14 @@ void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
  * for an unnamed layer), its padded parameter range [lo, hi) of the
  * arena (lo == hi: no parameters), the parameters in it, its forward
  * FLOPs per sample and the bytes it keeps for backward (saved) and
- * outputs per sample. */
+ * outputs per sample; borrows: the unit whose parameters it also reads
+ * (a head tied to the embedding), or -1. */
 typedef struct mg_unit_info {
     const char *name, *kind;
     size_t lo, hi, numel;
     double flops;
     size_t saved_bytes, out_bytes;
+    int borrows;
 } mg_unit_info;
 int mg_model_num_units(const mg_model *m);
 mg_unit_info mg_model_unit(const mg_model *m, int i);

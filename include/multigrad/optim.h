@@ -34,12 +34,19 @@ typedef struct mg_optim mg_optim;
 /* State arenas of n floats (the model's arena_size). */
 mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out);
 /* State arenas of hi - lo floats for the range [lo, hi) of the arena that
- * this process updates (a strategy's range: a ZeRO shard holds 1/N of the
- * state). Updates, groups and steps take arena offsets; state i of the
- * arena's offset k is mg_optim_state(o, i, NULL)[k - lo]. */
+ * this process updates. Updates, groups and steps take arena offsets. */
 mg_status mg_optim_create_range(const mg_optim_config *cfg, size_t lo, size_t hi,
                                 mg_optim **out);
-void mg_optim_range(const mg_optim *o, size_t *lo, size_t *hi);
+/* State for several disjoint arena ranges, ascending (a ZeRO shard: this
+ * rank's piece of every bucket): the state arrays hold the ranges one
+ * after the other, so they are as long as the ranges together. */
+typedef struct mg_range { size_t lo, hi; } mg_range;
+mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, int n,
+                                 mg_optim **out);
+int mg_optim_num_ranges(const mg_optim *o);
+mg_range mg_optim_range_at(const mg_optim *o, int k);
+/* Floats per state array: the ranges' total length. */
+size_t mg_optim_size(const mg_optim *o);
 void mg_optim_destroy(mg_optim *o);
 const mg_optim_config *mg_optim_config_of(const mg_optim *o);
 
@@ -68,17 +75,21 @@ double mg_clip_grad_norm(float *g, size_t n, float max_norm);
 /* One optimizer step is: begin_step once (advances the step count, sets
  * the learning rate), then update over one or more ranges. */
 void mg_optim_begin_step(mg_optim *o, float lr);
+/* [lo, hi) must lie in one of the optimizer's ranges. */
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
-/* begin_step + update over the optimizer's whole range. */
+/* begin_step + update over all the optimizer's ranges. */
 void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
 
 /* Steps taken so far (restored from checkpoints). */
 long mg_optim_steps(const mg_optim *o);
 void mg_optim_set_steps(mg_optim *o, long steps);
-/* State arenas: SGD with momentum has "momentum_buffer"; Adam(W) "exp_avg"
- * and "exp_avg_sq". Each covers the optimizer's range. */
+/* State arrays: SGD with momentum has "momentum_buffer"; Adam(W) "exp_avg"
+ * and "exp_avg_sq". Each holds mg_optim_size floats: the ranges' state one
+ * range after the other. state_at: state i of arena offsets [lo, hi),
+ * which must lie in one of the optimizer's ranges. */
 int mg_optim_num_states(const mg_optim *o);
 float *mg_optim_state(mg_optim *o, int i, const char **name);
+float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi);
 
 /* Learning-rate schedules. */
 typedef enum { MG_SCHED_CONSTANT, MG_SCHED_STEP, MG_SCHED_COSINE } mg_sched_kind;

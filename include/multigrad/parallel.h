@@ -106,6 +106,61 @@ typedef struct mg_ddp_stats {
 } mg_ddp_stats;
 mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d);
 
+/* The buckets of a model: ranges of whole units in arena order (the
+ * order backward finishes them), the first closed once it holds
+ * first_cap bytes and the others at cap, the last ending at the arena's
+ * end. out has room for num_units + 1; returns their number. */
+int mg_buckets(const mg_model *m, size_t first_cap, size_t cap, mg_range *out);
+/* lcm(world, MG_SIMD_FLOATS): the unit pad that cuts every unit (and so
+ * every bucket) into world equal, aligned shards. */
+size_t mg_shard_pad(int world);
+
+/* ---- ZeRO (zero.c) ----------------------------------------------------------
+ *
+ * The Zero Redundancy Optimizer over a data-parallel group: stage 1 shards
+ * the optimizer state, stage 2 also the gradients, stage 3 also the
+ * parameters. The arena is cut into buckets of whole units (DDP's caps);
+ * rank r owns piece r of every bucket (mg_zero_pieces), and its optimizer
+ * updates exactly those pieces. Backward reduce-scatters each bucket
+ * (summing) as soon as its units are done; stages 1 and 2 all-gather the
+ * parameters after the optimizer step; stage 3 all-gathers each bucket
+ * before its forward and its backward (prefetching the next) and gives the
+ * rest back after. The strategy (mg_strategy_create with kind
+ * MG_STRATEGY_ZERO) drives it; the functions below are its parts. */
+typedef struct mg_zero mg_zero;
+/* MG_EINVAL unless 1 <= stage <= 3. */
+mg_status mg_zero_stage_check(int stage);
+/* Collective: every rank of g with the same model; pads the units to
+ * lcm(world, SIMD width) and broadcasts rank 0's parameters. opt: bucket
+ * caps (compression is refused). */
+mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
+                         mg_zero **out);
+void mg_zero_destroy(mg_zero *z);
+int mg_zero_stage(const mg_zero *z);
+int mg_zero_num_buckets(const mg_zero *z);
+/* This rank's pieces of the arena, ascending (one per bucket). */
+const mg_range *mg_zero_pieces(const mg_zero *z, int *n);
+/* Zero the gradients this rank holds. */
+void mg_zero_zero_grad(mg_zero *z);
+/* Around one micro-batch's forward and backward (last: of the step):
+ * the hooks gather and reduce between them; end waits for the
+ * reductions and returns the first communication error. */
+void mg_zero_begin(mg_zero *z, bool last);
+mg_status mg_zero_end(mg_zero *z);
+/* After the optimizer: stages 1-2 all-gather the parameters. */
+mg_status mg_zero_after_step(mg_zero *z);
+/* Stage 3: the whole parameters on every rank (evaluation, sampling,
+ * saving weights) until mg_zero_release gives back all but the pieces.
+ * Collective; nothing for stages 1-2. */
+mg_status mg_zero_gather(mg_zero *z);
+void mg_zero_release(mg_zero *z);
+/* Peak bytes of parameters and gradients this rank held (counted from
+ * what is gathered and reduced, not measured). */
+typedef struct mg_zero_stats {
+    size_t peak_param_bytes, peak_grad_bytes;
+} mg_zero_stats;
+mg_zero_stats mg_zero_get_stats(const mg_zero *z);
+
 /* ---- DataParallel (dp.c) ------------------------------------------------
  *
  * One process, `workers` threads on one model, as torch.nn.DataParallel:
@@ -165,16 +220,18 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
  * one model; ddp: DistributedDataParallel over a group (its units padded
  * to lcm(world size, SIMD width)). Make the strategy before the optimizer
  * (mg_strategy_optim). */
-typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP } mg_strategy_kind;
-/* "none" (or "single") | "dp" | "ddp" */
+typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
+               MG_STRATEGY_ZERO } mg_strategy_kind;
+/* "none" (or "single") | "dp" | "ddp" | "zero" */
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
 
 typedef struct mg_strategy_options {
     mg_strategy_kind kind;
     int max_batch;          /* the largest micro-batch this process runs */
     int workers;            /* dp: threads */
-    mg_group *group;        /* ddp: the data-parallel group */
-    mg_ddp_options ddp;     /* ddp: buckets, compression */
+    mg_group *group;        /* ddp, zero: the data-parallel group */
+    mg_ddp_options ddp;     /* ddp: buckets, compression; zero: buckets */
+    int zero_stage;         /* zero: 1, 2 or 3 */
 } mg_strategy_options;
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 
@@ -186,10 +243,16 @@ void mg_strategy_destroy(mg_strategy *s);
 const char *mg_strategy_name(const mg_strategy *s);
 mg_model *mg_strategy_model(const mg_strategy *s);
 mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp */
-/* The arena range [lo, hi) this process's optimizer updates. */
-void mg_strategy_range(const mg_strategy *s, size_t *lo, size_t *hi);
-/* An optimizer whose state covers exactly that range. */
+mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
+/* The arena ranges this process's optimizer updates (the whole arena, or
+ * a ZeRO rank's pieces), ascending. */
+const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n);
+/* An optimizer whose state covers exactly those ranges. */
 mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim **out);
+/* The whole parameters on this process for evaluation, sampling or
+ * export (ZeRO-3 gathers them; collective), until release. */
+mg_status mg_strategy_gather(mg_strategy *s);
+void mg_strategy_release(mg_strategy *s);
 /* Sum n values over the data-parallel ranks (metrics); nothing in one
  * process. Collective. */
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n);

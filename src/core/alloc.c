@@ -1,7 +1,10 @@
 /* Aligned allocation: buffers (parameter, gradient and state arenas,
  * activations, workspaces) start on a cache line, MG_ALIGN bytes. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "multigrad/core.h"
 
 void *mg_alloc(size_t bytes)
@@ -21,3 +24,30 @@ void *mg_alloc_zero(size_t bytes)
 }
 
 void mg_free(void *p) { free(p); }
+
+void *mg_map_zero(size_t bytes)
+{
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void mg_unmap(void *p, size_t bytes)
+{
+    if (p) munmap(p, bytes ? bytes : 1);
+}
+
+void mg_mem_discard(void *p, size_t bytes)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p, b = a + bytes;
+    uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+    if (pa >= pb) {
+        memset(p, 0, bytes);
+        return;
+    }
+    memset(p, 0, pa - a);
+    memset((void *)pb, 0, b - pb);
+    /* Private anonymous pages: dropped, and read back as zeros. */
+    if (madvise((void *)pa, pb - pa, MADV_DONTNEED)) memset((void *)pa, 0, pb - pa);
+}

@@ -18,6 +18,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 #include "multigrad/core.h"
 
 #define TMP_SUFFIX ".tmp."
@@ -145,41 +146,53 @@ mg_status mg_check_writable(const char *path)
     return MG_OK;
 }
 
-static mg_status write_all(int fd, const void *data, size_t len, const char *path)
+mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
-    const char *p = data;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0)
-            return mg_error(MG_EIO, "cannot write %s: %s", path,
-                            w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        len -= (size_t)w;
+    remove_stale_tmp(path);
+    /* The mode of the file replaced, else 0666 less the umask. */
+    struct stat old;
+    bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode);
+    *fd = create_tmp(path, tmp, cap, keep ? old.st_mode & 0777 : 0666);
+    if (*fd < 0) return no_tmp_error(path);
+    if ((keep && fchmod(*fd, old.st_mode & 0777) != 0) || ftruncate(*fd, (off_t)size) != 0) {
+        mg_status st = mg_error(MG_EIO, "cannot make %s (%llu bytes): %s", tmp,
+                                (unsigned long long)size, strerror(errno));
+        mg_atomic_abort(tmp, *fd);
+        *fd = -1;
+        return st;
     }
     return MG_OK;
 }
 
-mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n)
+mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, const char *path)
 {
-    char tmp[4096], dir[4096];
-    remove_stale_tmp(path);
-    /* The mode of the file replaced (exactly: fchmod), else 0666 less the umask. */
-    struct stat old;
-    bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode);
-    int fd = create_tmp(path, tmp, sizeof tmp, keep ? old.st_mode & 0777 : 0666);
-    if (fd < 0) return no_tmp_error(path);
+    const char *p = data;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return mg_error(MG_EIO, "cannot write %s: %s%s", path,
+                            w < 0 ? strerror(errno) : "no progress",
+                            w < 0 && errno == ENOSPC ? ": free space on that file system or "
+                            "give another path" : "");
+        p += w;
+        len -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return MG_OK;
+}
+
+mg_status mg_atomic_commit(const char *path, const char *tmp, int fd)
+{
     mg_status st = MG_OK;
-    for (int i = 0; i < n && !st; i++)
-        if (pieces[i].len) st = write_all(fd, pieces[i].data, pieces[i].len, tmp);
-    if (!st && ((keep && fchmod(fd, old.st_mode & 0777) != 0) || fsync(fd) != 0))
-        st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
+    if (fsync(fd) != 0) st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
     if (!st && rename(tmp, path) != 0)
         st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (st) unlink(tmp);
     if (close(fd) != 0 && !st) st = mg_error(MG_EIO, "cannot write %s: %s", path, strerror(errno));
     if (st) return st;
     /* The rename is durable only once the directory is synced. */
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
     if (dfd < 0 || fsync(dfd) != 0)
@@ -189,8 +202,43 @@ mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n
     return st;
 }
 
+void mg_atomic_abort(const char *tmp, int fd)
+{
+    unlink(tmp);
+    close(fd);
+}
+
+mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n)
+{
+    char tmp[4096];
+    uint64_t size = 0, off = 0;
+    for (int i = 0; i < n; i++) size += pieces[i].len;
+    int fd;
+    MG_TRY(mg_atomic_begin(path, size, tmp, sizeof tmp, &fd));
+    mg_status st = MG_OK;
+    for (int i = 0; i < n && !st; i++) {
+        if (pieces[i].len) st = mg_pwrite_all(fd, pieces[i].data, pieces[i].len, off, tmp);
+        off += pieces[i].len;
+    }
+    if (st) {
+        mg_atomic_abort(tmp, fd);
+        return st;
+    }
+    return mg_atomic_commit(path, tmp, fd);
+}
+
 mg_status mg_write_file_atomic(const char *path, const void *data, size_t len)
 {
     mg_piece p = {data, len};
     return mg_write_file_atomic_v(path, &p, 1);
+}
+
+uint32_t mg_crc32(const void *data, size_t len)
+{
+    return (uint32_t)crc32_z(0L, data ? data : Z_NULL, data ? len : 0);
+}
+
+uint32_t mg_crc32_combine(uint32_t a, uint32_t b, uint64_t len_b)
+{
+    return (uint32_t)crc32_combine(a, b, (z_off_t)len_b);
 }

@@ -123,7 +123,8 @@ static uLong crc_str(uLong crc, const char *s)
 /* CRC-32 of the contents: tensors sorted by name (name, dtype, shape,
  * data), then metadata sorted by key, the checksum entry left out.
  * sorted and pairs are scratch arrays (sorted in place). */
-static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int npairs)
+static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int npairs,
+                            const mg_st_tensor *base, const uint32_t *data_crc)
 {
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_tensor_name);
     qsort(pairs, (size_t)npairs, sizeof *pairs, cmp_kv);
@@ -138,7 +139,10 @@ static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int n
             crc = crc32_z(crc, (const Bytef *)dims, strlen(dims));
         }
         crc = crc32_z(crc, (const Bytef *)"", 1);
-        if (t->nbytes) crc = crc32_z(crc, t->data, t->nbytes);
+        if (t->nbytes && data_crc)
+            crc = crc32_combine(crc, data_crc[t - base], (z_off_t)t->nbytes);
+        else if (t->nbytes)
+            crc = crc32_z(crc, t->data, t->nbytes);
     }
     for (int i = 0; i < npairs; i++) {
         if (!strcmp(pairs[i].key, CRC_KEY)) continue;
@@ -190,7 +194,7 @@ static void put_json_str(sbuf *b, const char *s)
 }
 
 static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n,
-                                  const char *const *meta, int n_meta)
+                                  const char *const *meta, int n_meta, bool need_data)
 {
     for (int i = 0; i < n; i++) {
         uint64_t nb;
@@ -198,7 +202,7 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
             return mg_error(MG_EINVAL, "%s: tensor %d has no usable name", path, i);
         if ((unsigned)t[i].dtype >= MG_DTYPE_COUNT || t[i].ndim < 0 || t[i].ndim > MAX_NDIM ||
             !tensor_bytes(t[i].dtype, t[i].ndim, t[i].shape, &nb) || nb != t[i].nbytes ||
-            (nb && !t[i].data))
+            (nb && need_data && !t[i].data))
             return mg_error(MG_EINVAL, "%s: tensor '%s': dtype, shape and %zu data bytes "
                             "disagree", path, t[i].name, t[i].nbytes);
     }
@@ -216,7 +220,7 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
 }
 
 static mg_status build_header(const mg_st_tensor *t, int n, const char *const *meta,
-                              int n_meta, sbuf *h)
+                              int n_meta, const uint32_t *data_crc, sbuf *h)
 {
     const mg_st_tensor **sorted = malloc(((size_t)n + 1) * sizeof *sorted);
     kv *pairs = malloc(((size_t)n_meta + 1) * sizeof *pairs);
@@ -228,7 +232,7 @@ static mg_status build_header(const mg_st_tensor *t, int n, const char *const *m
     for (int i = 0; i < n; i++) sorted[i] = &t[i];
     for (int i = 0; i < n_meta; i++) pairs[i] = (kv){meta[2 * i], meta[2 * i + 1]};
     char crc[16];
-    snprintf(crc, sizeof crc, "%08x", content_crc(sorted, n, pairs, n_meta));
+    snprintf(crc, sizeof crc, "%08x", content_crc(sorted, n, pairs, n_meta, t, data_crc));
     free(sorted);
     free(pairs);
 
@@ -273,9 +277,9 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
                       const char *const *meta, int n_meta)
 {
     MG_ASSERT(n >= 0 && n_meta >= 0);
-    MG_TRY(check_write_args(path, t, n, meta, n_meta));
+    MG_TRY(check_write_args(path, t, n, meta, n_meta, true));
     sbuf h = {0};
-    mg_status st = build_header(t, n, meta, n_meta, &h);
+    mg_status st = build_header(t, n, meta, n_meta, NULL, &h);
     if (st) { free(h.p); return st; }
 
     uint8_t len8[8];
@@ -293,6 +297,32 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
     free(pc);
     free(h.p);
     return st;
+}
+
+mg_status mg_st_header(const mg_st_tensor *t, int n, const char *const *meta, int n_meta,
+                       const uint32_t *data_crc, void **out, size_t *len)
+{
+    MG_ASSERT(n >= 0 && n_meta >= 0);
+    *out = NULL;
+    MG_TRY(check_write_args("safetensors header", t, n, meta, n_meta, false));
+    sbuf h = {0};
+    uint32_t *zeros = data_crc ? NULL : calloc((size_t)n + 1, sizeof *zeros);
+    if (!data_crc && !zeros) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    mg_status st = build_header(t, n, meta, n_meta, data_crc ? data_crc : zeros, &h);
+    free(zeros);
+    uint8_t *p = st ? NULL : malloc(h.len + 8);
+    if (!st && !p) st = mg_error(MG_ENOMEM, "safetensors: out of memory");
+    if (st) {
+        free(h.p);
+        return st;
+    }
+    uint64_t hl = h.len;
+    memcpy(p, &hl, 8);
+    memcpy(p + 8, h.p, h.len);
+    free(h.p);
+    *out = p;
+    *len = h.len + 8;
+    return MG_OK;
 }
 
 static int cmp_range(const void *a, const void *b)
@@ -358,7 +388,7 @@ static mg_status verify_crc(const char *path, mg_st_file *f)
     for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
     for (int i = 0; i < f->nmeta; i++) pairs[i] = (kv){f->meta[2 * i], f->meta[2 * i + 1]};
     char got[16];
-    snprintf(got, sizeof got, "%08x", content_crc(s, f->n, pairs, f->nmeta));
+    snprintf(got, sizeof got, "%08x", content_crc(s, f->n, pairs, f->nmeta, NULL, NULL));
     free(s);
     free(pairs);
     if (strcmp(got, want) != 0)

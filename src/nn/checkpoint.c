@@ -35,100 +35,245 @@ static const char *short_float(char *buf, size_t cap, float x)
     return buf;
 }
 
-/* Optimizer state s indexed by arena offset. Checkpoints hold every
- * parameter's state, so the optimizer must cover all of them (a sharded
- * strategy gathers first). */
-static float *optim_arena(const mg_model *m, mg_optim *o, int s, const char **name)
+/* ---- writing: the layout, then each process's part, then the header ---- */
+
+#define NKV 13
+
+struct mg_ckpt_writer {
+    mg_model *m;
+    mg_optim *o;
+    int n;                  /* tensors in the file */
+    mg_st_tensor *t;        /* their names and shapes (no data) */
+    const mg_param **p;     /* the model tensor each is (or is the state of) */
+    int *state;             /* optimizer state index, -1: the parameter or buffer */
+    uint64_t *off;          /* file offset of each one's data */
+    uint64_t size;
+    char *names, *plist;
+    char num[5][24], ocfg[256], hparams[512];
+    const char *kv[2 * NKV];
+};
+
+void mg_ckpt_writer_destroy(mg_ckpt_writer *w)
 {
-    size_t lo, hi;
-    mg_optim_range(o, &lo, &hi);
-    MG_ASSERT(lo == 0 && hi >= mg_model_arena_size(m));
-    return mg_optim_state(o, s, name);
+    if (!w) return;
+    free(w->t);
+    free(w->p);
+    free(w->state);
+    free(w->off);
+    free(w->names);
+    free(w->plist);
+    free(w);
 }
 
-mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
-                             const mg_ckpt_meta *meta)
+mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *meta,
+                                mg_ckpt_writer **out)
 {
+    *out = NULL;
     mg_ckpt_meta zero = {0};
     if (!meta) meta = &zero;
     int nt = mg_model_num_tensors(m), ns = o ? mg_optim_num_states(o) : 0;
-    size_t cap = (size_t)nt * (size_t)(1 + ns);
-    mg_st_tensor *t = calloc(cap + 1, sizeof *t);
-    char *names = calloc(cap + 1, NAME_MAX_);
-    char *plist = calloc((size_t)nt + 1, 66);
-    mg_status st = MG_OK;
-    if (!t || !names || !plist) {
-        st = mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
-        goto out;
+    size_t cap = (size_t)nt * (size_t)(1 + ns) + 1;
+    mg_ckpt_writer *w = calloc(1, sizeof *w);
+    if (w) {
+        w->m = m;
+        w->o = o;
+        w->t = calloc(cap, sizeof *w->t);
+        w->p = calloc(cap, sizeof *w->p);
+        w->state = calloc(cap, sizeof *w->state);
+        w->off = calloc(cap, sizeof *w->off);
+        w->names = calloc(cap, NAME_MAX_);
+        w->plist = calloc((size_t)nt + 1, 66);
+    }
+    if (!w || !w->t || !w->p || !w->state || !w->off || !w->names || !w->plist) {
+        mg_ckpt_writer_destroy(w);
+        return mg_error(MG_ENOMEM, "checkpoint: out of memory");
     }
     int n = 0;
-    for (int i = 0; i < nt; i++) {
-        const mg_param *p = mg_model_tensor(m, i);
-        mg_st_tensor *x = &t[n++];
-        x->name = p->name;
-        x->dtype = MG_ST_F32;
-        x->ndim = p->ndim;
-        for (int d = 0; d < p->ndim; d++) x->shape[d] = p->shape[d];
-        x->data = p->data;
-        x->nbytes = p->numel * sizeof(float);
-        if (!p->is_buffer) {
-            if (plist[0]) strcat(plist, ",");
-            strcat(plist, p->name);
-        }
-    }
-    for (int s = 0; s < ns; s++) {
-        const char *sname;
-        const float *state = optim_arena(m, o, s, &sname);
+    for (int s = -1; s < ns; s++) {
+        const char *sname = NULL;
+        if (s >= 0) mg_optim_state(o, s, &sname);
         for (int i = 0; i < nt; i++) {
             const mg_param *p = mg_model_tensor(m, i);
-            if (p->is_buffer) continue;
-            mg_st_tensor *x = &t[n];
-            char *nm = names + (size_t)n * NAME_MAX_;
-            snprintf(nm, NAME_MAX_, "optim.%s.%s", sname, p->name);
-            *x = t[i];
-            x->name = nm;
-            x->data = state + p->offset;
+            if (s >= 0 && p->is_buffer) continue;
+            mg_st_tensor *x = &w->t[n];
+            x->name = p->name;
+            if (s >= 0) {
+                char *nm = w->names + (size_t)n * NAME_MAX_;
+                snprintf(nm, NAME_MAX_, "optim.%s.%s", sname, p->name);
+                x->name = nm;
+            } else if (!p->is_buffer) {
+                if (w->plist[0]) strcat(w->plist, ",");
+                strcat(w->plist, p->name);
+            }
+            x->dtype = MG_ST_F32;
+            x->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) x->shape[d] = p->shape[d];
+            x->nbytes = p->numel * sizeof(float);
+            w->p[n] = p;
+            w->state[n] = s;
             n++;
         }
     }
-    char step[24], epoch[24], seed[24], rng[24], osteps[24], ocfg[256];
-    put_num(step, sizeof step, (uint64_t)meta->step);
-    put_num(epoch, sizeof epoch, (uint64_t)meta->epoch);
-    put_num(seed, sizeof seed, meta->seed);
-    put_num(rng, sizeof rng, mg_model_rng_counter(m));
-    put_num(osteps, sizeof osteps, o ? (uint64_t)mg_optim_steps(o) : 0);
-    ocfg[0] = 0;
+    w->n = n;
+    put_num(w->num[0], 24, (uint64_t)meta->step);
+    put_num(w->num[1], 24, (uint64_t)meta->epoch);
+    put_num(w->num[2], 24, meta->seed);
+    put_num(w->num[3], 24, mg_model_rng_counter(m));
+    put_num(w->num[4], 24, o ? (uint64_t)mg_optim_steps(o) : 0);
     if (o) {
         const mg_optim_config *c = mg_optim_config_of(o);
         char v[7][24];
-        snprintf(ocfg, sizeof ocfg, "lr=%s;momentum=%s;dampening=%s;nesterov=%d;"
+        snprintf(w->ocfg, sizeof w->ocfg, "lr=%s;momentum=%s;dampening=%s;nesterov=%d;"
                  "weight_decay=%s;beta1=%s;beta2=%s;eps=%s", short_float(v[0], 24, c->lr),
                  short_float(v[1], 24, c->momentum), short_float(v[2], 24, c->dampening),
                  c->nesterov ? 1 : 0, short_float(v[3], 24, c->weight_decay),
                  short_float(v[4], 24, c->beta1), short_float(v[5], 24, c->beta2),
                  short_float(v[6], 24, c->eps));
     }
-    const char *kv[] = {
+    snprintf(w->hparams, sizeof w->hparams, "%s", meta->hparams);
+    const char *kv[2 * NKV] = {
         "format", FORMAT,
         "format_version", FORMAT_VERSION,
         "model", mg_model_name(m),
-        "step", step,
-        "epoch", epoch,
-        "seed", seed,
-        "rng_counter", rng,
-        "hparams", meta->hparams,
+        "step", w->num[0],
+        "epoch", w->num[1],
+        "seed", w->num[2],
+        "rng_counter", w->num[3],
+        "hparams", w->hparams,
         "optimizer", o ? mg_optim_kind_name(mg_optim_config_of(o)->kind) : "none",
-        "optimizer_config", ocfg,
-        "optimizer_steps", osteps,
-        "parameters", plist,
+        "optimizer_config", w->ocfg,
+        "optimizer_steps", w->num[4],
+        "parameters", w->plist,
         "producer", "multigrad",
     };
-    st = mg_st_write(path, t, n, kv, (int)(sizeof kv / sizeof kv[0] / 2));
-out:
-    free(t);
-    free(names);
-    free(plist);
+    memcpy(w->kv, kv, sizeof kv);
+    void *h;
+    size_t hl;
+    mg_status st = mg_st_header(w->t, n, w->kv, NKV, NULL, &h, &hl);
+    if (st) {
+        mg_ckpt_writer_destroy(w);
+        return st;
+    }
+    free(h);
+    w->size = hl;
+    for (int i = 0; i < n; i++) {
+        w->off[i] = w->size;
+        w->size += w->t[i].nbytes;
+    }
+    *out = w;
+    return MG_OK;
+}
+
+uint64_t mg_ckpt_writer_size(const mg_ckpt_writer *w) { return w->size; }
+
+static mg_status put_piece(mg_ckpt_writer *w, int fd, const char *path, int i, const float *src,
+                           size_t from, size_t n, mg_ckpt_piece *pc)
+{
+    size_t off = from * sizeof(float), len = n * sizeof(float);
+    MG_TRY(mg_pwrite_all(fd, src, len, w->off[i] + off, path));
+    *pc = (mg_ckpt_piece){.tensor = i, .crc = mg_crc32(src, len), .off = off, .len = len};
+    return MG_OK;
+}
+
+mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const mg_range *r,
+                             int nr, bool buffers, mg_ckpt_piece **out, int *np)
+{
+    *out = NULL;
+    *np = 0;
+    int cap = 0, n = 0;
+    for (int i = 0; i < w->n; i++) cap += w->p[i]->is_buffer ? 1 : nr;
+    mg_ckpt_piece *pc = calloc((size_t)cap + 1, sizeof *pc);
+    if (!pc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    mg_status st = MG_OK;
+    for (int i = 0; i < w->n && !st; i++) {
+        const mg_param *p = w->p[i];
+        if (p->is_buffer) {
+            if (buffers) st = put_piece(w, fd, path, i, p->data, 0, p->numel, &pc[n++]);
+            continue;
+        }
+        size_t lo = p->offset, hi = p->offset + p->numel;
+        for (int k = 0; k < nr && !st; k++) {
+            size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
+            if (a >= b) continue;
+            const float *src = w->state[i] < 0 ? p->data + (a - lo)
+                                               : mg_optim_state_at(w->o, w->state[i], a, b);
+            st = put_piece(w, fd, path, i, src, a - lo, b - a, &pc[n++]);
+        }
+    }
+    if (st) {
+        free(pc);
+        return st;
+    }
+    *out = pc;
+    *np = n;
+    return MG_OK;
+}
+
+static int by_tensor_off(const void *a, const void *b)
+{
+    const mg_ckpt_piece *x = a, *y = b;
+    if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_ckpt_piece *pc,
+                               int n)
+{
+    qsort(pc, (size_t)n, sizeof *pc, by_tensor_off);
+    uint32_t *crc = calloc((size_t)w->n + 1, sizeof *crc);
+    if (!crc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    int k = 0;
+    for (int i = 0; i < w->n; i++) {
+        uint64_t at = 0;
+        uint32_t c = mg_crc32(NULL, 0);
+        for (; k < n && pc[k].tensor == i; k++) {
+            if (pc[k].off != at) break;
+            c = mg_crc32_combine(c, pc[k].crc, pc[k].len);
+            at += pc[k].len;
+        }
+        if (at != w->t[i].nbytes || (k < n && pc[k].tensor == i)) {
+            free(crc);
+            return mg_error(MG_EINVAL, "checkpoint %s: the bytes of '%s' were written %s", path,
+                            w->t[i].name, at < w->t[i].nbytes ? "in part only" : "twice");
+        }
+        crc[i] = c;
+    }
+    void *h;
+    size_t hl;
+    mg_status st = mg_st_header(w->t, w->n, w->kv, NKV, crc, &h, &hl);
+    free(crc);
+    if (st) return st;
+    MG_ASSERT(hl == w->off[0] || w->n == 0);
+    st = mg_pwrite_all(fd, h, hl, 0, path);
+    free(h);
     return st;
+}
+
+mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
+                             const mg_ckpt_meta *meta)
+{
+    mg_ckpt_writer *w;
+    MG_TRY(mg_ckpt_writer_create(m, o, meta, &w));
+    char tmp[4096];
+    int fd;
+    mg_status st = mg_atomic_begin(path, w->size, tmp, sizeof tmp, &fd);
+    if (st) {
+        mg_ckpt_writer_destroy(w);
+        return st;
+    }
+    /* One process holds every parameter's state. */
+    mg_range all = {0, mg_model_arena_size(m)};
+    mg_ckpt_piece *pc = NULL;
+    int np = 0;
+    st = mg_ckpt_write_part(w, fd, tmp, &all, 1, true, &pc, &np);
+    if (!st) st = mg_ckpt_write_header(w, fd, tmp, pc, np);
+    free(pc);
+    mg_ckpt_writer_destroy(w);
+    if (st) {
+        mg_atomic_abort(tmp, fd);
+        return st;
+    }
+    return mg_atomic_commit(path, tmp, fd);
 }
 
 static bool same_shape(const mg_st_tensor *x, const mg_param *p)
@@ -173,9 +318,10 @@ static mg_status check_tensor(const char *path, const mg_st_file *f, const char 
     return MG_OK;
 }
 
-static void copy_floats(float *dst, const mg_st_tensor *x, size_t n)
+/* n floats of tensor x from element `from` on. */
+static void copy_part(float *dst, const mg_st_tensor *x, size_t from, size_t n)
 {
-    const uint8_t *s = x->data;
+    const uint8_t *s = (const uint8_t *)x->data + from * mg_st_dtype_size(x->dtype);
     switch (x->dtype) {
     case MG_ST_F32:
         memcpy(dst, s, n * 4);
@@ -203,6 +349,18 @@ static void copy_floats(float *dst, const mg_st_tensor *x, size_t n)
         break;
     default:
         MG_ASSERT(!"not a float dtype");
+    }
+}
+
+/* The part of tensor p's optimizer state s that o holds (the
+ * intersections of p with o's ranges) from x. */
+static void copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_tensor *x)
+{
+    size_t lo = p->offset, hi = p->offset + p->numel;
+    for (int k = 0; k < mg_optim_num_ranges(o); k++) {
+        mg_range r = mg_optim_range_at(o, k);
+        size_t a = r.lo > lo ? r.lo : lo, b = r.hi < hi ? r.hi : hi;
+        if (a < b) copy_part(mg_optim_state_at(o, s, a, b), x, a - lo, b - a);
     }
 }
 
@@ -340,17 +498,17 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt
     int nt = mg_model_num_tensors(m);
     for (int i = 0; i < nt; i++) {
         const mg_param *p = mg_model_tensor(m, i);
-        copy_floats(p->data, mg_st_find(f, p->name), p->numel);
+        copy_part(p->data, mg_st_find(f, p->name), 0, p->numel);
     }
     if (o) {
         for (int s = 0; s < mg_optim_num_states(o); s++) {
             const char *sname;
-            float *state = optim_arena(m, o, s, &sname);
+            mg_optim_state(o, s, &sname);
             for (int i = 0; i < nt; i++) {
                 const mg_param *p = mg_model_tensor(m, i);
                 if (p->is_buffer) continue;
                 snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
-                copy_floats(state + p->offset, mg_st_find(f, name), p->numel);
+                copy_state(o, s, p, mg_st_find(f, name));
             }
         }
         mg_optim_set_steps(o, osteps);
@@ -383,7 +541,7 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
     for (int i = 0; i < nt; i++) {
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        if ((x = mg_st_find(f, name))) copy_floats(p->data, x, p->numel);
+        if ((x = mg_st_find(f, name))) copy_part(p->data, x, 0, p->numel);
     }
     mg_st_close(f);
     return MG_OK;

@@ -66,6 +66,9 @@ typedef struct mg_layer_vt {
     double (*flops)(const mg_layer *l);
     /* Optional: free what the layer owns beyond the struct and children. */
     void (*destroy)(mg_layer *l);
+    /* Optional: the layer whose parameters this one also reads (a head
+     * tied to an embedding), so a strategy keeps them at hand for both. */
+    const mg_layer *(*borrows)(const mg_layer *l);
 } mg_layer_vt;
 
 struct mg_layer {

@@ -260,12 +260,14 @@ static mg_status layout(mg_model *m, size_t pad)
                 m->leaves[i]->p[j].off = boff;
                 boff += m->leaves[i]->p[j].numel;
             }
-    float *params = mg_alloc_zero(arena * sizeof(float));
-    float *grads = mg_alloc_zero(arena * sizeof(float));
+    /* Mapped: a page of gradients costs memory once written, so a
+     * strategy that keeps a shard of them keeps only that resident. */
+    float *params = mg_map_zero(arena * sizeof(float));
+    float *grads = mg_map_zero(arena * sizeof(float));
     if (!m->buffers) m->buffers = mg_alloc_zero((boff ? boff : 1) * sizeof(float));
     if (!params || !grads || !m->buffers) {
-        mg_free(params);
-        mg_free(grads);
+        mg_unmap(params, arena * sizeof(float));
+        mg_unmap(grads, arena * sizeof(float));
         return mg_error(MG_ENOMEM, "model '%s': cannot allocate arenas of %zu floats", m->name,
                         arena);
     }
@@ -278,8 +280,8 @@ static mg_status layout(mg_model *m, size_t pad)
         }
     size_t used = 0;
     for (int u = 0; u < m->n_units; u++) used += m->units[u].numel;
-    mg_free(m->params);
-    mg_free(m->own_grads);
+    mg_unmap(m->params, m->arena_size * sizeof(float));
+    mg_unmap(m->own_grads, m->arena_size * sizeof(float));
     m->params = params;
     m->grads = m->own_grads = grads;
     m->num_params = used;
@@ -357,8 +359,8 @@ void mg_model_destroy(mg_model *m)
     if (!m) return;
     mg_tape_destroy(m->tape);
     mg_layer_destroy(m->root);
-    mg_free(m->params);
-    mg_free(m->own_grads);
+    mg_unmap(m->params, m->arena_size * sizeof(float));
+    mg_unmap(m->own_grads, m->arena_size * sizeof(float));
     mg_free(m->buffers);
     free(m->tensors);
     free(m->leaves);
@@ -400,7 +402,10 @@ mg_unit_info mg_model_unit(const mg_model *m, int i)
     MG_ASSERT(i >= 0 && i < m->n_units);
     const unit *u = &m->units[i];
     mg_unit_info r = {.name = u->name, .kind = u->l->vt->kind, .lo = u->lo, .hi = u->hi,
-                      .numel = u->numel, .flops = flops_of(u->l)};
+                      .numel = u->numel, .flops = flops_of(u->l), .borrows = -1};
+    const mg_layer *lent = u->l->vt->borrows ? u->l->vt->borrows(u->l) : NULL;
+    for (int j = 0; lent && lent->n_params && j < m->n_units; j++)
+        if (m->units[j].lo <= lent->p[0].off && lent->p[0].off < m->units[j].hi) r.borrows = j;
     size_t a, b;
     u->l->vt->sizes(u->l, 1, &a, &b);
     r.saved_bytes = a;

@@ -131,11 +131,14 @@ static double head_flops(const mg_layer *l)
     return 2.0 * e->d * e->vocab * rows(l->in, 1);
 }
 
+static const mg_layer *head_borrows(const mg_layer *l) { return ((const head_layer *)l)->embed; }
+
 /* The model counts the training cost of a layer with need_dx as 3
  * forwards: the head's wte gradient and input gradient are two of them. */
 static const mg_layer_vt head_vt = {
     .kind = "tied_head", .setup = head_setup, .sizes = mg__no_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,
+    .borrows = head_borrows,
 };
 
 mg_layer *mg_layer_tied_head(mg_layer *embedding)

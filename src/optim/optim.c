@@ -22,7 +22,13 @@
 
 struct mg_optim {
     mg_optim_config cfg;
-    size_t base, n;      /* the state covers arena floats [base, base + n) */
+    /* The arena ranges the state covers, ascending and disjoint; state of
+     * range k is floats [off[k], off[k] + hi - lo) of each state array. */
+    int nr;
+    mg_range *r;
+    size_t *off;
+    size_t base, end;    /* the hull: r[0].lo, r[nr - 1].hi */
+    size_t n;            /* floats per state: the ranges' total length */
     long steps;
     float lr;                 /* learning rate of the current step */
     int nstates;
@@ -126,23 +132,42 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
 
 mg_status mg_optim_create_range(const mg_optim_config *cfg, size_t lo, size_t hi, mg_optim **out)
 {
+    MG_ASSERT(lo <= hi);
+    return mg_optim_create_ranges(cfg, &(mg_range){lo, hi}, 1, out);
+}
+
+mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, int nr,
+                                 mg_optim **out)
+{
     *out = NULL;
     MG_TRY(check_config(cfg));
-    MG_ASSERT(lo <= hi);
-    size_t n = hi - lo;
+    if (nr < 1) return mg_error(MG_EINVAL, "optimizer: no arena range to update");
+    for (int k = 0; k < nr; k++)
+        if (r[k].hi < r[k].lo || (k && r[k].lo < r[k - 1].hi))
+            return mg_error(MG_EINVAL, "optimizer: range %d [%zu, %zu) is empty-reversed or "
+                            "overlaps the one before: ranges must ascend", k, r[k].lo, r[k].hi);
     mg_optim *o = calloc(1, sizeof *o);
     if (!o) return mg_error(MG_ENOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
-    o->base = lo;
-    o->n = n;
-    o->lr = cfg->lr;
+    o->nr = nr;
+    o->r = malloc(sizeof *o->r * (size_t)nr);
+    o->off = malloc(sizeof *o->off * (size_t)nr);
     o->seg = calloc(1, sizeof *o->seg);
-    if (!o->seg) {
-        free(o);
+    if (!o->r || !o->off || !o->seg) {
+        mg_optim_destroy(o);
         return mg_error(MG_ENOMEM, "optimizer: out of memory");
     }
+    for (int k = 0; k < nr; k++) {
+        o->r[k] = r[k];
+        o->off[k] = o->n;
+        o->n += r[k].hi - r[k].lo;
+    }
+    o->base = r[0].lo;
+    o->end = r[nr - 1].hi;
+    size_t n = o->n;
+    o->lr = cfg->lr;
     o->nseg = 1;
-    o->seg[0] = new_seg(lo, hi, cfg->weight_decay);
+    o->seg[0] = new_seg(o->base, o->end, cfg->weight_decay);
     if (cfg->kind == MG_OPTIM_SGD) {
         if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
     } else {
@@ -164,6 +189,8 @@ void mg_optim_destroy(mg_optim *o)
 {
     if (!o) return;
     for (int i = 0; i < o->nstates; i++) mg_free(o->state[i]);
+    free(o->r);
+    free(o->off);
     free(o->seg);
     free(o);
 }
@@ -190,7 +217,7 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n)
     if (n) memcpy(g, groups, sizeof *g * (size_t)n);
     qsort(g, (size_t)n, sizeof *g, by_lo);
     int ns = 0;
-    size_t at = o->base, end = o->base + o->n;
+    size_t at = o->base, end = o->end;
     for (int i = 0; i < n; i++) {
         if (g[i].hi <= o->base || g[i].lo >= end) continue;   /* outside the range */
         if (g[i].lo < o->base) g[i].lo = o->base;
@@ -258,20 +285,33 @@ void mg_optim_begin_step(mg_optim *o, float lr)
     }
 }
 
+/* The range holding [lo, hi): its index. */
+static int range_of(const mg_optim *o, size_t lo, size_t hi)
+{
+    int a = 0, b = o->nr - 1;
+    while (a < b) {   /* the last range starting at or before lo */
+        int mid = (a + b + 1) / 2;
+        if (o->r[mid].lo <= lo) a = mid;
+        else b = mid - 1;
+    }
+    MG_ASSERT(o->r[a].lo <= lo && lo <= hi && hi <= o->r[a].hi);
+    return a;
+}
+
 void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
 {
-    MG_ASSERT(o->base <= lo && lo <= hi && hi <= o->base + o->n);
     MG_ASSERT(o->steps > 0);   /* begin_step first */
+    int k = range_of(o, lo, hi);
     float *st[2] = {NULL, NULL};
-    for (int i = 0; i < o->nstates; i++) st[i] = o->state[i] - o->base;   /* arena-indexed */
     for (int i = 0; i < o->nseg && lo < hi; i++) {
         const struct seg *sg = &o->seg[i];
         if (sg->hi <= lo) continue;
         size_t a = lo, b = hi < sg->hi ? hi : sg->hi;
+        for (int s = 0; s < o->nstates; s++) st[s] = o->state[s] + o->off[k] + (a - o->r[k].lo);
         if (o->cfg.kind == MG_OPTIM_SGD)
-            mg__sgd_update(params + a, grads + a, o->nstates ? st[0] + a : NULL, b - a, &sg->sgd);
+            mg__sgd_update(params + a, grads + a, st[0], b - a, &sg->sgd);
         else
-            mg__adam_update(params + a, grads + a, st[0] + a, st[1] + a, b - a, &sg->adam);
+            mg__adam_update(params + a, grads + a, st[0], st[1], b - a, &sg->adam);
         lo = b;
     }
 }
@@ -279,15 +319,24 @@ void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, 
 void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
 {
     mg_optim_begin_step(o, lr);
-    mg_optim_update(o, params, grads, o->base, o->base + o->n);
+    for (int k = 0; k < o->nr; k++) mg_optim_update(o, params, grads, o->r[k].lo, o->r[k].hi);
 }
 
 long mg_optim_steps(const mg_optim *o) { return o->steps; }
 
-void mg_optim_range(const mg_optim *o, size_t *lo, size_t *hi)
+int mg_optim_num_ranges(const mg_optim *o) { return o->nr; }
+mg_range mg_optim_range_at(const mg_optim *o, int k)
 {
-    *lo = o->base;
-    *hi = o->base + o->n;
+    MG_ASSERT(k >= 0 && k < o->nr);
+    return o->r[k];
+}
+size_t mg_optim_size(const mg_optim *o) { return o->n; }
+
+float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi)
+{
+    MG_ASSERT(i >= 0 && i < o->nstates);
+    int k = range_of(o, lo, hi);
+    return o->state[i] + o->off[k] + (lo - o->r[k].lo);
 }
 
 void mg_optim_set_steps(mg_optim *o, long steps)

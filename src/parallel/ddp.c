@@ -57,31 +57,37 @@ mg_status mg_compress_parse(const char *s, mg_compress *out)
     return MG_OK;
 }
 
-/* Split the arena into buckets at unit boundaries: units in arena order
- * (the reverse of forward order), closing a bucket once it reaches its
- * cap; the last bucket ends at the arena's end. */
-static mg_status make_buckets(mg_ddp *d)
+int mg_buckets(const mg_model *m, size_t first_cap, size_t cap, mg_range *out)
 {
-    int nu = mg_model_num_units(d->m);
-    d->b = calloc((size_t)nu + 1, sizeof *d->b);
-    if (!d->b) return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
-    size_t lo = 0;
+    int nu = mg_model_num_units(m), nb = 0;
+    size_t lo = 0, n = mg_model_arena_size(m);
     for (int u = nu - 1; u >= 0; u--) {
         size_t ulo, hi;
-        mg_model_unit_range(d->m, u, &ulo, &hi);
-        size_t cap = d->nb == 0 ? d->opt.first_bucket_bytes : d->opt.bucket_bytes;
-        if (hi > lo && (hi - lo) * sizeof(float) >= cap) {
-            d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
+        mg_model_unit_range(m, u, &ulo, &hi);
+        if (hi > lo && (hi - lo) * sizeof(float) >= (nb == 0 ? first_cap : cap)) {
+            out[nb++] = (mg_range){lo, hi};
             lo = hi;
         }
     }
-    if (lo < d->n) d->b[d->nb++] = (bucket){.lo = lo, .hi = d->n};
+    if (lo < n) out[nb++] = (mg_range){lo, n};
+    return nb;
+}
+
+static mg_status make_buckets(mg_ddp *d)
+{
+    mg_range *r = calloc((size_t)mg_model_num_units(d->m) + 1, sizeof *r);
+    d->b = calloc((size_t)mg_model_num_units(d->m) + 1, sizeof *d->b);
+    if (!r || !d->b) {
+        free(r);
+        return mg_error(MG_ENOMEM, "ddp: out of memory for buckets");
+    }
+    d->nb = mg_buckets(d->m, d->opt.first_bucket_bytes, d->opt.bucket_bytes, r);
+    for (int i = 0; i < d->nb; i++) d->b[i] = (bucket){.lo = r[i].lo, .hi = r[i].hi};
+    free(r);
     return MG_OK;
 }
 
-/* The least common multiple of the world size and the SIMD width: the
- * unit pad that splits every unit into equal, aligned shards. */
-static size_t unit_pad(int world)
+size_t mg_shard_pad(int world)
 {
     size_t a = (size_t)world, b = MG_SIMD_FLOATS;
     while (b) {
@@ -138,7 +144,7 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
         return mg_error(MG_EINVAL, "ddp: bucket sizes must be positive");
     }
     d->sync = true;
-    size_t pad = unit_pad(mg_group_size(g));
+    size_t pad = mg_shard_pad(mg_group_size(g));
     mg_status st = MG_OK;
     if (mg_model_unit_pad(m) % pad) st = mg_model_set_unit_pad(m, pad);
     d->n = mg_model_arena_size(m);

@@ -11,9 +11,14 @@
  * strategy's range. Checkpoints are logical (names and full shapes,
  * checkpoint.c): rank 0 of a DDP job writes and reads, and every rank
  * learns the outcome and the state. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "multigrad/parallel.h"
 #include "multigrad/trace.h"
 
@@ -30,8 +35,10 @@ struct mg_strategy {
     mg_model *m;
     mg_dp *dp;
     mg_ddp *ddp;
+    mg_zero *zero;
     mg_group *g;
-    int rank;
+    int rank, world;
+    mg_range whole;   /* the arena: the range of every unsharded strategy */
 };
 
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
@@ -45,7 +52,8 @@ mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out)
     if (!strcmp(s, "none") || !strcmp(s, "single")) *out = MG_STRATEGY_SINGLE;
     else if (!strcmp(s, "dp")) *out = MG_STRATEGY_DP;
     else if (!strcmp(s, "ddp")) *out = MG_STRATEGY_DDP;
-    else return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp or ddp", s);
+    else if (!strcmp(s, "zero")) *out = MG_STRATEGY_ZERO;
+    else return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp or zero", s);
     return MG_OK;
 }
 
@@ -65,6 +73,27 @@ static mg_status ddp_finish(mg_strategy *s) { return mg_ddp_finish(s->ddp); }
 static const strategy_vt single_vt = {.name = "single", .micro = model_micro};
 static const strategy_vt ddp_vt = {.name = "ddp", .micro = model_micro, .finish = ddp_finish};
 
+/* ---- ZeRO: the hooks communicate between begin and end -------------------- */
+
+static mg_status zero_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
+{
+    mg_zero_begin(s->zero, b->last);
+    mg_status st = MG_OK;
+    if (!mg_model_forward(s->m, (const float *)b->x, b->n)) st = MG_ENOMEM;
+    if (!st) {
+        *loss = mg_model_loss(s->m, b->y, correct);
+        mg_model_backward(s->m);
+    }
+    mg_status e = mg_zero_end(s->zero);
+    return st ? st : e;
+}
+
+static const strategy_vt zero_vt[3] = {
+    {.name = "zero1", .micro = zero_micro},
+    {.name = "zero2", .micro = zero_micro},
+    {.name = "zero3", .micro = zero_micro},
+};
+
 /* ---- DataParallel --------------------------------------------------------- */
 
 static mg_status dp_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
@@ -81,11 +110,14 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     *out = NULL;
     if (o->max_batch < 1)
         return mg_error(MG_EINVAL, "strategy: batch size %d must be positive", o->max_batch);
-    if (o->kind == MG_STRATEGY_DDP && !o->group)
-        return mg_error(MG_EINVAL, "strategy ddp needs a process group");
+    if ((o->kind == MG_STRATEGY_DDP || o->kind == MG_STRATEGY_ZERO) && !o->group)
+        return mg_error(MG_EINVAL, "strategy %s needs a process group",
+                        o->kind == MG_STRATEGY_DDP ? "ddp" : "zero");
+    if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
     s->m = m;
+    s->world = 1;
     mg_status st = MG_OK;
     switch (o->kind) {
     case MG_STRATEGY_SINGLE:
@@ -100,10 +132,20 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         s->vt = &ddp_vt;
         s->g = o->group;
         s->rank = mg_group_rank(o->group);
+        s->world = mg_group_size(o->group);
         st = mg_ddp_create(o->group, m, &o->ddp, &s->ddp);
         if (!st) st = mg_model_reserve(m, o->max_batch);
         break;
+    case MG_STRATEGY_ZERO:
+        s->vt = &zero_vt[o->zero_stage - 1];
+        s->g = o->group;
+        s->rank = mg_group_rank(o->group);
+        s->world = mg_group_size(o->group);
+        st = mg_zero_create(o->group, m, o->zero_stage, &o->ddp, &s->zero);
+        if (!st) st = mg_model_reserve(m, o->max_batch);
+        break;
     }
+    s->whole = (mg_range){0, mg_model_arena_size(m)};
     if (st) {
         mg_strategy_destroy(s);
         return st;
@@ -117,24 +159,33 @@ void mg_strategy_destroy(mg_strategy *s)
     if (!s) return;
     mg_dp_destroy(s->dp);
     mg_ddp_destroy(s->ddp);
+    mg_zero_destroy(s->zero);
     free(s);
 }
 
 const char *mg_strategy_name(const mg_strategy *s) { return s->vt->name; }
 mg_model *mg_strategy_model(const mg_strategy *s) { return s->m; }
 mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return s->ddp; }
+mg_zero *mg_strategy_zero(const mg_strategy *s) { return s->zero; }
 
-void mg_strategy_range(const mg_strategy *s, size_t *lo, size_t *hi)
+const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n)
 {
-    *lo = 0;   /* every strategy so far keeps whole replicas */
-    *hi = mg_model_arena_size(s->m);
+    if (s->zero) return mg_zero_pieces(s->zero, n);
+    *n = 1;
+    return &s->whole;
 }
 
 mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim **out)
 {
-    size_t lo, hi;
-    mg_strategy_range(s, &lo, &hi);
-    return mg_optim_create_range(cfg, lo, hi, out);
+    int n;
+    const mg_range *r = mg_strategy_ranges(s, &n);
+    return mg_optim_create_ranges(cfg, r, n, out);
+}
+
+mg_status mg_strategy_gather(mg_strategy *s) { return s->zero ? mg_zero_gather(s->zero) : MG_OK; }
+void mg_strategy_release(mg_strategy *s)
+{
+    if (s->zero) mg_zero_release(s->zero);
 }
 
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
@@ -142,15 +193,19 @@ mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
     return s->g ? mg_all_reduce(s->g, v, v, (size_t)n, MG_F64, MG_SUM) : MG_OK;
 }
 
-/* Every rank gets rank 0's outcome: its status and message. */
+/* Every rank gets the outcome: the first failing rank's status and
+ * message, or MG_OK when none failed. */
 static mg_status agree(mg_strategy *s, mg_status st)
 {
     if (!s->g) return st;
+    int32_t bad = st ? s->rank : INT32_MAX;
+    MG_TRY(mg_all_reduce(s->g, &bad, &bad, 1, MG_I32, MG_MIN));
+    if (bad == INT32_MAX) return MG_OK;
     struct { int32_t st; char msg[500]; } w = {st, ""};
     if (st) snprintf(w.msg, sizeof w.msg, "%s", mg_last_error());
-    MG_TRY(mg_broadcast(s->g, &w, sizeof w, MG_U8, 0));
-    if (w.st && s->rank != 0) return mg_error(w.st, "%s", w.msg);
-    return w.st;
+    MG_TRY(mg_broadcast(s->g, &w, sizeof w, MG_U8, bad));
+    if (s->rank != bad) return mg_error(w.st, "%s", w.msg);
+    return st;
 }
 
 mg_status mg_strategy_sync(mg_strategy *s)
@@ -163,30 +218,79 @@ mg_status mg_strategy_sync(mg_strategy *s)
     double c = (double)mg_model_rng_counter(m);
     MG_TRY(mg_broadcast(s->g, &c, 1, MG_F64, 0));
     mg_model_set_rng_counter(m, (uint64_t)c);
+    mg_strategy_release(s);   /* stage 3 keeps its pieces only */
     return MG_OK;
+}
+
+/* Every rank writes its pieces (a replica's rank 0 writes all) into rank
+ * 0's temporary file; rank 0, with every rank's piece checksums, writes
+ * the header and renames. */
+static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path, char *tmp,
+                            int *fd)
+{
+    mg_status st = MG_OK;
+    if (s->rank == 0) st = mg_atomic_begin(path, mg_ckpt_writer_size(w), tmp, 4096, fd);
+    MG_TRY(agree(s, st));
+    MG_TRY(mg_broadcast(s->g, tmp, 4096, MG_U8, 0));
+    if (s->rank != 0 && (*fd = open(tmp, O_WRONLY | O_CLOEXEC)) < 0)
+        st = mg_error(MG_EIO, "rank %d cannot open %s: %s", s->rank, tmp, strerror(errno));
+    int nr = 0;
+    const mg_range *r = NULL;
+    if (s->zero) r = mg_strategy_ranges(s, &nr);
+    else if (s->rank == 0) r = mg_strategy_ranges(s, &nr);
+    mg_ckpt_piece *pc = NULL;
+    int np = 0;
+    if (!st) st = mg_ckpt_write_part(w, *fd, tmp, r, nr, s->rank == 0, &pc, &np);
+    if (!st && s->rank != 0 && fsync(*fd) != 0)
+        st = mg_error(MG_EIO, "rank %d cannot sync %s: %s", s->rank, tmp, strerror(errno));
+    if (s->rank != 0 && *fd >= 0) close(*fd);
+    st = agree(s, st);
+    /* Rank 0 gets every rank's pieces: the counts, then as many as the
+     * most any rank has. */
+    int32_t most = np;
+    if (!st) st = mg_all_reduce(s->g, &most, &most, 1, MG_I32, MG_MAX);
+    mg_ckpt_piece *all = NULL;
+    if (!st) {
+        mg_ckpt_piece *mine = calloc((size_t)most + 1, sizeof *mine);
+        all = calloc((size_t)most * (size_t)s->world + 1, sizeof *all);
+        if (!mine || !all) st = mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+        for (int i = 0; i < most && !st; i++) mine[i] = i < np ? pc[i] : (mg_ckpt_piece){-1};
+        if (!st) st = mg_all_gather(s->g, mine, all, (size_t)most * sizeof *mine, MG_U8);
+        free(mine);
+    }
+    free(pc);
+    if (!st && s->rank == 0) {
+        int n = 0;
+        for (int i = 0; i < most * s->world; i++)
+            if (all[i].tensor >= 0) all[n++] = all[i];
+        st = mg_ckpt_write_header(w, *fd, tmp, all, n);
+    }
+    free(all);
+    return st;
 }
 
 mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta)
 {
-    mg_status st = s->rank == 0 ? mg_checkpoint_save(path, s->m, o, meta) : MG_OK;
+    if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
+    mg_ckpt_writer *w;
+    MG_TRY(agree(s, mg_ckpt_writer_create(s->m, o, meta, &w)));
+    char tmp[4096] = "";
+    int fd = -1;
+    mg_status st = save_parts(s, w, path, tmp, &fd);
+    mg_ckpt_writer_destroy(w);
+    if (s->rank == 0 && fd >= 0) st = st ? (mg_atomic_abort(tmp, fd), st)
+                                         : mg_atomic_commit(path, tmp, fd);
     return agree(s, st);
 }
 
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
 {
-    mg_status st = s->rank == 0 ? mg_checkpoint_load(path, s->m, o, meta) : MG_OK;
-    MG_TRY(agree(s, st));
-    if (!s->g) return MG_OK;
-    MG_TRY(mg_strategy_sync(s));
-    MG_TRY(mg_broadcast(s->g, meta, sizeof *meta, MG_U8, 0));
-    if (!o) return MG_OK;
-    size_t lo, hi;
-    mg_optim_range(o, &lo, &hi);
-    for (int i = 0; i < mg_optim_num_states(o); i++)
-        MG_TRY(mg_broadcast(s->g, mg_optim_state(o, i, NULL), hi - lo, MG_F32, 0));
-    mg_optim_set_steps(o, meta->step);
-    return MG_OK;
+    /* Every rank reads the parameters and the optimizer state of its own
+     * ranges: the file is logical, so any world size and stage reads it. */
+    mg_status st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
+    mg_strategy_release(s);
+    return st;
 }
 
 /* ---- the training step ------------------------------------------------------ */
@@ -196,7 +300,8 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
 {
     mg_model *m = s->m;
     memset(r, 0, sizeof *r);
-    mg_model_zero_grad(m);
+    if (s->zero) mg_zero_zero_grad(s->zero);
+    else mg_model_zero_grad(m);
     mg_micro_batch b;
     while (r->micro < opt->accumulate && next(ud, &b)) {
         if (++r->micro == opt->accumulate) b.last = true;
@@ -210,16 +315,27 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     }
     if (r->micro == 0) return MG_OK;
     if (s->vt->finish) MG_TRY(s->vt->finish(s));
-    float *g = mg_model_grads(m);
-    size_t lo, hi;
-    mg_strategy_range(s, &lo, &hi);
-    if (r->micro > 1) mg_grad_scale(g + lo, hi - lo, 1.0f / (float)r->micro);
-    /* After the all-reduce every rank holds the whole averaged gradient,
-     * so the local norm is the global one. */
-    if (opt->clip_grad > 0) r->grad_norm = mg_clip_grad_norm(g + lo, hi - lo, opt->clip_grad);
+    float *g = mg_model_grads(m), *p = mg_model_params(m);
+    int nr;
+    const mg_range *rg = mg_strategy_ranges(s, &nr);
+    /* DDP averaged over the ranks; ZeRO's reduce-scatter summed. */
+    float scale = 1.0f / (float)r->micro;
+    if (s->zero) scale /= (float)s->world;
+    for (int k = 0; k < nr && scale != 1.0f; k++)
+        mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
+    if (opt->clip_grad > 0) {
+        /* The norm over every gradient: a sharded strategy's pieces are
+         * summed over the ranks; a replica holds them all. */
+        double ss = 0;
+        for (int k = 0; k < nr; k++) ss += mg_grad_sumsq(g + rg[k].lo, rg[k].hi - rg[k].lo);
+        if (s->zero) MG_TRY(mg_all_reduce(s->g, &ss, &ss, 1, MG_F64, MG_SUM));
+        r->grad_norm = sqrt(ss);
+        float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
+        for (int k = 0; k < nr; k++) mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, coef);
+    }
     double t0 = mg_trace_now();
     mg_optim_begin_step(o, opt->lr);
-    mg_optim_update(o, mg_model_params(m), g, lo, hi);
+    for (int k = 0; k < nr; k++) mg_optim_update(o, p, g, rg[k].lo, rg[k].hi);
     mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
-    return MG_OK;
+    return s->zero ? mg_zero_after_step(s->zero) : MG_OK;
 }
