@@ -84,6 +84,36 @@ int mg_group_local_size(const mg_group *g);
 double mg_group_timeout(const mg_group *g);
 const char *mg_group_backend(const mg_group *g);
 
+/* Payload bytes this rank moved to / from other ranks of g since it was
+ * made, all operations (collectives and point-to-point), whatever the
+ * transport. Thread-safe to read while operations run (the two counters
+ * are read one after the other, not as one snapshot).
+ *
+ * A byte of data that leaves this rank's buffers for another rank counts
+ * as sent once, one that arrives from another rank as received once;
+ * frame headers, heartbeats and synchronisation flags do not count, nor
+ * copies within the rank (a message to itself, its own block of a
+ * gather). Compressed payloads (e.g. DDP's fp16 buckets) count at the
+ * size they travel. The direct shared-memory algorithms, where a rank
+ * reads a peer's buffer or writes into a peer's output in place, count
+ * as if the bytes had been sent: the reader counts them received and the
+ * rank whose memory was read counts them sent; the writer counts them
+ * sent and the rank whose memory was written counts them received. So
+ * over a group, sent and received totals are equal. Sub-groups from
+ * mg_group_split count their own traffic, not their parent's.
+ *
+ * What an operation moves depends on the algorithm (docs/algorithms.md):
+ * a ring all_reduce of n bytes moves about 2n(p-1)/p each way per rank,
+ * reduce_scatter and all_gather about n(p-1)/p (n: the whole vector),
+ * exactly so where the blocks divide evenly; the small-message forms move
+ * more. The mpi backend cannot see MPI's transport: it counts each call's
+ * algorithmic volume, what the ring algorithms would move (the chains for
+ * broadcast and reduce, flat gather and scatter, pairwise all_to_all). */
+typedef struct mg_traffic {
+    uint64_t sent, received;
+} mg_traffic;
+mg_traffic mg_group_traffic(const mg_group *g);
+
 /* As MPI_Comm_split: ranks with the same color form a group, ordered by
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */
 #define MG_UNDEFINED (-1)

@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include "multigrad/comm.h"
+#include "comm/traffic.h"
 
 typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE } mg__req_kind;
 
@@ -83,6 +84,8 @@ struct mg_group {
     pthread_t thread;
     uint64_t seq;               /* collectives issued */
     uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
+    /* payload bytes moved to and from other ranks (traffic.h) */
+    mg__traffic traffic;
     /* failure */
     atomic_int failed;
     mg_status fail_code;

@@ -190,6 +190,15 @@ int mg_group_local_size(const mg_group *g) { return g->local_size; }
 double mg_group_timeout(const mg_group *g) { return g->timeout; }
 const char *mg_group_backend(const mg_group *g) { return g->be->name; }
 
+mg_traffic mg_group_traffic(const mg_group *g)
+{
+    /* The counters are atomics that the executing thread adds to; reading
+     * through a const group does not modify them. */
+    mg__traffic *t = (mg__traffic *)&g->traffic;
+    return (mg_traffic){atomic_load_explicit(&t->sent, memory_order_relaxed),
+                        atomic_load_explicit(&t->received, memory_order_relaxed)};
+}
+
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
 {
     *out = NULL;

@@ -19,7 +19,12 @@
  * awaited peers showed a sign of life within MG_PEER_TIMEOUT (transport.h)
  * and, on this host, whether their processes still live. While it waits
  * or moves data, this rank beats for its peers (heartbeat frames on TCP
- * channels that are otherwise quiet); heartbeats received are dropped. */
+ * channels that are otherwise quiet); heartbeats received are dropped.
+ *
+ * Traffic (mg_group_traffic): a frame's payload counts as sent when its
+ * last byte is written and as received when its last byte is read, user
+ * messages and collectives alike; headers, heartbeats and abort notices
+ * do not count, nor messages a rank sends itself. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
@@ -259,6 +264,10 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
         }
         int mode = l->mode;
         mg__umsg *um = l->um;
+        /* A whole payload from the peer is in: traffic (not headers,
+         * heartbeats or abort notices). */
+        if (mode == MG__RX_DIRECT || mode == MG__RX_UNEXP)
+            mg__traffic_add(&b->g->traffic, 0, l->h.len);
         link_reset(l);
         if (mode == MG__RX_BEAT) continue;
         if (mode == MG__RX_DIRECT) {
@@ -326,6 +335,7 @@ static int tx_step(mg__bi *b, txop *t)
     }
     t->l->ch.tx_mid = false;
     t->done = true;
+    mg__traffic_add(&b->g->traffic, t->n, 0);   /* the payload, not the header */
     return 1;
 }
 
@@ -545,6 +555,7 @@ void mg__p2p_init(mg__bi *b)
     b->p2p.send = cb_send;
     b->p2p.recv = cb_recv;
     b->p2p.sendrecv = cb_sendrecv;
+    b->p2p.traffic = &b->g->traffic;
     b->umax = (size_t)mg_env_long("MG_P2P_UNEXPECTED_MB", 512) << 20;
     for (int p = 0; p < b->g->size; p++) link_reset(&b->link[p]);
 }

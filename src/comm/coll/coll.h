@@ -15,6 +15,7 @@
 #define MG_COMM_COLL_H
 
 #include "multigrad/comm.h"
+#include "comm/traffic.h"
 
 typedef struct mg__p2p mg__p2p;
 typedef struct mg__shm_view mg__shm_view;
@@ -35,6 +36,10 @@ struct mg__p2p {
     /* Non-NULL when all ranks of the group share this host's memory (and
      * the group wants the direct algorithms: MG_TRANSPORT=tcp sets NULL). */
     mg__shm_view *shm;
+    /* The group's traffic counters (NULL: none). The channels above count
+     * what they carry themselves; an algorithm counts only what it moves
+     * around them (the direct shared-memory ones: mg__traffic_add). */
+    mg__traffic *traffic;
     /* Scratch memory the algorithms keep between operations so that a
      * steady stream of collectives allocates nothing. Zero-initialise both
      * fields; call mg__coll_scratch_free(p) when p is no longer used. */
@@ -134,6 +139,15 @@ mg__algo mg__algo_forced(void);
  * rank * count. Non-roots of reduce never write recvbuf; non-roots of
  * scatter never read sendbuf. */
 mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo);
+
+/* The payload bytes rank `rank` of `size` sends and receives in call c by
+ * the ring family's algorithms (ring.c): the reduce-scatter + all-gather
+ * ring with balanced blocks for all_reduce, rings for reduce_scatter and
+ * all_gather, chains for broadcast and reduce, flat gather and scatter,
+ * the pairwise all_to_all; a barrier moves none; a send or receive its
+ * message, unless to or from itself. The "standard" volume the mpi
+ * backend counts as its traffic (MPI hides what it really moves). */
+void mg__ring_volume(const mg_call *c, int rank, int size, uint64_t *sent, uint64_t *received);
 
 /* Release p->scratch. */
 void mg__coll_scratch_free(mg__p2p *p);

@@ -216,3 +216,51 @@ mg_status mg__dissemination_barrier(mg__op *o)
         MG_TRY(mg__sendrecv(p, (r + d) % P, &out, 1, (r - d + P) % P, &in, 1));
     return MG_OK;
 }
+
+void mg__ring_volume(const mg_call *c, int rank, int size, uint64_t *sent, uint64_t *received)
+{
+    uint64_t P = (uint64_t)size, n = (uint64_t)c->count * mg__dtsize(c->dtype);
+    int root = c->root;
+    *sent = *received = 0;
+    if (c->coll == MG_COLL_SEND || c->coll == MG_COLL_RECV) {
+        if (root != rank) *(c->coll == MG_COLL_SEND ? sent : received) = n;
+        return;
+    }
+    if (size < 2 || c->coll == MG_COLL_BARRIER) return;
+    switch (c->coll) {
+    case MG_COLL_ALL_REDUCE: {
+        /* Reduce-scatter sends every block but r+1 and receives every one
+         * but r; the all-gather sends every one but r+2, receives all but
+         * r+1. */
+        mg__layout L = {.n = c->count, .es = mg__dtsize(c->dtype), .p = size, .uniform = 0};
+        uint64_t l0 = mg__lay_len(&L, rank), l1 = mg__lay_len(&L, (rank + 1) % size),
+                 l2 = mg__lay_len(&L, (rank + 2) % size);
+        *sent = 2 * n - l1 - l2;
+        *received = 2 * n - l0 - l1;
+        break;
+    }
+    case MG_COLL_BROADCAST: {
+        int pos = (rank - root + size) % size;   /* root first, root-1 last */
+        *sent = pos < size - 1 ? n : 0;
+        *received = pos > 0 ? n : 0;
+        break;
+    }
+    case MG_COLL_REDUCE: {
+        int pos = (rank - root - 1 + 2 * size) % size;   /* root+1 first, root last */
+        *sent = pos < size - 1 ? n : 0;
+        *received = pos > 0 ? n : 0;
+        break;
+    }
+    case MG_COLL_GATHER:
+        *sent = rank == root ? 0 : n;
+        *received = rank == root ? (P - 1) * n : 0;
+        break;
+    case MG_COLL_SCATTER:
+        *sent = rank == root ? (P - 1) * n : 0;
+        *received = rank == root ? 0 : n;
+        break;
+    default:   /* all_gather, reduce_scatter, all_to_all: n per rank, per peer */
+        *sent = *received = (P - 1) * n;
+        break;
+    }
+}

@@ -200,6 +200,21 @@ static void stage_in(mg__shm_op *x, size_t k, size_t C)
     mg__shm_op_stage_copy(x, st + (lo + len) * es, in + (lo + len) * es, (m - lo - len) * es);
 }
 
+/* Traffic of m elements of all_reduce (root < 0) or reduce cut into parts,
+ * direct or staged alike: this rank reads part `me` of every peer's input
+ * and writes its result into every other output (the root's, for reduce);
+ * each peer q reads part q of this rank's input and, where this rank has
+ * an output, writes part q of it. */
+static void count_parts(mg__shm_op *x, size_t m, int root)
+{
+    size_t es = x->o->es, lo, len;
+    int P = x->P, me = x->me, all = root < 0, mine = all || me == root;
+    mg__shm_op_part(m, P, me, es, &lo, &len);
+    uint64_t L = (uint64_t)len * es, M = (uint64_t)m * es;
+    uint64_t outs = all ? (uint64_t)(P - 1) : me == root ? 0 : 1;
+    mg__shm_op_traffic(x, L * outs + (M - L), (uint64_t)(P - 1) * L + (mine ? M - L : 0));
+}
+
 /* Counter values of chunk k: inputs staged (A), our part reduced (B). */
 static uint32_t cA(size_t k) { return (uint32_t)(2 + 2 * k); }
 static uint32_t cB(size_t k) { return (uint32_t)(3 + 2 * k); }
@@ -247,6 +262,7 @@ static mg_status staged_reduce(mg__shm_op *x, int root)
         /* Everyone waits here, so that staging buffer (k + 1) % 3 is free
          * when it is refilled in the next round. */
         MG_TRY(mg__shm_op_wait_all(x, cB(k)));
+        count_parts(x, m, root);   /* this chunk, cut into its own parts */
         if (!mine) continue;
         for (int q = 0; q < P; q++) {
             if (q == me) continue;
@@ -277,6 +293,10 @@ static mg_status reduce_common(mg__op *o, int root)
             void *d = o->rbuf;
             mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
         }
+        /* Every output rank reads every peer's whole input: (p-1)n each way
+         * for all_reduce, more than the parts' 2n(p-1)/p, for one wait. */
+        uint64_t readers = all ? (uint64_t)(P - 1) : me == root ? 0 : 1;
+        mg__shm_op_traffic(&x, readers * n, mine ? (uint64_t)(P - 1) * n : 0);
         return MG_OK;
     }
     MG_TRY(mg__shm_op_arrive(&x, mg__shm_op_gaddr(&x, o->sbuf, n),
@@ -301,6 +321,7 @@ static mg_status reduce_common(mg__op *o, int root)
     for (int q = 0; q < P; q++)
         x.src[q] = mg__shm_op_gptr(&x, q, mg__shm_op_hdr(&x, q)->ga[0]) + lo * es;
     if (len) mg__reduce_multi(x.dst, nd, x.src, P, len, o->dt, o->op, P, n >= NT_BYTES ? nip : nd);
+    count_parts(&x, o->count, root);
     mg__shm_op_post(&x, 2);
     return mg__shm_op_wait_all(&x, 2);
 }
@@ -323,6 +344,8 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
         for (int q = 0; q < P; q++) x.src[q] = mg__shm_op_small(&x, q, all) + (size_t)me * blk;
         void *d = o->rbuf;
         mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
+        /* Block me of every peer's input in; block q of ours read by q. */
+        mg__shm_op_traffic(&x, (uint64_t)(P - 1) * blk, (uint64_t)(P - 1) * blk);
         return MG_OK;
     }
     MG_TRY(mg__shm_op_arrive(&x, mg__shm_op_gaddr(&x, o->sbuf, all), 0));
@@ -333,6 +356,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
             x.src[q] = mg__shm_op_gptr(&x, q, mg__shm_op_hdr(&x, q)->ga[0]) + (size_t)me * blk;
         void *d = o->rbuf;
         mg__reduce_multi(&d, 1, x.src, P, o->count, o->dt, o->op, P, 1);
+        mg__shm_op_traffic(&x, (uint64_t)(P - 1) * blk, (uint64_t)(P - 1) * blk);
         mg__shm_op_post(&x, 2);
         return mg__shm_op_wait_all(&x, 2);
     }
@@ -359,6 +383,7 @@ mg_status mg__shm_reduce_scatter(mg__op *o)
                                : mg__shm_op_stage(&x, q, k) + (size_t)me * C * es;
         void *d = o->rbuf + c0 * es;
         mg__reduce_multi(&d, 1, x.src, P, m, o->dt, o->op, P, 1);
+        mg__shm_op_traffic(&x, (uint64_t)(P - 1) * m * es, (uint64_t)(P - 1) * m * es);
         mg__shm_op_post(&x, cB(k));
     }
     mg__shm_op_stage_end(&x);

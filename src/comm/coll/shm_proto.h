@@ -24,7 +24,15 @@
  * deadlines, dead peers and mismatched calls. Large ones publish group-memory addresses (gaddr) in the
  * region header and, when every buffer involved is group memory, read and
  * write peers' buffers in place ("direct"); otherwise they pipeline chunks
- * through the staging buffers ("staged"). */
+ * through the staging buffers ("staged").
+ *
+ * Traffic (mg_group_traffic): no channel sees these bytes, so each rank
+ * counts them itself, arithmetically (the forms are deterministic, so a
+ * rank knows what its peers take from it without asking): what it reads
+ * from a peer's region, staging buffer or buffer counts as received, and
+ * the peer counts it as sent; what it writes into a peer's buffer counts
+ * as sent, and the peer counts it as received. Copies within a rank
+ * (into its own region or staging buffer, its own block) do not count. */
 #ifndef MG_COMM_COLL_SHM_PROTO_H
 #define MG_COMM_COLL_SHM_PROTO_H
 
@@ -119,6 +127,12 @@ static inline void mg__shm_op_stage_copy(mg__shm_op *x, void *dst, const void *s
         mg__copy_nt(dst, src, n);
     else
         memcpy(dst, src, n);
+}
+
+/* Count payload moved between this rank and its peers (shm_proto.h's top). */
+static inline void mg__shm_op_traffic(mg__shm_op *x, uint64_t sent, uint64_t received)
+{
+    mg__traffic_add(x->o->p->traffic, sent, received);
 }
 
 /* Element range [*lo, *lo + *len) of part q when m elements are cut into P
