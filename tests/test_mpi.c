@@ -10,7 +10,8 @@
  *   each other large messages first, count mismatch), sub-groups, group
  *   memory, the in-place and overlapping forms of coll.h, AVG, async
  *   work, a timeout that names the operation and the peer it fails, and
- *   mismatched collectives with MG_MPI_CHECK=1;
+ *   mismatched collectives with MG_MPI_CHECK=1; traffic counted as the ring
+ *   volume of each call (MPI hides its own);
  * - outside mpirun, a job of several ranks is refused with a clear error;
  * - the README's mpirun lines run as written (mpirun is detected: mgtrain
  *   --parallel ddp takes the MPI backend), and the builtin backend under
@@ -26,6 +27,7 @@
 #include <sys/mman.h>
 #include "harness.h"
 #include "coll_cases.h"
+#include "traffic_model.h"
 #include "multigrad/comm.h"
 #include "multigrad/core.h"
 
@@ -352,6 +354,49 @@ static int w_cases(mg_group *g)
     return 0;
 }
 
+/* MPI hides what it moves: each call counts the ring algorithms' volume. */
+static int w_traffic(mg_group *g)
+{
+    int r = mg_group_rank(g), n = mg_group_size(g);
+    mg_traffic t = mg_group_traffic(g);
+    W_CHECK(t.sent == 0 && t.received == 0, "a new group counts %llu/%llu",
+            (unsigned long long)t.sent, (unsigned long long)t.received);
+    size_t count = ((size_t)1 << 20) + 5, rs = count / (size_t)n;
+    float *in = malloc(count * sizeof *in), *out = malloc(count * sizeof *out);
+    W_CHECK(in && out, "malloc");
+    for (size_t i = 0; i < count; i++) in[i] = 1;
+    tm_vol ring = tm_ring_all_reduce(count, sizeof *in, r, n);
+    mg_call c = call(MG_COLL_ALL_REDUCE, in, out, count, MG_F32, MG_SUM, 0);
+    W_TRY(mg_run(g, &c));
+    t = mg_group_traffic(g);
+    W_CHECK(t.sent == ring.sent && t.received == ring.recv, "all_reduce: %llu/%llu, ring "
+            "%llu/%llu", (unsigned long long)t.sent, (unsigned long long)t.received,
+            (unsigned long long)ring.sent, (unsigned long long)ring.recv);
+    uint64_t blk = rs * sizeof *in, each = (uint64_t)(n - 1) * blk;
+    c = call(MG_COLL_REDUCE_SCATTER, in, out, rs, MG_F32, MG_SUM, 0);
+    W_TRY(mg_run(g, &c));
+    c = call(MG_COLL_ALL_GATHER, in, out, rs, MG_F32, MG_SUM, 0);
+    W_TRY(mg_run(g, &c));
+    mg_traffic t2 = mg_group_traffic(g);
+    W_CHECK(t2.sent - t.sent == 2 * each && t2.received - t.received == 2 * each,
+            "reduce_scatter + all_gather: %llu/%llu, want %llu each",
+            (unsigned long long)(t2.sent - t.sent), (unsigned long long)(t2.received - t.received),
+            (unsigned long long)(2 * each));
+    /* A message counts its bytes on both sides; a barrier nothing. */
+    W_TRY(mg_barrier(g));
+    if (r < 2) {
+        mg_call m = call(r == 0 ? MG_COLL_SEND : MG_COLL_RECV, in, in, 1001, MG_U8, MG_SUM, 1 - r);
+        W_TRY(mg_run(g, &m));
+    }
+    mg_traffic t3 = mg_group_traffic(g);
+    W_CHECK(t3.sent - t2.sent == (r == 0 ? 1001u : 0u) &&
+            t3.received - t2.received == (r == 1 ? 1001u : 0u), "send/recv: %llu/%llu",
+            (unsigned long long)(t3.sent - t2.sent), (unsigned long long)(t3.received - t2.received));
+    free(in);
+    free(out);
+    return 0;
+}
+
 __attribute__((constructor)) static void mpi_worker(void)
 {
     const char *name = getenv("MGT_MPI_WORKER");
@@ -359,7 +404,7 @@ __attribute__((constructor)) static void mpi_worker(void)
     static const struct { const char *name; int (*fn)(mg_group *); double timeout; } workers[] = {
         {"world", w_world, 30}, {"p2p", w_p2p, 30}, {"split", w_split, 30},
         {"memory", w_memory, 30}, {"forms", w_forms, 30}, {"mismatch", w_mismatch, 30},
-        {"timeout", w_timeout, 0}, {"cases", w_cases, 60},
+        {"timeout", w_timeout, 0}, {"cases", w_cases, 60}, {"traffic", w_traffic, 30},
     };
     int rc = 3;
     for (size_t i = 0; i < sizeof workers / sizeof *workers; i++) {
@@ -597,6 +642,12 @@ TEST_T(mpi_group_memory, 60) { worker("memory", "2"); }
 TEST_T(mpi_in_place_forms_avg_async, 60) { worker("forms", "3"); worker("forms", "1"); }
 TEST_T(mpi_timeout_names_op_and_tells_peers, 60) { worker("timeout", "2"); }
 TEST_T(mpi_mismatch_checked, 60) { worker("mismatch", "2"); }
+TEST_T(mpi_traffic_counts_ring_volume, 60)
+{
+    worker("traffic", "2");
+    worker("traffic", "3");
+    worker("traffic", "4");
+}
 
 /* Every `mpirun` line of the README's examples, as written, with the tools
  * on PATH (two cores carry more ranks: told through the environment);
