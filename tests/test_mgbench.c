@@ -2,7 +2,8 @@
  * (-n 2, -n 3) and runs every collective, dtype and op in check mode with
  * #wrong 0 in every row; nccl-tests' columns, sizes and bus-bandwidth
  * factors; buffers from mg_group_alloc, TCP, each algorithm; running
- * under mgrun; one clear line and exit status 2 for bad flags.
+ * under mgrun; --traffic's bytes per rank against the ring's volume and
+ * nccl-tests' bus bytes; one clear line and exit status 2 for bad flags.
  * Needs build/bin/mgbench (make -j2 all) or MG_BIN. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
+#include "traffic_model.h"
 #include "multigrad/core.h"
 
 typedef mgt_result result;
@@ -146,6 +148,65 @@ TEST_T(mgbench_columns_follow_nccl_tests, 60)
 }
 
 /* The options that change how it runs still give exact results. */
+/* --traffic: the last three columns (sent, received, bus) of the one row
+ * of a section (NULL: of a table of one collective). */
+static void traffic_cols(const char *out, const char *section, double v[3])
+{
+    CHECK_EQ(parse_rows(out, section, rows, 4096), 1);
+    char head[64];
+    snprintf(head, sizeof head, "\n# %s\n", section ? section : "");
+    const char *p = section ? strstr(out, head) : strstr(out, "\n ");
+    CHECK_MSG(p, "no row for %s", section ? section : "the collective");
+    if (section) p = strchr(p + 1, '\n');
+    const char *end = strchr(p + 1, '\n');
+    CHECK(end);
+    /* The row's last three numbers. */
+    const char *q = end;
+    for (int k = 2; k >= 0; k--) {
+        while (q > p && q[-1] == ' ') q--;
+        while (q > p && q[-1] != ' ') q--;
+        v[k] = atof(q);
+    }
+}
+
+TEST_T(mgbench_traffic_columns, 60)
+{
+    /* Four ranks, ring over TCP, sizes that divide evenly: every rank
+     * moves exactly the bytes busbw assumes. */
+    result *r = run_tool(60, (const char *[]){"mgbench", "-n", "4", "all_reduce",
+                                              "reduce_scatter", "all_gather", "-b", "4M", "-e",
+                                              "4M", "-i", "2", "-w", "0", "-t", "-a", "ring",
+                                              "--traffic", NULL});
+    CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
+    CHECK(strstr(r->out, "(size*busf)"));
+    const char *names[] = {"all_reduce", "reduce_scatter", "all_gather"};
+    double bus[] = {2.0 * 3 / 4 * (4 << 20), 3.0 / 4 * (4 << 20), 3.0 / 4 * (4 << 20)};
+    for (int i = 0; i < 3; i++) {
+        double v[3];
+        traffic_cols(r->out, names[i], v);
+        CHECK_MSG(v[0] == bus[i] && v[1] == bus[i] && v[2] == bus[i],
+                  "%s: sent %.0f received %.0f bus %.0f, want %.0f", names[i], v[0], v[1], v[2],
+                  bus[i]);
+    }
+    /* Three ranks over shared-memory channels: blocks of 2^20 floats are
+     * uneven, and the most any rank moves is the ring's largest share. */
+    r = run_tool(60, (const char *[]){"mgbench", "-n", "3", "all_reduce", "-b", "4M", "-e", "4M",
+                                      "-i", "2", "-w", "0", "-a", "ring", "--traffic", NULL});
+    CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
+    double v[3];
+    traffic_cols(r->out, NULL, v);
+    tm_vol most = {0, 0};
+    for (int k = 0; k < 3; k++) {
+        tm_vol t = tm_ring_all_reduce((size_t)1 << 20, 4, k, 3);
+        if (t.sent > most.sent) most.sent = t.sent;
+        if (t.recv > most.recv) most.recv = t.recv;
+    }
+    CHECK_MSG(v[0] == (double)most.sent && v[1] == (double)most.recv,
+              "sent %.0f received %.0f, the ring's most %llu %llu", v[0], v[1],
+              (unsigned long long)most.sent, (unsigned long long)most.recv);
+    CHECK_NEAR(v[2], 4.0 / 3 * (4 << 20), 0.5);
+}
+
 TEST_T(mgbench_variants_exact, 90)
 {
     const char *variants[][3] = {

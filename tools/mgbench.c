@@ -15,7 +15,10 @@
  * them, not nccl-tests' back-to-back async launches); the time of a size
  * is the slowest rank's mean over the timed iterations. Check mode fills
  * buffers with small rank-dependent integers so every dtype, op and
- * algorithm must give exact results. */
+ * algorithm must give exact results. --traffic adds the bytes a rank sent
+ * and received per operation (mg_group_traffic over the timed out-of-place
+ * iterations, the most of any rank) beside the bytes nccl-tests' busbw
+ * assumes each rank moves (size x bus factor). */
 #define _GNU_SOURCE
 #include <netinet/in.h>
 #include <signal.h>
@@ -69,6 +72,11 @@ static void usage(FILE *f)
 "                        read directly) instead of malloc\n"
 "  -t, --tcp             TCP between all ranks (sets MG_TRANSPORT=tcp)\n"
 "  -T, --timeout S       the group's deadline per operation (MG_TIMEOUT)\n"
+"      --traffic         three more columns: the most bytes any rank sent and\n"
+"                        received per operation (mg_group_traffic, out of\n"
+"                        place), and the bytes per rank busbw assumes (size\n"
+"                        x the bus factor): 2(n-1)/n x size for a ring\n"
+"                        all_reduce; the mpi backend counts ring volumes\n"
 "      --version         version, CPU and kernels of this machine\n"
 "  -h, --help            this help\n"
 "\n"
@@ -84,7 +92,7 @@ static void usage(FILE *f)
 "operation or a wrong value; 2 for bad flags.\n");
 }
 
-enum { OPT_BACKEND = 256, OPT_VERSION };
+enum { OPT_BACKEND = 256, OPT_VERSION, OPT_TRAFFIC };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -97,6 +105,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"timeout", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
+        {"traffic", no_argument, NULL, OPT_TRAFFIC},
         {0, 0, 0, 0},
     };
     *o = (options){.argv = argv};
@@ -119,6 +128,7 @@ static void parse_args(int argc, char **argv, options *o)
             o->backend = optarg;
             break;
         case 't': o->tcp = 1; break;
+        case OPT_TRAFFIC: o->c.traffic = 1; break;
         case 'T': o->timeout = mgb_parse_double("-T", optarg, 0, 1e7, MG_OPEN_LO); break;
         case 'h': usage(stdout); exit(0);
         case OPT_VERSION: mg_print_version("mgbench"); exit(0);
@@ -182,8 +192,10 @@ static void combine(bench *b, void *v, mg_dtype t, mg_op op)
 }
 
 /* One column group of a row: the slowest rank's mean time in us and the
- * number of wrong elements over all ranks (-1 when not checked). */
-static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong)
+ * number of wrong elements over all ranks (-1 when not checked); with
+ * --traffic, the most bytes any rank sent and received per timed
+ * operation (tr[0], tr[1]). */
+static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong, double *tr)
 {
     const mgb_opts *o = &b->o->c;
     int coll = mc->coll;
@@ -202,10 +214,18 @@ static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong)
     for (int i = 0; i < o->warmup; i++)
         if ((s = run_once(b, &c, coll))) op_failed(b, coll, mc->t, bytes, s);
     if ((s = mg_barrier(b->g))) op_failed(b, MG_COLL_BARRIER, mc->t, 0, s);
+    mg_traffic m0 = mg_group_traffic(b->g);
     double t0 = mg_now();
     for (int i = 0; i < o->iters; i++)
         if ((s = run_once(b, &c, coll))) op_failed(b, coll, mc->t, bytes, s);
     double mean = (mg_now() - t0) / o->iters * 1e6;
+    mg_traffic m1 = mg_group_traffic(b->g);
+    tr[0] = (double)(m1.sent - m0.sent) / o->iters;
+    tr[1] = (double)(m1.received - m0.received) / o->iters;
+    if (o->traffic) {
+        combine(b, &tr[0], MG_F64, MG_MAX);
+        combine(b, &tr[1], MG_F64, MG_MAX);
+    }
     /* nccl-tests reports one figure for all ranks: the slowest rank's. */
     combine(b, &mean, MG_F64, MG_MAX);
     if (o->check) combine(b, &bad, MG_I64, MG_SUM);
@@ -221,6 +241,7 @@ static void bench_row(bench *b, int coll, mg_dtype t, mg_op op, size_t req_bytes
     mc.k = mgb_per_rank_count(coll, req_bytes / es, b->size);
     size_t count = mgb_shown_count(coll, mc.k, b->size);
     if (b->rank == 0) mgb_print_row_start(count * es, count, t, coll, op, mc.root);
+    double tr[2] = {0, 0}, tr_in[2];
     for (mc.inplace = 0; mc.inplace < 2; mc.inplace++) {
         if (mc.inplace && mgb_no_in_place(coll)) {
             if (b->rank == 0) mgb_print_no_cols();
@@ -228,11 +249,14 @@ static void bench_row(bench *b, int coll, mg_dtype t, mg_op op, size_t req_bytes
         }
         double us;
         long long wrong;
-        measure(b, &mc, &us, &wrong);
+        measure(b, &mc, &us, &wrong, mc.inplace ? tr_in : tr);
         if (b->rank == 0) mgb_print_cols(&b->tb, coll, b->size, count * es, us, wrong);
         else if (wrong > 0) b->tb.wrong_total += wrong;
     }
     if (b->rank == 0) {
+        if (b->o->c.traffic)
+            printf("  %12.0f  %12.0f  %12.0f", tr[0], tr[1],
+                   (double)(count * es) * mgb_bus_factor(coll, b->size));
         printf("\n");
         fflush(stdout);
     }

@@ -42,6 +42,7 @@ typedef struct {
     int all_colls;              /* 'all' given: skip what the world cannot run */
     int dtypes[MG_DTYPE_COUNT], ndtypes;
     int ops[MG_OP_COUNT], nops;
+    int traffic;                /* mgbench --traffic: the bytes columns */
 } mgb_opts;
 
 /* Set by each tool: its name, and whether this process keeps quiet about
@@ -463,13 +464,17 @@ static inline void mgb_print_header(const mgb_opts *o)
                "validation: %d\n", o->minb, o->maxb, o->stepb, o->warmup, o->iters, o->check);
     printf("#\n");
     /* Each group label centred over its four 33-character columns. */
-    printf("%-52s%22s%11s%19s\n", "#", "out-of-place", "", "in-place");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
+    printf("%-52s%22s%11s%19s", "#", "out-of-place", "", "in-place");
+    if (o->traffic) printf("%21s%s", "", "bytes per rank and op");
+    printf("\n# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s",
            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
            "time", "algbw", "busbw", "#wrong");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
+    if (o->traffic) printf("  %12s  %12s  %12s", "sent", "received", "bus");
+    printf("\n# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s",
            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
            "(GB/s)", "");
+    if (o->traffic) printf("  %12s  %12s  %12s", "(max)", "(max)", "(size*busf)");
+    printf("\n");
     fflush(stdout);
 }
 
