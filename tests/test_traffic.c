@@ -5,10 +5,13 @@
  * 2n(p-1)/p each way for the ring and the shared-memory parts, give or
  * take the rounding of uneven blocks; n(p-1)/p for reduce_scatter and
  * all_gather); the small shared-memory all_reduce, where every rank reads
- * every input, counts (p-1)n; a message of k bytes counts k sent on one
- * side and k received on the other, and nothing anywhere else; over a
- * group, sent and received totals agree; and a thread may read the
- * counters while the progress thread runs operations. */
+ * every input, counts (p-1)n; broadcast, reduce, gather, scatter and
+ * all_to_all over shared memory count what each rank takes from or gives
+ * to the others, in the small, direct and staged forms; a message of k
+ * bytes counts k sent on one side and k received on the other, and
+ * nothing anywhere else; over a group, sent and received totals agree;
+ * and a thread may read the counters while the progress thread runs
+ * operations. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
@@ -246,6 +249,90 @@ static int small_rank(int rank, int n, void *arg)
 TEST_T(traffic_shm_small_all_reduce_reads_every_input, 60)
 {
     for (int n = 2; n <= 4; n++) run(n, small_rank, NULL, "shm", 0);
+}
+
+/* ---- the other shared-memory collectives ------------------------------------ */
+
+/* Region of the small forms (1/16 of the default 4 MiB slot, at most
+ * 64 KiB) and the most a small reduction reads (shm_direct.c). */
+#define SHM_REGION ((size_t)64 << 10)
+#define SHM_SMALL_READ ((size_t)1 << 20)
+
+static int rooted_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    mg_group *g = join(rank, n, j);
+    if (!g) return 2;
+    size_t es = sizeof(int32_t), big = ((size_t)1 << 20) + 5, bytes = (big + (size_t)n) * es;
+    int32_t *in = j->gmem ? mg_group_alloc(g, bytes) : malloc(bytes);
+    int32_t *out = j->gmem ? mg_group_alloc(g, bytes) : malloc(bytes);
+    CHECK(in && out);
+    for (size_t i = 0; i < big + (size_t)n; i++) in[i] = rank + 1;
+    int root = n - 1, me_root = rank == root;
+    size_t counts[] = {1000, big};
+    mg_coll colls[] = {MG_COLL_BROADCAST, MG_COLL_REDUCE, MG_COLL_GATHER, MG_COLL_SCATTER,
+                       MG_COLL_ALL_TO_ALL};
+    for (int ci = 0; ci < 2; ci++)
+        for (int k = 0; k < 5; k++) {
+            mg_coll coll = colls[k];
+            bool per_rank = coll != MG_COLL_BROADCAST && coll != MG_COLL_REDUCE;
+            size_t count = per_rank ? counts[ci] / (size_t)n : counts[ci], blk = count * es;
+            uint64_t others = (uint64_t)(n - 1);
+            tm_vol want;
+            switch (coll) {
+            case MG_COLL_BROADCAST: case MG_COLL_SCATTER:
+                want = (tm_vol){me_root ? others * blk : 0, me_root ? 0 : blk};
+                break;
+            case MG_COLL_GATHER:
+                want = (tm_vol){me_root ? 0 : blk, me_root ? others * blk : 0};
+                break;
+            case MG_COLL_REDUCE:
+                if (blk <= SHM_REGION && blk * (size_t)n <= SHM_SMALL_READ)
+                    /* small: the root reads every input whole */
+                    want = (tm_vol){me_root ? 0 : blk, me_root ? others * blk : 0};
+                else
+                    want = tm_shm_reduce(count, es, rank, n, root,
+                                         j->gmem ? count : SHM_CHUNK_BYTES / es);
+                break;
+            default:
+                want = (tm_vol){others * blk, others * blk};
+                break;
+            }
+            mg_call c = {.coll = coll, .sendbuf = coll == MG_COLL_BROADCAST ? (void *)out : in,
+                         .recvbuf = out, .count = count, .dtype = MG_I32, .op = MG_SUM,
+                         .root = root, .file = __FILE__, .line = __LINE__};
+            if (coll == MG_COLL_BROADCAST)
+                for (size_t i = 0; i < count; i++) out[i] = rank + 1;
+            mg_traffic before = mg_group_traffic(g);
+            CHECK_OK(mg_run(g, &c));
+            mg_traffic got = delta(before, mg_group_traffic(g));
+            if (coll == MG_COLL_BROADCAST) CHECK_EQ(out[count - 1], n);
+            if (coll == MG_COLL_REDUCE && me_root) CHECK_EQ(out[count - 1], n * (n + 1) / 2);
+            CHECK_MSG(got.sent == want.sent && got.received == want.recv,
+                      "rank %d of %d, %s of %zu x i32 (%s): counted %llu sent, %llu received; "
+                      "want %llu and %llu", rank, n, mg_coll_name(coll), count,
+                      j->gmem ? "group memory" : "malloc", (unsigned long long)got.sent,
+                      (unsigned long long)got.received, (unsigned long long)want.sent,
+                      (unsigned long long)want.recv);
+        }
+    check_totals(g);
+    if (j->gmem) {
+        mg_group_free(g, in);
+        mg_group_free(g, out);
+    } else {
+        free(in);
+        free(out);
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(traffic_shm_rooted_and_all_to_all, 120)
+{
+    for (int n = 2; n <= 4; n++) {
+        run(n, rooted_rank, NULL, "shm", 0);
+        run(n, rooted_rank, NULL, "shm", 1);
+    }
 }
 
 /* ---- point-to-point ------------------------------------------------------------ */

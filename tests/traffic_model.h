@@ -94,4 +94,20 @@ static inline tm_vol tm_shm_all_reduce(size_t count, size_t es, int r, int p, si
     return v;
 }
 
+/* Shared-memory reduce to `root`, the same parts: rank r reads its part
+ * of every input and writes it into the root's output; every other rank
+ * reads part r of r's input, and the root's output gets their parts. */
+static inline tm_vol tm_shm_reduce(size_t count, size_t es, int r, int p, int root,
+                                   size_t chunk)
+{
+    tm_vol v = {0, 0};
+    for (size_t c0 = 0; c0 < count; c0 += chunk) {
+        size_t m = count - c0 < chunk ? count - c0 : chunk;
+        uint64_t mine = tm_shm_part(m, p, r, es), all = (uint64_t)m * es;
+        v.sent += (all - mine) + (r == root ? 0 : mine);
+        v.recv += (uint64_t)(p - 1) * mine + (r == root ? all - mine : 0);
+    }
+    return v;
+}
+
 #endif
