@@ -9,11 +9,20 @@ eps 1e-8) and global gradient clipping to norm 1.0, on one thread per process.
     gpt_torch.py [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D]
                  [--heads H] [--eval-every N] [--data DIR] [--seed S]
                  [--threads N] [--curve FILE] [--ddp WORLD] [--no-eval]
+                 [--zero1] [--mem]
 
 --no-eval skips validation (for big shapes; final_val_loss is then nan).
 --ddp W spawns W processes (gloo, one thread each unless --threads) wrapped in
 DistributedDataParallel; rank r trains on rows r::W of the global batch B (so
 B/W sequences per rank) and evaluates windows r::W of the validation set.
+--zero1 (needs --ddp W, W >= 2) keeps the DDP-wrapped model but shards the
+optimizer state: torch.distributed.optim.ZeroRedundancyOptimizer with
+optimizer_class AdamW, the same hyper-parameters and the same two parameter
+groups (weight decay 0.1 on 2-D parameters, 0 on the rest); each rank keeps
+AdamW's moments of its own share of the parameters (a greedy partition by
+size, whole tensors, within each group), updates that share and broadcasts it.
+--mem makes every rank measure its peak resident memory at the end of its run
+(ru_maxrss of the process, in MB = KiB*1024/1e6) and rank 0 gather them.
 
 Output: a header comment line ("# torch ..."), one line per evaluation
 "eval step S val_loss X.XXXX ppl Y.YY" (step 0 before training, every
@@ -26,7 +35,19 @@ tokens/s = B*T*(steps-1) / seconds, where seconds is the time of the training
 steps only: evaluation is excluded, and so is the first step (warm-up), unless
 --steps is 1. With --ddp, tokens/s counts all ranks' tokens (B is global) and
 final_train_loss is the last step's loss over the whole global batch. peak_MB
-is ru_maxrss/1024 of the (rank 0) process."""
+is ru_maxrss/1024 of the (rank 0) process.
+
+With --mem, the summary line is followed by one line per rank and a last line
+
+    mem rank R peak_rss_mb X
+    zero-peer mode M world W tokens_per_s X peak_rss_mb_max Y
+
+where M is zero1 (--zero1), ddp (--ddp W, W >= 2) or single (one process),
+tokens_per_s is the summary line's tokens/s (all ranks' tokens over the timed
+steps: the first step is warm-up and excluded, unless --steps is 1) and
+peak_rss_mb_max the largest rank's peak RSS. The ranks are forked from the
+launching process after it has imported torch and read the text, so each
+rank's RSS counts those shared pages too."""
 import argparse
 import hashlib
 import math
@@ -40,6 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from torch_ranks import run_ranks
 
@@ -154,11 +176,16 @@ def build(L, d, h, T, seed):
     return GPT(L, d, h, T)
 
 
-def optimizer(model, lr=1e-3):
+def optimizer(model, lr=1e-3, zero=False):
+    """AdamW over two groups (weight decay 0.1 on 2-D parameters, 0 on the rest);
+    zero=True shards it over the initialized process group (ZeRO stage 1)."""
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() == 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), eps=1e-8)
+    hyper = dict(lr=lr, betas=(0.9, 0.99), eps=1e-8)
+    if zero:
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **hyper)
+    return torch.optim.AdamW(groups, **hyper)
 
 
 def offsets(n_train, B, T, seed, step):
@@ -213,7 +240,7 @@ def run(rank, world, port, args, text, out):
         dist.init_process_group("gloo", rank=rank, world_size=world)
     model = build(args.layers, args.dim, args.heads, args.ctx, args.seed)
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt = optimizer(model)
+    opt = optimizer(model, zero=args.zero1)
     B, T, local = args.batch, args.ctx, args.batch // world
     nparams = sum(p.numel() for p in model.parameters())
     curve = open(args.curve, "w") if rank == 0 and args.curve else None
@@ -248,10 +275,16 @@ def run(rank, world, port, args, text, out):
         done = step + 1
         if done == args.steps or (args.eval_every > 0 and done % args.eval_every == 0):
             val_loss = report(done)
+    # Peak RSS in MB (ru_maxrss is KiB on Linux), measured after training.
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+    rss = [own]
     if world > 1:
         t = torch.tensor([loss], dtype=torch.float64)
         dist.all_reduce(t)
         loss = t.item() / world
+        if args.mem:
+            rss = [None] * world
+            dist.all_gather_object(rss, own)
         dist.destroy_process_group()
     if curve:
         curve.close()
@@ -259,8 +292,14 @@ def run(rank, world, port, args, text, out):
         timed = max(args.steps - 1, 1) if args.steps > 0 else 0
         tps = B * T * timed / secs if secs > 0 else 0.0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        out.put(f"gpt-mini {B} {T} {args.steps} {tps:.0f} {secs:.2f} {loss:.4f} "
+        line = (f"gpt-mini {B} {T} {args.steps} {tps:.0f} {secs:.2f} {loss:.4f} "
                 f"{val_loss:.4f} {peak:.1f}")
+        if args.mem:
+            mode = "zero1" if args.zero1 else "ddp" if world > 1 else "single"
+            line += "".join(f"\nmem rank {r} peak_rss_mb {m:.1f}" for r, m in enumerate(rss))
+            line += (f"\nzero-peer mode {mode} world {world} tokens_per_s {tps:.1f} "
+                     f"peak_rss_mb_max {max(rss):.1f}")
+        out.put(line)
 
 
 def main():
@@ -278,8 +317,14 @@ def main():
     ap.add_argument("--curve")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--ddp", type=int, default=1, metavar="WORLD")
+    ap.add_argument("--zero1", action="store_true",
+                    help="shard AdamW's state over the --ddp ranks (ZeroRedundancyOptimizer)")
+    ap.add_argument("--mem", action="store_true",
+                    help="report every rank's peak RSS and a zero-peer summary line")
     args = ap.parse_args()
     world = args.ddp
+    if args.zero1 and world < 2:
+        raise SystemExit("gpt_torch.py: --zero1 needs --ddp WORLD with WORLD >= 2")
     if world < 1 or args.batch % world:
         raise SystemExit(f"gpt_torch.py: --batch {args.batch} is not a multiple of --ddp {world}")
     text = load_text(args.data)
