@@ -526,6 +526,8 @@ struct trainer {
     mg_optim *opt;
     int lm;             /* a language model */
     char hp[512];       /* hparams_string */
+    uint64_t step_sent, step_received;   /* bytes the training steps moved */
+    long steps_run;
 };
 
 /* One rank of a job (DDP or ZeRO), not one process. */
@@ -857,7 +859,12 @@ static void train_step(trainer *t, const options *o, double lr, source *src, mg_
 {
     mg_step_options so = {.accumulate = o->accumulate, .lr = (float)lr,
                           .clip_grad = o->clip_grad};
+    mg_traffic a = mg_strategy_traffic(t->s);
     if (mg_train_step(t->s, t->opt, &so, next, src, r)) die_in_step(t);
+    mg_traffic b = mg_strategy_traffic(t->s);
+    t->step_sent += b.sent - a.sent;
+    t->step_received += b.received - a.received;
+    t->steps_run++;
 }
 
 /* Rank 0 writes the log and its plot; every rank learns whether it worked
@@ -886,6 +893,19 @@ static void save_checkpoint(trainer *t, const options *o, long step, long epoch)
     snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
     if (mg_strategy_save(t->s, o->save, t->opt, &meta))
         die("--save: %s (the previous checkpoint, if any, is intact)", mg_last_error());
+}
+
+/* --verbose: what each rank held at most and moved per step. */
+static void print_counters(trainer *t)
+{
+    if (!mg_verbose()) return;
+    mg_memory_stats ms = mg_strategy_memory(t->s, t->opt);
+    long n = t->steps_run ? t->steps_run : 1;
+    fprintf(stderr, "%s: rank %d %s: peak MB parameters %.1f gradients %.1f optimizer %.1f "
+            "activations %.1f; per step MB sent %.3f received %.3f; peak RSS %.1f MB\n", prog,
+            t->rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6, ms.optim / 1e6,
+            ms.activations / 1e6, (double)t->step_sent / (double)n / 1e6,
+            (double)t->step_received / (double)n / 1e6, mg_peak_rss() / 1e6);
 }
 
 static void print_ddp_stats(const trainer *t)
@@ -1080,6 +1100,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
                "peak memory %.0f MB\n", 100 * last->v[E_TEST_ACC], last->v[E_TEST_LOSS],
                total_time, mg_peak_rss() / 1e6);
     print_ddp_stats(t);
+    print_counters(t);
 done:
     mg_sampler_free(&sampler);
     free(mt.rows);
@@ -1238,6 +1259,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
                "peak memory %.0f MB\n", last->v[L_VAL_LOSS], last->v[L_VAL_PPL], total_time,
                (double)(step - first) * tokens_per_step / total_time, mg_peak_rss() / 1e6);
     print_ddp_stats(t);
+    print_counters(t);
     print_sample(t, o);
     free(mt.rows);
     free(x);

@@ -47,6 +47,8 @@ int mg_optim_num_ranges(const mg_optim *o);
 mg_range mg_optim_range_at(const mg_optim *o, int k);
 /* Floats per state array: the ranges' total length. */
 size_t mg_optim_size(const mg_optim *o);
+/* Bytes of state held in memory. */
+size_t mg_optim_bytes(const mg_optim *o);
 void mg_optim_destroy(mg_optim *o);
 const mg_optim_config *mg_optim_config_of(const mg_optim *o);
 

@@ -154,9 +154,11 @@ mg_status mg_zero_after_step(mg_zero *z);
  * Collective; nothing for stages 1-2. */
 mg_status mg_zero_gather(mg_zero *z);
 void mg_zero_release(mg_zero *z);
-/* Peak bytes of parameters and gradients this rank held (counted from
- * what is gathered and reduced, not measured). */
+/* Bytes of parameters and gradients this rank holds now (between steps:
+ * what it keeps) and held at most, counted from what is gathered and
+ * reduced (buckets in flight included). */
 typedef struct mg_zero_stats {
+    size_t param_bytes, grad_bytes;
     size_t peak_param_bytes, peak_grad_bytes;
 } mg_zero_stats;
 mg_zero_stats mg_zero_get_stats(const mg_zero *z);
@@ -253,6 +255,17 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
  * export (ZeRO-3 gathers them; collective), until release. */
 mg_status mg_strategy_gather(mg_strategy *s);
 void mg_strategy_release(mg_strategy *s);
+/* What this process held at most (bytes): parameters, gradients
+ * (ZeRO: counted from what is gathered and reduced, buckets in flight
+ * included; replicas: the arenas), optimizer state (o may be NULL) and
+ * the activations of the model's tape. */
+typedef struct mg_memory_stats {
+    size_t params, grads, optim, activations;
+} mg_memory_stats;
+mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o);
+/* Payload bytes this process sent and received through the strategy's
+ * group so far (mg_group_traffic; zeros in one process). */
+mg_traffic mg_strategy_traffic(const mg_strategy *s);
 /* Sum n values over the data-parallel ranks (metrics); nothing in one
  * process. Collective. */
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n);

@@ -25,11 +25,22 @@ void *mg_alloc_zero(size_t bytes)
 
 void mg_free(void *p) { free(p); }
 
+#define HUGE_MAP_BYTES ((size_t)64 << 20)
+
 void *mg_map_zero(size_t bytes)
 {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    if (p == MAP_FAILED) return NULL;
+    /* Huge pages for a large mapping, where the system gives them: a
+     * sharded arena's pages are given back and written again every step,
+     * and a fault per 4 KiB page costs more than the step's arithmetic on
+     * them (seen under a virtualised MMU: ZeRO-2 on an 85 M model 1.6x
+     * faster). A small arena's pieces are smaller than a huge page, whose
+     * every split and refill would cost more (gpt-mini's ZeRO-2 2.8x
+     * slower with them). */
+    if (bytes >= HUGE_MAP_BYTES) madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
 }
 
 void mg_unmap(void *p, size_t bytes)

@@ -331,6 +331,7 @@ mg_range mg_optim_range_at(const mg_optim *o, int k)
     return o->r[k];
 }
 size_t mg_optim_size(const mg_optim *o) { return o->n; }
+size_t mg_optim_bytes(const mg_optim *o) { return o->n * (size_t)o->nstates * sizeof(float); }
 
 float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi)
 {

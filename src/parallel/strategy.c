@@ -293,6 +293,28 @@ mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckp
     return st;
 }
 
+/* ---- counters -------------------------------------------------------------- */
+
+mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o)
+{
+    size_t arena = mg_model_arena_size(s->m) * sizeof(float);
+    mg_memory_stats r = {.params = arena, .grads = arena};
+    if (s->zero) {
+        mg_zero_stats z = mg_zero_get_stats(s->zero);
+        r.params = z.peak_param_bytes;
+        r.grads = z.peak_grad_bytes;
+    }
+    if (o) r.optim = mg_optim_bytes(o);
+    mg_tape *t = s->dp ? NULL : mg_model_tape(s->m);
+    r.activations = t ? mg_tape_bytes(t) : 0;
+    return r;
+}
+
+mg_traffic mg_strategy_traffic(const mg_strategy *s)
+{
+    return s->g ? mg_group_traffic(s->g) : (mg_traffic){0, 0};
+}
+
 /* ---- the training step ------------------------------------------------------ */
 
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,

@@ -409,4 +409,10 @@ void mg_zero_release(mg_zero *z)
     z->gathered_all = false;
 }
 
-mg_zero_stats mg_zero_get_stats(const mg_zero *z) { return z->stats; }
+mg_zero_stats mg_zero_get_stats(const mg_zero *z)
+{
+    mg_zero_stats r = z->stats;
+    r.param_bytes = z->param_bytes;
+    r.grad_bytes = z->grad_bytes;
+    return r;
+}

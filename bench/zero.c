@@ -1,0 +1,154 @@
+/* bench/zero — one rank of a gpt training job under DDP or ZeRO, for
+ * bench/zero.sh: tokens/s, the model state this rank keeps and held at
+ * most, the bytes it moved per step and its peak resident memory.
+ *
+ *   mgrun -n N zero [--stage 0|1|2|3] [--steps S] [--batch B] [--ctx T]
+ *                   [--layers L] [--dim D] [--heads H]
+ *
+ * --stage 0 is DDP (one process: no strategy communication at all);
+ * --batch is the global batch (B/N sequences per rank), AdamW as
+ * models.md's gpt-mini (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on
+ * 2-D parameters, clipping to norm 1). The first step warms up and is not
+ * timed. Every rank prints one line:
+ *   zero rank R world N stage S params P tok_s X state_params_mb A
+ *   state_grads_mb G state_optim_mb O peak_params_mb .. peak_grads_mb ..
+ *   activations_mb .. sent_mb_step .. received_mb_step .. peak_rss_mb ..
+ * (state_*: held between steps; peak_*: at most during a step; MB = 1e6
+ * bytes). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "multigrad/multigrad.h"
+
+typedef struct {
+    mg_text *t;
+    int B, T, rank, world;
+    uint64_t draw;
+    int32_t *x, *y;
+    bool given;
+} src;
+
+static bool next(void *ud, mg_micro_batch *b)
+{
+    src *s = ud;
+    if (s->given) return false;
+    mg_text_batch(s->t, 0, s->draw, s->B, s->T, s->rank, s->world, s->x, s->y);
+    *b = (mg_micro_batch){.x = s->x, .y = s->y, .n = s->B / s->world, .last = true};
+    s->given = true;
+    return true;
+}
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "zero: %s: %s\n", what, mg_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    mg_gpt_config g = mg_gpt_defaults();
+    int steps = 6, B = 2, stage = 0;
+    g.layers = 12;
+    g.dim = 768;
+    g.heads = 12;
+    g.ctx = 128;
+    static const struct option opts[] = {
+        {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
+        {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"stage", 1, 0, 'z'}, {0, 0, 0, 0}};
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        switch (c) {
+        case 's': steps = atoi(optarg); break;
+        case 'b': B = atoi(optarg); break;
+        case 't': g.ctx = atoi(optarg); break;
+        case 'l': g.layers = atoi(optarg); break;
+        case 'd': g.dim = atoi(optarg); break;
+        case 'h': g.heads = atoi(optarg); break;
+        case 'z': stage = atoi(optarg); break;
+        default:
+            fprintf(stderr, "usage: zero [--stage 0..3] [--steps S] [--batch B] [--ctx T] "
+                            "[--layers L] [--dim D] [--heads H]\n");
+            return 2;
+        }
+    }
+    if (steps < 2 || B < 1 || stage < 0 || stage > 3) {
+        fprintf(stderr, "zero: --steps must be at least 2, --batch positive, --stage 0..3\n");
+        return 2;
+    }
+    mg_set_threads((int)mg_env_long("MG_THREADS", 1));
+    mg_group *grp = NULL;
+    int rank = 0, world = 1;
+    if (mg_launch_detect().by) {
+        if (mg_group_init(NULL, &grp)) return fail("joining the job");
+        rank = mg_group_rank(grp);
+        world = mg_group_size(grp);
+    }
+    if (B % world) {
+        fprintf(stderr, "zero: --batch %d does not divide among %d ranks\n", B, world);
+        return 2;
+    }
+    mg_text *t;
+    mg_model *m;
+    if (mg_text_open(NULL, g.ctx, &t)) return fail("text");
+    if (mg_model_create_gpt(&g, 0, &m)) return fail("model");
+    mg_strategy_options so = mg_strategy_defaults(!grp ? MG_STRATEGY_SINGLE
+                                                  : stage ? MG_STRATEGY_ZERO : MG_STRATEGY_DDP);
+    so.group = grp;
+    so.zero_stage = stage;
+    so.max_batch = B / world;
+    mg_strategy *s;
+    if (mg_strategy_create(m, &so, &s)) return fail("strategy");
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    oc.beta2 = 0.99f;
+    oc.weight_decay = 0.1f;
+    mg_optim *o;
+    if (mg_strategy_optim(s, &oc, &o)) return fail("optimizer");
+    int ng = mg_model_decay_groups(m, 0.1f, NULL, 0);
+    mg_optim_group *gr = malloc(sizeof *gr * (size_t)ng);
+    if (!gr) return 1;
+    mg_model_decay_groups(m, 0.1f, gr, ng);
+    if (mg_optim_set_groups(o, gr, ng)) return fail("optimizer groups");
+    src in = {.t = t, .B = B, .T = g.ctx, .rank = rank, .world = world,
+              .x = malloc(sizeof(int32_t) * (size_t)B * g.ctx),
+              .y = malloc(sizeof(int32_t) * (size_t)B * g.ctx)};
+    mg_step_options sto = {.accumulate = 1, .lr = 1e-3f, .clip_grad = 1.0f};
+    double t0 = 0;
+    mg_traffic a = {0, 0};
+    for (int k = 0; k < steps; k++) {
+        if (k == 1) {
+            if (grp && mg_barrier(grp)) return fail("barrier");
+            t0 = mg_now();
+            a = mg_strategy_traffic(s);
+        }
+        in.draw = (uint64_t)k;
+        in.given = false;
+        mg_step_result r;
+        if (mg_train_step(s, o, &sto, next, &in, &r)) return fail("step");
+    }
+    double secs = mg_now() - t0;
+    mg_traffic b = mg_strategy_traffic(s);
+    mg_memory_stats ms = mg_strategy_memory(s, o);
+    size_t arena = mg_model_arena_size(m) * sizeof(float), kp = arena, kg = arena;
+    if (mg_strategy_zero(s)) {
+        mg_zero_stats z = mg_zero_get_stats(mg_strategy_zero(s));
+        kp = z.param_bytes;
+        kg = z.grad_bytes;
+    }
+    double n = steps - 1;
+    printf("zero rank %d world %d stage %d params %zu tok_s %.1f state_params_mb %.1f "
+           "state_grads_mb %.1f state_optim_mb %.1f peak_params_mb %.1f peak_grads_mb %.1f "
+           "activations_mb %.1f sent_mb_step %.3f received_mb_step %.3f peak_rss_mb %.1f\n",
+           rank, world, grp ? stage : 0, mg_model_num_params(m), (double)B * g.ctx * n / secs,
+           kp / 1e6, kg / 1e6, mg_optim_bytes(o) / 1e6, ms.params / 1e6, ms.grads / 1e6,
+           ms.activations / 1e6, (double)(b.sent - a.sent) / n / 1e6,
+           (double)(b.received - a.received) / n / 1e6, mg_peak_rss() / 1e6);
+    fflush(stdout);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    mg_text_close(t);
+    mg_group_destroy(grp);
+    free(gr);
+    free(in.x);
+    free(in.y);
+    return 0;
+}
