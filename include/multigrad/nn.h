@@ -192,6 +192,14 @@ void mg_tape_destroy(mg_tape *t);
 size_t mg_tape_bytes(const mg_tape *t);   /* activation memory */
 int mg_tape_capacity(const mg_tape *t);
 void mg_tape_set_grads(mg_tape *t, float *grads);
+/* Gradient windows: the backward writes the gradients of the arena range
+ * [lo, hi) (whole tensors) into buf (hi - lo floats, accumulating as into
+ * the arena) instead; slot 0..MG_GRAD_WINDOWS-1, buf NULL clears it. A
+ * sharded strategy's hooks point each bucket at a buffer of its own so
+ * the arena outside the rank's shard is never written. */
+#define MG_GRAD_WINDOWS 4
+typedef struct mg_grad_window { size_t lo, hi; float *buf; } mg_grad_window;
+void mg_tape_set_grad_window(mg_tape *t, int slot, size_t lo, size_t hi, float *buf);
 void mg_tape_set_buffers(mg_tape *t, float *buffers);
 mg_model *mg_tape_model(const mg_tape *t);
 /* The next forward draws dropout at position `step` and leaves the

@@ -31,6 +31,7 @@ typedef struct mg_ctx {
     char **slot;          /* the tape's memory of each layer (see above) */
     float *grads;         /* the gradient arena backward accumulates into */
     float *buffers;       /* the buffer arena a training forward updates */
+    const mg_grad_window *win;   /* the tape's gradient windows (MG_GRAD_WINDOWS) */
 } mg_ctx;
 
 typedef struct mg_layer_param {
@@ -94,9 +95,15 @@ static inline char *mg__slot(const mg_layer *l, const mg_ctx *c, int k)
 {
     return c->slot[l->slot + k];
 }
+/* A parameter's gradient: in a window of the tape when one holds its
+ * offset (a sharded strategy's bucket buffer), else in the arena. */
 static inline float *mg__grad(const mg_layer *l, const mg_ctx *c, int i)
 {
-    return c->grads + l->p[i].off;
+    size_t off = l->p[i].off;
+    for (int k = 0; c->win && k < MG_GRAD_WINDOWS; k++)
+        if (c->win[k].buf && c->win[k].lo <= off && off < c->win[k].hi)
+            return c->win[k].buf + (off - c->win[k].lo);
+    return c->grads + off;
 }
 static inline float *mg__buffer(const mg_layer *l, const mg_ctx *c, int i)
 {

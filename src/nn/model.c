@@ -69,6 +69,7 @@ struct mg_tape {
     bool *rerun;               /* recomputation: unit i runs its forward again */
     float *logits, *dlogits, *dinput, *scratch;
     float *grads, *buffers;    /* NULL: the model's */
+    mg_grad_window win[MG_GRAD_WINDOWS];
     /* The last forward. */
     const float *x;
     int batch;
@@ -681,6 +682,12 @@ void mg_tape_destroy(mg_tape *t)
 size_t mg_tape_bytes(const mg_tape *t) { return t->bytes; }
 int mg_tape_capacity(const mg_tape *t) { return t->cap; }
 void mg_tape_set_grads(mg_tape *t, float *grads) { t->grads = grads; }
+
+void mg_tape_set_grad_window(mg_tape *t, int slot, size_t lo, size_t hi, float *buf)
+{
+    MG_ASSERT(slot >= 0 && slot < MG_GRAD_WINDOWS && (!buf || lo <= hi));
+    t->win[slot] = buf ? (mg_grad_window){lo, hi, buf} : (mg_grad_window){0, 0, NULL};
+}
 void mg_tape_set_buffers(mg_tape *t, float *buffers) { t->buffers = buffers; }
 mg_model *mg_tape_model(const mg_tape *t) { return t->m; }
 
@@ -699,6 +706,7 @@ static mg_ctx tape_ctx(const mg_tape *t)
     c.slot = t->slot;
     c.scratch = t->scratch;
     c.grads = t->grads ? t->grads : t->m->grads;
+    c.win = t->win;
     c.buffers = t->buffers ? t->buffers : t->m->buffers;
     return c;
 }

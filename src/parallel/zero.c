@@ -12,11 +12,14 @@
  * The step. Backward launches a bucket's reduce-scatter (summing) from the
  * post-backward hook of its last unit, overlapping the rest of backward,
  * as DDP launches its all-reduce. Stage 1 does it on the last micro-batch
- * only and keeps the whole gradient arena; stages 2 and 3 do it on every
- * micro-batch and then give back the pages of the gradient outside the
- * rank's pieces (they read as zeros again, so the next micro-batch's
- * reduce-scatter adds onto the piece: accumulation needs no other
- * buffer). After the optimizer has stepped its pieces, stages 1 and 2
+ * only and keeps the whole gradient arena. Stages 2 and 3 never write the
+ * arena outside the rank's pieces: before a bucket's backward its
+ * gradients are pointed at a buffer of a small pool (a tape's gradient
+ * window); the reduce-scatter runs in that buffer on every micro-batch
+ * and its result is added into the rank's piece of the arena, then the
+ * buffer goes back to the pool (so accumulation adds up in the pieces,
+ * and no page is given back and faulted in again every step). After the
+ * optimizer has stepped its pieces, stages 1 and 2
  * all-gather the parameters. Stage 3 keeps only its pieces of the
  * parameters: each bucket is all-gathered before the forward of its first
  * unit and before the backward of its last (the next bucket's gather is
@@ -43,8 +46,17 @@ typedef struct {
     int first, last;        /* its units in forward order */
     int state;              /* stage 3: parameters SHARDED, GATHERING, GATHERED */
     bool keep;              /* stage 3: another unit reads its parameters */
+    int buf;                /* stages 2-3: its pool buffer this micro-batch, or -1 */
     mg_work *rs, *ag;       /* reduce-scatter, all-gather in flight */
 } zbucket;
+
+/* Stages 2-3: buffers for the gradients of buckets in backward or in
+ * reduction, one tape gradient window each: three of the longest
+ * bucket's length (the one in backward, two reducing) and one for a
+ * bucket another unit reads (the embedding a tied head reads: held from
+ * the head's backward to its own), of its length. */
+#define POOL MG_GRAD_WINDOWS
+#define SHARED (POOL - 1)
 
 struct mg_zero {
     mg_group *g;
@@ -56,6 +68,11 @@ struct mg_zero {
     int *ub;                /* unit -> bucket (-1: no parameters) */
     int *borrow;            /* unit -> bucket whose parameters it also reads, or -1 */
     mg_range *piece;        /* this rank's pieces, ascending */
+    float *pool[POOL];      /* SHARED is for the borrowed buckets */
+    int pool_owner[POOL];   /* the bucket using it, or -1 */
+    int npool;
+    mg_tape *tape;          /* of the micro-batch's backward */
+    bool hooked;
     size_t ready;           /* gradients [0, ready) final this micro-batch */
     int next;               /* first bucket whose reduce-scatter is not launched */
     bool active;            /* inside a training micro-batch */
@@ -117,6 +134,7 @@ static mg_status make_buckets(mg_zero *z, size_t first_cap, size_t cap)
         b->plo = b->lo + (size_t)z->rank * len;
         b->phi = b->plo + len;
         b->state = GATHERED;
+        b->buf = -1;
         z->piece[i] = (mg_range){b->plo, b->phi};
     }
     return MG_OK;
@@ -196,52 +214,85 @@ static void post_forward(void *ud, mg_tape *t, int u)
     if (i > 0 && u == z->b[i].last && !z->b[i].keep) shard(z, i);
 }
 
-static void pre_backward(void *ud, mg_tape *t, int u)
-{
-    (void)t;
-    pre(ud, u, +1);
-}
+/* ---- gradients: reduce-scatter, and keep the rank's piece --------------- */
 
-/* ---- gradients: reduce-scatter, and give the rest back ------------------- */
+static size_t piece_len(const zbucket *b) { return b->phi - b->plo; }
 
 static void reduce_start(mg_zero *z, zbucket *b)
 {
     if (z->err) return;
-    float *gr = mg_model_grads(z->m);
-    mg_status st = mg_reduce_scatter_async(z->g, gr + b->lo, gr + b->plo, b->phi - b->plo,
-                                           MG_F32, MG_SUM, &b->rs);
+    float *src = mg_model_grads(z->m) + b->lo, *dst = mg_model_grads(z->m) + b->plo;
+    if (b->buf >= 0) {
+        src = z->pool[b->buf];
+        dst = src + (b->plo - b->lo);
+        if (z->tape) mg_tape_set_grad_window(z->tape, b->buf, 0, 0, NULL);
+    }
+    mg_status st = mg_reduce_scatter_async(z->g, src, dst, piece_len(b), MG_F32, MG_SUM, &b->rs);
     if (st) z->err = st;
 }
 
-/* Wait for bucket b's reduce-scatter; stages 2 and 3 then give back its
- * gradient outside the piece. */
+/* Wait for bucket b's reduce-scatter; with a pool buffer, add its piece
+ * into the arena's and give the buffer back. */
 static void reduce_end(mg_zero *z, zbucket *b)
 {
-    if (!b->rs) return;
-    mg_status st = mg_work_wait(b->rs, -1);
-    if (st && !z->err) z->err = st;
-    mg_work_free(b->rs);
-    b->rs = NULL;
-    if (z->stage >= 2) {
-        float *gr = mg_model_grads(z->m);
-        mg_mem_discard(gr + b->lo, (b->plo - b->lo) * sizeof(float));
-        mg_mem_discard(gr + b->phi, (b->hi - b->phi) * sizeof(float));
-        z->grad_bytes -= (b->hi - b->lo - (b->phi - b->plo)) * sizeof(float);
+    if (b->rs) {
+        mg_status st = mg_work_wait(b->rs, -1);
+        if (st && !z->err) z->err = st;
+        mg_work_free(b->rs);
+        b->rs = NULL;
     }
+    if (b->buf < 0) return;
+    const float *r = z->pool[b->buf] + (b->plo - b->lo);
+    float *g = mg_model_grads(z->m) + b->plo;
+    for (size_t k = 0; k < piece_len(b); k++) g[k] += r[k];
+    z->pool_owner[b->buf] = -1;
+    b->buf = -1;
+    z->grad_bytes -= (b->hi - b->lo) * sizeof(float);
+}
+
+/* Stages 2-3: a zeroed pool buffer for bucket i's gradients, pointed to
+ * by the tape; when all are taken, the oldest reduction is waited for. */
+static void acquire(mg_zero *z, mg_tape *t, int i)
+{
+    if (i < 0 || z->stage < 2 || z->b[i].buf >= 0) return;
+    zbucket *b = &z->b[i];
+    for (;;) {
+        int k0 = b->keep ? SHARED : 0, k1 = b->keep ? SHARED + 1 : SHARED;
+        for (int k = k0; k < k1; k++)
+            if (z->pool_owner[k] < 0) {
+                z->pool_owner[k] = i;
+                b->buf = k;
+                memset(z->pool[k], 0, (b->hi - b->lo) * sizeof(float));
+                if (t) mg_tape_set_grad_window(t, k, b->lo, b->hi, z->pool[k]);
+                z->grad_bytes += (b->hi - b->lo) * sizeof(float);
+                note_peak(z);
+                return;
+            }
+        /* Every buffer is in use: finish the reduction launched first. */
+        int oldest = -1;
+        for (int k = 0; k < z->next && oldest < 0; k++)
+            if (z->b[k].buf >= k0 && z->b[k].buf < k1) oldest = k;
+        /* Backward holds at most one bucket of each kind unreduced. */
+        MG_ASSERT(oldest >= 0);
+        reduce_end(z, &z->b[oldest]);
+    }
+}
+
+static void pre_backward(void *ud, mg_tape *t, int u)
+{
+    mg_zero *z = ud;
+    if (!z->active) return;
+    z->tape = t;
+    acquire(z, t, z->borrow[u]);
+    acquire(z, t, z->ub[u]);
+    pre(z, u, +1);
 }
 
 static void post_backward(void *ud, mg_tape *t, int u)
 {
     mg_zero *z = ud;
     (void)t;
-    if (!z->active) return;
-    int i = z->ub[u];
-    if (i >= 0 && z->stage >= 2 && u == z->b[i].last) {
-        /* The bucket's gradient becomes resident as its backward writes. */
-        z->grad_bytes += (z->b[i].hi - z->b[i].lo - (z->b[i].phi - z->b[i].plo)) * sizeof(float);
-        note_peak(z);
-    }
-    if (!z->sync) return;
+    if (!z->active || !z->sync) return;
     size_t lo, hi;
     mg_model_unit_range(z->m, u, &lo, &hi);
     if (hi > z->ready) z->ready = hi;
@@ -250,7 +301,7 @@ static void post_backward(void *ud, mg_tape *t, int u)
         reduce_start(z, b);
         if (z->stage >= 3) shard(z, (int)(b - z->b));
     }
-    /* Reductions that finished give their memory back now. */
+    /* Reductions that finished give their buffers back now. */
     for (int k = 0; k < z->next && z->stage >= 2; k++)
         if (z->b[k].rs && mg_work_test(z->b[k].rs)) reduce_end(z, &z->b[k]);
 }
@@ -286,15 +337,25 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
     if (!st) st = mg_broadcast(g, mg_model_params(m), z->n, MG_F32, 0);
     if (!st && mg_model_buffer_size(m))
         st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
+    size_t longest[2] = {0, 0};   /* of the other buckets, of the borrowed ones */
+    for (int i = 0; !st && i < z->nb; i++) {
+        size_t *l = &longest[z->b[i].keep];
+        if (z->b[i].hi - z->b[i].lo > *l) *l = z->b[i].hi - z->b[i].lo;
+    }
+    for (int k = 0; !st && stage >= 2 && k < POOL; k++, z->npool++) {
+        size_t len = longest[k == SHARED];
+        z->pool_owner[k] = -1;
+        if (len && !(z->pool[k] = mg_alloc(len * sizeof(float))))
+            st = mg_error(MG_ENOMEM, "zero: cannot allocate %zu bytes for a gradient bucket",
+                          len * sizeof(float));
+    }
     if (!st) st = mg_model_add_hooks(m, &zero_hooks, z);
     if (st) {
-        free(z->b);
-        free(z->ub);
-        free(z->borrow);
-        free(z->piece);
-        free(z);
+        z->hooked = false;
+        mg_zero_destroy(z);
         return st;
     }
+    z->hooked = true;
     z->param_bytes = z->n * sizeof(float);
     z->grad_bytes = stage == 1 ? z->n * sizeof(float) : 0;
     for (int i = 0; i < z->nb && stage >= 2; i++)
@@ -312,7 +373,8 @@ void mg_zero_destroy(mg_zero *z)
         mg_work_free(z->b[i].rs);
         mg_work_free(z->b[i].ag);
     }
-    mg_model_remove_hooks(z->m, &zero_hooks, z);
+    if (z->hooked) mg_model_remove_hooks(z->m, &zero_hooks, z);
+    for (int k = 0; k < z->npool; k++) mg_free(z->pool[k]);
     free(z->b);
     free(z->ub);
     free(z->borrow);
@@ -337,7 +399,7 @@ void mg_zero_zero_grad(mg_zero *z)
         memset(gr, 0, z->n * sizeof(float));
         return;
     }
-    /* Outside the pieces the gradient was given back, so it reads zero. */
+    /* Outside the pieces the arena is never written. */
     for (int i = 0; i < z->nb; i++)
         memset(gr + z->b[i].plo, 0, (z->b[i].phi - z->b[i].plo) * sizeof(float));
 }
@@ -356,15 +418,14 @@ mg_status mg_zero_end(mg_zero *z)
     if (z->sync) {
         /* Buckets whose units got no gradient go now, in order. */
         while (z->next < z->nb) {
-            zbucket *b = &z->b[z->next++];
-            if (z->stage >= 2) {
-                z->grad_bytes += (b->hi - b->lo - (b->phi - b->plo)) * sizeof(float);
-                note_peak(z);
-            }
-            reduce_start(z, b);
+            acquire(z, NULL, z->next);
+            reduce_start(z, &z->b[z->next++]);
         }
         for (int i = 0; i < z->nb; i++) reduce_end(z, &z->b[i]);
     }
+    for (int k = 0; z->tape && k < MG_GRAD_WINDOWS; k++)
+        mg_tape_set_grad_window(z->tape, k, 0, 0, NULL);
+    z->tape = NULL;
     for (int i = 0; i < z->nb && z->stage >= 3; i++) shard(z, i);
     mg_status st = z->err;
     z->err = MG_OK;
