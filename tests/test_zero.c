@@ -384,3 +384,88 @@ TEST_T(zero_gpt_mini_stages_1_2_3_match_pytorch, 400)
         }
     mg_st_close(f);
 }
+
+/* What a rank keeps and moves: between steps stage 1 keeps the whole
+ * parameters and gradients and 1/N of the optimizer state, stage 2 also
+ * 1/N of the gradients, stage 3 also 1/N of the parameters (the paper's
+ * 4+4+8/N, 4+12/N and 16/N bytes per parameter with Adam); per step each
+ * rank sends and receives one reduce-scatter and one all-gather of the
+ * arena (2(N-1)/N of it, as DDP's all-reduce), and stage 3 also the
+ * all-gathers before backward of every bucket but the one forward ends
+ * with and the one the tied head reads, which stay gathered. */
+typedef struct { int stage, port; } counters_case;
+
+static int counters_rank(int rank, int world, void *arg)
+{
+    const counters_case *cc = arg;
+    mg_group *g = mgt_join(rank, world, cc->port, NULL, 60);
+    CHECK(g);
+    zcase c = {.model = "gpt-mini", .stage = cc->stage, .world = world, .batch = GB,
+               .accumulate = 1, .steps = 3};
+    source src = {.c = &c, .rank = rank, .world = world, .parts = 1};
+    mg_st_file *ref;
+    open_data(&c, &src, &ref);
+    mg_model *m = make_model(&c, ref, 0);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_ZERO);
+    so.group = g;
+    so.zero_stage = cc->stage;
+    so.max_batch = GB / world;
+    so.ddp.first_bucket_bytes = 64 << 10;
+    so.ddp.bucket_bytes = 256 << 10;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    mg_optim *o = make_optim(&c, s);
+    mg_step_options sto = {.accumulate = 1, .lr = 1e-3f, .clip_grad = 1.0f};
+    mg_traffic a = mg_strategy_traffic(s);
+    for (int k = 0; k < c.steps; k++) {
+        src.step = k;
+        src.j = 0;
+        mg_step_result r;
+        CHECK_OK(mg_train_step(s, o, &sto, next, &src, &r));
+    }
+    mg_traffic b = mg_strategy_traffic(s);
+    size_t n = mg_model_arena_size(m) * sizeof(float), shard = n / (size_t)world;
+    mg_zero_stats z = mg_zero_get_stats(mg_strategy_zero(s));
+    CHECK_EQ(mg_optim_bytes(o), 2 * shard);   /* exp_avg, exp_avg_sq */
+    CHECK_EQ(z.grad_bytes, cc->stage == 1 ? n : shard);
+    CHECK_EQ(z.param_bytes, cc->stage == 3 ? shard : n);
+    /* Bucket by bucket: the ones stage 3 gathers again for backward. */
+    size_t again = 0;
+    if (cc->stage == 3) {
+        mg_range r[64];
+        int nb = mg_buckets(m, 64 << 10, 256 << 10, r);
+        int emb = -1;
+        for (int u = 0; u < mg_model_num_units(m); u++)
+            if (mg_model_unit(m, u).borrows >= 0) {
+                mg_unit_info e = mg_model_unit(m, mg_model_unit(m, u).borrows);
+                for (int i = 0; i < nb; i++)
+                    if (r[i].lo <= e.lo && e.hi <= r[i].hi) emb = i;
+            }
+        for (int i = 1; i < nb; i++)
+            if (i != emb) again += (r[i].hi - r[i].lo) * sizeof(float);
+    }
+    double want = (double)(world - 1) / world * (2.0 * (double)n + (double)again);
+    double sent = (double)(b.sent - a.sent) / c.steps, recv = (double)(b.received - a.received) / c.steps;
+    printf("zero-%d k=%d rank %d: %.0f bytes sent, %.0f received per step, expected %.0f\n",
+           cc->stage, world, rank, sent, recv, want);
+    /* Exact but for the norm's all-reduce of one double per step. */
+    CHECK_MSG(fabs(sent - want) <= 64 && fabs(recv - want) <= 64,
+              "zero-%d rank %d: %.0f sent, %.0f received per step, expected %.0f", cc->stage,
+              rank, sent, recv, want);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    close_data(&src, ref);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(zero_keeps_and_moves_what_the_paper_says, 180)
+{
+    for (int stage = 1; stage <= 3; stage++)
+        for (int k = 2; k <= 4; k += 2) {
+            counters_case cc = {.stage = stage, .port = mgt_free_port()};
+            int st[4];
+            CHECK_EQ(mgt_fork_ranks(k, counters_rank, &cc, 120, st), 0);
+        }
+}
