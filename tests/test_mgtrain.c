@@ -317,6 +317,26 @@ TEST_T(mgtrain_zero_checkpoint_moves_between_stages_and_world_sizes, 300)
     CHECK(ckpt_rel_diff(ck, ref, &worst) == d);
 }
 
+/* --zero: one clear line and status 2 for a stage that does not exist,
+ * for ZeRO without a job of ranks, with compression. */
+TEST_T(mgtrain_zero_bad_input, 60)
+{
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    struct { const char *args, *want; } c[] = {
+        {"--parallel ddp --zero 4", "--zero"},
+        {"--zero 2", "--parallel ddp or --mesh dp=N"},
+        {"--parallel dp --zero 1", "--parallel ddp or --mesh dp=N"},
+        {"--parallel ddp --zero 1 --compress fp16", "without --zero"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, c[i].args);
+        CHECK_MSG(rc != 0 && strstr(out, c[i].want), "%s: rc %d: %s", c[i].args, rc, out);
+        free(out);
+    }
+}
+
 /* Resuming at step 5 gives the same bytes as 10 steps in one go (the
  * batches depend only on seed and step); the log keeps its rows; the
  * plot exists; --eval-only and --sample work from the checkpoint. */

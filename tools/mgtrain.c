@@ -1304,7 +1304,8 @@ int main(int argc, char **argv)
     mg_compress comp;
     if (mg_compress_parse(o.compress, &comp)) die("--compress: %s", mg_last_error());
     if (comp != MG_COMPRESS_NONE && t.mode != MG_STRATEGY_DDP)
-        die("--compress %s applies to --parallel ddp only", o.compress);
+        die("--compress %s applies to --parallel ddp without --zero (ZeRO reduce-scatters "
+            "full-precision gradients)", o.compress);
     if (o.resume && o.init) die("--resume and --init both set: give one of them");
     if (o.eval_only && !o.resume && !o.init)
         die("--eval-only needs weights: give --init FILE or --resume FILE");
