@@ -49,6 +49,7 @@ peak_rss_mb_max the largest rank's peak RSS. The ranks are forked from the
 launching process after it has imported torch and read the text, so each
 rank's RSS counts those shared pages too."""
 import argparse
+import gc
 import hashlib
 import math
 import os
@@ -285,6 +286,14 @@ def run(rank, world, port, args, text, out):
         if args.mem:
             rss = [None] * world
             dist.all_gather_object(rss, own)
+        # Free DDP (whose C++ Reducer holds the process group) and the optimizer
+        # while the group is still registered. Were the Reducer's reference the
+        # last one, ProcessGroupGloo's destructor would run under the GIL and
+        # join a gloo worker that may be waiting for the GIL to free a tensor:
+        # a hang seen once at the end of an 85 M --ddp 2 run. The group's own
+        # Python handle, dropped last here, releases the GIL as it goes.
+        del net, opt
+        gc.collect()
         dist.destroy_process_group()
     if curve:
         curve.close()
