@@ -3,21 +3,25 @@
  * most, the bytes it moved per step and its peak resident memory.
  *
  *   mgrun -n N zero [--stage 0|1|2|3] [--steps S] [--batch B] [--ctx T]
- *                   [--layers L] [--dim D] [--heads H]
+ *                   [--layers L] [--dim D] [--heads H] [--offload DIR]
  *
  * --stage 0 is DDP (one process: no strategy communication at all);
  * --batch is the global batch (B/N sequences per rank), AdamW as
  * models.md's gpt-mini (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on
- * 2-D parameters, clipping to norm 1). The first step warms up and is not
+ * 2-D parameters, clipping to norm 1); --offload: the optimizer state (and
+ * under stage 3 the parameter pieces) in files in DIR. The first step warms up and is not
  * timed. Every rank prints one line:
  *   zero rank R world N stage S params P tok_s X state_params_mb A
  *   state_grads_mb G state_optim_mb O peak_params_mb .. peak_grads_mb ..
  *   activations_mb .. sent_mb_step .. received_mb_step .. peak_rss_mb ..
+ *   largest_bucket_mb .. steps_peak_rss_mb ..
  * (state_*: held between steps; peak_*: at most during a step; MB = 1e6
  * bytes). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "multigrad/multigrad.h"
 
 typedef struct {
@@ -38,6 +42,29 @@ static bool next(void *ud, mg_micro_batch *b)
     return true;
 }
 
+/* The kernel's peak resident set (VmHWM), which writing 5 to clear_refs
+ * resets: the peak of the training steps alone, after set-up (the model
+ * is created whole on every rank before the strategy shards it). */
+static void reset_peak(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+static double peak_since_reset_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb * 1024 / 1e6;
+}
+
 static int fail(const char *what)
 {
     fprintf(stderr, "zero: %s: %s\n", what, mg_last_error());
@@ -48,13 +75,15 @@ int main(int argc, char **argv)
 {
     mg_gpt_config g = mg_gpt_defaults();
     int steps = 6, B = 2, stage = 0;
+    const char *offload = NULL;
     g.layers = 12;
     g.dim = 768;
     g.heads = 12;
     g.ctx = 128;
     static const struct option opts[] = {
         {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
-        {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"stage", 1, 0, 'z'}, {0, 0, 0, 0}};
+        {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"stage", 1, 0, 'z'},
+        {"offload", 1, 0, 'o'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 's': steps = atoi(optarg); break;
@@ -64,9 +93,10 @@ int main(int argc, char **argv)
         case 'd': g.dim = atoi(optarg); break;
         case 'h': g.heads = atoi(optarg); break;
         case 'z': stage = atoi(optarg); break;
+        case 'o': offload = optarg; break;
         default:
             fprintf(stderr, "usage: zero [--stage 0..3] [--steps S] [--batch B] [--ctx T] "
-                            "[--layers L] [--dim D] [--heads H]\n");
+                            "[--layers L] [--dim D] [--heads H] [--offload DIR]\n");
             return 2;
         }
     }
@@ -95,6 +125,7 @@ int main(int argc, char **argv)
     so.group = grp;
     so.zero_stage = stage;
     so.max_batch = B / world;
+    so.offload_dir = offload;
     mg_strategy *s;
     if (mg_strategy_create(m, &so, &s)) return fail("strategy");
     mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
@@ -113,6 +144,8 @@ int main(int argc, char **argv)
     mg_step_options sto = {.accumulate = 1, .lr = 1e-3f, .clip_grad = 1.0f};
     double t0 = 0;
     mg_traffic a = {0, 0};
+    double setup_rss = mg_peak_rss() / 1e6;
+    reset_peak();
     for (int k = 0; k < steps; k++) {
         if (k == 1) {
             if (grp && mg_barrier(grp)) return fail("barrier");
@@ -133,14 +166,25 @@ int main(int argc, char **argv)
         kp = z.param_bytes;
         kg = z.grad_bytes;
     }
+    /* The largest bucket: what stage 3 gathers at once. */
+    int nu = mg_model_num_units(m);
+    mg_range *br = malloc(sizeof *br * (size_t)(nu + 1));
+    if (!br) return 1;
+    size_t unit = 0;
+    for (int i = 0, nb = mg_buckets(m, so.ddp.first_bucket_bytes, so.ddp.bucket_bytes, br);
+         i < nb; i++)
+        if ((br[i].hi - br[i].lo) * sizeof(float) > unit) unit = (br[i].hi - br[i].lo) * sizeof(float);
+    free(br);
     double n = steps - 1;
     printf("zero rank %d world %d stage %d params %zu tok_s %.1f state_params_mb %.1f "
            "state_grads_mb %.1f state_optim_mb %.1f peak_params_mb %.1f peak_grads_mb %.1f "
-           "activations_mb %.1f sent_mb_step %.3f received_mb_step %.3f peak_rss_mb %.1f\n",
+           "activations_mb %.1f sent_mb_step %.3f received_mb_step %.3f peak_rss_mb %.1f "
+           "largest_bucket_mb %.1f steps_peak_rss_mb %.1f\n",
            rank, world, grp ? stage : 0, mg_model_num_params(m), (double)B * g.ctx * n / secs,
            kp / 1e6, kg / 1e6, mg_optim_bytes(o) / 1e6, ms.params / 1e6, ms.grads / 1e6,
            ms.activations / 1e6, (double)(b.sent - a.sent) / n / 1e6,
-           (double)(b.received - a.received) / n / 1e6, mg_peak_rss() / 1e6);
+           (double)(b.received - a.received) / n / 1e6, fmax(setup_rss, mg_peak_rss() / 1e6), unit / 1e6,
+           peak_since_reset_mb());
     fflush(stdout);
     mg_optim_destroy(o);
     mg_strategy_destroy(s);

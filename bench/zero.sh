@@ -15,27 +15,37 @@
 #    2, 2 ranks: PyTorch DDP and DDP + ZeroRedundancyOptimizer (its ZeRO-1)
 #    over gloo (bench/gpt_torch.py --mem) beside multigrad's DDP and ZeRO-1-3:
 #    peak RSS per rank and tokens/s.
-# 3. Speed on gpt-mini (4 layers, dim 128, batch 32, context 128), 2 ranks:
-#    DDP and stages 1-3, best tokens/s of --repeat runs.
+# 3. Offload (--offload disk:DIR) on the 85 M shape, context 256, 2 and 4
+#    ranks, stages 1-3: the peak resident memory of the training steps
+#    (after set-up: the model is created whole on every rank first)
+#    against the issue's bound, the parameters' shard + the largest bucket
+#    (one unit in flight) + the activations, and tokens/s against the
+#    same stage in memory.
+# 4. Speed on gpt-mini (4 layers, dim 128, batch 32, context 128), 2 ranks:
+#    DDP and stages 1-3, and stages 1 and 3 offloaded, best tokens/s of
+#    --repeat runs.
 #
-#   bench/zero.sh [--repeat N] [--steps S] [--skip-big]
+#   bench/zero.sh [--repeat N] [--steps S] [--skip-big] [--offload-dir DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 repeat=3
 steps=5
 big=1
+odir=${TMPDIR:-/tmp}/mg-zero-offload
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --skip-big) big=0; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --offload-dir) odir="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "zero.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 
 make -j2 all benches >/dev/null
+mkdir -p "$odir"
 bin=build/bin
 z=build/bench/zero
 py=/usr/bin/python3
@@ -110,18 +120,48 @@ if [ $big = 1 ]; then
     fi
 fi
 
+if [ $big = 1 ]; then
+    echo
+    echo "## offload to $odir ($(df -h "$odir" | awk 'NR == 2 {print $1}')): L=12 d=768 h=12 T=256, batch = ranks, peak RSS of the steps"
+    printf '%-12s %5s %10s %10s %7s %10s %10s %9s %9s %7s\n' config ranks rss_MB bound_MB ratio \
+        state_MB setup_MB tok/s in_mem vs_mem
+    for n in 2 4; do
+        for st in 1 2 3; do
+            mem=$(run $n $st --layers 12 --dim 768 --heads 12 --ctx 256 --batch $n --steps "$steps" |
+                grep '^zero rank 0')
+            out=$(run $n $st --layers 12 --dim 768 --heads 12 --ctx 256 --batch $n --steps "$steps" \
+                --offload "$odir")
+            l0=$(echo "$out" | grep '^zero rank 0')
+            P=$(field params "$l0")
+            bound=$(awk -v p="$P" -v n=$n -v u="$(field largest_bucket_mb "$l0")" \
+                -v a="$(field activations_mb "$l0")" 'BEGIN {printf "%.1f", 4 * p / n / 1e6 + u + a}')
+            rss=$(maxf steps_peak_rss_mb "$out")
+            state=$(echo "$l0" | awk '{for (i = 1; i < NF; i++) v[$i] = $(i + 1);
+                print v["state_params_mb"] + v["state_grads_mb"] + v["state_optim_mb"]}')
+            printf '%-12s %5d %10.1f %10.1f %7.3f %10.1f %10.1f %9.1f %9.1f %7.3f\n' "zero$st+disk" $n \
+                "$rss" "$bound" "$(awk -v a="$rss" -v b="$bound" 'BEGIN {print a / b}')" "$state" \
+                "$(maxf peak_rss_mb "$out")" "$(field tok_s "$l0")" "$(field tok_s "$mem")" \
+                "$(awk -v a="$(field tok_s "$l0")" -v b="$(field tok_s "$mem")" 'BEGIN {print a / b}')"
+        done
+    done
+fi
+
 echo
 echo "## speed: gpt-mini (L=4 d=128 h=4 T=128), batch 32, 2 ranks, best of $repeat"
-printf '%-8s %8s %8s\n' config tok/s vs_ddp
+printf '%-12s %8s %8s\n' config tok/s vs_ddp
 ddp=0
-for st in 0 1 2 3; do
+for cfg in 0 1 2 3 1d 3d; do
+    st=${cfg%d}
+    extra=()
+    [ "$cfg" != "$st" ] && extra=(--offload "$odir")
     best=0
     for i in $(seq "$repeat"); do
-        t=$(run 2 $st --layers 4 --dim 128 --heads 4 --ctx 128 --batch 32 --steps 12 |
+        t=$(run 2 $st --layers 4 --dim 128 --heads 4 --ctx 128 --batch 32 --steps 12 "${extra[@]}" |
             grep '^zero rank 0' | tr ' ' '\n' | awk 'p {print; exit} $0 == "tok_s" {p = 1}')
         best=$(awk -v a="$best" -v b="$t" 'BEGIN {print (b > a ? b : a)}')
     done
     [ $st = 0 ] && ddp=$best
     name=$([ $st = 0 ] && echo ddp || echo "zero$st")
-    printf '%-8s %8.0f %8.3f\n' "$name" "$best" "$(awk -v a="$best" -v b="$ddp" 'BEGIN {print a / b}')"
+    [ "$cfg" != "$st" ] && name="$name+disk"
+    printf '%-12s %8.0f %8.3f\n' "$name" "$best" "$(awk -v a="$best" -v b="$ddp" 'BEGIN {print a / b}')"
 done

@@ -1,5 +1,6 @@
 /* mgtrain end to end: real data, real processes. Bad input, logs and
  * plots, checkpoints and exact resume, --init and --eval-only. */
+#include <errno.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -335,6 +336,65 @@ TEST_T(mgtrain_zero_bad_input, 60)
         CHECK_MSG(rc != 0 && strstr(out, c[i].want), "%s: rc %d: %s", c[i].args, rc, out);
         free(out);
     }
+}
+
+/* --offload disk:DIR: the optimizer state (and under ZeRO-3 the
+ * parameter shard) in files changes no bit of the training: 6 steps
+ * offloaded, and 3 offloaded resumed for 3 more, write the checkpoint 6
+ * steps in memory write; DIR is left empty. Bad offload input is one
+ * clear error before any work, the previous checkpoint untouched. */
+TEST_T(mgtrain_offload_same_as_in_memory, 240)
+{
+    const char *t = mgt_tmpdir();
+    char *out, bin[512], run[512], dir[600], a[600], b[600], c[600];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(dir, sizeof dir, "%s/offload-dir", t);
+    CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    const char *mode[3] = {"--parallel ddp --zero 3", "--parallel ddp --zero 1", ""};
+    for (int k = 0; k < 3; k++) {
+        char launch[600] = "";
+        if (*mode[k]) snprintf(launch, sizeof launch, "%s -n 2 ", run);
+        snprintf(a, sizeof a, "%s/mem.st", t);
+        snprintf(b, sizeof b, "%s/off.st", t);
+        snprintf(c, sizeof c, "%s/off-resumed.st", t);
+        int rc = mgt_sh(&out, "%s%s " GPT_SMALL " %s --steps 6 --eval-every 3 --save %s", launch,
+                        bin, mode[k], a);
+        CHECK_MSG(rc == 0, "%s", out);
+        free(out);
+        rc = mgt_sh(&out, "%s%s " GPT_SMALL " %s --steps 6 --eval-every 3 --save %s --offload "
+                    "disk:%s", launch, bin, mode[k], b, dir);
+        CHECK_MSG(rc == 0, "%s", out);
+        free(out);
+        rc = mgt_sh(&out, "%s%s " GPT_SMALL " %s --steps 3 --eval-every 3 --save %s --offload "
+                    "disk:%s && %s%s " GPT_SMALL " %s --steps 6 --eval-every 3 --save %s "
+                    "--resume %s --offload disk:%s", launch, bin, mode[k], c, dir, launch, bin,
+                    mode[k], c, c, dir);
+        CHECK_MSG(rc == 0, "%s", out);
+        free(out);
+        double worst, d = ckpt_rel_diff(b, a, &worst), e = ckpt_rel_diff(c, a, &worst);
+        printf("%s: offloaded %.3g, offloaded and resumed %.3g from in memory\n",
+               *mode[k] ? mode[k] : "one process", d, e);
+        CHECK_MSG(d == 0 && e == 0, "%s: offload changed the parameters by %g (resumed %g)",
+                  mode[k], d, e);
+        rc = mgt_sh(&out, "ls -A %s | wc -l", dir);
+        CHECK_MSG(rc == 0 && atoi(out) == 0, "%s: files left in the offload directory", mode[k]);
+        free(out);
+    }
+    struct { const char *args, *want; } bad[] = {
+        {"--offload nvme", "give disk:DIR"},
+        {"--offload disk:", "give disk:DIR"},
+        {"--offload disk:/nonexistent/dir", "offload directory /nonexistent/dir"},
+        {"--offload disk:/etc/hostname", "Not a directory"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --parallel ddp --zero 3 --steps 8 "
+                        "--resume %s --save %s %s", run, bin, a, a, bad[i].args);
+        CHECK_MSG(rc != 0 && strstr(out, bad[i].want), "%s: rc %d: %s", bad[i].args, rc, out);
+        free(out);
+    }
+    double worst;
+    CHECK_MSG(ckpt_rel_diff(a, b, &worst) == 0, "a failed run changed the checkpoint");
 }
 
 /* Resuming at step 5 gives the same bytes as 10 steps in one go (the

@@ -302,3 +302,175 @@ TEST(optim_schedules)
         CHECK(strstr(mg_last_error(), bad[i]) != NULL);
     }
 }
+
+/* ---- offload ---------------------------------------------------------------- */
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *offload_dir(void)
+{
+    static char d[600];
+    snprintf(d, sizeof d, "%s/optim-offload", mgt_tmpdir());
+    CHECK(mkdir(d, 0700) == 0 || errno == EEXIST);
+    return d;
+}
+
+/* Ranges with gaps, groups with their own decay, a window far smaller
+ * than a range and not dividing it: the offloaded optimizer (states in a
+ * file, and the parameters and gradients too when `params`, the
+ * gradients scaled as they are read) steps bit for bit as the one in
+ * memory, and its state reads back the same. */
+static void offload_equals_memory(mg_optim_config cfg, bool params)
+{
+    enum { N = 5000 };
+    const mg_range r[] = {{0, 1200}, {1600, 3000}, {3200, 5000}};
+    float p0[N], p1[N], g[N];
+    for (int i = 0; i < N; i++) p0[i] = p1[i] = 0.01f * (float)((i * 37) % 201 - 100);
+    mg_optim *a, *b;
+    CHECK_OK(mg_optim_create_ranges(&cfg, r, 3, &a));
+    CHECK_OK(mg_optim_create_ranges(&cfg, r, 3, &b));
+    const mg_optim_group gr[] = {{100, 900, 0.0f}, {2000, 3100, 0.5f}};
+    CHECK_OK(mg_optim_set_groups(a, gr, 2));
+    CHECK_OK(mg_optim_set_groups(b, gr, 2));
+    mg_scratch *ps = NULL, *gs = NULL;
+    size_t n = mg_optim_size(b);
+    if (params) {
+        CHECK_OK(mg_scratch_create(offload_dir(), n * sizeof(float), "parameters", &ps));
+        CHECK_OK(mg_scratch_create(offload_dir(), n * sizeof(float), "gradients", &gs));
+        for (int k = 0, at = 0; k < 3; at += (int)(r[k].hi - r[k].lo), k++)
+            CHECK_OK(mg_scratch_write(ps, p1 + r[k].lo, (r[k].hi - r[k].lo) * sizeof(float),
+                                      (uint64_t)at * sizeof(float)));
+    }
+    /* Stepped once in memory first: that state goes into the file. */
+    for (int i = 0; i < N; i++) g[i] = 0.001f * (float)((i * 13) % 97 - 48);
+    if (!params) {
+        mg_optim_step(a, p0, g, cfg.lr);
+        mg_optim_step(b, p1, g, cfg.lr);
+    }
+    CHECK_OK(mg_optim_offload(b, offload_dir(), 1000, ps, gs));
+    CHECK(mg_optim_offloaded(b) == (mg_optim_num_states(b) > 0));
+    CHECK(mg_optim_bytes(b) < n * sizeof(float) || mg_optim_num_states(b) == 0);
+    for (int t = 0; t < 5; t++) {
+        for (int i = 0; i < N; i++) g[i] = 0.001f * (float)((i * (t + 7)) % 101 - 50);
+        if (gs) {   /* b reads them from the file and scales them by 0.75 */
+            for (int k = 0, at = 0; k < 3; at += (int)(r[k].hi - r[k].lo), k++)
+                CHECK_OK(mg_scratch_write(gs, g + r[k].lo, (r[k].hi - r[k].lo) * sizeof(float),
+                                          (uint64_t)at * sizeof(float)));
+            mg_optim_scale_grads(b, 0.75f);
+            mg_grad_scale(g, N, 0.75f);
+        }
+        mg_optim_step(a, p0, g, cfg.lr * (float)(t + 1));
+        CHECK_OK(mg_optim_step(b, p1, g, cfg.lr * (float)(t + 1)));
+    }
+    /* One range updated alone as well. */
+    for (int k = 0, at = 0; gs && k < 3; at += (int)(r[k].hi - r[k].lo), k++)
+        CHECK_OK(mg_scratch_write(gs, g + r[k].lo, (r[k].hi - r[k].lo) * sizeof(float),
+                                  (uint64_t)at * sizeof(float)));
+    mg_optim_begin_step(a, cfg.lr);
+    mg_optim_begin_step(b, cfg.lr);
+    CHECK_OK(mg_optim_update(a, p0, g, 1700, 2900));
+    CHECK_OK(mg_optim_update(b, p1, g, 1700, 2900));
+    float x[N], y[N];
+    if (params)
+        for (int k = 0; k < 3; k++) {
+            CHECK_OK(mg_optim_read_state(b, -1, r[k].lo, r[k].hi, y));
+            memcpy(p1 + r[k].lo, y, (r[k].hi - r[k].lo) * sizeof(float));
+        }
+    CHECK_MSG(!memcmp(p0, p1, sizeof p0), "%s%s: parameters differ with offload",
+              mg_optim_kind_name(cfg.kind), params ? " (parameters offloaded)" : "");
+    for (int s = 0; s < mg_optim_num_states(a); s++)
+        for (int k = 0; k < 3; k++) {
+            size_t len = r[k].hi - r[k].lo;
+            CHECK_OK(mg_optim_read_state(a, s, r[k].lo, r[k].hi, x));
+            CHECK_OK(mg_optim_read_state(b, s, r[k].lo, r[k].hi, y));
+            CHECK_MSG(!memcmp(x, y, len * sizeof(float)), "%s: state %d of range %d differs",
+                      mg_optim_kind_name(cfg.kind), s, k);
+            /* Written in and read back. */
+            for (size_t i = 0; i < len; i++) x[i] = (float)i;
+            CHECK_OK(mg_optim_write_state(b, s, r[k].lo, r[k].hi, x));
+            CHECK_OK(mg_optim_read_state(b, s, r[k].lo, r[k].hi, y));
+            CHECK(!memcmp(x, y, len * sizeof(float)));
+        }
+    mg_optim_destroy(a);
+    mg_optim_destroy(b);
+    mg_scratch_destroy(ps);
+    mg_scratch_destroy(gs);
+}
+
+TEST(optim_offload_is_bit_identical)
+{
+    mg_optim_config c[4] = {mg_optim_defaults(MG_OPTIM_SGD, 0.1f),
+                            mg_optim_defaults(MG_OPTIM_SGD, 0.1f),
+                            mg_optim_defaults(MG_OPTIM_ADAM, 1e-2f),
+                            mg_optim_defaults(MG_OPTIM_ADAMW, 1e-2f)};
+    c[1].momentum = 0.9f;
+    c[1].nesterov = true;
+    c[2].weight_decay = 0.01f;
+    for (int i = 0; i < 4; i++)
+        for (int params = 0; params < 2; params++) offload_equals_memory(c[i], params);
+}
+
+/* The directory: missing, a file, or too small a disk (a file-size limit
+ * stands in for a full disk: the reservation fails at once) is one clear
+ * error naming it; the file is private (0600) and unlinked. */
+TEST(optim_offload_bad_directory)
+{
+    mg_optim_config cfg = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    mg_optim *o;
+    CHECK_OK(mg_optim_create(&cfg, 1 << 20, &o));
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/no-such-dir", mgt_tmpdir());
+    CHECK_EQ(mg_optim_offload(o, bad, 1 << 16, NULL, NULL), MG_EIO);
+    CHECK(strstr(mg_last_error(), bad) && strstr(mg_last_error(), "create it"));
+    snprintf(bad, sizeof bad, "%s/a-file", mgt_tmpdir());
+    FILE *f = fopen(bad, "w");
+    CHECK(f);
+    if (f) fclose(f);
+    CHECK_EQ(mg_optim_offload(o, bad, 1 << 16, NULL, NULL), MG_EIO);
+    CHECK(strstr(mg_last_error(), "Not a directory"));
+    CHECK(!mg_optim_offloaded(o));
+    /* Still usable in memory after a failed offload. */
+    float p[1 << 4] = {0}, g[1 << 4] = {1};
+    CHECK_OK(mg_optim_update((mg_optim_begin_step(o, 1e-3f), o), p, g, 0, 16));
+    mg_optim_destroy(o);
+
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {1 << 20, 1 << 20};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        mg_optim *x;
+        mg_optim_create(&cfg, 1 << 20, &x);   /* 8 MiB of state */
+        mg_status st = mg_optim_offload(x, offload_dir(), 1 << 16, NULL, NULL);
+        _exit(st == MG_EIO && strstr(mg_last_error(), "free space") ? 0 : 1);
+    }
+    int ws;
+    CHECK(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+
+    mg_scratch *s;
+    CHECK_OK(mg_scratch_create(offload_dir(), 4096, "test", &s));
+    CHECK_EQ(mg_scratch_size(s), 4096);
+    /* Its descriptor: an unlinked file of mode 0600. */
+    int found = 0;
+    for (int fd = 0; fd < 1024; fd++) {
+        char link[64], target[1024];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k <= 0) continue;
+        target[k] = 0;
+        struct stat sb;
+        if (!strstr(target, "multigrad-offload") || fstat(fd, &sb) != 0) continue;
+        CHECK_EQ(sb.st_mode & 0777, 0600);
+        CHECK_EQ(sb.st_nlink, 0);
+        found++;
+    }
+    CHECK_EQ(found, 1);
+    char buf[8] = {0};
+    CHECK_EQ(mg_scratch_read(s, buf, 8, 4092), MG_EINVAL);   /* past the end */
+    mg_scratch_destroy(s);
+}

@@ -3,6 +3,9 @@
  * in tests/data/gpt-mini.safetensors), the shard layout and the memory it
  * keeps. Ranks are real processes over real transports, trained through
  * the strategy and mg_train_step as mgtrain trains. */
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <unistd.h>
 #include "harness.h"
@@ -14,6 +17,9 @@ typedef struct {
     int batch;           /* global batch of a micro-batch */
     int accumulate, steps;
     int port;
+    const char *offload;   /* --offload disk: directory, or NULL */
+    size_t window;         /* its window bytes */
+    const char *save;      /* write a checkpoint after training here (rank files: .N) */
 } zcase;
 
 enum { T = 64, GB = 8 };   /* the gpt-mini reference: context, batch */
@@ -135,6 +141,16 @@ static float *train(const zcase *c, mg_strategy *s, source *src, float *losses)
 {
     mg_model *m = mg_strategy_model(s);
     mg_optim *o = make_optim(c, s);
+    if (c->offload) {
+        /* The files are unlinked as soon as they are made. */
+        CHECK(mg_optim_offloaded(o));
+        DIR *d = opendir(c->offload);
+        CHECK(d);
+        int n = 0;
+        for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+        if (d) closedir(d);
+        CHECK_EQ(n, 0);
+    }
     bool lm = !strcmp(c->model, "gpt-mini");
     mg_step_options so = {.accumulate = src->parts, .lr = lm ? 1e-3f : 0.05f,
                           .clip_grad = lm ? 1.0f : 0.0f};
@@ -145,6 +161,14 @@ static float *train(const zcase *c, mg_strategy *s, source *src, float *losses)
         CHECK_OK(mg_train_step(s, o, &so, next, src, &r));
         CHECK_EQ(r.micro, src->parts);
         losses[step] = (float)(r.loss_sum / (double)r.samples);
+    }
+    if (c->save) {
+        CHECK_OK(mg_strategy_save(s, c->save, o, NULL));
+        /* Read back into the same strategy and saved again: the same bytes. */
+        char again[1100];
+        snprintf(again, sizeof again, "%.1000s.again", c->save);
+        CHECK_OK(mg_strategy_load(s, c->save, o, NULL));
+        CHECK_OK(mg_strategy_save(s, again, o, NULL));
     }
     CHECK_OK(mg_strategy_gather(s));
     float *v = malloc(mg_model_num_params(m) * sizeof(float));
@@ -203,8 +227,14 @@ static int zero_rank(int rank, int world, void *arg)
     so.max_batch = c->batch / world;
     so.ddp.first_bucket_bytes = 64 << 10;   /* several buckets even for small models */
     so.ddp.bucket_bytes = 256 << 10;
+    so.offload_dir = c->offload;
+    so.offload_window = c->window;
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
+    if (c->offload && c->stage == 3)   /* no parameter stays in memory between steps */
+        CHECK_EQ(mg_zero_get_stats(mg_strategy_zero(s)).param_bytes, 0);
+    if (c->offload && c->stage >= 2)   /* nor gradient */
+        CHECK_EQ(mg_zero_get_stats(mg_strategy_zero(s)).grad_bytes, 0);
     /* The pieces: one per bucket, 1/world of it, ascending. */
     int np;
     const mg_range *r = mg_strategy_ranges(s, &np);
@@ -321,6 +351,87 @@ TEST_T(zero_lenet5_sgd_momentum_stages_1_2_3_k2_k3_k4_equal_one_process, 300)
                        .accumulate = 1, .steps = 10};
             check_vs_one_process(c, 1e-5);
         }
+}
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK_MSG(f, "%s missing", path);
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(*n + 1);
+    CHECK(fread(b, 1, *n, f) == *n);
+    fclose(f);
+    return b;
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    bool same = x && y && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* Offload (optimizer state, and under stage 3 the parameter pieces, in
+ * files streamed through windows) changes where bytes live, not one bit
+ * of the result: the parameters, the losses and the checkpoint written
+ * (and written again after reading it back) equal the run in memory. A
+ * small window makes every step stream many windows through the three
+ * buffers. */
+TEST_T(zero_offload_is_bit_identical, 300)
+{
+    static const struct { const char *model; int stage, world, accumulate; } cases[] = {
+        {"gpt-mini", 1, 2, 1}, {"gpt-mini", 2, 2, 2}, {"gpt-mini", 3, 2, 2},
+        {"gpt-mini", 3, 3, 1}, {"lenet5", 3, 4, 1}, {"lenet5", 1, 3, 2},
+    };
+    char dir[512], ck[2][1024];
+    snprintf(dir, sizeof dir, "%s/offload", mgt_tmpdir());
+    CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bool lm = !strcmp(cases[i].model, "gpt-mini");
+        zcase c = {.model = cases[i].model, .stage = cases[i].stage, .world = cases[i].world,
+                   .batch = lm ? (cases[i].world == 3 ? 6 : GB) : 48,
+                   .accumulate = cases[i].accumulate, .steps = 4};
+        size_t n;
+        mg_model *m = make_model(&c, NULL, 0);
+        n = mg_model_num_params(m);
+        mg_model_destroy(m);
+        float *p[2][4], *l[2][4];
+        for (int off = 0; off < 2; off++) {
+            c.offload = off ? dir : NULL;
+            c.window = 4096;
+            snprintf(ck[off], sizeof ck[off], "%s/zero-offload-%d.safetensors", mgt_tmpdir(), off);
+            c.save = ck[off];
+            run_ranks(&c);
+            for (int r = 0; r < c.world; r++) {
+                p[off][r] = read_floats("params", r, n);
+                l[off][r] = read_floats("losses", r, (size_t)c.steps);
+            }
+        }
+        for (int r = 0; r < c.world; r++) {
+            CHECK_MSG(!memcmp(p[0][r], p[1][r], n * sizeof(float)) &&
+                      !memcmp(l[0][r], l[1][r], (size_t)c.steps * sizeof(float)),
+                      "%s zero-%d on %d ranks: rank %d's parameters or losses with offload "
+                      "differ from without", c.model, c.stage, c.world, r);
+            for (int off = 0; off < 2; off++) {
+                free(p[off][r]);
+                free(l[off][r]);
+            }
+        }
+        char again[2][1040];
+        for (int off = 0; off < 2; off++) snprintf(again[off], sizeof again[off], "%.1000s.again", ck[off]);
+        CHECK_MSG(same_file(ck[0], ck[1]) && same_file(ck[1], again[1]) &&
+                  same_file(ck[0], again[0]),
+                  "%s zero-%d on %d ranks: the checkpoints with and without offload differ",
+                  c.model, c.stage, c.world);
+        printf("%s zero-%d k=%d acc=%d: offloaded run and checkpoint bit-identical\n", c.model,
+               c.stage, c.world, c.accumulate);
+    }
 }
 
 TEST_T(zero_accumulation_equals_one_process, 180)

@@ -35,7 +35,7 @@
 
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
-    const char *parallel, *compress, *prompt, *mesh;
+    const char *parallel, *compress, *prompt, *mesh, *offload_dir;
     mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     int zero;           /* --zero stage, 0: none */
@@ -119,6 +119,11 @@ static void usage(FILE *f)
 "  --zero STAGE        with --parallel ddp or --mesh dp=N: ZeRO stage 1 (each rank\n"
 "                      keeps 1/N of the optimizer state), 2 (and of the\n"
 "                      gradients) or 3 (and of the parameters)\n"
+"  --offload disk:DIR  keep the optimizer state (with --zero 3 also the\n"
+"                      parameter shard) in files in DIR, streamed through a few\n"
+"                      windows of MG_OFFLOAD_WINDOW_MB: the same numbers, less\n"
+"                      memory; the files are private and gone at exit\n"
+"  --offload cpu       accepted for device backends; a no-op on the CPU\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
 "gpt-mini only:\n"
@@ -176,7 +181,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO };
+           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -194,6 +199,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
         {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
+        {"offload", 1, 0, O_OFFLOAD},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
@@ -247,6 +253,19 @@ static void parse_args(int argc, char **argv, options *o)
         case O_PLAN: o->print_plan = 1; break;
         case O_MESH: o->mesh = optarg; break;
         case O_ZERO: o->zero = (int)int_flag("--zero", 1, 3); break;
+        case O_OFFLOAD:
+            if (!strncmp(optarg, "disk:", 5) && optarg[5]) {
+                o->offload_dir = optarg + 5;
+            } else if (!strcmp(optarg, "cpu")) {
+                /* The CPU backend's state is in host memory already. */
+                fprintf(stderr, "%s: --offload cpu: on the CPU backend the state already "
+                        "lives in host memory, so nothing moves (disk:DIR moves it to files)\n",
+                        prog);
+            } else {
+                die("--offload '%s': give disk:DIR (a directory for the offload files) or cpu",
+                    optarg);
+            }
+            break;
         case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
         case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
         case O_EVAL_EVERY:
@@ -811,6 +830,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
     so.ddp.compress = comp;
     so.zero_stage = o->zero;
+    so.offload_dir = o->offload_dir;
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
     if (o->print_plan) print_plan(t, local);
     make_optimizer(o, kind, beta2, lm, t);
@@ -963,7 +983,7 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
         v[2] += bs;
     }
     mg_model_set_training(m, true);
-    mg_strategy_release(t->s);
+    if (mg_strategy_release(t->s)) die_in_step(t);
     sum_over_ranks(t, v, 3);
     *loss = v[0] / v[2];
     *acc = v[1] / v[2];
@@ -1120,7 +1140,7 @@ static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
     double v;
     gather(t);
     if (mg_lm_val_loss(t->m, text, batch, t->g, &v)) die_in_step(t);
-    mg_strategy_release(t->s);
+    if (mg_strategy_release(t->s)) die_in_step(t);
     *ppl = exp(v);
     return v;
 }
@@ -1148,7 +1168,7 @@ static void print_sample(trainer *t, const options *o)
     if (!o->sample) return;
     gather(t);
     if (t->rank == 0) generate(t, o);
-    mg_strategy_release(t->s);
+    if (mg_strategy_release(t->s)) die_in_step(t);
 }
 
 static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,

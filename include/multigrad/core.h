@@ -209,6 +209,19 @@ mg_status mg_check_writable(const char *path);
 struct stat;
 int mg_open_regular(const char *path, const char *how, struct stat *sb);
 
+/* A scratch file for offloaded state (optimizer state, parameter shards):
+ * made in dir with mode 0600 and unlinked at once, so it goes with the
+ * process however that ends; all `bytes` reserved up front, so a full disk
+ * is a clear MG_EIO here rather than in the middle of training. `what`
+ * names the contents in messages. Reads and writes are whole; they may
+ * come from several threads at once (pread/pwrite). */
+typedef struct mg_scratch mg_scratch;
+mg_status mg_scratch_create(const char *dir, uint64_t bytes, const char *what, mg_scratch **out);
+mg_status mg_scratch_read(mg_scratch *s, void *dst, size_t len, uint64_t off);
+mg_status mg_scratch_write(mg_scratch *s, const void *src, size_t len, uint64_t off);
+uint64_t mg_scratch_size(const mg_scratch *s);
+void mg_scratch_destroy(mg_scratch *s);
+
 /* Peak resident set size of this process in bytes (from getrusage). */
 size_t mg_peak_rss(void);
 

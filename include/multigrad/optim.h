@@ -47,7 +47,7 @@ int mg_optim_num_ranges(const mg_optim *o);
 mg_range mg_optim_range_at(const mg_optim *o, int k);
 /* Floats per state array: the ranges' total length. */
 size_t mg_optim_size(const mg_optim *o);
-/* Bytes of state held in memory. */
+/* Bytes of state held in memory (offloaded: the windows). */
 size_t mg_optim_bytes(const mg_optim *o);
 void mg_optim_destroy(mg_optim *o);
 const mg_optim_config *mg_optim_config_of(const mg_optim *o);
@@ -78,9 +78,34 @@ double mg_clip_grad_norm(float *g, size_t n, float max_norm);
  * the learning rate), then update over one or more ranges. */
 void mg_optim_begin_step(mg_optim *o, float lr);
 /* [lo, hi) must lie in one of the optimizer's ranges. */
-void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
-/* begin_step + update over all the optimizer's ranges. */
-void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
+mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
+/* begin_step + update over all the optimizer's ranges. Both fail only
+ * when offloaded (a read or write of the files: MG_EIO with the message). */
+mg_status mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
+
+/* Offload (ZeRO-Infinity's, on a file system): the state arrays go to a
+ * file in dir (mg_scratch: mode 0600, unlinked at once, reserved up front),
+ * and when params (grads) is not NULL the parameters (gradients) of the
+ * optimizer's ranges are in that file, laid out as a state array (range
+ * after range), and the pointer given to update and step is not used
+ * (gradients read from a file are multiplied by the factor of
+ * mg_optim_scale_grads first, as mg_grad_scale would). A step streams
+ * windows of window_bytes per array through three buffers: an I/O thread
+ * reads the next window while this one is updated and writes the last one
+ * back; only the windows are in memory. The results are bit-identical to
+ * the optimizer in memory. State the optimizer holds goes into the file if
+ * it has stepped. dir NULL: the states stay in memory. */
+mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg_scratch *params,
+                           mg_scratch *grads);
+/* The factor of the next step's gradients from the gradient file
+ * (clipping); 1 after each step. */
+void mg_optim_scale_grads(mg_optim *o, float coef);
+bool mg_optim_offloaded(const mg_optim *o);
+/* Copy state s of arena offsets [lo, hi) (inside one range) out of the
+ * optimizer or into it, offloaded or not; s -1 is the parameters in the
+ * offload parameter store. */
+mg_status mg_optim_read_state(mg_optim *o, int s, size_t lo, size_t hi, float *dst);
+mg_status mg_optim_write_state(mg_optim *o, int s, size_t lo, size_t hi, const float *src);
 
 /* Steps taken so far (restored from checkpoints). */
 long mg_optim_steps(const mg_optim *o);
@@ -90,6 +115,8 @@ void mg_optim_set_steps(mg_optim *o, long steps);
  * range after the other. state_at: state i of arena offsets [lo, hi),
  * which must lie in one of the optimizer's ranges. */
 int mg_optim_num_states(const mg_optim *o);
+/* NULL (the name still given) when the states are offloaded: use
+ * mg_optim_read_state / mg_optim_write_state. */
 float *mg_optim_state(mg_optim *o, int i, const char **name);
 float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi);
 

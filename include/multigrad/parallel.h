@@ -153,7 +153,24 @@ mg_status mg_zero_after_step(mg_zero *z);
  * saving weights) until mg_zero_release gives back all but the pieces.
  * Collective; nothing for stages 1-2. */
 mg_status mg_zero_gather(mg_zero *z);
-void mg_zero_release(mg_zero *z);
+/* Offloaded parameters: written back to the file from the arena's pieces
+ * (which may have been changed since gather or pieces_in), then given back. */
+mg_status mg_zero_release(mg_zero *z);
+/* Offload (--offload disk:DIR), ZeRO-Offload's split: stages 2-3 keep
+ * the gradient pieces in a file in dir (mg_scratch; each micro-batch's
+ * reduced piece is added there, the last one's scaled to the mean with
+ * its sum of squares kept for clipping, grad_sumsq), and stage 3 the
+ * parameter pieces too: nothing of them stays in memory between a
+ * bucket's uses, a gather reads the piece first. pieces_in reads every
+ * parameter piece into the arena (saving, loading) until release. The
+ * files (NULL unless offloaded) are laid out as the optimizer over
+ * mg_zero_pieces lays out a state, so the optimizer reads and steps them
+ * there (mg_optim_offload). Nothing for stage 1. */
+mg_status mg_zero_offload(mg_zero *z, const char *dir);
+mg_status mg_zero_pieces_in(mg_zero *z);
+mg_scratch *mg_zero_param_store(const mg_zero *z);
+mg_scratch *mg_zero_grad_store(const mg_zero *z);
+double mg_zero_grad_sumsq(const mg_zero *z);
 /* Bytes of parameters and gradients this rank holds now (between steps:
  * what it keeps) and held at most, counted from what is gathered and
  * reduced (buckets in flight included). */
@@ -234,6 +251,11 @@ typedef struct mg_strategy_options {
     mg_group *group;        /* ddp, zero: the data-parallel group */
     mg_ddp_options ddp;     /* ddp: buckets, compression; zero: buckets */
     int zero_stage;         /* zero: 1, 2 or 3 */
+    /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
+     * stage 3 the parameter pieces, in files in this directory, streamed
+     * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
+    const char *offload_dir;
+    size_t offload_window;
 } mg_strategy_options;
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 
@@ -249,12 +271,13 @@ mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
 /* The arena ranges this process's optimizer updates (the whole arena, or
  * a ZeRO rank's pieces), ascending. */
 const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n);
-/* An optimizer whose state covers exactly those ranges. */
+/* An optimizer whose state covers exactly those ranges (offloaded as the
+ * options say). */
 mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim **out);
 /* The whole parameters on this process for evaluation, sampling or
  * export (ZeRO-3 gathers them; collective), until release. */
 mg_status mg_strategy_gather(mg_strategy *s);
-void mg_strategy_release(mg_strategy *s);
+mg_status mg_strategy_release(mg_strategy *s);
 /* What this process held at most (bytes): parameters, gradients
  * (ZeRO: counted from what is gathered and reduced, buckets in flight
  * included; replicas: the arenas), optimizer state (o may be NULL) and

@@ -175,6 +175,27 @@ static mg_status put_piece(mg_ckpt_writer *w, int fd, const char *path, int i, c
     return MG_OK;
 }
 
+/* Offloaded optimizer state [a, b) of tensor i (from float `from` of
+ * the tensor): read from the offload file in chunks, written on. */
+static mg_status put_offloaded(mg_ckpt_writer *w, int fd, const char *path, int i, size_t a,
+                               size_t b, size_t from, mg_ckpt_piece *pc)
+{
+    enum { CHUNK = 1 << 18 };
+    float *buf = malloc(CHUNK * sizeof(float));
+    if (!buf) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    *pc = (mg_ckpt_piece){.tensor = i, .crc = mg_crc32(NULL, 0), .off = from * sizeof(float),
+                          .len = (b - a) * sizeof(float)};
+    mg_status st = MG_OK;
+    for (size_t x = a; x < b && !st; x += CHUNK) {
+        size_t n = b - x < CHUNK ? b - x : CHUNK, len = n * sizeof(float);
+        st = mg_optim_read_state(w->o, w->state[i], x, x + n, buf);
+        if (!st) st = mg_pwrite_all(fd, buf, len, w->off[i] + (from + x - a) * sizeof(float), path);
+        if (!st) pc->crc = mg_crc32_combine(pc->crc, mg_crc32(buf, len), len);
+    }
+    free(buf);
+    return st;
+}
+
 mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const mg_range *r,
                              int nr, bool buffers, mg_ckpt_piece **out, int *np)
 {
@@ -195,9 +216,13 @@ mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const 
         for (int k = 0; k < nr && !st; k++) {
             size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
             if (a >= b) continue;
-            const float *src = w->state[i] < 0 ? p->data + (a - lo)
-                                               : mg_optim_state_at(w->o, w->state[i], a, b);
-            st = put_piece(w, fd, path, i, src, a - lo, b - a, &pc[n++]);
+            if (w->state[i] < 0 || !mg_optim_offloaded(w->o))
+                st = put_piece(w, fd, path, i,
+                               w->state[i] < 0 ? p->data + (a - lo)
+                                               : mg_optim_state_at(w->o, w->state[i], a, b),
+                               a - lo, b - a, &pc[n++]);
+            else
+                st = put_offloaded(w, fd, path, i, a, b, a - lo, &pc[n++]);
         }
     }
     if (st) {
@@ -353,15 +378,28 @@ static void copy_part(float *dst, const mg_st_tensor *x, size_t from, size_t n)
 }
 
 /* The part of tensor p's optimizer state s that o holds (the
- * intersections of p with o's ranges) from x. */
-static void copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_tensor *x)
+ * intersections of p with o's ranges) from x; offloaded state through a
+ * buffer of chunks. */
+static mg_status copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_tensor *x)
 {
+    enum { CHUNK = 1 << 18 };
     size_t lo = p->offset, hi = p->offset + p->numel;
-    for (int k = 0; k < mg_optim_num_ranges(o); k++) {
+    bool off = mg_optim_offloaded(o);
+    float *buf = off ? malloc(CHUNK * sizeof(float)) : NULL;
+    if (off && !buf) return mg_error(MG_ENOMEM, "checkpoint: out of memory");
+    mg_status st = MG_OK;
+    for (int k = 0; k < mg_optim_num_ranges(o) && !st; k++) {
         mg_range r = mg_optim_range_at(o, k);
         size_t a = r.lo > lo ? r.lo : lo, b = r.hi < hi ? r.hi : hi;
-        if (a < b) copy_part(mg_optim_state_at(o, s, a, b), x, a - lo, b - a);
+        if (a < b && !off) copy_part(mg_optim_state_at(o, s, a, b), x, a - lo, b - a);
+        for (size_t c = a; c < b && off && !st; c += CHUNK) {
+            size_t n = b - c < CHUNK ? b - c : CHUNK;
+            copy_part(buf, x, c - lo, n);
+            st = mg_optim_write_state(o, s, c, c + n, buf);
+        }
     }
+    free(buf);
+    return st;
 }
 
 /* Counters (steps, epochs) are at most 2^53 - 1: they fit a long and
@@ -508,9 +546,10 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt
                 const mg_param *p = mg_model_tensor(m, i);
                 if (p->is_buffer) continue;
                 snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
-                copy_state(o, s, p, mg_st_find(f, name));
+                if (!st) st = copy_state(o, s, p, mg_st_find(f, name));
             }
         }
+        if (st) { mg_st_close(f); return st; }
         mg_optim_set_steps(o, osteps);
     }
     mg_model_set_rng_counter(m, got.rng_counter);

@@ -11,6 +11,7 @@
  * the per-step coefficients (1 - beta^t, lr / bias correction) are computed
  * in double and rounded to float once. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,31 @@
 #include "optim_impl.h"
 
 #define MAX_STATES 2
+#define NBUF 3   /* offload windows: one read ahead, one updated, one written back */
+
+/* An offload window: floats [a, b) of range k. */
+typedef struct { int op, buf, k; size_t a, b; } io_job;
+enum { IO_READ, IO_WRITE };
+
+/* Offloaded state: the state arrays in a file (state i at float i * n),
+ * the parameters and the gradients of the ranges in others (laid out as
+ * a state), streamed through NBUF windows by an I/O thread that reads the
+ * next window while the step updates this one and writes the last one
+ * back. */
+typedef struct offload {
+    mg_scratch *ss, *ps, *gs;   /* states, parameters, gradients; any may be NULL */
+    size_t win;          /* floats of one array in a window */
+    float *buf[NBUF];    /* each: the parameters' window, the gradients', each state's */
+    float gscale;        /* the next step's factor of gradients read from gs */
+    pthread_t th;
+    bool started, quit;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    io_job q[NBUF + 1];
+    unsigned head, tail;   /* jobs done, jobs submitted */
+    mg_status err;
+    char msg[1024];
+} offload;
 
 struct mg_optim {
     mg_optim_config cfg;
@@ -33,7 +59,8 @@ struct mg_optim {
     float lr;                 /* learning rate of the current step */
     int nstates;
     const char *state_names[MAX_STATES];
-    float *state[MAX_STATES];
+    float *state[MAX_STATES];   /* NULL when offloaded */
+    offload *off_;
     /* Parameter groups: segments tiling [0, n), each with its weight decay
      * and that step's coefficients. One segment without groups. */
     int nseg;
@@ -185,9 +212,12 @@ mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, 
     return MG_OK;
 }
 
+static void offload_stop(offload *f);
+
 void mg_optim_destroy(mg_optim *o)
 {
     if (!o) return;
+    offload_stop(o->off_);
     for (int i = 0; i < o->nstates; i++) mg_free(o->state[i]);
     free(o->r);
     free(o->off);
@@ -298,28 +328,301 @@ static int range_of(const mg_optim *o, size_t lo, size_t hi)
     return a;
 }
 
-void mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
+/* Update floats [a, b) of range k, given where parameter, gradient and
+ * each state of float a are: each weight-decay segment steps with its own
+ * coefficients. */
+static void apply(const mg_optim *o, size_t a, size_t b, float *p, const float *g,
+                  float *const st[MAX_STATES])
 {
-    MG_ASSERT(o->steps > 0);   /* begin_step first */
-    int k = range_of(o, lo, hi);
-    float *st[2] = {NULL, NULL};
-    for (int i = 0; i < o->nseg && lo < hi; i++) {
+    size_t a0 = a;
+    for (int i = 0; i < o->nseg && a < b; i++) {
         const struct seg *sg = &o->seg[i];
-        if (sg->hi <= lo) continue;
-        size_t a = lo, b = hi < sg->hi ? hi : sg->hi;
-        for (int s = 0; s < o->nstates; s++) st[s] = o->state[s] + o->off[k] + (a - o->r[k].lo);
+        if (sg->hi <= a) continue;
+        size_t e = b < sg->hi ? b : sg->hi, d = a - a0;
         if (o->cfg.kind == MG_OPTIM_SGD)
-            mg__sgd_update(params + a, grads + a, st[0], b - a, &sg->sgd);
+            mg__sgd_update(p + d, g + d, st[0] ? st[0] + d : NULL, e - a, &sg->sgd);
         else
-            mg__adam_update(params + a, grads + a, st[0], st[1], b - a, &sg->adam);
-        lo = b;
+            mg__adam_update(p + d, g + d, st[0] + d, st[1] + d, e - a, &sg->adam);
+        a = e;
     }
 }
 
-void mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
+static mg_status stream(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
+
+mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
+{
+    MG_ASSERT(o->steps > 0);   /* begin_step first */
+    int k = range_of(o, lo, hi);
+    if (o->off_) return stream(o, params, grads, lo, hi);
+    float *st[MAX_STATES] = {NULL, NULL};
+    for (int s = 0; s < o->nstates; s++) st[s] = o->state[s] + o->off[k] + (lo - o->r[k].lo);
+    apply(o, lo, hi, params + lo, grads + lo, st);
+    return MG_OK;
+}
+
+mg_status mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
 {
     mg_optim_begin_step(o, lr);
+    if (o->off_) return stream(o, params, grads, o->base, o->end);
     for (int k = 0; k < o->nr; k++) mg_optim_update(o, params, grads, o->r[k].lo, o->r[k].hi);
+    return MG_OK;
+}
+
+/* ---- offload ---------------------------------------------------------------- */
+
+/* Byte offset in a store of float x of range k: of the parameters
+ * (state -1) or of state s. */
+static uint64_t store_off(const mg_optim *o, int k, size_t x, int s)
+{
+    return ((uint64_t)(s < 0 ? 0 : s) * o->n + o->off[k] + (x - o->r[k].lo)) * sizeof(float);
+}
+
+/* Read or write one window's parameters and states. */
+static mg_status window_io(mg_optim *o, const io_job *j)
+{
+    offload *f = o->off_;
+    size_t len = (j->b - j->a) * sizeof(float);
+    float *buf = f->buf[j->buf];
+    uint64_t at = store_off(o, j->k, j->a, -1);
+    if (f->ps)
+        MG_TRY(j->op == IO_READ ? mg_scratch_read(f->ps, buf, len, at)
+                                : mg_scratch_write(f->ps, buf, len, at));
+    if (f->gs && j->op == IO_READ) MG_TRY(mg_scratch_read(f->gs, buf + f->win, len, at));
+    for (int s = 0; f->ss && s < o->nstates; s++) {
+        float *w = buf + (size_t)(2 + s) * f->win;
+        uint64_t at = store_off(o, j->k, j->a, s);
+        MG_TRY(j->op == IO_READ ? mg_scratch_read(f->ss, w, len, at)
+                                : mg_scratch_write(f->ss, w, len, at));
+    }
+    return MG_OK;
+}
+
+static void *io_thread(void *arg)
+{
+    mg_optim *o = arg;
+    offload *f = o->off_;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        while (f->head == f->tail && !f->quit) pthread_cond_wait(&f->cv, &f->mu);
+        if (f->head == f->tail) break;
+        io_job j = f->q[f->head % (NBUF + 1)];
+        bool skip = f->err != MG_OK;
+        pthread_mutex_unlock(&f->mu);
+        mg_status st = skip ? MG_OK : window_io(o, &j);
+        pthread_mutex_lock(&f->mu);
+        if (st && !f->err) {
+            f->err = st;
+            snprintf(f->msg, sizeof f->msg, "%s", mg_last_error());
+        }
+        f->head++;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* Queue a job; its sequence number. */
+static unsigned submit(offload *f, io_job j)
+{
+    pthread_mutex_lock(&f->mu);
+    while (f->tail - f->head >= NBUF + 1) pthread_cond_wait(&f->cv, &f->mu);
+    unsigned seq = f->tail++;
+    f->q[seq % (NBUF + 1)] = j;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return seq;
+}
+
+/* Wait until job seq is done; the first error of any job so far. */
+static mg_status wait_job(offload *f, unsigned seq)
+{
+    pthread_mutex_lock(&f->mu);
+    while ((int)(f->head - seq) <= 0) pthread_cond_wait(&f->cv, &f->mu);
+    mg_status st = f->err;
+    pthread_mutex_unlock(&f->mu);
+    return st;
+}
+
+/* The windows of [lo, hi) in range order: the j-th into *w; false past
+ * the last. */
+static bool window_at(const mg_optim *o, size_t lo, size_t hi, size_t j, io_job *w)
+{
+    for (int k = 0; k < o->nr; k++) {
+        size_t a = o->r[k].lo > lo ? o->r[k].lo : lo, b = o->r[k].hi < hi ? o->r[k].hi : hi;
+        if (a >= b) continue;
+        size_t nw = (b - a + o->off_->win - 1) / o->off_->win;
+        if (j < nw) {
+            a += j * o->off_->win;
+            *w = (io_job){.k = k, .a = a, .b = b - a > o->off_->win ? a + o->off_->win : b};
+            return true;
+        }
+        j -= nw;
+    }
+    return false;
+}
+
+/* An offloaded update of [lo, hi): window j + 1 is read while j is
+ * updated and j - 1 written back (the queue runs in order, so a buffer is
+ * read again only after its last window is written). */
+static mg_status stream(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
+{
+    offload *f = o->off_;
+    io_job w[NBUF];
+    unsigned rd[NBUF] = {0}, last = 0;
+    bool any = false;
+    size_t j = 0;
+    mg_status st = MG_OK;
+    for (size_t r = 0; r < 2 && window_at(o, lo, hi, r, &w[r % NBUF]); r++) {
+        w[r % NBUF].op = IO_READ;
+        w[r % NBUF].buf = (int)(r % NBUF);
+        rd[r % NBUF] = last = submit(f, w[r % NBUF]);
+        any = true;
+    }
+    for (; any && !st && window_at(o, lo, hi, j, &w[j % NBUF]); j++) {
+        io_job *x = &w[j % NBUF];
+        if ((st = wait_job(f, rd[j % NBUF]))) break;
+        float *buf = f->buf[j % NBUF], *st_[MAX_STATES] = {NULL, NULL};
+        for (int s = 0; s < o->nstates; s++)
+            st_[s] = f->ss ? buf + (size_t)(2 + s) * f->win
+                           : o->state[s] + o->off[x->k] + (x->a - o->r[x->k].lo);
+        float *gw = buf + f->win;
+        if (f->gs && f->gscale != 1.0f) mg_grad_scale(gw, x->b - x->a, f->gscale);
+        apply(o, x->a, x->b, f->ps ? buf : params + x->a, f->gs ? gw : grads + x->a, st_);
+        x->op = IO_WRITE;
+        x->buf = (int)(j % NBUF);
+        last = submit(f, *x);
+        io_job *y = &w[(j + 2) % NBUF];
+        if (window_at(o, lo, hi, j + 2, y)) {
+            y->op = IO_READ;
+            y->buf = (int)((j + 2) % NBUF);
+            rd[(j + 2) % NBUF] = last = submit(f, *y);
+        }
+    }
+    if (any) {
+        mg_status e = wait_job(f, last);
+        if (!st) st = e;
+    }
+    f->gscale = 1.0f;
+    if (st) {
+        pthread_mutex_lock(&f->mu);
+        st = mg_error(f->err ? f->err : st, "%s", f->err ? f->msg : mg_last_error());
+        pthread_mutex_unlock(&f->mu);
+    }
+    return st;
+}
+
+static void offload_stop(offload *f)
+{
+    if (!f) return;
+    if (f->started) {
+        pthread_mutex_lock(&f->mu);
+        f->quit = true;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        pthread_join(f->th, NULL);
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+    }
+    for (int b = 0; b < NBUF; b++) mg_free(f->buf[b]);
+    mg_scratch_destroy(f->ss);
+    free(f);
+}
+
+mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg_scratch *params,
+                           mg_scratch *grads)
+{
+    MG_ASSERT(!o->off_);
+    if (!dir && !params && !grads) return MG_OK;
+    offload *f = calloc(1, sizeof *f);
+    if (!f) return mg_error(MG_ENOMEM, "optimizer offload: out of memory");
+    size_t win = window_bytes / sizeof(float);
+    win = win < MG_SIMD_FLOATS ? MG_SIMD_FLOATS : win / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
+    f->win = win < o->n ? win : (o->n + MG_SIMD_FLOATS - 1) / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
+    if (!f->win) f->win = MG_SIMD_FLOATS;
+    f->ps = params;
+    f->gs = grads;
+    f->gscale = 1.0f;
+    mg_status st = MG_OK;
+    for (int i = 0; i < 2 && !st; i++) {
+        mg_scratch *x = i ? grads : params;
+        if (x && mg_scratch_size(x) < (uint64_t)o->n * sizeof(float))
+            st = mg_error(MG_EINVAL, "optimizer offload: the %s file holds %llu bytes, the "
+                          "optimizer's ranges %zu", i ? "gradient" : "parameter",
+                          (unsigned long long)mg_scratch_size(x), o->n * sizeof(float));
+    }
+    if (!st && dir && o->nstates)
+        st = mg_scratch_create(dir, (uint64_t)o->n * (uint64_t)o->nstates * sizeof(float),
+                             "optimizer state", &f->ss);
+    /* What a stepped optimizer holds goes into the file; a new one's
+     * zeros are the reserved file's. */
+    for (int s = 0; !st && f->ss && o->steps > 0 && s < o->nstates; s++)
+        st = mg_scratch_write(f->ss, o->state[s], o->n * sizeof(float),
+                            (uint64_t)s * o->n * sizeof(float));
+    for (int b = 0; !st && b < NBUF; b++)
+        if (!(f->buf[b] = mg_alloc((size_t)(2 + o->nstates) * f->win * sizeof(float))))
+            st = mg_error(MG_ENOMEM, "optimizer offload: cannot allocate a window of %zu bytes",
+                          (size_t)(2 + o->nstates) * f->win * sizeof(float));
+    if (!st) {
+        pthread_mutex_init(&f->mu, NULL);
+        pthread_cond_init(&f->cv, NULL);
+        o->off_ = f;
+        if (pthread_create(&f->th, NULL, io_thread, o) != 0) {
+            o->off_ = NULL;
+            pthread_mutex_destroy(&f->mu);
+            pthread_cond_destroy(&f->cv);
+            st = mg_error(MG_EIO, "optimizer offload: cannot start the I/O thread");
+        } else {
+            f->started = true;
+        }
+    }
+    if (st) {
+        f->ps = f->gs = NULL;   /* the caller's */
+        offload_stop(f);
+        o->off_ = NULL;
+        return st;
+    }
+    if (f->ss)
+        for (int s = 0; s < o->nstates; s++) {
+            mg_free(o->state[s]);
+            o->state[s] = NULL;
+        }
+    return MG_OK;
+}
+
+bool mg_optim_offloaded(const mg_optim *o) { return o->off_ && o->off_->ss; }
+
+void mg_optim_scale_grads(mg_optim *o, float coef)
+{
+    MG_ASSERT(o->off_ && o->off_->gs);
+    o->off_->gscale = coef;
+}
+
+/* Copy state s (-1: the parameters in the parameter file) of [lo, hi),
+ * which lies in one range, out of the optimizer or into it. */
+static mg_status copy_state_(mg_optim *o, int s, size_t lo, size_t hi, float *buf, bool in)
+{
+    offload *f = o->off_;
+    mg_scratch *store = !f ? NULL : s < 0 ? f->ps : f->ss;
+    MG_ASSERT(s >= -1 && s < o->nstates && (s >= 0 || store));
+    int k = range_of(o, lo, hi);
+    size_t len = (hi - lo) * sizeof(float);
+    if (store) {
+        uint64_t at = store_off(o, k, lo, s);
+        return in ? mg_scratch_write(store, buf, len, at) : mg_scratch_read(store, buf, len, at);
+    }
+    float *x = o->state[s] + o->off[k] + (lo - o->r[k].lo);
+    memcpy(in ? x : buf, in ? buf : x, len);
+    return MG_OK;
+}
+
+mg_status mg_optim_read_state(mg_optim *o, int s, size_t lo, size_t hi, float *dst)
+{
+    return copy_state_(o, s, lo, hi, dst, false);
+}
+
+mg_status mg_optim_write_state(mg_optim *o, int s, size_t lo, size_t hi, const float *src)
+{
+    return copy_state_(o, s, lo, hi, (float *)src, true);
 }
 
 long mg_optim_steps(const mg_optim *o) { return o->steps; }
@@ -331,11 +634,17 @@ mg_range mg_optim_range_at(const mg_optim *o, int k)
     return o->r[k];
 }
 size_t mg_optim_size(const mg_optim *o) { return o->n; }
-size_t mg_optim_bytes(const mg_optim *o) { return o->n * (size_t)o->nstates * sizeof(float); }
+size_t mg_optim_bytes(const mg_optim *o)
+{
+    if (!o->off_) return o->n * (size_t)o->nstates * sizeof(float);
+    /* The windows, and the states the file does not hold. */
+    return NBUF * (size_t)(2 + o->nstates) * o->off_->win * sizeof(float) +
+           (o->off_->ss ? 0 : o->n * (size_t)o->nstates * sizeof(float));
+}
 
 float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi)
 {
-    MG_ASSERT(i >= 0 && i < o->nstates);
+    MG_ASSERT(i >= 0 && i < o->nstates && o->state[i]);
     int k = range_of(o, lo, hi);
     return o->state[i] + o->off[k] + (lo - o->r[k].lo);
 }

@@ -39,6 +39,8 @@ struct mg_strategy {
     mg_group *g;
     int rank, world;
     mg_range whole;   /* the arena: the range of every unsharded strategy */
+    char *offload_dir;
+    size_t offload_window;
 };
 
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
@@ -105,6 +107,8 @@ static const strategy_vt dp_vt = {.name = "dp", .micro = dp_micro};
 
 /* ---- the interface -------------------------------------------------------- */
 
+static mg_status agree(mg_strategy *s, mg_status st);
+
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out)
 {
     *out = NULL;
@@ -143,8 +147,13 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         s->world = mg_group_size(o->group);
         st = mg_zero_create(o->group, m, o->zero_stage, &o->ddp, &s->zero);
         if (!st) st = mg_model_reserve(m, o->max_batch);
+        if (!st && o->offload_dir) st = agree(s, mg_zero_offload(s->zero, o->offload_dir));
         break;
     }
+    if (!st && o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
+        st = mg_error(MG_ENOMEM, "strategy: out of memory");
+    s->offload_window = o->offload_window ? o->offload_window
+                                          : (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
     s->whole = (mg_range){0, mg_model_arena_size(m)};
     if (st) {
         mg_strategy_destroy(s);
@@ -160,6 +169,7 @@ void mg_strategy_destroy(mg_strategy *s)
     mg_dp_destroy(s->dp);
     mg_ddp_destroy(s->ddp);
     mg_zero_destroy(s->zero);
+    free(s->offload_dir);
     free(s);
 }
 
@@ -179,13 +189,24 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
 {
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);
-    return mg_optim_create_ranges(cfg, r, n, out);
+    MG_TRY(mg_optim_create_ranges(cfg, r, n, out));
+    mg_scratch *ps = s->zero ? mg_zero_param_store(s->zero) : NULL;
+    mg_scratch *gs = s->zero ? mg_zero_grad_store(s->zero) : NULL;
+    mg_status st = s->offload_dir ? mg_optim_offload(*out, s->offload_dir, s->offload_window,
+                                                     ps, gs)
+                                  : MG_OK;
+    st = agree(s, st);
+    if (st) {
+        mg_optim_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 mg_status mg_strategy_gather(mg_strategy *s) { return s->zero ? mg_zero_gather(s->zero) : MG_OK; }
-void mg_strategy_release(mg_strategy *s)
+mg_status mg_strategy_release(mg_strategy *s)
 {
-    if (s->zero) mg_zero_release(s->zero);
+    return s->zero ? mg_zero_release(s->zero) : MG_OK;
 }
 
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
@@ -212,14 +233,14 @@ mg_status mg_strategy_sync(mg_strategy *s)
 {
     if (!s->g) return MG_OK;
     mg_model *m = s->m;
+    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
     MG_TRY(mg_broadcast(s->g, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
     if (mg_model_buffer_size(m))
         MG_TRY(mg_broadcast(s->g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0));
     double c = (double)mg_model_rng_counter(m);
     MG_TRY(mg_broadcast(s->g, &c, 1, MG_F64, 0));
     mg_model_set_rng_counter(m, (uint64_t)c);
-    mg_strategy_release(s);   /* stage 3 keeps its pieces only */
-    return MG_OK;
+    return agree(s, mg_strategy_release(s));   /* stage 3 keeps its pieces only */
 }
 
 /* Every rank writes its pieces (a replica's rank 0 writes all) into rank
@@ -273,24 +294,31 @@ mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
+    /* Offloaded parameter pieces are read in for the writing. */
+    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
     mg_ckpt_writer *w;
-    MG_TRY(agree(s, mg_ckpt_writer_create(s->m, o, meta, &w)));
-    char tmp[4096] = "";
-    int fd = -1;
-    mg_status st = save_parts(s, w, path, tmp, &fd);
-    mg_ckpt_writer_destroy(w);
-    if (s->rank == 0 && fd >= 0) st = st ? (mg_atomic_abort(tmp, fd), st)
-                                         : mg_atomic_commit(path, tmp, fd);
-    return agree(s, st);
+    mg_status st = agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
+    if (!st) {
+        char tmp[4096] = "";
+        int fd = -1;
+        st = save_parts(s, w, path, tmp, &fd);
+        mg_ckpt_writer_destroy(w);
+        if (s->rank == 0 && fd >= 0) st = st ? (mg_atomic_abort(tmp, fd), st)
+                                             : mg_atomic_commit(path, tmp, fd);
+        st = agree(s, st);
+    }
+    mg_status e = agree(s, mg_strategy_release(s));
+    return st ? st : e;
 }
 
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
 {
     /* Every rank reads the parameters and the optimizer state of its own
      * ranges: the file is logical, so any world size and stage reads it. */
-    mg_status st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
-    mg_strategy_release(s);
-    return st;
+    mg_status st = s->zero ? agree(s, mg_zero_pieces_in(s->zero)) : MG_OK;
+    if (!st) st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
+    mg_status e = agree(s, mg_strategy_release(s));
+    return st ? st : e;
 }
 
 /* ---- counters -------------------------------------------------------------- */
@@ -340,24 +368,30 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     float *g = mg_model_grads(m), *p = mg_model_params(m);
     int nr;
     const mg_range *rg = mg_strategy_ranges(s, &nr);
+    /* Offloaded gradients were scaled on their way to the file, their
+     * sum of squares kept; the clip factor goes to the optimizer. */
+    bool in_file = s->zero && mg_zero_grad_store(s->zero);
     /* DDP averaged over the ranks; ZeRO's reduce-scatter summed. */
     float scale = 1.0f / (float)r->micro;
     if (s->zero) scale /= (float)s->world;
-    for (int k = 0; k < nr && scale != 1.0f; k++)
+    for (int k = 0; k < nr && scale != 1.0f && !in_file; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
         /* The norm over every gradient: a sharded strategy's pieces are
          * summed over the ranks; a replica holds them all. */
-        double ss = 0;
-        for (int k = 0; k < nr; k++) ss += mg_grad_sumsq(g + rg[k].lo, rg[k].hi - rg[k].lo);
+        double ss = in_file ? mg_zero_grad_sumsq(s->zero) : 0;
+        for (int k = 0; k < nr && !in_file; k++)
+            ss += mg_grad_sumsq(g + rg[k].lo, rg[k].hi - rg[k].lo);
         if (s->zero) MG_TRY(mg_all_reduce(s->g, &ss, &ss, 1, MG_F64, MG_SUM));
         r->grad_norm = sqrt(ss);
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
-        for (int k = 0; k < nr; k++) mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, coef);
+        if (in_file) mg_optim_scale_grads(o, coef);
+        for (int k = 0; k < nr && !in_file; k++)
+            mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, coef);
     }
     double t0 = mg_trace_now();
-    mg_optim_begin_step(o, opt->lr);
-    for (int k = 0; k < nr; k++) mg_optim_update(o, p, g, rg[k].lo, rg[k].hi);
+    /* The optimizer's ranges are the strategy's (mg_strategy_optim). */
+    MG_TRY(mg_optim_step(o, p, g, opt->lr));
     mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
     return s->zero ? mg_zero_after_step(s->zero) : MG_OK;
 }

@@ -38,11 +38,17 @@
 #include "multigrad/parallel.h"
 #include "multigrad/trace.h"
 
-enum { SHARDED, GATHERING, GATHERED };
+/* Stage 3's parameters of a bucket: SHARDED (only the rank's piece in
+ * the arena; with the parameters offloaded, nothing: the piece is in the
+ * file), PIECE (offloaded, the piece read into the arena), GATHERING,
+ * GATHERED. */
+enum { SHARDED, PIECE, GATHERING, GATHERED };
 
 typedef struct {
     size_t lo, hi;          /* arena range: whole units */
     size_t plo, phi;        /* this rank's piece */
+    uint64_t at;            /* offloaded: the piece's byte offset in the files */
+    double sumsq;           /* offloaded gradients: of the step's final piece */
     int first, last;        /* its units in forward order */
     int state;              /* stage 3: parameters SHARDED, GATHERING, GATHERED */
     bool keep;              /* stage 3: another unit reads its parameters */
@@ -78,6 +84,10 @@ struct mg_zero {
     bool active;            /* inside a training micro-batch */
     bool sync;              /* this micro-batch communicates */
     bool gathered_all;      /* between mg_zero_gather and mg_zero_release */
+    mg_scratch *ps;         /* stage 3 offload: the parameter pieces, one after another */
+    mg_scratch *gs;         /* stages 2-3 offload: the gradient pieces, the same way */
+    int micro;              /* micro-batches since zero_grad */
+    bool last;              /* this one is the step's last */
     mg_status err;
     size_t param_bytes, grad_bytes;   /* resident now (counted, not measured) */
     mg_zero_stats stats;
@@ -142,11 +152,25 @@ static mg_status make_buckets(mg_zero *z, size_t first_cap, size_t cap)
 
 /* ---- stage 3: parameters gathered and given back ----------------------- */
 
+/* Offloaded: bucket i's piece read from the file into the arena. */
+static void piece_in(mg_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    if (!z->ps || b->state != SHARDED) return;
+    float *p = mg_model_params(z->m);
+    mg_status st = mg_scratch_read(z->ps, p + b->plo, (b->phi - b->plo) * sizeof(float), b->at);
+    if (st && !z->err) z->err = st;
+    b->state = PIECE;
+    z->param_bytes += (b->phi - b->plo) * sizeof(float);
+    note_peak(z);
+}
+
 static void gather_start(mg_zero *z, int i)
 {
     if (i < 0 || i >= z->nb) return;
     zbucket *b = &z->b[i];
-    if (b->state != SHARDED || z->err) return;
+    piece_in(z, i);
+    if ((b->state != SHARDED && b->state != PIECE) || z->err) return;
     float *p = mg_model_params(z->m);
     mg_status st = mg_all_gather_async(z->g, p + b->plo, p + b->lo, b->phi - b->plo, MG_F32,
                                        &b->ag);
@@ -171,17 +195,27 @@ static void gather_wait(mg_zero *z, int i)
     b->state = GATHERED;
 }
 
-/* Give back the bucket's parameters outside this rank's piece. */
-static void shard(mg_zero *z, int i)
+/* Give back the bucket's parameters outside this rank's piece; offloaded,
+ * the piece too, written to the file first when `save` (the arena's
+ * piece may have been changed: loaded, broadcast). */
+static void shard(mg_zero *z, int i, bool save)
 {
     zbucket *b = &z->b[i];
     if (b->state == GATHERING) gather_wait(z, i);
-    if (b->state != GATHERED) return;
+    if (b->state == SHARDED) return;
     float *p = mg_model_params(z->m);
-    mg_mem_discard(p + b->lo, (b->plo - b->lo) * sizeof(float));
-    mg_mem_discard(p + b->phi, (b->hi - b->phi) * sizeof(float));
+    size_t piece = (b->phi - b->plo) * sizeof(float);
+    if (b->state == GATHERED) z->param_bytes -= (b->hi - b->lo) * sizeof(float) - piece;
+    if (z->ps) {
+        mg_status st = save ? mg_scratch_write(z->ps, p + b->plo, piece, b->at) : MG_OK;
+        if (st && !z->err) z->err = st;
+        mg_mem_discard(p + b->lo, (b->hi - b->lo) * sizeof(float));
+        z->param_bytes -= piece;
+    } else {
+        mg_mem_discard(p + b->lo, (b->plo - b->lo) * sizeof(float));
+        mg_mem_discard(p + b->phi, (b->hi - b->phi) * sizeof(float));
+    }
     b->state = SHARDED;
-    z->param_bytes -= (b->hi - b->lo - (b->phi - b->plo)) * sizeof(float);
 }
 
 /* Before a unit's forward (dir -1: the next bucket is the one below in
@@ -211,7 +245,7 @@ static void post_forward(void *ud, mg_tape *t, int u)
     if (!z->active || z->stage < 3) return;
     int i = z->ub[u];
     /* The bucket forward ends with is the one backward starts with. */
-    if (i > 0 && u == z->b[i].last && !z->b[i].keep) shard(z, i);
+    if (i > 0 && u == z->b[i].last && !z->b[i].keep) shard(z, i, false);
 }
 
 /* ---- gradients: reduce-scatter, and keep the rank's piece --------------- */
@@ -231,6 +265,29 @@ static void reduce_start(mg_zero *z, zbucket *b)
     if (st) z->err = st;
 }
 
+/* Offloaded gradients: the file's piece plus this micro-batch's r
+ * (the sum computed in the part of b's pool buffer the piece does not
+ * use, exactly as the arena would add it); on the step's last
+ * micro-batch scaled to the mean and its sum of squares kept, as the
+ * training step does with a piece in memory. */
+static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
+{
+    size_t len = piece_len(b);
+    float *buf = z->pool[b->buf], *acc = b->plo == b->lo ? buf + len : buf;
+    mg_status st = MG_OK;
+    if (z->micro > 1) st = mg_scratch_read(z->gs, acc, len * sizeof(float), b->at);
+    else memset(acc, 0, len * sizeof(float));
+    for (size_t k = 0; k < len; k++) acc[k] += r[k];
+    if (z->last) {
+        float scale = 1.0f / (float)z->micro;
+        scale /= (float)z->world;
+        if (scale != 1.0f) mg_grad_scale(acc, len, scale);
+        b->sumsq = mg_grad_sumsq(acc, len);
+    }
+    if (!st) st = mg_scratch_write(z->gs, acc, len * sizeof(float), b->at);
+    if (st && !z->err) z->err = st;
+}
+
 /* Wait for bucket b's reduce-scatter; with a pool buffer, add its piece
  * into the arena's and give the buffer back. */
 static void reduce_end(mg_zero *z, zbucket *b)
@@ -243,8 +300,12 @@ static void reduce_end(mg_zero *z, zbucket *b)
     }
     if (b->buf < 0) return;
     const float *r = z->pool[b->buf] + (b->plo - b->lo);
-    float *g = mg_model_grads(z->m) + b->plo;
-    for (size_t k = 0; k < piece_len(b); k++) g[k] += r[k];
+    if (z->gs) {
+        grads_to_file(z, b, r);
+    } else {
+        float *g = mg_model_grads(z->m) + b->plo;
+        for (size_t k = 0; k < piece_len(b); k++) g[k] += r[k];
+    }
     z->pool_owner[b->buf] = -1;
     b->buf = -1;
     z->grad_bytes -= (b->hi - b->lo) * sizeof(float);
@@ -299,7 +360,7 @@ static void post_backward(void *ud, mg_tape *t, int u)
     while (z->next < z->nb && z->b[z->next].hi <= z->ready) {
         zbucket *b = &z->b[z->next++];
         reduce_start(z, b);
-        if (z->stage >= 3) shard(z, (int)(b - z->b));
+        if (z->stage >= 3) shard(z, (int)(b - z->b), false);
     }
     /* Reductions that finished give their buffers back now. */
     for (int k = 0; k < z->next && z->stage >= 2; k++)
@@ -374,6 +435,8 @@ void mg_zero_destroy(mg_zero *z)
         mg_work_free(z->b[i].ag);
     }
     if (z->hooked) mg_model_remove_hooks(z->m, &zero_hooks, z);
+    mg_scratch_destroy(z->ps);
+    mg_scratch_destroy(z->gs);
     for (int k = 0; k < z->npool; k++) mg_free(z->pool[k]);
     free(z->b);
     free(z->ub);
@@ -395,6 +458,8 @@ int mg_zero_num_buckets(const mg_zero *z) { return z->nb; }
 void mg_zero_zero_grad(mg_zero *z)
 {
     float *gr = mg_model_grads(z->m);
+    z->micro = 0;
+    if (z->gs) return;   /* the first micro-batch writes the file */
     if (z->stage == 1) {
         memset(gr, 0, z->n * sizeof(float));
         return;
@@ -407,6 +472,8 @@ void mg_zero_zero_grad(mg_zero *z)
 void mg_zero_begin(mg_zero *z, bool last)
 {
     z->active = true;
+    z->micro++;
+    z->last = last;
     z->sync = z->stage >= 2 || last;
     z->ready = 0;
     z->next = 0;
@@ -426,7 +493,7 @@ mg_status mg_zero_end(mg_zero *z)
     for (int k = 0; z->tape && k < MG_GRAD_WINDOWS; k++)
         mg_tape_set_grad_window(z->tape, k, 0, 0, NULL);
     z->tape = NULL;
-    for (int i = 0; i < z->nb && z->stage >= 3; i++) shard(z, i);
+    for (int i = 0; i < z->nb && z->stage >= 3; i++) shard(z, i, false);
     mg_status st = z->err;
     z->err = MG_OK;
     return st;
@@ -463,11 +530,61 @@ mg_status mg_zero_gather(mg_zero *z)
     return st;
 }
 
-void mg_zero_release(mg_zero *z)
+mg_status mg_zero_release(mg_zero *z)
 {
-    if (z->stage < 3) return;
-    for (int i = 0; i < z->nb; i++) shard(z, i);
+    if (z->stage < 3) return MG_OK;
+    for (int i = 0; i < z->nb; i++) shard(z, i, true);
     z->gathered_all = false;
+    mg_status st = z->err;
+    z->err = MG_OK;
+    return st;
+}
+
+mg_status mg_zero_pieces_in(mg_zero *z)
+{
+    for (int i = 0; i < z->nb && z->ps; i++) piece_in(z, i);
+    mg_status st = z->err;
+    z->err = MG_OK;
+    return st;
+}
+
+mg_status mg_zero_offload(mg_zero *z, const char *dir)
+{
+    if (z->stage < 2 || z->gs) return MG_OK;
+    uint64_t at = 0;
+    for (int i = 0; i < z->nb; i++) {
+        z->b[i].at = at;
+        at += (z->b[i].phi - z->b[i].plo) * sizeof(float);
+    }
+    MG_TRY(mg_scratch_create(dir, at, "gradient shard", &z->gs));
+    float *g = mg_model_grads(z->m);
+    for (int i = 0; i < z->nb; i++) {
+        mg_mem_discard(g + z->b[i].plo, (z->b[i].phi - z->b[i].plo) * sizeof(float));
+        z->grad_bytes -= (z->b[i].phi - z->b[i].plo) * sizeof(float);
+    }
+    if (z->stage >= 3) {
+        MG_TRY(mg_scratch_create(dir, at, "parameter shard", &z->ps));
+        /* The pieces in the arena go to the file. */
+        for (int i = 0; i < z->nb; i++) {
+            shard(z, i, false);
+            z->b[i].state = PIECE;
+        }
+        MG_TRY(mg_zero_release(z));
+    }
+    /* The peaks from here on. */
+    z->stats.peak_param_bytes = z->param_bytes;
+    z->stats.peak_grad_bytes = z->grad_bytes;
+    return MG_OK;
+}
+
+mg_scratch *mg_zero_param_store(const mg_zero *z) { return z->ps; }
+mg_scratch *mg_zero_grad_store(const mg_zero *z) { return z->gs; }
+
+double mg_zero_grad_sumsq(const mg_zero *z)
+{
+    double ss = 0;
+    for (int i = 0; i < z->nb; i++) ss += z->b[i].sumsq;
+    return ss;
 }
 
 mg_zero_stats mg_zero_get_stats(const mg_zero *z)
