@@ -28,6 +28,10 @@ void mg_free(void *p);
  * mg_unmap and the same size. */
 void *mg_map_zero(size_t bytes);
 void mg_unmap(void *p, size_t bytes);
+/* No huge pages for the whole pages of [p, p + bytes) of memory from
+ * mg_map_zero (a part never written: a huge page faulted in by its
+ * neighbour would make up to 2 MiB of it resident). */
+void mg_mem_no_huge(void *p, size_t bytes);
 /* Zero [p, p + bytes) of memory from mg_map_zero, giving its whole pages
  * back to the system (they read as zeros and become resident again when
  * written); the partial pages at the edges are cleared in place. */

@@ -48,6 +48,13 @@ void mg_unmap(void *p, size_t bytes)
     if (p) munmap(p, bytes ? bytes : 1);
 }
 
+void mg_mem_no_huge(void *p, size_t bytes)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + bytes) / page * page;
+    if (a < b) madvise((void *)a, b - a, MADV_NOHUGEPAGE);
+}
+
 void mg_mem_discard(void *p, size_t bytes)
 {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);

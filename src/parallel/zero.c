@@ -57,12 +57,15 @@ typedef struct {
 } zbucket;
 
 /* Stages 2-3: buffers for the gradients of buckets in backward or in
- * reduction, one tape gradient window each: three of the longest
- * bucket's length (the one in backward, two reducing) and one for a
- * bucket another unit reads (the embedding a tied head reads: held from
- * the head's backward to its own), of its length. */
-#define POOL MG_GRAD_WINDOWS
-#define SHARED (POOL - 1)
+ * reduction, one tape gradient window each: GENERAL of the longest
+ * bucket's length (the one in backward, one reducing: a third bought no
+ * speed on 2 or 4 ranks and cost its memory) and one for a bucket another
+ * unit reads (the embedding a tied head reads: held from the head's
+ * backward to its own), of its length. */
+#define GENERAL 2
+#define SHARED GENERAL
+#define POOL (GENERAL + 1)
+_Static_assert(POOL <= MG_GRAD_WINDOWS, "a tape window per pool buffer");
 
 struct mg_zero {
     mg_group *g;
@@ -409,6 +412,13 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
         if (len && !(z->pool[k] = mg_alloc(len * sizeof(float))))
             st = mg_error(MG_ENOMEM, "zero: cannot allocate %zu bytes for a gradient bucket",
                           len * sizeof(float));
+    }
+    /* Stages 2-3 write only the pieces of the gradient arena: no huge
+     * page may spill a piece's writes into the rest. */
+    for (int i = 0; !st && stage >= 2 && i < z->nb; i++) {
+        float *g = mg_model_grads(m);
+        mg_mem_no_huge(g + z->b[i].lo, (z->b[i].plo - z->b[i].lo) * sizeof(float));
+        mg_mem_no_huge(g + z->b[i].phi, (z->b[i].hi - z->b[i].phi) * sizeof(float));
     }
     if (!st) st = mg_model_add_hooks(m, &zero_hooks, z);
     if (st) {
