@@ -20,7 +20,8 @@
 #    (after set-up: the model is created whole on every rank first)
 #    against the issue's bound, the parameters' shard + the largest bucket
 #    (one unit in flight) + the activations, and tokens/s against the
-#    same stage in memory.
+#    same stage in memory; "lean" is stage 3 with MG_ZERO_OVERLAP=0 (one
+#    bucket of parameters and one of gradients in flight).
 # 4. Speed on gpt-mini (4 layers, dim 128, batch 32, context 128), 2 ranks:
 #    DDP and stages 1-3, and stages 1 and 3 offloaded, best tokens/s of
 #    --repeat runs.
@@ -123,14 +124,17 @@ fi
 if [ $big = 1 ]; then
     echo
     echo "## offload to $odir ($(df -h "$odir" | awk 'NR == 2 {print $1}')): L=12 d=768 h=12 T=256, batch = ranks, peak RSS of the steps"
-    printf '%-12s %5s %10s %10s %7s %10s %10s %9s %9s %7s\n' config ranks rss_MB bound_MB ratio \
+    printf '%-15s %5s %10s %10s %7s %10s %10s %9s %9s %7s\n' config ranks rss_MB bound_MB ratio \
         state_MB setup_MB tok/s in_mem vs_mem
     for n in 2 4; do
-        for st in 1 2 3; do
+        for cfg in 1 2 3 3l; do
+            st=${cfg%l}
+            lean=1
+            [ "$cfg" != "$st" ] && lean=0
             mem=$(run $n $st --layers 12 --dim 768 --heads 12 --ctx 256 --batch $n --steps "$steps" |
                 grep '^zero rank 0')
-            out=$(run $n $st --layers 12 --dim 768 --heads 12 --ctx 256 --batch $n --steps "$steps" \
-                --offload "$odir")
+            out=$(export MG_ZERO_OVERLAP=$lean; run $n $st --layers 12 --dim 768 --heads 12 --ctx 256 \
+                --batch $n --steps "$steps" --offload "$odir")
             l0=$(echo "$out" | grep '^zero rank 0')
             P=$(field params "$l0")
             bound=$(awk -v p="$P" -v n=$n -v u="$(field largest_bucket_mb "$l0")" \
@@ -138,7 +142,9 @@ if [ $big = 1 ]; then
             rss=$(maxf steps_peak_rss_mb "$out")
             state=$(echo "$l0" | awk '{for (i = 1; i < NF; i++) v[$i] = $(i + 1);
                 print v["state_params_mb"] + v["state_grads_mb"] + v["state_optim_mb"]}')
-            printf '%-12s %5d %10.1f %10.1f %7.3f %10.1f %10.1f %9.1f %9.1f %7.3f\n' "zero$st+disk" $n \
+            name="zero$st+disk"
+            [ $lean = 0 ] && name="$name lean"
+            printf '%-15s %5d %10.1f %10.1f %7.3f %10.1f %10.1f %9.1f %9.1f %7.3f\n' "$name" $n \
                 "$rss" "$bound" "$(awk -v a="$rss" -v b="$bound" 'BEGIN {print a / b}')" "$state" \
                 "$(maxf peak_rss_mb "$out")" "$(field tok_s "$l0")" "$(field tok_s "$mem")" \
                 "$(awk -v a="$(field tok_s "$l0")" -v b="$(field tok_s "$mem")" 'BEGIN {print a / b}')"

@@ -38,6 +38,7 @@ static const mg_tunable params[] = {
     {"MG_BLAS_CORE", S, "auto", 0, 64, NULL, "OpenBLAS kernels: a core name (SkylakeX, Haswell, Zen, ...), keep (OpenBLAS's choice) or auto"},
     {"MG_BLAS_MISDETECT", S, NULL, 0, 64, NULL, "testing aid: start from this OpenBLAS core as if it had been detected"},
     {"MG_CONV_CHUNK_KB", I, "1024", 16, 1 << 20, NULL, "convolution: working set of one chunk of the batch, KiB"},
+    {"MG_ZERO_OVERLAP", B, "1", 0, 1, NULL, "ZeRO: prefetch the next bucket's parameters (stage 3) and reduce a bucket's gradients behind the next one's backward (stages 2-3); 0: one bucket of each in flight, the least memory"},
     {"MG_OFFLOAD_WINDOW_MB", I, "1", 1, 1 << 16, NULL, "--offload: MiB of each array (parameters, each optimizer state) in one streamed window; three windows are in memory (one read ahead, one updated, one written back)"},
     {"MG_BLOCK_ROWS", I, "512", 1, 1 << 30, NULL, "transformer block: positions per slice of the batch"},
     {"MG_TRACE", S, NULL, 0, 4000, NULL, "write a Chrome trace per rank to this file (trace.rankN.json)"},

@@ -61,7 +61,10 @@ typedef struct {
  * bucket's length (the one in backward, one reducing: a third bought no
  * speed on 2 or 4 ranks and cost its memory) and one for a bucket another
  * unit reads (the embedding a tied head reads: held from the head's
- * backward to its own), of its length. */
+ * backward to its own), of its length. MG_ZERO_OVERLAP=0 keeps one
+ * general buffer and stage 3 prefetches no bucket: one bucket of
+ * parameters and one of gradients in flight, for the least memory
+ * (offload), the communication no longer behind the compute. */
 #define GENERAL 2
 #define SHARED GENERAL
 #define POOL (GENERAL + 1)
@@ -80,6 +83,7 @@ struct mg_zero {
     float *pool[POOL];      /* SHARED is for the borrowed buckets */
     int pool_owner[POOL];   /* the bucket using it, or -1 */
     int npool;
+    bool overlap;           /* prefetch the next bucket, reduce behind backward */
     mg_tape *tape;          /* of the micro-batch's backward */
     bool hooked;
     size_t ready;           /* gradients [0, ready) final this micro-batch */
@@ -232,7 +236,7 @@ static void pre(mg_zero *z, int u, int dir)
     gather_wait(z, z->borrow[u]);
     if (i < 0) return;
     gather_wait(z, i);
-    if (u == (dir < 0 ? z->b[i].first : z->b[i].last)) gather_start(z, i + dir);
+    if (z->overlap && u == (dir < 0 ? z->b[i].first : z->b[i].last)) gather_start(z, i + dir);
 }
 
 static void pre_forward(void *ud, mg_tape *t, int u)
@@ -323,7 +327,7 @@ static void acquire(mg_zero *z, mg_tape *t, int i)
     for (;;) {
         int k0 = b->keep ? SHARED : 0, k1 = b->keep ? SHARED + 1 : SHARED;
         for (int k = k0; k < k1; k++)
-            if (z->pool_owner[k] < 0) {
+            if (z->pool_owner[k] == -1) {
                 z->pool_owner[k] = i;
                 b->buf = k;
                 memset(z->pool[k], 0, (b->hi - b->lo) * sizeof(float));
@@ -406,9 +410,14 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
         size_t *l = &longest[z->b[i].keep];
         if (z->b[i].hi - z->b[i].lo > *l) *l = z->b[i].hi - z->b[i].lo;
     }
+    z->overlap = mg_env_long("MG_ZERO_OVERLAP", 1) != 0;
     for (int k = 0; !st && stage >= 2 && k < POOL; k++, z->npool++) {
         size_t len = longest[k == SHARED];
         z->pool_owner[k] = -1;
+        if (k > 0 && k < SHARED && !z->overlap) {
+            z->pool_owner[k] = -2;   /* not there */
+            continue;
+        }
         if (len && !(z->pool[k] = mg_alloc(len * sizeof(float))))
             st = mg_error(MG_ENOMEM, "zero: cannot allocate %zu bytes for a gradient bucket",
                           len * sizeof(float));
