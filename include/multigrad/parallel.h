@@ -370,6 +370,74 @@ mg_group *mg_mesh_group(mg_mesh *m, mg_mesh_dim d);
 /* mg_mesh_format of the mesh's sizes. */
 void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
 
+/* ---- pipeline schedules (schedule.c) ----------------------------------------
+ *
+ * A schedule is a pure function of (kind, P ranks, M micro-batches, V
+ * chunks per rank, rank) to the ordered list of that rank's actions, as
+ * torch.distributed.pipelining's IR: F and B of a (virtual) stage and a
+ * micro-batch, and, once lowered, the sends and receives between
+ * neighbouring stages. The model is cut into S = P·V stages; stage s runs
+ * on rank s mod P (Megatron-LM's interleaving; V = 1 for the others).
+ * One executor runs any list; a new schedule is one new generator. The
+ * text form of an action is "<stage><kind><micro-batch>": 0F3, 1B0,
+ * 1RECV_F3, 0SEND_B2. */
+typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;
+/* "naive" | "gpipe" | "1f1b" | "interleaved" */
+mg_status mg_pipe_parse(const char *s, mg_pipe_kind *out);
+const char *mg_pipe_name(mg_pipe_kind k);
+
+typedef enum { MG_PIPE_F, MG_PIPE_B, MG_PIPE_SEND_F, MG_PIPE_RECV_F, MG_PIPE_SEND_B,
+               MG_PIPE_RECV_B } mg_pipe_op;
+typedef struct mg_pipe_action {
+    int stage;   /* virtual stage: chunk * P + rank */
+    mg_pipe_op op;
+    int mb;      /* micro-batch */
+} mg_pipe_action;
+
+/* MG_EINVAL with a message unless 1 <= P, 1 <= M, 1 <= V, V > 1 only for
+ * interleaved, and interleaved has M a multiple of P (Megatron-LM's
+ * rounds of P micro-batches). */
+mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V);
+/* The rank's compute actions (F and B only): the generators.
+ *   naive:       F0 B0 F1 B1 ...: one micro-batch in the pipe at a time
+ *                (with M = 1, the plain layer split).
+ *   gpipe:       every F, then every B: M micro-batches in flight.
+ *   1f1b:        P-1-rank warm-up forwards, then one F one B, then the
+ *                remaining B: at most P-rank in flight (PipeDream-Flush).
+ *   interleaved: 1F1B over the rank's V chunks in rounds of P
+ *                micro-batches (Megatron-LM): bubble (P-1)/(V·M+P-1).
+ * Returns the count (2·M·V), writing at most cap actions. */
+int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
+/* The same with communication: RECV_F before each F of a stage s > 0,
+ * SEND_F after it when s < S-1; RECV_B before each B of s < S-1, SEND_B
+ * after it when s > 0. Returns the count, writing at most cap. */
+int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
+/* "0F3" and so on; the list joined by spaces. */
+void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap);
+void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap);
+
+/* Every rank's lowered list run in lock-step: sends never block, a
+ * receive waits for its send, a forward costs tf and a backward tb (on a
+ * chunk), messages are free. Since a send, once done, stays done, a list
+ * set that completes this way completes under any interleaving of the
+ * ranks; one that cannot is a deadlock (MG_EINVAL naming the stuck
+ * actions). Also checks that every send has its one receive and every
+ * backward follows its forward. */
+typedef struct mg_pipe_sim {
+    double makespan;       /* time of the last action */
+    double busy[64];       /* per rank: time computing */
+    double idle_fraction;  /* 1 - mean busy / makespan: the bubble */
+    int peak_in_flight[64];/* per rank: forwards not yet backwarded, at most */
+    long messages;         /* sends */
+} mg_pipe_sim;
+mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
+                           mg_pipe_sim *out);
+/* The same for any lists: a[r] (n[r] actions) is rank r's, for S stages
+ * (stage s on rank s mod P) and M micro-batches: the validator of a
+ * hand-written or new schedule. */
+mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
+                      double tf, double tb, mg_pipe_sim *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,309 @@
+/* Pipeline schedules as pure functions (torch.distributed.pipelining's
+ * IR, Megatron-LM's interleaving): generators give each rank's compute
+ * actions, lowering adds the sends and receives between neighbouring
+ * stages, and a lock-step simulator runs every rank's list to find
+ * deadlocks and measure the bubble — all without processes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/parallel.h"
+
+static const char *const names[] = {"naive", "gpipe", "1f1b", "interleaved"};
+
+mg_status mg_pipe_parse(const char *s, mg_pipe_kind *out)
+{
+    for (int k = 0; k < 4; k++)
+        if (s && !strcmp(s, names[k])) {
+            *out = (mg_pipe_kind)k;
+            return MG_OK;
+        }
+    return mg_error(MG_EINVAL, "unknown pipeline schedule '%s': use naive, gpipe, 1f1b or "
+                    "interleaved", s ? s : "(null)");
+}
+
+const char *mg_pipe_name(mg_pipe_kind k)
+{
+    MG_ASSERT(k >= MG_PIPE_NAIVE && k <= MG_PIPE_INTERLEAVED);
+    return names[k];
+}
+
+mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V)
+{
+    if (k < MG_PIPE_NAIVE || k > MG_PIPE_INTERLEAVED)
+        return mg_error(MG_EINVAL, "pipeline: unknown schedule %d", (int)k);
+    if (P < 1 || P > 64 || M < 1 || M > (1 << 20) || V < 1 || V > 64)
+        return mg_error(MG_EINVAL, "pipeline: %d stages, %d micro-batches, %d chunks: each must "
+                        "be at least 1 (stages and chunks at most 64)", P, M, V);
+    if (k != MG_PIPE_INTERLEAVED && V != 1)
+        return mg_error(MG_EINVAL, "pipeline: --chunks %d is for --schedule interleaved; %s "
+                        "runs one chunk per stage", V, names[k]);
+    if (k == MG_PIPE_INTERLEAVED && M % P)
+        return mg_error(MG_EINVAL, "pipeline: the interleaved schedule runs micro-batches in "
+                        "rounds of the stage count: %d micro-batches is not a multiple of %d", M,
+                        P);
+    return MG_OK;
+}
+
+/* Appends unless full; counts regardless. */
+typedef struct { mg_pipe_action *a; int n, cap; } list;
+
+static void put(list *l, int stage, mg_pipe_op op, int mb)
+{
+    if (l->n < l->cap) l->a[l->n] = (mg_pipe_action){stage, op, mb};
+    l->n++;
+}
+
+/* Megatron-LM's interleaved order: the k-th forward (backward) of a rank
+ * works on chunk (k mod P·V) / P (backward: counted from the last chunk)
+ * of micro-batch (k / P·V)·P + k mod P. */
+static void interleaved_at(int P, int V, int k, bool fwd, int *chunk, int *mb)
+{
+    int g = k % (P * V);
+    *chunk = g / P;
+    if (!fwd) *chunk = V - 1 - *chunk;
+    *mb = k / (P * V) * P + k % P;
+}
+
+int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap)
+{
+    MG_ASSERT(!mg_pipe_check(k, P, M, V) && rank >= 0 && rank < P);
+    list l = {out, 0, cap};
+    int s = rank;   /* the stage, for V = 1 */
+    switch (k) {
+    case MG_PIPE_NAIVE:
+        for (int i = 0; i < M; i++) {
+            put(&l, s, MG_PIPE_F, i);
+            put(&l, s, MG_PIPE_B, i);
+        }
+        break;
+    case MG_PIPE_GPIPE:
+        for (int i = 0; i < M; i++) put(&l, s, MG_PIPE_F, i);
+        for (int i = 0; i < M; i++) put(&l, s, MG_PIPE_B, i);
+        break;
+    case MG_PIPE_1F1B: {
+        int warm = P - 1 - rank < M ? P - 1 - rank : M;
+        for (int i = 0; i < warm; i++) put(&l, s, MG_PIPE_F, i);
+        for (int i = 0; i < M - warm; i++) {
+            put(&l, s, MG_PIPE_F, warm + i);
+            put(&l, s, MG_PIPE_B, i);
+        }
+        for (int i = M - warm; i < M; i++) put(&l, s, MG_PIPE_B, i);
+        break;
+    }
+    case MG_PIPE_INTERLEAVED: {
+        int total = M * V, c, mb;
+        int warm = (P - rank - 1) * 2 + (V - 1) * P;
+        if (warm > total) warm = total;
+        for (int i = 0; i < warm; i++) {
+            interleaved_at(P, V, i, true, &c, &mb);
+            put(&l, c * P + rank, MG_PIPE_F, mb);
+        }
+        for (int i = 0; i < total - warm; i++) {
+            interleaved_at(P, V, warm + i, true, &c, &mb);
+            put(&l, c * P + rank, MG_PIPE_F, mb);
+            interleaved_at(P, V, i, false, &c, &mb);
+            put(&l, c * P + rank, MG_PIPE_B, mb);
+        }
+        for (int i = total - warm; i < total; i++) {
+            interleaved_at(P, V, i, false, &c, &mb);
+            put(&l, c * P + rank, MG_PIPE_B, mb);
+        }
+        break;
+    }
+    }
+    return l.n;
+}
+
+int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap)
+{
+    int n = mg_pipe_compute(k, P, M, V, rank, NULL, 0), S = P * V;
+    mg_pipe_action *c = malloc(sizeof *c * (size_t)n);
+    MG_ASSERT(c);
+    mg_pipe_compute(k, P, M, V, rank, c, n);
+    list l = {out, 0, cap};
+    for (int i = 0; i < n; i++) {
+        int s = c[i].stage, mb = c[i].mb;
+        if (c[i].op == MG_PIPE_F) {
+            if (s > 0) put(&l, s, MG_PIPE_RECV_F, mb);
+            put(&l, s, MG_PIPE_F, mb);
+            if (s < S - 1) put(&l, s, MG_PIPE_SEND_F, mb);
+        } else {
+            if (s < S - 1) put(&l, s, MG_PIPE_RECV_B, mb);
+            put(&l, s, MG_PIPE_B, mb);
+            if (s > 0) put(&l, s, MG_PIPE_SEND_B, mb);
+        }
+    }
+    free(c);
+    return l.n;
+}
+
+static const char *const ops[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+
+void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%d%s%d", a->stage, ops[a->op], a->mb);
+}
+
+void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap)
+{
+    size_t at = 0;
+    if (cap) buf[0] = 0;
+    for (int i = 0; i < n && at + 1 < cap; i++) {
+        char one[48];
+        mg_pipe_action_str(&a[i], one, sizeof one);
+        int w = snprintf(buf + at, cap - at, "%s%s", i ? " " : "", one);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+
+/* ---- the simulator -------------------------------------------------------- */
+
+/* The message an action sends or receives: the stage it goes to, its
+ * direction and micro-batch. A send of stage s forward goes to s + 1,
+ * and is received there as RECV_F of s + 1. */
+static long msg_key(const mg_pipe_action *a, int S, int M)
+{
+    int to, dir;
+    switch (a->op) {
+    case MG_PIPE_SEND_F: to = a->stage + 1; dir = 0; break;
+    case MG_PIPE_RECV_F: to = a->stage; dir = 0; break;
+    case MG_PIPE_SEND_B: to = a->stage - 1; dir = 1; break;
+    case MG_PIPE_RECV_B: to = a->stage; dir = 1; break;
+    default: return -1;
+    }
+    return ((long)dir * S + to) * M + a->mb;
+}
+
+mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
+                           mg_pipe_sim *out)
+{
+    memset(out, 0, sizeof *out);
+    MG_TRY(mg_pipe_check(k, P, M, V));
+    mg_pipe_action *a[64];
+    int n[64];
+    mg_status st = MG_OK;
+    for (int r = 0; r < P; r++) {
+        n[r] = mg_pipe_lower(k, P, M, V, r, NULL, 0);
+        a[r] = malloc(sizeof *a[r] * (size_t)(n[r] ? n[r] : 1));
+        if (!a[r]) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
+        else mg_pipe_lower(k, P, M, V, r, a[r], n[r]);
+    }
+    if (!st) st = mg_pipe_run((const mg_pipe_action *const *)a, n, P, P * V, M, tf, tb, out);
+    for (int r = 0; r < P; r++) free(a[r]);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        return mg_error(st, "%s: %s", names[k], msg);
+    }
+    return MG_OK;
+}
+
+mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
+                      double tf, double tb, mg_pipe_sim *out)
+{
+    memset(out, 0, sizeof *out);
+    if (P < 1 || P > 64 || S < P || M < 1)
+        return mg_error(MG_EINVAL, "pipeline: %d ranks, %d stages, %d micro-batches", P, S, M);
+    long nkeys = 2L * S * M;
+    int at[64];
+    double t[64];         /* when each rank is free */
+    int inflight[64];
+    double *sent = malloc(sizeof *sent * (size_t)nkeys);      /* when, or -1 */
+    char *recvd = calloc((size_t)nkeys, 1);
+    char *fwd = calloc((size_t)S * (size_t)M, 1), *bwd = calloc((size_t)S * (size_t)M, 1);
+    mg_status st = MG_OK;
+    if (!sent || !recvd || !fwd || !bwd) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
+    for (long i = 0; i < nkeys && !st; i++) sent[i] = -1;
+    for (int r = 0; r < P; r++) {
+        at[r] = 0;
+        t[r] = 0;
+        inflight[r] = 0;
+    }
+    int done = 0, total = 0;
+    for (int r = 0; r < P; r++) total += n[r];
+    while (!st && done < total) {
+        bool moved = false;
+        for (int r = 0; r < P && !st; r++) {
+            while (at[r] < n[r] && !st) {
+                const mg_pipe_action *x = &a[r][at[r]];
+                if (x->stage < 0 || x->stage >= S || x->stage % P != r || x->mb < 0 ||
+                    x->mb >= M || (int)x->op < 0 || x->op > MG_PIPE_RECV_B ||
+                    (x->op == MG_PIPE_SEND_F && x->stage == S - 1) ||
+                    (x->op == MG_PIPE_RECV_F && x->stage == 0) ||
+                    (x->op == MG_PIPE_SEND_B && x->stage == 0) ||
+                    (x->op == MG_PIPE_RECV_B && x->stage == S - 1)) {
+                    st = mg_error(MG_EINVAL, "pipeline: rank %d's action %d (stage %d, op %d, "
+                                  "micro-batch %d) is not one of its stages' actions", r, at[r],
+                                  x->stage, (int)x->op, x->mb);
+                    break;
+                }
+                long key = msg_key(x, S, M);
+                int fb = x->stage * M + x->mb;
+                if (x->op == MG_PIPE_RECV_F || x->op == MG_PIPE_RECV_B) {
+                    if (sent[key] < 0) break;   /* waits for its send */
+                    if (recvd[key]++)
+                        st = mg_error(MG_EINVAL, "pipeline: stage %d receives micro-batch "
+                                      "%d twice", x->stage, x->mb);
+                    if (sent[key] > t[r]) t[r] = sent[key];
+                } else if (x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_SEND_B) {
+                    if (sent[key] >= 0)
+                        st = mg_error(MG_EINVAL, "pipeline: stage %d sends micro-batch %d "
+                                      "twice", x->stage, x->mb);
+                    sent[key] = t[r];
+                    out->messages++;
+                } else if (x->op == MG_PIPE_F) {
+                    if (fwd[fb]++)
+                        st = mg_error(MG_EINVAL, "pipeline: stage %d runs forward %d twice",
+                                      x->stage, x->mb);
+                    t[r] += tf;
+                    out->busy[r] += tf;
+                    if (++inflight[r] > out->peak_in_flight[r]) out->peak_in_flight[r] = inflight[r];
+                } else {
+                    if (!fwd[fb] || bwd[fb]++)
+                        st = mg_error(MG_EINVAL, "pipeline: stage %d runs backward %d %s",
+                                      x->stage, x->mb,
+                                      fwd[fb] ? "twice" : "before its forward");
+                    t[r] += tb;
+                    out->busy[r] += tb;
+                    inflight[r]--;
+                }
+                at[r]++;
+                done++;
+                moved = true;
+            }
+        }
+        if (!st && !moved) {
+            char what[512] = "";
+            size_t w = 0;
+            for (int r = 0; r < P && w + 1 < sizeof what; r++)
+                if (at[r] < n[r]) {
+                    char one[48];
+                    mg_pipe_action_str(&a[r][at[r]], one, sizeof one);
+                    w += (size_t)snprintf(what + w, sizeof what - w, " rank %d at %s;", r, one);
+                }
+            st = mg_error(MG_EINVAL, "pipeline (%d ranks, %d stages, %d micro-batches) "
+                          "deadlocks:%s", P, S, M, what);
+        }
+    }
+    for (long i = 0; i < nkeys && !st; i++)
+        if ((sent[i] >= 0) != (recvd[i] != 0))
+            st = mg_error(MG_EINVAL, "pipeline: message %ld sent but not received or the "
+                          "other way round", i);
+    for (int i = 0; i < S * M && !st; i++)
+        if (!fwd[i] || !bwd[i])
+            st = mg_error(MG_EINVAL, "pipeline: stage %d misses micro-batch %d", i / M, i % M);
+    if (!st) {
+        double busy = 0;
+        for (int r = 0; r < P; r++) {
+            if (t[r] > out->makespan) out->makespan = t[r];
+            busy += out->busy[r];
+        }
+        out->idle_fraction = out->makespan > 0 ? 1 - busy / P / out->makespan : 0;
+    }
+    free(sent);
+    free(recvd);
+    free(fwd);
+    free(bwd);
+    return st;
+}
