@@ -154,3 +154,74 @@ TEST(pipe_bad_arguments)
     mg_pipe_sim sim;
     CHECK_EQ(mg_pipe_simulate(MG_PIPE_INTERLEAVED, 2, 3, 2, 1, 2, &sim), MG_EINVAL);
 }
+
+static double largest(const double *c, const int *first, int S)
+{
+    double m = 0;
+    for (int s = 0; s < S; s++) {
+        double x = 0;
+        for (int u = first[s]; u < first[s + 1]; u++) x += c[u];
+        if (x > m) m = x;
+    }
+    return m;
+}
+
+/* The least largest stage over every cut of n units into S stages. */
+static double brute(const double *c, int n, int S, int *first, int s)
+{
+    if (s == S) {
+        first[S] = n;
+        return largest(c, first, S);
+    }
+    double best = -1;
+    for (int u = first[s - 1] + 1; u <= n - (S - s); u++) {
+        first[s] = u;
+        double m = brute(c, n, S, first, s + 1);
+        if (best < 0 || m < best) best = m;
+    }
+    return best;
+}
+
+/* The balanced cut is the best cut (brute force over random costs), and
+ * hand cases; the user's cut by unit names, and its errors. */
+TEST(pipe_stages_balanced_and_user_split)
+{
+    int first[9];
+    const double c1[] = {5, 1, 1, 1, 1, 1};
+    CHECK_OK(mg_pipe_balance(c1, 6, 2, first));
+    CHECK(first[0] == 0 && first[1] == 1 && first[2] == 6);
+    const double c2[] = {1, 1, 1, 1};
+    CHECK_OK(mg_pipe_balance(c2, 4, 4, first));
+    CHECK(first[1] == 1 && first[2] == 2 && first[3] == 3 && first[4] == 4);
+    CHECK_EQ(mg_pipe_balance(c2, 4, 5, first), MG_EINVAL);
+    mg_rng r;
+    mg_rng_init(&r, 7);
+    for (int t = 0; t < 200; t++) {
+        double c[9];
+        int n = 1 + (int)mg_rng_below(&r, 9), S = 1 + (int)mg_rng_below(&r, (uint32_t)n);
+        for (int u = 0; u < n; u++) c[u] = (double)mg_rng_below(&r, 100);
+        CHECK_OK(mg_pipe_balance(c, n, S, first));
+        CHECK(first[0] == 0 && first[S] == n);
+        for (int s = 0; s < S; s++) CHECK(first[s] < first[s + 1]);
+        int f2[10] = {0};
+        double want = brute(c, n, S, f2, 1);
+        CHECK_MSG(largest(c, first, S) == want, "n %d S %d: largest stage %g, best %g", n, S,
+                  largest(c, first, S), want);
+    }
+    const char *names[] = {"embedding", "h.0", "h.1", "h.2", "h.3", "ln_f", "head"};
+    CHECK_OK(mg_pipe_split_parse("h.1,h.3", names, 7, 3, first));
+    CHECK(first[0] == 0 && first[1] == 2 && first[2] == 4 && first[3] == 7);
+    static const struct { const char *spec; int S; const char *want; } bad[] = {
+        {"h.9", 2, "no unit 'h.9'"},
+        {"h.1", 3, "gives 1 cut(s) for 3 stages"},
+        {"h.1,h.2", 2, "more than the 2 stages"},
+        {"h.2,h.1", 3, "does not come after"},
+        {"embedding", 2, "is the first unit"},
+        {"", 2, "gives 0 cut(s)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_EQ(mg_pipe_split_parse(bad[i].spec, names, 7, bad[i].S, first), MG_EINVAL);
+        CHECK_MSG(strstr(mg_last_error(), bad[i].want), "'%s': %s", bad[i].spec,
+                  mg_last_error());
+    }
+}

@@ -432,6 +432,16 @@ typedef struct mg_pipe_sim {
 } mg_pipe_sim;
 mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
                            mg_pipe_sim *out);
+/* Cutting the model into S stages at unit boundaries (units in forward
+ * order): first[s] is stage s's first unit, first[0] = 0, first[S] = n,
+ * every stage at least one unit. balance minimises the largest stage's
+ * cost (cost[u]: the unit's estimate, e.g. its forward FLOPs); MG_EINVAL
+ * when S > n. split_parse takes the user's cut (--split): the names of the
+ * units where stages 1 .. S-1 begin, comma-separated, in forward order. */
+mg_status mg_pipe_balance(const double *cost, int n, int S, int *first);
+mg_status mg_pipe_split_parse(const char *spec, const char *const *names, int n, int S,
+                              int *first);
+
 /* The same for any lists: a[r] (n[r] actions) is rank r's, for S stages
  * (stage s on rank s mod P) and M micro-batches: the validator of a
  * hand-written or new schedule. */

@@ -307,3 +307,82 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
     free(bwd);
     return st;
 }
+
+/* ---- cutting the model into stages ----------------------------------------- */
+
+mg_status mg_pipe_balance(const double *cost, int n, int S, int *first)
+{
+    if (S < 1 || n < S)
+        return mg_error(MG_EINVAL, "pipeline: %d stages need at least %d units, the model has "
+                        "%d: use fewer stages", S, S, n);
+    /* best[s][i]: the least largest cost of units [0, i) in s stages;
+     * cut[s][i]: where its last stage begins. */
+    double *pre = malloc(sizeof *pre * (size_t)(n + 1));
+    double *best = malloc(sizeof *best * (size_t)(S + 1) * (size_t)(n + 1));
+    int *cut = malloc(sizeof *cut * (size_t)(S + 1) * (size_t)(n + 1));
+    if (!pre || !best || !cut) {
+        free(pre);
+        free(best);
+        free(cut);
+        return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    }
+#define AT(a, s, i) a[(size_t)(s) * (size_t)(n + 1) + (size_t)(i)]
+    pre[0] = 0;
+    for (int u = 0; u < n; u++) pre[u + 1] = pre[u] + (cost[u] > 0 ? cost[u] : 0);
+    for (int i = 0; i <= n; i++) AT(best, 1, i) = pre[i], AT(cut, 1, i) = 0;
+    for (int s = 2; s <= S; s++)
+        for (int i = s; i <= n; i++) {
+            AT(best, s, i) = -1;
+            for (int j = s - 1; j < i; j++) {
+                double a = AT(best, s - 1, j), b = pre[i] - pre[j], m = a > b ? a : b;
+                if (AT(best, s, i) < 0 || m < AT(best, s, i)) {
+                    AT(best, s, i) = m;
+                    AT(cut, s, i) = j;
+                }
+            }
+        }
+    first[S] = n;
+    for (int s = S, i = n; s >= 1; s--) i = first[s - 1] = AT(cut, s, i);
+#undef AT
+    free(pre);
+    free(best);
+    free(cut);
+    return MG_OK;
+}
+
+mg_status mg_pipe_split_parse(const char *spec, const char *const *names, int n, int S,
+                              int *first)
+{
+    if (S < 1 || n < S)
+        return mg_error(MG_EINVAL, "pipeline: %d stages need at least %d units, the model has "
+                        "%d: use fewer stages", S, S, n);
+    first[0] = 0;
+    first[S] = n;
+    int s = 1;
+    const char *p = spec ? spec : "";
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        int u = -1;
+        for (int i = 0; i < n && u < 0; i++)
+            if (strlen(names[i]) == len && !strncmp(names[i], p, len)) u = i;
+        if (u < 0)
+            return mg_error(MG_EINVAL, "--split: no unit '%.*s' (--print-plan lists the "
+                            "units)", (int)len, p);
+        if (s >= S)
+            return mg_error(MG_EINVAL, "--split '%s' cuts into more than the %d stages: give "
+                            "%d unit name(s)", spec, S, S - 1);
+        if (u <= first[s - 1])
+            return mg_error(MG_EINVAL, "--split: unit '%s' %s: give the units where stages "
+                            "begin in forward order", names[u],
+                            u == 0 ? "is the first unit, where stage 0 begins"
+                                   : "does not come after the previous cut");
+        first[s++] = u;
+        p += len + (e ? 1 : 0);
+    }
+    if (s != S)
+        return mg_error(MG_EINVAL, "--split '%s' gives %d cut(s) for %d stages: give %d unit "
+                        "name(s), the first unit of each stage after the first", spec ? spec : "",
+                        s - 1, S, S - 1);
+    return MG_OK;
+}
