@@ -129,6 +129,19 @@ static int w_p2p(mg_group *g)
     mg_work_free(wr);
     for (size_t i = 0; i < n; i++)
         W_CHECK(in[i] == (float)(i % 1000) + peer, "element %zu: %g", i, in[i]);
+    /* A batch with the receive listed first on both ranks: its send
+     * starts first, so neither waits on the other. */
+    mg_p2p_op ops[2] = {{MG_COLL_RECV, in, n, MG_F32, peer, 11},
+                        {MG_COLL_SEND, out, n, MG_F32, peer, 11}};
+    memset(in, 0, n * 4);
+    mg_work *wb;
+    W_TRY(mg_batch_isend_irecv(g, ops, 2, &wb));
+    W_TRY(mg_work_wait(wb, -1));
+    mg_work_free(wb);
+    W_CHECK(in[n - 1] == (float)((n - 1) % 1000) + peer, "batch: %g", in[n - 1]);
+    memset(in, 0, n * 4);
+    W_TRY(mg_sendrecv(g, out, n, peer, 12, in, n, peer, 12, MG_F32));
+    W_CHECK(in[7] == (float)7 + peer, "sendrecv: %g", in[7]);
     mg_free(out);
     mg_free(in);
     /* To itself: a message sent first arrives; a receive with nothing sent

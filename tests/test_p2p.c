@@ -2,7 +2,8 @@
  * within a tag, receives in another tag order than the sends (unexpected
  * messages), zero-length and large messages, messages to oneself, two
  * ranks (and a ring of ranks) sending each other large messages at once,
- * messages interleaved with collectives, and size mismatches. */
+ * messages interleaved with collectives, size mismatches, and batches of
+ * sends and receives whose receives are listed first. */
 #define _GNU_SOURCE
 #include <unistd.h>
 #include "harness.h"
@@ -216,3 +217,68 @@ static int recv_vs_coll_rank(int rank, int n, void *arg)
 }
 
 TEST(p2p_recv_while_peer_in_collective) { run(2, recv_vs_coll_rank, "tcp"); }
+
+/* ---- batches: receives listed first never hold up sends ------------------------ */
+
+/* Two ranks each post [receive from the other, send to the other] of
+ * 12 MiB as one batch: the receive is listed first on both, which as two
+ * separate requests would wait forever (requests run in issue order);
+ * the batch starts its sends first. Then mg_sendrecv, and a ring of
+ * stages where each rank receives three micro-batches (tags) from the
+ * left in reverse order while sending three to the right. */
+static int batch_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    size_t count = (size_t)12 << 20 >> 2;
+    float *out = malloc(count * sizeof *out), *in = malloc(count * sizeof *in);
+    CHECK(out && in);
+    for (size_t i = 0; i < count; i++) out[i] = (float)(rank * 100000 + (int)(i % 50000));
+    int right = (rank + 1) % n, left = (rank + n - 1) % n;
+    if (n == 2) {
+        mg_p2p_op ops[2] = {{MG_COLL_RECV, in, count, MG_F32, right, 7},
+                            {MG_COLL_SEND, out, count, MG_F32, right, 7}};
+        mg_work *w;
+        CHECK_OK(mg_batch_isend_irecv(g, ops, 2, &w));
+        CHECK_OK(mg_work_wait(w, -1));
+        mg_work_free(w);
+        for (size_t i = 0; i < count; i += 1013)
+            CHECK_EQ((int)in[i], right * 100000 + (int)(i % 50000));
+        memset(in, 0, count * sizeof *in);
+        CHECK_OK(mg_sendrecv(g, out, count, right, 8, in, count, left, 8, MG_F32));
+        CHECK_EQ((int)in[count - 1], left * 100000 + (int)((count - 1) % 50000));
+    }
+    /* Pipeline stages: micro-batches 0..2 forward to the right, received
+     * from the left, the receives listed first and in reverse order. */
+    enum { MB = 3 };
+    size_t c = count / 4;
+    mg_p2p_op ops[2 * MB];
+    for (int mb = 0; mb < MB; mb++) {
+        ops[mb] = (mg_p2p_op){MG_COLL_RECV, in + (size_t)mb * c, c, MG_F32, left, 100 + MB - 1 - mb};
+        for (size_t i = 0; i < 4; i++) out[(size_t)mb * c + i] = (float)(rank * 10 + mb);
+        ops[MB + mb] = (mg_p2p_op){MG_COLL_SEND, out + (size_t)mb * c, c, MG_F32, right, 100 + mb};
+    }
+    mg_work *w;
+    CHECK_OK(mg_batch_isend_irecv(g, ops, 2 * MB, &w));
+    CHECK_OK(mg_work_wait(w, -1));
+    mg_work_free(w);
+    for (int mb = 0; mb < MB; mb++)   /* slot mb got tag 100 + MB-1-mb */
+        CHECK_EQ((int)in[(size_t)mb * c], left * 10 + (MB - 1 - mb));
+    /* Not a send or receive, a bad peer: refused, the group still works. */
+    mg_p2p_op bad[1] = {{MG_COLL_ALL_REDUCE, in, 4, MG_F32, right, 0}};
+    CHECK_EQ(mg_batch_isend_irecv(g, bad, 1, &w), MG_EINVAL);
+    CHECK(w == NULL && strstr(mg_last_error(), "not a send or a receive"));
+    bad[0] = (mg_p2p_op){MG_COLL_SEND, in, 4, MG_F32, n, 0};
+    CHECK_EQ(mg_batch_isend_irecv(g, bad, 1, &w), MG_EINVAL);
+    CHECK_OK(mg_batch_isend_irecv(g, NULL, 0, &w));   /* empty: done at once */
+    CHECK_OK(mg_work_wait(w, -1));
+    mg_work_free(w);
+    CHECK_OK(mg_barrier(g));
+    free(out);
+    free(in);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_batch_receives_first_shm) { run(2, batch_rank, NULL); run(4, batch_rank, NULL); }
+TEST(p2p_batch_receives_first_tcp) { run(2, batch_rank, "tcp"); run(3, batch_rank, "tcp"); }

@@ -294,6 +294,31 @@ void mg_work_free(mg_work *w);
     mg_start(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
                          .dtype = (dtype_), .root = (peer_), .tag = (tag_)), w)
 
+/* Point-to-point operations posted together, as torch's
+ * batch_isend_irecv: one request on the group whose sends all start
+ * before its receives whatever their order in ops, so a receive listed
+ * first never holds up a later send and two ranks (pipeline stages)
+ * exchanging with each other never wait on each other. Each operation is
+ * numbered and matched (peer and tag, sizes checked) as mg_isend/mg_irecv
+ * would be; *w completes when all have. */
+typedef struct mg_p2p_op {
+    mg_coll coll;      /* MG_COLL_SEND or MG_COLL_RECV */
+    void *buf;         /* sent from, or received into */
+    size_t count;
+    mg_dtype dtype;
+    int peer, tag;
+} mg_p2p_op;
+mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, int line,
+                    mg_work **w);
+#define mg_batch_isend_irecv(g, ops, n, w) mg__batch(g, ops, n, __FILE__, __LINE__, w)
+/* Send scount elements to `to` and receive rcount from `from` at once
+ * (MPI_Sendrecv): blocking, one batch of the two. */
+mg_status mg__sendrecv_user(mg_group *g, const void *sbuf, size_t scount, int to, int stag,
+                       void *rbuf, size_t rcount, int from, int rtag, mg_dtype dtype,
+                       const char *file, int line);
+#define mg_sendrecv(g, sbuf, scount, to, stag, rbuf, rcount, from, rtag, dtype)            \
+    mg__sendrecv_user(g, sbuf, scount, to, stag, rbuf, rcount, from, rtag, dtype, __FILE__, __LINE__)
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,8 @@
 #include "multigrad/comm.h"
 #include "comm/traffic.h"
 
-typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE } mg__req_kind;
+typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE,
+               MG__REQ_BATCH } mg__req_kind;
 
 /* One queued request. */
 typedef struct mg__req {
@@ -41,6 +42,11 @@ typedef struct mg__req {
     size_t bytes;
     void *ptr;
     void **out_ptr;
+    /* BATCH (work.c, never seen by a backend): nsub sends and receives,
+     * numbered as if issued one by one, run as one request with every
+     * send before every receive; owned by the request. */
+    struct mg__req *sub;
+    int nsub;
     /* Set by run() when it refused the request before any communication
      * (e.g. a receive from itself with nothing sent): the error is the
      * caller's alone and the group stays usable. */

@@ -534,6 +534,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     case MG__REQ_ALLOC: return galloc(b, r);
     case MG__REQ_FREE: return gfree(b, r);
     case MG__REQ_CALL: break;
+    case MG__REQ_BATCH: MG_ASSERT(!"batches are run by work.c"); break;
     }
     if (r->c.coll != MG_COLL_SEND && r->c.coll != MG_COLL_RECV) return run_coll(b, r);
     b->deadline = mg_now() + g->timeout;

@@ -109,11 +109,33 @@ static mg_status failed_error(mg_group *g)
 }
 
 /* Run one request on the calling thread, which holds the execution right. */
+/* A batch: its sends, then its receives (a send never waits for the
+ * peer's receive: builtin drains incoming messages while it sends, MPI
+ * buffers them), so a receive posted first cannot hold up a later send
+ * on this group and two stages exchanging never wait on each other. */
+static mg_status run_batch(mg_group *g, mg__req *r)
+{
+    mg_status st = MG_OK;
+    for (int pass = 0; pass < 2 && !st; pass++)
+        for (int i = 0; i < r->nsub && !st; i++)
+            if ((r->sub[i].c.coll == MG_COLL_SEND) == (pass == 0)) {
+                st = g->be->run(g, &r->sub[i]);
+                if (st) r->rejected = r->sub[i].rejected;
+            }
+    return st;
+}
+
 static mg_status exec(mg_group *g, mg__req *r)
 {
     /* Freeing is local and must work even on a failed group. */
-    if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) return failed_error(g);
-    mg_status st = g->be->run(g, r);
+    bool dead = atomic_load(&g->failed) && r->kind != MG__REQ_FREE;
+    mg_status st = dead ? failed_error(g)
+                   : r->kind == MG__REQ_BATCH ? run_batch(g, r) : g->be->run(g, r);
+    if (r->kind == MG__REQ_BATCH) {
+        free(r->sub);
+        r->sub = NULL;
+    }
+    if (dead) return st;
     if (st && !r->rejected) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mg_last_error());
@@ -196,6 +218,10 @@ static void make_req(mg_group *g, const mg_call *c, mg__req *r)
 static void number(mg_group *g, mg__req *r)
 {
     if (r->kind == MG__REQ_FREE) return; /* local: not numbered */
+    if (r->kind == MG__REQ_BATCH) {      /* point-to-point: each its own number */
+        for (int i = 0; i < r->nsub; i++) number(g, &r->sub[i]);
+        return;
+    }
     if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_SEND) r->seq = g->sends[r->c.root]++;
     else if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_RECV) r->seq = g->recvs[r->c.root]++;
     else r->seq = ++g->seq;
@@ -297,6 +323,66 @@ mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
     pthread_mutex_unlock(&g->mu);
     *out = w;
     return MG_OK;
+}
+
+mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, int line,
+                    mg_work **out)
+{
+    *out = NULL;
+    if (n < 0 || (n > 0 && !ops))
+        return mg_error(MG_EINVAL, "batch_isend_irecv: %d operations at %p", n, (const void *)ops);
+    mg__req *sub = calloc((size_t)(n ? n : 1), sizeof *sub);
+    if (!sub) return mg_error(MG_ENOMEM, "batch_isend_irecv: out of memory");
+    for (int i = 0; i < n; i++) {
+        mg_call c = {.coll = ops[i].coll, .count = ops[i].count, .dtype = ops[i].dtype,
+                     .root = ops[i].peer, .tag = ops[i].tag, .file = file, .line = line};
+        if (c.coll == MG_COLL_SEND) c.sendbuf = ops[i].buf;
+        else c.recvbuf = ops[i].buf;
+        mg_status st = c.coll == MG_COLL_SEND || c.coll == MG_COLL_RECV
+                           ? mg__call_check(&c, g->rank, g->size)
+                           : mg_error(MG_EINVAL, "batch_isend_irecv: operation %d is %s, not a "
+                                      "send or a receive", i, mg_coll_name(c.coll));
+        if (st) {
+            free(sub);
+            return st;
+        }
+        make_req(g, &c, &sub[i]);
+    }
+    if (atomic_load(&g->failed)) {
+        free(sub);
+        return failed_error(g);
+    }
+    struct mg_work *w = work_new();
+    if (!w) {
+        free(sub);
+        return mg_error(MG_ENOMEM, "batch_isend_irecv: out of memory");
+    }
+    w->g = g;
+    w->heap = true;
+    w->r.kind = MG__REQ_BATCH;
+    w->r.sub = sub;
+    w->r.nsub = n;
+    atomic_init(&w->state, W_QUEUED);
+    pthread_mutex_lock(&g->mu);
+    enqueue(g, w);
+    pthread_mutex_unlock(&g->mu);
+    *out = w;
+    return MG_OK;
+}
+
+mg_status mg__sendrecv_user(mg_group *g, const void *sbuf, size_t scount, int to, int stag,
+                       void *rbuf, size_t rcount, int from, int rtag, mg_dtype dtype,
+                       const char *file, int line)
+{
+    mg_p2p_op op[2] = {
+        {MG_COLL_SEND, (void *)sbuf, scount, dtype, to, stag},
+        {MG_COLL_RECV, rbuf, rcount, dtype, from, rtag},
+    };
+    mg_work *w;
+    MG_TRY(mg__batch(g, op, 2, file, line, &w));
+    mg_status st = mg_work_wait(w, -1);
+    mg_work_free(w);
+    return st;
 }
 
 static mg_status wait_done(struct mg_work *w, double timeout)
