@@ -248,6 +248,48 @@ TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
     free(out);
 }
 
+/* --mesh pp=P --print-plan: the cut (balanced, or --split) and every
+ * rank's schedule with its bubble; pipeline flags in the wrong place are
+ * one clear error each. */
+TEST_T(mgtrain_pipeline_plan_printed, 120)
+{
+    char *out, bin[512], run[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh pp=2 --micro-batches 4 --print-plan",
+                    run, bin);
+    CHECK_MSG(rc == 0 && strstr(out, "stage 0 on rank 0: units 0-1 (embedding .. h.0)") &&
+              strstr(out, "stage 1 on rank 1: units 2-4 (h.1 .. tied_head)") &&
+              strstr(out, "bubble 20.0%") &&
+              strstr(out, "rank 0 (at most 2 micro-batch(es) in flight): 0F0 0F1 0B0 0F2 0B1 "
+                          "0F3 0B2 0B3") &&
+              strstr(out, "not built yet"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh pp=2 --pp-schedule gpipe --split ln_f "
+                "--print-plan", run, bin);
+    CHECK_MSG(rc == 0 && strstr(out, "stage 0 on rank 0: units 0-2 (embedding .. h.1)") &&
+              strstr(out, "cut as --split gives") && strstr(out, "0F0 0F1 0B0 0B1"), "%s", out);
+    free(out);
+    struct { const char *args, *want; } bad[] = {
+        {"--mesh pp=2", "not built yet (--print-plan shows"},
+        {"--mesh pp=2 --split h.9 --print-plan", "no unit 'h.9'"},
+        {"--mesh pp=2 --chunks 2 --print-plan", "--chunks 2 is for --pp-schedule interleaved"},
+        {"--mesh pp=2 --pp-schedule zb --print-plan", "naive, gpipe, 1f1b or interleaved"},
+        {"--mesh dp=2 --micro-batches 4", "has none: give pp=P"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " %s", run, bin, bad[i].args);
+        CHECK_MSG(rc != 0 && strstr(out, bad[i].want), "%s: rc %d: %s", bad[i].args, rc, out);
+        free(out);
+    }
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --pp-schedule gpipe", bin);
+    CHECK_MSG(rc != 0 && strstr(out, "give --mesh pp=P"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --schedule 1f1b", bin);
+    CHECK_MSG(rc != 0 && strstr(out, "the pipeline's is --pp-schedule 1f1b"), "%s", out);
+    free(out);
+}
+
 /* A checkpoint moves freely between strategies and world sizes (it holds
  * tensors by name, whatever the unit padding): 2 steps on 3 DDP ranks,
  * 2 more in one process, 2 on 2 ranks, 2 with DataParallel threads end

@@ -146,7 +146,7 @@ TEST(pipe_bad_arguments)
     CHECK_EQ(mg_pipe_parse("zb", &k), MG_EINVAL);
     CHECK(strstr(mg_last_error(), "naive, gpipe, 1f1b or interleaved"));
     CHECK_EQ(mg_pipe_check(MG_PIPE_GPIPE, 2, 4, 2), MG_EINVAL);
-    CHECK(strstr(mg_last_error(), "--chunks 2 is for --schedule interleaved"));
+    CHECK(strstr(mg_last_error(), "--chunks 2 is for --pp-schedule interleaved"));
     CHECK_EQ(mg_pipe_check(MG_PIPE_INTERLEAVED, 4, 6, 2), MG_EINVAL);
     CHECK(strstr(mg_last_error(), "not a multiple of 4"));
     CHECK_EQ(mg_pipe_check(MG_PIPE_1F1B, 0, 4, 1), MG_EINVAL);
@@ -186,7 +186,7 @@ static double brute(const double *c, int n, int S, int *first, int s)
  * hand cases; the user's cut by unit names, and its errors. */
 TEST(pipe_stages_balanced_and_user_split)
 {
-    int first[9];
+    int first[16];   /* S + 1 entries, S up to 9 */
     const double c1[] = {5, 1, 1, 1, 1, 1};
     CHECK_OK(mg_pipe_balance(c1, 6, 2, first));
     CHECK(first[0] == 0 && first[1] == 1 && first[2] == 6);

@@ -48,6 +48,9 @@ typedef struct {
     mg_gpt_config gpt;
     int have_batch, have_lr, have_momentum, have_epochs, have_steps, have_eval_every;
     int have_sample_opts, have_arch;
+    /* pipeline (--mesh pp=P): planned and printed, not run yet */
+    const char *pp_schedule, *split;
+    int micro_batches, chunks;
 } options;
 
 static const char *prog = "mgtrain";
@@ -107,8 +110,15 @@ static void usage(FILE *f)
 "                      a job started by mgrun or mpirun) (default none)\n"
 "  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
-"                      --parallel ddp is --mesh dp=<ranks>; pp and tp are\n"
-"                      not built yet\n"
+"                      --parallel ddp is --mesh dp=<ranks>; tp is not built\n"
+"                      yet, and pp is planned (--print-plan) but not run yet\n"
+"  --pp-schedule S     pipeline schedule: naive | gpipe | 1f1b | interleaved\n"
+"                      (default 1f1b; --schedule is the learning rate's)\n"
+"  --micro-batches M   pipeline micro-batches per step (default: the stages)\n"
+"  --chunks V          model chunks per stage for interleaved (default 1, 2 for\n"
+"                      interleaved)\n"
+"  --split U1,U2,..    cut the pipeline where these units begin (default: the\n"
+"                      cut that balances the units' FLOPs)\n"
 "  --workers N         DataParallel threads (default 2)\n"
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
@@ -181,7 +191,8 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD };
+           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
+           O_MICRO, O_CHUNKS, O_SPLIT };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -199,7 +210,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
         {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
-        {"offload", 1, 0, O_OFFLOAD},
+        {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
+        {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
@@ -251,6 +263,10 @@ static void parse_args(int argc, char **argv, options *o)
         case O_PARAMS: print_params(); exit(0);
         case O_RECOMPUTE: o->recompute = 1; break;
         case O_PLAN: o->print_plan = 1; break;
+        case O_SCHEDULE: o->pp_schedule = optarg; break;
+        case O_MICRO: o->micro_batches = (int)int_flag("--micro-batches", 1, 1 << 20); break;
+        case O_CHUNKS: o->chunks = (int)int_flag("--chunks", 1, 64); break;
+        case O_SPLIT: o->split = optarg; break;
         case O_MESH: o->mesh = optarg; break;
         case O_ZERO: o->zero = (int)int_flag("--zero", 1, 3); break;
         case O_OFFLOAD:
@@ -294,6 +310,9 @@ static void parse_args(int argc, char **argv, options *o)
         die("--mesh lays out the ranks of a job; --parallel dp is threads in one process: "
             "give one of them");
     if (o->mesh) o->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
+    if ((o->pp_schedule || o->micro_batches || o->chunks || o->split) && !o->mesh)
+        die("--pp-schedule, --micro-batches, --chunks and --split plan a pipeline: give "
+            "--mesh pp=P (with --print-plan)");
     if (o->zero) {
         if (o->strategy != MG_STRATEGY_DDP)
             die("--zero %d shards the state of a data-parallel job: give it with --parallel ddp "
@@ -673,9 +692,15 @@ static void join_job(options *o, trainer *t)
         snprintf(spec, sizeof spec, "dp=%d", t->world);
         if (mg_mesh_create(t->g, o->mesh ? o->mesh : spec, &t->mesh))
             die("--mesh: %s", mg_last_error());
-        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1 || mg_mesh_size(t->mesh, MG_MESH_PP) > 1)
-            die("--mesh %s: pipeline (pp) and tensor (tp) parallelism are not built yet; "
-                "give dp only, e.g. --mesh dp=%d", o->mesh, t->world);
+        if (mg_mesh_size(t->mesh, MG_MESH_PP) == 1 &&
+            (o->pp_schedule || o->micro_batches || o->chunks || o->split))
+            die("--pp-schedule, --micro-batches, --chunks and --split plan a pipeline, and "
+                "--mesh %s has none: give pp=P", o->mesh);
+        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1 ||
+            (mg_mesh_size(t->mesh, MG_MESH_PP) > 1 && !o->print_plan))
+            die("--mesh %s: pipeline (pp) and tensor (tp) parallelism are not built yet "
+                "(--print-plan shows a pipeline's cut and schedule); give dp only, e.g. "
+                "--mesh dp=%d", o->mesh, t->world);
         /* The checkpoint's hyper-parameters and what shapes the collectives;
          * not what each rank may choose (threads, output paths, verbosity). */
         char settings[SETTINGS_CAP], hp[512];
@@ -782,9 +807,62 @@ static mg_status make_gpt(void *ud, mg_model **out)
     return mg_model_create_gpt(&s->g, s->seed, out);
 }
 
+/* The pipeline of --mesh pp=P: the cut (--split, or balanced by the
+ * units' forward FLOPs) and every rank's schedule, simulated. */
+static void print_pipeline(const trainer *t, const options *o)
+{
+    mg_model *m = t->m;
+    int P = mg_mesh_size(t->mesh, MG_MESH_PP), nu = mg_model_num_units(m);
+    mg_pipe_kind k = MG_PIPE_1F1B;
+    if (o->pp_schedule && mg_pipe_parse(o->pp_schedule, &k))
+        die("--pp-schedule: %s", mg_last_error());
+    int V = o->chunks ? o->chunks : k == MG_PIPE_INTERLEAVED ? 2 : 1;
+    int M = o->micro_batches ? o->micro_batches : P;
+    if (mg_pipe_check(k, P, M, V)) die("%s", mg_last_error());
+    int S = P * V, first[64 * 64 + 1];
+    double *cost = malloc(sizeof *cost * (size_t)nu);
+    const char **names = malloc(sizeof *names * (size_t)nu);
+    if (!cost || !names) die("out of memory");
+    double total = 0;
+    for (int u = 0; u < nu; u++) {
+        mg_unit_info ui = mg_model_unit(m, u);
+        cost[u] = ui.flops > 0 ? ui.flops : (double)ui.numel;
+        names[u] = ui.name;
+        total += cost[u];
+    }
+    if (o->split ? mg_pipe_split_parse(o->split, names, nu, S, first)
+                 : mg_pipe_balance(cost, nu, S, first))
+        die("%s", mg_last_error());
+    printf("pipeline: %d stage(s) on %d rank(s) (%d chunk(s) each), schedule %s, %d "
+           "micro-batch(es); cut %s:\n", S, P, V, mg_pipe_name(k), M,
+           o->split ? "as --split gives" : "balancing the units' forward FLOPs");
+    for (int s = 0; s < S; s++) {
+        double c = 0;
+        for (int u = first[s]; u < first[s + 1]; u++) c += cost[u];
+        printf("  stage %d on rank %d: units %d-%d (%s .. %s), %.1f%% of the FLOPs\n", s, s % P,
+               first[s], first[s + 1] - 1, names[first[s]], names[first[s + 1] - 1],
+               total > 0 ? 100 * c / total : 0);
+    }
+    mg_pipe_sim sim;
+    if (mg_pipe_simulate(k, P, M, V, 1, 2, &sim)) die("%s", mg_last_error());
+    printf("bubble %.1f%% of the time (theory, a backward twice a forward); every rank's "
+           "actions (stage, F/B, micro-batch):\n", 100 * sim.idle_fraction);
+    mg_pipe_action a[4096];
+    char line[65536];
+    for (int r = 0; r < P; r++) {
+        int n = mg_pipe_compute(k, P, M, V, r, a, 4096);
+        mg_pipe_list_str(a, n < 4096 ? n : 4096, line, sizeof line);
+        printf("  rank %d (at most %d micro-batch(es) in flight): %s%s\n", r,
+               sim.peak_in_flight[r], line, n > 4096 ? " ..." : "");
+    }
+    printf("(planned only: pipeline execution is not built yet)\n");
+    free(cost);
+    free(names);
+}
+
 /* --print-plan: the units as the strategy laid them out (rank 0), then
  * every rank stops. */
-static void print_plan(trainer *t, int local)
+static void print_plan(trainer *t, const options *o, int local)
 {
     mg_model *m = t->m;
     if (t->rank == 0) {
@@ -808,6 +886,7 @@ static void print_plan(trainer *t, int local)
         printf("(FLOPs and bytes per sample.) A tape for a micro-batch of %d: %.1f MB%s\n",
                local, mg_tape_bytes(tp) / 1e6, mg_model_recompute(m) ? " (recomputing)" : "");
         mg_tape_destroy(tp);
+        if (t->mesh && mg_mesh_size(t->mesh, MG_MESH_PP) > 1) print_pipeline(t, o);
     }
     exit(0);
 }
@@ -832,7 +911,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     so.zero_stage = o->zero;
     so.offload_dir = o->offload_dir;
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
-    if (o->print_plan) print_plan(t, local);
+    if (o->print_plan) print_plan(t, o, local);
     make_optimizer(o, kind, beta2, lm, t);
     hparams_string(o, lm, t->hp, sizeof t->hp);
     start_state(o, t, meta);
@@ -1320,6 +1399,10 @@ int main(int argc, char **argv)
                        : kind == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
     if (o.clip_grad < 0) o.clip_grad = def.clip_grad;
     mg_schedule sched;
+    mg_pipe_kind pk;
+    if (!mg_pipe_parse(o.schedule, &pk))
+        die("--schedule %s: --schedule is the learning-rate schedule; the pipeline's is "
+            "--pp-schedule %s", o.schedule, o.schedule);
     if (mg_schedule_parse(o.schedule, o.lr, &sched)) die("--schedule: %s", mg_last_error());
     mg_compress comp;
     if (mg_compress_parse(o.compress, &comp)) die("--compress: %s", mg_last_error());

@@ -35,7 +35,7 @@ mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V)
         return mg_error(MG_EINVAL, "pipeline: %d stages, %d micro-batches, %d chunks: each must "
                         "be at least 1 (stages and chunks at most 64)", P, M, V);
     if (k != MG_PIPE_INTERLEAVED && V != 1)
-        return mg_error(MG_EINVAL, "pipeline: --chunks %d is for --schedule interleaved; %s "
+        return mg_error(MG_EINVAL, "pipeline: --chunks %d is for --pp-schedule interleaved; %s "
                         "runs one chunk per stage", V, names[k]);
     if (k == MG_PIPE_INTERLEAVED && M % P)
         return mg_error(MG_EINVAL, "pipeline: the interleaved schedule runs micro-batches in "
