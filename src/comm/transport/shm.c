@@ -773,7 +773,12 @@ static mg_status wait_for(mg__shm_transport *x, bool (*cond)(void *), wait_arg *
          * its fingerprint tells, long before the deadline. */
         MG_TRY(fp_check(x, a->r));
         snprintf(msg, sizeof msg, "waiting for rank %d (%s)", a->r, what);
-        MG_TRY(mg__shm_transport_check(x, &a->r, 1, msg));
+        mg_status st = mg__shm_transport_check(x, &a->r, 1, msg);
+        /* The peer may have posted what we wait for and exited since
+         * cond was read (its last operation done, its process gone):
+         * read it once more before calling it dead. */
+        if (st && !cond(a)) return st;
+        if (st) break;
     }
     return fp_check(x, a->r);
 }
