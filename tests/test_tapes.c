@@ -264,3 +264,84 @@ TEST(tapes_train_step_dp_equals_single_and_allocates_nothing)
             free(vb);
         }
 }
+
+/* A model run as stages: tapes of unit ranges chained (each stage's output
+ * the next one's input, each stage's input gradient the previous one's
+ * output gradient) give the whole tape's logits, loss, gradients and
+ * running statistics bit for bit, recomputing or not. cut: the stages' first units, then the number of units. */
+static void stages_equal_whole(mg_model *(*make)(uint64_t), int n, const int *cut, int S,
+                               bool recompute)
+{
+    mg_model *a = make(4), *b = make(4);
+    mg_model_set_recompute(a, recompute);
+    mg_model_set_recompute(b, recompute);
+    static batches bt;
+    fill(&bt, a, n);
+    size_t na = mg_model_arena_size(a);
+    mg_tape *whole, *st[4];
+    CHECK_OK(mg_tape_create(a, n, &whole));
+    size_t sum = 0;
+    for (int s = 0; s < S; s++) {
+        CHECK_OK(mg_tape_create_range(b, n, cut[s], cut[s + 1], &st[s]));
+        int f, l;
+        size_t in, out;
+        mg_tape_range(st[s], &f, &l, &in, &out);
+        CHECK(f == cut[s] && l == cut[s + 1] && in > 0 && out > 0);
+        sum += mg_tape_bytes(st[s]);
+    }
+    printf("%s (%d stages%s): whole tape %.3f MB, stages %.3f MB together\n", mg_model_name(a),
+           S, recompute ? ", recomputing" : "", mg_tape_bytes(whole) / 1e6, sum / 1e6);
+    for (int k = 0; k < 2; k++) {
+        mg_model_zero_grad(a);
+        mg_model_zero_grad(b);
+        mg_tape_pin_step(whole, 7 + k);
+        CHECK(mg_tape_forward(whole, bt.x[k], n) != NULL);
+        float la = mg_tape_loss(whole, bt.y[k], NULL);
+        mg_tape_backward(whole);
+        const float *x = bt.x[k];
+        for (int s = 0; s < S; s++) {
+            mg_tape_pin_step(st[s], 7 + k);
+            CHECK((x = mg_tape_forward(st[s], x, n)) != NULL);
+        }
+        size_t out = (size_t)n * mg_model_positions(a) * (size_t)mg_model_classes(a);
+        CHECK(same(mg_tape_logits(whole), mg_tape_logits(st[S - 1]), out));
+        float lb = mg_tape_loss(st[S - 1], bt.y[k], NULL);
+        CHECK(la == lb);
+        mg_tape_backward(st[S - 1]);
+        for (int s = S - 2; s >= 0; s--) mg_tape_backward_from(st[s], mg_tape_input_grad(st[s + 1]));
+        CHECK(mg_tape_input_grad(st[0]) == NULL);
+        CHECK_MSG(same(mg_model_grads(a), mg_model_grads(b), na), "%s: gradients differ",
+                  mg_model_name(a));
+        CHECK(same(mg_model_buffers(a), mg_model_buffers(b), mg_model_buffer_size(a)));
+    }
+    for (int s = 0; s < S; s++) mg_tape_destroy(st[s]);
+    mg_tape_destroy(whole);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+TEST(tapes_stages_chained_equal_the_whole_tape)
+{
+    /* gpt: wte, h.0, h.1, ln_f, head (tied to wte across the cut). */
+    int g2[] = {0, 2, 5}, g3[] = {0, 1, 3, 5}, g4[] = {0, 1, 2, 4, 5};
+    int d2[] = {0, 1, 5}, d3[] = {0, 2, 4, 5};   /* conv, bn, flat, drop, fc */
+    for (int r = 0; r < 2; r++) {
+        stages_equal_whole(small_gpt, 3, g2, 2, r);
+        stages_equal_whole(small_gpt, 3, g3, 3, r);
+        stages_equal_whole(small_gpt, 2, g4, 4, r);
+        stages_equal_whole(drop_bn, 5, d2, 2, r);
+        stages_equal_whole(drop_bn, 5, d3, 3, r);
+    }
+    mg_model *l = lenet5(0);
+    int nu = mg_model_num_units(l);
+    mg_model_destroy(l);
+    int e2[] = {0, nu / 2, nu}, e4[] = {0, 1, nu / 2, nu - 1, nu};
+    stages_equal_whole(lenet5, 4, e2, 2, false);
+    stages_equal_whole(lenet5, 4, e4, 4, true);
+    mg_model *m = small_gpt(0);
+    mg_tape *t;
+    CHECK_ERR(mg_tape_create_range(m, 2, 3, 3, &t), MG_EINVAL);
+    CHECK_ERR(mg_tape_create_range(m, 2, 0, 6, &t), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "not a range"));
+    mg_model_destroy(m);
+}

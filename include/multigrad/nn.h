@@ -188,6 +188,19 @@ bool mg_model_recompute(const mg_model *m);
  * DataParallel thread's own). Training mode and the dropout position are
  * the model's at the forward; the backward reuses them. */
 mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out);
+/* A tape of units [first, last) only (a pipeline stage's part of the
+ * model), holding only their memory. Its forward takes unit first's
+ * input (the model's input when first is 0; else activations of
+ * in_floats per sample) and gives unit last-1's output (the logits when
+ * last is the number of units; else out_floats per sample); its loss
+ * needs last to be the end, and mg_tape_backward_from takes the output's
+ * gradient. With first > 0 the backward leaves the input's gradient in
+ * mg_tape_input_grad (zeros when no unit before first has parameters).
+ * Hooks are called with the model's unit indices. MG_EINVAL unless
+ * 0 <= first < last <= units. */
+mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, mg_tape **out);
+void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
+                   size_t *out_floats);
 void mg_tape_destroy(mg_tape *t);
 size_t mg_tape_bytes(const mg_tape *t);   /* activation memory */
 int mg_tape_capacity(const mg_tape *t);

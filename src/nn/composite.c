@@ -128,35 +128,52 @@ static void trace_layer(const mg_layer *l, const char *pass, double t0)
     mg_trace_event(name, pass, 0, t0, mg_trace_now());
 }
 
-/* Child i's input and output in the call (x, y: the sequence's). */
-static const float *seq_in(const mg_layer *l, const mg_ctx *c, const float *x, int i)
+/* The children a call runs: all, or k's range [first, last). */
+typedef struct { int a, b; } span;
+static span seq_span(const mg_layer *l, const mg__seq_calls *k)
 {
-    return i == 0 ? x : (const float *)mg__slot(l, c, i);
+    return k && k->last ? (span){k->first, k->last} : (span){0, l->n_child};
 }
 
-static float *seq_out(const mg_layer *l, const mg_ctx *c, const float *y, int i)
+/* Child i's input and output in a call over children r (x, y: the
+ * call's input and output). */
+static const float *seq_in(const mg_layer *l, const mg_ctx *c, const float *x, int i, span r)
 {
-    return i + 1 == l->n_child ? (float *)y : (float *)mg__slot(l, c, 1 + i);
+    return i == r.a ? x : (const float *)mg__slot(l, c, i);
+}
+
+static float *seq_out(const mg_layer *l, const mg_ctx *c, const float *y, int i, span r)
+{
+    return i + 1 == r.b ? (float *)y : (float *)mg__slot(l, c, 1 + i);
 }
 
 static void seq_child_forward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
-                              int i, int n)
+                              int i, int n, span r)
 {
     double t0 = mg_trace_on() ? mg_trace_now() : 0;
     mg_layer *ch = l->child[i];
-    ch->vt->forward(ch, c, seq_in(l, c, x, i), seq_out(l, c, y, i), n);
+    ch->vt->forward(ch, c, seq_in(l, c, x, i, r), seq_out(l, c, y, i, r), n);
     if (t0) trace_layer(ch, c->recompute ? "recompute" : "forward", t0);
+}
+
+/* The scratch past the two gradient buffers of the whole sequence's
+ * plan; a range's call brings its own buffers (k->gbuf). */
+static float *seq_scratch(const mg_layer *l, const mg_ctx *c, int n, const mg__seq_calls *k)
+{
+    const seq_layer *s = (const seq_layer *)l;
+    if (k && k->last) return c->scratch;
+    return c->scratch + seq_gfloats(s->gper, n, 0) + seq_gfloats(s->gper, n, 1);
 }
 
 void mg__seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n,
                      const mg__seq_calls *k)
 {
-    seq_layer *s = (seq_layer *)l;
+    span r = seq_span(l, k);
     mg_ctx cc = *c;
-    cc.scratch = c->scratch + seq_gfloats(s->gper, n, 0) + seq_gfloats(s->gper, n, 1);
-    for (int i = 0; i < l->n_child; i++) {
+    cc.scratch = seq_scratch(l, c, n, k);
+    for (int i = r.a; i < r.b; i++) {
         if (k && k->before) k->before(k->ud, i, false);
-        seq_child_forward(l, &cc, x, y, i, n);
+        seq_child_forward(l, &cc, x, y, i, n, r);
         if (k && k->after) k->after(k->ud, i, false);
     }
 }
@@ -170,23 +187,27 @@ void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float 
                       float *dy, float *dx, int n, const mg__seq_calls *k)
 {
     seq_layer *s = (seq_layer *)l;
+    span r = seq_span(l, k);
     mg_ctx cc = *c, rc;
     size_t g0 = seq_gfloats(s->gper, n, 0);
     float *bufs[] = {dy, dx, c->scratch, c->scratch + g0};
-    cc.scratch = c->scratch + g0 + seq_gfloats(s->gper, n, 1);
+    cc.scratch = seq_scratch(l, c, n, k);
     rc = cc;
     rc.recompute = true;
     float *cur = dy;
-    for (int i = l->n_child - 1; i >= 0; i--) {
+    for (int i = r.b - 1; i >= r.a; i--) {
         mg_layer *ch = l->child[i];
         if (!ch->need_dx && !s->has_params[i]) break;
         if (k && k->before) k->before(k->ud, i, true);
-        if (k && k->recompute && k->rerun[i]) seq_child_forward(l, &rc, x, y, i, n);
+        if (k && k->recompute && k->rerun[i]) seq_child_forward(l, &rc, x, y, i, n, r);
         float *dxo = NULL;
-        if (ch->need_dx) dxo = i == 0 ? dx : bufs[s->gbuf[i]];
-        MG_ASSERT(i == 0 || dxo || !ch->need_dx);   /* the plan uses dx only under need_dx */
+        /* A range alternates its two buffers: child i never writes the
+         * one it reads (child i + 1's). */
+        if (ch->need_dx)
+            dxo = i == r.a ? dx : k && k->last ? k->gbuf[(r.b - 1 - i) & 1] : bufs[s->gbuf[i]];
+        MG_ASSERT(i == r.a || dxo || !ch->need_dx);   /* the plan uses dx only under need_dx */
         double t0 = mg_trace_on() ? mg_trace_now() : 0;
-        ch->vt->backward(ch, &cc, seq_in(l, c, x, i), seq_out(l, c, y, i), cur, dxo, n);
+        ch->vt->backward(ch, &cc, seq_in(l, c, x, i, r), seq_out(l, c, y, i, r), cur, dxo, n);
         if (t0) trace_layer(ch, "backward", t0);
         if (k && k->after) k->after(k->ud, i, true);
         if (!dxo) break;

@@ -153,6 +153,13 @@ typedef struct mg__seq_calls {
     void *ud;
     bool recompute;
     const bool *rerun;   /* recompute: child i's forward runs again (its memory was reused) */
+    /* last > 0: only children [first, last) run (a pipeline stage), x is
+     * child first's input and y child last-1's output, the gradients
+     * between them pass through gbuf[0] and gbuf[1] (each as large as
+     * the largest output before the last), and the scratch is the
+     * children's alone. */
+    int first, last;
+    float *gbuf[2];
 } mg__seq_calls;
 void mg__seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n,
                      const mg__seq_calls *k);

@@ -63,6 +63,9 @@ struct mg_tape {
     mg_model *m;
     unsigned layout;           /* m->layout it was made for */
     int cap;                   /* largest batch */
+    int u0, u1;                /* the units it runs: [u0, u1) */
+    size_t in_per, out_per;    /* floats per sample of their input and output */
+    float *gbuf[2];            /* a range's gradients between its units */
     size_t bytes;
     char *mem;
     char **slot;
@@ -596,8 +599,11 @@ static size_t fbytes(size_t n) { return mg__align(n * sizeof(float)); }
  * with recomputation one block they share), the units' outputs, logits,
  * their gradient, the input gradient and the scratch. With mem NULL only
  * counts; else fills the slots and the tape's pointers. */
-static size_t tape_layout(const mg_model *m, int n, char *mem, mg_tape *t)
+static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t);
+
+static size_t tape_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t)
 {
+    if (a != 0 || b != m->n_units) return range_layout(m, n, a, b, mem, t);
     mg_layer *root = m->root;
     size_t saved, scratch, off = 0;
     root->vt->sizes(root, n, &saved, &scratch);
@@ -641,18 +647,78 @@ static size_t tape_layout(const mg_model *m, int n, char *mem, mg_tape *t)
     return off + 2 * out + in + scratch * sizeof(float);
 }
 
+/* The same for units [a, b) only: their kept memory and the outputs
+ * between them (or, recomputing, one block they share), then the
+ * output, its gradient, the input gradient (a > 0, or the model's input
+ * gradient), two buffers for the gradients between the units and the
+ * largest unit's scratch. */
+static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t)
+{
+    mg_layer *root = m->root;
+    size_t off = 0, scratch = 0, shared = 0, between = 0;
+    for (int u = a; u < b; u++) {
+        size_t sv, sc;
+        m->units[u].l->vt->sizes(m->units[u].l, n, &sv, &sc);
+        if (sc > scratch) scratch = sc;
+        if (mg__align(sv) > shared) shared = mg__align(sv);
+        size_t o = mg__per_image(m->units[u].l->out);
+        if (u + 1 < b && o > between) between = o;
+    }
+    if (m->recompute) off = shared;
+    int last = -1;
+    for (int u = a; u < b; u++) {
+        mg_layer *l = m->units[u].l;
+        if (m->recompute) {
+            if (mem) mg__bind_child(l, n, mem, t->slot);
+            if (mem && (t->rerun[u] = mg__saved_bytes(l, n) > 0)) last = u;
+        } else {
+            if (mem) mg__bind_child(l, n, mem + off, t->slot);
+            off += mg__saved_bytes(l, n);
+        }
+        if (u + 1 < b) {
+            if (mem) t->slot[root->slot + 1 + u] = mem + off;
+            off += fbytes((size_t)n * mg__per_image(l->out));
+        }
+    }
+    if (mem && last >= 0) t->rerun[last] = false;
+    size_t out = fbytes((size_t)n * mg__per_image(m->units[b - 1].l->out));
+    size_t in = a > 0 || m->input_grad ? fbytes((size_t)n * mg__per_image(m->units[a].l->in)) : 0;
+    size_t g = fbytes((size_t)n * between);
+    if (mem) {
+        t->logits = (float *)(mem + off);
+        t->dlogits = (float *)(mem + off + out);
+        t->dinput = in ? (float *)(mem + off + 2 * out) : NULL;
+        t->gbuf[0] = (float *)(mem + off + 2 * out + in);
+        t->gbuf[1] = (float *)(mem + off + 2 * out + in + g);
+        t->scratch = (float *)(mem + off + 2 * out + in + 2 * g);
+    }
+    return off + 2 * out + in + 2 * g + scratch * sizeof(float);
+}
+
 mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out)
+{
+    return mg_tape_create_range(m, max_batch, 0, m->n_units, out);
+}
+
+mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, mg_tape **out)
 {
     *out = NULL;
     if (max_batch <= 0)
         return mg_error(MG_EINVAL, "model '%s': batch size %d must be positive", m->name,
                         max_batch);
+    if (first < 0 || first >= last || last > m->n_units)
+        return mg_error(MG_EINVAL, "model '%s': units [%d, %d) are not a range of its %d units",
+                        m->name, first, last, m->n_units);
     mg_tape *t = calloc(1, sizeof *t);
     if (!t) return mg_error(MG_ENOMEM, "model '%s': out of memory for a tape", m->name);
     t->m = m;
     t->layout = m->layout;
     t->cap = max_batch;
-    t->bytes = tape_layout(m, max_batch, NULL, NULL);
+    t->u0 = first;
+    t->u1 = last;
+    t->in_per = mg__per_image(m->units[first].l->in);
+    t->out_per = mg__per_image(m->units[last - 1].l->out);
+    t->bytes = tape_layout(m, max_batch, first, last, NULL, NULL);
     /* Zeroed: every page is touched now rather than in the first step. */
     t->mem = mg_alloc_zero(t->bytes);
     t->slot = calloc((size_t)m->n_slots, sizeof *t->slot);
@@ -663,7 +729,7 @@ mg_status mg_tape_create(mg_model *m, int max_batch, mg_tape **out)
         return mg_error(MG_ENOMEM, "model '%s': cannot allocate %.1f MB of activations for "
                         "batch %d; use a smaller batch", m->name, mb, max_batch);
     }
-    tape_layout(m, max_batch, t->mem, t);
+    tape_layout(m, max_batch, first, last, t->mem, t);
     mg_debug("model %s: a tape of %.1f MB for batch %d%s", m->name, t->bytes / 1e6, max_batch,
              m->recompute ? " (recomputing)" : "");
     *out = t;
@@ -732,6 +798,15 @@ static void unit_after(void *ud, int i, bool backward)
     }
 }
 
+/* The root's calls of a pass on t: the hooks, and t's range when it
+ * has one. */
+static mg__seq_calls tape_calls(mg_tape *t, bool recompute)
+{
+    bool range = t->u0 != 0 || t->u1 != t->m->n_units;
+    return (mg__seq_calls){unit_before, unit_after, t, recompute, t->rerun,
+                           range ? t->u0 : 0, range ? t->u1 : 0, {t->gbuf[0], t->gbuf[1]}};
+}
+
 static void check_tape(const mg_tape *t)
 {
     /* A programmer error: set input gradients and recomputation before
@@ -754,7 +829,7 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
     t->pinned = false;
     t->step = c.step;
     t->training = c.training;
-    mg__seq_calls k = {unit_before, unit_after, t, false, NULL};
+    mg__seq_calls k = tape_calls(t, false);
     mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
     t->x = x;
     t->batch = batch;
@@ -771,7 +846,7 @@ const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch
 
 float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
 {
-    MG_ASSERT(t->have_fwd);
+    MG_ASSERT(t->have_fwd && t->u1 == t->m->n_units);
     const mg_model *m = t->m;
     t->have_loss = true;
     return mg_softmax_xent(t->logits, labels, t->batch * m->positions, m->classes, t->dlogits,
@@ -785,7 +860,7 @@ static void run_backward(mg_tape *t)
     mg_ctx c = tape_ctx(t);
     c.step = t->step;
     c.training = t->training;
-    mg__seq_calls k = {unit_before, unit_after, t, m->recompute, t->rerun};
+    mg__seq_calls k = tape_calls(t, m->recompute);
     mg__seq_backward(m->root, &c, t->x, t->logits, t->dlogits, t->dinput, t->batch, &k);
     t->have_loss = false;   /* dlogits were consumed (layers may overwrite dy) */
 }
@@ -799,11 +874,19 @@ void mg_tape_backward(mg_tape *t)
 void mg_tape_backward_from(mg_tape *t, const float *dout)
 {
     MG_ASSERT(t->have_fwd);
-    memmove(t->dlogits, dout, (size_t)t->batch * t->m->out_size * sizeof(float));
+    memmove(t->dlogits, dout, (size_t)t->batch * t->out_per * sizeof(float));
     run_backward(t);
 }
 
 const float *mg_tape_input_grad(const mg_tape *t) { return t->dinput; }
+void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
+                   size_t *out_floats)
+{
+    if (first) *first = t->u0;
+    if (last) *last = t->u1;
+    if (in_floats) *in_floats = t->in_per;
+    if (out_floats) *out_floats = t->out_per;
+}
 const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
 
 /* ---- The model's own tape ---------------------------------------------------- */
