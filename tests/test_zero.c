@@ -8,219 +8,18 @@
 #include <sys/stat.h>
 #include <math.h>
 #include <unistd.h>
-#include "harness.h"
-#include "multigrad/multigrad.h"
-
-typedef struct {
-    const char *model;   /* "lenet5" or "gpt-mini" (the reference's) */
-    int stage, world;
-    int batch;           /* global batch of a micro-batch */
-    int accumulate, steps;
-    int port;
-    const char *offload;   /* --offload disk: directory, or NULL */
-    size_t window;         /* its window bytes */
-    const char *save;      /* write a checkpoint after training here (rank files: .N) */
-} zcase;
-
-enum { T = 64, GB = 8 };   /* the gpt-mini reference: context, batch */
-
-static void out_path(char *p, size_t cap, const char *what, int rank)
-{
-    snprintf(p, cap, "%s/%s.%d", mgt_tmpdir(), what, rank);
-}
-
-static void write_floats(const char *what, int rank, const float *v, size_t n)
-{
-    char p[512];
-    out_path(p, sizeof p, what, rank);
-    FILE *f = fopen(p, "wb");
-    CHECK(f && fwrite(v, sizeof(float), n, f) == n);
-    fclose(f);
-}
-
-static float *read_floats(const char *what, int rank, size_t n)
-{
-    char p[512];
-    out_path(p, sizeof p, what, rank);
-    float *v = malloc(n * sizeof(float));
-    FILE *f = fopen(p, "rb");
-    CHECK_MSG(f && fread(v, sizeof(float), n, f) == n, "%s: missing or short", p);
-    fclose(f);
-    return v;
-}
-
-/* ---- batches ----------------------------------------------------------- */
-
-typedef struct {
-    const zcase *c;
-    int rank, world;     /* whose rows: world 1 = all */
-    int step, j;         /* next micro-batch of the step */
-    int parts;           /* micro-batches per step this source gives */
-    mg_dataset *train;
-    int32_t *perm;
-    const mg_text *text;
-    const int32_t *offs; /* gpt: the reference's offsets, GB per step */
-    float *x;
-    int32_t *tok, *y;
-} source;
-
-/* Micro-batch j of step `step` for rank r of w: images perm[r + w*i] of
- * the rank's local micro-batches (DistributedSampler order); text rows
- * r*local .. of the step's reference batch. A one-process source with
- * parts = w*accumulate gives every rank's micro-batches in turn. */
-static bool next(void *ud, mg_micro_batch *b)
-{
-    source *s = ud;
-    if (s->j == s->parts) return false;
-    const zcase *c = s->c;
-    int local = c->batch / c->world, j = s->j++;
-    int r = s->world == 1 ? j % c->world : s->rank;
-    int acc = s->world == 1 ? j / c->world : j;
-    if (!strcmp(c->model, "gpt-mini")) {
-        int64_t o64[GB];
-        for (int i = 0; i < local; i++) o64[i] = s->offs[s->step * GB + r * local + i];
-        mg_text_batch_at(s->text, o64, local, T, s->tok, s->y);
-        *b = (mg_micro_batch){.x = s->tok, .y = s->y, .n = local};
-    } else {
-        int32_t idx[256];
-        for (int i = 0; i < local; i++) {
-            long mi = (long)(s->step * c->accumulate + acc) * local + i;
-            idx[i] = s->perm[(r + (long)c->world * mi) % s->train->n];
-        }
-        CHECK_OK(mg_dataset_gather(s->train, idx, local, MG_SCALE_UNIT, s->x,
-                                   784 * (size_t)local, s->y));
-        *b = (mg_micro_batch){.x = s->x, .y = s->y, .n = local};
-    }
-    return true;
-}
-
-static mg_model *make_model(const zcase *c, const mg_st_file *ref, uint64_t seed)
-{
-    mg_model *m;
-    if (!strcmp(c->model, "gpt-mini")) {
-        mg_gpt_config g = mg_gpt_defaults();
-        g.ctx = T;
-        CHECK_OK(mg_model_create_gpt(&g, seed, &m));
-        char key[96];
-        for (int i = 0; ref && i < mg_model_num_tensors(m); i++) {
-            const mg_param *p = mg_model_tensor(m, i);
-            snprintf(key, sizeof key, "init.%s", p->name);
-            const mg_st_tensor *t = mg_st_find(ref, key);
-            CHECK(t && t->nbytes == p->numel * 4);
-            memcpy(p->data, t->data, t->nbytes);
-        }
-    } else {
-        CHECK_OK(mg_model_create(c->model, seed, &m));
-    }
-    return m;
-}
-
-static mg_optim *make_optim(const zcase *c, mg_strategy *s)
-{
-    mg_model *m = mg_strategy_model(s);
-    mg_optim *o;
-    if (!strcmp(c->model, "gpt-mini")) {
-        mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
-        oc.beta2 = 0.99f;
-        oc.weight_decay = 0.1f;
-        CHECK_OK(mg_strategy_optim(s, &oc, &o));
-        mg_optim_group gr[128];
-        int ng = mg_model_decay_groups(m, 0.1f, gr, 128);
-        CHECK_OK(mg_optim_set_groups(o, gr, ng));
-    } else {
-        mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
-        oc.momentum = 0.9f;
-        CHECK_OK(mg_strategy_optim(s, &oc, &o));
-    }
-    return o;
-}
-
-/* Train c->steps steps with strategy s, writing each step's loss (this
- * process's mean) to losses[] and returning the parameters as a vector. */
-static float *train(const zcase *c, mg_strategy *s, source *src, float *losses)
-{
-    mg_model *m = mg_strategy_model(s);
-    mg_optim *o = make_optim(c, s);
-    if (c->offload) {
-        /* The files are unlinked as soon as they are made. */
-        CHECK(mg_optim_offloaded(o));
-        DIR *d = opendir(c->offload);
-        CHECK(d);
-        int n = 0;
-        for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
-        if (d) closedir(d);
-        CHECK_EQ(n, 0);
-    }
-    bool lm = !strcmp(c->model, "gpt-mini");
-    mg_step_options so = {.accumulate = src->parts, .lr = lm ? 1e-3f : 0.05f,
-                          .clip_grad = lm ? 1.0f : 0.0f};
-    for (int step = 0; step < c->steps; step++) {
-        src->step = step;
-        src->j = 0;
-        mg_step_result r;
-        CHECK_OK(mg_train_step(s, o, &so, next, src, &r));
-        CHECK_EQ(r.micro, src->parts);
-        losses[step] = (float)(r.loss_sum / (double)r.samples);
-    }
-    if (c->save) {
-        CHECK_OK(mg_strategy_save(s, c->save, o, NULL));
-        /* Read back into the same strategy and saved again: the same bytes. */
-        char again[1100];
-        snprintf(again, sizeof again, "%.1000s.again", c->save);
-        CHECK_OK(mg_strategy_load(s, c->save, o, NULL));
-        CHECK_OK(mg_strategy_save(s, again, o, NULL));
-    }
-    CHECK_OK(mg_strategy_gather(s));
-    float *v = malloc(mg_model_num_params(m) * sizeof(float));
-    mg_model_to_vector(m, mg_model_params(m), v);
-    mg_strategy_release(s);
-    mg_optim_destroy(o);
-    return v;
-}
-
-static void open_data(const zcase *c, source *s, mg_st_file **ref)
-{
-    *ref = NULL;
-    if (!strcmp(c->model, "gpt-mini")) {
-        mg_text *t;
-        CHECK_OK(mg_text_open(NULL, T, &t));
-        s->text = t;
-        CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), ref));
-        const mg_st_tensor *o = mg_st_find(*ref, "steps.offsets");
-        CHECK(o && o->nbytes == 20 * GB * 4);
-        s->offs = o->data;
-        s->tok = malloc(sizeof(int32_t) * GB * T);
-        s->y = malloc(sizeof(int32_t) * GB * T);
-    } else {
-        CHECK_OK(mg_dataset_load(mgt_fashion_dir(), true, &s->train));
-        s->perm = malloc(sizeof(int32_t) * (size_t)s->train->n);
-        mg_permutation(0, s->perm, s->train->n);
-        s->x = malloc(sizeof(float) * 784 * 256);
-        s->y = malloc(sizeof(int32_t) * 256);
-    }
-}
-
-static void close_data(source *s, mg_st_file *ref)
-{
-    if (s->text) mg_text_close((mg_text *)s->text);
-    if (s->train) mg_dataset_destroy(s->train);
-    mg_st_close(ref);
-    free(s->perm);
-    free(s->x);
-    free(s->tok);
-    free(s->y);
-}
+#include "equiv.h"
 
 static int zero_rank(int rank, int world, void *arg)
 {
-    const zcase *c = arg;
+    const eq_case *c = arg;
     mg_group *g = mgt_join(rank, world, c->port, NULL, 60);
     CHECK(g);
-    source src = {.c = c, .rank = rank, .world = world, .parts = c->accumulate};
+    eq_source src = {.c = c, .rank = rank, .world = world, .parts = c->accumulate};
     mg_st_file *ref;
-    open_data(c, &src, &ref);
+    eq_open_data(c, &src, &ref);
     /* Different seeds per rank: rank 0's parameters must reach all. */
-    mg_model *m = make_model(c, ref, (uint64_t)rank * 7);
+    mg_model *m = eq_make_model(c, ref, (uint64_t)rank * 7);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_ZERO);
     so.group = g;
     so.zero_stage = c->stage;
@@ -246,49 +45,20 @@ static int zero_rank(int rank, int world, void *arg)
     }
     CHECK_EQ(own * (size_t)world, mg_model_arena_size(m));
     float losses[64];
-    float *v = train(c, s, &src, losses);
+    float *v = eq_train(c, s, &src, losses);
     /* The rank's share of the global mean loss. */
     for (int i = 0; i < c->steps; i++) losses[i] /= (float)world;
-    write_floats("losses", rank, losses, (size_t)c->steps);
-    write_floats("params", rank, v, mg_model_num_params(m));
+    eq_write_floats("losses", rank, losses, (size_t)c->steps);
+    eq_write_floats("params", rank, v, mg_model_num_params(m));
     free(v);
     mg_strategy_destroy(s);
     mg_model_destroy(m);
-    close_data(&src, ref);
+    eq_close_data(&src, ref);
     mg_group_destroy(g);
     return 0;
 }
 
-/* One process over the ranks' micro-batches (every rank's, in turn). */
-static float *one_process(const zcase *c, float *losses)
-{
-    source src = {.c = c, .world = 1, .parts = c->world * c->accumulate};
-    mg_st_file *ref;
-    open_data(c, &src, &ref);
-    mg_model *m = make_model(c, ref, 0);
-    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
-    so.max_batch = c->batch / c->world;
-    mg_strategy *s;
-    CHECK_OK(mg_strategy_create(m, &so, &s));
-    float *v = train(c, s, &src, losses);
-    mg_strategy_destroy(s);
-    mg_model_destroy(m);
-    close_data(&src, ref);
-    return v;
-}
-
-/* max |a - b| / max |b| */
-static double max_rel(const float *a, const float *b, size_t n)
-{
-    double mx = 0, err = 0;
-    for (size_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(b[i]));
-        err = fmax(err, fabs(a[i] - b[i]));
-    }
-    return err / mx;
-}
-
-static void run_ranks(zcase *c)
+static void run_ranks(eq_case *c)
 {
     c->port = mgt_free_port();
     mgt_tmpdir();
@@ -301,19 +71,19 @@ static void run_ranks(zcase *c)
 /* Every rank's parameters equal one process's over the same micro-batches
  * (elementwise within tol of the largest), and the losses summed over
  * the ranks equal its. */
-static void check_vs_one_process(zcase c, double tol)
+static void check_vs_one_process(eq_case c, double tol)
 {
     run_ranks(&c);
     float ref_loss[64];
-    float *ref = one_process(&c, ref_loss);
+    float *ref = eq_one_process(&c, ref_loss);
     size_t n;
-    mg_model *m = make_model(&c, NULL, 0);
+    mg_model *m = eq_make_model(&c, NULL, 0);
     n = mg_model_num_params(m);
     mg_model_destroy(m);
     float sum[64] = {0};
     for (int r = 0; r < c.world; r++) {
-        float *p = read_floats("params", r, n), *l = read_floats("losses", r, (size_t)c.steps);
-        double d = max_rel(p, ref, n);
+        float *p = eq_read_floats("params", r, n), *l = eq_read_floats("losses", r, (size_t)c.steps);
+        double d = eq_max_rel(p, ref, n);
         printf("%s zero-%d k=%d acc=%d rank %d: max |p - ref| / max |ref| = %.3g\n", c.model,
                c.stage, c.world, c.accumulate, r, d);
         CHECK_MSG(d <= tol, "%s zero-%d on %d ranks: rank %d's parameters differ from one "
@@ -329,9 +99,9 @@ static void check_vs_one_process(zcase c, double tol)
     float whole_loss[64];
     float *whole = NULL;
     if (!strcmp(c.model, "gpt-mini")) {
-        zcase w = c;
+        eq_case w = c;
         w.world = 1;
-        whole = one_process(&w, whole_loss);
+        whole = eq_one_process(&w, whole_loss);
     }
     for (int i = 0; i < c.steps; i++) {
         double tol_l = 1e-5 * ref_loss[i];
@@ -347,7 +117,7 @@ TEST_T(zero_lenet5_sgd_momentum_stages_1_2_3_k2_k3_k4_equal_one_process, 300)
 {
     for (int stage = 1; stage <= 3; stage++)
         for (int k = 2; k <= 4; k++) {
-            zcase c = {.model = "lenet5", .stage = stage, .world = k, .batch = 96,
+            eq_case c = {.model = "lenet5", .stage = stage, .world = k, .batch = 96,
                        .accumulate = 1, .steps = 10};
             check_vs_one_process(c, 1e-5);
         }
@@ -395,11 +165,11 @@ TEST_T(zero_offload_is_bit_identical, 300)
     CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         bool lm = !strcmp(cases[i].model, "gpt-mini");
-        zcase c = {.model = cases[i].model, .stage = cases[i].stage, .world = cases[i].world,
+        eq_case c = {.model = cases[i].model, .stage = cases[i].stage, .world = cases[i].world,
                    .batch = lm ? (cases[i].world == 3 ? 6 : GB) : 48,
                    .accumulate = cases[i].accumulate, .steps = 4};
         size_t n;
-        mg_model *m = make_model(&c, NULL, 0);
+        mg_model *m = eq_make_model(&c, NULL, 0);
         n = mg_model_num_params(m);
         mg_model_destroy(m);
         float *p[2][4], *l[2][4];
@@ -412,8 +182,8 @@ TEST_T(zero_offload_is_bit_identical, 300)
             run_ranks(&c);
             unsetenv("MG_ZERO_OVERLAP");
             for (int r = 0; r < c.world; r++) {
-                p[off][r] = read_floats("params", r, n);
-                l[off][r] = read_floats("losses", r, (size_t)c.steps);
+                p[off][r] = eq_read_floats("params", r, n);
+                l[off][r] = eq_read_floats("losses", r, (size_t)c.steps);
             }
         }
         for (int r = 0; r < c.world; r++) {
@@ -440,7 +210,7 @@ TEST_T(zero_offload_is_bit_identical, 300)
 TEST_T(zero_accumulation_equals_one_process, 180)
 {
     for (int stage = 1; stage <= 3; stage++) {
-        zcase c = {.model = "lenet5", .stage = stage, .world = 2, .batch = 32, .accumulate = 3,
+        eq_case c = {.model = "lenet5", .stage = stage, .world = 2, .batch = 32, .accumulate = 3,
                    .steps = 6};
         check_vs_one_process(c, 1e-5);
     }
@@ -452,51 +222,19 @@ TEST_T(zero_accumulation_equals_one_process, 180)
  * split in three) they equal one process over the same rows. */
 TEST_T(zero_gpt_mini_stages_1_2_3_match_pytorch, 400)
 {
-    mg_st_file *f;
-    CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
-    const float *want = mg_st_find(f, "losses")->data;
     for (int stage = 1; stage <= 3; stage++)
         for (int k = 2; k <= 4; k++) {
-            zcase c = {.model = "gpt-mini", .stage = stage, .world = k,
-                       .batch = k == 3 ? 6 : GB, .accumulate = 1, .steps = 20};
+            eq_case c = {.model = "gpt-mini", .stage = stage, .world = k,
+                         .batch = k == 3 ? 6 : GB, .accumulate = 1, .steps = 20};
             if (k == 3) {
                 check_vs_one_process(c, 1e-4);
                 continue;
             }
             run_ranks(&c);
-            mg_model *m = make_model(&c, NULL, 0);
-            size_t n = mg_model_num_params(m);
-            float sum[20] = {0};
-            for (int r = 0; r < k; r++) {
-                float *l = read_floats("losses", r, 20);
-                for (int i = 0; i < 20; i++) sum[i] += l[i];
-                free(l);
-            }
-            for (int i = 0; i < 20; i++)
-                CHECK_MSG(fabs(sum[i] - want[i]) <= 1e-4 * want[i], "zero-%d k=%d step %d: loss "
-                          "%.7g vs PyTorch %.7g", stage, k, i, sum[i], want[i]);
-            for (int r = 0; r < k; r++) {
-                float *p = read_floats("params", r, n);
-                size_t at = 0;
-                char key[96];
-                for (int i = 0; i < mg_model_num_tensors(m); i++) {
-                    const mg_param *t = mg_model_tensor(m, i);
-                    if (t->is_buffer) continue;
-                    snprintf(key, sizeof key, "final.%s", t->name);
-                    const mg_st_tensor *x = mg_st_find(f, key);
-                    CHECK(x && x->nbytes == t->numel * 4);
-                    double d = max_rel(p + at, x->data, t->numel);
-                    CHECK_MSG(d <= 1e-3, "zero-%d k=%d rank %d: %s differs from PyTorch by %.3g "
-                              "of its scale", stage, k, r, t->name, d);
-                    at += t->numel;
-                }
-                free(p);
-            }
-            printf("gpt-mini zero-%d k=%d: 20 losses and final parameters match PyTorch\n",
-                   stage, k);
-            mg_model_destroy(m);
+            char what[64];
+            snprintf(what, sizeof what, "gpt-mini zero-%d k=%d", stage, k);
+            eq_match_pytorch(k, what);
         }
-    mg_st_close(f);
 }
 
 /* What a rank keeps and moves: between steps stage 1 keeps the whole
@@ -514,12 +252,12 @@ static int counters_rank(int rank, int world, void *arg)
     const counters_case *cc = arg;
     mg_group *g = mgt_join(rank, world, cc->port, NULL, 60);
     CHECK(g);
-    zcase c = {.model = "gpt-mini", .stage = cc->stage, .world = world, .batch = GB,
+    eq_case c = {.model = "gpt-mini", .stage = cc->stage, .world = world, .batch = GB,
                .accumulate = 1, .steps = 3};
-    source src = {.c = &c, .rank = rank, .world = world, .parts = 1};
+    eq_source src = {.c = &c, .rank = rank, .world = world, .parts = 1};
     mg_st_file *ref;
-    open_data(&c, &src, &ref);
-    mg_model *m = make_model(&c, ref, 0);
+    eq_open_data(&c, &src, &ref);
+    mg_model *m = eq_make_model(&c, ref, 0);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_ZERO);
     so.group = g;
     so.zero_stage = cc->stage;
@@ -528,14 +266,14 @@ static int counters_rank(int rank, int world, void *arg)
     so.ddp.bucket_bytes = 256 << 10;
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
-    mg_optim *o = make_optim(&c, s);
+    mg_optim *o = eq_make_optim(&c, s);
     mg_step_options sto = {.accumulate = 1, .lr = 1e-3f, .clip_grad = 1.0f};
     mg_traffic a = mg_strategy_traffic(s);
     for (int k = 0; k < c.steps; k++) {
         src.step = k;
         src.j = 0;
         mg_step_result r;
-        CHECK_OK(mg_train_step(s, o, &sto, next, &src, &r));
+        CHECK_OK(mg_train_step(s, o, &sto, eq_next, &src, &r));
     }
     mg_traffic b = mg_strategy_traffic(s);
     size_t n = mg_model_arena_size(m) * sizeof(float), shard = n / (size_t)world;
@@ -569,7 +307,7 @@ static int counters_rank(int rank, int world, void *arg)
     mg_optim_destroy(o);
     mg_strategy_destroy(s);
     mg_model_destroy(m);
-    close_data(&src, ref);
+    eq_close_data(&src, ref);
     mg_group_destroy(g);
     return 0;
 }

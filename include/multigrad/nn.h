@@ -133,13 +133,15 @@ void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
  * arena (lo == hi: no parameters), the parameters in it, its forward
  * FLOPs per sample and the bytes it keeps for backward (saved) and
  * outputs per sample; borrows: the unit whose parameters it also reads
- * (a head tied to the embedding), or -1. */
+ * (a head tied to the embedding), or -1; and its buffers (running
+ * statistics), one range of the buffer arena (empty: buf_lo == buf_hi). */
 typedef struct mg_unit_info {
     const char *name, *kind;
     size_t lo, hi, numel;
     double flops;
     size_t saved_bytes, out_bytes;
     int borrows;
+    size_t buf_lo, buf_hi;   /* its buffers' range of the buffer arena */
 } mg_unit_info;
 int mg_model_num_units(const mg_model *m);
 mg_unit_info mg_model_unit(const mg_model *m, int i);

@@ -230,6 +230,17 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
  * share of the windows and every rank gets the whole figure. */
 mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss);
 
+/* Pipeline schedules (below) and the options of the pipeline strategy. */
+typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;
+/* The pipeline strategy's schedule (the executor, pipeline.c, below). */
+typedef struct mg_pipe_options {
+    mg_pipe_kind kind;
+    int micro_batches;   /* M: micro-batches per step */
+    int chunks;          /* V (interleaved); 0 means 1 */
+    const int *first;    /* S + 1 unit boundaries, or NULL: balanced */
+} mg_pipe_options;
+typedef struct mg_pipe mg_pipe;
+
 /* ---- Strategies and the training step (strategy.c) ----------------------
  *
  * A strategy owns how a step turns a batch into forward/backward work and
@@ -240,15 +251,15 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
  * to lcm(world size, SIMD width)). Make the strategy before the optimizer
  * (mg_strategy_optim). */
 typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
-               MG_STRATEGY_ZERO } mg_strategy_kind;
-/* "none" (or "single") | "dp" | "ddp" | "zero" */
+               MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE } mg_strategy_kind;
+/* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" */
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
 
 typedef struct mg_strategy_options {
     mg_strategy_kind kind;
     int max_batch;          /* the largest micro-batch this process runs */
     int workers;            /* dp: threads */
-    mg_group *group;        /* ddp, zero: the data-parallel group */
+    mg_group *group;        /* ddp, zero: the data-parallel group; pipeline: the whole job */
     mg_ddp_options ddp;     /* ddp: buckets, compression; zero: buckets */
     int zero_stage;         /* zero: 1, 2 or 3 */
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
@@ -256,6 +267,11 @@ typedef struct mg_strategy_options {
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
     const char *offload_dir;
     size_t offload_window;
+    /* pipeline: its group (the mesh's pp), the data-parallel group of
+     * the replicas of this rank's stages (NULL: none; gradients are
+     * averaged over it after the last backward) and the schedule. */
+    mg_group *pp_group, *dp_group;
+    mg_pipe_options pipe;
 } mg_strategy_options;
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 
@@ -268,6 +284,7 @@ const char *mg_strategy_name(const mg_strategy *s);
 mg_model *mg_strategy_model(const mg_strategy *s);
 mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp */
 mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
+mg_pipe *mg_strategy_pipe(const mg_strategy *s); /* NULL unless pipeline */
 /* The arena ranges this process's optimizer updates (the whole arena, or
  * a ZeRO rank's pieces), ascending. */
 const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n);
@@ -381,7 +398,6 @@ void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
  * One executor runs any list; a new schedule is one new generator. The
  * text form of an action is "<stage><kind><micro-batch>": 0F3, 1B0,
  * 1RECV_F3, 0SEND_B2. */
-typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;
 /* "naive" | "gpipe" | "1f1b" | "interleaved" */
 mg_status mg_pipe_parse(const char *s, mg_pipe_kind *out);
 const char *mg_pipe_name(mg_pipe_kind k);
@@ -447,6 +463,63 @@ mg_status mg_pipe_split_parse(const char *spec, const char *const *names, int n,
  * hand-written or new schedule. */
 mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
                       double tf, double tb, mg_pipe_sim *out);
+
+
+/* ---- the pipeline executor (pipeline.c) ----------------------------------
+ *
+ * Runs any schedule above on a group of P ranks (the mesh's pp group):
+ * the model is cut into S = P·V stages at unit boundaries (first, or
+ * balanced by the units' forward FLOPs), rank r runs stages r, r + P, ...
+ * each micro-batch on a tape of its stage's units (mg_tape_create_range),
+ * as many tapes as micro-batches in flight. Activations and their
+ * gradients travel between neighbouring stages in batches of sends and
+ * receives (mg_batch_isend_irecv), tagged by stage and micro-batch; a
+ * failed transfer names both stages and the micro-batch. Every rank
+ * makes the whole model (one initialisation, as in one process) and
+ * keeps only its stages' parameters (plus parameters its units borrow
+ * from another rank's: gpt's head tied to the embedding, whose
+ * gradients the two ranks add after the last backward). The training
+ * strategy MG_STRATEGY_PIPELINE drives it; the functions are its parts. */
+/* Collective over g: the ranks check that they were given the same
+ * schedule, counts, batch and cut (MG_EMISMATCH naming a rank that was
+ * not). max_batch: the largest micro-batch. */
+mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int max_batch,
+                         mg_pipe **out);
+void mg_pipe_destroy(mg_pipe *p);
+/* The cut: S + 1 unit boundaries (*stages gets S). */
+const int *mg_pipe_cut(const mg_pipe *p, int *stages);
+/* The arena ranges this rank keeps and steps, ascending. */
+const mg_range *mg_pipe_ranges(const mg_pipe *p, int *n);
+/* Those of them this rank writes to a checkpoint: without the
+ * parameters it borrows from another rank (which that rank writes). */
+int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out);
+/* One step's forwards and backwards: up to min(max_micro, M) micro-
+ * batches from next (every rank of the pipeline draws the same; the first
+ * stage reads their inputs, the last their labels), run as the schedule
+ * says, gradients summed into the model's arena. r gets the count and
+ * the last stage's loss sum, hits and samples, on every rank
+ * (collective). A step with fewer micro-batches (an epoch's end) runs the
+ * schedule for that count. */
+mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                       mg_step_result *r);
+/* After the step: the two ranks holding tied parameters add their
+ * gradients. */
+mg_status mg_pipe_sum_ties(mg_pipe *p);
+/* The sum of squares of this rank's gradients, borrowed ones left to
+ * their owner (sum it over the group for the global norm). */
+double mg_pipe_grad_sumsq(const mg_pipe *p);
+/* Every stage's parameters and buffers on every rank (evaluation,
+ * sampling, saving; collective), until release gives back all but this
+ * rank's. */
+mg_status mg_pipe_gather(mg_pipe *p);
+void mg_pipe_release(mg_pipe *p);
+typedef struct mg_pipe_stats {
+    long steps;
+    double busy_us, step_us;    /* summed over steps: computing, and in all */
+    int peak_in_flight;         /* micro-batches held at once, at most */
+    size_t activation_bytes;    /* their tapes and inputs, at most */
+} mg_pipe_stats;
+mg_pipe_stats mg_pipe_get_stats(const mg_pipe *p);
 
 #ifdef __cplusplus
 }

@@ -410,6 +410,14 @@ mg_unit_info mg_model_unit(const mg_model *m, int i)
     const mg_layer *lent = u->l->vt->borrows ? u->l->vt->borrows(u->l) : NULL;
     for (int j = 0; lent && lent->n_params && j < m->n_units; j++)
         if (m->units[j].lo <= lent->p[0].off && lent->p[0].off < m->units[j].hi) r.borrows = j;
+    r.buf_lo = r.buf_hi = 0;
+    for (int i = u->leaf0; i < u->leaf0 + u->n_leaves; i++)
+        for (int j = 0; j < m->leaves[i]->n_params; j++) {
+            const mg_layer_param *p = &m->leaves[i]->p[j];
+            if (!p->is_buffer) continue;
+            if (r.buf_hi == r.buf_lo) r.buf_lo = p->off;
+            r.buf_hi = p->off + p->numel;
+        }
     size_t a, b;
     u->l->vt->sizes(u->l, 1, &a, &b);
     r.saved_bytes = a;

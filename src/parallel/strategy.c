@@ -28,6 +28,10 @@ typedef struct strategy_vt {
      * to the model's; `last` of the step. */
     mg_status (*micro)(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct);
     mg_status (*finish)(mg_strategy *s);   /* optional */
+    /* Optional, instead of micro: the forwards and backwards of a whole
+     * step (up to max_micro micro-batches from next), r's figures. */
+    mg_status (*step)(mg_strategy *s, mg_batch_source next, void *ud, int max_micro,
+                      mg_step_result *r);
 } strategy_vt;
 
 struct mg_strategy {
@@ -36,7 +40,9 @@ struct mg_strategy {
     mg_dp *dp;
     mg_ddp *ddp;
     mg_zero *zero;
+    mg_pipe *pipe;
     mg_group *g;
+    mg_group *pp, *pdp;  /* pipeline: its group, its stages' data-parallel group */
     int rank, world;
     mg_range whole;   /* the arena: the range of every unsharded strategy */
     char *offload_dir;
@@ -55,7 +61,9 @@ mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out)
     else if (!strcmp(s, "dp")) *out = MG_STRATEGY_DP;
     else if (!strcmp(s, "ddp")) *out = MG_STRATEGY_DDP;
     else if (!strcmp(s, "zero")) *out = MG_STRATEGY_ZERO;
-    else return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp or zero", s);
+    else if (!strcmp(s, "pipeline")) *out = MG_STRATEGY_PIPELINE;
+    else return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp, zero or "
+                         "pipeline", s);
     return MG_OK;
 }
 
@@ -96,6 +104,29 @@ static const strategy_vt zero_vt[3] = {
     {.name = "zero3", .micro = zero_micro},
 };
 
+/* ---- pipeline: the executor runs the step, then the replicas of each
+ * stage average (a sum here, scaled with the mean over micro-batches)
+ * and tied parameters add their gradients ------------------------------ */
+
+static mg_status pipe_step(mg_strategy *s, mg_batch_source next, void *ud, int max_micro,
+                           mg_step_result *r)
+{
+    MG_TRY(mg_pipe_step(s->pipe, next, ud, max_micro, r));
+    if (!r->micro) return MG_OK;
+    float *g = mg_model_grads(s->m);
+    int n;
+    const mg_range *rg = mg_pipe_ranges(s->pipe, &n);
+    double t0 = mg_trace_now();
+    for (int k = 0; k < n && s->pdp; k++)
+        MG_TRY(mg_all_reduce(s->pdp, MG_IN_PLACE, g + rg[k].lo, rg[k].hi - rg[k].lo, MG_F32,
+                             MG_SUM));
+    if (s->pdp) mg_trace_event("pipeline data-parallel all-reduce", "allreduce", 1, t0,
+                              mg_trace_now());
+    return mg_pipe_sum_ties(s->pipe);
+}
+
+static const strategy_vt pipe_vt = {.name = "pipeline", .step = pipe_step};
+
 /* ---- DataParallel --------------------------------------------------------- */
 
 static mg_status dp_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
@@ -117,6 +148,12 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     if ((o->kind == MG_STRATEGY_DDP || o->kind == MG_STRATEGY_ZERO) && !o->group)
         return mg_error(MG_EINVAL, "strategy %s needs a process group",
                         o->kind == MG_STRATEGY_DDP ? "ddp" : "zero");
+    if (o->kind == MG_STRATEGY_PIPELINE && (!o->group || !o->pp_group))
+        return mg_error(MG_EINVAL, "strategy pipeline needs the job's group and its pipeline "
+                        "group");
+    if (o->kind == MG_STRATEGY_PIPELINE && o->offload_dir)
+        return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
+                        "strategy; use it with --zero");
     if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
@@ -149,6 +186,17 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         if (!st) st = mg_model_reserve(m, o->max_batch);
         if (!st && o->offload_dir) st = agree(s, mg_zero_offload(s->zero, o->offload_dir));
         break;
+    case MG_STRATEGY_PIPELINE:
+        s->vt = &pipe_vt;
+        s->g = o->group;
+        s->pp = o->pp_group;
+        s->pdp = o->dp_group && mg_group_size(o->dp_group) > 1 ? o->dp_group : NULL;
+        s->rank = mg_group_rank(o->group);
+        s->world = mg_group_size(o->group);
+        /* One process's initialisation everywhere, then each keeps its part. */
+        st = mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0);
+        if (!st) st = agree(s, mg_pipe_create(o->pp_group, m, &o->pipe, o->max_batch, &s->pipe));
+        break;
     }
     if (!st && o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
         st = mg_error(MG_ENOMEM, "strategy: out of memory");
@@ -169,6 +217,7 @@ void mg_strategy_destroy(mg_strategy *s)
     mg_dp_destroy(s->dp);
     mg_ddp_destroy(s->ddp);
     mg_zero_destroy(s->zero);
+    mg_pipe_destroy(s->pipe);
     free(s->offload_dir);
     free(s);
 }
@@ -177,10 +226,12 @@ const char *mg_strategy_name(const mg_strategy *s) { return s->vt->name; }
 mg_model *mg_strategy_model(const mg_strategy *s) { return s->m; }
 mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return s->ddp; }
 mg_zero *mg_strategy_zero(const mg_strategy *s) { return s->zero; }
+mg_pipe *mg_strategy_pipe(const mg_strategy *s) { return s->pipe; }
 
 const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n)
 {
     if (s->zero) return mg_zero_pieces(s->zero, n);
+    if (s->pipe) return mg_pipe_ranges(s->pipe, n);
     *n = 1;
     return &s->whole;
 }
@@ -203,15 +254,23 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     return st;
 }
 
-mg_status mg_strategy_gather(mg_strategy *s) { return s->zero ? mg_zero_gather(s->zero) : MG_OK; }
+mg_status mg_strategy_gather(mg_strategy *s)
+{
+    if (s->pipe) return mg_pipe_gather(s->pipe);
+    return s->zero ? mg_zero_gather(s->zero) : MG_OK;
+}
+
 mg_status mg_strategy_release(mg_strategy *s)
 {
+    if (s->pipe) mg_pipe_release(s->pipe);
     return s->zero ? mg_zero_release(s->zero) : MG_OK;
 }
 
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
 {
-    return s->g ? mg_all_reduce(s->g, v, v, (size_t)n, MG_F64, MG_SUM) : MG_OK;
+    /* A pipeline's stages report the same figures: its replicas differ. */
+    mg_group *g = s->pipe ? s->pdp : s->g;
+    return g ? mg_all_reduce(g, v, v, (size_t)n, MG_F64, MG_SUM) : MG_OK;
 }
 
 /* Every rank gets the outcome: the first failing rank's status and
@@ -257,8 +316,11 @@ static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path,
         st = mg_error(MG_EIO, "rank %d cannot open %s: %s", s->rank, tmp, strerror(errno));
     int nr = 0;
     const mg_range *r = NULL;
+    mg_range own[130];
     if (s->zero) r = mg_strategy_ranges(s, &nr);
-    else if (s->rank == 0) r = mg_strategy_ranges(s, &nr);
+    else if (s->pipe && (!s->pdp || mg_group_rank(s->pdp) == 0))   /* one replica of each stage */
+        nr = mg_pipe_save_ranges(s->pipe, own), r = own;
+    else if (!s->pipe && s->rank == 0) r = mg_strategy_ranges(s, &nr);
     mg_ckpt_piece *pc = NULL;
     int np = 0;
     if (!st) st = mg_ckpt_write_part(w, *fd, tmp, r, nr, s->rank == 0, &pc, &np);
@@ -294,8 +356,10 @@ mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
-    /* Offloaded parameter pieces are read in for the writing. */
+    /* Offloaded parameter pieces are read in for the writing; a
+     * pipeline's buffers (and parameters) reach rank 0, which writes them. */
     if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
+    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather(s->pipe)));
     mg_ckpt_writer *w;
     mg_status st = agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
     if (!st) {
@@ -333,14 +397,30 @@ mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o)
         r.grads = z.peak_grad_bytes;
     }
     if (o) r.optim = mg_optim_bytes(o);
-    mg_tape *t = s->dp ? NULL : mg_model_tape(s->m);
+    mg_tape *t = s->dp || s->pipe ? NULL : mg_model_tape(s->m);
     r.activations = t ? mg_tape_bytes(t) : 0;
+    if (s->pipe) {
+        int n;
+        const mg_range *rg = mg_pipe_ranges(s->pipe, &n);
+        r.params = 0;
+        for (int k = 0; k < n; k++) r.params += (rg[k].hi - rg[k].lo) * sizeof(float);
+        r.grads = r.params;
+        r.activations = mg_pipe_get_stats(s->pipe).activation_bytes;
+    }
     return r;
 }
 
 mg_traffic mg_strategy_traffic(const mg_strategy *s)
 {
-    return s->g ? mg_group_traffic(s->g) : (mg_traffic){0, 0};
+    mg_traffic t = s->g ? mg_group_traffic(s->g) : (mg_traffic){0, 0};
+    mg_group *sub[2] = {s->pp, s->pdp};
+    for (int i = 0; i < 2 && s->pipe; i++)
+        if (sub[i]) {
+            mg_traffic u = mg_group_traffic(sub[i]);
+            t.sent += u.sent;
+            t.received += u.received;
+        }
+    return t;
 }
 
 /* ---- the training step ------------------------------------------------------ */
@@ -353,7 +433,8 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     if (s->zero) mg_zero_zero_grad(s->zero);
     else mg_model_zero_grad(m);
     mg_micro_batch b;
-    while (r->micro < opt->accumulate && next(ud, &b)) {
+    if (s->vt->step) MG_TRY(s->vt->step(s, next, ud, opt->accumulate, r));
+    while (!s->vt->step && r->micro < opt->accumulate && next(ud, &b)) {
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;
@@ -371,18 +452,22 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     /* Offloaded gradients were scaled on their way to the file, their
      * sum of squares kept; the clip factor goes to the optimizer. */
     bool in_file = s->zero && mg_zero_grad_store(s->zero);
-    /* DDP averaged over the ranks; ZeRO's reduce-scatter summed. */
+    /* DDP averaged over the ranks; ZeRO's reduce-scatter and a
+     * pipeline's replicas summed. */
     float scale = 1.0f / (float)r->micro;
     if (s->zero) scale /= (float)s->world;
+    if (s->pipe && s->pdp) scale /= (float)mg_group_size(s->pdp);
     for (int k = 0; k < nr && scale != 1.0f && !in_file; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
         /* The norm over every gradient: a sharded strategy's pieces are
          * summed over the ranks; a replica holds them all. */
-        double ss = in_file ? mg_zero_grad_sumsq(s->zero) : 0;
-        for (int k = 0; k < nr && !in_file; k++)
+        double ss = in_file ? mg_zero_grad_sumsq(s->zero) : s->pipe ? mg_pipe_grad_sumsq(s->pipe)
+                                                                     : 0;
+        for (int k = 0; k < nr && !in_file && !s->pipe; k++)
             ss += mg_grad_sumsq(g + rg[k].lo, rg[k].hi - rg[k].lo);
         if (s->zero) MG_TRY(mg_all_reduce(s->g, &ss, &ss, 1, MG_F64, MG_SUM));
+        if (s->pipe) MG_TRY(mg_all_reduce(s->pp, &ss, &ss, 1, MG_F64, MG_SUM));
         r->grad_norm = sqrt(ss);
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
         if (in_file) mg_optim_scale_grads(o, coef);

@@ -1,0 +1,617 @@
+/* Pipeline parallelism: one executor for every schedule of
+ * pipeline_sched.c. The model is cut into S = P·V stages at unit
+ * boundaries; this rank runs the stages s with s mod P == rank (its V
+ * chunks), each micro-batch on a tape of the stage's units alone, one
+ * tape per micro-batch in flight (a pool per chunk that grows to the
+ * schedule's peak: GPipe's M, 1F1B's P - rank).
+ *
+ * The executor walks the rank's lowered list. The sends and receives
+ * between two computations are posted as one batch (sends first, so two
+ * stages exchanging never wait on each other) before the computation;
+ * it waits for the batch only when it holds a receive. Tags name the
+ * direction, the stage and the micro-batch, so messages cannot be
+ * confused, and a failed transfer says which stages and micro-batch it
+ * joined.
+ *
+ * Parameters: every rank makes the whole model (the same initialisation
+ * as one process), keeps its stages' ranges and gives the rest of the
+ * arena back (mg_mem_discard). A unit that reads another stage's
+ * parameters (gpt's head tied to the embedding) keeps that range too, and
+ * after the last backward the two ranks holding it add their gradients
+ * (each sends its own, both add: a + b on both sides, the same bits), as
+ * Megatron-LM sums the embedding's gradient between its first and last
+ * stage. Both then step the same values with the same state. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/parallel.h"
+#include "multigrad/trace.h"
+
+typedef struct flight {   /* a micro-batch in flight on a chunk */
+    mg_tape *t;
+    float *in;            /* its received input (stages > 0) */
+    bool sending;         /* a send of its input gradient may be in flight */
+} flight;
+
+typedef struct chunk {
+    int stage, u0, u1;
+    size_t in_per, out_per;   /* floats per sample in and out */
+    flight **pool;            /* free ones: pool[0 .. n_free) */
+    int n_free, n_all;
+    flight **all;             /* every one made (n_all) */
+    flight **mb;              /* [micro-batch]: the one it runs on */
+    float *dout;              /* the received output gradient */
+} chunk;
+
+typedef struct tie {          /* a range this rank shares with another */
+    size_t lo, hi;
+    int peer;                 /* the other rank (in the pipeline group) */
+    bool owner;               /* this rank holds the unit (counts it in norms and saves) */
+} tie;
+
+struct mg_pipe {
+    mg_group *g;
+    mg_model *m;
+    mg_pipe_kind kind;
+    int P, M, V, S, rank, max_batch;
+    int *first;               /* S + 1 unit boundaries */
+    chunk *ch;                /* V */
+    mg_range ranges[130];     /* this rank's, ascending */
+    int n_ranges;
+    tie ties[8];
+    int n_ties;
+    /* The step's micro-batches, copied. */
+    float *x;
+    int32_t *y;
+    int *n;
+    size_t x_per, y_per;      /* input floats and labels per sample */
+    /* Lowered lists by micro-batch count (0: not made yet). */
+    mg_pipe_action *acts;
+    int n_acts, acts_for;
+    /* Posted batches of sends only, not waited for yet. */
+    mg_work **pend;
+    int n_pend, cap_pend;
+    mg_pipe_stats stats;
+};
+
+static size_t fl(size_t n) { return n * sizeof(float); }
+
+/* The arena range of units [u0, u1) (units lie in reverse order). */
+static mg_range units_range(const mg_model *m, int u0, int u1)
+{
+    size_t lo, hi, a, b;
+    mg_model_unit_range(m, u1 - 1, &lo, &b);
+    mg_model_unit_range(m, u0, &a, &hi);
+    return (mg_range){lo, hi};
+}
+
+static int stage_of_unit(const mg_pipe *p, int u)
+{
+    int s = 0;
+    while (u >= p->first[s + 1]) s++;
+    return s;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const mg_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Every rank of the pipeline must run the same schedule on the same cut:
+ * one all-gather of what each was given, and an error naming the first
+ * rank that differs from rank 0. */
+static mg_status same_plan(mg_pipe *p)
+{
+    int32_t mine[8 + 4097] = {(int32_t)p->kind, p->P, p->M, p->V, p->S, p->max_batch};
+    size_t n = 6 + (size_t)p->S + 1;
+    for (int s = 0; s <= p->S; s++) mine[6 + s] = p->first[s];
+    int32_t *all = malloc(sizeof *all * n * (size_t)p->P);
+    if (!all) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    mg_status st = mg_all_gather(p->g, mine, all, n, MG_I32);
+    for (int r = 1; r < p->P && !st; r++)
+        if (memcmp(all, all + n * (size_t)r, n * sizeof *all))
+            st = mg_error(MG_EMISMATCH, "pipeline: rank %d was given another schedule, "
+                          "micro-batch count, batch or cut than rank 0 (rank 0: %s, %d "
+                          "micro-batches, %d chunks, batch %d); give every rank the same", r,
+                          mg_pipe_name((mg_pipe_kind)all[0]), all[2], all[3], all[5]);
+    free(all);
+    return st;
+}
+
+mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int max_batch,
+                         mg_pipe **out)
+{
+    *out = NULL;
+    int P = mg_group_size(g), V = o->chunks ? o->chunks : 1, nu = mg_model_num_units(m);
+    MG_TRY(mg_pipe_check(o->kind, P, o->micro_batches, V));
+    int S = P * V;
+    if (S > nu)
+        return mg_error(MG_EINVAL, "pipeline: %d stages for %s's %d units: a stage is at least "
+                        "one unit; use fewer ranks or chunks", S, mg_model_name(m), nu);
+    if (max_batch < 1)
+        return mg_error(MG_EINVAL, "pipeline: batch size %d must be positive", max_batch);
+    mg_pipe *p = calloc(1, sizeof *p);
+    if (!p) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    p->g = g;
+    p->m = m;
+    p->kind = o->kind;
+    p->P = P;
+    p->M = o->micro_batches;
+    p->V = V;
+    p->S = S;
+    p->rank = mg_group_rank(g);
+    p->max_batch = max_batch;
+    p->first = calloc((size_t)S + 1, sizeof *p->first);
+    p->ch = calloc((size_t)V, sizeof *p->ch);
+    double *cost = calloc((size_t)nu, sizeof *cost);
+    mg_status st = !p->first || !p->ch || !cost
+                       ? mg_error(MG_ENOMEM, "pipeline: out of memory") : MG_OK;
+    if (!st && o->first) {
+        memcpy(p->first, o->first, sizeof *p->first * ((size_t)S + 1));
+        bool ok = p->first[0] == 0 && p->first[S] == nu;
+        for (int s = 0; s < S && ok; s++) ok = p->first[s] < p->first[s + 1];
+        if (!ok) st = mg_error(MG_EINVAL, "pipeline: the cut does not split %s's %d units "
+                               "into %d stages of at least one unit", mg_model_name(m), nu, S);
+    } else if (!st) {
+        for (int u = 0; u < nu; u++) {
+            mg_unit_info ui = mg_model_unit(m, u);
+            cost[u] = ui.flops > 0 ? ui.flops : (double)ui.numel;
+        }
+        st = mg_pipe_balance(cost, nu, S, p->first);
+    }
+    free(cost);
+    if (!st) st = same_plan(p);
+    int c, h, w;
+    mg_model_input_shape(m, &c, &h, &w);
+    p->x_per = (size_t)c * h * w;
+    p->y_per = (size_t)mg_model_positions(m);
+    size_t M = (size_t)p->M;
+    if (!st) {
+        p->x = malloc(fl(M * max_batch * p->x_per));
+        p->y = malloc(sizeof *p->y * M * max_batch * p->y_per);
+        p->n = calloc(M, sizeof *p->n);
+        if (!p->x || !p->y || !p->n) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
+    }
+    for (int k = 0; k < V && !st; k++) {
+        chunk *ck = &p->ch[k];
+        ck->stage = k * P + p->rank;
+        ck->u0 = p->first[ck->stage];
+        ck->u1 = p->first[ck->stage + 1];
+        mg_tape *t;
+        st = mg_tape_create_range(m, 1, ck->u0, ck->u1, &t);
+        if (st) break;
+        mg_tape_range(t, NULL, NULL, &ck->in_per, &ck->out_per);
+        mg_tape_destroy(t);
+        ck->mb = calloc(M, sizeof *ck->mb);
+        ck->pool = calloc(M, sizeof *ck->pool);
+        ck->all = calloc(M, sizeof *ck->all);
+        ck->dout = mg_alloc(fl((size_t)max_batch * ck->out_per));
+        if (!ck->mb || !ck->pool || !ck->all || !ck->dout)
+            st = mg_error(MG_ENOMEM, "pipeline: out of memory");
+        mg_range r = units_range(m, ck->u0, ck->u1);
+        if (r.hi > r.lo) p->ranges[p->n_ranges++] = r;
+    }
+    /* Parameters a unit of this rank borrows from a stage of another
+     * rank, and parameters of this rank another rank's unit borrows. */
+    for (int u = 0; u < nu && !st; u++) {
+        int j = mg_model_unit(m, u).borrows;
+        if (j < 0) continue;
+        int su = stage_of_unit(p, u) % P, sj = stage_of_unit(p, j) % P;
+        if (su == sj || (su != p->rank && sj != p->rank)) continue;
+        if (p->n_ties == 8) {
+            st = mg_error(MG_EINVAL, "pipeline: more than 8 tied units across stages");
+            break;
+        }
+        mg_range r = units_range(m, j, j + 1);
+        p->ties[p->n_ties++] = (tie){r.lo, r.hi, su == p->rank ? sj : su, sj == p->rank};
+        if (su == p->rank && r.hi > r.lo) p->ranges[p->n_ranges++] = r;
+    }
+    qsort(p->ranges, (size_t)p->n_ranges, sizeof *p->ranges, cmp_range);
+    if (st) {
+        mg_pipe_destroy(p);
+        return st;
+    }
+    mg_pipe_release(p);
+    *out = p;
+    return MG_OK;
+}
+
+void mg_pipe_destroy(mg_pipe *p)
+{
+    if (!p) return;
+    for (int i = 0; i < p->n_pend; i++) mg_work_free(p->pend[i]);
+    free(p->pend);
+    for (int k = 0; p->ch && k < p->V; k++) {
+        chunk *ck = &p->ch[k];
+        for (int i = 0; i < ck->n_all; i++) {
+            mg_tape_destroy(ck->all[i]->t);
+            mg_free(ck->all[i]->in);
+            free(ck->all[i]);
+        }
+        free(ck->all);
+        free(ck->pool);
+        free(ck->mb);
+        mg_free(ck->dout);
+    }
+    free(p->ch);
+    free(p->first);
+    free(p->acts);
+    free(p->x);
+    free(p->y);
+    free(p->n);
+    free(p);
+}
+
+const mg_range *mg_pipe_ranges(const mg_pipe *p, int *n)
+{
+    *n = p->n_ranges;
+    return p->ranges;
+}
+
+const int *mg_pipe_cut(const mg_pipe *p, int *stages)
+{
+    *stages = p->S;
+    return p->first;
+}
+
+mg_pipe_stats mg_pipe_get_stats(const mg_pipe *p) { return p->stats; }
+
+/* ---- the parameters this rank keeps ------------------------------------- */
+
+static bool kept(const mg_pipe *p, size_t at, size_t *end)
+{
+    for (int i = 0; i < p->n_ranges; i++)
+        if (p->ranges[i].lo <= at && at < p->ranges[i].hi) {
+            *end = p->ranges[i].hi;
+            return true;
+        }
+    *end = mg_model_arena_size(p->m);
+    for (int i = 0; i < p->n_ranges; i++)
+        if (p->ranges[i].lo > at && p->ranges[i].lo < *end) *end = p->ranges[i].lo;
+    return false;
+}
+
+void mg_pipe_release(mg_pipe *p)
+{
+    float *w = mg_model_params(p->m);
+    size_t n = mg_model_arena_size(p->m), end;
+    for (size_t at = 0; at < n; at = end)
+        if (!kept(p, at, &end)) mg_mem_discard(w + at, fl(end - at));
+}
+
+mg_status mg_pipe_gather(mg_pipe *p)
+{
+    mg_model *m = p->m;
+    float *w = mg_model_params(m), *bf = mg_model_buffers(m);
+    for (int s = 0; s < p->S; s++) {
+        mg_range r = units_range(m, p->first[s], p->first[s + 1]);
+        if (r.hi > r.lo) MG_TRY(mg_broadcast(p->g, w + r.lo, r.hi - r.lo, MG_F32, s % p->P));
+        mg_unit_info a = mg_model_unit(m, p->first[s]);
+        size_t blo = a.buf_lo, bhi = a.buf_hi;
+        for (int u = p->first[s] + 1; u < p->first[s + 1]; u++) {
+            mg_unit_info ui = mg_model_unit(m, u);
+            if (ui.buf_hi == ui.buf_lo) continue;
+            if (bhi == blo) blo = ui.buf_lo;
+            bhi = ui.buf_hi;
+        }
+        if (bhi > blo) MG_TRY(mg_broadcast(p->g, bf + blo, bhi - blo, MG_F32, s % p->P));
+    }
+    return MG_OK;
+}
+
+/* ---- after the last backward -------------------------------------------- */
+
+mg_status mg_pipe_sum_ties(mg_pipe *p)
+{
+    float *g = mg_model_grads(p->m);
+    for (int i = 0; i < p->n_ties; i++) {
+        tie *t = &p->ties[i];
+        size_t n = t->hi - t->lo;
+        float *other = mg_alloc(fl(n));
+        if (!other) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+        mg_status st = mg_sendrecv(p->g, g + t->lo, n, t->peer, 0x7fff0000 + i, other, n,
+                                   t->peer, 0x7fff0000 + i, MG_F32);
+        if (st) {
+            mg_free(other);
+            return mg_error(st, "pipeline: summing the gradients of the parameters tied "
+                            "across ranks %d and %d: %s", p->rank, t->peer, mg_last_error());
+        }
+        for (size_t k = 0; k < n; k++) g[t->lo + k] += other[k];
+        mg_free(other);
+    }
+    return MG_OK;
+}
+
+double mg_pipe_grad_sumsq(const mg_pipe *p)
+{
+    const float *g = mg_model_grads(p->m);
+    double ss = 0;
+    for (int i = 0; i < p->n_ranges; i++) {
+        const mg_range *r = &p->ranges[i];
+        bool borrowed = false;
+        for (int k = 0; k < p->n_ties; k++)
+            borrowed |= !p->ties[k].owner && p->ties[k].lo == r->lo;
+        if (!borrowed) ss += mg_grad_sumsq(g + r->lo, r->hi - r->lo);
+    }
+    return ss;
+}
+
+int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_ranges; i++) {
+        bool borrowed = false;
+        for (int k = 0; k < p->n_ties; k++)
+            borrowed |= !p->ties[k].owner && p->ties[k].lo == p->ranges[i].lo;
+        if (!borrowed) out[n++] = p->ranges[i];
+    }
+    return n;
+}
+
+/* ---- the executor --------------------------------------------------------- */
+
+static mg_status wait_sends(mg_pipe *p)
+{
+    mg_status st = MG_OK;
+    for (int i = 0; i < p->n_pend; i++) {
+        mg_status e = mg_work_wait(p->pend[i], -1);
+        if (!st) st = e;
+        mg_work_free(p->pend[i]);
+    }
+    p->n_pend = 0;
+    for (int k = 0; k < p->V; k++)
+        for (int i = 0; i < p->ch[k].n_all; i++) p->ch[k].all[i]->sending = false;
+    return st;
+}
+
+static void give_back(chunk *ck, int mb, bool sending)
+{
+    flight *f = ck->mb[mb];
+    f->sending = sending;
+    ck->pool[ck->n_free++] = f;
+    ck->mb[mb] = NULL;
+}
+
+/* A free tape (and input buffer) of chunk ck for micro-batch mb; one is
+ * made when none is free (the pool grows to the schedule's peak). */
+static mg_status take(mg_pipe *p, chunk *ck, int mb)
+{
+    if (ck->mb[mb]) return MG_OK;
+    flight *f = NULL;
+    if (ck->n_free) {
+        f = ck->pool[--ck->n_free];
+    } else {
+        if (ck->n_all == p->M) return mg_error(MG_EINVAL, "pipeline: stage %d has more than "
+                                               "%d micro-batches in flight", ck->stage, p->M);
+        f = calloc(1, sizeof *f);
+        if (!f) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+        mg_status st = mg_tape_create_range(p->m, p->max_batch, ck->u0, ck->u1, &f->t);
+        if (!st && ck->stage > 0 && !(f->in = mg_alloc(fl((size_t)p->max_batch * ck->in_per))))
+            st = mg_error(MG_ENOMEM, "pipeline: out of memory for stage %d's inputs", ck->stage);
+        if (st) {
+            mg_tape_destroy(f->t);
+            free(f);
+            return st;
+        }
+        ck->all[ck->n_all++] = f;
+        size_t bytes = 0;
+        for (int k = 0; k < p->V; k++)
+            for (int i = 0; i < p->ch[k].n_all; i++)
+                bytes += mg_tape_bytes(p->ch[k].all[i]->t) +
+                         (p->ch[k].stage > 0 ? fl((size_t)p->max_batch * p->ch[k].in_per) : 0);
+        if (bytes > p->stats.activation_bytes) p->stats.activation_bytes = bytes;
+    }
+    ck->mb[mb] = f;
+    int held = 0;
+    for (int k = 0; k < p->V; k++)
+        for (int i = 0; i < p->M; i++) held += p->ch[k].mb[i] != NULL;
+    if (held > p->stats.peak_in_flight) p->stats.peak_in_flight = held;
+    return MG_OK;
+}
+
+
+static int tag_of(const mg_pipe *p, bool fwd, int stage, int mb)
+{
+    return ((fwd ? 0 : 1) * p->S + stage) * p->M + mb;
+}
+
+static const char *op_words(mg_pipe_op op)
+{
+    switch (op) {
+    case MG_PIPE_SEND_F: return "sending activations to";
+    case MG_PIPE_RECV_F: return "receiving activations from";
+    case MG_PIPE_SEND_B: return "sending gradients to";
+    case MG_PIPE_RECV_B: return "receiving gradients from";
+    default: return "?";
+    }
+}
+
+/* Posts the pending sends and receives as one batch; waits for it when
+ * it receives. A failure names the stages and the micro-batch. */
+static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int n)
+{
+    if (!n) return MG_OK;
+    bool recv = false;
+    for (int i = 0; i < n; i++) recv |= ops[i].coll == MG_COLL_RECV;
+    if (p->n_pend == p->cap_pend) {
+        int cap = p->cap_pend ? 2 * p->cap_pend : 16;
+        mg_work **w = realloc(p->pend, sizeof *w * (size_t)cap);
+        if (!w) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+        p->pend = w;
+        p->cap_pend = cap;
+    }
+    double t0 = mg_trace_on() ? mg_trace_now() : 0;
+    mg_work *w = NULL;
+    mg_status st = mg_batch_isend_irecv(p->g, ops, n, &w);
+    if (!st && recv) {
+        st = mg_work_wait(w, -1);
+        mg_work_free(w);
+    } else if (!st) {
+        p->pend[p->n_pend++] = w;
+    }
+    if (t0) {
+        char name[64] = "", one[24];
+        for (int i = 0; i < n; i++) {
+            mg_pipe_action_str(&why[i], one, sizeof one);
+            snprintf(name + strlen(name), sizeof name - strlen(name), "%s%s", i ? " " : "", one);
+        }
+        mg_trace_event(name, recv ? "pipeline wait" : "pipeline send", 1, t0, mg_trace_now());
+    }
+    if (st) {
+        /* The first of the batch's transfers names the stages. */
+        const mg_pipe_action *a = &why[0];
+        bool to_next = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B;
+        int other = to_next ? a->stage + 1 : a->stage - 1;
+        return mg_error(st, "pipeline stage %d (rank %d), micro-batch %d, %s stage %d (rank "
+                        "%d): %s", a->stage, p->rank, a->mb, op_words(a->op), other,
+                        other % p->P, mg_last_error());
+    }
+    return MG_OK;
+}
+
+static mg_status lowered(mg_pipe *p, int count)
+{
+    if (p->acts_for == count) return MG_OK;
+    mg_pipe_kind k = p->kind;
+    if (count != p->M && mg_pipe_check(k, p->P, count, p->V))
+        return mg_error(MG_EINVAL, "pipeline: this step has %d micro-batches, not %d: %s",
+                        count, p->M, mg_last_error());
+    int n = mg_pipe_lower(k, p->P, count, p->V, p->rank, NULL, 0);
+    mg_pipe_action *a = realloc(p->acts, sizeof *a * (size_t)n);
+    if (!a) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    mg_pipe_lower(k, p->P, count, p->V, p->rank, a, n);
+    p->acts = a;
+    p->n_acts = n;
+    p->acts_for = count;
+    return MG_OK;
+}
+
+mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                       mg_step_result *r)
+{
+    mg_model *m = p->m;
+    int count = 0;
+    mg_micro_batch b;
+    while (count < max_micro && count < p->M && next(ud, &b)) {
+        if (b.n < 1 || b.n > p->max_batch)
+            return mg_error(MG_EINVAL, "pipeline: micro-batch %d has %d samples; the "
+                            "pipeline was made for 1 to %d", count, b.n, p->max_batch);
+        size_t k = (size_t)count * p->max_batch;
+        memcpy(p->x + k * p->x_per, b.x, fl((size_t)b.n * p->x_per));
+        memcpy(p->y + k * p->y_per, b.y, sizeof *p->y * (size_t)b.n * p->y_per);
+        p->n[count++] = b.n;
+        if (b.last) break;
+    }
+    r->micro = count;
+    if (!count) return MG_OK;
+    MG_TRY(lowered(p, count));
+    uint64_t base = mg_model_rng_counter(m);
+    bool training = mg_model_training(m);
+    double loss = 0;
+    long correct = 0, samples = 0;
+    mg_p2p_op ops[8];
+    mg_pipe_action why[8];
+    int nops = 0;
+    double t_step = mg_trace_now(), busy = 0;
+    mg_status st = MG_OK;
+    for (int i = 0; i < p->n_acts && !st; i++) {
+        const mg_pipe_action *a = &p->acts[i];
+        chunk *ck = &p->ch[a->stage / p->P];
+        int mb = a->mb, n = p->n[mb];
+        bool last = a->stage == p->S - 1;
+        flight *f = ck->mb[mb];
+        if (a->op != MG_PIPE_F && a->op != MG_PIPE_B) {
+            MG_ASSERT(nops < 8);
+            bool fwd = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_F;
+            int peer_stage = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B ? a->stage + 1
+                                                                                : a->stage - 1;
+            bool sends = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_SEND_B;
+            int tag_stage = sends ? a->stage : peer_stage;   /* the sender's */
+            mg_p2p_op o = {.dtype = MG_F32, .peer = peer_stage % p->P,
+                           .tag = tag_of(p, fwd, tag_stage, mb)};
+            switch (a->op) {
+            case MG_PIPE_RECV_F:
+                if ((st = take(p, ck, mb))) break;
+                o.coll = MG_COLL_RECV;
+                o.buf = ck->mb[mb]->in;
+                o.count = (size_t)n * ck->in_per;
+                break;
+            case MG_PIPE_SEND_F:
+                o.coll = MG_COLL_SEND;
+                o.buf = (void *)mg_tape_logits(f->t);
+                o.count = (size_t)n * ck->out_per;
+                break;
+            case MG_PIPE_RECV_B:
+                o.coll = MG_COLL_RECV;
+                o.buf = ck->dout;
+                o.count = (size_t)n * ck->out_per;
+                break;
+            default:
+                /* SEND_B: the tape goes back to the pool at once. Its input
+                 * gradient, which the send reads, is written only by a
+                 * backward: the next one on it first waits for the send. */
+                o.coll = MG_COLL_SEND;
+                o.buf = (void *)mg_tape_input_grad(f->t);
+                o.count = (size_t)n * ck->in_per;
+                give_back(ck, mb, true);
+                break;
+            }
+            why[nops] = *a;
+            ops[nops++] = o;
+            continue;
+        }
+        st = post(p, ops, why, nops);
+        nops = 0;
+        if (st) break;
+        double t0 = mg_trace_now();
+        if (a->op == MG_PIPE_F) {
+            if ((st = take(p, ck, mb))) break;
+            f = ck->mb[mb];
+            const float *in = ck->stage == 0 ? p->x + (size_t)mb * p->max_batch * p->x_per
+                                             : f->in;
+            if (training) mg_tape_pin_step(f->t, base + (uint64_t)mb);
+            if (!mg_tape_forward(f->t, in, n)) {
+                st = MG_ENOMEM;
+                break;
+            }
+            if (last) {
+                int c = 0;
+                float l = mg_tape_loss(f->t, p->y + (size_t)mb * p->max_batch * p->y_per, &c);
+                loss += (double)l * n;
+                correct += c;
+                samples += n;
+            }
+        } else {
+            MG_ASSERT(f);
+            if (f->sending && (st = wait_sends(p))) break;
+            if (last) mg_tape_backward(f->t);
+            else mg_tape_backward_from(f->t, ck->dout);
+            if (ck->stage == 0) give_back(ck, mb, false);
+        }
+        double t1 = mg_trace_now();
+        busy += t1 - t0;
+        if (mg_trace_on()) {
+            char name[64];
+            snprintf(name, sizeof name, "stage %d %s mb %d", a->stage,
+                     a->op == MG_PIPE_F ? "F" : "B", mb);
+            mg_trace_event(name, a->op == MG_PIPE_F ? "pipeline forward" : "pipeline backward",
+                           0, t0, t1);
+        }
+    }
+    if (!st) st = post(p, ops, why, nops);
+    mg_status e = wait_sends(p);
+    if (!st) st = e;
+    if (st) return st;
+    if (training) mg_model_set_rng_counter(m, base + (uint64_t)count);
+    p->stats.steps++;
+    p->stats.busy_us += busy;
+    p->stats.step_us += mg_trace_now() - t_step;
+    /* The last stage's figures reach every stage. */
+    double v[3] = {loss, (double)correct, (double)samples};
+    MG_TRY(mg_all_reduce(p->g, v, v, 3, MG_F64, MG_SUM));
+    r->loss_sum = v[0];
+    r->correct = (long)v[1];
+    r->samples = (long)v[2];
+    return MG_OK;
+}

@@ -1,0 +1,186 @@
+/* The pipeline strategy: every schedule, at 2 and 4 stages and 1 to 8
+ * micro-batches, trains as one process does over the same micro-batches
+ * (lenet5 with SGD, gpt with AdamW, the head tied to the embedding across
+ * the first and last stage), also with data-parallel replicas of the
+ * stages (pp=2 x dp=2) and against PyTorch's gpt-mini values. Ranks are
+ * real processes over real transports, trained through the strategy and
+ * mg_train_step as mgtrain trains. */
+#include <unistd.h>
+#include "equiv.h"
+
+/* Process rank of P*D as the mesh lays it out (dp fastest, then pp). */
+static int pipe_rank(int rank, int procs, void *arg)
+{
+    const eq_case *c = arg;
+    mg_group *g = mgt_join(rank, procs, c->port, NULL, 60);
+    CHECK(g);
+    char spec[64];
+    snprintf(spec, sizeof spec, "pp=%d,dp=%d", c->pp, c->world);
+    mg_mesh *mesh;
+    CHECK_OK(mg_mesh_create(g, spec, &mesh));
+    int dr = mg_mesh_coord(mesh, MG_MESH_DP);
+    eq_source src = {.c = c, .rank = dr, .world = c->world, .parts = c->accumulate};
+    mg_st_file *ref;
+    eq_open_data(c, &src, &ref);
+    /* Different seeds per rank: rank 0's parameters must reach all. */
+    mg_model *m = eq_make_model(c, ref, (uint64_t)rank * 7);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.pp_group = mg_mesh_group(mesh, MG_MESH_PP);
+    so.dp_group = mg_mesh_group(mesh, MG_MESH_DP);
+    so.max_batch = c->batch / c->world;
+    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate,
+                                .chunks = c->chunks, .first = c->first};
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    /* This rank keeps its stages' parameters only (and a borrowed range). */
+    int nr, S;
+    const mg_range *r = mg_strategy_ranges(s, &nr);
+    const int *cut = mg_pipe_cut(mg_strategy_pipe(s), &S);
+    CHECK_EQ(S, c->pp * (c->chunks ? c->chunks : 1));
+    size_t kept = 0;
+    for (int k = 0; k < nr; k++) kept += r[k].hi - r[k].lo;
+    if (c->pp > 1) CHECK(kept < mg_model_arena_size(m));
+    CHECK(cut[0] == 0 && cut[S] == mg_model_num_units(m));
+    float losses[64];
+    float *v = eq_train(c, s, &src, losses);
+    mg_pipe_stats ps = mg_pipe_get_stats(mg_strategy_pipe(s));
+    CHECK_EQ(ps.steps, c->steps);
+    CHECK(ps.peak_in_flight >= 1 && ps.busy_us > 0 && ps.busy_us <= ps.step_us);
+    /* The rank's share of the global mean loss (every stage reports it). */
+    for (int i = 0; i < c->steps; i++) losses[i] /= (float)(c->world * c->pp);
+    eq_write_floats("losses", rank, losses, (size_t)c->steps);
+    eq_write_floats("params", rank, v, mg_model_num_params(m));
+    int peak = ps.peak_in_flight;
+    eq_write_floats("peak", rank, &(float){(float)peak}, 1);
+    free(v);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    eq_close_data(&src, ref);
+    mg_mesh_destroy(mesh);
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void run_ranks(eq_case *c)
+{
+    c->port = mgt_free_port();
+    mgt_tmpdir();
+    int st[16], procs = c->pp * c->world;
+    int failed = mgt_fork_ranks(procs, pipe_rank, c, 180, st);
+    CHECK_MSG(failed == 0, "%s pp=%d dp=%d %s M=%d: %d of %d ranks failed", c->model, c->pp,
+              c->world, mg_pipe_name(c->pp_kind), c->accumulate, failed, procs);
+}
+
+static size_t num_params(const eq_case *c)
+{
+    mg_model *m = eq_make_model(c, NULL, 0);
+    size_t n = mg_model_num_params(m);
+    mg_model_destroy(m);
+    return n;
+}
+
+/* Every rank's parameters equal one process's over the same micro-batches
+ * (elementwise within tol of the largest), the losses too; each rank held
+ * at most the micro-batches in flight its schedule says. */
+static void check_vs_one_process(eq_case c, double tol)
+{
+    run_ranks(&c);
+    float ref_loss[64];
+    float *ref = eq_one_process(&c, ref_loss);
+    size_t n = num_params(&c);
+    float sum[64] = {0};
+    mg_pipe_sim sim;
+    int V = c.chunks ? c.chunks : 1;
+    CHECK_OK(mg_pipe_simulate(c.pp_kind, c.pp, c.accumulate, V, 1, 2, &sim));
+    double worst = 0;
+    for (int r = 0; r < c.pp * c.world; r++) {
+        float *p = eq_read_floats("params", r, n), *l = eq_read_floats("losses", r, (size_t)c.steps);
+        float *peak = eq_read_floats("peak", r, 1);
+        int stage = r / c.world;
+        CHECK_MSG((int)*peak <= sim.peak_in_flight[stage], "%s rank %d (stage %d): %d "
+                  "micro-batches in flight, the schedule allows %d", mg_pipe_name(c.pp_kind), r,
+                  stage, (int)*peak, sim.peak_in_flight[stage]);
+        double d = eq_max_rel(p, ref, n);
+        worst = fmax(worst, d);
+        CHECK_MSG(d <= tol, "%s pp=%d dp=%d %s M=%d V=%d: rank %d's parameters differ from one "
+                  "process's by %g (> %g) after %d steps", c.model, c.pp, c.world,
+                  mg_pipe_name(c.pp_kind), c.accumulate, V, r, d, tol, c.steps);
+        for (int i = 0; i < c.steps; i++) sum[i] += l[i];
+        free(p);
+        free(l);
+        free(peak);
+    }
+    for (int i = 0; i < c.steps; i++)
+        CHECK_MSG(fabs(sum[i] - ref_loss[i]) <= 1e-5 * ref_loss[i] + 1e-6,
+                  "%s %s step %d: loss %.7g, one process %.7g", c.model, mg_pipe_name(c.pp_kind),
+                  i, sum[i], ref_loss[i]);
+    printf("%s pp=%d dp=%d %-11s M=%d V=%d: equals one process (max rel. difference %.2g)\n",
+           c.model, c.pp, c.world, mg_pipe_name(c.pp_kind), c.accumulate, V, worst);
+    free(ref);
+}
+
+/* lenet5 (5 units) at 2, 3 and 4 stages: naive, GPipe and 1F1B with 1,
+ * 2, 4 and 8 micro-batches, interleaved at 2 stages of 2 chunks. */
+TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
+{
+    const mg_pipe_kind kinds[] = {MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B,
+                                  MG_PIPE_INTERLEAVED};
+    for (int P = 2; P <= 4; P++)
+        for (int k = 0; k < 4; k++)
+            for (int M = 1; M <= 8; M *= 2) {
+                int V = kinds[k] == MG_PIPE_INTERLEAVED ? 2 : 1;
+                if (P * V > 5 || (V > 1 && M % P)) continue;
+                eq_case c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = M,
+                             .steps = 4, .pp = P, .pp_kind = kinds[k], .chunks = V};
+                check_vs_one_process(c, 1e-5);
+            }
+}
+
+/* gpt with its head tied to the embedding across the first and last
+ * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2. */
+TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
+{
+    static const struct { int P, M, V; mg_pipe_kind k; } cases[] = {
+        {2, 4, 1, MG_PIPE_1F1B}, {4, 4, 1, MG_PIPE_GPIPE}, {4, 8, 1, MG_PIPE_1F1B},
+        {3, 6, 1, MG_PIPE_1F1B}, {2, 4, 2, MG_PIPE_INTERLEAVED},
+        {3, 3, 2, MG_PIPE_INTERLEAVED}, {4, 4, 2, MG_PIPE_INTERLEAVED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        eq_case c = {.model = "gpt-6", .world = 1, .batch = GB, .accumulate = cases[i].M,
+                     .steps = 5, .pp = cases[i].P, .pp_kind = cases[i].k, .chunks = cases[i].V};
+        check_vs_one_process(c, 1e-4);
+    }
+}
+
+/* pp=2 x dp=2: each stage's replicas average their gradients. */
+TEST_T(pipeline_pp2_dp2_equals_one_process, 300)
+{
+    eq_case c = {.model = "lenet5", .world = 2, .batch = 32, .accumulate = 4, .steps = 4,
+                 .pp = 2, .pp_kind = MG_PIPE_1F1B};
+    check_vs_one_process(c, 1e-5);
+    eq_case g = {.model = "gpt-mini", .world = 2, .batch = GB, .accumulate = 2, .steps = 4,
+                 .pp = 2, .pp_kind = MG_PIPE_GPIPE};
+    check_vs_one_process(g, 1e-4);
+}
+
+/* gpt-mini's 20 reference steps (8 rows of 64 per step) through pipelines
+ * of 2 and 4 stages: PyTorch's losses and final parameters within the
+ * one-process test's bounds (test_gpt.c). */
+TEST_T(pipeline_gpt_mini_matches_pytorch, 400)
+{
+    static const struct { int P, M; mg_pipe_kind k; } cases[] = {
+        {2, 1, MG_PIPE_NAIVE}, {2, 2, MG_PIPE_1F1B}, {4, 8, MG_PIPE_GPIPE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        /* The reference's rows of a step in M micro-batches. */
+        eq_case c = {.model = "gpt-mini", .world = 1, .batch = GB / cases[i].M,
+                     .accumulate = cases[i].M, .steps = 20, .pp = cases[i].P,
+                     .pp_kind = cases[i].k};
+        run_ranks(&c);
+        char what[64];
+        snprintf(what, sizeof what, "gpt-mini pp=%d %s M=%d", c.pp, mg_pipe_name(c.pp_kind),
+                 c.accumulate);
+        eq_match_pytorch(c.pp, what);
+    }
+}
