@@ -306,7 +306,7 @@ TEST_T(ddp_bad_input_clear_message_on_every_rank, 180)
     /* A world size that does not divide the batch: every rank says so. */
     int rc = mgt_sh(&out, "%s -n 3 %s --model mlp --parallel ddp --batch 128 --epochs 1",
                  mgrun, mgtrain);
-    CHECK_MSG(rc != 0 && strstr(out, "does not divide among 3 ranks"), "%s", out);
+    CHECK_MSG(rc != 0 && strstr(out, "does not divide among 3 data-parallel ranks"), "%s", out);
     free(out);
     /* Without a launcher. */
     rc = mgt_sh(&out, "env -u RANK -u WORLD_SIZE %s --model mlp --parallel ddp", mgtrain);

@@ -5,8 +5,22 @@
  * stages (pp=2 x dp=2) and against PyTorch's gpt-mini values. Ranks are
  * real processes over real transports, trained through the strategy and
  * mg_train_step as mgtrain trains. */
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "equiv.h"
+
+static void end_rank(mg_strategy *s, eq_source *src, mg_st_file *ref, mg_mesh *mesh,
+                     mg_group *g)
+{
+    mg_model *m = mg_strategy_model(s);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    eq_close_data(src, ref);
+    mg_mesh_destroy(mesh);
+    mg_group_destroy(g);
+}
 
 /* Process rank of P*D as the mesh lays it out (dp fastest, then pp). */
 static int pipe_rank(int rank, int procs, void *arg)
@@ -54,11 +68,7 @@ static int pipe_rank(int rank, int procs, void *arg)
     int peak = ps.peak_in_flight;
     eq_write_floats("peak", rank, &(float){(float)peak}, 1);
     free(v);
-    mg_strategy_destroy(s);
-    mg_model_destroy(m);
-    eq_close_data(&src, ref);
-    mg_mesh_destroy(mesh);
-    mg_group_destroy(g);
+    end_rank(s, &src, ref, mesh, g);
     return 0;
 }
 
@@ -183,4 +193,116 @@ TEST_T(pipeline_gpt_mini_matches_pytorch, 400)
                  c.accumulate);
         eq_match_pytorch(c.pp, what);
     }
+}
+
+/* ---- a stage that dies or stops mid-step ------------------------------------ */
+
+typedef struct {
+    eq_case c;
+    int victim;     /* the rank that dies (or stops) */
+    bool stop;      /* SIGSTOP instead of SIGKILL */
+} fault_case;
+
+/* The victim's forwards: at its second step's third unit it goes. */
+static void fault_hook(void *ud, mg_tape *t, int unit)
+{
+    (void)t;
+    (void)unit;
+    int *calls = ud;
+    if (++*calls == 12) raise(calls[1] ? SIGSTOP : SIGKILL);
+}
+
+static int fault_rank(int rank, int procs, void *arg)
+{
+    const fault_case *f = arg;
+    const eq_case *c = &f->c;
+    mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
+    CHECK(g);
+    mg_mesh *mesh;
+    char spec[32];
+    snprintf(spec, sizeof spec, "pp=%d", c->pp);
+    CHECK_OK(mg_mesh_create(g, spec, &mesh));
+    eq_source src = {.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    mg_st_file *ref;
+    eq_open_data(c, &src, &ref);
+    mg_model *m = eq_make_model(c, ref, 0);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.pp_group = mg_mesh_group(mesh, MG_MESH_PP);
+    so.max_batch = c->batch;
+    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    int calls[2] = {0, f->stop};
+    static const mg_unit_hooks h = {.post_forward = fault_hook};
+    if (rank == f->victim) {
+        char p[512];
+        eq_out_path(p, sizeof p, "victim", 0);
+        FILE *pf = fopen(p, "w");
+        CHECK(pf && fprintf(pf, "%d\n", (int)getpid()) > 0);
+        fclose(pf);
+        CHECK_OK(mg_model_add_hooks(m, &h, calls));
+    }
+    mg_optim *o = eq_make_optim(c, s);
+    mg_step_options sto = {.accumulate = c->accumulate, .lr = 0.05f};
+    mg_status st = MG_OK;
+    double t0 = 0;
+    for (int k = 0; k < c->steps && !st; k++) {
+        src.step = k;
+        src.j = 0;
+        mg_step_result r;
+        t0 = mg_now();
+        st = mg_train_step(s, o, &sto, eq_next, &src, &r);
+    }
+    double dt = mg_now() - t0;
+    const char *msg = mg_last_error();
+    printf("rank %d after %.2f s: %s\n", rank, dt, msg);
+    CHECK_MSG(st != MG_OK, "rank %d trained on after rank %d %s", rank, f->victim,
+              f->stop ? "stopped" : "died");
+    /* Within 5 s of the step's start, naming a rank and the pipeline's
+     * stage and micro-batch; the victim's neighbours name it. */
+    CHECK_MSG(dt < 5, "rank %d took %.1f s to stop", rank, dt);
+    CHECK(strstr(msg, "micro-batch") && strstr(msg, "pipeline stage"));
+    char dead[32];
+    snprintf(dead, sizeof dead, "rank %d", f->victim);
+    if (abs(rank - f->victim) == 1) CHECK_MSG(strstr(msg, dead), "%s", msg);
+    if (f->stop && rank == 0) {
+        char p[512];
+        eq_out_path(p, sizeof p, "victim", 0);
+        FILE *pf = fopen(p, "r");
+        int pid = 0;
+        CHECK(pf && fscanf(pf, "%d", &pid) == 1);
+        fclose(pf);
+        kill(pid, SIGKILL);
+    }
+    /* The job's group learns it too (and its end need not wait for the
+     * victim, as it does after a clean run). */
+    CHECK(mg_barrier(g) != MG_OK);
+    mg_optim_destroy(o);
+    end_rank(s, &src, ref, mesh, g);
+    return 0;
+}
+
+/* A stage killed (or stopped: found silent after MG_PEER_TIMEOUT, here
+ * 2 s) in the middle of a step: every other stage's step fails within
+ * 5 s, the neighbours naming it, all naming a stage and micro-batch. */
+TEST_T(pipeline_stage_dying_or_stopping_mid_step_stops_every_stage, 120)
+{
+    for (int stop = 0; stop < 2; stop++)
+        for (int victim = 1; victim <= 2; victim++) {
+            fault_case f = {.c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = 4,
+                                  .steps = 4, .pp = 3, .pp_kind = MG_PIPE_1F1B},
+                            .victim = victim, .stop = stop};
+            f.c.port = mgt_free_port();
+            mgt_tmpdir();   /* one for every rank */
+            if (stop) setenv("MG_PEER_TIMEOUT", "2", 1);
+            int st[3];
+            mgt_fork_ranks(3, fault_rank, &f, 60, st);
+            unsetenv("MG_PEER_TIMEOUT");
+            for (int r = 0; r < 3; r++)
+                if (r != victim)
+                    CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s rank %d: rank "
+                              "%d status %d", stop ? "stopped" : "killed", victim, r, st[r]);
+            CHECK(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL);
+        }
 }

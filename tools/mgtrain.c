@@ -48,7 +48,7 @@ typedef struct {
     mg_gpt_config gpt;
     int have_batch, have_lr, have_momentum, have_epochs, have_steps, have_eval_every;
     int have_sample_opts, have_arch;
-    /* pipeline (--mesh pp=P): planned and printed, not run yet */
+    /* pipeline (--mesh pp=P) */
     const char *pp_schedule, *split;
     int micro_batches, chunks;
 } options;
@@ -58,11 +58,15 @@ static const char *prog = "mgtrain";
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 typedef struct trainer trainer;
 static void die_in_step(const trainer *t) __attribute__((noreturn));
+/* Set while every rank checks what all of them were given: only rank 0
+ * says what is wrong. */
+static bool die_quietly;
+
 static void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    mg_veprintf(prog, fmt, ap);
+    if (!die_quietly) mg_veprintf(prog, fmt, ap);
     va_end(ap);
     exit(2);
 }
@@ -110,11 +114,14 @@ static void usage(FILE *f)
 "                      a job started by mgrun or mpirun) (default none)\n"
 "  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
-"                      --parallel ddp is --mesh dp=<ranks>; tp is not built\n"
-"                      yet, and pp is planned (--print-plan) but not run yet\n"
+"                      --parallel ddp is --mesh dp=<ranks>; pp=P cuts the\n"
+"                      model into a pipeline of P stages (with dp=D: D\n"
+"                      replicas of it); tp is not built yet\n"
 "  --pp-schedule S     pipeline schedule: naive | gpipe | 1f1b | interleaved\n"
 "                      (default 1f1b; --schedule is the learning rate's)\n"
-"  --micro-batches M   pipeline micro-batches per step (default: the stages)\n"
+"  --micro-batches M   pipeline micro-batches per step (default: the stages):\n"
+"                      --batch B is split into M micro-batches, as one process\n"
+"                      with --batch B/M --accumulate M\n"
 "  --chunks V          model chunks per stage for interleaved (default 1, 2 for\n"
 "                      interleaved)\n"
 "  --split U1,U2,..    cut the pipeline where these units begin (default: the\n"
@@ -311,8 +318,8 @@ static void parse_args(int argc, char **argv, options *o)
             "give one of them");
     if (o->mesh) o->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
     if ((o->pp_schedule || o->micro_batches || o->chunks || o->split) && !o->mesh)
-        die("--pp-schedule, --micro-batches, --chunks and --split plan a pipeline: give "
-            "--mesh pp=P (with --print-plan)");
+        die("--pp-schedule, --micro-batches, --chunks and --split shape a pipeline: give "
+            "--mesh pp=P");
     if (o->zero) {
         if (o->strategy != MG_STRATEGY_DDP)
             die("--zero %d shards the state of a data-parallel job: give it with --parallel ddp "
@@ -559,6 +566,7 @@ struct trainer {
     mg_group *g;        /* ddp: the whole job */
     mg_mesh *mesh;      /* its ranks as a mesh (--parallel ddp: dp only) */
     int rank, world;
+    int drank, dworld;  /* how the data are shared: the data-parallel rank and ranks */
     mg_strategy *s;
     mg_model *m;
     mg_optim *opt;
@@ -568,10 +576,11 @@ struct trainer {
     long steps_run;
 };
 
-/* One rank of a job (DDP or ZeRO), not one process. */
+/* One rank of a job (DDP, ZeRO or a pipeline), not one process. */
 static bool distributed(const trainer *t)
 {
-    return t->mode == MG_STRATEGY_DDP || t->mode == MG_STRATEGY_ZERO;
+    return t->mode == MG_STRATEGY_DDP || t->mode == MG_STRATEGY_ZERO ||
+           t->mode == MG_STRATEGY_PIPELINE;
 }
 
 /* The whole parameters here (ZeRO-3 gathers them; collective) for
@@ -586,6 +595,13 @@ static void sum_over_ranks(trainer *t, double *v, int n)
 {
     if (!distributed(t)) return;
     if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM)) die_in_step(t);
+}
+
+/* Sum training figures over the data-parallel ranks (a pipeline's stages
+ * all report their replica's). */
+static void sum_over_replicas(trainer *t, double *v, int n)
+{
+    if (mg_strategy_sum(t->s, v, n)) die_in_step(t);
 }
 
 /* A step failed on this rank (a forward could not reserve its batch, a
@@ -675,6 +691,45 @@ static void same_on_every_rank(trainer *t, const char *settings)
     free(all);
 }
 
+static void pipeline_checks(options *o, int P);
+
+/* --mesh pp=P: the pipeline strategy. --batch B is split into its M
+ * micro-batches, so from here the run is one process's --batch B/M
+ * --accumulate M (the same draws, logs and checkpoints). */
+static void pipeline_flags(options *o, trainer *t, int P)
+{
+    t->mode = MG_STRATEGY_PIPELINE;
+    die_quietly = t->rank != 0;
+    pipeline_checks(o, P);
+    die_quietly = false;
+    o->batch /= o->micro_batches;
+    o->accumulate = o->micro_batches;
+}
+
+/* The pipeline flags' mistakes, each one line. */
+static void pipeline_checks(options *o, int P)
+{
+    if (o->zero) die("--zero with a pipeline (--mesh pp=%d) is not built yet: give one of them",
+                     P);
+    if (strcmp(o->compress, "none"))
+        die("--compress %s applies to --parallel ddp: a pipeline's data-parallel replicas "
+            "average full-precision gradients", o->compress);
+    if (o->accumulate > 1)
+        die("--accumulate %d with a pipeline: its micro-batches are the accumulation; give "
+            "--micro-batches %d", o->accumulate, o->accumulate);
+    mg_pipe_kind k = MG_PIPE_1F1B;
+    if (o->pp_schedule && mg_pipe_parse(o->pp_schedule, &k))
+        die("--pp-schedule: %s", mg_last_error());
+    if (!o->chunks) o->chunks = k == MG_PIPE_INTERLEAVED ? 2 : 1;
+    bool given = o->micro_batches > 0;
+    if (!given) o->micro_batches = P;
+    if (mg_pipe_check(k, P, o->micro_batches, o->chunks)) die("%s", mg_last_error());
+    if (o->batch % o->micro_batches)
+        die("--batch %d does not split into --micro-batches %d%s: give a multiple of %d",
+            o->batch, o->micro_batches, given ? "" : " (one per stage unless given)",
+            o->micro_batches);
+}
+
 /* Join the DDP job (when --parallel ddp) and set the threads; check that
  * the ranks agree and the batch divides among them. An automatic restart
  * (mgrun --max-restarts) resumes from the last save. */
@@ -696,11 +751,13 @@ static void join_job(options *o, trainer *t)
             (o->pp_schedule || o->micro_batches || o->chunks || o->split))
             die("--pp-schedule, --micro-batches, --chunks and --split plan a pipeline, and "
                 "--mesh %s has none: give pp=P", o->mesh);
-        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1 ||
-            (mg_mesh_size(t->mesh, MG_MESH_PP) > 1 && !o->print_plan))
-            die("--mesh %s: pipeline (pp) and tensor (tp) parallelism are not built yet "
-                "(--print-plan shows a pipeline's cut and schedule); give dp only, e.g. "
-                "--mesh dp=%d", o->mesh, t->world);
+        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1)
+            die("--mesh %s: tensor parallelism (tp) is not built yet; give dp and pp only, "
+                "e.g. --mesh dp=%d", o->mesh, t->world);
+        t->drank = mg_mesh_coord(t->mesh, MG_MESH_DP);
+        t->dworld = mg_mesh_size(t->mesh, MG_MESH_DP);
+        int P = mg_mesh_size(t->mesh, MG_MESH_PP);
+        if (P > 1) pipeline_flags(o, t, P);
         /* The checkpoint's hyper-parameters and what shapes the collectives;
          * not what each rank may choose (threads, output paths, verbosity). */
         char settings[SETTINGS_CAP], hp[512];
@@ -711,9 +768,10 @@ static void join_job(options *o, trainer *t)
                  o->init ? "given" : "none", o->zero);
         same_on_every_rank(t, settings);
         char msg[256];
-        snprintf(msg, sizeof msg, "--batch %d does not divide among %d ranks: use a "
-                 "multiple of %d (--batch is the global batch)", o->batch, t->world, t->world);
-        agree_or_die(t, o->batch % t->world != 0, msg);
+        snprintf(msg, sizeof msg, "--batch %d does not divide among %d data-parallel ranks: "
+                 "use a multiple of %d (--batch is the global batch)",
+                 o->batch * o->accumulate, t->dworld, t->dworld * o->accumulate);
+        agree_or_die(t, o->batch % t->dworld != 0, msg);
         if (t->rank != 0) o->quiet = 1;
         mg_trace_open(NULL, t->rank, t->world);
     } else {
@@ -814,12 +872,9 @@ static void print_pipeline(const trainer *t, const options *o)
     mg_model *m = t->m;
     int P = mg_mesh_size(t->mesh, MG_MESH_PP), nu = mg_model_num_units(m);
     mg_pipe_kind k = MG_PIPE_1F1B;
-    if (o->pp_schedule && mg_pipe_parse(o->pp_schedule, &k))
-        die("--pp-schedule: %s", mg_last_error());
-    int V = o->chunks ? o->chunks : k == MG_PIPE_INTERLEAVED ? 2 : 1;
-    int M = o->micro_batches ? o->micro_batches : P;
-    if (mg_pipe_check(k, P, M, V)) die("%s", mg_last_error());
-    int S = P * V, first[64 * 64 + 1];
+    if (o->pp_schedule) mg_pipe_parse(o->pp_schedule, &k);   /* checked */
+    int V = o->chunks, M = o->micro_batches, S;
+    const int *first = mg_pipe_cut(mg_strategy_pipe(t->s), &S);
     double *cost = malloc(sizeof *cost * (size_t)nu);
     const char **names = malloc(sizeof *names * (size_t)nu);
     if (!cost || !names) die("out of memory");
@@ -830,18 +885,20 @@ static void print_pipeline(const trainer *t, const options *o)
         names[u] = ui.name;
         total += cost[u];
     }
-    if (o->split ? mg_pipe_split_parse(o->split, names, nu, S, first)
-                 : mg_pipe_balance(cost, nu, S, first))
-        die("%s", mg_last_error());
     printf("pipeline: %d stage(s) on %d rank(s) (%d chunk(s) each), schedule %s, %d "
            "micro-batch(es); cut %s:\n", S, P, V, mg_pipe_name(k), M,
            o->split ? "as --split gives" : "balancing the units' forward FLOPs");
     for (int s = 0; s < S; s++) {
         double c = 0;
         for (int u = first[s]; u < first[s + 1]; u++) c += cost[u];
-        printf("  stage %d on rank %d: units %d-%d (%s .. %s), %.1f%% of the FLOPs\n", s, s % P,
-               first[s], first[s + 1] - 1, names[first[s]], names[first[s + 1] - 1],
-               total > 0 ? 100 * c / total : 0);
+        mg_tape *tp;
+        if (mg_tape_create_range(m, o->batch / t->dworld, first[s], first[s + 1], &tp))
+            die("%s", mg_last_error());
+        printf("  stage %d on rank %d: units %d-%d (%s .. %s), %.1f%% of the FLOPs, a tape of "
+               "%.1f MB per micro-batch\n", s, s % P, first[s], first[s + 1] - 1,
+               names[first[s]], names[first[s + 1] - 1], total > 0 ? 100 * c / total : 0,
+               mg_tape_bytes(tp) / 1e6);
+        mg_tape_destroy(tp);
     }
     mg_pipe_sim sim;
     if (mg_pipe_simulate(k, P, M, V, 1, 2, &sim)) die("%s", mg_last_error());
@@ -855,7 +912,6 @@ static void print_pipeline(const trainer *t, const options *o)
         printf("  rank %d (at most %d micro-batch(es) in flight): %s%s\n", r,
                sim.peak_in_flight[r], line, n > 4096 ? " ..." : "");
     }
-    printf("(planned only: pipeline execution is not built yet)\n");
     free(cost);
     free(names);
 }
@@ -891,6 +947,26 @@ static void print_plan(trainer *t, const options *o, int local)
     exit(0);
 }
 
+/* The pipeline strategy's groups and schedule; the cut of --split. */
+static void pipeline_options(const options *o, trainer *t, mg_strategy_options *so, int *first)
+{
+    so->group = t->g;
+    so->pp_group = mg_mesh_group(t->mesh, MG_MESH_PP);
+    so->dp_group = mg_mesh_group(t->mesh, MG_MESH_DP);
+    so->pipe.kind = MG_PIPE_1F1B;
+    if (o->pp_schedule) mg_pipe_parse(o->pp_schedule, &so->pipe.kind);   /* checked */
+    so->pipe.micro_batches = o->micro_batches;
+    so->pipe.chunks = o->chunks;
+    if (!o->split) return;
+    int nu = mg_model_num_units(t->m), S = mg_mesh_size(t->mesh, MG_MESH_PP) * o->chunks;
+    const char **names = malloc(sizeof *names * (size_t)nu);
+    if (!names) die("out of memory");
+    for (int u = 0; u < nu; u++) names[u] = mg_model_unit(t->m, u).name;
+    if (mg_pipe_split_parse(o->split, names, nu, S, first)) die("%s", mg_last_error());
+    free(names);
+    so->pipe.first = first;
+}
+
 /* The model, the strategy for local micro-batches (DDP: rank 0's
  * parameters on every rank), the optimizer over its range and the
  * starting state. */
@@ -910,6 +986,8 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     so.ddp.compress = comp;
     so.zero_stage = o->zero;
     so.offload_dir = o->offload_dir;
+    int first[64 * 64 + 1];
+    if (t->mode == MG_STRATEGY_PIPELINE) pipeline_options(o, t, &so, first);
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
     if (o->print_plan) print_plan(t, o, local);
     make_optimizer(o, kind, beta2, lm, t);
@@ -966,6 +1044,20 @@ static void train_step(trainer *t, const options *o, double lr, source *src, mg_
     t->steps_run++;
 }
 
+/* How the job splits the batch (after "batch B"). */
+static void print_layout(const trainer *t, const options *o, int local)
+{
+    if (t->mode != MG_STRATEGY_PIPELINE) {
+        printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
+        return;
+    }
+    char mesh[64];
+    mg_mesh_describe(t->mesh, mesh, sizeof mesh);
+    printf(" x %d micro-batches (%d per replica; a pipeline of %d stages, %s, mesh %s)",
+           o->micro_batches, local, mg_mesh_size(t->mesh, MG_MESH_PP) * o->chunks,
+           o->pp_schedule ? o->pp_schedule : "1f1b", mesh);
+}
+
 /* Rank 0 writes the log and its plot; every rank learns whether it worked
  * (also the barrier before a save). */
 static void write_metrics(trainer *t, const options *o, const metrics *mt)
@@ -1005,6 +1097,16 @@ static void print_counters(trainer *t)
             t->rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6, ms.optim / 1e6,
             ms.activations / 1e6, (double)t->step_sent / (double)n / 1e6,
             (double)t->step_received / (double)n / 1e6, mg_peak_rss() / 1e6);
+    mg_pipe *p = mg_strategy_pipe(t->s);
+    if (!p) return;
+    /* The bubble as this rank lived it: the share of its steps' time it
+     * was not computing. */
+    mg_pipe_stats ps = mg_pipe_get_stats(p);
+    fprintf(stderr, "%s: rank %d pipeline: busy %.1f%% of %.1f ms per step (idle %.1f%%), at "
+            "most %d micro-batch(es) in flight\n", prog, t->rank,
+            ps.step_us > 0 ? 100 * ps.busy_us / ps.step_us : 0,
+            ps.steps ? ps.step_us / ps.steps / 1e3 : 0,
+            ps.step_us > 0 ? 100 * (1 - ps.busy_us / ps.step_us) : 0, ps.peak_in_flight);
 }
 
 static void print_ddp_stats(const trainer *t)
@@ -1086,7 +1188,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
              test->h, test->w);
     same_on_every_rank(t, data);
 
-    int local = o->batch / t->world;  /* images per rank and micro-batch */
+    int local = o->batch / t->dworld;  /* images per rank and micro-batch */
     zoo_spec spec = {o->model, o->seed};
     mg_ckpt_meta meta;
     setup_training(o, t, make_zoo, &spec, 0, kind, def->beta2, comp, local, &meta);
@@ -1118,7 +1220,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     }
 
     /* Each rank's shard of every epoch's permutation (models.md: perm[r::k]). */
-    if (mg_sampler_init(&sampler, train->n, t->rank, t->world, true, o->seed, false))
+    if (mg_sampler_init(&sampler, train->n, t->drank, t->dworld, true, o->seed, false))
         die("%s", mg_last_error());
     int n_local;
     mg_sampler_indices(&sampler, &n_local);
@@ -1142,9 +1244,10 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     if (!o->quiet) {
         printf("mgtrain: %s, %zu parameters, batch %d", o->model, mg_model_num_params(m), o->batch);
         if (distributed(t))
-            printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
+            print_layout(t, o, local);
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
-        if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
+        if (o->accumulate > 1 && t->mode != MG_STRATEGY_PIPELINE)
+            printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
     }
     double total_time = 0;
@@ -1168,10 +1271,10 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
             v[1] += (double)sr.correct;
             v[2] += (double)sr.samples;
             step++;
-            progress_update(&pr, label, (long)v[2] * t->world, train->n, 1, "img", v[0] / v[2]);
+            progress_update(&pr, label, (long)v[2] * t->dworld, train->n, 1, "img", v[0] / v[2]);
         }
         double secs = mg_now() - t0;
-        sum_over_ranks(t, v, 3);
+        sum_over_replicas(t, v, 3);
         total_time += secs;
         log_row *r = metrics_add(&mt);
         r->v[E_EPOCH] = e + 1;
@@ -1263,7 +1366,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     snprintf(data, sizeof data, "data=with %zu bytes", mg_text_size(text));
     same_on_every_rank(t, data);
     check_outputs(o, t);
-    int local = o->batch / t->world, T = o->gpt.ctx;   /* sequences per rank */
+    int local = o->batch / t->dworld, T = o->gpt.ctx;   /* sequences per rank */
     gpt_spec spec = {o->gpt, o->seed};
     mg_ckpt_meta meta;
     setup_training(o, t, make_gpt, &spec, 1, kind, def->beta2, comp, local, &meta);
@@ -1298,9 +1401,10 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
                "batch %d", o->model, o->gpt.layers, o->gpt.dim, o->gpt.heads, T,
                mg_model_num_params(m), o->batch);
         if (distributed(t))
-            printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
+            print_layout(t, o, local);
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
-        if (o->accumulate > 1) printf(" x %d accumulated", o->accumulate);
+        if (o->accumulate > 1 && t->mode != MG_STRATEGY_PIPELINE)
+            printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,
                o->steps, mg_text_size(text), mg_text_train_size(text));
     }
@@ -1318,7 +1422,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     while (step < o->steps) {
         source src = {.text = text, .seed = o->seed,
                       .draw = (uint64_t)step * (uint64_t)o->accumulate, .batch = o->batch,
-                      .T = T, .rank = t->rank, .world = t->world, .x = x, .y = y};
+                      .T = T, .rank = t->drank, .world = t->dworld, .x = x, .y = y};
         mg_step_result sr;
         lr = mg_schedule_lr(&sched, step);
         train_step(t, o, lr, &src, next_text, &sr);
@@ -1332,12 +1436,12 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         if (step % o->eval_every && step < o->steps) continue;
         secs = mg_now() - t0;
         total_time += secs;
-        sum_over_ranks(t, v, 2);
+        sum_over_replicas(t, v, 2);
         log_row *r = metrics_add(&mt);
         r->v[L_STEP] = (double)step;
         r->v[L_TRAIN_LOSS] = v[0] / v[1];
         r->v[L_SECONDS] = secs;
-        r->v[L_TOKENS_PER_S] = v[1] / t->world * (double)tokens_per_step / secs;
+        r->v[L_TOKENS_PER_S] = v[1] / t->dworld * (double)tokens_per_step / secs;
         r->v[L_LR] = lr;
         r->v[L_VAL_LOSS] = validate(t, text, local, &r->v[L_VAL_PPL]);
         if (pr.tty && !o->quiet) fprintf(stderr, "\r%100s\r", "");
@@ -1373,7 +1477,7 @@ int main(int argc, char **argv)
     if (mg_tunables_check()) die("%s", mg_last_error());
     if (!o.threads) o.threads = (int)mg_env_long("MG_THREADS", 1);
     mg_kernels();   /* the GEMM kernel check sets the environment: before any thread starts */
-    trainer t = {.mode = o.strategy, .rank = 0, .world = 1};
+    trainer t = {.mode = o.strategy, .rank = 0, .world = 1, .dworld = 1};
 
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;

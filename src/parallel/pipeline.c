@@ -314,8 +314,10 @@ mg_status mg_pipe_sum_ties(mg_pipe *p)
                                    t->peer, 0x7fff0000 + i, MG_F32);
         if (st) {
             mg_free(other);
+            char why[1024];
+            snprintf(why, sizeof why, "%s", mg_last_error());
             return mg_error(st, "pipeline: summing the gradients of the parameters tied "
-                            "across ranks %d and %d: %s", p->rank, t->peer, mg_last_error());
+                            "across ranks %d and %d: %s", p->rank, t->peer, why);
         }
         for (size_t k = 0; k < n; k++) g[t->lo + k] += other[k];
         mg_free(other);
@@ -459,13 +461,17 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
         mg_trace_event(name, recv ? "pipeline wait" : "pipeline send", 1, t0, mg_trace_now());
     }
     if (st) {
-        /* The first of the batch's transfers names the stages. */
+        /* The transfer waited for (a receive) names the stages. */
         const mg_pipe_action *a = &why[0];
+        for (int i = n - 1; i >= 0; i--)
+            if (why[i].op == MG_PIPE_RECV_F || why[i].op == MG_PIPE_RECV_B) a = &why[i];
         bool to_next = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B;
         int other = to_next ? a->stage + 1 : a->stage - 1;
+        char why_s[1024];
+        snprintf(why_s, sizeof why_s, "%s", mg_last_error());
         return mg_error(st, "pipeline stage %d (rank %d), micro-batch %d, %s stage %d (rank "
                         "%d): %s", a->stage, p->rank, a->mb, op_words(a->op), other,
-                        other % p->P, mg_last_error());
+                        other % p->P, why_s);
     }
     return MG_OK;
 }
