@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/multigrad.h"
+#include "gpt_optim.h"
 
 typedef struct {
     mg_text *t;
@@ -128,16 +129,8 @@ int main(int argc, char **argv)
     so.offload_dir = offload;
     mg_strategy *s;
     if (mg_strategy_create(m, &so, &s)) return fail("strategy");
-    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
-    oc.beta2 = 0.99f;
-    oc.weight_decay = 0.1f;
     mg_optim *o;
-    if (mg_strategy_optim(s, &oc, &o)) return fail("optimizer");
-    int ng = mg_model_decay_groups(m, 0.1f, NULL, 0);
-    mg_optim_group *gr = malloc(sizeof *gr * (size_t)ng);
-    if (!gr) return 1;
-    mg_model_decay_groups(m, 0.1f, gr, ng);
-    if (mg_optim_set_groups(o, gr, ng)) return fail("optimizer groups");
+    if (gpt_adamw(s, &o)) return 1;
     src in = {.t = t, .B = B, .T = g.ctx, .rank = rank, .world = world,
               .x = malloc(sizeof(int32_t) * (size_t)B * g.ctx),
               .y = malloc(sizeof(int32_t) * (size_t)B * g.ctx)};
@@ -191,7 +184,6 @@ int main(int argc, char **argv)
     mg_model_destroy(m);
     mg_text_close(t);
     mg_group_destroy(grp);
-    free(gr);
     free(in.x);
     free(in.y);
     return 0;

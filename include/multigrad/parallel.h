@@ -515,7 +515,9 @@ mg_status mg_pipe_gather(mg_pipe *p);
 void mg_pipe_release(mg_pipe *p);
 typedef struct mg_pipe_stats {
     long steps;
-    double busy_us, step_us;    /* summed over steps: computing, and in all */
+    /* Summed over steps: computing forwards and backwards, and from the
+     * step's start until every stage finished it. */
+    double busy_us, step_us;
     int peak_in_flight;         /* micro-batches held at once, at most */
     size_t activation_bytes;    /* their tapes and inputs, at most */
 } mg_pipe_stats;
