@@ -306,3 +306,79 @@ TEST_T(pipeline_stage_dying_or_stopping_mid_step_stops_every_stage, 120)
             CHECK(WIFSIGNALED(st[victim]) && WTERMSIG(st[victim]) == SIGKILL);
         }
 }
+
+/* ---- stages that disagree --------------------------------------------------- */
+
+typedef struct {
+    eq_case c;
+    int variant;   /* 0: rank 1 given another micro-batch count; 1: rank 1's micro-batches
+                    * one sample short */
+} mismatch_case;
+
+static bool short_next(void *ud, mg_micro_batch *b)
+{
+    if (!eq_next(ud, b)) return false;
+    b->n--;
+    return true;
+}
+
+static int mismatch_rank(int rank, int procs, void *arg)
+{
+    const mismatch_case *mc = arg;
+    const eq_case *c = &mc->c;
+    mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
+    CHECK(g);
+    eq_source src = {.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    mg_st_file *ref;
+    eq_open_data(c, &src, &ref);
+    mg_model *m = eq_make_model(c, ref, 0);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.pp_group = g;
+    so.max_batch = c->batch;
+    int M = mc->variant == 0 && rank == 1 ? 2 * c->accumulate : c->accumulate;
+    so.pipe = (mg_pipe_options){.kind = MG_PIPE_1F1B, .micro_batches = M};
+    mg_strategy *s;
+    mg_status st = mg_strategy_create(m, &so, &s);
+    if (mc->variant == 0) {
+        printf("rank %d: %s\n", rank, mg_last_error());
+        CHECK(st == MG_EMISMATCH);
+        CHECK(strstr(mg_last_error(), "rank 1 was given another schedule, micro-batch count"));
+    } else {
+        CHECK_OK(st);
+        mg_optim *o = eq_make_optim(c, s);
+        mg_step_options sto = {.accumulate = c->accumulate, .lr = 0.05f};
+        mg_step_result r;
+        double t0 = mg_now();
+        st = mg_train_step(s, o, &sto, rank == 1 ? short_next : eq_next, &src, &r);
+        printf("rank %d after %.2f s: %s\n", rank, mg_now() - t0, mg_last_error());
+        /* Found at the first transfer, named by both stages. */
+        CHECK(st != MG_OK && mg_now() - t0 < 5);
+        CHECK(strstr(mg_last_error(), "micro-batch 0") &&
+              strstr(mg_last_error(), rank == 0 ? "pipeline stage 0 (rank 0)"
+                                                : "pipeline stage 1 (rank 1)") &&
+              strstr(mg_last_error(), rank == 0 ? "stage 1 (rank 1)" : "stage 0 (rank 0)"));
+        mg_optim_destroy(o);
+        mg_strategy_destroy(s);
+    }
+    mg_model_destroy(m);
+    eq_close_data(&src, ref);
+    mg_group_destroy(g);
+    return 0;
+}
+
+/* Stages given other schedules are refused before any step, naming the
+ * rank; stages whose micro-batches differ in shape fail at the first
+ * transfer, each naming both stages and the micro-batch. */
+TEST_T(pipeline_stages_that_disagree_are_named, 60)
+{
+    for (int v = 0; v < 2; v++) {
+        mismatch_case mc = {.c = {.model = "lenet5", .world = 1, .batch = 4, .accumulate = 2,
+                                  .steps = 1, .pp = 2},
+                            .variant = v};
+        mc.c.port = mgt_free_port();
+        mgt_tmpdir();
+        int st[2];
+        CHECK_EQ(mgt_fork_ranks(2, mismatch_rank, &mc, 40, st), 0);
+    }
+}
