@@ -21,6 +21,7 @@ typedef struct {
     /* pipeline: stages, schedule, chunks, micro-batches per step (then
      * accumulate), and whether to cut by hand (first: unit boundaries) */
     int pp, chunks;
+    int pp_m;              /* the pipeline's M (0: accumulate); accumulate < pp_m: a short step */
     mg_pipe_kind pp_kind;
     const int *first;
 } eq_case;
@@ -62,6 +63,9 @@ float *eq_one_process(const eq_case *c, float *losses);
  * global mean, and "params") against PyTorch's values within the
  * one-process test's bounds (test_gpt.c); what names the run. */
 void eq_match_pytorch(int procs, const char *what);
+/* A rank's end: each of them destroyed (any may be NULL). */
+void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_mesh *mesh,
+                 mg_group *g);
 /* max |a - b| / max |b| */
 double eq_max_rel(const float *a, const float *b, size_t n);
 

@@ -341,7 +341,8 @@ TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
 }
 
 /* A pipeline trains as one process does (--batch B in M micro-batches is
- * one process's --batch B/M --accumulate M: the same printed losses), and
+ * one process's --batch B/M --accumulate M: the same printed losses and
+ * sample), and
  * its checkpoints move to and from other strategies: 2 steps on a 2-stage
  * 1F1B pipeline, 2 in one process, 2 on an interleaved pipeline of 2 x 2
  * stages with 2 replicas, 2 on a 3-stage GPipe end where 8 steps in one
@@ -354,12 +355,15 @@ TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     snprintf(ref, sizeof ref, "%s/straight.st", t);
     snprintf(ck, sizeof ck, "%s/moving.st", t);
-    int rc = mgt_sh(&one, "%s " GPT_SMALL " --accumulate 2 --steps 8 --eval-every 2 --save %s",
-                    bin, ref);
+    int rc = mgt_sh(&one, "%s " GPT_SMALL " --accumulate 2 --steps 8 --eval-every 2 --save %s "
+                    "--sample 40", bin, ref);
     CHECK_MSG(rc == 0, "%s", one);
     rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --batch 24 --micro-batches 2 --mesh pp=2 "
-                "--steps 8 --eval-every 2", run, bin);
+                "--steps 8 --eval-every 2 --sample 40", run, bin);
     CHECK_MSG(rc == 0, "%s", out);
+    /* The sample, drawn through the stages, is one process's. */
+    const char *sa = strstr(one, "sample ("), *sb = strstr(out, "sample (");
+    CHECK_MSG(sa && sb && !strncmp(sa, sb, 60), "one process:\n%s\npipeline:\n%s", one, out);
     /* The same lines from "step 2/8" on but for their times. */
     for (int k = 2; k <= 8; k += 2) {
         char key[32], a[128] = "", b[128] = "";

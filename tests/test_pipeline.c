@@ -11,17 +11,6 @@
 #include <unistd.h>
 #include "equiv.h"
 
-static void end_rank(mg_strategy *s, eq_source *src, mg_st_file *ref, mg_mesh *mesh,
-                     mg_group *g)
-{
-    mg_model *m = mg_strategy_model(s);
-    mg_strategy_destroy(s);
-    mg_model_destroy(m);
-    eq_close_data(src, ref);
-    mg_mesh_destroy(mesh);
-    mg_group_destroy(g);
-}
-
 /* Process rank of P*D as the mesh lays it out (dp fastest, then pp). */
 static int pipe_rank(int rank, int procs, void *arg)
 {
@@ -43,7 +32,8 @@ static int pipe_rank(int rank, int procs, void *arg)
     so.pp_group = mg_mesh_group(mesh, MG_MESH_PP);
     so.dp_group = mg_mesh_group(mesh, MG_MESH_DP);
     so.max_batch = c->batch / c->world;
-    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate,
+    so.pipe = (mg_pipe_options){.kind = c->pp_kind,
+                                .micro_batches = c->pp_m ? c->pp_m : c->accumulate,
                                 .chunks = c->chunks, .first = c->first};
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
@@ -68,7 +58,7 @@ static int pipe_rank(int rank, int procs, void *arg)
     int peak = ps.peak_in_flight;
     eq_write_floats("peak", rank, &(float){(float)peak}, 1);
     free(v);
-    end_rank(s, &src, ref, mesh, g);
+    eq_end_rank(s, m, &src, ref, mesh, g);
     return 0;
 }
 
@@ -102,7 +92,10 @@ static void check_vs_one_process(eq_case c, double tol)
     float sum[64] = {0};
     mg_pipe_sim sim;
     int V = c.chunks ? c.chunks : 1;
-    CHECK_OK(mg_pipe_simulate(c.pp_kind, c.pp, c.accumulate, V, 1, 2, &sim));
+    /* A short interleaved step runs naive over the chunks. */
+    mg_pipe_kind sk = c.pp_kind == MG_PIPE_INTERLEAVED && c.accumulate % c.pp ? MG_PIPE_NAIVE
+                                                                            : c.pp_kind;
+    CHECK_OK(mg_pipe_simulate(sk, c.pp, c.accumulate, V, 1, 2, &sim));
     double worst = 0;
     for (int r = 0; r < c.pp * c.world; r++) {
         float *p = eq_read_floats("params", r, n), *l = eq_read_floats("losses", r, (size_t)c.steps);
@@ -155,11 +148,31 @@ TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
         {2, 4, 1, MG_PIPE_1F1B}, {4, 4, 1, MG_PIPE_GPIPE}, {4, 8, 1, MG_PIPE_1F1B},
         {3, 6, 1, MG_PIPE_1F1B}, {2, 4, 2, MG_PIPE_INTERLEAVED},
         {3, 3, 2, MG_PIPE_INTERLEAVED}, {4, 4, 2, MG_PIPE_INTERLEAVED},
+        {4, 8, 2, MG_PIPE_INTERLEAVED}, {2, 1, 1, MG_PIPE_NAIVE}, {4, 2, 1, MG_PIPE_GPIPE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         eq_case c = {.model = "gpt-6", .world = 1, .batch = GB, .accumulate = cases[i].M,
                      .steps = 5, .pp = cases[i].P, .pp_kind = cases[i].k, .chunks = cases[i].V};
         check_vs_one_process(c, 1e-4);
+    }
+}
+
+/* Steps cut short (fewer micro-batches than M, as at an epoch's end)
+ * train as one process over those micro-batches; an interleaved one
+ * whose count is not a multiple of P runs one micro-batch at a time. */
+TEST_T(pipeline_short_steps_equal_one_process, 200)
+{
+    static const struct { const char *model; int P, m, acc; mg_pipe_kind k; } cases[] = {
+        {"lenet5", 2, 4, 3, MG_PIPE_INTERLEAVED}, {"lenet5", 2, 8, 5, MG_PIPE_1F1B},
+        {"gpt-6", 4, 4, 2, MG_PIPE_INTERLEAVED}, {"gpt-6", 3, 6, 4, MG_PIPE_INTERLEAVED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bool lm = cases[i].model[0] == 'g';
+        eq_case c = {.model = cases[i].model, .world = 1, .batch = lm ? 2 : 16,
+                     .accumulate = cases[i].acc, .steps = 3, .pp = cases[i].P,
+                     .pp_kind = cases[i].k, .pp_m = cases[i].m,
+                     .chunks = cases[i].k == MG_PIPE_INTERLEAVED ? 2 : 1};
+        check_vs_one_process(c, lm ? 1e-4 : 1e-5);
     }
 }
 
@@ -279,7 +292,7 @@ static int fault_rank(int rank, int procs, void *arg)
      * victim, as it does after a clean run). */
     CHECK(mg_barrier(g) != MG_OK);
     mg_optim_destroy(o);
-    end_rank(s, &src, ref, mesh, g);
+    eq_end_rank(s, m, &src, ref, mesh, g);
     return 0;
 }
 
@@ -359,11 +372,9 @@ static int mismatch_rank(int rank, int procs, void *arg)
                                                 : "pipeline stage 1 (rank 1)") &&
               strstr(mg_last_error(), rank == 0 ? "stage 1 (rank 1)" : "stage 0 (rank 0)"));
         mg_optim_destroy(o);
-        mg_strategy_destroy(s);
+        eq_end_rank(s, NULL, NULL, NULL, NULL, NULL);
     }
-    mg_model_destroy(m);
-    eq_close_data(&src, ref);
-    mg_group_destroy(g);
+    eq_end_rank(NULL, m, &src, ref, NULL, g);
     return 0;
 }
 
@@ -380,5 +391,92 @@ TEST_T(pipeline_stages_that_disagree_are_named, 60)
         mgt_tmpdir();
         int st[2];
         CHECK_EQ(mgt_fork_ranks(2, mismatch_rank, &mc, 40, st), 0);
+    }
+}
+
+/* ---- evaluation and sampling through the stages ------------------------------ */
+
+typedef struct {
+    eq_case c;
+    float val;
+    int32_t gen[24];
+} eval_case;
+
+static void eval_and_sample(mg_strategy *s, const eq_source *src, float *val, int32_t *gen)
+{
+    double v;
+    CHECK_OK(mg_strategy_lm_val_loss(s, src->text, 3, 0, 1, &v));
+    *val = (float)v;
+    const int32_t prompt[3] = {'T', 'h', 'e'};
+    CHECK_OK(mg_strategy_generate(s, prompt, 3, 24, 0.8f, 20, 5, gen));
+}
+
+static int eval_rank(int rank, int procs, void *arg)
+{
+    eval_case *ec = arg;
+    const eq_case *c = &ec->c;
+    mg_group *g = mgt_join(rank, procs, c->port, NULL, 60);
+    CHECK(g);
+    eq_source src = {.c = c, .world = 1, .parts = c->accumulate};
+    mg_st_file *ref;
+    eq_open_data(c, &src, &ref);
+    mg_model *m = eq_make_model(c, ref, (uint64_t)rank * 7);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.pp_group = g;
+    so.max_batch = 3;
+    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate,
+                                .chunks = c->chunks};
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    float val;
+    int32_t gen[24];
+    eval_and_sample(s, &src, &val, gen);
+    CHECK(mg_model_training(m));   /* left as it was */
+    eq_write_floats("val", rank, &val, 1);
+    eq_write_floats("gen", rank, (const float *)gen, 24);
+    eq_end_rank(s, m, &src, ref, NULL, g);
+    return 0;
+}
+
+/* The validation loss and a sample drawn through the stages (the last
+ * stage picks each token, the others take it) are one process's. */
+TEST_T(pipeline_evaluates_and_samples_as_one_process, 120)
+{
+    eq_case one = {.model = "gpt-6", .world = 1, .batch = 3, .accumulate = 1};
+    eq_source src = {.c = &one, .world = 1, .parts = 1};
+    mg_st_file *ref;
+    eq_open_data(&one, &src, &ref);
+    mg_model *m = eq_make_model(&one, ref, 0);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.max_batch = 3;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    float val;
+    int32_t gen[24];
+    eval_and_sample(s, &src, &val, gen);
+    eq_end_rank(s, m, &src, ref, NULL, NULL);
+    static const struct { int P, M, V; mg_pipe_kind k; } cases[] = {
+        {2, 2, 1, MG_PIPE_1F1B}, {3, 4, 1, MG_PIPE_GPIPE}, {2, 4, 2, MG_PIPE_INTERLEAVED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        eval_case ec = {.c = {.model = "gpt-6", .world = 1, .batch = 3,
+                              .accumulate = cases[i].M, .pp = cases[i].P,
+                              .pp_kind = cases[i].k, .chunks = cases[i].V}};
+        ec.c.port = mgt_free_port();
+        mgt_tmpdir();
+        int st[4];
+        CHECK_EQ(mgt_fork_ranks(cases[i].P, eval_rank, &ec, 60, st), 0);
+        for (int r = 0; r < cases[i].P; r++) {
+            float *v = eq_read_floats("val", r, 1), *t = eq_read_floats("gen", r, 24);
+            CHECK_MSG(fabsf(*v - val) <= 1e-6f * val, "%s P=%d rank %d: validation loss %.7g, "
+                      "one process %.7g", mg_pipe_name(cases[i].k), cases[i].P, r, *v, val);
+            CHECK_MSG(!memcmp(t, gen, sizeof gen), "%s P=%d rank %d: another sample",
+                      mg_pipe_name(cases[i].k), cases[i].P, r);
+            free(v);
+            free(t);
+        }
+        printf("gpt-6 %s P=%d M=%d: validation loss %.6f and a 24-token sample as one process\n",
+               mg_pipe_name(cases[i].k), cases[i].P, cases[i].M, val);
     }
 }

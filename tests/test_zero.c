@@ -305,10 +305,7 @@ static int counters_rank(int rank, int world, void *arg)
               "zero-%d rank %d: %.0f sent, %.0f received per step, expected %.0f", cc->stage,
               rank, sent, recv, want);
     mg_optim_destroy(o);
-    mg_strategy_destroy(s);
-    mg_model_destroy(m);
-    eq_close_data(&src, ref);
-    mg_group_destroy(g);
+    eq_end_rank(s, m, &src, ref, NULL, g);
     return 0;
 }
 

@@ -58,15 +58,11 @@ static const char *prog = "mgtrain";
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 typedef struct trainer trainer;
 static void die_in_step(const trainer *t) __attribute__((noreturn));
-/* Set while every rank checks what all of them were given: only rank 0
- * says what is wrong. */
-static bool die_quietly;
-
 static void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    if (!die_quietly) mg_veprintf(prog, fmt, ap);
+    mg_veprintf(prog, fmt, ap);
     va_end(ap);
     exit(2);
 }
@@ -583,20 +579,6 @@ static bool distributed(const trainer *t)
            t->mode == MG_STRATEGY_PIPELINE;
 }
 
-/* The whole parameters here (ZeRO-3 gathers them; collective) for
- * evaluation and sampling, until mg_strategy_release. */
-static void gather(trainer *t)
-{
-    if (mg_strategy_gather(t->s)) die_in_step(t);
-}
-
-/* Sum values over the ranks (no-op in one process). */
-static void sum_over_ranks(trainer *t, double *v, int n)
-{
-    if (!distributed(t)) return;
-    if (mg_all_reduce(t->g, v, v, (size_t)n, MG_F64, MG_SUM)) die_in_step(t);
-}
-
 /* Sum training figures over the data-parallel ranks (a pipeline's stages
  * all report their replica's). */
 static void sum_over_replicas(trainer *t, double *v, int n)
@@ -691,24 +673,13 @@ static void same_on_every_rank(trainer *t, const char *settings)
     free(all);
 }
 
-static void pipeline_checks(options *o, int P);
-
 /* --mesh pp=P: the pipeline strategy. --batch B is split into its M
  * micro-batches, so from here the run is one process's --batch B/M
  * --accumulate M (the same draws, logs and checkpoints). */
 static void pipeline_flags(options *o, trainer *t, int P)
 {
     t->mode = MG_STRATEGY_PIPELINE;
-    die_quietly = t->rank != 0;
-    pipeline_checks(o, P);
-    die_quietly = false;
-    o->batch /= o->micro_batches;
-    o->accumulate = o->micro_batches;
-}
-
-/* The pipeline flags' mistakes, each one line. */
-static void pipeline_checks(options *o, int P)
-{
+    /* Each mistake one line (every rank finds it and says it). */
     if (o->zero) die("--zero with a pipeline (--mesh pp=%d) is not built yet: give one of them",
                      P);
     if (strcmp(o->compress, "none"))
@@ -728,6 +699,8 @@ static void pipeline_checks(options *o, int P)
         die("--batch %d does not split into --micro-batches %d%s: give a multiple of %d",
             o->batch, o->micro_batches, given ? "" : " (one per stage unless given)",
             o->micro_batches);
+    o->batch /= o->micro_batches;
+    o->accumulate = o->micro_batches;
 }
 
 /* Join the DDP job (when --parallel ddp) and set the threads; check that
@@ -1058,6 +1031,20 @@ static void print_layout(const trainer *t, const options *o, int local)
            o->pp_schedule ? o->pp_schedule : "1f1b", mesh);
 }
 
+/* A pipeline's cut, one line. */
+static void print_cut(const trainer *t)
+{
+    mg_pipe *p = mg_strategy_pipe(t->s);
+    if (!p) return;
+    int S;
+    const int *first = mg_pipe_cut(p, &S), P = mg_mesh_size(t->mesh, MG_MESH_PP);
+    printf("pipeline cut:");
+    for (int s = 0; s < S; s++)
+        printf("%s stage %d on rank %d = %s .. %s", s ? "," : "", s, s % P,
+               mg_model_unit(t->m, first[s]).name, mg_model_unit(t->m, first[s + 1] - 1).name);
+    printf("\n");
+}
+
 /* Rank 0 writes the log and its plot; every rank learns whether it worked
  * (also the barrier before a save). */
 static void write_metrics(trainer *t, const options *o, const metrics *mt)
@@ -1139,33 +1126,43 @@ static void check_data_fits(trainer *t, const mg_dataset *train, const mg_datase
     agree_or_die(t, failed, msg);
 }
 
-/* Test loss and accuracy; in DDP each rank takes a contiguous shard of the
- * test set and the sums are all-reduced, so the figures are exact. */
+/* The test images [at, end) in batches. */
+typedef struct {
+    const mg_dataset *test;
+    int at, end, batch;
+    mg_scaling sc;
+    float *x;
+    int32_t *y, *idx;
+    size_t x_len;
+} test_source;
+
+static bool next_test(void *ud, mg_micro_batch *b)
+{
+    test_source *s = ud;
+    if (s->at >= s->end) return false;
+    int n = s->end - s->at < s->batch ? s->end - s->at : s->batch;
+    for (int k = 0; k < n; k++) s->idx[k] = s->at + k;
+    if (mg_dataset_gather(s->test, s->idx, n, s->sc, s->x, s->x_len, s->y)) return false;
+    s->at += n;
+    *b = (mg_micro_batch){s->x, s->y, n, false};
+    return true;
+}
+
+/* Test loss and accuracy through the strategy: each data-parallel replica
+ * takes a contiguous shard of the test set and the sums are added, so the
+ * figures are exact. */
 static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, int32_t *idx,
                      int batch, mg_scaling sc, double *loss, double *acc)
 {
-    mg_model *m = t->m;
-    int begin = 0, end = test->n, ch, h, w;
-    mg_model_input_shape(m, &ch, &h, &w);
-    size_t x_len = (size_t)batch * ch * h * w;   /* x's floats */
-    if (distributed(t)) mg_shard_range(test->n, t->rank, t->world, &begin, &end);
-    gather(t);
-    mg_model_set_training(m, false);
-    double v[3] = {0, 0, 0};  /* loss sum, correct, images */
-    for (int i = begin; i < end; i += batch) {
-        int bs = end - i < batch ? end - i : batch;
-        for (int k = 0; k < bs; k++) idx[k] = i + k;
-        if (mg_dataset_gather(test, idx, bs, sc, x, x_len, y) ||
-            !mg_model_forward(m, x, bs))
-            die_in_step(t);
-        int c;
-        v[0] += (double)mg_model_loss(m, y, &c) * bs;
-        v[1] += c;
-        v[2] += bs;
-    }
-    mg_model_set_training(m, true);
-    if (mg_strategy_release(t->s)) die_in_step(t);
-    sum_over_ranks(t, v, 3);
+    int ch, h, w;
+    mg_model_input_shape(t->m, &ch, &h, &w);
+    test_source src = {.test = test, .batch = batch, .sc = sc, .x = x, .y = y, .idx = idx,
+                       .x_len = (size_t)batch * ch * h * w};
+    mg_shard_range(test->n, t->drank, t->dworld, &src.at, &src.end);
+    mg_step_result r;
+    if (mg_strategy_evaluate(t->s, next_test, &src, &r) || src.at < src.end) die_in_step(t);
+    double v[3] = {r.loss_sum, (double)r.correct, (double)r.samples};
+    sum_over_replicas(t, v, 3);
     *loss = v[0] / v[2];
     *acc = v[1] / v[2];
 }
@@ -1249,6 +1246,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
         if (o->accumulate > 1 && t->mode != MG_STRATEGY_PIPELINE)
             printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
+        print_cut(t);
     }
     double total_time = 0;
     for (int e = (int)start_epoch; e < o->epochs; e++) {
@@ -1320,37 +1318,32 @@ done:
 static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
 {
     double v;
-    gather(t);
-    if (mg_lm_val_loss(t->m, text, batch, t->g, &v)) die_in_step(t);
-    if (mg_strategy_release(t->s)) die_in_step(t);
+    if (mg_strategy_lm_val_loss(t->s, text, batch, t->drank, t->dworld, &v)) die_in_step(t);
     *ppl = exp(v);
     return v;
 }
 
-/* Rank 0 generates --sample bytes after --prompt and prints them (the
- * whole parameters gathered: collective under ZeRO-3). */
-static void generate(trainer *t, const options *o)
+/* --sample bytes after --prompt through the strategy (collective: ZeRO-3
+ * gathers the parameters, a pipeline runs each token through its stages);
+ * rank 0 prints them. */
+static void print_sample(trainer *t, const options *o)
 {
+    if (!o->sample) return;
     int np = (int)strlen(o->prompt);
     int32_t *tok = malloc(sizeof *tok * (size_t)(np + o->sample));
     if (!tok) die("out of memory for a sample of %d bytes", o->sample);
     for (int i = 0; i < np; i++) tok[i] = (unsigned char)o->prompt[i];
-    if (mg_model_generate(t->m, tok, np, o->sample, o->temperature, o->top_k, o->seed, tok + np))
+    if (mg_strategy_generate(t->s, tok, np, o->sample, o->temperature, o->top_k, o->seed,
+                             tok + np))
         die("--sample: %s", mg_last_error());
-    printf("sample (%d bytes, temperature %g, top-k %d):\n%s", o->sample, o->temperature,
-           o->top_k, o->prompt);
-    for (int i = 0; i < o->sample; i++) putchar(tok[np + i]);
-    putchar('\n');
-    fflush(stdout);
+    if (t->rank == 0) {
+        printf("sample (%d bytes, temperature %g, top-k %d):\n%s", o->sample, o->temperature,
+               o->top_k, o->prompt);
+        for (int i = 0; i < o->sample; i++) putchar(tok[np + i]);
+        putchar('\n');
+        fflush(stdout);
+    }
     free(tok);
-}
-
-static void print_sample(trainer *t, const options *o)
-{
-    if (!o->sample) return;
-    gather(t);
-    if (t->rank == 0) generate(t, o);
-    if (mg_strategy_release(t->s)) die_in_step(t);
 }
 
 static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
@@ -1407,6 +1400,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
             printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,
                o->steps, mg_text_size(text), mg_text_train_size(text));
+        print_cut(t);
     }
     if (step == 0) {   /* the curve starts at initialisation, as nanoGPT's */
         log_row *r = metrics_add(&mt);

@@ -252,6 +252,20 @@ const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int bat
  * is not a language model or a token outside the vocabulary. */
 mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
                             float temperature, int top_k, uint64_t seed, int32_t *out);
+/* The same loop over any forward of model (a pipeline's): forward gives
+ * the logits [positions, vocab] of a context of `positions` tokens (NULL:
+ * failed, mg_last_error says why); share (may be NULL) may replace each
+ * picked token (a pipeline's last stage picks and the others take its;
+ * a failure stops). Training mode is off meanwhile. */
+typedef struct mg_lm_forward {
+    const float *(*forward)(void *ud, const int32_t *ctx);
+    mg_status (*share)(void *ud, int32_t *tok);
+    void *ud;
+    mg_model *model;
+    int positions, vocab;
+} mg_lm_forward;
+mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_prompt, int n,
+                      float temperature, int top_k, uint64_t seed, int32_t *out);
 /* Mean softmax cross-entropy of the last forward against labels (one per
  * position: batch * positions of them); prepares
  * the logits' gradient for backward; *correct (may be NULL) gets the

@@ -229,6 +229,12 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
  * group g (may be NULL) it is collective: each rank evaluates a contiguous
  * share of the windows and every rank gets the whole figure. */
 mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss);
+/* The same through a strategy (collective): data-parallel replica
+ * `replica` of `replicas` takes its contiguous share of the windows,
+ * evaluated by mg_strategy_evaluate; every rank gets the whole figure. */
+typedef struct mg_strategy mg_strategy;
+mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, int replica,
+                                  int replicas, double *loss);
 
 /* Pipeline schedules (below) and the options of the pipeline strategy. */
 typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;
@@ -348,6 +354,21 @@ typedef struct mg_step_result {
  * optimizer over the strategy's range. This process's figures in r. */
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r);
+/* Evaluation: the forward and loss of every micro-batch from next (until
+ * it has none), no gradients, training mode off meanwhile; this process's
+ * figures in r (a pipeline's on every stage: its last stage's), to be
+ * summed over the data-parallel replicas (mg_strategy_sum). A pipeline
+ * runs M micro-batches at a time through its stages; ZeRO-3 gathers the
+ * parameters first and gives them back after. Collective where the
+ * strategy communicates. */
+mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
+                               mg_step_result *r);
+/* mg_model_generate through the strategy (collective; every rank gets the
+ * tokens): ZeRO-3 gathers the parameters, a pipeline runs each token's
+ * forward through its stages, its last stage picks and the others take
+ * its token. */
+mg_status mg_strategy_generate(mg_strategy *s, const int32_t *prompt, int n_prompt, int n,
+                               float temperature, int top_k, uint64_t seed, int32_t *out);
 
 /* ---- device mesh (mesh.c) -------------------------------------------------
  *
@@ -416,7 +437,11 @@ typedef struct mg_pipe_action {
 mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V);
 /* The rank's compute actions (F and B only): the generators.
  *   naive:       F0 B0 F1 B1 ...: one micro-batch in the pipe at a time
- *                (with M = 1, the plain layer split).
+ *                (with M = 1, the plain layer split). It also takes V > 1
+ *                chunks (each micro-batch through all S stages and back),
+ *                which mg_pipe_check refuses from users: the executor runs
+ *                it for an interleaved step of fewer micro-batches than a
+ *                multiple of P.
  *   gpipe:       every F, then every B: M micro-batches in flight.
  *   1f1b:        P-1-rank warm-up forwards, then one F one B, then the
  *                remaining B: at most P-rank in flight (PipeDream-Flush).
@@ -447,7 +472,7 @@ typedef struct mg_pipe_sim {
     long messages;         /* sends */
 } mg_pipe_sim;
 mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
-                           mg_pipe_sim *out);
+                           mg_pipe_sim *out);   /* (naive with V > 1 too) */
 /* Cutting the model into S stages at unit boundaries (units in forward
  * order): first[s] is stage s's first unit, first[0] = 0, first[S] = n,
  * every stage at least one unit. balance minimises the largest stage's
@@ -488,7 +513,9 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
 void mg_pipe_destroy(mg_pipe *p);
 /* The cut: S + 1 unit boundaries (*stages gets S). */
 const int *mg_pipe_cut(const mg_pipe *p, int *stages);
-/* The arena ranges this rank keeps and steps, ascending. */
+/* The arena ranges this rank keeps and steps, ascending: at most one per
+ * chunk and 8 borrowed. */
+#define MG_PIPE_MAX_RANGES (64 + 8)
 const mg_range *mg_pipe_ranges(const mg_pipe *p, int *n);
 /* Those of them this rank writes to a checkpoint: without the
  * parameters it borrows from another rank (which that rank writes). */
@@ -502,6 +529,14 @@ int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out);
  * schedule for that count. */
 mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
                        mg_step_result *r);
+/* The same forwards without backwards (evaluation, generation: no
+ * gradient, nothing held after): GPipe's order of forwards (interleaved's
+ * under interleaved), the model's training mode as it is (dropout draws
+ * only in training). The last stage's logits of its last micro-batch
+ * stay in mg_pipe_logits (NULL on the other ranks) until the next run. */
+mg_status mg_pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                          mg_step_result *r);
+const float *mg_pipe_logits(const mg_pipe *p);
 /* After the step: the two ranks holding tied parameters add their
  * gradients. */
 mg_status mg_pipe_sum_ties(mg_pipe *p);

@@ -9,6 +9,7 @@
  * sequence: generation is for seeing what a model learned, not a
  * serving path. */
 #include <float.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,13 +53,27 @@ static int pick(const float *z, int V, float temperature, int top_k, float *scra
     return last;   /* rounding left u at the very top */
 }
 
+/* A model's own forward of one sequence. */
+static const float *model_forward(void *ud, const int32_t *ctx)
+{
+    return mg_model_forward_tokens(ud, ctx, 1);
+}
+
 mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
                             float temperature, int top_k, uint64_t seed, int32_t *out)
 {
-    int T = mg_model_positions(m), V = mg_model_classes(m);
-    if (T < 2)
+    if (mg_model_positions(m) < 2)
         return mg_error(MG_EINVAL, "generate: model %s is not a language model",
                         mg_model_name(m));
+    mg_lm_forward f = {model_forward, NULL, m, m, mg_model_positions(m), mg_model_classes(m)};
+    return mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
+}
+
+mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_prompt, int n,
+                      float temperature, int top_k, uint64_t seed, int32_t *out)
+{
+    int T = f->positions, V = f->vocab;
+    mg_model *m = f->model;
     if (n_prompt < 1)
         return mg_error(MG_EINVAL, "generate: the prompt needs at least one token");
     for (int i = 0; i < n_prompt; i++)
@@ -79,12 +94,15 @@ mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, in
     mg_model_set_training(m, false);
     mg_status st = MG_OK;
     for (int k = 0; k < n; k++) {
-        const float *logits = mg_model_forward_tokens(m, ctx, 1);
+        const float *logits = f->forward(f->ud, ctx);
         if (!logits) {
-            st = mg_error(MG_ENOMEM, "generate: %s", mg_last_error());
+            char why[1024];
+            snprintf(why, sizeof why, "%s", mg_last_error());
+            st = mg_error(MG_ENOMEM, "generate: %s", why);
             break;
         }
-        int tok = pick(logits + (size_t)(len - 1) * V, V, temperature, top_k, scratch, &rng);
+        int32_t tok = pick(logits + (size_t)(len - 1) * V, V, temperature, top_k, scratch, &rng);
+        if (f->share && (st = f->share(f->ud, &tok))) break;
         out[k] = tok;
         if (len == T) {
             memmove(ctx, ctx + 1, sizeof *ctx * (size_t)(T - 1));

@@ -56,7 +56,7 @@ struct mg_pipe {
     int P, M, V, S, rank, max_batch;
     int *first;               /* S + 1 unit boundaries */
     chunk *ch;                /* V */
-    mg_range ranges[130];     /* this rank's, ascending */
+    mg_range ranges[MG_PIPE_MAX_RANGES];   /* this rank's, ascending */
     int n_ranges;
     tie ties[8];
     int n_ties;
@@ -68,6 +68,7 @@ struct mg_pipe {
     /* Lowered lists by micro-batch count (0: not made yet). */
     mg_pipe_action *acts;
     int n_acts, acts_for;
+    const float *logits;      /* the last stage's last forward's */
     /* Posted batches of sends only, not waited for yet. */
     mg_work **pend;
     int n_pend, cap_pend;
@@ -178,11 +179,8 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
         ck->stage = k * P + p->rank;
         ck->u0 = p->first[ck->stage];
         ck->u1 = p->first[ck->stage + 1];
-        mg_tape *t;
-        st = mg_tape_create_range(m, 1, ck->u0, ck->u1, &t);
-        if (st) break;
-        mg_tape_range(t, NULL, NULL, &ck->in_per, &ck->out_per);
-        mg_tape_destroy(t);
+        ck->in_per = ck->u0 ? mg_model_unit(m, ck->u0 - 1).out_bytes / sizeof(float) : p->x_per;
+        ck->out_per = mg_model_unit(m, ck->u1 - 1).out_bytes / sizeof(float);
         ck->mb = calloc(M, sizeof *ck->mb);
         ck->pool = calloc(M, sizeof *ck->pool);
         ck->all = calloc(M, sizeof *ck->all);
@@ -199,11 +197,14 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
         if (j < 0) continue;
         int su = stage_of_unit(p, u) % P, sj = stage_of_unit(p, j) % P;
         if (su == sj || (su != p->rank && sj != p->rank)) continue;
-        if (p->n_ties == 8) {
-            st = mg_error(MG_EINVAL, "pipeline: more than 8 tied units across stages");
+        mg_range r = units_range(m, j, j + 1);
+        bool again = false;
+        for (int k = 0; k < p->n_ties; k++) again |= p->ties[k].lo == r.lo;
+        if (p->n_ties == 8 || again) {
+            st = mg_error(MG_EINVAL, "pipeline: %s: at most 8 units may read another rank's "
+                          "parameters, and only one each unit's", mg_model_name(m));
             break;
         }
-        mg_range r = units_range(m, j, j + 1);
         p->ties[p->n_ties++] = (tie){r.lo, r.hi, su == p->rank ? sj : su, sj == p->rank};
         if (su == p->rank && r.hi > r.lo) p->ranges[p->n_ranges++] = r;
     }
@@ -476,29 +477,59 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
     return MG_OK;
 }
 
-static mg_status lowered(mg_pipe *p, int count)
+static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, bool fwd_only,
+                     mg_step_result *r);
+
+/* The rank's list for count micro-batches: the schedule's, or without
+ * its backwards (forward only: GPipe's forwards, or interleaved's). A
+ * list set without deadlock stays so with actions taken out. */
+static mg_status lowered(mg_pipe *p, int count, bool fwd_only)
 {
-    if (p->acts_for == count) return MG_OK;
+    if (p->acts_for == 2 * count + fwd_only) return MG_OK;
     mg_pipe_kind k = p->kind;
-    if (count != p->M && mg_pipe_check(k, p->P, count, p->V))
-        return mg_error(MG_EINVAL, "pipeline: this step has %d micro-batches, not %d: %s",
-                        count, p->M, mg_last_error());
+    if (fwd_only && k != MG_PIPE_INTERLEAVED) k = MG_PIPE_GPIPE;
+    /* An interleaved step cut short (an epoch's end) with micro-batches
+     * that do not fill rounds of P runs one micro-batch at a time. */
+    if (k == MG_PIPE_INTERLEAVED && count % p->P) k = MG_PIPE_NAIVE;
     int n = mg_pipe_lower(k, p->P, count, p->V, p->rank, NULL, 0);
     mg_pipe_action *a = realloc(p->acts, sizeof *a * (size_t)n);
     if (!a) return mg_error(MG_ENOMEM, "pipeline: out of memory");
     mg_pipe_lower(k, p->P, count, p->V, p->rank, a, n);
+    int kept = 0;
+    for (int i = 0; i < n; i++)
+        if (!fwd_only || a[i].op == MG_PIPE_F || a[i].op == MG_PIPE_SEND_F ||
+            a[i].op == MG_PIPE_RECV_F)
+            a[kept++] = a[i];
     p->acts = a;
-    p->n_acts = n;
-    p->acts_for = count;
+    p->n_acts = kept;
+    p->acts_for = 2 * count + fwd_only;
     return MG_OK;
 }
 
 mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
                        mg_step_result *r)
 {
+    return run(p, next, ud, max_micro, false, r);
+}
+
+mg_status mg_pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                          mg_step_result *r)
+{
+    return run(p, next, ud, max_micro, true, r);
+}
+
+const float *mg_pipe_logits(const mg_pipe *p) { return p->logits; }
+
+/* A step's forwards and backwards, or (fwd_only) its forwards alone:
+ * each tape goes back once its output is sent, and the last stage's
+ * logits stay until the next run. */
+static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, bool fwd_only,
+                     mg_step_result *r)
+{
     mg_model *m = p->m;
     int count = 0;
     mg_micro_batch b;
+    memset(r, 0, sizeof *r);
     while (count < max_micro && count < p->M && next(ud, &b)) {
         if (b.n < 1 || b.n > p->max_batch)
             return mg_error(MG_EINVAL, "pipeline: micro-batch %d has %d samples; the "
@@ -511,9 +542,10 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
     }
     r->micro = count;
     if (!count) return MG_OK;
-    MG_TRY(lowered(p, count));
+    MG_TRY(lowered(p, count, fwd_only));
     uint64_t base = mg_model_rng_counter(m);
     bool training = mg_model_training(m);
+    p->logits = NULL;
     double loss = 0;
     long correct = 0, samples = 0;
     mg_p2p_op ops[8];
@@ -547,6 +579,9 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
                 o.coll = MG_COLL_SEND;
                 o.buf = (void *)mg_tape_logits(f->t);
                 o.count = (size_t)n * ck->out_per;
+                /* Forward only: done with it (the next forward on it
+                 * first waits for the send). */
+                if (fwd_only) give_back(ck, mb, true);
                 break;
             case MG_PIPE_RECV_B:
                 o.coll = MG_COLL_RECV;
@@ -563,6 +598,7 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
                 give_back(ck, mb, true);
                 break;
             }
+            if (st) break;
             why[nops] = *a;
             ops[nops++] = o;
             continue;
@@ -574,6 +610,7 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
         if (a->op == MG_PIPE_F) {
             if ((st = take(p, ck, mb))) break;
             f = ck->mb[mb];
+            if (f->sending && fwd_only && (st = wait_sends(p))) break;
             const float *in = ck->stage == 0 ? p->x + (size_t)mb * p->max_batch * p->x_per
                                              : f->in;
             if (training) mg_tape_pin_step(f->t, base + (uint64_t)mb);
@@ -587,6 +624,8 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
                 loss += (double)l * n;
                 correct += c;
                 samples += n;
+                p->logits = mg_tape_logits(f->t);
+                if (fwd_only) give_back(ck, mb, false);
             }
         } else {
             MG_ASSERT(f);
@@ -617,10 +656,12 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
      * finishes early waits for the others as the schedule's makespan
      * counts it. */
     double t_end = mg_trace_now();
-    p->stats.steps++;
-    p->stats.busy_us += busy;
-    p->stats.step_us += t_end - t_step;
-    mg_trace_event("pipeline step", "pp step", 2, t_step, t_end);
+    if (!fwd_only) {
+        p->stats.steps++;
+        p->stats.busy_us += busy;
+        p->stats.step_us += t_end - t_step;
+        mg_trace_event("pipeline step", "pp step", 2, t_step, t_end);
+    }
     r->loss_sum = v[0];
     r->correct = (long)v[1];
     r->samples = (long)v[2];

@@ -316,7 +316,7 @@ static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path,
         st = mg_error(MG_EIO, "rank %d cannot open %s: %s", s->rank, tmp, strerror(errno));
     int nr = 0;
     const mg_range *r = NULL;
-    mg_range own[130];
+    mg_range own[MG_PIPE_MAX_RANGES];
     if (s->zero) r = mg_strategy_ranges(s, &nr);
     else if (s->pipe && (!s->pdp || mg_group_rank(s->pdp) == 0))   /* one replica of each stage */
         nr = mg_pipe_save_ranges(s->pipe, own), r = own;
@@ -383,6 +383,101 @@ mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckp
     if (!st) st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
     mg_status e = agree(s, mg_strategy_release(s));
     return st ? st : e;
+}
+
+/* ---- evaluation and generation ------------------------------------------ */
+
+mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
+                               mg_step_result *r)
+{
+    memset(r, 0, sizeof *r);
+    mg_model *m = s->m;
+    bool training = mg_model_training(m);
+    mg_model_set_training(m, false);
+    mg_status st = s->pipe ? MG_OK : mg_strategy_gather(s);
+    mg_micro_batch b;
+    for (int more = 1; !st && more;) {
+        mg_step_result q = {0};
+        if (s->pipe) {   /* M micro-batches at a time through the stages */
+            st = mg_pipe_forward(s->pipe, next, ud, INT32_MAX, &q);
+        } else if ((q.micro = next(ud, &b))) {
+            int c = 0;
+            if (!mg_model_forward(m, (const float *)b.x, b.n)) st = MG_ENOMEM;
+            else q.loss_sum = (double)mg_model_loss(m, b.y, &c) * b.n;
+            q.correct = c;
+            q.samples = b.n;
+        }
+        more = q.micro;
+        r->micro += q.micro;
+        r->loss_sum += q.loss_sum;
+        r->correct += q.correct;
+        r->samples += q.samples;
+    }
+    mg_model_set_training(m, training);
+    mg_status e = s->pipe ? MG_OK : mg_strategy_release(s);
+    return st ? st : e;
+}
+
+/* A pipeline's forward of one context: every stage runs it, the last one
+ * has the logits (the others a row of zeros, whose pick its replaces). */
+typedef struct {
+    mg_strategy *s;
+    const int32_t *ctx;
+    int32_t *labels;
+    float *zeros;
+    int given;
+} gen_pipe;
+
+static bool gen_next(void *ud, mg_micro_batch *b)
+{
+    gen_pipe *g = ud;
+    if (g->given++) return false;
+    *b = (mg_micro_batch){.x = g->ctx, .y = g->labels, .n = 1};
+    return true;
+}
+
+static const float *gen_forward(void *ud, const int32_t *ctx)
+{
+    gen_pipe *g = ud;
+    g->ctx = ctx;
+    g->given = 0;
+    mg_step_result r;
+    if (mg_pipe_forward(g->s->pipe, gen_next, g, 1, &r)) return NULL;
+    const float *l = mg_pipe_logits(g->s->pipe);
+    return l ? l : g->zeros;
+}
+
+static mg_status gen_share(void *ud, int32_t *tok)
+{
+    gen_pipe *g = ud;
+    int S;
+    mg_pipe_cut(g->s->pipe, &S);
+    return mg_broadcast(g->s->pp, tok, 1, MG_I32, (S - 1) % mg_group_size(g->s->pp));
+}
+
+mg_status mg_strategy_generate(mg_strategy *s, const int32_t *prompt, int n_prompt, int n,
+                               float temperature, int top_k, uint64_t seed, int32_t *out)
+{
+    mg_model *m = s->m;
+    if (!s->pipe) {
+        MG_TRY(mg_strategy_gather(s));
+        mg_status st = mg_model_generate(m, prompt, n_prompt, n, temperature, top_k, seed, out);
+        mg_status e = mg_strategy_release(s);
+        return st ? st : e;
+    }
+    int T = mg_model_positions(m), V = mg_model_classes(m);
+    if (T < 2)
+        return mg_error(MG_EINVAL, "generate: model %s is not a language model",
+                        mg_model_name(m));
+    gen_pipe g = {.s = s, .labels = calloc((size_t)T, sizeof(int32_t)),
+                  .zeros = calloc((size_t)T * V, sizeof(float))};
+    mg_status st = !g.labels || !g.zeros ? mg_error(MG_ENOMEM, "generate: out of memory")
+                                         : MG_OK;
+    mg_lm_forward f = {gen_forward, gen_share, &g, m, T, V};
+    if (!st) st = mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
+    free(g.labels);
+    free(g.zeros);
+    return st;
 }
 
 /* ---- counters -------------------------------------------------------------- */
