@@ -480,3 +480,127 @@ TEST_T(pipeline_evaluates_and_samples_as_one_process, 120)
                mg_pipe_name(cases[i].k), cases[i].P, cases[i].M, val);
     }
 }
+
+/* ---- batch norm and dropout across stages -------------------------------------- */
+
+/* conv, batch norm, dropout and two linear layers: running statistics
+ * (buffers) and dropout masks on different stages. */
+static mg_model *bn_model(uint64_t seed)
+{
+    mg_layer *l[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 1, true, MG_POOL_MAX),
+                     mg_layer_batchnorm2d("bn", 4), mg_layer_flatten("flat"),
+                     mg_layer_dropout("drop", 0.3f), mg_layer_linear("fc1", 64, 16, true),
+                     mg_layer_batchnorm2d("bn2", 16), mg_layer_linear("fc2", 16, 5, false)};
+    mg_model *m;
+    CHECK_OK(mg_model_create_from("bn-drop", mg_layer_sequential(NULL, l, 7), 1, 8, 8, seed, &m));
+    mg_model_set_dropout_seed(m, 99);
+    return m;
+}
+
+typedef struct {
+    float x[4][6 * 64];
+    int32_t y[4][6];
+    int j;
+} bn_source;
+
+static bool bn_next(void *ud, mg_micro_batch *b)
+{
+    bn_source *s = ud;
+    if (s->j == 4) return false;
+    *b = (mg_micro_batch){s->x[s->j], s->y[s->j], 6, false};
+    s->j++;
+    return true;
+}
+
+/* 3 SGD steps of 4 micro-batches, then the checkpoint at path. */
+static void bn_train(mg_strategy *s, const char *path)
+{
+    static bn_source src;
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 6 * 64; i++) {
+            src.x[k][i] = (float)((unsigned)(i * 2654435761u + (unsigned)k * 97u) % 1000u) / 500.0f - 1;
+            if (i < 6) src.y[k][i] = (i * 3 + k) % 5;
+        }
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
+    oc.momentum = 0.9f;
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    mg_step_options so = {.accumulate = 4, .lr = 0.1f};
+    for (int step = 0; step < 3; step++) {
+        src.j = 0;
+        mg_step_result r;
+        CHECK_OK(mg_train_step(s, o, &so, bn_next, &src, &r));
+        CHECK_EQ(r.samples, 24);
+    }
+    CHECK_OK(mg_strategy_save(s, path, o, NULL));
+    mg_optim_destroy(o);
+}
+
+static void bn_path(char *p, size_t cap, const char *what)
+{
+    snprintf(p, cap, "%s/%s.st", mgt_tmpdir(), what);
+}
+
+static int bn_rank(int rank, int procs, void *arg)
+{
+    const eq_case *c = arg;
+    mg_group *g = mgt_join(rank, procs, c->port, NULL, 60);
+    CHECK(g);
+    mg_model *m = bn_model((uint64_t)rank + 5);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.pp_group = g;
+    so.max_batch = 6;
+    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = 4, .chunks = c->chunks};
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    char p[512];
+    bn_path(p, sizeof p, "bn-pipeline");
+    bn_train(s, p);
+    eq_end_rank(s, m, NULL, NULL, NULL, g);
+    return 0;
+}
+
+static bool same_bytes(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    for (int x, y; same;) {
+        x = fgetc(fa);
+        y = fgetc(fb);
+        same = x == y;
+        if (x == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* Running statistics on several stages (saved by the stage that holds
+ * them) and dropout masks drawn on a stage as one process draws them:
+ * the checkpoint after 3 steps is one process's, byte for byte. */
+TEST_T(pipeline_batch_norm_and_dropout_checkpoint_is_one_process, 120)
+{
+    char one[512], pipe[512];
+    bn_path(one, sizeof one, "bn-one");
+    bn_path(pipe, sizeof pipe, "bn-pipeline");
+    mg_model *m = bn_model(5);
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.max_batch = 6;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    bn_train(s, one);
+    eq_end_rank(s, m, NULL, NULL, NULL, NULL);
+    static const struct { int P, V; mg_pipe_kind k; } cases[] = {
+        {2, 1, MG_PIPE_1F1B}, {3, 1, MG_PIPE_GPIPE}, {2, 2, MG_PIPE_INTERLEAVED},
+        {4, 1, MG_PIPE_1F1B},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        eq_case c = {.pp = cases[i].P, .pp_kind = cases[i].k, .chunks = cases[i].V,
+                     .port = mgt_free_port()};
+        int st[4];
+        CHECK_EQ(mgt_fork_ranks(c.pp, bn_rank, &c, 60, st), 0);
+        CHECK_MSG(same_bytes(one, pipe), "%s P=%d: the checkpoint differs from one process's",
+                  mg_pipe_name(c.pp_kind), c.pp);
+    }
+}

@@ -548,6 +548,9 @@ double mg_pipe_grad_sumsq(const mg_pipe *p);
  * rank's. */
 mg_status mg_pipe_gather(mg_pipe *p);
 void mg_pipe_release(mg_pipe *p);
+/* Every stage's buffers (running statistics) on every rank: what a
+ * checkpoint needs besides each rank's own ranges. Collective. */
+mg_status mg_pipe_gather_buffers(mg_pipe *p);
 typedef struct mg_pipe_stats {
     long steps;
     /* Summed over steps: computing forwards and backwards, and from the

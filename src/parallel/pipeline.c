@@ -20,7 +20,10 @@
  * after the last backward the two ranks holding it add their gradients
  * (each sends its own, both add: a + b on both sides, the same bits), as
  * Megatron-LM sums the embedding's gradient between its first and last
- * stage. Both then step the same values with the same state. */
+ * stage. Both then step the same values with the same state.
+ *
+ * Evaluation and generation run the same lists without their backwards
+ * (mg_pipe_forward): a tape goes back as soon as its output is sent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +68,8 @@ struct mg_pipe {
     int32_t *y;
     int *n;
     size_t x_per, y_per;      /* input floats and labels per sample */
-    /* Lowered lists by micro-batch count (0: not made yet). */
+    /* The lowered list made last, for acts_for = 2·count + forward-only
+     * (0: none yet). */
     mg_pipe_action *acts;
     int n_acts, acts_for;
     const float *logits;      /* the last stage's last forward's */
@@ -209,6 +213,9 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
         if (su == p->rank && r.hi > r.lo) p->ranges[p->n_ranges++] = r;
     }
     qsort(p->ranges, (size_t)p->n_ranges, sizeof *p->ranges, cmp_range);
+    /* Stages without parameters (a flatten, a dropout): an empty range,
+     * so that the optimizer has one to (not) update. */
+    if (!p->n_ranges) p->ranges[p->n_ranges++] = (mg_range){0, 0};
     if (st) {
         mg_pipe_destroy(p);
         return st;
@@ -281,13 +288,14 @@ void mg_pipe_release(mg_pipe *p)
         if (!kept(p, at, &end)) mg_mem_discard(w + at, fl(end - at));
 }
 
-mg_status mg_pipe_gather(mg_pipe *p)
+static mg_status gather(mg_pipe *p, bool params)
 {
     mg_model *m = p->m;
     float *w = mg_model_params(m), *bf = mg_model_buffers(m);
     for (int s = 0; s < p->S; s++) {
         mg_range r = units_range(m, p->first[s], p->first[s + 1]);
-        if (r.hi > r.lo) MG_TRY(mg_broadcast(p->g, w + r.lo, r.hi - r.lo, MG_F32, s % p->P));
+        if (params && r.hi > r.lo)
+            MG_TRY(mg_broadcast(p->g, w + r.lo, r.hi - r.lo, MG_F32, s % p->P));
         mg_unit_info a = mg_model_unit(m, p->first[s]);
         size_t blo = a.buf_lo, bhi = a.buf_hi;
         for (int u = p->first[s] + 1; u < p->first[s + 1]; u++) {
@@ -300,6 +308,9 @@ mg_status mg_pipe_gather(mg_pipe *p)
     }
     return MG_OK;
 }
+
+mg_status mg_pipe_gather(mg_pipe *p) { return gather(p, true); }
+mg_status mg_pipe_gather_buffers(mg_pipe *p) { return gather(p, false); }
 
 /* ---- after the last backward -------------------------------------------- */
 
@@ -347,7 +358,7 @@ int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out)
         bool borrowed = false;
         for (int k = 0; k < p->n_ties; k++)
             borrowed |= !p->ties[k].owner && p->ties[k].lo == p->ranges[i].lo;
-        if (!borrowed) out[n++] = p->ranges[i];
+        if (!borrowed && p->ranges[i].hi > p->ranges[i].lo) out[n++] = p->ranges[i];
     }
     return n;
 }

@@ -118,8 +118,9 @@ static mg_status pipe_step(mg_strategy *s, mg_batch_source next, void *ud, int m
     const mg_range *rg = mg_pipe_ranges(s->pipe, &n);
     double t0 = mg_trace_now();
     for (int k = 0; k < n && s->pdp; k++)
-        MG_TRY(mg_all_reduce(s->pdp, MG_IN_PLACE, g + rg[k].lo, rg[k].hi - rg[k].lo, MG_F32,
-                             MG_SUM));
+        if (rg[k].hi > rg[k].lo)
+            MG_TRY(mg_all_reduce(s->pdp, MG_IN_PLACE, g + rg[k].lo, rg[k].hi - rg[k].lo,
+                                 MG_F32, MG_SUM));
     if (s->pdp) mg_trace_event("pipeline data-parallel all-reduce", "allreduce", 1, t0,
                               mg_trace_now());
     return mg_pipe_sum_ties(s->pipe);
@@ -357,9 +358,10 @@ mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
     /* Offloaded parameter pieces are read in for the writing; a
-     * pipeline's buffers (and parameters) reach rank 0, which writes them. */
+     * pipeline's buffers reach rank 0, which writes them (each rank
+     * writes its own parameters). */
     if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
-    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather(s->pipe)));
+    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather_buffers(s->pipe)));
     mg_ckpt_writer *w;
     mg_status st = agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
     if (!st) {
