@@ -213,6 +213,22 @@ TEST_T(pipeline_gpt_mini_every_schedule_matches_pytorch, 600)
 
 /* ---- a stage that dies or stops mid-step ------------------------------------ */
 
+/* A rank of a pipeline over all of g: its data (every micro-batch of the
+ * step), the model (one process's initialisation) and the strategy's
+ * options (c's schedule, M = accumulate). */
+static mg_model *one_pipeline_rank(const eq_case *c, mg_group *g, eq_source *src,
+                                   mg_st_file **ref, mg_strategy_options *so)
+{
+    *src = (eq_source){.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    eq_open_data(c, src, ref);
+    *so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so->group = g;
+    so->pp_group = g;
+    so->max_batch = c->batch;
+    so->pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
+    return eq_make_model(c, *ref, 0);
+}
+
 typedef struct {
     eq_case c;
     int victim;     /* the rank that dies (or stops) */
@@ -234,19 +250,10 @@ static int fault_rank(int rank, int procs, void *arg)
     const eq_case *c = &f->c;
     mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
     CHECK(g);
-    mg_mesh *mesh;
-    char spec[32];
-    snprintf(spec, sizeof spec, "pp=%d", c->pp);
-    CHECK_OK(mg_mesh_create(g, spec, &mesh));
-    eq_source src = {.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    eq_source src;
     mg_st_file *ref;
-    eq_open_data(c, &src, &ref);
-    mg_model *m = eq_make_model(c, ref, 0);
-    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
-    so.group = g;
-    so.pp_group = mg_mesh_group(mesh, MG_MESH_PP);
-    so.max_batch = c->batch;
-    so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
+    mg_strategy_options so;
+    mg_model *m = one_pipeline_rank(c, g, &src, &ref, &so);
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
     int calls[2] = {0, f->stop};
@@ -295,7 +302,7 @@ static int fault_rank(int rank, int procs, void *arg)
      * victim, as it does after a clean run). */
     CHECK(mg_barrier(g) != MG_OK);
     mg_optim_destroy(o);
-    eq_end_rank(s, m, &src, ref, mesh, g);
+    eq_end_rank(s, m, &src, ref, NULL, g);
     return 0;
 }
 
@@ -344,16 +351,11 @@ static int mismatch_rank(int rank, int procs, void *arg)
     const eq_case *c = &mc->c;
     mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
     CHECK(g);
-    eq_source src = {.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    eq_source src;
     mg_st_file *ref;
-    eq_open_data(c, &src, &ref);
-    mg_model *m = eq_make_model(c, ref, 0);
-    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
-    so.group = g;
-    so.pp_group = g;
-    so.max_batch = c->batch;
-    int M = mc->variant == 0 && rank == 1 ? 2 * c->accumulate : c->accumulate;
-    so.pipe = (mg_pipe_options){.kind = MG_PIPE_1F1B, .micro_batches = M};
+    mg_strategy_options so;
+    mg_model *m = one_pipeline_rank(c, g, &src, &ref, &so);
+    if (mc->variant == 0 && rank == 1) so.pipe.micro_batches *= 2;
     mg_strategy *s;
     mg_status st = mg_strategy_create(m, &so, &s);
     if (mc->variant == 0) {
