@@ -3,6 +3,7 @@
 #   make test       install missing system packages, build, run every test
 #   make run        install missing system packages, build, run the main job
 #   make install PREFIX=/usr/local
+#   make GPU=0      leave the CUDA backend out (built when the toolkit is found)
 #   make test SAN=address|thread|undefined   the suite under a sanitizer
 #                                            (built into build-$(SAN)/)
 #   make fuzz       the libFuzzer targets fuzz/fuzz_<name>.c (clang) into
@@ -40,10 +41,23 @@ MPI_CFLAGS := -DMG_HAVE_MPI $(shell mpicc --showme:compile)
 MPI_LIBS   := $(shell mpicc --showme:link)
 endif
 
+# CUDA backend (issue 15): built when the CUDA toolkit is found under
+# CUDA_HOME (default /usr/local/cuda); GPU=0 leaves it out. Without a
+# toolkit the build is the CPU library alone. scripts/install-deps.sh does
+# not install CUDA.
+GPU       ?= 1
+CUDA_HOME ?= /usr/local/cuda
+ifneq ($(GPU),0)
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
+CUDA_CFLAGS := -DMG_HAVE_CUDA -isystem $(CUDA_HOME)/include
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+endif
+endif
+
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -pthread -Iinclude -Isrc -MMD -MP \
-           -fvisibility=default $(MPI_CFLAGS)
-LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) -lmvec -lm -lpthread -lrt
+           -fvisibility=default $(MPI_CFLAGS) $(CUDA_CFLAGS)
+LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) $(CUDA_LIBS) -lmvec -lm -lpthread -lrt
 LDFLAGS += $(if $(SANS),-fsanitize=$(SANS))
 
 LIB_SRC   := $(sort $(shell find src -name '*.c'))
@@ -77,7 +91,13 @@ examples: $(EXAMPLES)
 # V=1 shows the full commands.
 Q := $(if $(V),,@)
 
-$(BUILD)/obj/%.o: %.c
+# Objects are remade when the flags change (make GPU=0 after a CUDA build,
+# another CC): the stamp holds the last build's flags.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CC) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(V),,echo "  CC    $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@

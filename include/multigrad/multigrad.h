@@ -3,6 +3,7 @@
 #define MULTIGRAD_H
 #include "status.h"
 #include "core.h"
+#include "device.h"
 #include "tensor.h"
 #include "nn.h"
 #include "optim.h"

@@ -1,0 +1,55 @@
+/* multigrad — devices: where arenas live and kernels run (issue 15).
+ *
+ * The CPU always; NVIDIA GPUs through the CUDA runtime when the library
+ * was built with the CUDA toolkit (make detects it; make GPU=0 leaves it
+ * out). This is the first layer of the GPU backend: naming a device,
+ * finding out whether it is there, and its memory. The numeric core and
+ * the collectives on device memory build on it. */
+#ifndef MULTIGRAD_DEVICE_H
+#define MULTIGRAD_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { MG_DEVICE_CPU, MG_DEVICE_CUDA } mg_device_kind;
+typedef struct mg_device {
+    mg_device_kind kind;
+    int index;   /* cuda:N; 0 for the CPU */
+} mg_device;
+
+/* Pure: "cpu", "cuda" (cuda:0) or "cuda:N" (0 <= N < 1024). MG_EINVAL
+ * with a message naming the spec and what to write otherwise. */
+mg_status mg_device_parse(const char *s, mg_device *out);
+/* "cpu", "cuda:0" */
+void mg_device_format(mg_device d, char *buf, size_t cap);
+
+/* Whether this library was built with the CUDA backend. */
+bool mg_device_cuda_built(void);
+/* GPUs this process can use: 0 without the backend, a driver or a GPU;
+ * *why (may be NULL) then gets the reason in words. */
+int mg_device_cuda_count(const char **why);
+/* MG_OK when d can be used here; else MG_EINVAL (an index past the
+ * GPUs there are) or MG_EUNSUPPORTED (no backend, driver or GPU), with
+ * a message that says which and what to do. */
+mg_status mg_device_check(mg_device d);
+/* The device's name ("NVIDIA H100 80GB HBM3", or the CPU's model) and its
+ * memory in bytes (0 when unknown). */
+mg_status mg_device_describe(mg_device d, char *name, size_t cap, size_t *memory);
+
+/* Memory on d (zeroed; page-aligned on the CPU); NULL with mg_last_error
+ * when it cannot be had. Freed with mg_device_free on the same device. */
+void *mg_device_alloc(mg_device d, size_t bytes);
+void mg_device_free(mg_device d, void *p);
+/* Copies n bytes between memory of devices (either side may be the CPU);
+ * complete when it returns. */
+mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,185 @@
+/* Devices (device.h): the CPU, and NVIDIA GPUs through the CUDA runtime
+ * when the library is built with the toolkit (MG_HAVE_CUDA). Without a
+ * driver or a GPU the runtime's error is kept in words, so that asking
+ * for cuda says why it cannot be had instead of failing later. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/core.h"
+#include "multigrad/device.h"
+#ifdef MG_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+mg_status mg_device_parse(const char *s, mg_device *out)
+{
+    if (s && !strcmp(s, "cpu")) {
+        *out = (mg_device){MG_DEVICE_CPU, 0};
+        return MG_OK;
+    }
+    if (s && !strcmp(s, "cuda")) {
+        *out = (mg_device){MG_DEVICE_CUDA, 0};
+        return MG_OK;
+    }
+    if (s && !strncmp(s, "cuda:", 5)) {
+        char *end;
+        long i = strtol(s + 5, &end, 10);
+        if (s[5] >= '0' && s[5] <= '9' && !*end && i < 1024) {
+            *out = (mg_device){MG_DEVICE_CUDA, (int)i};
+            return MG_OK;
+        }
+    }
+    return mg_error(MG_EINVAL, "unknown device '%s': give cpu, cuda or cuda:N (N a GPU's "
+                    "index, from 0)", s ? s : "(null)");
+}
+
+void mg_device_format(mg_device d, char *buf, size_t cap)
+{
+    if (d.kind == MG_DEVICE_CPU) snprintf(buf, cap, "cpu");
+    else snprintf(buf, cap, "cuda:%d", d.index);
+}
+
+bool mg_device_cuda_built(void)
+{
+#ifdef MG_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+int mg_device_cuda_count(const char **why)
+{
+#ifdef MG_HAVE_CUDA
+    static char reason[256];
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver) {
+        int rt = 0;
+        cudaRuntimeGetVersion(&rt);
+        snprintf(reason, sizeof reason, "no NVIDIA driver is installed, or it is older than "
+                 "this build's CUDA runtime %d.%d (cudaErrorInsufficientDriver)", rt / 1000,
+                 rt % 1000 / 10);
+        n = 0;
+    } else if (e != cudaSuccess) {
+        snprintf(reason, sizeof reason, "the CUDA runtime finds no usable GPU: %s (%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        n = 0;
+    } else if (n == 0) {
+        snprintf(reason, sizeof reason, "the CUDA driver sees no GPU");
+    }
+    if (why) *why = n ? NULL : reason;
+    return n;
+#else
+    if (why) *why = "multigrad was built without the CUDA backend (build it where the CUDA "
+                    "toolkit is installed, without GPU=0)";
+    return 0;
+#endif
+}
+
+mg_status mg_device_check(mg_device d)
+{
+    if (d.kind == MG_DEVICE_CPU) return MG_OK;
+    const char *why;
+    int n = mg_device_cuda_count(&why);
+    if (!n) return mg_error(MG_EUNSUPPORTED, "cuda:%d: %s; use --device cpu", d.index, why);
+    if (d.index >= n)
+        return mg_error(MG_EINVAL, "cuda:%d: this machine has %d GPU%s (cuda:0%s)", d.index, n,
+                        n == 1 ? "" : "s", n == 1 ? "" : " and up");
+    return MG_OK;
+}
+
+mg_status mg_device_describe(mg_device d, char *name, size_t cap, size_t *memory)
+{
+    if (d.kind == MG_DEVICE_CPU) {
+        snprintf(name, cap, "%s", mg_cpu()->model);
+        *memory = 0;
+        return MG_OK;
+    }
+    MG_TRY(mg_device_check(d));
+#ifdef MG_HAVE_CUDA
+    struct cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, d.index);
+    if (e != cudaSuccess)
+        return mg_error(MG_EIO, "cuda:%d: cannot read its properties: %s", d.index,
+                        cudaGetErrorString(e));
+    snprintf(name, cap, "%s", p.name);
+    *memory = p.totalGlobalMem;
+#endif
+    return MG_OK;
+}
+
+#ifdef MG_HAVE_CUDA
+/* Makes d the calling thread's current GPU. */
+static mg_status use(mg_device d)
+{
+    cudaError_t e = cudaSetDevice(d.index);
+    if (e != cudaSuccess)
+        return mg_error(MG_EIO, "cuda:%d: cannot use it: %s", d.index, cudaGetErrorString(e));
+    return MG_OK;
+}
+#endif
+
+void *mg_device_alloc(mg_device d, size_t bytes)
+{
+    if (d.kind == MG_DEVICE_CPU) return mg_alloc_zero(bytes);
+    if (mg_device_check(d)) return NULL;
+#ifdef MG_HAVE_CUDA
+    void *p = NULL;
+    if (use(d)) return NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaSuccess) e = cudaMemset(p, 0, bytes);
+    if (e != cudaSuccess) {
+        if (p) cudaFree(p);
+        mg_error(MG_ENOMEM, "cuda:%d: cannot allocate %zu bytes: %s", d.index, bytes,
+                 cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+#else
+    return NULL;
+#endif
+}
+
+void mg_device_free(mg_device d, void *p)
+{
+    if (!p) return;
+    if (d.kind == MG_DEVICE_CPU) {
+        mg_free(p);
+        return;
+    }
+#ifdef MG_HAVE_CUDA
+    if (!use(d)) cudaFree(p);
+#endif
+}
+
+mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n)
+{
+    if (!n) return MG_OK;
+    if (to.kind == MG_DEVICE_CPU && from.kind == MG_DEVICE_CPU) {
+        memmove(dst, src, n);
+        return MG_OK;
+    }
+    MG_TRY(mg_device_check(to.kind == MG_DEVICE_CUDA ? to : from));
+#ifdef MG_HAVE_CUDA
+    enum cudaMemcpyKind k = to.kind == MG_DEVICE_CPU   ? cudaMemcpyDeviceToHost
+                            : from.kind == MG_DEVICE_CPU ? cudaMemcpyHostToDevice
+                                                         : cudaMemcpyDeviceToDevice;
+    if (to.kind == MG_DEVICE_CUDA && from.kind == MG_DEVICE_CUDA && to.index != from.index) {
+        cudaError_t e = cudaMemcpyPeer(dst, to.index, src, from.index, n);
+        if (e != cudaSuccess)
+            return mg_error(MG_EIO, "copying %zu bytes from cuda:%d to cuda:%d: %s", n,
+                            from.index, to.index, cudaGetErrorString(e));
+        return MG_OK;
+    }
+    MG_TRY(use(to.kind == MG_DEVICE_CUDA ? to : from));
+    cudaError_t e = cudaMemcpy(dst, src, n, k);
+    if (e != cudaSuccess)
+        return mg_error(MG_EIO, "copying %zu bytes %s: %s", n,
+                        k == cudaMemcpyDeviceToHost   ? "from the GPU to the host"
+                        : k == cudaMemcpyHostToDevice ? "from the host to the GPU"
+                                                      : "within the GPU",
+                        cudaGetErrorString(e));
+#endif
+    return MG_OK;
+}
