@@ -213,12 +213,15 @@ TEST_T(pipeline_gpt_mini_every_schedule_matches_pytorch, 600)
 
 /* ---- a stage that dies or stops mid-step ------------------------------------ */
 
-/* A rank of a pipeline over all of g: its data (every micro-batch of the
- * step), the model (one process's initialisation) and the strategy's
- * options (c's schedule, M = accumulate). */
-static mg_model *one_pipeline_rank(const eq_case *c, mg_group *g, eq_source *src,
-                                   mg_st_file **ref, mg_strategy_options *so)
+/* Rank `rank` of a pipeline over all procs ranks: its group, its data
+ * (every micro-batch of the step), the model (one process's
+ * initialisation) and the strategy's options (c's schedule, M =
+ * accumulate). */
+static mg_model *one_pipeline_rank(const eq_case *c, int rank, int procs, mg_group **gp,
+                                   eq_source *src, mg_st_file **ref, mg_strategy_options *so)
 {
+    mg_group *g = *gp = mgt_join(rank, procs, c->port, NULL, 30);
+    CHECK(g);
     *src = (eq_source){.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
     eq_open_data(c, src, ref);
     *so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
@@ -248,12 +251,11 @@ static int fault_rank(int rank, int procs, void *arg)
 {
     const fault_case *f = arg;
     const eq_case *c = &f->c;
-    mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
-    CHECK(g);
+    mg_group *g;
     eq_source src;
     mg_st_file *ref;
     mg_strategy_options so;
-    mg_model *m = one_pipeline_rank(c, g, &src, &ref, &so);
+    mg_model *m = one_pipeline_rank(c, rank, procs, &g, &src, &ref, &so);
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
     int calls[2] = {0, f->stop};
@@ -349,12 +351,11 @@ static int mismatch_rank(int rank, int procs, void *arg)
 {
     const mismatch_case *mc = arg;
     const eq_case *c = &mc->c;
-    mg_group *g = mgt_join(rank, procs, c->port, NULL, 30);
-    CHECK(g);
+    mg_group *g;
     eq_source src;
     mg_st_file *ref;
     mg_strategy_options so;
-    mg_model *m = one_pipeline_rank(c, g, &src, &ref, &so);
+    mg_model *m = one_pipeline_rank(c, rank, procs, &g, &src, &ref, &so);
     if (mc->variant == 0 && rank == 1) so.pipe.micro_batches *= 2;
     mg_strategy *s;
     mg_status st = mg_strategy_create(m, &so, &s);

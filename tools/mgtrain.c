@@ -848,28 +848,21 @@ static void print_pipeline(const trainer *t, const options *o)
     if (o->pp_schedule) mg_pipe_parse(o->pp_schedule, &k);   /* checked */
     int V = o->chunks, M = o->micro_batches, S;
     const int *first = mg_pipe_cut(mg_strategy_pipe(t->s), &S);
-    double *cost = malloc(sizeof *cost * (size_t)nu);
-    const char **names = malloc(sizeof *names * (size_t)nu);
-    if (!cost || !names) die("out of memory");
     double total = 0;
-    for (int u = 0; u < nu; u++) {
-        mg_unit_info ui = mg_model_unit(m, u);
-        cost[u] = ui.flops > 0 ? ui.flops : (double)ui.numel;
-        names[u] = ui.name;
-        total += cost[u];
-    }
+    for (int u = 0; u < nu; u++) total += mg_pipe_unit_cost(m, u);
     printf("pipeline: %d stage(s) on %d rank(s) (%d chunk(s) each), schedule %s, %d "
            "micro-batch(es); cut %s:\n", S, P, V, mg_pipe_name(k), M,
            o->split ? "as --split gives" : "balancing the units' forward FLOPs");
     for (int s = 0; s < S; s++) {
         double c = 0;
-        for (int u = first[s]; u < first[s + 1]; u++) c += cost[u];
+        for (int u = first[s]; u < first[s + 1]; u++) c += mg_pipe_unit_cost(m, u);
         mg_tape *tp;
         if (mg_tape_create_range(m, o->batch / t->dworld, first[s], first[s + 1], &tp))
             die("%s", mg_last_error());
         printf("  stage %d on rank %d: units %d-%d (%s .. %s), %.1f%% of the FLOPs, a tape of "
                "%.1f MB per micro-batch\n", s, s % P, first[s], first[s + 1] - 1,
-               names[first[s]], names[first[s + 1] - 1], total > 0 ? 100 * c / total : 0,
+               mg_model_unit(m, first[s]).name, mg_model_unit(m, first[s + 1] - 1).name,
+               total > 0 ? 100 * c / total : 0,
                mg_tape_bytes(tp) / 1e6);
         mg_tape_destroy(tp);
     }
@@ -885,8 +878,6 @@ static void print_pipeline(const trainer *t, const options *o)
         printf("  rank %d (at most %d micro-batch(es) in flight): %s%s\n", r,
                sim.peak_in_flight[r], line, n > 4096 ? " ..." : "");
     }
-    free(cost);
-    free(names);
 }
 
 /* --print-plan: the units as the strategy laid them out (rank 0), then

@@ -517,9 +517,13 @@ const int *mg_pipe_cut(const mg_pipe *p, int *stages);
  * chunk and 8 borrowed. */
 #define MG_PIPE_MAX_RANGES (64 + 8)
 const mg_range *mg_pipe_ranges(const mg_pipe *p, int *n);
-/* Those of them this rank writes to a checkpoint: without the
- * parameters it borrows from another rank (which that rank writes). */
-int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out);
+/* Those of them this rank owns, not empty: without the parameters it
+ * borrows from another rank (which that rank counts in the norm and
+ * writes to a checkpoint). */
+const mg_range *mg_pipe_own_ranges(const mg_pipe *p, int *n);
+/* A unit's cost as the balanced cut weighs it: its forward FLOPs (its
+ * parameters when it has none, e.g. an embedding). */
+double mg_pipe_unit_cost(const mg_model *m, int u);
 /* One step's forwards and backwards: up to min(max_micro, M) micro-
  * batches from next (every rank of the pipeline draws the same; the first
  * stage reads their inputs, the last their labels), run as the schedule

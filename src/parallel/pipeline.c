@@ -61,6 +61,8 @@ struct mg_pipe {
     chunk *ch;                /* V */
     mg_range ranges[MG_PIPE_MAX_RANGES];   /* this rank's, ascending */
     int n_ranges;
+    mg_range own[MG_PIPE_MAX_RANGES];      /* of them, those not borrowed, not empty */
+    int n_own;
     tie ties[8];
     int n_ties;
     /* The step's micro-batches, copied. */
@@ -76,6 +78,7 @@ struct mg_pipe {
     /* Posted batches of sends only, not waited for yet. */
     mg_work **pend;
     int n_pend, cap_pend;
+    int held;                 /* micro-batches holding a tape now, all chunks */
     mg_pipe_stats stats;
 };
 
@@ -88,6 +91,12 @@ static mg_range units_range(const mg_model *m, int u0, int u1)
     mg_model_unit_range(m, u1 - 1, &lo, &b);
     mg_model_unit_range(m, u0, &a, &hi);
     return (mg_range){lo, hi};
+}
+
+double mg_pipe_unit_cost(const mg_model *m, int u)
+{
+    mg_unit_info ui = mg_model_unit(m, u);
+    return ui.flops > 0 ? ui.flops : (double)ui.numel;
 }
 
 static int stage_of_unit(const mg_pipe *p, int u)
@@ -159,10 +168,7 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
         if (!ok) st = mg_error(MG_EINVAL, "pipeline: the cut does not split %s's %d units "
                                "into %d stages of at least one unit", mg_model_name(m), nu, S);
     } else if (!st) {
-        for (int u = 0; u < nu; u++) {
-            mg_unit_info ui = mg_model_unit(m, u);
-            cost[u] = ui.flops > 0 ? ui.flops : (double)ui.numel;
-        }
+        for (int u = 0; u < nu; u++) cost[u] = mg_pipe_unit_cost(m, u);
         st = mg_pipe_balance(cost, nu, S, p->first);
     }
     free(cost);
@@ -213,6 +219,13 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
         if (su == p->rank && r.hi > r.lo) p->ranges[p->n_ranges++] = r;
     }
     qsort(p->ranges, (size_t)p->n_ranges, sizeof *p->ranges, cmp_range);
+    /* The ranges this rank owns: it counts them in norms and saves them. */
+    for (int i = 0; i < p->n_ranges; i++) {
+        bool borrowed = false;
+        for (int k = 0; k < p->n_ties; k++)
+            borrowed |= !p->ties[k].owner && p->ties[k].lo == p->ranges[i].lo;
+        if (!borrowed) p->own[p->n_own++] = p->ranges[i];
+    }
     /* Stages without parameters (a flatten, a dropout): an empty range,
      * so that the optimizer has one to (not) update. */
     if (!p->n_ranges) p->ranges[p->n_ranges++] = (mg_range){0, 0};
@@ -341,26 +354,15 @@ double mg_pipe_grad_sumsq(const mg_pipe *p)
 {
     const float *g = mg_model_grads(p->m);
     double ss = 0;
-    for (int i = 0; i < p->n_ranges; i++) {
-        const mg_range *r = &p->ranges[i];
-        bool borrowed = false;
-        for (int k = 0; k < p->n_ties; k++)
-            borrowed |= !p->ties[k].owner && p->ties[k].lo == r->lo;
-        if (!borrowed) ss += mg_grad_sumsq(g + r->lo, r->hi - r->lo);
-    }
+    for (int i = 0; i < p->n_own; i++)
+        ss += mg_grad_sumsq(g + p->own[i].lo, p->own[i].hi - p->own[i].lo);
     return ss;
 }
 
-int mg_pipe_save_ranges(const mg_pipe *p, mg_range *out)
+const mg_range *mg_pipe_own_ranges(const mg_pipe *p, int *n)
 {
-    int n = 0;
-    for (int i = 0; i < p->n_ranges; i++) {
-        bool borrowed = false;
-        for (int k = 0; k < p->n_ties; k++)
-            borrowed |= !p->ties[k].owner && p->ties[k].lo == p->ranges[i].lo;
-        if (!borrowed && p->ranges[i].hi > p->ranges[i].lo) out[n++] = p->ranges[i];
-    }
-    return n;
+    *n = p->n_own;
+    return p->own;
 }
 
 /* ---- the executor --------------------------------------------------------- */
@@ -379,9 +381,10 @@ static mg_status wait_sends(mg_pipe *p)
     return st;
 }
 
-static void give_back(chunk *ck, int mb, bool sending)
+static void give_back(mg_pipe *p, chunk *ck, int mb, bool sending)
 {
     flight *f = ck->mb[mb];
+    p->held--;
     f->sending = sending;
     ck->pool[ck->n_free++] = f;
     ck->mb[mb] = NULL;
@@ -409,18 +412,12 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
             return st;
         }
         ck->all[ck->n_all++] = f;
-        size_t bytes = 0;
-        for (int k = 0; k < p->V; k++)
-            for (int i = 0; i < p->ch[k].n_all; i++)
-                bytes += mg_tape_bytes(p->ch[k].all[i]->t) +
-                         (p->ch[k].stage > 0 ? fl((size_t)p->max_batch * p->ch[k].in_per) : 0);
-        if (bytes > p->stats.activation_bytes) p->stats.activation_bytes = bytes;
+        /* Tapes are only ever added: the total is the peak. */
+        p->stats.activation_bytes += mg_tape_bytes(f->t) +
+                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0);
     }
     ck->mb[mb] = f;
-    int held = 0;
-    for (int k = 0; k < p->V; k++)
-        for (int i = 0; i < p->M; i++) held += p->ch[k].mb[i] != NULL;
-    if (held > p->stats.peak_in_flight) p->stats.peak_in_flight = held;
+    if (++p->held > p->stats.peak_in_flight) p->stats.peak_in_flight = p->held;
     return MG_OK;
 }
 
@@ -592,7 +589,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 o.count = (size_t)n * ck->out_per;
                 /* Forward only: done with it (the next forward on it
                  * first waits for the send). */
-                if (fwd_only) give_back(ck, mb, true);
+                if (fwd_only) give_back(p, ck, mb, true);
                 break;
             case MG_PIPE_RECV_B:
                 o.coll = MG_COLL_RECV;
@@ -606,7 +603,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 o.coll = MG_COLL_SEND;
                 o.buf = (void *)mg_tape_input_grad(f->t);
                 o.count = (size_t)n * ck->in_per;
-                give_back(ck, mb, true);
+                give_back(p, ck, mb, true);
                 break;
             }
             if (st) break;
@@ -636,14 +633,14 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 correct += c;
                 samples += n;
                 p->logits = mg_tape_logits(f->t);
-                if (fwd_only) give_back(ck, mb, false);
+                if (fwd_only) give_back(p, ck, mb, false);
             }
         } else {
             MG_ASSERT(f);
             if (f->sending && (st = wait_sends(p))) break;
             if (last) mg_tape_backward(f->t);
             else mg_tape_backward_from(f->t, ck->dout);
-            if (ck->stage == 0) give_back(ck, mb, false);
+            if (ck->stage == 0) give_back(p, ck, mb, false);
         }
         double t1 = mg_trace_now();
         busy += t1 - t0;

@@ -317,10 +317,9 @@ static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path,
         st = mg_error(MG_EIO, "rank %d cannot open %s: %s", s->rank, tmp, strerror(errno));
     int nr = 0;
     const mg_range *r = NULL;
-    mg_range own[MG_PIPE_MAX_RANGES];
     if (s->zero) r = mg_strategy_ranges(s, &nr);
     else if (s->pipe && (!s->pdp || mg_group_rank(s->pdp) == 0))   /* one replica of each stage */
-        nr = mg_pipe_save_ranges(s->pipe, own), r = own;
+        r = mg_pipe_own_ranges(s->pipe, &nr);
     else if (!s->pipe && s->rank == 0) r = mg_strategy_ranges(s, &nr);
     mg_ckpt_piece *pc = NULL;
     int np = 0;
