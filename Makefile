@@ -50,24 +50,44 @@ CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU),0)
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
 CUDA_CFLAGS := -DMG_HAVE_CUDA -isystem $(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
 endif
+endif
+
+# The device kernels (src/device/kernels.cu): compiled by nvcc for the GPU
+# (and the host, device kind emu) in a CUDA build; else, and under the
+# sanitizers, by the host C++ compiler for emu alone.
+CXX     := $(if $(filter clang,$(notdir $(CC))),clang++,g++)
+ifneq ($(CUDA_CFLAGS),)
+ifeq ($(SAN),)
+NVCC    := $(CUDA_HOME)/bin/nvcc
+endif
+endif
+ifneq ($(NVCC),)
+KCC     := $(NVCC)
+KFLAGS  := -std=c++17 --extended-lambda -O3 -g -Iinclude -Isrc $(CUDA_CFLAGS) -MMD -MP \
+           -Xcompiler -fPIC,-pthread,-Wall,-Wextra,-Wno-unused-parameter \
+           -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=[sm_80,compute_80]
+else
+KCC     := $(CXX)
+KFLAGS  := -x c++ -std=c++17 -g $(OPT) -fPIC -pthread -Iinclude -Isrc -MMD -MP -fno-exceptions \
+           -fno-rtti -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers
 endif
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS  += -std=gnu11 -g $(OPT) $(WARN) -fPIC -pthread -Iinclude -Isrc -MMD -MP \
            -fvisibility=default $(MPI_CFLAGS) $(CUDA_CFLAGS)
-LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) $(CUDA_LIBS) -lmvec -lm -lpthread -lrt
+LDLIBS  := -lopenblas -lz -lcrypto $(MPI_LIBS) $(CUDA_LIBS) -lstdc++ -lmvec -lm -lpthread -lrt
 LDFLAGS += $(if $(SANS),-fsanitize=$(SANS))
 
-LIB_SRC   := $(sort $(shell find src -name '*.c'))
+LIB_SRC   := $(sort $(shell find src -name '*.c' -o -name '*.cu'))
 TOOL_SRC  := $(sort $(wildcard tools/*.c))
 TEST_SRC  := $(sort $(wildcard tests/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 EX_SRC    := $(sort $(wildcard examples/*.c))
 FUZZ_SRC  := $(sort $(wildcard fuzz/fuzz_*.c))
 
-LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ   := $(patsubst %.cu,$(BUILD)/obj/%.o,$(LIB_SRC:%.c=$(BUILD)/obj/%.o))
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS     := $(TOOL_SRC:tools/%.c=$(BUILD)/bin/%)
 BENCHES   := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -94,13 +114,18 @@ Q := $(if $(V),,@)
 # Objects are remade when the flags change (make GPU=0 after a CUDA build,
 # another CC): the stamp holds the last build's flags.
 FLAGS_STAMP := $(BUILD)/flags.stamp
-$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS) $(LDLIBS)' | cmp -s - $(FLAGS_STAMP) || \
-        echo '$(CC) $(CFLAGS) $(LDLIBS)' > $(FLAGS_STAMP))
+$(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS) $(LDLIBS) $(KCC) $(KFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CC) $(CFLAGS) $(LDLIBS) $(KCC) $(KFLAGS)' > $(FLAGS_STAMP))
 
 $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(V),,echo "  CC    $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	@$(if $(V),,echo "  $(if $(NVCC),NVCC,CXX)  $<")
+	$(Q)$(KCC) $(KFLAGS) -c $< -o $@
 
 # GELU's exp loops vectorise only with glibc's vector math (src/tensor/gelu.c).
 $(BUILD)/obj/src/tensor/gelu.o: CFLAGS += -ffast-math

@@ -5,7 +5,7 @@
  * bench/gpt.sh runs it beside PyTorch's bench/gpt_torch.py.
  *
  *   gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] [--heads H] [--data PATH]
- *       [--no-eval]
+ *       [--no-eval] [--device cpu|cuda[:N]|emu]
  *
  * Prints the SGEMM peak, then "eval step S val_loss X" at step 0 and at
  * the end (not with --no-eval: for big shapes, where validation would
@@ -13,13 +13,42 @@
  * final_train_loss final_val_loss peak_MB GFLOP/s %peak" (the first step
  * warms up and is not timed; evaluation is not timed). GFLOP/s counts
  * the model's matrix work (mg_model_flops: linear layers, attention's two
- * products, the head). */
+ * products, the head). With --device on a GPU the peak is the GPU's: its
+ * float32 SGEMM through cuBLAS measured here (4096^3) and its nominal
+ * float32 peak, and GFLOP/s is against the measured one; the bench/gpu.sh
+ * peer is bench/gpu_gpt_torch.py. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include "multigrad/multigrad.h"
+
+/* GFLOP/s of the best of 10 float32 4096^3 GEMMs on dev (cuBLAS). */
+static double device_sgemm_peak(mg_device dev)
+{
+    const int n = 4096;
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *a = mg_device_alloc(dev, bytes), *b = mg_device_alloc(dev, bytes),
+          *c = mg_device_alloc(dev, bytes);
+    double best = 0;
+    if (a && b && c && !mg_device_set_current(dev)) {
+        mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        mg_device_synchronize();
+        for (int i = 0; i < 10; i++) {
+            double t0 = mg_now();
+            mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            mg_device_synchronize();
+            double g = 2.0 * n * n * (double)n / (mg_now() - t0) / 1e9;
+            if (g > best) best = g;
+        }
+        mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
+    }
+    mg_device_free(dev, a);
+    mg_device_free(dev, b);
+    mg_device_free(dev, c);
+    return best;
+}
 
 static double val_loss(mg_model *m, const mg_text *t, int B)
 {
@@ -33,10 +62,11 @@ int main(int argc, char **argv)
     mg_gpt_config g = mg_gpt_defaults();
     int steps = 50, B = 32, eval = 1;
     const char *data = NULL;
+    mg_device dev = {MG_DEVICE_CPU, 0};
     static const struct option opts[] = {
         {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
         {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"data", 1, 0, 'D'},
-        {"no-eval", 0, 0, 'n'}, {0, 0, 0, 0}};
+        {"no-eval", 0, 0, 'n'}, {"device", 1, 0, 'v'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 's': steps = atoi(optarg); break;
@@ -47,9 +77,15 @@ int main(int argc, char **argv)
         case 'h': g.heads = atoi(optarg); break;
         case 'D': data = optarg; break;
         case 'n': eval = 0; break;
+        case 'v':
+            if (mg_device_parse(optarg, &dev)) {
+                fprintf(stderr, "gpt: %s\n", mg_last_error());
+                return 2;
+            }
+            break;
         default:
             fprintf(stderr, "usage: gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] "
-                            "[--heads H] [--data PATH] [--no-eval]\n");
+                            "[--heads H] [--data PATH] [--no-eval] [--device cpu|cuda[:N]|emu]\n");
             return 2;
         }
     }
@@ -61,9 +97,23 @@ int main(int argc, char **argv)
     char desc[1024];
     mg_kernels_describe(desc, sizeof desc, "# ");
     fputs(desc, stdout);
-    double peak = mg_sgemm_peak();
-    printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and threads)\n",
-           peak);
+    double peak;
+    if (dev.kind == MG_DEVICE_CUDA) {
+        char name[128];
+        size_t mem;
+        if (mg_device_describe(dev, name, sizeof name, &mem)) {
+            fprintf(stderr, "gpt: %s\n", mg_last_error());
+            return 1;
+        }
+        peak = device_sgemm_peak(dev);
+        printf("# device: %s, %.1f GB; float32 peak %.1f TFLOP/s nominal; SGEMM 4096^3 "
+               "measured %.1f TFLOP/s (cuBLAS, no TF32)\n", name, mem / 1e9,
+               mg_device_fp32_peak(dev) / 1e12, peak / 1e3);
+    } else {
+        peak = mg_sgemm_peak();
+        printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and "
+               "threads)\n", peak);
+    }
     mg_text *t;
     mg_model *m;
     mg_optim *o;
@@ -84,7 +134,8 @@ int main(int argc, char **argv)
         return 1;
     }
     mg_model_decay_groups(m, 0.1f, gr, ng);
-    if (mg_optim_set_groups(o, gr, ng)) {
+    if (mg_optim_set_groups(o, gr, ng) || mg_model_to_device(m, dev) ||
+        mg_optim_to_device(o, dev) || mg_model_reserve(m, B)) {
         fprintf(stderr, "gpt: %s\n", mg_last_error());
         return 1;
     }
@@ -100,9 +151,14 @@ int main(int argc, char **argv)
         mg_model_forward_tokens(m, x, B);
         loss = mg_model_loss(m, y, NULL);
         mg_model_backward(m);
+        mg_device_set_current(dev);   /* the gradients are on dev */
         mg_clip_grad_norm(mg_model_grads(m), np, 1.0f);
+        mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
         mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
     }
+    mg_device_set_current(dev);
+    mg_device_synchronize();
+    mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
     double secs = mg_now() - t0, tok = (double)B * T * (steps - 1) / secs;
     double vl = eval ? val_loss(m, t, B) : NAN;
     if (eval) printf("eval step %d val_loss %.4f\n", steps, vl);

@@ -1,17 +1,20 @@
 /* Devices (issue 15): naming them, finding out whether a GPU is there and
  * saying why not, and memory round trips. Without a GPU (CI has none) the
  * GPU's part skips, saying why; the CPU's part always runs. */
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "harness.h"
+#include "devices.h"
 #include "multigrad/multigrad.h"
 
 TEST(device_names_parse_and_print)
 {
     mg_device d;
     char buf[32];
-    const char *good[] = {"cpu", "cuda", "cuda:0", "cuda:7"};
-    const char *back[] = {"cpu", "cuda:0", "cuda:0", "cuda:7"};
-    for (int i = 0; i < 4; i++) {
+    const char *good[] = {"cpu", "cuda", "cuda:0", "cuda:7", "emu"};
+    const char *back[] = {"cpu", "cuda:0", "cuda:0", "cuda:7", "emu"};
+    for (int i = 0; i < 5; i++) {
         CHECK_OK(mg_device_parse(good[i], &d));
         mg_device_format(d, buf, sizeof buf);
         CHECK_MSG(!strcmp(buf, back[i]), "%s -> %s", good[i], buf);
@@ -94,4 +97,172 @@ TEST(device_cuda_memory_round_trip)
     mg_device_free(gpu, d2);
     free(h);
     free(back);
+}
+
+/* ---- Models on a device equal the same models on the CPU ------------------ */
+
+typedef struct {
+    const char *model;   /* a zoo name, or "gpt-odd": 2 layers of 48, 3 heads, T = 37 */
+    mg_optim_config oc;
+    float clip;          /* 0: none */
+    int batch;
+} dev_case;
+
+static mg_model *case_model(const dev_case *c)
+{
+    mg_model *m = NULL;
+    if (!strcmp(c->model, "gpt-odd")) {
+        mg_gpt_config g = mg_gpt_defaults();
+        g.layers = 2;
+        g.dim = 48;
+        g.heads = 3;
+        g.ctx = 37;
+        CHECK_OK(mg_model_create_gpt(&g, 7, &m));
+    } else {
+        CHECK_OK(mg_model_create(c->model, 7, &m));
+    }
+    CHECK_OK(mg_model_reserve(m, c->batch));
+    return m;
+}
+
+/* max |a - b| <= tol * max |b| */
+static void close_scaled(const char *what, const float *a, const float *b, size_t n, double tol)
+{
+    double mx = 0, err = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(b[i]));
+        if (!(fabs(a[i] - b[i]) <= err)) {
+            err = fabs(a[i] - b[i]);
+            worst = i;
+        }
+    }
+    CHECK_MSG(err <= tol * mx, "%s: error %.3g of the scale %.3g (entry %zu: %.9g, CPU %.9g)",
+              what, mx > 0 ? err / mx : err, mx, worst, a[worst], b[worst]);
+}
+
+static void clip(mg_model *m, float max_norm)
+{
+    CHECK_OK(mg_device_set_current(mg_model_device(m)));
+    mg_clip_grad_norm(mg_model_grads(m), mg_model_arena_size(m), max_norm);
+    CHECK_OK(mg_device_set_current((mg_device){MG_DEVICE_CPU, 0}));
+}
+
+/* Three steps of the case on the CPU and on dev from the same parameters
+ * and batches: logits and gradients of the first within 1e-4 of their
+ * scale, each loss within 1e-5, the parameters after them within 1e-3
+ * (optimizer steps magnify rounding differences, as in test_gpt.c). */
+static void device_equals_cpu(const dev_case *c, mg_device dev)
+{
+    mg_model *a = case_model(c), *b = case_model(c);
+    CHECK_OK(mg_model_to_device(b, dev));
+    CHECK_OK(mg_model_reserve(b, c->batch));
+    mg_optim *oa, *ob;
+    size_t np = mg_model_arena_size(a);
+    CHECK_OK(mg_optim_create(&c->oc, np, &oa));
+    CHECK_OK(mg_optim_create(&c->oc, np, &ob));
+    CHECK_OK(mg_optim_to_device(ob, dev));
+    int ch, h, w;
+    mg_model_input_shape(a, &ch, &h, &w);
+    bool lm = mg_model_positions(a) > 1;
+    size_t in = (size_t)c->batch * ch * h * w, rows = (size_t)c->batch * mg_model_positions(a);
+    size_t out = rows * mg_model_classes(a);
+    float *x = malloc(in * sizeof(float));
+    int32_t *tok = malloc(in * sizeof(int32_t)), *y = malloc(rows * sizeof(int32_t));
+    CHECK(x && tok && y);
+    mg_rng r;
+    mg_rng_init(&r, 11);
+    for (int step = 0; step < 3; step++) {
+        for (size_t i = 0; i < in; i++) {
+            x[i] = mg_rng_normal(&r);
+            tok[i] = (int32_t)(mg_rng_u32(&r) % 256);
+        }
+        for (size_t i = 0; i < rows; i++)
+            y[i] = (int32_t)(mg_rng_u32(&r) % (uint32_t)mg_model_classes(a));
+        mg_model *ms[2] = {a, b};
+        float loss[2];
+        for (int k = 0; k < 2; k++) {
+            mg_model_zero_grad(ms[k]);
+            CHECK(lm ? mg_model_forward_tokens(ms[k], tok, c->batch) != NULL
+                     : mg_model_forward(ms[k], x, c->batch) != NULL);
+        }
+        if (step == 0) {
+            float *la = mgt_host_floats(a, mg_tape_logits(mg_model_tape(a)), out), *lb = malloc(out * 4);
+            CHECK(lb != NULL);
+            mg_tape_logits_to_host(mg_model_tape(b), lb);
+            close_scaled("logits", lb, la, out, 1e-4);
+            free(la);
+            free(lb);
+        }
+        for (int k = 0; k < 2; k++) {
+            loss[k] = mg_model_loss(ms[k], y, NULL);
+            mg_model_backward(ms[k]);
+        }
+        CHECK_MSG(fabsf(loss[1] - loss[0]) <= 1e-5f * fabsf(loss[0]),
+                  "%s step %d: loss %.8g on the device, %.8g on the CPU", c->model, step, loss[1],
+                  loss[0]);
+        if (step == 0) {
+            float *gb = mgt_host_floats(b, mg_model_grads(b), np);
+            close_scaled("gradients", gb, mg_model_grads(a), np, 1e-4);
+            free(gb);
+        }
+        if (c->clip > 0) {
+            clip(a, c->clip);
+            clip(b, c->clip);
+        }
+        CHECK_OK(mg_optim_step(oa, mg_model_params(a), mg_model_grads(a), c->oc.lr));
+        CHECK_OK(mg_optim_step(ob, mg_model_params(b), mg_model_grads(b), c->oc.lr));
+    }
+    float *pb = mgt_host_floats(b, mg_model_params(b), np);
+    close_scaled("parameters after 3 steps", pb, mg_model_params(a), np, 1e-3);
+    free(pb);
+    free(x);
+    free(tok);
+    free(y);
+    mg_optim_destroy(oa);
+    mg_optim_destroy(ob);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+/* Every kernel of the device path: linear with and without ReLU, the
+ * loss over 10 and 256 classes, LayerNorm, GELU, attention with T = 37
+ * and 3 heads of 16, the embedding, SGD (plain, momentum, Nesterov with
+ * weight decay and dampening) and AdamW with clipping. */
+static void models_equal_cpu(mg_device dev)
+{
+    mg_optim_config plain = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    mg_optim_config mom = plain, nest = plain, damp = plain;
+    mom.momentum = 0.9f;
+    nest.momentum = 0.9f;
+    nest.nesterov = true;
+    nest.weight_decay = 1e-3f;
+    damp.momentum = 0.8f;
+    damp.dampening = 0.3f;
+    damp.weight_decay = 1e-3f;
+    mg_optim_config adamw = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    adamw.weight_decay = 0.1f;
+    const dev_case cases[] = {
+        {"mlp", plain, 0, 13}, {"mlp", mom, 0, 13}, {"mlp", nest, 0, 13}, {"mlp", damp, 0, 13},
+        {"gpt-odd", adamw, 1.0f, 5}, {"gpt-odd", mom, 0.5f, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) device_equals_cpu(&cases[i], dev);
+}
+
+TEST_T(device_emu_models_equal_cpu, 120) { models_equal_cpu((mg_device){MG_DEVICE_EMU, 0}); }
+
+TEST_T(device_gpu_models_equal_cpu, 120) { models_equal_cpu(mgt_device(MG_DEVICE_CUDA)); }
+
+/* A layer without device kernels is refused at the move, naming it; the
+ * model stays usable on the CPU. */
+TEST(device_model_without_kernels_is_one_clear_error)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 1, &m));
+    CHECK_ERR(mg_model_to_device(m, (mg_device){MG_DEVICE_EMU, 0}), MG_EUNSUPPORTED);
+    CHECK(strstr(mg_last_error(), "conv") && strstr(mg_last_error(), "--device cpu"));
+    CHECK(mg_model_device(m).kind == MG_DEVICE_CPU);
+    float x[28 * 28] = {0};
+    CHECK(mg_model_forward(m, x, 1) != NULL);
+    mg_model_destroy(m);
 }

@@ -10,7 +10,9 @@
  * 1e-3 of the tensor's scale: Adam divides by sqrt(v), which magnifies
  * the rounding differences of entries whose gradients are nearly zero. */
 #include <math.h>
+#include <stdlib.h>
 #include "harness.h"
+#include "devices.h"
 #include "multigrad/checkpoint.h"
 #include "multigrad/data.h"
 #include "multigrad/nn.h"
@@ -47,7 +49,8 @@ static double check_scaled(const char *what, const float *a, const float *b, siz
     return rel;
 }
 
-static mg_model *reference_model(const mg_st_file *f)
+/* The reference's model with its initial parameters, on dev. */
+static mg_model *reference_model(const mg_st_file *f, mg_device dev)
 {
     mg_gpt_config g = mg_gpt_defaults();
     g.ctx = T;
@@ -59,6 +62,7 @@ static mg_model *reference_model(const mg_st_file *f)
         snprintf(key, sizeof key, "init.%s", p->name);
         memcpy(p->data, ref(f, key, MG_ST_F32, p->numel)->data, p->numel * 4);
     }
+    CHECK_OK(mg_model_to_device(m, dev));
     CHECK_OK(mg_model_reserve(m, B));
     return m;
 }
@@ -121,17 +125,21 @@ TEST(gpt_model_definition)
     CHECK(strstr(mg_last_error(), "not divisible"));
 }
 
-TEST(gpt_matches_pytorch_at_init)
+/* Logits, loss, gradients and their norm at init, on dev. */
+static void matches_pytorch_at_init(mg_device dev)
 {
     mg_st_file *f;
     CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
-    mg_model *m = reference_model(f);
+    mg_model *m = reference_model(f, dev);
     const int32_t *x = ref(f, "batch0.x", MG_ST_I32, B * T)->data;
     const int32_t *y = ref(f, "batch0.y", MG_ST_I32, B * T)->data;
-    const float *logits = mg_model_forward_tokens(m, x, B);
+    CHECK(mg_model_forward_tokens(m, x, B) != NULL);
+    float *logits = malloc((size_t)B * T * 256 * sizeof(float));
     CHECK(logits != NULL);
+    mg_tape_logits_to_host(mg_model_tape(m), logits);
     check_scaled("logits0", logits, ref(f, "logits0", MG_ST_F32, B * T * 256)->data,
                  (size_t)B * T * 256, 1e-4);
+    free(logits);
     mg_model_zero_grad(m);
     float loss = mg_model_loss(m, y, NULL);
     const float *losses = ref(f, "losses", MG_ST_F32, 20)->data;
@@ -141,13 +149,25 @@ TEST(gpt_matches_pytorch_at_init)
     for (int i = 0; i < mg_model_num_tensors(m); i++) {
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(key, sizeof key, "grad.%s", p->name);
-        check_scaled(key, p->grad, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4);
+        float *g = mgt_host_floats(m, p->grad, p->numel);
+        check_scaled(key, g, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4);
+        free(g);
     }
+    CHECK_OK(mg_device_set_current(dev));
     double norm = sqrt(mg_grad_sumsq(mg_model_grads(m), mg_model_arena_size(m)));
+    CHECK_OK(mg_device_set_current((mg_device){MG_DEVICE_CPU, 0}));
     CHECK_CLOSE(norm, *(const float *)ref(f, "grad_norm0", MG_ST_F32, 1)->data, 1e-4, 0);
     mg_model_destroy(m);
     mg_st_close(f);
 }
+
+TEST(gpt_matches_pytorch_at_init) { matches_pytorch_at_init(mgt_device(MG_DEVICE_CPU)); }
+/* The device code path run on the CPU (device kind emu). */
+TEST(gpt_on_emu_device_matches_pytorch_at_init)
+{
+    matches_pytorch_at_init(mgt_device(MG_DEVICE_EMU));
+}
+TEST(gpt_on_gpu_matches_pytorch_at_init) { matches_pytorch_at_init(mgt_device(MG_DEVICE_CUDA)); }
 
 /* The validation loss as models.md defines it (mg_lm_val_loss: the first
  * 512 non-overlapping windows, in batches of the training batch). */
@@ -158,7 +178,9 @@ static double val_loss(mg_model *m, const mg_text *t)
     return v;
 }
 
-TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
+/* 20 AdamW steps with clipping on dev, and the validation loss before and
+ * after. */
+static void matches_pytorch_after_20_steps(mg_device dev)
 {
     mg_text *t;
     if (mg_text_open(NULL, T, &t) != MG_OK)
@@ -166,7 +188,7 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
                   mg_last_error());
     mg_st_file *f;
     CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
-    mg_model *m = reference_model(f);
+    mg_model *m = reference_model(f, dev);
     CHECK_CLOSE(val_loss(m, t), *(const float *)ref(f, "val_loss0", MG_ST_F32, 1)->data, 1e-5, 0);
 
     mg_optim_config oc = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
@@ -178,6 +200,7 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
     int ng = mg_model_decay_groups(m, 0.1f, gr, 128);
     CHECK(ng <= 128);
     CHECK_OK(mg_optim_set_groups(o, gr, ng));
+    CHECK_OK(mg_optim_to_device(o, dev));
 
     const int32_t *offs = ref(f, "steps.offsets", MG_ST_I32, 20 * B)->data;
     const float *losses = ref(f, "losses", MG_ST_F32, 20)->data;
@@ -193,7 +216,9 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
         CHECK_MSG(fabs(loss - losses[s]) <= 1e-4 * losses[s], "step %d: loss %.7g vs PyTorch %.7g",
                   s, loss, losses[s]);
         mg_model_backward(m);
+        CHECK_OK(mg_device_set_current(dev));   /* the gradients are dev's */
         double norm = mg_clip_grad_norm(mg_model_grads(m), np, 1.0f);
+        CHECK_OK(mg_device_set_current((mg_device){MG_DEVICE_CPU, 0}));
         if (s == 0)
             CHECK_CLOSE(norm, *(const float *)ref(f, "grad_norm0", MG_ST_F32, 1)->data, 1e-4, 0);
         mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
@@ -202,13 +227,28 @@ TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
     for (int i = 0; i < mg_model_num_tensors(m); i++) {
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(key, sizeof key, "final.%s", p->name);
-        check_scaled(key, p->data, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-3);
+        float *h = mgt_host_floats(m, p->data, p->numel);
+        check_scaled(key, h, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-3);
+        free(h);
     }
     CHECK_CLOSE(val_loss(m, t), *(const float *)ref(f, "val_loss20", MG_ST_F32, 1)->data, 1e-4, 0);
     mg_optim_destroy(o);
     mg_model_destroy(m);
     mg_st_close(f);
     mg_text_close(t);
+}
+
+TEST_T(gpt_matches_pytorch_after_20_adamw_steps, 120)
+{
+    matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_CPU));
+}
+TEST_T(gpt_on_emu_device_matches_pytorch_after_20_adamw_steps, 240)
+{
+    matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_EMU));
+}
+TEST_T(gpt_on_gpu_matches_pytorch_after_20_adamw_steps, 120)
+{
+    matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_CUDA));
 }
 
 /* Generation: at temperature 0 each token is the argmax of the last

@@ -35,7 +35,7 @@
 
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
-    const char *parallel, *compress, *prompt, *mesh, *offload_dir;
+    const char *parallel, *compress, *prompt, *mesh, *offload_dir, *device;
     mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     int zero;           /* --zero stage, 0: none */
@@ -122,6 +122,11 @@ static void usage(FILE *f)
 "                      interleaved)\n"
 "  --split U1,U2,..    cut the pipeline where these units begin (default: the\n"
 "                      cut that balances the units' FLOPs)\n"
+"  --device D          where the model trains: cpu (default), cuda (each local\n"
+"                      rank its own GPU, LOCAL_RANK modulo the GPUs; ranks\n"
+"                      sharing one reduce through the host), cuda:N, or emu\n"
+"                      (the GPU code path run on the CPU, for tests). On a\n"
+"                      device: one process or ddp, the gpt models and mlp\n"
 "  --workers N         DataParallel threads (default 2)\n"
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
@@ -195,7 +200,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
-           O_MICRO, O_CHUNKS, O_SPLIT };
+           O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -215,6 +220,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
         {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
+        {"device", 1, 0, O_DEVICE},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
@@ -270,6 +276,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_MICRO: o->micro_batches = (int)int_flag("--micro-batches", 1, 1 << 20); break;
         case O_CHUNKS: o->chunks = (int)int_flag("--chunks", 1, 64); break;
         case O_SPLIT: o->split = optarg; break;
+        case O_DEVICE: o->device = optarg; break;
         case O_MESH: o->mesh = optarg; break;
         case O_ZERO: o->zero = (int)int_flag("--zero", 1, 3); break;
         case O_OFFLOAD:
@@ -931,6 +938,24 @@ static void pipeline_options(const options *o, trainer *t, mg_strategy_options *
     so->pipe.first = first;
 }
 
+/* --device: cuda without an index is the local rank's GPU (LOCAL_RANK
+ * modulo the GPUs); when local ranks share one, rank 0 says so. */
+static mg_device pick_device(const options *o, const trainer *t)
+{
+    mg_device d = {MG_DEVICE_CPU, 0};
+    if (!o->device) return d;
+    if (mg_device_parse(o->device, &d)) die("--device: %s", mg_last_error());
+    if (mg_device_check(d)) die("--device %s: %s", o->device, mg_last_error());
+    if (d.kind != MG_DEVICE_CUDA || strcmp(o->device, "cuda")) return d;
+    int n = mg_device_cuda_count(NULL);
+    long local = mg_env_long("LOCAL_RANK", 0), locals = mg_env_long("LOCAL_WORLD_SIZE", 1);
+    d.index = (int)(local % n);
+    if (t->rank == 0 && locals > n)
+        fprintf(stderr, "%s: %ld local ranks share %d GPU%s: their collectives go through the "
+                "host\n", prog, locals, n, n == 1 ? "" : "s");
+    return d;
+}
+
 /* The model, the strategy for local micro-batches (DDP: rank 0's
  * parameters on every rank), the optimizer over its range and the
  * starting state. */
@@ -940,6 +965,15 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
 {
     if (make(ud, &t->m)) die("%s", mg_last_error());
     mg_model_set_recompute(t->m, o->recompute);
+    mg_device dev = pick_device(o, t);
+    if (mg_model_to_device(t->m, dev)) die("--device %s: %s", o->device, mg_last_error());
+    if (dev.kind != MG_DEVICE_CPU && t->rank == 0 && !o->quiet) {
+        char name[128], d[16];
+        size_t mem;
+        mg_device_format(dev, d, sizeof d);
+        if (mg_device_describe(dev, name, sizeof name, &mem)) die("%s", mg_last_error());
+        printf("device: %s (%s)\n", d, name);
+    }
     mg_strategy_options so = mg_strategy_defaults(t->mode);
     so.max_batch = t->mode == MG_STRATEGY_DP ? o->batch : local;
     so.workers = o->workers;

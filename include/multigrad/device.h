@@ -16,7 +16,11 @@
 extern "C" {
 #endif
 
-typedef enum { MG_DEVICE_CPU, MG_DEVICE_CUDA } mg_device_kind;
+/* MG_DEVICE_EMU ("emu") runs the GPU code path on the host: device
+ * memory is host memory and the device kernels run as loops. It is for
+ * tests where there is no GPU, and for seeing what the device path does;
+ * it is slow. */
+typedef enum { MG_DEVICE_CPU, MG_DEVICE_CUDA, MG_DEVICE_EMU } mg_device_kind;
 typedef struct mg_device {
     mg_device_kind kind;
     int index;   /* cuda:N; 0 for the CPU */
@@ -48,6 +52,21 @@ void mg_device_free(mg_device d, void *p);
 /* Copies n bytes between memory of devices (either side may be the CPU);
  * complete when it returns. */
 mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n);
+
+/* The device the calling thread's kernels run on (tensor.h, and
+ * mg_grad_sumsq/_scale of optim.h): the CPU unless set. Pointers given to
+ * them must then be that device's memory. Tapes and optimizers on a
+ * device set it for their own calls and restore it; set it to call the
+ * kernels directly on device memory (clipping a device model's gradients,
+ * say). Kernels are queued in order; mg_device_copy and results that
+ * kernels return to the host wait for what was queued. */
+mg_status mg_device_set_current(mg_device d);
+mg_device mg_device_current(void);
+/* Waits until the current device has done the work queued on it. */
+void mg_device_synchronize(void);
+/* The float32 peak of d in FLOP/s without tensor cores (SMs x FP32 lanes
+ * x 2 x the boost clock), 0 when not known (the CPU, emu). */
+double mg_device_fp32_peak(mg_device d);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include "tensor.h"
 #include "optim.h"
+#include "device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -83,6 +84,18 @@ int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int 
 
 /* Re-initialise every parameter from seed (as at creation). */
 void mg_model_init_params(mg_model *m, uint64_t seed);
+
+/* Moves the parameters, gradients and buffers to device dev (device.h) or
+ * back to the CPU: the pointers mg_model_params, _grads, _buffers and the
+ * tensor table give are then that device's memory, and the model's tapes
+ * (made again after the move) keep their activations there and run its
+ * kernels. Inputs, labels and output gradients given to tapes stay host
+ * memory (they are copied in); logits and input gradients are device
+ * memory (mg_tape_logits_to_host copies the logits). MG_EUNSUPPORTED
+ * naming the first layer without device kernels (the gpt models and
+ * linear/ReLU stacks have them). */
+mg_status mg_model_to_device(mg_model *m, mg_device dev);
+mg_device mg_model_device(const mg_model *m);
 
 /* Per-image input size (c, h, w; the MLP takes c=1, h=1, w=784) and classes
  * (a language model: its vocabulary). */
@@ -230,6 +243,9 @@ void mg_tape_backward(mg_tape *t);
 void mg_tape_backward_from(mg_tape *t, const float *dout);
 const float *mg_tape_input_grad(const mg_tape *t);
 const float *mg_tape_logits(const mg_tape *t);
+/* The last forward's output, batch * outputs per sample floats, into
+ * host memory dst (from the device for a model on one). */
+void mg_tape_logits_to_host(const mg_tape *t, float *dst);
 
 /* ---- The model's own tape ----------------------------------------------
  * Size it for batches up to max_batch (once; a larger batch later makes it

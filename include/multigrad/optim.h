@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include "core.h"
+#include "device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +83,12 @@ mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t
 /* begin_step + update over all the optimizer's ranges. Both fail only
  * when offloaded (a read or write of the files: MG_EIO with the message). */
 mg_status mg_optim_step(mg_optim *o, float *params, const float *grads, float lr);
+/* Moves the state to device dev (device.h) or back to the CPU; updates
+ * then run there, on that device's parameters and gradients. The state's
+ * accessors (mg_optim_state*, read/write_state) then give device memory.
+ * Offloaded state does not move (MG_EUNSUPPORTED). */
+mg_status mg_optim_to_device(mg_optim *o, mg_device dev);
+mg_device mg_optim_device(const mg_optim *o);
 
 /* Offload (ZeRO-Infinity's, on a file system): the state arrays go to a
  * file in dir (mg_scratch: mode 0600, unlinked at once, reserved up front),

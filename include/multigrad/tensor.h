@@ -157,6 +157,10 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu);
 
+/* y += a;  y = a * b (elementwise). */
+void mg_add_into(float *y, const float *a, size_t n);
+void mg_mul(float *y, const float *a, const float *b, size_t n);
+
 /* Inverted dropout: keep[i] = 1 with probability 1-p from the
  * counter-based stream (seed, counter); y = x * keep / (1-p). */
 void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter);
@@ -181,15 +185,28 @@ void mg_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
 /* Causal multi-head self-attention of n sequences of T positions: qkv
  * [n, T, 3d] holds q, k, v side by side (head j: columns j*d/heads of
  * each), y [n, T, d] the heads' outputs side by side; softmax scaled by
- * 1/sqrt(d/heads). lse [n, heads, T] keeps each softmax row's log-sum-exp
- * for the backward, which recomputes the probabilities from it. ws holds
- * mg_attention_scratch(T) floats. */
-size_t mg_attention_scratch(int T);
+ * 1/sqrt(d/heads). lse, mg_attention_saved(n, T, heads) floats, keeps
+ * what the backward needs: on the CPU each softmax row's log-sum-exp
+ * [n, heads, T], from which the backward recomputes the probabilities; on
+ * a device the probabilities [n, heads, T, T] themselves (as PyTorch's
+ * eager attention keeps them). ws holds mg_attention_scratch(n, T, d,
+ * heads) floats (on a device, its kernels' need, which grows with n; on
+ * the CPU one sequence's). */
+size_t mg_attention_saved(int n, int T, int heads);
+size_t mg_attention_scratch(int n, int T, int d, int heads);
 void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
                           int heads, float *ws);
 /* dqkv [n, T, 3d] = the input gradient (overwritten). */
 void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
                            const float *qkv, int n, int T, int d, int heads, float *ws);
+
+/* Token and position embedding of n sequences of T tokens: y [n, T, d] =
+ * wte[tok] + wpe[t]. The backward adds dy into the rows of gte its tokens
+ * chose and into gpe. */
+void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
+                          int n, int T, int d);
+void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int n,
+                           int T, int d, int vocab);
 
 /* ---- batch normalisation (per channel over n, h, w) ------------------- */
 

@@ -7,12 +7,20 @@
 #include <string.h>
 #include "multigrad/core.h"
 #include "multigrad/device.h"
+#include "device/dk.h"
 #ifdef MG_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
 
+/* The CPU's memory serves the CPU and the device kind emu. */
+static bool host_mem(mg_device d) { return d.kind != MG_DEVICE_CUDA; }
+
 mg_status mg_device_parse(const char *s, mg_device *out)
 {
+    if (s && !strcmp(s, "emu")) {
+        *out = (mg_device){MG_DEVICE_EMU, 0};
+        return MG_OK;
+    }
     if (s && !strcmp(s, "cpu")) {
         *out = (mg_device){MG_DEVICE_CPU, 0};
         return MG_OK;
@@ -30,12 +38,13 @@ mg_status mg_device_parse(const char *s, mg_device *out)
         }
     }
     return mg_error(MG_EINVAL, "unknown device '%s': give cpu, cuda or cuda:N (N a GPU's "
-                    "index, from 0)", s ? s : "(null)");
+                    "index, from 0), or emu (the GPU code path run on the CPU)", s ? s : "(null)");
 }
 
 void mg_device_format(mg_device d, char *buf, size_t cap)
 {
     if (d.kind == MG_DEVICE_CPU) snprintf(buf, cap, "cpu");
+    else if (d.kind == MG_DEVICE_EMU) snprintf(buf, cap, "emu");
     else snprintf(buf, cap, "cuda:%d", d.index);
 }
 
@@ -79,7 +88,7 @@ int mg_device_cuda_count(const char **why)
 
 mg_status mg_device_check(mg_device d)
 {
-    if (d.kind == MG_DEVICE_CPU) return MG_OK;
+    if (host_mem(d)) return MG_OK;
     const char *why;
     int n = mg_device_cuda_count(&why);
     if (!n) return mg_error(MG_EUNSUPPORTED, "cuda:%d: %s; use --device cpu", d.index, why);
@@ -91,8 +100,8 @@ mg_status mg_device_check(mg_device d)
 
 mg_status mg_device_describe(mg_device d, char *name, size_t cap, size_t *memory)
 {
-    if (d.kind == MG_DEVICE_CPU) {
-        snprintf(name, cap, "%s", mg_cpu()->model);
+    if (host_mem(d)) {
+        snprintf(name, cap, "%s%s", d.kind == MG_DEVICE_EMU ? "emulated on " : "", mg_cpu()->model);
         *memory = 0;
         return MG_OK;
     }
@@ -122,7 +131,11 @@ static mg_status use(mg_device d)
 
 void *mg_device_alloc(mg_device d, size_t bytes)
 {
-    if (d.kind == MG_DEVICE_CPU) return mg_alloc_zero(bytes);
+    if (host_mem(d)) {
+        void *p = mg_alloc_zero(bytes ? bytes : 1);
+        if (!p) mg_error(MG_ENOMEM, "cannot allocate %zu bytes", bytes);
+        return p;
+    }
     if (mg_device_check(d)) return NULL;
 #ifdef MG_HAVE_CUDA
     void *p = NULL;
@@ -144,7 +157,7 @@ void *mg_device_alloc(mg_device d, size_t bytes)
 void mg_device_free(mg_device d, void *p)
 {
     if (!p) return;
-    if (d.kind == MG_DEVICE_CPU) {
+    if (host_mem(d)) {
         mg_free(p);
         return;
     }
@@ -156,14 +169,14 @@ void mg_device_free(mg_device d, void *p)
 mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n)
 {
     if (!n) return MG_OK;
-    if (to.kind == MG_DEVICE_CPU && from.kind == MG_DEVICE_CPU) {
+    if (host_mem(to) && host_mem(from)) {
         memmove(dst, src, n);
         return MG_OK;
     }
     MG_TRY(mg_device_check(to.kind == MG_DEVICE_CUDA ? to : from));
 #ifdef MG_HAVE_CUDA
-    enum cudaMemcpyKind k = to.kind == MG_DEVICE_CPU   ? cudaMemcpyDeviceToHost
-                            : from.kind == MG_DEVICE_CPU ? cudaMemcpyHostToDevice
+    enum cudaMemcpyKind k = host_mem(to)     ? cudaMemcpyDeviceToHost
+                            : host_mem(from) ? cudaMemcpyHostToDevice
                                                          : cudaMemcpyDeviceToDevice;
     if (to.kind == MG_DEVICE_CUDA && from.kind == MG_DEVICE_CUDA && to.index != from.index) {
         cudaError_t e = cudaMemcpyPeer(dst, to.index, src, from.index, n);
@@ -182,4 +195,37 @@ mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *sr
                         cudaGetErrorString(e));
 #endif
     return MG_OK;
+}
+
+mg_status mg_device_set_current(mg_device d)
+{
+    mg_dk *k;
+    MG_TRY(mg__dk_get(d, &k));
+    mg__dk_cur = k;
+    return MG_OK;
+}
+
+mg_device mg_device_current(void) { return mg__dk_device(mg__dk_cur); }
+
+void mg_device_synchronize(void)
+{
+    if (mg__dk_cur) mg_dk_sync();
+}
+
+double mg_device_fp32_peak(mg_device d)
+{
+    if (d.kind != MG_DEVICE_CUDA || mg_device_check(d)) return 0.0;
+#ifdef MG_HAVE_CUDA
+    int sms = 0, khz = 0, major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d.index) ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, d.index) ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d.index) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d.index))
+        return 0.0;
+    /* FP32 lanes per SM: 64 up to Volta and on the A100 (8.0), 128 since. */
+    int lanes = major < 8 || (major == 8 && minor == 0) ? 64 : 128;
+    return (double)sms * lanes * 2.0 * khz * 1e3;
+#else
+    return 0.0;
+#endif
 }

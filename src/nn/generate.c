@@ -53,20 +53,37 @@ static int pick(const float *z, int V, float temperature, int top_k, float *scra
     return last;   /* rounding left u at the very top */
 }
 
-/* A model's own forward of one sequence. */
+/* A model's own forward of one sequence; on a device the logits come
+ * back to host memory. */
+typedef struct {
+    mg_model *m;
+    float *host;   /* T * V floats; NULL on the CPU */
+} own_forward;
+
 static const float *model_forward(void *ud, const int32_t *ctx)
 {
-    return mg_model_forward_tokens(ud, ctx, 1);
+    own_forward *f = ud;
+    const float *l = mg_model_forward_tokens(f->m, ctx, 1);
+    if (!l || !f->host) return l;
+    mg_tape_logits_to_host(mg_model_tape(f->m), f->host);
+    return f->host;
 }
 
 mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
                             float temperature, int top_k, uint64_t seed, int32_t *out)
 {
-    if (mg_model_positions(m) < 2)
+    int T = mg_model_positions(m), V = mg_model_classes(m);
+    if (T < 2)
         return mg_error(MG_EINVAL, "generate: model %s is not a language model",
                         mg_model_name(m));
-    mg_lm_forward f = {model_forward, NULL, m, m, mg_model_positions(m), mg_model_classes(m)};
-    return mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
+    own_forward o = {m, NULL};
+    if (mg_model_device(m).kind != MG_DEVICE_CPU &&
+        !(o.host = malloc(sizeof(float) * (size_t)T * V)))
+        return mg_error(MG_ENOMEM, "generate: out of memory");
+    mg_lm_forward f = {model_forward, NULL, &o, m, T, V};
+    mg_status st = mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
+    free(o.host);
+    return st;
 }
 
 mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_prompt, int n,

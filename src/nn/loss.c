@@ -3,10 +3,12 @@
  * maximum so no exp overflows; the gradient is (softmax - onehot) / n. */
 #include <math.h>
 #include "multigrad/nn.h"
+#include "device/dk.h"
 
 float mg_softmax_xent(const float *logits, const int32_t *labels, int n,
                       int classes, float *dlogits, int *correct)
 {
+    if (mg__dk_cur) return mg_dk_softmax_xent(logits, labels, n, classes, dlogits, correct);
     double total = 0.0;
     int hits = 0;
     float inv_n = n > 0 ? 1.0f / (float)n : 0.0f;

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "nn/layer.h"
+#include "device/dk.h"
 
 typedef struct unit {
     mg_layer *l;
@@ -57,6 +58,8 @@ struct mg_model {
     bool input_grad, recompute;
     unsigned layout;           /* changes when tapes must be made again */
     mg_tape *tape;             /* the mg_model_forward family's */
+    mg_device dev;             /* where the arenas are (mg_model_to_device) */
+    mg_dk *dk;                 /* its kernels; NULL on the CPU */
 };
 
 struct mg_tape {
@@ -80,6 +83,11 @@ struct mg_tape {
     bool training, have_fwd, have_loss;
     bool pinned;               /* the next forward draws dropout at pin */
     uint64_t pin;
+    /* On a device: its memory, and where inputs and labels are copied. */
+    mg_device dev;
+    mg_dk *dk;
+    float *dev_in;
+    int32_t *dev_labels;
 };
 
 /* ---- Building ------------------------------------------------------------ */
@@ -251,6 +259,37 @@ static size_t place(mg_model *m, size_t pad, bool assign)
     return off ? off : pad;
 }
 
+/* Points the layers' tensors and the table's entries into the arenas.
+ * Table entries follow the layers' order: parameters, then buffers. */
+static void relayout(mg_model *m);
+
+static void bind_tensors(mg_model *m)
+{
+    for (int pass = 0, k = 0; pass < 2; pass++)
+        for (int i = 0; i < m->n_leaves; i++)
+            for (int j = 0; j < m->leaves[i]->n_params; j++) {
+                mg_layer_param *p = &m->leaves[i]->p[j];
+                if (p->is_buffer != (pass == 1)) continue;
+                mg_param *t = &m->tensors[k++];
+                t->offset = p->off;
+                t->data = p->data = (p->is_buffer ? m->buffers : m->params) + p->off;
+                t->grad = p->is_buffer ? NULL : m->grads + p->off;
+            }
+}
+
+/* Arena memory on d: mapped on the CPU (see layout), else the device's. */
+static float *arena_alloc(mg_device d, size_t floats)
+{
+    if (d.kind == MG_DEVICE_CPU) return mg_map_zero(floats * sizeof(float));
+    return mg_device_alloc(d, floats * sizeof(float));
+}
+
+static void arena_free(mg_device d, float *p, size_t floats)
+{
+    if (d.kind == MG_DEVICE_CPU) mg_unmap(p, floats * sizeof(float));
+    else mg_device_free(d, p);
+}
+
 /* Arena offsets of every tensor for unit ranges padded to `pad`; the
  * arenas are made anew and the parameters (and buffers) keep their
  * values. On failure nothing changes. */
@@ -292,17 +331,7 @@ static mg_status layout(mg_model *m, size_t pad)
     m->arena_size = arena;
     m->buf_size = boff;
     m->pad = pad;
-    /* Table entries follow the layers' order: parameters, then buffers. */
-    for (int pass = 0, k = 0; pass < 2; pass++)
-        for (int i = 0; i < m->n_leaves; i++)
-            for (int j = 0; j < m->leaves[i]->n_params; j++) {
-                mg_layer_param *p = &m->leaves[i]->p[j];
-                if (p->is_buffer != (pass == 1)) continue;
-                mg_param *t = &m->tensors[k++];
-                t->offset = p->off;
-                t->data = p->data = (p->is_buffer ? m->buffers : m->params) + p->off;
-                t->grad = p->is_buffer ? NULL : m->grads + p->off;
-            }
+    bind_tensors(m);
     return MG_OK;
 }
 
@@ -311,7 +340,13 @@ mg_status mg_model_set_unit_pad(mg_model *m, size_t pad)
     MG_ASSERT(pad > 0);
     MG_ASSERT(m->grads == m->own_grads);   /* before DDP moves the gradients */
     if (pad == m->pad) return MG_OK;
-    return layout(m, pad);
+    if (!m->dk) return layout(m, pad);
+    /* The layout is made on the host: there and back. */
+    mg_device dev = m->dev;
+    MG_TRY(mg_model_to_device(m, (mg_device){MG_DEVICE_CPU, 0}));
+    mg_status st = layout(m, pad);
+    mg_status e = mg_model_to_device(m, dev);
+    return st ? st : e;
 }
 
 size_t mg_model_unit_pad(const mg_model *m) { return m->pad; }
@@ -363,9 +398,9 @@ void mg_model_destroy(mg_model *m)
     if (!m) return;
     mg_tape_destroy(m->tape);
     mg_layer_destroy(m->root);
-    mg_unmap(m->params, m->arena_size * sizeof(float));
-    mg_unmap(m->own_grads, m->arena_size * sizeof(float));
-    mg_free(m->buffers);
+    arena_free(m->dev, m->params, m->arena_size);
+    arena_free(m->dev, m->own_grads, m->arena_size);
+    mg_device_free(m->dev, m->buffers);
     free(m->tensors);
     free(m->leaves);
     free(m->units);
@@ -374,6 +409,13 @@ void mg_model_destroy(mg_model *m)
 
 void mg_model_init_params(mg_model *m, uint64_t seed)
 {
+    if (m->dk) {   /* the layers write host memory: initialise there */
+        mg_device dev = m->dev;
+        MG_ASSERT(mg_model_to_device(m, (mg_device){MG_DEVICE_CPU, 0}) == MG_OK);
+        mg_model_init_params(m, seed);
+        MG_ASSERT(mg_model_to_device(m, dev) == MG_OK);
+        return;
+    }
     mg_rng r;
     mg_rng_init(&r, seed);
     for (int i = 0; i < m->n_leaves; i++) {
@@ -382,6 +424,70 @@ void mg_model_init_params(mg_model *m, uint64_t seed)
         else mg__layer_init_default(l, &r);
     }
 }
+
+/* ---- Devices ---------------------------------------------------------------- */
+
+/* The layers whose kernels have device versions (src/device/kernels.cu);
+ * NULL when every layer of l has, else the first that has not. */
+static const mg_layer *no_device_kernels(const mg_layer *l)
+{
+    static const char *const ok[] = {"sequential", "linear", "relu", "embedding", "tied_head",
+                                     "layernorm", "gelu", "attention", "gpt_block"};
+    bool found = false;
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) found = found || !strcmp(l->vt->kind, ok[i]);
+    if (!found) return l;
+    for (int i = 0; i < l->n_child; i++) {
+        const mg_layer *b = no_device_kernels(l->child[i]);
+        if (b) return b;
+    }
+    return NULL;
+}
+
+mg_status mg_model_to_device(mg_model *m, mg_device dev)
+{
+    if (dev.kind == m->dev.kind && dev.index == m->dev.index) return MG_OK;
+    char name[16];
+    mg_device_format(dev, name, sizeof name);
+    const mg_layer *bad = dev.kind == MG_DEVICE_CPU ? NULL : no_device_kernels(m->root);
+    if (bad)
+        return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: layer '%s' (%s) has no device "
+                        "kernels yet (the gpt models and linear/ReLU ones have); use --device cpu",
+                        m->name, name, bad->name, bad->vt->kind);
+    if (m->grads != m->own_grads)
+        return mg_error(MG_EUNSUPPORTED, "model '%s': move it to %s before a strategy takes "
+                        "its gradients", m->name, name);
+    mg_dk *dk;
+    MG_TRY(mg__dk_get(dev, &dk));
+    size_t n = m->arena_size, nb = m->buf_size ? m->buf_size : 1;
+    float *p = arena_alloc(dev, n), *g = arena_alloc(dev, n);
+    float *b = mg_device_alloc(dev, nb * sizeof(float));
+    mg_status st = p && g && b ? MG_OK
+                               : mg_error(MG_ENOMEM, "model '%s': cannot allocate its %.1f MB "
+                                          "of arenas on %s", m->name,
+                                          (2.0 * n + nb) * sizeof(float) / 1e6, name);
+    if (!st) st = mg_device_copy(dev, p, m->dev, m->params, n * sizeof(float));
+    if (!st) st = mg_device_copy(dev, g, m->dev, m->grads, n * sizeof(float));
+    if (!st) st = mg_device_copy(dev, b, m->dev, m->buffers, nb * sizeof(float));
+    if (st) {
+        arena_free(dev, p, n);
+        arena_free(dev, g, n);
+        mg_device_free(dev, b);
+        return st;
+    }
+    arena_free(m->dev, m->params, n);
+    arena_free(m->dev, m->own_grads, n);
+    mg_device_free(m->dev, m->buffers);
+    m->params = p;
+    m->grads = m->own_grads = g;
+    m->buffers = b;
+    m->dev = dev;
+    m->dk = dk;
+    bind_tensors(m);
+    relayout(m);
+    return MG_OK;
+}
+
+mg_device mg_model_device(const mg_model *m) { return m->dev; }
 
 /* ---- Units ----------------------------------------------------------------- */
 
@@ -717,27 +823,42 @@ mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, 
     if (first < 0 || first >= last || last > m->n_units)
         return mg_error(MG_EINVAL, "model '%s': units [%d, %d) are not a range of its %d units",
                         m->name, first, last, m->n_units);
+    if (m->dk && (first != 0 || last != m->n_units))
+        return mg_error(MG_EUNSUPPORTED, "model '%s': tapes of a unit range (pipeline stages) "
+                        "do not run on a device yet; use --device cpu", m->name);
     mg_tape *t = calloc(1, sizeof *t);
     if (!t) return mg_error(MG_ENOMEM, "model '%s': out of memory for a tape", m->name);
     t->m = m;
+    t->dev = m->dev;
+    t->dk = m->dk;
     t->layout = m->layout;
     t->cap = max_batch;
     t->u0 = first;
     t->u1 = last;
     t->in_per = mg__per_image(m->units[first].l->in);
     t->out_per = mg__per_image(m->units[last - 1].l->out);
+    /* The layers size their memory for the device they run on. */
+    mg_dk *prev = mg__dk_enter(m->dk);
     t->bytes = tape_layout(m, max_batch, first, last, NULL, NULL);
     /* Zeroed: every page is touched now rather than in the first step. */
-    t->mem = mg_alloc_zero(t->bytes);
+    t->mem = mg_device_alloc(m->dev, t->bytes);
     t->slot = calloc((size_t)m->n_slots, sizeof *t->slot);
     t->rerun = calloc((size_t)m->n_units, sizeof *t->rerun);
-    if (!t->mem || !t->slot || !t->rerun) {
+    bool io = true;
+    if (m->dk) {
+        t->dev_in = mg_device_alloc(m->dev, (size_t)max_batch * t->in_per * sizeof(float));
+        t->dev_labels = mg_device_alloc(m->dev, (size_t)max_batch * m->positions * sizeof(int32_t));
+        io = t->dev_in && t->dev_labels;
+    }
+    if (!t->mem || !t->slot || !t->rerun || !io) {
+        mg__dk_leave(prev);
         double mb = t->bytes / 1e6;
         mg_tape_destroy(t);
         return mg_error(MG_ENOMEM, "model '%s': cannot allocate %.1f MB of activations for "
                         "batch %d; use a smaller batch", m->name, mb, max_batch);
     }
     tape_layout(m, max_batch, first, last, t->mem, t);
+    mg__dk_leave(prev);
     mg_debug("model %s: a tape of %.1f MB for batch %d%s", m->name, t->bytes / 1e6, max_batch,
              m->recompute ? " (recomputing)" : "");
     *out = t;
@@ -747,7 +868,9 @@ mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, 
 void mg_tape_destroy(mg_tape *t)
 {
     if (!t) return;
-    mg_free(t->mem);
+    mg_device_free(t->dev, t->mem);
+    mg_device_free(t->dev, t->dev_in);
+    mg_device_free(t->dev, t->dev_labels);
     free(t->slot);
     free(t->rerun);
     free(t);
@@ -838,7 +961,13 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
     t->step = c.step;
     t->training = c.training;
     mg__seq_calls k = tape_calls(t, false);
+    mg_dk *prev = mg__dk_enter(t->dk);
+    if (t->dk) {   /* the input comes from the host */
+        mg_dk_copy_in(t->dev_in, x, (size_t)batch * t->in_per * sizeof(float));
+        x = t->dev_in;
+    }
     mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
+    mg__dk_leave(prev);
     t->x = x;
     t->batch = batch;
     t->have_fwd = true;
@@ -857,8 +986,15 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
     MG_ASSERT(t->have_fwd && t->u1 == t->m->n_units);
     const mg_model *m = t->m;
     t->have_loss = true;
-    return mg_softmax_xent(t->logits, labels, t->batch * m->positions, m->classes, t->dlogits,
-                           correct);
+    int n = t->batch * m->positions;
+    mg_dk *prev = mg__dk_enter(t->dk);
+    if (t->dk) {
+        mg_dk_copy_in(t->dev_labels, labels, (size_t)n * sizeof(int32_t));
+        labels = t->dev_labels;
+    }
+    float loss = mg_softmax_xent(t->logits, labels, n, m->classes, t->dlogits, correct);
+    mg__dk_leave(prev);
+    return loss;
 }
 
 static void run_backward(mg_tape *t)
@@ -869,7 +1005,9 @@ static void run_backward(mg_tape *t)
     c.step = t->step;
     c.training = t->training;
     mg__seq_calls k = tape_calls(t, m->recompute);
+    mg_dk *prev = mg__dk_enter(t->dk);
     mg__seq_backward(m->root, &c, t->x, t->logits, t->dlogits, t->dinput, t->batch, &k);
+    mg__dk_leave(prev);
     t->have_loss = false;   /* dlogits were consumed (layers may overwrite dy) */
 }
 
@@ -882,7 +1020,14 @@ void mg_tape_backward(mg_tape *t)
 void mg_tape_backward_from(mg_tape *t, const float *dout)
 {
     MG_ASSERT(t->have_fwd);
-    memmove(t->dlogits, dout, (size_t)t->batch * t->out_per * sizeof(float));
+    size_t bytes = (size_t)t->batch * t->out_per * sizeof(float);
+    if (t->dk) {   /* dout comes from the host */
+        mg_dk *prev = mg__dk_enter(t->dk);
+        mg_dk_copy_in(t->dlogits, dout, bytes);
+        mg__dk_leave(prev);
+    } else {
+        memmove(t->dlogits, dout, bytes);
+    }
     run_backward(t);
 }
 
@@ -896,6 +1041,19 @@ void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
     if (out_floats) *out_floats = t->out_per;
 }
 const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
+
+void mg_tape_logits_to_host(const mg_tape *t, float *dst)
+{
+    MG_ASSERT(t->have_fwd);
+    size_t bytes = (size_t)t->batch * t->out_per * sizeof(float);
+    if (!t->dk) {
+        memcpy(dst, t->logits, bytes);
+        return;
+    }
+    mg_dk *prev = mg__dk_enter(t->dk);
+    mg_dk_copy_out(dst, t->logits, bytes);
+    mg__dk_leave(prev);
+}
 
 /* ---- The model's own tape ---------------------------------------------------- */
 
@@ -953,5 +1111,11 @@ const float *mg_model_input_grad(const mg_model *m)
 
 void mg_model_zero_grad(mg_model *m)
 {
+    if (m->dk) {
+        mg_dk *prev = mg__dk_enter(m->dk);
+        mg_dk_zero(m->grads, m->arena_size * sizeof(float));
+        mg__dk_leave(prev);
+        return;
+    }
     memset(m->grads, 0, m->arena_size * sizeof(float));
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "nn/layer.h"
+#include "device/dk.h"
 
 /* Rows of a batch of n samples of shape s (all but the last dimension). */
 static size_t rows(const int s[3], int n) { return (size_t)n * s[0] * s[1]; }
@@ -39,32 +40,17 @@ static void embed_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y
 {
     embed_layer *e = (embed_layer *)l;
     const int32_t *tok = (const int32_t *)(const void *)x;
-    const float *wte = l->p[0].data, *wpe = l->p[1].data;
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < e->ctx; t++) {
-            int32_t v = tok[(size_t)i * e->ctx + t];
-            MG_ASSERT(v >= 0 && v < e->vocab);
-            const float *a = wte + (size_t)v * e->d, *b = wpe + (size_t)t * e->d;
-            float *o = y + ((size_t)i * e->ctx + t) * e->d;
-            for (int j = 0; j < e->d; j++) o[j] = a[j] + b[j];
-        }
+    if (!mg__dk_cur)   /* on a device the tape checked the tokens as it copied them */
+        for (size_t i = 0; i < (size_t)n * e->ctx; i++) MG_ASSERT(tok[i] >= 0 && tok[i] < e->vocab);
+    mg_embedding_forward(y, tok, l->p[0].data, l->p[1].data, n, e->ctx, e->d);
 }
 
 static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                            float *dy, float *dx, int n)
 {
     embed_layer *e = (embed_layer *)l;
-    const int32_t *tok = (const int32_t *)(const void *)x;
-    float *gte = mg__grad(l, c, 0), *gpe = mg__grad(l, c, 1);
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < e->ctx; t++) {
-            const float *g = dy + ((size_t)i * e->ctx + t) * e->d;
-            float *a = gte + (size_t)tok[(size_t)i * e->ctx + t] * e->d, *b = gpe + (size_t)t * e->d;
-            for (int j = 0; j < e->d; j++) {
-                a[j] += g[j];
-                b[j] += g[j];
-            }
-        }
+    mg_embedding_backward(mg__grad(l, c, 0), mg__grad(l, c, 1), dy,
+                          (const int32_t *)(const void *)x, n, e->ctx, e->d, e->vocab);
 }
 
 static const mg_layer_vt embed_vt = {
@@ -280,16 +266,16 @@ static mg_status attn_setup(mg_layer *l, const int in[3], int out[3])
 static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
     const attn_layer *a = (const attn_layer *)l;
-    *saved = (size_t)n * a->heads * l->in[1] * sizeof(float);   /* log-sum-exp rows */
-    *scratch = mg_attention_scratch(l->in[1]);
+    *saved = mg_attention_saved(n, l->in[1], a->heads) * sizeof(float);
+    *scratch = mg_attention_scratch(n, l->in[1], a->d, a->heads);
 }
 
-/* Sequences [i0, i0 + n) of the batch: their log-sum-exp rows are at
- * that offset of the saved ones (the gpt block runs slices). */
+/* Sequences [i0, i0 + n) of the batch: what the forward keeps for them
+ * is at that offset of the saved memory (the gpt block runs slices). */
 static float *attn_lse(mg_layer *l, const mg_ctx *c, int i0)
 {
     const attn_layer *a = (const attn_layer *)l;
-    return (float *)mg__saved(l, c) + (size_t)i0 * a->heads * l->in[1];
+    return (float *)mg__saved(l, c) + mg_attention_saved(i0, l->in[1], a->heads);
 }
 
 static void attn_seqs_forward(mg_layer *l, const mg_ctx *c, float *y, const float *x, int i0,
@@ -410,7 +396,12 @@ static size_t tmp_floats(const mg_layer *l, int seqs, int k)
     return mg__align(rows(l->in, seqs) * w * sizeof(float)) / sizeof(float);
 }
 
-static int slice_at(const block_layer *b, int n) { return b->slice_max < n ? b->slice_max : n; }
+/* On a device the whole batch is one slice: its kernels want large GEMMs
+ * rather than cache-sized ones. */
+static int slice_at(const block_layer *b, int n)
+{
+    return !mg__dk_cur && b->slice_max < n ? b->slice_max : n;
+}
 
 static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
@@ -475,11 +466,6 @@ static int block_slice(const block_layer *b, const mg_ctx *c, int i0, int n, int
     return k;
 }
 
-static void add_to(float *restrict y, const float *restrict a, size_t m)
-{
-    for (size_t i = 0; i < m; i++) y[i] += a[i];
-}
-
 static void block_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     block_layer *b = (block_layer *)l;
@@ -497,12 +483,12 @@ static void block_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y
         f[L_QKV]->vt->forward(f[L_QKV], &cc, t[S_A], kp[K_QKV], k);
         attn_seqs_forward(f[L_ATT], c, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
         f[L_PROJ]->vt->forward(f[L_PROJ], &cc, kp[K_ATT], kp[K_X1], k);
-        add_to(kp[K_X1], xs, nr * d);
+        mg_add_into(kp[K_X1], xs, nr * d);
         ln_rows_forward(f[L_LN2], c, t[S_A], kp[K_X1], r0, nr);
         f[L_FC]->vt->forward(f[L_FC], &cc, t[S_A], kp[K_FC], k);
         f[L_GELU]->vt->forward(f[L_GELU], &cc, kp[K_FC], t[S_G], k);
         f[L_FCPROJ]->vt->forward(f[L_FCPROJ], &cc, t[S_G], ys, k);
-        add_to(ys, kp[K_X1], nr * d);
+        mg_add_into(ys, kp[K_X1], nr * d);
     }
 }
 
@@ -528,18 +514,18 @@ static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
         /* y = x1 + c_proj(gelu(c_fc(ln_2(x1)))). */
         mg_gelu_forward_deriv(G, P, kp[K_FC], nr * 4 * d);         /* G = gelu, P = gelu' */
         f[L_FCPROJ]->vt->backward(f[L_FCPROJ], &cc, G, NULL, dys, D, k);
-        for (size_t i = 0; i < nr * 4 * d; i++) G[i] = D[i] * P[i];  /* d c_fc output */
+        mg_mul(G, D, P, nr * 4 * d);                                   /* d c_fc output */
         ln_rows_forward(f[L_LN2], c, A, kp[K_X1], r0, nr);              /* ln_2(x1) again */
         f[L_FC]->vt->backward(f[L_FC], &cc, A, NULL, G, D, k);
         ln_rows_backward(f[L_LN2], c, A, D, kp[K_X1], r0, nr);
-        add_to(A, dys, nr * d);                                        /* A = d x1 */
+        mg_add_into(A, dys, nr * d);                                        /* A = d x1 */
         /* x1 = x + c_proj(attention(c_attn(ln_1(x)))). */
         f[L_PROJ]->vt->backward(f[L_PROJ], &cc, kp[K_ATT], NULL, A, dys, k);
         attn_seqs_backward(f[L_ATT], c, G, dys, kp[K_ATT], kp[K_QKV], i0, k, cc.scratch);
         ln_rows_forward(f[L_LN1], c, D, xs, r0, nr);                     /* ln_1(x) again */
         f[L_QKV]->vt->backward(f[L_QKV], &cc, D, NULL, G, dys, k);
         ln_rows_backward(f[L_LN1], c, dxs, dys, xs, r0, nr);
-        if (dxs) add_to(dxs, A, nr * d);
+        if (dxs) mg_add_into(dxs, A, nr * d);
     }
 }
 

@@ -13,6 +13,8 @@
  * so updating ranges equals updating the whole arena bit for bit. */
 #include <math.h>
 #include "optim_impl.h"
+#include "core/elem.h"
+#include "device/dk.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -44,6 +46,10 @@
 void mg__adam_update(float *restrict p, const float *restrict g, float *restrict m,
                      float *restrict v, size_t n, const mg__adam_coef *c)
 {
+    if (mg__dk_cur) {
+        mg_dk_adam_update(p, g, m, v, n, c);
+        return;
+    }
     const float b1 = c->beta1, omb1 = c->one_minus_beta1, b2 = c->beta2,
                 omb2 = c->one_minus_beta2, eps = c->eps, nss = c->neg_step_size,
                 bc2s = c->bc2_sqrt, wd = c->wd, decay = c->decay;
@@ -63,14 +69,5 @@ void mg__adam_update(float *restrict p, const float *restrict g, float *restrict
         VSTORE(p + i, VFMA(vnss, VDIV(mi, denom), pi));
     }
 #endif
-    for (; i < n; i++) {
-        float pi = p[i] * decay;
-        float gi = fmaf(wd, pi, g[i]);
-        float mi = fmaf(omb1, gi, m[i] * b1);
-        float vi = fmaf(omb2 * gi, gi, v[i] * b2);
-        m[i] = mi;
-        v[i] = vi;
-        float denom = sqrtf(vi) / bc2s + eps;
-        p[i] = fmaf(nss, mi / denom, pi);
-    }
+    for (; i < n; i++) mg__adam_elem(p, g, m, v, i, b1, omb1, b2, omb2, eps, nss, bc2s, wd, decay);
 }

@@ -18,6 +18,7 @@
 #include <strings.h>
 #include "multigrad/optim.h"
 #include "optim_impl.h"
+#include "device/dk.h"
 
 #define MAX_STATES 2
 #define NBUF 3   /* offload windows: one read ahead, one updated, one written back */
@@ -61,6 +62,8 @@ struct mg_optim {
     const char *state_names[MAX_STATES];
     float *state[MAX_STATES];   /* NULL when offloaded */
     offload *off_;
+    mg_device dev;            /* where the state is (mg_optim_to_device) */
+    mg_dk *dk;
     /* Parameter groups: segments tiling [0, n), each with its weight decay
      * and that step's coefficients. One segment without groups. */
     int nseg;
@@ -218,7 +221,10 @@ void mg_optim_destroy(mg_optim *o)
 {
     if (!o) return;
     offload_stop(o->off_);
-    for (int i = 0; i < o->nstates; i++) mg_free(o->state[i]);
+    for (int i = 0; i < o->nstates; i++) {
+        if (o->dk) mg_device_free(o->dev, o->state[i]);
+        else mg_free(o->state[i]);
+    }
     free(o->r);
     free(o->off);
     free(o->seg);
@@ -356,9 +362,39 @@ mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t
     if (o->off_) return stream(o, params, grads, lo, hi);
     float *st[MAX_STATES] = {NULL, NULL};
     for (int s = 0; s < o->nstates; s++) st[s] = o->state[s] + o->off[k] + (lo - o->r[k].lo);
+    mg_dk *prev = mg__dk_enter(o->dk);
     apply(o, lo, hi, params + lo, grads + lo, st);
+    mg__dk_leave(prev);
     return MG_OK;
 }
+
+mg_status mg_optim_to_device(mg_optim *o, mg_device dev)
+{
+    if (dev.kind == o->dev.kind && dev.index == o->dev.index) return MG_OK;
+    if (o->off_)
+        return mg_error(MG_EUNSUPPORTED, "optimizer: offloaded state does not move to a device");
+    mg_dk *dk;
+    MG_TRY(mg__dk_get(dev, &dk));
+    float *st[MAX_STATES] = {NULL, NULL};
+    mg_status e = MG_OK;
+    for (int i = 0; i < o->nstates && !e; i++) {
+        st[i] = mg_device_alloc(dev, o->n * sizeof(float));
+        e = st[i] ? mg_device_copy(dev, st[i], o->dev, o->state[i], o->n * sizeof(float))
+                  : mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state on "
+                             "the device", o->n, o->state_names[i]);
+    }
+    for (int i = 0; i < o->nstates; i++) {
+        float *drop = e ? st[i] : o->state[i];
+        mg_device_free(e ? dev : o->dev, drop);
+        if (!e) o->state[i] = st[i];
+    }
+    if (e) return e;
+    o->dev = dev;
+    o->dk = dk;
+    return MG_OK;
+}
+
+mg_device mg_optim_device(const mg_optim *o) { return o->dev; }
 
 mg_status mg_optim_step(mg_optim *o, float *params, const float *grads, float lr)
 {
@@ -666,6 +702,7 @@ float *mg_optim_state(mg_optim *o, int i, const char **name)
 
 double mg_grad_sumsq(const float *g, size_t n)
 {
+    if (mg__dk_cur) return mg_dk_sumsq(g, n);
     double s = 0.0;
     for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
     return s;
@@ -680,6 +717,10 @@ float mg_clip_coef(double norm, float max_norm)
 
 void mg_grad_scale(float *g, size_t n, float s)
 {
+    if (mg__dk_cur) {
+        mg_dk_scale(g, n, s);
+        return;
+    }
     for (size_t i = 0; i < n; i++) g[i] *= s;
 }
 

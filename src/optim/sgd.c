@@ -5,6 +5,7 @@
  * so the compiler vectorizes it (-O3 -march=native turns the a + s*b forms
  * into FMAs, as PyTorch's AVX2 kernels do). */
 #include "optim_impl.h"
+#include "device/dk.h"
 
 static void plain(float *restrict p, const float *restrict g, size_t n, float neg_lr, float wd)
 {
@@ -64,6 +65,10 @@ static void momentum(float *restrict p, const float *restrict g, float *restrict
 
 void mg__sgd_update(float *p, const float *g, float *buf, size_t n, const mg__sgd_coef *c)
 {
+    if (mg__dk_cur) {
+        mg_dk_sgd_update(p, g, buf, n, c);
+        return;
+    }
     if (c->mu == 0.0f)
         plain(p, g, n, c->neg_lr, c->wd);
     else

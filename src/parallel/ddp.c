@@ -13,7 +13,12 @@
  * with the rest of backward. mg_ddp_finish
  * launches any bucket that got no gradient this step (so unused parameters
  * never hang a step), waits for all and decompresses where buckets were
- * sent as fp16/bf16. */
+ * sent as fp16/bf16.
+ *
+ * A model on a device keeps its gradients there: each bucket is copied to
+ * the group memory when it is launched and back when it is reduced (host
+ * staging, as gloo does with CUDA tensors), so ranks that share a GPU
+ * reduce through the host's shared memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,7 @@ struct mg_ddp {
     size_t ready;           /* gradients [0, ready) are final this step */
     int next;               /* first bucket not launched */
     bool sync, hooked;
+    bool staged;            /* the model is on a device: buckets go through grads */
     mg_status err;
     mg_ddp_stats stats;
 };
@@ -98,12 +104,40 @@ size_t mg_shard_pad(int world)
     return (size_t)world / a * MG_SIMD_FLOATS;
 }
 
+/* Copies floats [lo, hi) of the device gradients to the group memory
+ * (to_host) or back. */
+static mg_status stage(mg_ddp *d, size_t lo, size_t hi, bool to_host)
+{
+    mg_device cpu = {MG_DEVICE_CPU, 0}, dev = mg_model_device(d->m);
+    float *dg = mg_model_grads(d->m) + lo, *hg = d->grads + lo;
+    size_t bytes = (hi - lo) * sizeof(float);
+    return to_host ? mg_device_copy(cpu, hg, dev, dg, bytes) : mg_device_copy(dev, dg, cpu, hg, bytes);
+}
+
+/* Rank 0's n floats at p (model memory, on its device) on every rank. */
+static mg_status broadcast_model(mg_ddp *d, float *p, size_t n)
+{
+    mg_device cpu = {MG_DEVICE_CPU, 0}, dev = mg_model_device(d->m);
+    if (!d->staged) return mg_broadcast(d->g, p, n, MG_F32, 0);
+    float *h = malloc(n * sizeof(float));
+    if (!h) return mg_error(MG_ENOMEM, "ddp: out of memory staging %zu floats", n);
+    mg_status st = mg_device_copy(cpu, h, dev, p, n * sizeof(float));
+    if (!st) st = mg_broadcast(d->g, h, n, MG_F32, 0);
+    if (!st) st = mg_device_copy(dev, p, cpu, h, n * sizeof(float));
+    free(h);
+    return st;
+}
+
 static void launch(mg_ddp *d, bucket *b)
 {
     b->t_launch = mg_trace_now();
     if (d->err) return;
     size_t n = b->hi - b->lo;
     mg_status st;
+    if (d->staged && (st = stage(d, b->lo, b->hi, true))) {
+        d->err = st;
+        return;
+    }
     if (d->opt.compress == MG_COMPRESS_NONE) {
         st = mg_all_reduce_async(d->g, d->grads + b->lo, d->grads + b->lo, n, MG_F32,
                                  MG_AVG, &b->work);
@@ -159,13 +193,14 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
         if (!d->half) st = mg_error(MG_ENOMEM, "ddp: cannot allocate group memory");
     }
     if (!st) {
-        mg_model_set_grad_storage(m, d->grads);
+        d->staged = mg_model_device(m).kind != MG_DEVICE_CPU;
+        if (!d->staged) mg_model_set_grad_storage(m, d->grads);
         st = mg_model_add_hooks(m, &ddp_hooks, d);
         d->hooked = !st;
         /* Every replica starts from rank 0's parameters and buffers. */
-        if (!st) st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
+        if (!st) st = broadcast_model(d, mg_model_params(m), d->n);
         if (!st && mg_model_buffer_size(m))
-            st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
+            st = broadcast_model(d, mg_model_buffers(m), mg_model_buffer_size(m));
     }
     if (st) {
         mg_ddp_destroy(d);
@@ -228,6 +263,7 @@ mg_status mg_ddp_finish(mg_ddp *d)
             mg_dtype t = d->opt.compress == MG_COMPRESS_FP16 ? MG_F16 : MG_BF16;
             mg_convert_to_f32(d->grads + b->lo, d->half + b->lo, t, b->hi - b->lo);
         }
+        if (!st && d->staged) st = stage(d, b->lo, b->hi, false);
     }
     double t1 = mg_trace_now();
     d->stats.exposed_us += t1 - t0;

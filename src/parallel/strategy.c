@@ -156,6 +156,13 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
                         "strategy; use it with --zero");
     if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
+    if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind != MG_STRATEGY_SINGLE &&
+        o->kind != MG_STRATEGY_DDP)
+        return mg_error(MG_EUNSUPPORTED, "strategy %s does not run on a device yet (one process "
+                        "and ddp do); use --device cpu",
+                        o->kind == MG_STRATEGY_DP     ? "dp"
+                        : o->kind == MG_STRATEGY_ZERO ? "zero"
+                                                      : "pipeline");
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
     s->m = m;
@@ -246,7 +253,7 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     mg_scratch *gs = s->zero ? mg_zero_grad_store(s->zero) : NULL;
     mg_status st = s->offload_dir ? mg_optim_offload(*out, s->offload_dir, s->offload_window,
                                                      ps, gs)
-                                  : MG_OK;
+                                  : mg_optim_to_device(*out, mg_model_device(s->m));
     st = agree(s, st);
     if (st) {
         mg_optim_destroy(*out);
@@ -352,8 +359,8 @@ static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path,
     return st;
 }
 
-mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
-                           const mg_ckpt_meta *meta)
+static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
+                              const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
     /* Offloaded parameter pieces are read in for the writing; a
@@ -376,13 +383,41 @@ mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
     return st ? st : e;
 }
 
-mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
+static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
+                              mg_ckpt_meta *meta)
 {
     /* Every rank reads the parameters and the optimizer state of its own
      * ranges: the file is logical, so any world size and stage reads it. */
     mg_status st = s->zero ? agree(s, mg_zero_pieces_in(s->zero)) : MG_OK;
     if (!st) st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
     mg_status e = agree(s, mg_strategy_release(s));
+    return st ? st : e;
+}
+
+/* Checkpoints are written from and read into host memory: a model on a
+ * device goes there with its optimizer for the file, and comes back. */
+static mg_status move_state(mg_strategy *s, mg_optim *o, mg_device d)
+{
+    MG_TRY(mg_model_to_device(s->m, d));
+    return o ? mg_optim_to_device(o, d) : MG_OK;
+}
+
+mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
+                           const mg_ckpt_meta *meta)
+{
+    mg_device dev = mg_model_device(s->m);
+    if (dev.kind == MG_DEVICE_CPU) return save_on_host(s, path, o, meta);
+    MG_TRY(move_state(s, o, (mg_device){MG_DEVICE_CPU, 0}));
+    mg_status st = save_on_host(s, path, o, meta), e = move_state(s, o, dev);
+    return st ? st : e;
+}
+
+mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
+{
+    mg_device dev = mg_model_device(s->m);
+    if (dev.kind == MG_DEVICE_CPU) return load_on_host(s, path, o, meta);
+    MG_TRY(move_state(s, o, (mg_device){MG_DEVICE_CPU, 0}));
+    mg_status st = load_on_host(s, path, o, meta), e = move_state(s, o, dev);
     return st ? st : e;
 }
 
@@ -521,6 +556,9 @@ mg_traffic mg_strategy_traffic(const mg_strategy *s)
 
 /* ---- the training step ------------------------------------------------------ */
 
+static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
+                             mg_step_result *r);
+
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r)
 {
@@ -542,6 +580,19 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     }
     if (r->micro == 0) return MG_OK;
     if (s->vt->finish) MG_TRY(s->vt->finish(s));
+    /* The gradients are the model's device's: so are the kernels below. */
+    mg_device host = mg_device_current();
+    MG_TRY(mg_device_set_current(mg_model_device(m)));
+    mg_status st = finish_step(s, o, opt, r);
+    mg_device_set_current(host);
+    return st;
+}
+
+/* Scaling, clipping and the optimizer's step after the micro-batches. */
+static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
+                             mg_step_result *r)
+{
+    mg_model *m = s->m;
     float *g = mg_model_grads(m), *p = mg_model_params(m);
     int nr;
     const mg_range *rg = mg_strategy_ranges(s, &nr);

@@ -4,20 +4,51 @@
  * GEMM with B transposed (OpenBLAS packs it; no explicit transpose), the
  * weight gradient dy^T x and the input gradient dy W. */
 #include "multigrad/tensor.h"
+#include "device/dk.h"
 
 void mg_relu_forward(float *y, const float *x, size_t n)
 {
+    if (mg__dk_cur) {
+        mg_dk_relu_forward(y, x, n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 void mg_relu_backward(float *dx, const float *dy, const float *y, size_t n)
 {
+    if (mg__dk_cur) {
+        mg_dk_relu_backward(dx, dy, y, n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void mg_add_into(float *restrict y, const float *restrict a, size_t n)
+{
+    if (mg__dk_cur) {
+        mg_dk_add_into(y, a, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) y[i] += a[i];
+}
+
+void mg_mul(float *restrict y, const float *restrict a, const float *restrict b, size_t n)
+{
+    if (mg__dk_cur) {
+        mg_dk_mul(y, a, b, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i];
 }
 
 void mg_linear_forward(float *y, const float *x, const float *wt, const float *b,
                        int n, int in, int out, bool relu)
 {
+    if (mg__dk_cur) {
+        mg_dk_linear_forward(y, x, wt, b, n, in, out, relu);
+        return;
+    }
     mg_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
     for (int i = 0; i < n; i++) {
         float *yi = y + (size_t)i * out;
@@ -36,6 +67,10 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu)
 {
+    if (mg__dk_cur) {
+        mg_dk_linear_backward(dx, dw, db, dy, y, x, wt, n, in, out, relu);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         float *g = dy + (size_t)i * out;
         if (relu) {

@@ -11,40 +11,38 @@
  * the recomputation then costs no more exps than the plain backward. */
 #include <math.h>
 #include "multigrad/tensor.h"
-
-#define GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
-/* s = sigmoid(2u) of input v; the derivative of v * s given s. */
-static inline float gelu_s(float v)
-{
-    float u = GELU_K * (v + GELU_C * v * v * v);
-    return 1.0f / (1.0f + expf(-2.0f * u));
-}
-
-static inline float gelu_deriv(float v, float s)
-{
-    float du = 2.0f * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
-    return s + v * du * s * (1.0f - s);
-}
+#include "core/elem.h"
+#include "device/dk.h"
 
 void mg_gelu_forward(float *restrict y, const float *restrict x, size_t n)
 {
-    for (size_t i = 0; i < n; i++) y[i] = x[i] * gelu_s(x[i]);
+    if (mg__dk_cur) {
+        mg_dk_gelu_forward(y, x, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) y[i] = x[i] * mg__gelu_s(x[i]);
 }
 
 void mg_gelu_backward(float *restrict dx, const float *restrict dy, const float *restrict x,
                       size_t n)
 {
-    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * gelu_deriv(x[i], gelu_s(x[i]));
+    if (mg__dk_cur) {
+        mg_dk_gelu_backward(dx, dy, x, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dx[i] = dy[i] * mg__gelu_deriv(x[i], mg__gelu_s(x[i]));
 }
 
 void mg_gelu_forward_deriv(float *restrict y, float *restrict dydx, const float *restrict x,
                            size_t n)
 {
+    if (mg__dk_cur) {
+        mg_dk_gelu_forward_deriv(y, dydx, x, n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
-        float v = x[i], s = gelu_s(v);
+        float v = x[i], s = mg__gelu_s(v);
         y[i] = v * s;
-        dydx[i] = gelu_deriv(v, s);
+        dydx[i] = mg__gelu_deriv(v, s);
     }
 }

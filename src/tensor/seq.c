@@ -11,12 +11,17 @@
 #include <math.h>
 #include <string.h>
 #include "multigrad/tensor.h"
+#include "device/dk.h"
 
 /* ---- LayerNorm --------------------------------------------------------- */
 
 void mg_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
                           const float *b, size_t rows, int d, float eps)
 {
+    if (mg__dk_cur) {
+        mg_dk_layernorm_forward(y, mean, rstd, x, w, b, rows, d, eps);
+        return;
+    }
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
@@ -38,6 +43,10 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
                            const float *mean, const float *rstd, const float *w, size_t rows,
                            int d)
 {
+    if (mg__dk_cur) {
+        mg_dk_layernorm_backward(dx, dw, db, dy, x, mean, rstd, w, rows, d);
+        return;
+    }
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * d, *gr = dy + r * d;
         float mu = mean[r], rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
@@ -57,19 +66,64 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
     }
 }
 
+/* ---- Embedding ------------------------------------------------------------- */
+
+void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
+                          int n, int T, int d)
+{
+    if (mg__dk_cur) {
+        mg_dk_embedding_forward(y, tok, wte, wpe, n, T, d);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) {
+            const float *a = wte + (size_t)tok[(size_t)i * T + t] * d, *b = wpe + (size_t)t * d;
+            float *o = y + ((size_t)i * T + t) * d;
+            for (int j = 0; j < d; j++) o[j] = a[j] + b[j];
+        }
+}
+
+void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int n,
+                           int T, int d, int vocab)
+{
+    if (mg__dk_cur) {
+        mg_dk_embedding_backward(gte, gpe, dy, tok, n, T, d, vocab);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) {
+            const float *g = dy + ((size_t)i * T + t) * d;
+            float *a = gte + (size_t)tok[(size_t)i * T + t] * d, *b = gpe + (size_t)t * d;
+            for (int j = 0; j < d; j++) {
+                a[j] += g[j];
+                b[j] += g[j];
+            }
+        }
+}
+
 /* ---- Causal self-attention ----------------------------------------------- */
 
 /* Query rows per block: the keys a block needs end at its last row. */
 #define ATT_BLOCK 32
 
-size_t mg_attention_scratch(int T)
+size_t mg_attention_saved(int n, int T, int heads)
 {
+    return (size_t)n * heads * T * (mg__dk_cur ? (size_t)T : 1);
+}
+
+size_t mg_attention_scratch(int n, int T, int d, int heads)
+{
+    if (mg__dk_cur) return mg_dk_attention_scratch(n, T, d, heads);
     return 2 * (size_t)ATT_BLOCK * T;
 }
 
 void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
                           int heads, float *ws)
 {
+    if (mg__dk_cur) {
+        mg_dk_attention_forward(y, lse, qkv, n, T, d, heads, ws);
+        return;
+    }
     int hd = d / heads, ld = 3 * d;
     float scale = 1.0f / sqrtf((float)hd);
     float *S = ws;
@@ -109,6 +163,10 @@ void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, 
 void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
                            const float *qkv, int n, int T, int d, int heads, float *ws)
 {
+    if (mg__dk_cur) {
+        mg_dk_attention_backward(dqkv, dy, y, lse, qkv, n, T, d, heads, ws);
+        return;
+    }
     int hd = d / heads, ld = 3 * d;
     float scale = 1.0f / sqrtf((float)hd);
     float *P = ws, *dP = ws + (size_t)ATT_BLOCK * T;

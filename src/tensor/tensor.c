@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <cblas.h>
 #include "multigrad/tensor.h"
+#include "device/dk.h"
 
 static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 static int n_threads = 1;
@@ -37,6 +38,18 @@ int mg_get_threads(void)
 void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              const float *A, int lda, const float *B, int ldb, float beta,
              float *C, int ldc)
+{
+    if (mg__dk_cur) {
+        mg_dk_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    mg__gemm_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* The CPU's GEMM (the device kind emu's too). */
+void mg__gemm_host(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta,
+                   float *C, int ldc)
 {
     pthread_once(&threads_once, threads_init);
     if (M <= 0 || N <= 0) return;

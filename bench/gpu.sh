@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bench/gpu.sh — GPU training (issue 15) against PyTorch in one run, on a
+# machine with an NVIDIA GPU, a CUDA build of multigrad (make finds the
+# toolkit) and PyTorch with CUDA:
+#
+# 1. gpt-mini (4 layers, dim 128, context 128, batch 32) and the 85M shape
+#    (12 layers, dim 768, 12 heads, context 256, batch 16) trained with
+#    models.md's AdamW and clipping, float32 with TF32 off, by
+#    `bench/gpt --device cuda` (which also prints the GPU's measured SGEMM
+#    peak and the model's achieved TFLOP/s against it) and by
+#    bench/gpu_gpt_torch.py (eager; attention written out, and through
+#    F.scaled_dot_product_attention). Tokens/s of the steps after the
+#    first; --repeat runs of each, alternating.
+# 2. mgtrain gpt-mini on the GPU: one process, and DDP on 2 ranks sharing
+#    the GPU (their buckets reduced through the host).
+#
+#   bench/gpu.sh [--repeat N] [--bin DIR]   (DIR holds gpt, mgtrain, mgrun:
+#                                            default build/bench, build/bin)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+repeat=2
+bench=build/bench
+tools=build/bin
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --repeat) repeat=$2; shift 2 ;;
+    --bin) bench=$2; tools=$2; shift 2 ;;
+    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR]" >&2; exit 2 ;;
+    esac
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv || exit 1
+lscpu | grep "Model name"
+big="--layers 12 --dim 768 --heads 12 --ctx 256 --batch 16 --steps 20"
+for r in $(seq "$repeat"); do
+    echo "== run $r: gpt-mini, multigrad"; "$bench/gpt" --device cuda --steps 50 --no-eval | grep -v -E "^# (cpu|gemm|conv|threads):"
+    for a in manual sdpa; do
+        echo "== run $r: gpt-mini, torch ($a)"; python3 bench/gpu_gpt_torch.py --steps 50 --attn $a | tail -1
+    done
+    echo "== run $r: 85M, multigrad"; "$bench/gpt" --device cuda $big --no-eval | tail -1
+    for a in manual sdpa; do
+        echo "== run $r: 85M, torch ($a)"; python3 bench/gpu_gpt_torch.py $big --attn $a | tail -1
+    done
+done
+g="--model gpt-mini --steps 200 --eval-every 200"
+echo "== mgtrain gpt-mini, one process"; "$tools/mgtrain" $g --device cuda | tail -1
+echo "== mgtrain gpt-mini, DDP on 2 ranks sharing the GPU"
+"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp | tail -1

@@ -1,0 +1,100 @@
+/* Internal to the library: the device kernels (src/device/kernels.cu).
+ *
+ * A model or optimizer on a device runs the same layers and the same
+ * tensor.h calls as on the CPU; the calls find their device here. While a
+ * tape or an optimizer on a device works, mg__dk_cur (thread-local) names
+ * that device's context, and each kernel of tensor.h that has a device
+ * version hands its call to the mg_dk_* function of the same arguments,
+ * whose pointers are then device memory. Kernels are asynchronous on the
+ * context's stream; results come back through mg_dk_copy_out.
+ *
+ * The device kind "emu" runs the very same kernel code on the host, one
+ * lane per row where the GPU has a warp: every device code path is tested
+ * where there is no GPU (CI), and a GPU run checks only what the hardware
+ * adds. kernels.cu is compiled by nvcc when the CUDA toolkit is there
+ * (then both kinds work) and as C++ by the host compiler otherwise. */
+#ifndef MG_DEVICE_DK_H
+#define MG_DEVICE_DK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "multigrad/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mg_dk mg_dk;
+
+/* The context of a device's kernels (its stream and cuBLAS handle), made
+ * at first use; *out NULL for the CPU. An error when the device cannot be
+ * used. */
+mg_status mg__dk_get(mg_device d, mg_dk **out);
+mg_device mg__dk_device(const mg_dk *k);   /* the CPU for NULL */
+extern __thread mg_dk *mg__dk_cur;
+/* Makes dk this thread's current context; returns the previous one, to
+ * be given back to mg__dk_leave. */
+static inline mg_dk *mg__dk_enter(mg_dk *dk)
+{
+    mg_dk *prev = mg__dk_cur;
+    mg__dk_cur = dk;
+    return prev;
+}
+static inline void mg__dk_leave(mg_dk *prev) { mg__dk_cur = prev; }
+
+/* Waits for the context's work; copies n bytes from device memory src to
+ * host memory dst after the work queued before (complete on return), or
+ * from host memory in (queued; src is free again on return). */
+void mg_dk_sync(void);
+void mg_dk_copy_out(void *dst, const void *src, size_t n);
+void mg_dk_copy_in(void *dst, const void *src, size_t n);
+void mg_dk_zero(void *p, size_t bytes);
+
+/* The CPU's GEMM, which the device kind emu uses (src/tensor/tensor.c). */
+void mg__gemm_host(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The device versions of tensor.h's kernels: the same arguments. */
+void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc);
+void mg_dk_relu_forward(float *y, const float *x, size_t n);
+void mg_dk_relu_backward(float *dx, const float *dy, const float *y, size_t n);
+void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b, int n,
+                          int in, int out, bool relu);
+void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                           const float *x, const float *wt, int n, int in, int out, bool relu);
+void mg_dk_add_into(float *y, const float *a, size_t n);
+void mg_dk_mul(float *y, const float *a, const float *b, size_t n);
+void mg_dk_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
+                             const float *b, size_t rows, int d, float eps);
+void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *mean, const float *rstd, const float *w, size_t rows,
+                              int d);
+void mg_dk_gelu_forward(float *y, const float *x, size_t n);
+void mg_dk_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
+size_t mg_dk_attention_scratch(int n, int T, int d, int heads);
+void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T, int d,
+                             int heads, float *ws);
+void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y, const float *saved,
+                              const float *qkv, int n, int T, int d, int heads, float *ws);
+void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
+                             int n, int T, int d);
+void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok,
+                              int n, int T, int d, int vocab);
+float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n, int classes,
+                         float *dlogits, int *correct);
+double mg_dk_sumsq(const float *g, size_t n);
+void mg_dk_scale(float *g, size_t n, float s);
+struct mg__adam_coef;
+struct mg__sgd_coef;
+void mg_dk_adam_update(float *p, const float *g, float *m, float *v, size_t n,
+                       const struct mg__adam_coef *c);
+void mg_dk_sgd_update(float *p, const float *g, float *buf, size_t n,
+                      const struct mg__sgd_coef *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,695 @@
+/* The device kernels (dk.h): every kernel the gpt models and the
+ * optimizers need, written once as a function of an element or of a row,
+ * and run either on a CUDA GPU (a grid of threads, a warp per row) or on
+ * the host for the device kind "emu" (a loop, one lane per row). GEMMs go
+ * to cuBLAS (to OpenBLAS under emu), with TF32 off, so a GPU's results
+ * match the CPU's within float rounding.
+ *
+ * Reductions are deterministic: sums over rows (bias and LayerNorm
+ * gradients) are GEMMs with a vector of ones; the embedding gradient is a
+ * GEMM with the tokens' one-hot matrix, not atomic adds; the loss and the
+ * gradient norm come back to the host as per-row and per-lane partials
+ * and are added there in order.
+ *
+ * Attention (llm.c's CUDA trainer does the same) permutes q, k and v to
+ * [n, heads, T, d/heads] and runs the score and output products as
+ * strided batched GEMMs over n * heads; the forward keeps the
+ * probabilities for the backward, as PyTorch's eager attention does
+ * (the CPU kernel keeps only each row's log-sum-exp and recomputes). */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include "multigrad/tensor.h"
+#include "device/dk.h"
+#include "optim/optim_impl.h"
+
+#include "core/elem.h"
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#endif
+#define HD MG_HD
+
+struct mg_dk {
+    mg_device dev;
+    bool emu;
+    void *ws;              /* the kernels' workspace (device memory), grown on demand */
+    size_t ws_bytes;
+    float *ones;           /* ones_n floats of 1: column sums as GEMMs */
+    size_t ones_n;
+#ifdef __CUDACC__
+    cudaStream_t stream;
+    cublasHandle_t blas;
+#endif
+};
+
+__thread mg_dk *mg__dk_cur;
+
+#define MAX_GPUS 64
+static mg_dk contexts[MAX_GPUS + 1];   /* [0]: emu; [1 + i]: cuda:i */
+static bool ready[MAX_GPUS + 1];
+static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static mg_dk *DK(void)
+{
+    MG_ASSERT(mg__dk_cur);
+    return mg__dk_cur;
+}
+
+#ifdef __CUDACC__
+/* A GPU failing in the middle of a step (an illegal address, a lost
+ * device) leaves nothing to recover: say what failed and stop. */
+static void ck(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "multigrad: cuda: %s: %s (%s)\n", what, cudaGetErrorString(e),
+            cudaGetErrorName(e));
+    abort();
+}
+
+static void ckb(cublasStatus_t e, const char *what)
+{
+    if (e == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "multigrad: cublas: %s: status %d\n", what, (int)e);
+    abort();
+}
+#endif
+
+mg_status mg__dk_get(mg_device d, mg_dk **out)
+{
+    *out = NULL;
+    if (d.kind == MG_DEVICE_CPU) return MG_OK;
+    int slot = d.kind == MG_DEVICE_EMU ? 0 : 1 + d.index;
+    if (d.kind == MG_DEVICE_CUDA && (d.index < 0 || d.index >= MAX_GPUS))
+        return mg_error(MG_EINVAL, "cuda:%d: at most %d GPUs are supported", d.index, MAX_GPUS);
+    pthread_mutex_lock(&contexts_lock);
+    mg_dk *k = &contexts[slot];
+    mg_status st = MG_OK;
+    if (!ready[slot]) {
+        memset(k, 0, sizeof *k);
+        k->dev = d;
+        k->emu = d.kind == MG_DEVICE_EMU;
+        if (!k->emu) {
+            st = mg_device_check(d);
+#ifdef __CUDACC__
+            cudaError_t e = st ? cudaSuccess : cudaSetDevice(d.index);
+            if (e == cudaSuccess && !st) e = cudaStreamCreate(&k->stream);
+            if (e != cudaSuccess)
+                st = mg_error(MG_EIO, "cuda:%d: cannot set up a stream: %s", d.index,
+                              cudaGetErrorString(e));
+            if (!st && cublasCreate(&k->blas) != CUBLAS_STATUS_SUCCESS)
+                st = mg_error(MG_EIO, "cuda:%d: cannot set up cuBLAS", d.index);
+            if (!st) {
+                cublasSetStream(k->blas, k->stream);
+                /* No TF32: float GEMMs round as the CPU's. */
+                cublasSetMathMode(k->blas, CUBLAS_DEFAULT_MATH);
+            }
+#else
+            if (!st)
+                st = mg_error(MG_EUNSUPPORTED, "cuda:%d: this build's kernels run on the host "
+                              "only (a sanitizer build, or no nvcc); build with make and the "
+                              "CUDA toolkit, or use --device cpu", d.index);
+#endif
+        }
+        ready[slot] = !st;
+    }
+    pthread_mutex_unlock(&contexts_lock);
+    if (!st) *out = k;
+    return st;
+}
+
+mg_device mg__dk_device(const mg_dk *k) { return k ? k->dev : (mg_device){MG_DEVICE_CPU, 0}; }
+
+static void *dev_alloc(size_t bytes)
+{
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        void *p = NULL;
+        ck(cudaMalloc(&p, bytes), "allocating the kernels' memory");
+        return p;
+    }
+#endif
+    void *p = calloc(1, bytes);
+    MG_ASSERT(p);
+    return p;
+}
+
+static void dev_free(void *p)
+{
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        ck(cudaStreamSynchronize(DK()->stream), "waiting to free the kernels' memory");
+        if (p) ck(cudaFree(p), "freeing the kernels' memory");
+        return;
+    }
+#endif
+    free(p);
+}
+
+/* The workspace, at least `bytes` (previous contents are not kept). */
+static void *ws(size_t bytes)
+{
+    mg_dk *k = DK();
+    if (bytes <= k->ws_bytes) return k->ws;
+    dev_free(k->ws);
+    k->ws_bytes = bytes + bytes / 4 + 4096;
+    k->ws = dev_alloc(k->ws_bytes);
+    return k->ws;
+}
+
+template <class F> static void each(size_t n, F f);
+
+/* n floats of 1. */
+static const float *ones(size_t n)
+{
+    mg_dk *k = DK();
+    if (n > k->ones_n) {
+        dev_free(k->ones);
+        k->ones_n = n + n / 4 + 1024;
+        float *o = k->ones = (float *)dev_alloc(k->ones_n * sizeof(float));
+        each(k->ones_n, [=] HD(size_t i) { o[i] = 1.0f; });
+    }
+    return k->ones;
+}
+
+void mg_dk_sync(void)
+{
+#ifdef __CUDACC__
+    if (!DK()->emu) ck(cudaStreamSynchronize(DK()->stream), "waiting for the GPU");
+#endif
+}
+
+void mg_dk_copy_out(void *dst, const void *src, size_t n)
+{
+    if (!n) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        ck(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, DK()->stream), "copy to host");
+        ck(cudaStreamSynchronize(DK()->stream), "copy to host");
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+void mg_dk_copy_in(void *dst, const void *src, size_t n)
+{
+    if (!n) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        /* From pageable memory the runtime stages the bytes before it
+         * returns: src may change then, and the GPU need not have caught up. */
+        ck(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, DK()->stream), "copy to GPU");
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+void mg_dk_zero(void *p, size_t bytes)
+{
+    if (!bytes) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        ck(cudaMemsetAsync(p, 0, bytes, DK()->stream), "zeroing");
+        return;
+    }
+#endif
+    memset(p, 0, bytes);
+}
+
+/* ---- Launching -------------------------------------------------------------- */
+
+#ifdef __CUDACC__
+template <class F> __global__ void k_each(size_t n, F f)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        f(i);
+}
+
+/* A warp per row: every lane of a warp has the same row, so a warp is
+ * either all in or all out and the shuffles see 32 lanes. */
+template <class F> __global__ void k_rows(size_t rows, F f)
+{
+    size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (r < rows) f(r, (int)(threadIdx.x & 31), 32);
+}
+#endif
+
+/* f(i) for i < n. */
+template <class F> static void each(size_t n, F f)
+{
+    if (!n) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        size_t b = (n + 255) / 256;
+        if (b > 65536) b = 65536;
+        k_each<<<(unsigned)b, 256, 0, DK()->stream>>>(n, f);
+        ck(cudaGetLastError(), "launching a kernel");
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++) f(i);
+}
+
+/* f(row, lane, lanes) for each row: the lanes of a row split its columns
+ * (j = lane, lane + lanes, ...) and combine through lane_sum/max/min. */
+template <class F> static void rows(size_t r, F f)
+{
+    if (!r) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        size_t b = (r + 7) / 8;
+        k_rows<<<(unsigned)b, 256, 0, DK()->stream>>>(r, f);
+        ck(cudaGetLastError(), "launching a kernel");
+        return;
+    }
+#endif
+    for (size_t i = 0; i < r; i++) f(i, 0, 1);
+}
+
+static HD inline float lane_sum(float v)
+{
+#ifdef __CUDA_ARCH__
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+#endif
+    return v;
+}
+
+static HD inline float lane_max(float v)
+{
+#ifdef __CUDA_ARCH__
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+#endif
+    return v;
+}
+
+static HD inline int lane_min(int v)
+{
+#ifdef __CUDA_ARCH__
+    for (int o = 16; o > 0; o >>= 1) {
+        int w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+#endif
+    return v;
+}
+
+/* ---- GEMM ---------------------------------------------------------------------- */
+
+/* Row-major C = alpha op(A) op(B) + beta C, count times at the strides. */
+static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, long long sa, const float *B, int ldb, long long sb, float beta,
+                         float *C, int ldc, long long sc, int count)
+{
+    if (M <= 0 || N <= 0 || count <= 0) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        /* Column-major cuBLAS computes C^T = op(B)^T op(A)^T. */
+        cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        if (count == 1)
+            ckb(cublasSgemm(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+                "sgemm");
+        else
+            ckb(cublasSgemmStridedBatched(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, sb, A,
+                                          lda, sa, &beta, C, ldc, sc, count),
+                "batched sgemm");
+        return;
+    }
+#endif
+    for (int b = 0; b < count; b++)
+        mg__gemm_host(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc,
+                      ldc);
+}
+
+extern "C" void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                           int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    gemm_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+/* ---- Elementwise and dense ---------------------------------------------------- */
+
+extern "C" void mg_dk_relu_forward(float *y, const float *x, size_t n)
+{
+    each(n, [=] HD(size_t i) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; });
+}
+
+extern "C" void mg_dk_relu_backward(float *dx, const float *dy, const float *y, size_t n)
+{
+    each(n, [=] HD(size_t i) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
+}
+
+extern "C" void mg_dk_add_into(float *y, const float *a, size_t n)
+{
+    each(n, [=] HD(size_t i) { y[i] += a[i]; });
+}
+
+extern "C" void mg_dk_mul(float *y, const float *a, const float *b, size_t n)
+{
+    each(n, [=] HD(size_t i) { y[i] = a[i] * b[i]; });
+}
+
+extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b,
+                                     int n, int in, int out, bool relu)
+{
+    mg_dk_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    if (!b && !relu) return;
+    size_t o = (size_t)out;
+    each((size_t)n * out, [=] HD(size_t i) {
+        float v = y[i] + (b ? b[i % o] : 0.0f);
+        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    });
+}
+
+extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                                      const float *x, const float *wt, int n, int in, int out,
+                                      bool relu)
+{
+    if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
+    /* db += dy^T 1 */
+    if (db) mg_dk_gemm(true, false, out, 1, n, 1.0f, dy, out, ones((size_t)n), 1, 1.0f, db, 1);
+    mg_dk_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dx) mg_dk_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
+}
+
+/* ---- LayerNorm and GELU --------------------------------------------------------- */
+
+extern "C" void mg_dk_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                                        const float *w, const float *b, size_t nrows, int d,
+                                        float eps)
+{
+    rows(nrows, [=] HD(size_t r, int lane, int nl) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        float s = 0.0f;
+        for (int i = lane; i < d; i += nl) s += xr[i];
+        float mu = lane_sum(s) / d, v = 0.0f;
+        for (int i = lane; i < d; i += nl) {
+            float c = xr[i] - mu;
+            v += c * c;
+        }
+        float rs = 1.0f / sqrtf(lane_sum(v) / d + eps);
+        for (int i = lane; i < d; i += nl) yr[i] = (xr[i] - mu) * rs * w[i] + b[i];
+        if (lane == 0) {
+            mean[r] = mu;
+            rstd[r] = rs;
+        }
+    });
+}
+
+extern "C" void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const float *dy,
+                                         const float *x, const float *mean, const float *rstd,
+                                         const float *w, size_t nrows, int d)
+{
+    /* dw += (dy x-hat)^T 1, db += dy^T 1 */
+    float *t = (float *)ws(nrows * d * sizeof(float));
+    size_t D = (size_t)d;
+    each(nrows * D, [=] HD(size_t i) {
+        size_t r = i / D;
+        t[i] = dy[i] * ((x[i] - mean[r]) * rstd[r]);
+    });
+    const float *one = ones(nrows);
+    mg_dk_gemm(true, false, d, 1, (int)nrows, 1.0f, t, d, one, 1, 1.0f, dw, 1);
+    mg_dk_gemm(true, false, d, 1, (int)nrows, 1.0f, dy, d, one, 1, 1.0f, db, 1);
+    if (!dx) return;
+    rows(nrows, [=] HD(size_t r, int lane, int nl) {
+        const float *xr = x + r * d, *gr = dy + r * d;
+        float mu = mean[r], rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
+        for (int i = lane; i < d; i += nl) {
+            float xh = (xr[i] - mu) * rs, g = gr[i] * w[i];
+            s1 += g;
+            s2 += g * xh;
+        }
+        float m1 = lane_sum(s1) / d, m2 = lane_sum(s2) / d;
+        float *dr = dx + r * d;
+        for (int i = lane; i < d; i += nl) {
+            float xh = (xr[i] - mu) * rs;
+            dr[i] = rs * (gr[i] * w[i] - m1 - xh * m2);
+        }
+    });
+}
+
+
+extern "C" void mg_dk_gelu_forward(float *y, const float *x, size_t n)
+{
+    each(n, [=] HD(size_t i) { y[i] = x[i] * mg__gelu_s(x[i]); });
+}
+
+extern "C" void mg_dk_gelu_backward(float *dx, const float *dy, const float *x, size_t n)
+{
+    each(n, [=] HD(size_t i) { dx[i] = dy[i] * mg__gelu_deriv(x[i], mg__gelu_s(x[i])); });
+}
+
+extern "C" void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n)
+{
+    each(n, [=] HD(size_t i) {
+        float v = x[i], s = mg__gelu_s(v);
+        y[i] = v * s;
+        dydx[i] = mg__gelu_deriv(v, s);
+    });
+}
+
+/* ---- Attention ------------------------------------------------------------------- */
+
+/* Workspace: q, k, v, the output gradient and q, k, v's gradients, each
+ * [n, heads, T, d/heads]; the probabilities' gradient [n, heads, T, T].
+ * The forward keeps the probabilities P [n, heads, T, T] (in `saved`). */
+extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
+{
+    return 7 * (size_t)n * T * d + (size_t)n * heads * T * T;
+}
+
+/* dst[part] [n, H, T, hd] <-> src [n, T, W] at column part*d (W = 3d for
+ * qkv, d for y): to_heads copies into the heads' layout, else back. */
+static void permute(float *heads_buf, float *flat, int parts, int n, int T, int d, int H,
+                    int W, bool to_heads)
+{
+    size_t ntd = (size_t)n * T * d;
+    int hd = d / H;
+    each(parts * ntd, [=] HD(size_t i) {
+        size_t part = i / ntd, e = i % ntd;
+        size_t k = e % hd, t = (e / hd) % T, h = (e / hd / T) % H, b = e / hd / T / H;
+        size_t f = (b * T + t) * W + part * d + h * hd + k;
+        if (to_heads) heads_buf[i] = flat[f];
+        else flat[f] = heads_buf[i];
+    });
+}
+
+extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T,
+                                        int d, int heads, float *w)
+{
+    int H = heads, hd = d / H;
+    size_t ntd = (size_t)n * T * d;
+    float *Q = w, *K = Q + ntd, *V = K + ntd, *O = V + ntd, *P = saved;
+    float scale = 1.0f / sqrtf((float)hd);
+    long long sq = (long long)T * hd, ss = (long long)T * T;
+    permute(Q, (float *)qkv, 3, n, T, d, H, 3 * d, true);
+    gemm_batched(false, true, T, T, hd, scale, Q, hd, sq, K, hd, sq, 0.0f, P, T, ss, n * H);
+    rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
+        int t = (int)(r % T);
+        float *s = P + r * T;
+        float mx = -INFINITY;
+        for (int j = lane; j <= t; j += nl) mx = fmaxf(mx, s[j]);
+        mx = lane_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j <= t; j += nl) sum += expf(s[j] - mx);
+        sum = lane_sum(sum);
+        float inv = 1.0f / sum;
+        for (int j = lane; j < T; j += nl) s[j] = j <= t ? expf(s[j] - mx) * inv : 0.0f;
+    });
+    gemm_batched(false, false, T, hd, T, 1.0f, P, T, ss, V, hd, sq, 0.0f, O, hd, sq, n * H);
+    permute(O, y, 1, n, T, d, H, d, false);
+}
+
+extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y,
+                                         const float *saved, const float *qkv, int n, int T,
+                                         int d, int heads, float *w)
+{
+    int H = heads, hd = d / H;
+    size_t ntd = (size_t)n * T * d;
+    float *Q = w, *K = Q + ntd, *V = K + ntd, *dO = V + ntd, *dQ = dO + ntd;
+    float *dK = dQ + ntd, *dV = dK + ntd, *dP = w + 7 * ntd;
+    const float *P = saved;
+    float scale = 1.0f / sqrtf((float)hd);
+    long long sq = (long long)T * hd, ss = (long long)T * T;
+    permute(Q, (float *)qkv, 3, n, T, d, H, 3 * d, true);
+    permute(dO, (float *)dy, 1, n, T, d, H, d, true);
+    /* dP = dO V^T, dV = P^T dO */
+    gemm_batched(false, true, T, T, hd, 1.0f, dO, hd, sq, V, hd, sq, 0.0f, dP, T, ss, n * H);
+    gemm_batched(true, false, T, hd, T, 1.0f, P, T, ss, dO, hd, sq, 0.0f, dV, hd, sq, n * H);
+    /* dS = P (dP - sum_k P dP) scale, in dP. */
+    rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
+        const float *p = P + r * T;
+        float *g = dP + r * T, s = 0.0f;
+        for (int j = lane; j < T; j += nl) s += p[j] * g[j];
+        s = lane_sum(s);
+        for (int j = lane; j < T; j += nl) g[j] = p[j] * (g[j] - s) * scale;
+    });
+    /* dQ = dS K, dK = dS^T Q */
+    gemm_batched(false, false, T, hd, T, 1.0f, dP, T, ss, K, hd, sq, 0.0f, dQ, hd, sq, n * H);
+    gemm_batched(true, false, T, hd, T, 1.0f, dP, T, ss, Q, hd, sq, 0.0f, dK, hd, sq, n * H);
+    permute(dQ, dqkv, 3, n, T, d, H, 3 * d, false);
+}
+
+/* ---- Embedding ---------------------------------------------------------------------- */
+
+extern "C" void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte,
+                                        const float *wpe, int n, int T, int d)
+{
+    size_t D = (size_t)d;
+    each((size_t)n * T * d, [=] HD(size_t i) {
+        size_t p = i / D, j = i % D, t = p % T;
+        y[i] = wte[(size_t)tok[p] * D + j] + wpe[t * D + j];
+    });
+}
+
+/* gpe[t] += the sequences' dy at t; gte += onehot(tokens)^T dy, a GEMM
+ * over chunks of positions (the one-hot matrix at most 16M floats). */
+extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy,
+                                         const int32_t *tok, int n, int T, int d, int vocab)
+{
+    size_t D = (size_t)d, N = (size_t)n * T, TD = (size_t)T * D;
+    each(TD, [=] HD(size_t k) {
+        float s = 0.0f;
+        for (int b = 0; b < n; b++) s += dy[b * TD + k];
+        gpe[k] += s;
+    });
+    size_t chunk = ((size_t)16 << 20) / (size_t)vocab;
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    for (size_t p0 = 0; p0 < N; p0 += chunk) {
+        size_t c = N - p0 < chunk ? N - p0 : chunk;
+        float *oh = (float *)ws((size_t)vocab * c * sizeof(float));
+        each((size_t)vocab * c, [=] HD(size_t i) {
+            size_t v = i / c, p = i % c;
+            oh[i] = tok[p0 + p] == (int32_t)v ? 1.0f : 0.0f;
+        });
+        gemm_batched(false, false, vocab, d, (int)c, 1.0f, oh, (int)c, 0, dy + p0 * D, d, 0, 1.0f,
+                     gte, d, 0, 1);
+    }
+}
+
+/* ---- Loss ----------------------------------------------------------------------------- */
+
+extern "C" float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n,
+                                    int classes, float *dlogits, int *correct)
+{
+    if (n <= 0) {
+        if (correct) *correct = 0;
+        return 0.0f;
+    }
+    float *part = (float *)ws(2 * (size_t)n * sizeof(float));
+    float inv_n = 1.0f / (float)n;
+    int C = classes;
+    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
+        const float *z = logits + r * C;
+        int y = labels[r];
+        float mx = -INFINITY;
+        int arg = INT_MAX;
+        for (int j = lane; j < C; j += nl)
+            if (arg == INT_MAX || z[j] > mx) {
+                mx = z[j];
+                arg = j;
+            }
+        float gmx = lane_max(mx);
+        int garg = lane_min(mx == gmx ? arg : INT_MAX);
+        float sum = 0.0f;
+        for (int j = lane; j < C; j += nl) sum += expf(z[j] - gmx);
+        sum = lane_sum(sum);
+        bool ok = y >= 0 && y < C;
+        if (lane == 0) {
+            part[2 * r] = ok ? (gmx - z[y]) + logf(sum) : NAN;
+            part[2 * r + 1] = garg == y ? 1.0f : 0.0f;
+        }
+        if (dlogits) {
+            float inv = 1.0f / sum, *g = dlogits + r * C;
+            for (int j = lane; j < C; j += nl) {
+                float v = expf(z[j] - gmx) * inv * inv_n;
+                g[j] = j == y ? v - inv_n : v;
+            }
+        }
+    });
+    float *h = (float *)malloc(2 * (size_t)n * sizeof(float));
+    MG_ASSERT(h);
+    mg_dk_copy_out(h, part, 2 * (size_t)n * sizeof(float));
+    double total = 0.0;
+    int hits = 0;
+    for (int i = 0; i < n; i++) {
+        total += (double)h[2 * i];
+        hits += h[2 * i + 1] != 0.0f;
+    }
+    free(h);
+    if (correct) *correct = hits;
+    return (float)(total / n);
+}
+
+/* ---- Optimizers and clipping -------------------------------------------------------------- */
+
+/* Two passes: 2^18 lanes each sum every 2^18-th square (enough loads in
+ * flight to stream the gradients at the memory's speed), then 1024 lanes
+ * each sum every 1024-th of those; the host adds the 1024 in order. */
+static const size_t SUMSQ_LANES = (size_t)1 << 18, SUMSQ_OUT = 1024;
+
+extern "C" double mg_dk_sumsq(const float *g, size_t n)
+{
+    if (!n) return 0.0;
+    size_t L = n < SUMSQ_LANES ? n : SUMSQ_LANES, O = L < SUMSQ_OUT ? L : SUMSQ_OUT;
+    double *part = (double *)ws((L + O) * sizeof(double)), *out = part + L;
+    each(L, [=] HD(size_t p) {
+        double s = 0.0;
+        for (size_t i = p; i < n; i += L) s += (double)g[i] * g[i];
+        part[p] = s;
+    });
+    each(O, [=] HD(size_t p) {
+        double s = 0.0;
+        for (size_t i = p; i < L; i += O) s += part[i];
+        out[p] = s;
+    });
+    double h[SUMSQ_OUT], s = 0.0;
+    mg_dk_copy_out(h, out, O * sizeof(double));
+    for (size_t p = 0; p < O; p++) s += h[p];
+    return s;
+}
+
+extern "C" void mg_dk_scale(float *g, size_t n, float s)
+{
+    each(n, [=] HD(size_t i) { g[i] *= s; });
+}
+
+extern "C" void mg_dk_adam_update(float *p, const float *g, float *m, float *v, size_t n,
+                                  const mg__adam_coef *c)
+{
+    const float b1 = c->beta1, omb1 = c->one_minus_beta1, b2 = c->beta2,
+                omb2 = c->one_minus_beta2, eps = c->eps, nss = c->neg_step_size,
+                bc2s = c->bc2_sqrt, wd = c->wd, decay = c->decay;
+    each(n, [=] HD(size_t i) {
+        mg__adam_elem(p, g, m, v, i, b1, omb1, b2, omb2, eps, nss, bc2s, wd, decay);
+    });
+}
+
+extern "C" void mg_dk_sgd_update(float *p, const float *g, float *buf, size_t n,
+                                 const mg__sgd_coef *c)
+{
+    const float neg_lr = c->neg_lr, wd = c->wd, mu = c->mu, omd = c->one_minus_damp;
+    const bool nesterov = c->nesterov, first = c->first;
+    if (mu == 0.0f) {
+        each(n, [=] HD(size_t i) {
+            float d = wd == 0.0f ? g[i] : g[i] + wd * p[i];
+            p[i] = p[i] + neg_lr * d;
+        });
+        return;
+    }
+    each(n, [=] HD(size_t i) {
+        float d = wd == 0.0f ? g[i] : g[i] + wd * p[i];
+        float b = first ? d : (wd == 0.0f && omd == 1.0f && !nesterov) ? buf[i] * mu + g[i]
+                                                                         : buf[i] * mu + omd * d;
+        buf[i] = b;
+        p[i] = p[i] + neg_lr * (nesterov ? d + mu * b : b);
+    });
+}
