@@ -227,8 +227,9 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
 
 /* Every kernel of the device path: linear with and without ReLU, the
  * loss over 10 and 256 classes, LayerNorm, GELU, attention with T = 37
- * and 3 heads of 16, the embedding, SGD (plain, momentum, Nesterov with
- * weight decay and dampening) and AdamW with clipping. */
+ * and 3 heads of 16, the embedding, convolutions with ReLU and max or avg
+ * pooling (the lenets), SGD (plain, momentum, Nesterov with weight decay
+ * and dampening) and AdamW with clipping. */
 static void models_equal_cpu(mg_device dev)
 {
     mg_optim_config plain = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
@@ -245,6 +246,7 @@ static void models_equal_cpu(mg_device dev)
     const dev_case cases[] = {
         {"mlp", plain, 0, 13}, {"mlp", mom, 0, 13}, {"mlp", nest, 0, 13}, {"mlp", damp, 0, 13},
         {"gpt-odd", adamw, 1.0f, 5}, {"gpt-odd", mom, 0.5f, 3},
+        {"lenet5", nest, 0, 7},  {"lenet-d2l", plain, 0, 9},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) device_equals_cpu(&cases[i], dev);
 }
@@ -257,12 +259,99 @@ TEST_T(device_gpu_models_equal_cpu, 120) { models_equal_cpu(mgt_device(MG_DEVICE
  * model stays usable on the CPU. */
 TEST(device_model_without_kernels_is_one_clear_error)
 {
+    mg_layer *l[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 0, true, MG_POOL_NONE),
+                     mg_layer_batchnorm2d("bn", 4), mg_layer_linear("fc", 4 * 26 * 26, 10, false)};
     mg_model *m;
-    CHECK_OK(mg_model_create("lenet5", 1, &m));
+    CHECK_OK(mg_model_create_from("convbn", mg_layer_sequential(NULL, l, 3), 1, 28, 28, 1, &m));
     CHECK_ERR(mg_model_to_device(m, (mg_device){MG_DEVICE_EMU, 0}), MG_EUNSUPPORTED);
-    CHECK(strstr(mg_last_error(), "conv") && strstr(mg_last_error(), "--device cpu"));
+    CHECK(strstr(mg_last_error(), "'bn' (batchnorm2d)") && strstr(mg_last_error(), "--device cpu"));
     CHECK(mg_model_device(m).kind == MG_DEVICE_CPU);
     float x[28 * 28] = {0};
     CHECK(mg_model_forward(m, x, 1) != NULL);
     mg_model_destroy(m);
 }
+
+/* Convolutions of every kind the layer takes (pool none, avg and max;
+ * ReLU or not; stride 1 and 2; padding; odd sizes whose pool drops an
+ * edge) on dev against the CPU's kernels: output and every gradient
+ * within 1e-5 of their scale. */
+static float *on(mg_device d, const float *h, size_t n)
+{
+    float *p = mg_device_alloc(d, n * sizeof(float) + 4);
+    CHECK(p != NULL);
+    if (h) CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
+    return p;
+}
+
+static void back(float *h, mg_device d, const float *p, size_t n)
+{
+    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, d, p, n * sizeof(float)));
+}
+
+static void convs_equal_cpu(mg_device dev)
+{
+    const struct { int c, h, w, oc, k, stride, pad; bool relu; mg_pool_kind pool; } cs[] = {
+        {1, 28, 28, 6, 5, 1, 2, true, MG_POOL_MAX},  {20, 13, 13, 50, 5, 1, 0, true, MG_POOL_AVG},
+        {3, 11, 9, 4, 3, 2, 1, false, MG_POOL_NONE}, {2, 10, 10, 5, 3, 1, 1, true, MG_POOL_NONE},
+        {3, 9, 11, 4, 2, 1, 0, false, MG_POOL_MAX},  {2, 12, 7, 3, 3, 2, 2, false, MG_POOL_AVG},
+    };
+    mg_device cpu = {MG_DEVICE_CPU, 0};
+    for (size_t t = 0; t < sizeof cs / sizeof *cs; t++) {
+        const int n = 3;
+        mg_conv2d_shape s;
+        CHECK(mg_conv2d_shape_init(&s, cs[t].c, cs[t].h, cs[t].w, cs[t].oc, cs[t].k, cs[t].k,
+                                   cs[t].stride, cs[t].pad, cs[t].relu, cs[t].pool));
+        size_t nx = (size_t)n * s.c * s.h * s.w, nw = (size_t)s.oc * s.c * s.kh * s.kw;
+        size_t ny = (size_t)n * s.oc * s.ph * s.pw;
+        float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(s.oc * 4), *dy = malloc(ny * 4);
+        float *h[2][4];   /* CPU, device: y, dx, dw, db */
+        for (int k = 0; k < 2; k++) {
+            h[k][0] = malloc(ny * 4);
+            h[k][1] = malloc(nx * 4);
+            h[k][2] = calloc(nw, 4);
+            h[k][3] = calloc(s.oc, 4);
+        }
+        mg_rng r;
+        mg_rng_init(&r, 5 + t);
+        for (size_t i = 0; i < nx; i++) x[i] = mg_rng_normal(&r);
+        for (size_t i = 0; i < nw; i++) w[i] = 0.3f * mg_rng_normal(&r);
+        for (int i = 0; i < s.oc; i++) b[i] = 0.1f * mg_rng_normal(&r);
+        for (size_t i = 0; i < ny; i++) dy[i] = mg_rng_normal(&r);
+        /* The CPU. */
+        uint8_t *sv = malloc(mg_conv2d_saved_bytes(&s) * n + 1);
+        float *ws = malloc(mg_conv2d_workspace(&s, n) * 4), *dy2 = malloc(ny * 4);
+        memcpy(dy2, dy, ny * 4);
+        mg_conv2d_forward(h[0][0], sv, x, w, b, &s, n, ws);
+        mg_conv2d_backward(h[0][1], h[0][2], h[0][3], dy2, h[0][0], sv, x, w, &s, n, ws);
+        /* The device. */
+        CHECK_OK(mg_device_set_current(dev));
+        size_t svb = mg_conv2d_saved_bytes(&s) * n, wsf = mg_conv2d_workspace(&s, n);
+        float *dx_ = on(dev, x, nx), *dw_ = on(dev, w, nw), *db_ = on(dev, b, s.oc);
+        float *ddy = on(dev, dy, ny), *dyo = on(dev, NULL, ny), *dgx = on(dev, NULL, nx);
+        float *dgw = on(dev, h[1][2], nw), *dgb = on(dev, h[1][3], s.oc), *dws = on(dev, NULL, wsf);
+        uint8_t *dsv = mg_device_alloc(dev, svb + 1);
+        CHECK(dsv != NULL);
+        mg_conv2d_forward(dyo, dsv, dx_, dw_, db_, &s, n, dws);
+        mg_conv2d_backward(dgx, dgw, dgb, ddy, dyo, dsv, dx_, dw_, &s, n, dws);
+        back(h[1][0], dev, dyo, ny);
+        back(h[1][1], dev, dgx, nx);
+        back(h[1][2], dev, dgw, nw);
+        back(h[1][3], dev, dgb, s.oc);
+        CHECK_OK(mg_device_set_current(cpu));
+        const char *what[4] = {"output", "input gradient", "weight gradient", "bias gradient"};
+        size_t len[4] = {ny, nx, nw, (size_t)s.oc};
+        for (int k = 0; k < 4; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "conv %zu: %s", t, what[k]);
+            close_scaled(name, h[1][k], h[0][k], len[k], 1e-5);
+        }
+        float *dev_mem[] = {dx_, dw_, db_, ddy, dyo, dgx, dgw, dgb, dws, (float *)dsv};
+        for (size_t i = 0; i < sizeof dev_mem / sizeof *dev_mem; i++) mg_device_free(dev, dev_mem[i]);
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 4; j++) free(h[k][j]);
+        free(x), free(w), free(b), free(dy), free(dy2), free(sv), free(ws);
+    }
+}
+
+TEST(device_emu_convolutions_equal_cpu) { convs_equal_cpu(mgt_device(MG_DEVICE_EMU)); }
+TEST(device_gpu_convolutions_equal_cpu) { convs_equal_cpu(mgt_device(MG_DEVICE_CUDA)); }

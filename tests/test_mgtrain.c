@@ -280,6 +280,7 @@ TEST(mgtrain_device_refusals_one_line)
     const struct { const char *args, *says; } cases[] = {
         {GPT_SMALL " --steps 2 --device emu --parallel dp", "strategy dp does not run on a device"},
         {GPT_SMALL " --steps 2 --device gpu", "unknown device 'gpu'"},
+        {GPT_SMALL " --steps 2 --device emu --tf32", "--tf32 is for GPUs"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out;

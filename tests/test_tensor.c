@@ -72,7 +72,7 @@ TEST(tensor_conv_known_answer)
     mg_conv2d_shape s;
     CHECK(mg_conv2d_shape_init(&s, 1, 3, 3, 1, 2, 2, 1, 0, false, MG_POOL_NONE));
     CHECK(s.oh == 2 && s.ow == 2 && s.ph == 2);
-    float *ws = malloc(mg_conv2d_workspace(&s) * sizeof(float));
+    float *ws = malloc(mg_conv2d_workspace(&s, 1) * sizeof(float));
     mg_conv2d_forward(y, NULL, x, w, &b, &s, 1, ws);
     for (int i = 0; i < 4; i++) CHECK_EQ(y[i] * 2, -7);   /* x[p] - x[p+4] + 0.5 = -3.5 */
     /* Backward of sum(y): dW[k] = sum of the inputs under tap k, db = 4,
@@ -164,7 +164,7 @@ static void check_conv(const conv_case *t, uint64_t seed)
     float *dy = malloc(ny * 4), *dx = malloc(nx * 4), *dw = calloc(nw, 4), *db = calloc(t->oc, 4);
     double *z = malloc(nz * 8), *gz = calloc(nz, 8);
     uint8_t *saved = malloc(mg_conv2d_saved_bytes(&s) * t->n + 1);
-    float *ws = malloc(mg_conv2d_workspace(&s) * 4);
+    float *ws = malloc(mg_conv2d_workspace(&s, t->n) * 4);
     conv_inputs(seed, x, nx, w, nw, b, t->oc, dy, ny);
     mg_conv2d_forward(y, saved, x, w, b, &s, t->n, ws);
     /* Without dx first (the direct path when it applies), then with. */
@@ -316,8 +316,8 @@ static void check_lanes_vs_gemm(const conv_case *t, uint64_t seed)
     g.lanes = false;
     size_t nx = (size_t)t->n * t->c * t->h * t->w, nw = (size_t)t->oc * t->c * t->k * t->k;
     size_t ny = (size_t)t->n * t->oc * s.ph * s.pw, nsv = mg_conv2d_saved_bytes(&s) * t->n + 1;
-    size_t nws = mg_conv2d_workspace(&s) > mg_conv2d_workspace(&g) ? mg_conv2d_workspace(&s)
-                                                                   : mg_conv2d_workspace(&g);
+    size_t ws_s = mg_conv2d_workspace(&s, t->n), ws_g = mg_conv2d_workspace(&g, t->n);
+    size_t nws = ws_s > ws_g ? ws_s : ws_g;
     float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc(t->oc * 4), *dy = malloc(ny * 4);
     float *y[2] = {malloc(ny * 4), malloc(ny * 4)}, *dx[2] = {malloc(nx * 4), malloc(nx * 4)};
     float *dw[2] = {calloc(nw, 4), calloc(nw, 4)}, *db[2] = {calloc(t->oc, 4), calloc(t->oc, 4)};

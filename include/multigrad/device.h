@@ -62,6 +62,11 @@ mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *sr
  * kernels return to the host wait for what was queued. */
 mg_status mg_device_set_current(mg_device d);
 mg_device mg_device_current(void);
+/* TF32 for d's float GEMMs (cuBLAS's TF32 tensor-op math: 10-bit
+ * mantissas in the products, float sums; PyTorch's allow_tf32). Off by
+ * default, so a GPU's results match the CPU's within float rounding. No
+ * effect on the CPU and emu. */
+mg_status mg_device_set_tf32(mg_device d, bool on);
 /* Waits until the current device has done the work queued on it. */
 void mg_device_synchronize(void);
 /* The float32 peak of d in FLOP/s without tensor cores (SMs x FP32 lanes

@@ -109,12 +109,14 @@ typedef struct mg_conv2d_shape {
 bool mg_conv2d_shape_init(mg_conv2d_shape *s, int c, int h, int w, int oc,
                           int kh, int kw, int stride, int pad, bool relu,
                           mg_pool_kind pool);
-/* Floats of workspace forward and backward need (any batch size). */
-size_t mg_conv2d_workspace(const mg_conv2d_shape *s);
+/* Floats of workspace forward and backward need for batches of up to n
+ * images (on the CPU the same for any n; on a device it grows with n). */
+size_t mg_conv2d_workspace(const mg_conv2d_shape *s, int n);
 /* Bytes per image the forward keeps for the backward: with a pool, per
  * channel and pooled row, four 16-bit masks per 16 pooled columns (which
  * element of each 2x2 window gets gradient: the ReLU was active for avg,
- * it is the first maximum for max). */
+ * it is the first maximum for max). On a device: a byte per pooled output
+ * with the same meaning. */
 size_t mg_conv2d_saved_bytes(const mg_conv2d_shape *s);
 
 /* y [n, oc, ph, pw]; saved: mg_conv2d_saved_bytes * n bytes. */

@@ -207,6 +207,14 @@ mg_status mg_device_set_current(mg_device d)
 
 mg_device mg_device_current(void) { return mg__dk_device(mg__dk_cur); }
 
+mg_status mg_device_set_tf32(mg_device d, bool on)
+{
+    mg_dk *k;
+    MG_TRY(mg__dk_get(d, &k));
+    if (k) mg__dk_set_tf32(k, on);
+    return MG_OK;
+}
+
 void mg_device_synchronize(void)
 {
     if (mg__dk_cur) mg_dk_sync();

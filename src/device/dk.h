@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "multigrad/device.h"
+#include "multigrad/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +33,7 @@ typedef struct mg_dk mg_dk;
  * used. */
 mg_status mg__dk_get(mg_device d, mg_dk **out);
 mg_device mg__dk_device(const mg_dk *k);   /* the CPU for NULL */
+void mg__dk_set_tf32(mg_dk *k, bool on);
 extern __thread mg_dk *mg__dk_cur;
 /* Makes dk this thread's current context; returns the previous one, to
  * be given back to mg__dk_leave. */
@@ -79,6 +81,13 @@ void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, in
                              int heads, float *ws);
 void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y, const float *saved,
                               const float *qkv, int n, int T, int d, int heads, float *ws);
+size_t mg_dk_conv2d_saved_bytes(const mg_conv2d_shape *s);
+size_t mg_dk_conv2d_workspace(const mg_conv2d_shape *s, int n);
+void mg_dk_conv2d_forward(float *y, uint8_t *saved, const float *x, const float *wt,
+                          const float *b, const mg_conv2d_shape *s, int n, float *ws);
+void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *y,
+                           const uint8_t *saved, const float *x, const float *wt,
+                           const mg_conv2d_shape *s, int n, float *ws);
 void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
                              int n, int T, int d);
 void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok,

@@ -1,9 +1,11 @@
-/* The device kernels (dk.h): every kernel the gpt models and the
- * optimizers need, written once as a function of an element or of a row,
- * and run either on a CUDA GPU (a grid of threads, a warp per row) or on
- * the host for the device kind "emu" (a loop, one lane per row). GEMMs go
- * to cuBLAS (to OpenBLAS under emu), with TF32 off, so a GPU's results
- * match the CPU's within float rounding.
+/* The device kernels (dk.h): every kernel the zoo's models (the gpt
+ * models, the lenets, mlp) and the optimizers need, written once as a
+ * function of an element or of a row, and run either on a CUDA GPU (a
+ * grid of threads, a warp per row) or on the host for the device kind
+ * "emu" (a loop, one lane per row). GEMMs go to cuBLAS (to OpenBLAS under
+ * emu), with TF32 off, so a GPU's results match the CPU's within float
+ * rounding. Convolutions are im2col of the whole batch and one GEMM, with
+ * the bias, ReLU and 2x2 pool in one pass after it.
  *
  * Reductions are deterministic: sums over rows (bias and LayerNorm
  * gradients) are GEMMs with a vector of ones; the embedding gradient is a
@@ -123,6 +125,17 @@ mg_status mg__dk_get(mg_device d, mg_dk **out)
 }
 
 mg_device mg__dk_device(const mg_dk *k) { return k ? k->dev : (mg_device){MG_DEVICE_CPU, 0}; }
+
+void mg__dk_set_tf32(mg_dk *k, bool on)
+{
+#ifdef __CUDACC__
+    if (!k->emu)
+        ckb(cublasSetMathMode(k->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+            "setting the math mode");
+#else
+    (void)k, (void)on;
+#endif
+}
 
 static void *dev_alloc(size_t bytes)
 {
@@ -535,6 +548,135 @@ extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const flo
     gemm_batched(false, false, T, hd, T, 1.0f, dP, T, ss, K, hd, sq, 0.0f, dQ, hd, sq, n * H);
     gemm_batched(true, false, T, hd, T, 1.0f, dP, T, ss, Q, hd, sq, 0.0f, dK, hd, sq, n * H);
     permute(dQ, dqkv, 3, n, T, d, H, 3 * d, false);
+}
+
+/* ---- Convolution with the fused ReLU and 2x2 pool ------------------------------------ */
+
+/* All n images' columns side by side: col [c kh kw, N], N = n oh ow (the
+ * column of image b, output (oy, ox) is b oh ow + oy ow + ox); the
+ * pre-pool map Z = W col [oc, N] is one GEMM. The forward keeps a byte per
+ * pooled output: bit k set when element k of its 2x2 window (row-major)
+ * gets gradient (the ReLU was active for avg; the first maximum, when
+ * not cut by the ReLU, for max), as the CPU's masks say. */
+extern "C" size_t mg_dk_conv2d_saved_bytes(const mg_conv2d_shape *s)
+{
+    return s->pool == MG_POOL_NONE ? 0 : (size_t)s->oc * s->ph * s->pw;
+}
+
+extern "C" size_t mg_dk_conv2d_workspace(const mg_conv2d_shape *s, int n)
+{
+    size_t N = (size_t)n * s->oh * s->ow, K = (size_t)s->c * s->kh * s->kw;
+    return 2 * K * N + (size_t)s->oc * N;
+}
+
+static void im2col_all(float *col, const float *x, const mg_conv2d_shape *sh, int n)
+{
+    mg_conv2d_shape s = *sh;
+    size_t P = (size_t)s.oh * s.ow, N = (size_t)n * P, K = (size_t)s.c * s.kh * s.kw;
+    each(K * N, [=] HD(size_t i) {
+        size_t r = i / N, q = i % N, b = q / P, p = q % P;
+        int ci = (int)(r / (s.kh * s.kw)), ki = (int)(r / s.kw % s.kh), kj = (int)(r % s.kw);
+        int iy = (int)(p / s.ow) * s.stride - s.pad + ki, ix = (int)(p % s.ow) * s.stride - s.pad + kj;
+        bool in = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w;
+        col[i] = in ? x[(((size_t)b * s.c + ci) * s.h + iy) * s.w + ix] : 0.0f;
+    });
+}
+
+extern "C" void mg_dk_conv2d_forward(float *y, uint8_t *saved, const float *x, const float *wt,
+                                     const float *bias, const mg_conv2d_shape *sh, int n,
+                                     float *w)
+{
+    mg_conv2d_shape s = *sh;
+    size_t P = (size_t)s.oh * s.ow, N = (size_t)n * P, K = (size_t)s.c * s.kh * s.kw;
+    float *col = w, *Z = w + K * N;
+    im2col_all(col, x, sh, n);
+    mg_dk_gemm(false, false, s.oc, (int)N, (int)K, 1.0f, wt, (int)K, col, (int)N, 0.0f, Z,
+               (int)N);
+    if (s.pool == MG_POOL_NONE) {
+        each((size_t)n * s.oc * P, [=] HD(size_t i) {   /* y [n, oc, oh, ow] */
+            size_t p = i % P, o = i / P % s.oc, b = i / P / s.oc;
+            float v = Z[o * N + b * P + p] + bias[o];
+            y[i] = s.relu ? (v > 0.0f ? v : 0.0f) : v;
+        });
+        return;
+    }
+    size_t Q = (size_t)s.ph * s.pw;
+    each((size_t)n * s.oc * Q, [=] HD(size_t i) {   /* y [n, oc, ph, pw] */
+        size_t q = i % Q, o = i / Q % s.oc, b = i / Q / s.oc;
+        size_t py = q / s.pw, px = q % s.pw;
+        const float *z = Z + o * N + b * P + 2 * py * s.ow + 2 * px;
+        float v[4] = {z[0] + bias[o], z[1] + bias[o], z[s.ow] + bias[o], z[s.ow + 1] + bias[o]};
+        unsigned bits = 0;
+        if (s.pool == MG_POOL_AVG) {
+            for (int k = 0; k < 4; k++) {
+                if (s.relu && !(v[k] > 0.0f)) v[k] = 0.0f;
+                else bits |= 1u << k;
+            }
+            y[i] = ((v[0] + v[1]) + (v[2] + v[3])) * 0.25f;
+        } else {
+            int k = 0;   /* the first maximum in row-major order */
+            for (int j = 1; j < 4; j++)
+                if (v[j] > v[k]) k = j;
+            bool cut = s.relu && !(v[k] > 0.0f);
+            y[i] = cut ? 0.0f : v[k];
+            bits = cut ? 0u : 1u << k;
+        }
+        saved[i] = (uint8_t)bits;
+    });
+}
+
+extern "C" void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
+                                      const float *y, const uint8_t *saved, const float *x,
+                                      const float *wt, const mg_conv2d_shape *sh, int n,
+                                      float *w)
+{
+    mg_conv2d_shape s = *sh;
+    size_t P = (size_t)s.oh * s.ow, N = (size_t)n * P, K = (size_t)s.c * s.kh * s.kw;
+    float *col = w, *dz = w + K * N, *dcol = dz + (size_t)s.oc * N;
+    /* dz [oc, N]: the gradient before the pool and the ReLU. */
+    each((size_t)s.oc * N, [=] HD(size_t i) {
+        size_t o = i / N, b = i % N / P, p = i % P, oy = p / s.ow, ox = p % s.ow;
+        if (s.pool == MG_POOL_NONE) {
+            size_t j = (b * s.oc + o) * P + p;
+            dz[i] = s.relu && !(y[j] > 0.0f) ? 0.0f : dy[j];
+            return;
+        }
+        size_t py = oy / 2, px = ox / 2;
+        if (py >= (size_t)s.ph || px >= (size_t)s.pw) {   /* the floor mode's dropped edge */
+            dz[i] = 0.0f;
+            return;
+        }
+        size_t j = ((b * s.oc + o) * s.ph + py) * s.pw + px;
+        int k = (int)(oy % 2) * 2 + (int)(ox % 2);
+        float g = dy[j] * (s.pool == MG_POOL_AVG ? 0.25f : 1.0f);
+        dz[i] = saved[j] >> k & 1 ? g : 0.0f;
+    });
+    /* db += dz 1, dw += dz col^T */
+    mg_dk_gemm(false, false, s.oc, 1, (int)N, 1.0f, dz, (int)N, ones(N), 1, 1.0f, db, 1);
+    im2col_all(col, x, sh, n);
+    mg_dk_gemm(false, true, s.oc, (int)K, (int)N, 1.0f, dz, (int)N, col, (int)N, 1.0f, dw,
+               (int)K);
+    if (!dx) return;
+    /* dcol = W^T dz, then each input element gathers its columns. */
+    mg_dk_gemm(true, false, (int)K, (int)N, s.oc, 1.0f, wt, (int)K, dz, (int)N, 0.0f, dcol,
+               (int)N);
+    size_t HW = (size_t)s.h * s.w;
+    each((size_t)n * s.c * HW, [=] HD(size_t i) {
+        size_t b = i / HW / s.c, ci = i / HW % s.c;
+        int iy = (int)(i % HW / s.w), ix = (int)(i % s.w);
+        float acc = 0.0f;
+        for (int ki = 0; ki < s.kh; ki++) {
+            int ty = iy + s.pad - ki;
+            if (ty < 0 || ty % s.stride || ty / s.stride >= s.oh) continue;
+            for (int kj = 0; kj < s.kw; kj++) {
+                int tx = ix + s.pad - kj;
+                if (tx < 0 || tx % s.stride || tx / s.stride >= s.ow) continue;
+                size_t r = (ci * s.kh + ki) * s.kw + kj;
+                acc += dcol[r * N + b * P + (size_t)(ty / s.stride) * s.ow + tx / s.stride];
+            }
+        }
+        dx[i] = acc;
+    });
 }
 
 /* ---- Embedding ---------------------------------------------------------------------- */

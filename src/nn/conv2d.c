@@ -32,7 +32,7 @@ static void conv_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
     const conv_layer *cv = (const conv_layer *)l;
     *saved = mg_conv2d_saved_bytes(&cv->s) * (size_t)n;
-    *scratch = mg_conv2d_workspace(&cv->s);
+    *scratch = mg_conv2d_workspace(&cv->s, n);
 }
 
 static void conv_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)

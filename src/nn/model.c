@@ -431,8 +431,8 @@ void mg_model_init_params(mg_model *m, uint64_t seed)
  * NULL when every layer of l has, else the first that has not. */
 static const mg_layer *no_device_kernels(const mg_layer *l)
 {
-    static const char *const ok[] = {"sequential", "linear", "relu", "embedding", "tied_head",
-                                     "layernorm", "gelu", "attention", "gpt_block"};
+    static const char *const ok[] = {"sequential", "linear", "relu", "conv2d", "embedding",
+                                     "tied_head", "layernorm", "gelu", "attention", "gpt_block"};
     bool found = false;
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) found = found || !strcmp(l->vt->kind, ok[i]);
     if (!found) return l;
@@ -451,7 +451,8 @@ mg_status mg_model_to_device(mg_model *m, mg_device dev)
     const mg_layer *bad = dev.kind == MG_DEVICE_CPU ? NULL : no_device_kernels(m->root);
     if (bad)
         return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: layer '%s' (%s) has no device "
-                        "kernels yet (the gpt models and linear/ReLU ones have); use --device cpu",
+                        "kernels yet (the zoo's models have: the gpt models, the lenets, mlp); use "
+                        "--device cpu",
                         m->name, name, bad->name, bad->vt->kind);
     if (m->grads != m->own_grads)
         return mg_error(MG_EUNSUPPORTED, "model '%s': move it to %s before a strategy takes "

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "tensor/conv_impl.h"
+#include "device/dk.h"
 
 /* Read at each shape set-up (model creation), not in the step. */
 static size_t chunk_budget_floats(void)
@@ -128,8 +129,9 @@ static size_t lanes_layout(const mg_conv2d_shape *s, float *ws, lanes_ws *l)
 #endif
 }
 
-size_t mg_conv2d_workspace(const mg_conv2d_shape *s)
+size_t mg_conv2d_workspace(const mg_conv2d_shape *s, int n)
 {
+    if (mg__dk_cur) return mg_dk_conv2d_workspace(s, n);
     size_t p = (size_t)s->oh * s->ow * s->chunk, K = (size_t)s->c * s->kh * s->kw;
     /* im2col + GEMM is there for every shape (the lanes path leaves it to
      * more than two BLAS threads). */
@@ -141,6 +143,7 @@ size_t mg_conv2d_workspace(const mg_conv2d_shape *s)
 
 size_t mg_conv2d_saved_bytes(const mg_conv2d_shape *s)
 {
+    if (mg__dk_cur) return mg_dk_conv2d_saved_bytes(s);
     return (size_t)s->oc * mg__plane_masks(s) * sizeof(uint16_t);
 }
 
@@ -390,6 +393,10 @@ void mg_conv2d_forward(float *y, uint8_t *saved, const float *x,
                        const float *wt, const float *b,
                        const mg_conv2d_shape *s, int n, float *ws)
 {
+    if (mg__dk_cur) {
+        mg_dk_conv2d_forward(y, saved, x, wt, b, s, n, ws);
+        return;
+    }
     size_t in_sz = (size_t)s->c * s->h * s->w;
     uint16_t *masks = (uint16_t *)saved;
 #ifdef MG__HAVE_AVX512
@@ -424,6 +431,10 @@ void mg_conv2d_backward(float *dx, float *dw, float *db, const float *dy,
                         const float *wt, const mg_conv2d_shape *s, int n,
                         float *ws)
 {
+    if (mg__dk_cur) {
+        mg_dk_conv2d_backward(dx, dw, db, dy, y, saved, x, wt, s, n, ws);
+        return;
+    }
     size_t in_sz = (size_t)s->c * s->h * s->w;
     const uint16_t *masks = (const uint16_t *)saved;
 #ifdef MG__HAVE_AVX512
