@@ -24,32 +24,6 @@
 #include <sys/resource.h>
 #include "multigrad/multigrad.h"
 
-/* GFLOP/s of the best of 10 float32 4096^3 GEMMs on dev (cuBLAS). */
-static double device_sgemm_peak(mg_device dev)
-{
-    const int n = 4096;
-    size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = mg_device_alloc(dev, bytes), *b = mg_device_alloc(dev, bytes),
-          *c = mg_device_alloc(dev, bytes);
-    double best = 0;
-    if (a && b && c && !mg_device_set_current(dev)) {
-        mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-        mg_device_synchronize();
-        for (int i = 0; i < 10; i++) {
-            double t0 = mg_now();
-            mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            mg_device_synchronize();
-            double g = 2.0 * n * n * (double)n / (mg_now() - t0) / 1e9;
-            if (g > best) best = g;
-        }
-        mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
-    }
-    mg_device_free(dev, a);
-    mg_device_free(dev, b);
-    mg_device_free(dev, c);
-    return best;
-}
-
 static double val_loss(mg_model *m, const mg_text *t, int B)
 {
     double v = NAN;
@@ -105,7 +79,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "gpt: %s\n", mg_last_error());
             return 1;
         }
-        peak = device_sgemm_peak(dev);
+        peak = mg_device_sgemm_peak(dev);
         printf("# device: %s, %.1f GB; float32 peak %.1f TFLOP/s nominal; SGEMM 4096^3 "
                "measured %.1f TFLOP/s (cuBLAS, no TF32)\n", name, mem / 1e9,
                mg_device_fp32_peak(dev) / 1e12, peak / 1e3);

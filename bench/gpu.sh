@@ -11,22 +11,30 @@
 #    bench/gpu_gpt_torch.py (eager; attention written out, and through
 #    F.scaled_dot_product_attention). Tokens/s of the steps after the
 #    first; --repeat runs of each, alternating.
-# 2. mgtrain gpt-mini on the GPU: one process, and DDP on 2 ranks sharing
+# 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
+#    each with models.md's defaults: `bench/train --device cuda` against
+#    `bench/train_torch.py --device cuda` (batches gathered on the host and
+#    copied in on both sides).
+# 3. mgtrain gpt-mini on the GPU: one process, and DDP on 2 ranks sharing
 #    the GPU (their buckets reduced through the host).
 #
-#   bench/gpu.sh [--repeat N] [--bin DIR]   (DIR holds gpt, mgtrain, mgrun:
-#                                            default build/bench, build/bin)
+#   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]
+#     --bin DIR holds gpt, train, mgtrain and mgrun (default build/bench and
+#     build/bin); --data is the Fashion-MNIST directory (default
+#     /usr/share/datasets/fashion-mnist)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 repeat=2
 bench=build/bench
 tools=build/bin
+data=/usr/share/datasets/fashion-mnist
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat=$2; shift 2 ;;
     --bin) bench=$2; tools=$2; shift 2 ;;
-    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR]" >&2; exit 2 ;;
+    --data) data=$2; shift 2 ;;
+    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]" >&2; exit 2 ;;
     esac
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv || exit 1
@@ -41,6 +49,11 @@ for r in $(seq "$repeat"); do
     for a in manual sdpa; do
         echo "== run $r: 85M, torch ($a)"; python3 bench/gpu_gpt_torch.py $big --attn $a | tail -1
     done
+done
+for r in $(seq "$repeat"); do
+    echo "== run $r: image models, multigrad"
+    "$bench/train" --device cuda --data "$data" | grep -v -E "^# (cpu|gemm|conv|threads):"
+    echo "== run $r: image models, torch"; python3 bench/train_torch.py --device cuda --data "$data"
 done
 g="--model gpt-mini --steps 200 --eval-every 200"
 echo "== mgtrain gpt-mini, one process"; "$tools/mgtrain" $g --device cuda | tail -1

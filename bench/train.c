@@ -6,12 +6,16 @@
  * bench/train.sh runs this and PyTorch's bench/train_torch.py side by side.
  *
  *   train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]
+ *         [--device cpu|cuda[:N]|emu]
  *
  * First it measures the machine's SGEMM peak with the same kernels and
  * threads (best of square GEMMs of 384..1024); then prints one line per
  * model: "model batch images/s seconds loss peak_MB GFLOP/s %peak", where
  * GFLOP/s counts the model's convolution and linear work per training
- * image (mg_model_flops). */
+ * image (mg_model_flops). With --device on a GPU the peak is the GPU's
+ * float32 GEMM measured with cuBLAS (mg_device_sgemm_peak); the batches
+ * are gathered on the host and copied in, as mgtrain does; the GPU peer
+ * is `bench/train_torch.py --device cuda` (bench/gpu.sh). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,16 +26,18 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: train [--model NAME]... [--epochs N] [--data DIR] [--threads N] [--batch N]\n"
-"             [--version]\n"
+"             [--device cpu|cuda[:N]|emu] [--version]\n"
             "  --model NAME   mlp, lenet-d2l or lenet5 (repeatable; default all)\n"
             "  --epochs N     epochs to time (default 1; images/s is over all)\n"
             "  --data DIR     Fashion-MNIST directory (default /usr/share/datasets/fashion-mnist)\n"
             "  --threads N    BLAS threads (default 1, or MG_THREADS)\n"
-            "  --batch N      override the model's default batch size\n");
+            "  --batch N      override the model's default batch size\n"
+            "  --device D     train on D (default cpu)\n");
 }
 
 
 static double peak_gflops;
+static mg_device dev = {MG_DEVICE_CPU, 0};
 
 /* The epoch's batches, gathered from the preloaded data set in the
  * order of perm: each step's one micro-batch. */
@@ -75,7 +81,8 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
     so.max_batch = batch;
     if (mg_dataset_check_input(ds, name, c, h, w, mg_model_classes(m)) ||
-        mg_strategy_create(m, &so, &st) || mg_strategy_optim(st, &cfg, &o)) {
+        mg_model_to_device(m, dev) || mg_strategy_create(m, &so, &st) ||
+        mg_strategy_optim(st, &cfg, &o)) {
         fprintf(stderr, "train: %s\n", mg_last_error());
         mg_strategy_destroy(st);
         mg_model_destroy(m);
@@ -110,6 +117,9 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
             steps++;
         }
     }
+    mg_device_set_current(dev);   /* the last step's work done */
+    mg_device_synchronize();
+    mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
     double secs = mg_now() - t0;
     double flops, gf;
     mg_model_flops(m, NULL, &flops);
@@ -133,6 +143,7 @@ int main(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"epochs", required_argument, 0, 'e'},
         {"data", required_argument, 0, 'd'},  {"threads", required_argument, 0, 't'},
         {"batch", required_argument, 0, 'b'}, {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, 'D'},
         {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0},
     };
@@ -155,6 +166,12 @@ int main(int argc, char **argv)
         case 'b': batch = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         case 'V': mg_print_version("train"); return 0;
+        case 'D':
+            if (mg_device_parse(optarg, &dev) || mg_device_check(dev)) {
+                fprintf(stderr, "train: --device: %s\n", mg_last_error());
+                return 2;
+            }
+            break;
         default: usage(stderr); return 2;
         }
     }
@@ -178,9 +195,18 @@ int main(int argc, char **argv)
     mg_kernels_describe(sys, sizeof sys, "# ");
     printf("# multigrad %s: %d thread(s), %d epoch(s)\n%s", MG_VERSION, mg_get_threads(), epochs,
            sys);
-    peak_gflops = mg_sgemm_peak();
-    printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and threads)\n",
-           peak_gflops);
+    if (dev.kind == MG_DEVICE_CUDA) {
+        char name[128];
+        size_t mem;
+        mg_device_describe(dev, name, sizeof name, &mem);
+        peak_gflops = mg_device_sgemm_peak(dev);
+        printf("# device: %s; SGEMM 4096^3 measured %.1f GFLOP/s (cuBLAS, no TF32)\n", name,
+               peak_gflops);
+    } else {
+        peak_gflops = mg_sgemm_peak();
+        printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and "
+               "threads)\n", peak_gflops);
+    }
     printf("%-10s %5s %10s %8s %8s %7s %7s %5s\n", "model", "batch", "images/s", "seconds", "loss",
            "peakMB", "GFLOP/s", "%peak");
     int rc = 0;

@@ -4,7 +4,11 @@ from ../shared/models.md, on one thread with the data preloaded as float
 tensors (as bench/train.c preloads it), the same defaults (batch, lr,
 momentum) and the usual loop (zero_grad, forward, loss, backward, step).
 
-    train_torch.py [--model NAME]... [--epochs N] [--data DIR]
+    train_torch.py [--model NAME]... [--epochs N] [--data DIR] [--device cpu|cuda]
+
+--device cuda trains on the GPU in float32 with TF32 off, each batch gathered on
+the host and copied in (as bench/train --device does), timed with the GPU
+synchronised at both ends.
 
 Prints one line per model: "model batch images/s seconds loss peak_MB"."""
 import argparse
@@ -61,36 +65,48 @@ def main():
     ap.add_argument("--model", action="append")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
+    dev = torch.device(args.device)
+    gpu = dev.type == "cuda"
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(1)
     torch.manual_seed(0)
     images = load_idx(f"{args.data}/train-images-idx3-ubyte.gz")
     labels = torch.from_numpy(load_idx(f"{args.data}/train-labels-idx1-ubyte.gz").astype(np.int64))
     raw = torch.from_numpy(images.astype(np.float32) / 255.0)
-    print(f"# torch {torch.__version__}: {torch.get_num_threads()} thread(s), {args.epochs} epoch(s)")
+    where = f" on {torch.cuda.get_device_name(dev)}" if gpu else ""
+    print(f"# torch {torch.__version__}{where}: {torch.get_num_threads()} thread(s), "
+          f"{args.epochs} epoch(s)")
     print(f"{'model':<10} {'batch':>5} {'images/s':>10} {'seconds':>8} {'loss':>8} {'peakMB':>7}")
     for name in args.model or ["mlp", "lenet-d2l", "lenet5"]:
         batch, lr, momentum, normalized = DEFAULTS[name]
         x_all = (raw - 0.2860) / 0.3530 if normalized else raw
         x_all = x_all.reshape(-1, 784) if name == "mlp" else x_all.reshape(-1, 1, 28, 28)
         x_all = x_all.contiguous()
-        model = build(name)
+        model = build(name).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         loss_fn = nn.CrossEntropyLoss()
         n = x_all.shape[0]
+        if gpu:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for e in range(args.epochs):
             perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
             total, steps = 0.0, 0
             for i in range(0, n, batch):
                 idx = perm[i:i + batch]
-                x, y = x_all[idx], labels[idx]
+                x, y = x_all[idx].to(dev), labels[idx].to(dev)
                 opt.zero_grad()
                 loss = loss_fn(model(x), y)
                 loss.backward()
                 opt.step()
                 total += loss.item()
                 steps += 1
+        if gpu:
+            torch.cuda.synchronize()
         secs = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
         print(f"{name:<10} {batch:>5} {n * args.epochs / secs:>10.0f} {secs:>8.2f} "

@@ -216,8 +216,9 @@ TEST_T(mgtrain_gpt_ddp_and_dp_equal_one_process, 240)
 /* Training on a device (dev: emu, or cuda when there is a GPU) equals
  * one process on the CPU within the DDP test's bound: one process, and
  * DDP on 2, 3 and 4 ranks sharing the device, whose buckets go through
- * the host's collectives. Checkpoints move between the device and the
- * CPU: 10 steps on one and 10 resumed on the other equal 20 on the CPU. */
+ * the host's collectives. Greedy sampling on the device writes the CPU's
+ * text. Checkpoints move between the device and the CPU: 10 steps on one
+ * and 10 resumed on the other equal 20 on the CPU. */
 static void device_equals_cpu(const char *dev)
 {
     const char *t = mgt_tmpdir();
@@ -248,6 +249,19 @@ static void device_equals_cpu(const char *dev)
                d, worst);
         CHECK_MSG(d <= 1e-4, "%s, %d rank(s): parameters differ from the CPU's by %g", dev, k, d);
     }
+    /* The sample at temperature 0 (the most likely byte each time) from
+     * the CPU's weights, evaluated on each. */
+    char *said[2];
+    for (int k = 0; k < 2; k++) {
+        rc = mgt_sh(&said[k], "%s " GPT_SMALL " --init %s --eval-only --sample 60 --temperature "
+                    "0 --device %s", bin, ref, k ? dev : "cpu");
+        CHECK_MSG(rc == 0, "%s", said[k]);
+    }
+    const char *a0 = strstr(said[0], "sample ("), *a1 = strstr(said[1], "sample (");
+    CHECK_MSG(a0 && a1 && !strcmp(a0, a1), "the sample on %s differs from the CPU's:\n%s\n%s",
+              dev, said[1], said[0]);
+    free(said[0]);
+    free(said[1]);
     for (int there = 0; there < 2; there++) {
         const char *a = there ? "cpu" : dev, *b = there ? dev : "cpu";
         rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --save %s", bin,

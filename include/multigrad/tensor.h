@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include "core.h"
+#include "device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,6 +59,10 @@ void mg_print_version(const char *tool);
 /* GFLOP/s of the best square SGEMM of 384..1024 with the kernels and
  * threads in use (about 1.5 s): the peak the benchmarks compare with. */
 double mg_sgemm_peak(void);
+/* GFLOP/s of device d's float32 GEMM (cuBLAS on a GPU), the best of 10
+ * products of 4096^3 (a few seconds); 0 when d cannot be used: the GPU
+ * benchmarks' peak. */
+double mg_device_sgemm_peak(mg_device d);
 
 /* C[M,N] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS. */
 void mg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,

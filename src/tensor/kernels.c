@@ -288,3 +288,29 @@ double mg_sgemm_peak(void)
     mg_free(a);
     return best;
 }
+
+double mg_device_sgemm_peak(mg_device d)
+{
+    const int n = 4096;
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *a = mg_device_alloc(d, bytes), *b = mg_device_alloc(d, bytes);
+    float *c = mg_device_alloc(d, bytes);
+    mg_device host = mg_device_current();
+    double best = 0;
+    if (a && b && c && !mg_device_set_current(d)) {
+        mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);   /* warm-up */
+        mg_device_synchronize();
+        for (int i = 0; i < 10; i++) {
+            double t0 = mg_now();
+            mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            mg_device_synchronize();
+            double g = 2.0 * n * n * (double)n / (mg_now() - t0) / 1e9;
+            if (g > best) best = g;
+        }
+        mg_device_set_current(host);
+    }
+    mg_device_free(d, a);
+    mg_device_free(d, b);
+    mg_device_free(d, c);
+    return best;
+}
