@@ -50,7 +50,9 @@ CUDA_HOME ?= /usr/local/cuda
 ifneq ($(GPU),0)
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
 CUDA_CFLAGS := -DMG_HAVE_CUDA -isystem $(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+# cuBLAS is opened at the first use of a GPU (src/device/kernels.cu), not
+# linked: loading it costs every process 70 ms and 200 MB.
+CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl
 endif
 endif
 

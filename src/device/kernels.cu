@@ -31,6 +31,7 @@
 
 #include "core/elem.h"
 #ifdef __CUDACC__
+#include <dlfcn.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #endif
@@ -79,6 +80,59 @@ static void ckb(cublasStatus_t e, const char *what)
     fprintf(stderr, "multigrad: cublas: %s: status %d\n", what, (int)e);
     abort();
 }
+
+/* cuBLAS is opened when a GPU is first used, not linked: loading it (and
+ * cublasLt, 0.5 GB) costs every process 70 ms and 200 MB of resident
+ * memory, which a CPU run should not pay. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static struct {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_math)(cublasHandle_t, cublasMath_t);
+    cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const float *, const float *, int, const float *, int, const float *,
+                            float *, int);
+    cublasStatus_t (*sgemm_strided)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                    int, int, const float *, const float *, int, long long,
+                                    const float *, int, long long, const float *, float *, int,
+                                    long long, int);
+} blas;
+
+/* The pointers have the headers' types exactly (checked unevaluated:
+ * nothing is linked). */
+template <class A, class B> struct same { static const bool value = false; };
+template <class A> struct same<A, A> { static const bool value = true; };
+static_assert(same<decltype(&cublasCreate_v2), decltype(blas.create)>::value, "cublasCreate");
+static_assert(same<decltype(&cublasSetStream_v2), decltype(blas.set_stream)>::value, "stream");
+static_assert(same<decltype(&cublasSetMathMode), decltype(blas.set_math)>::value, "math mode");
+static_assert(same<decltype(&cublasSgemm_v2), decltype(blas.sgemm)>::value, "cublasSgemm");
+static_assert(same<decltype(&cublasSgemmStridedBatched), decltype(blas.sgemm_strided)>::value,
+              "cublasSgemmStridedBatched");
+
+/* Under contexts_lock. */
+static mg_status load_cublas(void)
+{
+    static const char *const names[] = {"libcublas.so." STR(CUBLAS_VER_MAJOR), "libcublas.so"};
+    if (blas.sgemm_strided) return MG_OK;
+    void *h = NULL;
+    for (int i = 0; i < 2 && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return mg_error(MG_EUNSUPPORTED, "cannot load cuBLAS (%s): %s; install the CUDA "
+                        "toolkit's libraries (or put them on LD_LIBRARY_PATH), or use --device "
+                        "cpu", names[0], dlerror());
+    *(void **)&blas.create = dlsym(h, "cublasCreate_v2");
+    *(void **)&blas.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&blas.set_math = dlsym(h, "cublasSetMathMode");
+    *(void **)&blas.sgemm = dlsym(h, "cublasSgemm_v2");
+    *(void **)&blas.sgemm_strided = dlsym(h, "cublasSgemmStridedBatched");
+    if (!blas.create || !blas.set_stream || !blas.set_math || !blas.sgemm || !blas.sgemm_strided) {
+        blas.sgemm_strided = NULL;
+        return mg_error(MG_EUNSUPPORTED, "%s lacks the functions multigrad calls; install "
+                        "cuBLAS %d or newer, or use --device cpu", names[0], CUBLAS_VER_MAJOR);
+    }
+    return MG_OK;
+}
 #endif
 
 mg_status mg__dk_get(mg_device d, mg_dk **out)
@@ -98,17 +152,18 @@ mg_status mg__dk_get(mg_device d, mg_dk **out)
         if (!k->emu) {
             st = mg_device_check(d);
 #ifdef __CUDACC__
+            if (!st) st = load_cublas();
             cudaError_t e = st ? cudaSuccess : cudaSetDevice(d.index);
             if (e == cudaSuccess && !st) e = cudaStreamCreate(&k->stream);
             if (e != cudaSuccess)
                 st = mg_error(MG_EIO, "cuda:%d: cannot set up a stream: %s", d.index,
                               cudaGetErrorString(e));
-            if (!st && cublasCreate(&k->blas) != CUBLAS_STATUS_SUCCESS)
+            if (!st && blas.create(&k->blas) != CUBLAS_STATUS_SUCCESS)
                 st = mg_error(MG_EIO, "cuda:%d: cannot set up cuBLAS", d.index);
             if (!st) {
-                cublasSetStream(k->blas, k->stream);
+                blas.set_stream(k->blas, k->stream);
                 /* No TF32: float GEMMs round as the CPU's. */
-                cublasSetMathMode(k->blas, CUBLAS_DEFAULT_MATH);
+                blas.set_math(k->blas, CUBLAS_DEFAULT_MATH);
             }
 #else
             if (!st)
@@ -130,7 +185,7 @@ void mg__dk_set_tf32(mg_dk *k, bool on)
 {
 #ifdef __CUDACC__
     if (!k->emu)
-        ckb(cublasSetMathMode(k->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+        ckb(blas.set_math(k->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
             "setting the math mode");
 #else
     (void)k, (void)on;
@@ -326,10 +381,10 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
         /* Column-major cuBLAS computes C^T = op(B)^T op(A)^T. */
         cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         if (count == 1)
-            ckb(cublasSgemm(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+            ckb(blas.sgemm(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                 "sgemm");
         else
-            ckb(cublasSgemmStridedBatched(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, sb, A,
+            ckb(blas.sgemm_strided(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, sb, A,
                                           lda, sa, &beta, C, ldc, sc, count),
                 "batched sgemm");
         return;
