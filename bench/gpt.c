@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include "multigrad/multigrad.h"
+#include "peak.h"
 
 static double val_loss(mg_model *m, const mg_text *t, int B)
 {
@@ -71,23 +72,8 @@ int main(int argc, char **argv)
     char desc[1024];
     mg_kernels_describe(desc, sizeof desc, "# ");
     fputs(desc, stdout);
-    double peak;
-    if (dev.kind == MG_DEVICE_CUDA) {
-        char name[128];
-        size_t mem;
-        if (mg_device_describe(dev, name, sizeof name, &mem)) {
-            fprintf(stderr, "gpt: %s\n", mg_last_error());
-            return 1;
-        }
-        peak = mg_device_sgemm_peak(dev);
-        printf("# device: %s, %.1f GB; float32 peak %.1f TFLOP/s nominal; SGEMM 4096^3 "
-               "measured %.1f TFLOP/s (cuBLAS, no TF32)\n", name, mem / 1e9,
-               mg_device_fp32_peak(dev) / 1e12, peak / 1e3);
-    } else {
-        peak = mg_sgemm_peak();
-        printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and "
-               "threads)\n", peak);
-    }
+    double peak = bench_peak("gpt", dev);
+    if (peak < 0) return 1;
     mg_text *t;
     mg_model *m;
     mg_optim *o;
@@ -130,9 +116,7 @@ int main(int argc, char **argv)
         mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
         mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-3f);
     }
-    mg_device_set_current(dev);
-    mg_device_synchronize();
-    mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
+    mg_device_synchronize(dev);
     double secs = mg_now() - t0, tok = (double)B * T * (steps - 1) / secs;
     double vl = eval ? val_loss(m, t, B) : NAN;
     if (eval) printf("eval step %d val_loss %.4f\n", steps, vl);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/multigrad.h"
+#include "peak.h"
 
 static void usage(FILE *f)
 {
@@ -117,9 +118,7 @@ static int run(const char *name, const mg_dataset *ds, int epochs, int batch_ove
             steps++;
         }
     }
-    mg_device_set_current(dev);   /* the last step's work done */
-    mg_device_synchronize();
-    mg_device_set_current((mg_device){MG_DEVICE_CPU, 0});
+    mg_device_synchronize(dev);   /* the last step's work done */
     double secs = mg_now() - t0;
     double flops, gf;
     mg_model_flops(m, NULL, &flops);
@@ -195,18 +194,7 @@ int main(int argc, char **argv)
     mg_kernels_describe(sys, sizeof sys, "# ");
     printf("# multigrad %s: %d thread(s), %d epoch(s)\n%s", MG_VERSION, mg_get_threads(), epochs,
            sys);
-    if (dev.kind == MG_DEVICE_CUDA) {
-        char name[128];
-        size_t mem;
-        mg_device_describe(dev, name, sizeof name, &mem);
-        peak_gflops = mg_device_sgemm_peak(dev);
-        printf("# device: %s; SGEMM 4096^3 measured %.1f GFLOP/s (cuBLAS, no TF32)\n", name,
-               peak_gflops);
-    } else {
-        peak_gflops = mg_sgemm_peak();
-        printf("# SGEMM peak: %.1f GFLOP/s (best square GEMM, 384..1024, these kernels and "
-               "threads)\n", peak_gflops);
-    }
+    if ((peak_gflops = bench_peak("train", dev)) < 0) return 1;
     printf("%-10s %5s %10s %8s %8s %7s %7s %5s\n", "model", "batch", "images/s", "seconds", "loss",
            "peakMB", "GFLOP/s", "%peak");
     int rc = 0;

@@ -1,4 +1,5 @@
-/* Test helpers for models on devices (test_device.c, test_gpt.c). */
+/* Test helpers for models on devices and their numbers (test_device.c,
+ * test_gpt.c). */
 #ifndef MGT_DEVICES_H
 #define MGT_DEVICES_H
 
@@ -22,6 +23,26 @@ static inline float *mgt_host_floats(const mg_model *m, const float *p, size_t n
     CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, mg_model_device(m), p,
                             n * sizeof(float)));
     return h;
+}
+
+/* max |a - b| over max |b| (NaN counts as the largest error), checked
+ * against tol; `ref` names where b comes from. Returns it. */
+static inline double mgt_check_scaled(const char *what, const float *a, const float *b, size_t n,
+                                      double tol, const char *ref)
+{
+    double mx = 0.0, err = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(b[i]));
+        if (!(fabs(a[i] - b[i]) <= err)) {
+            err = fabs(a[i] - b[i]);
+            worst = i;
+        }
+    }
+    double rel = mx > 0 ? err / mx : err;
+    CHECK_MSG(rel <= tol, "%s: error %.3g of the tensor's scale %.3g (entry %zu: %.9g vs %s "
+              "%.9g)", what, rel, mx, worst, a[worst], ref, b[worst]);
+    return rel;
 }
 
 #endif

@@ -125,22 +125,6 @@ static mg_model *case_model(const dev_case *c)
     return m;
 }
 
-/* max |a - b| <= tol * max |b| */
-static void close_scaled(const char *what, const float *a, const float *b, size_t n, double tol)
-{
-    double mx = 0, err = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(b[i]));
-        if (!(fabs(a[i] - b[i]) <= err)) {
-            err = fabs(a[i] - b[i]);
-            worst = i;
-        }
-    }
-    CHECK_MSG(err <= tol * mx, "%s: error %.3g of the scale %.3g (entry %zu: %.9g, CPU %.9g)",
-              what, mx > 0 ? err / mx : err, mx, worst, a[worst], b[worst]);
-}
-
 static void clip(mg_model *m, float max_norm)
 {
     CHECK_OK(mg_device_set_current(mg_model_device(m)));
@@ -190,7 +174,7 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
             float *la = mgt_host_floats(a, mg_tape_logits(mg_model_tape(a)), out), *lb = malloc(out * 4);
             CHECK(lb != NULL);
             mg_tape_logits_to_host(mg_model_tape(b), lb);
-            close_scaled("logits", lb, la, out, 1e-4);
+            mgt_check_scaled("logits", lb, la, out, 1e-4, "CPU");
             free(la);
             free(lb);
         }
@@ -203,7 +187,7 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
                   loss[0]);
         if (step == 0) {
             float *gb = mgt_host_floats(b, mg_model_grads(b), np);
-            close_scaled("gradients", gb, mg_model_grads(a), np, 1e-4);
+            mgt_check_scaled("gradients", gb, mg_model_grads(a), np, 1e-4, "CPU");
             free(gb);
         }
         if (c->clip > 0) {
@@ -214,7 +198,7 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
         CHECK_OK(mg_optim_step(ob, mg_model_params(b), mg_model_grads(b), c->oc.lr));
     }
     float *pb = mgt_host_floats(b, mg_model_params(b), np);
-    close_scaled("parameters after 3 steps", pb, mg_model_params(a), np, 1e-3);
+    mgt_check_scaled("parameters after 3 steps", pb, mg_model_params(a), np, 1e-3, "CPU");
     free(pb);
     free(x);
     free(tok);
@@ -343,7 +327,7 @@ static void convs_equal_cpu(mg_device dev)
         for (int k = 0; k < 4; k++) {
             char name[96];
             snprintf(name, sizeof name, "conv %zu: %s", t, what[k]);
-            close_scaled(name, h[1][k], h[0][k], len[k], 1e-5);
+            mgt_check_scaled(name, h[1][k], h[0][k], len[k], 1e-5, "CPU");
         }
         float *dev_mem[] = {dx_, dw_, db_, ddy, dyo, dgx, dgw, dgb, dws, (float *)dsv};
         for (size_t i = 0; i < sizeof dev_mem / sizeof *dev_mem; i++) mg_device_free(dev, dev_mem[i]);

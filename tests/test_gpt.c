@@ -30,25 +30,6 @@ static const mg_st_tensor *ref(const mg_st_file *f, const char *name, mg_st_dtyp
     return t;
 }
 
-/* Max |a - b| over max |b|; fails above tol. */
-static double check_scaled(const char *what, const float *a, const float *b, size_t n,
-                           double tol)
-{
-    double mx = 0.0, err = 0.0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(b[i]));
-        if (fabs(a[i] - b[i]) > err) {
-            err = fabs(a[i] - b[i]);
-            worst = i;
-        }
-    }
-    double rel = mx > 0 ? err / mx : err;
-    CHECK_MSG(rel <= tol, "%s: error %.3g of the tensor's scale %.3g (entry %zu: %.9g vs PyTorch "
-              "%.9g)", what, rel, mx, worst, a[worst], b[worst]);
-    return rel;
-}
-
 /* The reference's model with its initial parameters, on dev. */
 static mg_model *reference_model(const mg_st_file *f, mg_device dev)
 {
@@ -137,8 +118,8 @@ static void matches_pytorch_at_init(mg_device dev)
     float *logits = malloc((size_t)B * T * 256 * sizeof(float));
     CHECK(logits != NULL);
     mg_tape_logits_to_host(mg_model_tape(m), logits);
-    check_scaled("logits0", logits, ref(f, "logits0", MG_ST_F32, B * T * 256)->data,
-                 (size_t)B * T * 256, 1e-4);
+    mgt_check_scaled("logits0", logits, ref(f, "logits0", MG_ST_F32, B * T * 256)->data,
+                 (size_t)B * T * 256, 1e-4, "PyTorch");
     free(logits);
     mg_model_zero_grad(m);
     float loss = mg_model_loss(m, y, NULL);
@@ -150,7 +131,7 @@ static void matches_pytorch_at_init(mg_device dev)
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(key, sizeof key, "grad.%s", p->name);
         float *g = mgt_host_floats(m, p->grad, p->numel);
-        check_scaled(key, g, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4);
+        mgt_check_scaled(key, g, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-4, "PyTorch");
         free(g);
     }
     CHECK_OK(mg_device_set_current(dev));
@@ -228,7 +209,7 @@ static void matches_pytorch_after_20_steps(mg_device dev)
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(key, sizeof key, "final.%s", p->name);
         float *h = mgt_host_floats(m, p->data, p->numel);
-        check_scaled(key, h, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-3);
+        mgt_check_scaled(key, h, ref(f, key, MG_ST_F32, p->numel)->data, p->numel, 1e-3, "PyTorch");
         free(h);
     }
     CHECK_CLOSE(val_loss(m, t), *(const float *)ref(f, "val_loss20", MG_ST_F32, 1)->data, 1e-4, 0);

@@ -214,22 +214,29 @@ TEST_T(pipeline_gpt_mini_every_schedule_matches_pytorch, 600)
 /* ---- a stage that dies or stops mid-step ------------------------------------ */
 
 /* Rank `rank` of a pipeline over all procs ranks: its group, its data
- * (every micro-batch of the step), the model (one process's
- * initialisation) and the strategy's options (c's schedule, M =
- * accumulate). */
-static mg_model *one_pipeline_rank(const eq_case *c, int rank, int procs, mg_group **gp,
-                                   eq_source *src, mg_st_file **ref, mg_strategy_options *so)
+ * (every micro-batch of the step) and reference, the strategy's options
+ * (c's schedule, M = accumulate) and the model (one process's
+ * initialisation). */
+typedef struct {
+    mg_group *g;
+    eq_source src;
+    mg_st_file *ref;
+    mg_strategy_options so;
+    mg_model *m;
+} stage_rank;
+
+static void one_pipeline_rank(const eq_case *c, int rank, int procs, stage_rank *r)
 {
-    mg_group *g = *gp = mgt_join(rank, procs, c->port, NULL, 30);
-    CHECK(g);
-    *src = (eq_source){.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
-    eq_open_data(c, src, ref);
-    *so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
-    so->group = g;
-    so->pp_group = g;
-    so->max_batch = c->batch;
-    so->pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
-    return eq_make_model(c, *ref, 0);
+    r->g = mgt_join(rank, procs, c->port, NULL, 30);
+    CHECK(r->g);
+    r->src = (eq_source){.c = c, .rank = 0, .world = 1, .parts = c->accumulate};
+    eq_open_data(c, &r->src, &r->ref);
+    r->so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    r->so.group = r->g;
+    r->so.pp_group = r->g;
+    r->so.max_batch = c->batch;
+    r->so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
+    r->m = eq_make_model(c, r->ref, 0);
 }
 
 typedef struct {
@@ -251,13 +258,10 @@ static int fault_rank(int rank, int procs, void *arg)
 {
     const fault_case *f = arg;
     const eq_case *c = &f->c;
-    mg_group *g;
-    eq_source src;
-    mg_st_file *ref;
-    mg_strategy_options so;
-    mg_model *m = one_pipeline_rank(c, rank, procs, &g, &src, &ref, &so);
+    stage_rank pr;
+    one_pipeline_rank(c, rank, procs, &pr);
     mg_strategy *s;
-    CHECK_OK(mg_strategy_create(m, &so, &s));
+    CHECK_OK(mg_strategy_create(pr.m, &pr.so, &s));
     int calls[2] = {0, f->stop};
     static const mg_unit_hooks h = {.post_forward = fault_hook};
     if (rank == f->victim) {
@@ -266,18 +270,18 @@ static int fault_rank(int rank, int procs, void *arg)
         FILE *pf = fopen(p, "w");
         CHECK(pf && fprintf(pf, "%d\n", (int)getpid()) > 0);
         fclose(pf);
-        CHECK_OK(mg_model_add_hooks(m, &h, calls));
+        CHECK_OK(mg_model_add_hooks(pr.m, &h, calls));
     }
     mg_optim *o = eq_make_optim(c, s);
     mg_step_options sto = {.accumulate = c->accumulate, .lr = 0.05f};
     mg_status st = MG_OK;
     double t0 = 0;
     for (int k = 0; k < c->steps && !st; k++) {
-        src.step = k;
-        src.j = 0;
+        pr.src.step = k;
+        pr.src.j = 0;
         mg_step_result r;
         t0 = mg_now();
-        st = mg_train_step(s, o, &sto, eq_next, &src, &r);
+        st = mg_train_step(s, o, &sto, eq_next, &pr.src, &r);
     }
     double dt = mg_now() - t0;
     const char *msg = mg_last_error();
@@ -302,9 +306,9 @@ static int fault_rank(int rank, int procs, void *arg)
     }
     /* The job's group learns it too (and its end need not wait for the
      * victim, as it does after a clean run). */
-    CHECK(mg_barrier(g) != MG_OK);
+    CHECK(mg_barrier(pr.g) != MG_OK);
     mg_optim_destroy(o);
-    eq_end_rank(s, m, &src, ref, NULL, g);
+    eq_end_rank(s, pr.m, &pr.src, pr.ref, NULL, pr.g);
     return 0;
 }
 
@@ -351,14 +355,11 @@ static int mismatch_rank(int rank, int procs, void *arg)
 {
     const mismatch_case *mc = arg;
     const eq_case *c = &mc->c;
-    mg_group *g;
-    eq_source src;
-    mg_st_file *ref;
-    mg_strategy_options so;
-    mg_model *m = one_pipeline_rank(c, rank, procs, &g, &src, &ref, &so);
-    if (mc->variant == 0 && rank == 1) so.pipe.micro_batches *= 2;
+    stage_rank pr;
+    one_pipeline_rank(c, rank, procs, &pr);
+    if (mc->variant == 0 && rank == 1) pr.so.pipe.micro_batches *= 2;
     mg_strategy *s;
-    mg_status st = mg_strategy_create(m, &so, &s);
+    mg_status st = mg_strategy_create(pr.m, &pr.so, &s);
     if (mc->variant == 0) {
         printf("rank %d: %s\n", rank, mg_last_error());
         CHECK(st == MG_EMISMATCH);
@@ -369,7 +370,7 @@ static int mismatch_rank(int rank, int procs, void *arg)
         mg_step_options sto = {.accumulate = c->accumulate, .lr = 0.05f};
         mg_step_result r;
         double t0 = mg_now();
-        st = mg_train_step(s, o, &sto, rank == 1 ? short_next : eq_next, &src, &r);
+        st = mg_train_step(s, o, &sto, rank == 1 ? short_next : eq_next, &pr.src, &r);
         printf("rank %d after %.2f s: %s\n", rank, mg_now() - t0, mg_last_error());
         /* Found at the first transfer, named by both stages. */
         CHECK(st != MG_OK && mg_now() - t0 < 5);
@@ -380,7 +381,7 @@ static int mismatch_rank(int rank, int procs, void *arg)
         mg_optim_destroy(o);
         eq_end_rank(s, NULL, NULL, NULL, NULL, NULL);
     }
-    eq_end_rank(NULL, m, &src, ref, NULL, g);
+    eq_end_rank(NULL, pr.m, &pr.src, pr.ref, NULL, pr.g);
     return 0;
 }
 

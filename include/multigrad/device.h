@@ -67,8 +67,9 @@ mg_device mg_device_current(void);
  * default, so a GPU's results match the CPU's within float rounding. No
  * effect on the CPU and emu. */
 mg_status mg_device_set_tf32(mg_device d, bool on);
-/* Waits until the current device has done the work queued on it. */
-void mg_device_synchronize(void);
+/* Waits until device d has done the work queued on it (at once for the
+ * CPU and emu). */
+mg_status mg_device_synchronize(mg_device d);
 /* The float32 peak of d in FLOP/s without tensor cores (SMs x FP32 lanes
  * x 2 x the boost clock), 0 when not known (the CPU, emu). */
 double mg_device_fp32_peak(mg_device d);

@@ -215,9 +215,15 @@ mg_status mg_device_set_tf32(mg_device d, bool on)
     return MG_OK;
 }
 
-void mg_device_synchronize(void)
+mg_status mg_device_synchronize(mg_device d)
 {
-    if (mg__dk_cur) mg_dk_sync();
+    mg_dk *k;
+    MG_TRY(mg__dk_get(d, &k));
+    if (!k) return MG_OK;
+    mg_dk *prev = mg__dk_enter(k);
+    mg_dk_sync();
+    mg__dk_leave(prev);
+    return MG_OK;
 }
 
 double mg_device_fp32_peak(mg_device d)

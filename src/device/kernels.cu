@@ -192,30 +192,22 @@ void mg__dk_set_tf32(mg_dk *k, bool on)
 #endif
 }
 
+/* The kernels' own memory (device.h's); freed once their queued work is
+ * done. Running out in the middle of a step leaves nothing to recover. */
 static void *dev_alloc(size_t bytes)
 {
-#ifdef __CUDACC__
-    if (!DK()->emu) {
-        void *p = NULL;
-        ck(cudaMalloc(&p, bytes), "allocating the kernels' memory");
-        return p;
+    void *p = mg_device_alloc(DK()->dev, bytes);
+    if (!p) {
+        fprintf(stderr, "multigrad: the device kernels' workspace: %s\n", mg_last_error());
+        abort();
     }
-#endif
-    void *p = calloc(1, bytes);
-    MG_ASSERT(p);
     return p;
 }
 
 static void dev_free(void *p)
 {
-#ifdef __CUDACC__
-    if (!DK()->emu) {
-        ck(cudaStreamSynchronize(DK()->stream), "waiting to free the kernels' memory");
-        if (p) ck(cudaFree(p), "freeing the kernels' memory");
-        return;
-    }
-#endif
-    free(p);
+    mg_dk_sync();
+    mg_device_free(DK()->dev, p);
 }
 
 /* The workspace, at least `bytes` (previous contents are not kept). */

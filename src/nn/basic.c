@@ -20,7 +20,7 @@ static void relu_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 }
 
 static const mg_layer_vt relu_vt = {
-    .kind = "relu", .setup = mg__same_setup, .sizes = mg__no_sizes,
+    .kind = "relu", .on_device = true, .setup = mg__same_setup, .sizes = mg__no_sizes,
     .forward = relu_forward, .backward = relu_backward,
 };
 

@@ -229,7 +229,7 @@ static void seq_destroy(mg_layer *l)
 }
 
 static const mg_layer_vt seq_vt = {
-    .kind = "sequential", .setup = seq_setup, .sizes = seq_sizes, .bind = seq_bind,
+    .kind = "sequential", .on_device = true, .setup = seq_setup, .sizes = seq_sizes, .bind = seq_bind,
     .propagate = seq_propagate, .forward = seq_forward, .backward = seq_backward,
     .destroy = seq_destroy,
 };

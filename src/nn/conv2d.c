@@ -57,7 +57,7 @@ static double conv_flops(const mg_layer *l)
 }
 
 static const mg_layer_vt conv_vt = {
-    .kind = "conv2d", .setup = conv_setup, .sizes = conv_sizes,
+    .kind = "conv2d", .on_device = true, .setup = conv_setup, .sizes = conv_sizes,
     .forward = conv_forward, .backward = conv_backward, .flops = conv_flops,
 };
 

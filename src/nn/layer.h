@@ -70,6 +70,9 @@ typedef struct mg_layer_vt {
     /* Optional: the layer whose parameters this one also reads (a head
      * tied to an embedding), so a strategy keeps them at hand for both. */
     const mg_layer *(*borrows)(const mg_layer *l);
+    /* Its forward and backward call only kernels of tensor.h that have
+     * device versions (src/device/kernels.cu), so it runs on a device. */
+    bool on_device;
 } mg_layer_vt;
 
 struct mg_layer {

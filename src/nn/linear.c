@@ -66,7 +66,7 @@ static double linear_flops(const mg_layer *l)
 }
 
 static const mg_layer_vt linear_vt = {
-    .kind = "linear", .setup = linear_setup, .sizes = linear_sizes,
+    .kind = "linear", .on_device = true, .setup = linear_setup, .sizes = linear_sizes,
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
 };
 

@@ -427,15 +427,11 @@ void mg_model_init_params(mg_model *m, uint64_t seed)
 
 /* ---- Devices ---------------------------------------------------------------- */
 
-/* The layers whose kernels have device versions (src/device/kernels.cu);
- * NULL when every layer of l has, else the first that has not. */
+/* NULL when every layer of l runs on a device (mg_layer_vt.on_device),
+ * else the first that does not. */
 static const mg_layer *no_device_kernels(const mg_layer *l)
 {
-    static const char *const ok[] = {"sequential", "linear", "relu", "conv2d", "embedding",
-                                     "tied_head", "layernorm", "gelu", "attention", "gpt_block"};
-    bool found = false;
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) found = found || !strcmp(l->vt->kind, ok[i]);
-    if (!found) return l;
+    if (!l->vt->on_device) return l;
     for (int i = 0; i < l->n_child; i++) {
         const mg_layer *b = no_device_kernels(l->child[i]);
         if (b) return b;

@@ -54,7 +54,7 @@ static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
 }
 
 static const mg_layer_vt embed_vt = {
-    .kind = "embedding", .setup = embed_setup, .sizes = mg__no_sizes,
+    .kind = "embedding", .on_device = true, .setup = embed_setup, .sizes = mg__no_sizes,
     .forward = embed_forward, .backward = embed_backward,
 };
 
@@ -122,7 +122,7 @@ static const mg_layer *head_borrows(const mg_layer *l) { return ((const head_lay
 /* The model counts the training cost of a layer with need_dx as 3
  * forwards: the head's wte gradient and input gradient are two of them. */
 static const mg_layer_vt head_vt = {
-    .kind = "tied_head", .setup = head_setup, .sizes = mg__no_sizes,
+    .kind = "tied_head", .on_device = true, .setup = head_setup, .sizes = mg__no_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,
     .borrows = head_borrows,
 };
@@ -207,7 +207,7 @@ static void ln_init(mg_layer *l, mg_rng *r)
 }
 
 static const mg_layer_vt ln_vt = {
-    .kind = "layernorm", .setup = ln_setup, .sizes = ln_sizes, .bind = ln_bind,
+    .kind = "layernorm", .on_device = true, .setup = ln_setup, .sizes = ln_sizes, .bind = ln_bind,
     .forward = ln_forward, .backward = ln_backward, .init = ln_init,
 };
 
@@ -238,7 +238,7 @@ static void gelu_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 }
 
 static const mg_layer_vt gelu_vt = {
-    .kind = "gelu", .setup = mg__same_setup, .sizes = mg__no_sizes,
+    .kind = "gelu", .on_device = true, .setup = mg__same_setup, .sizes = mg__no_sizes,
     .forward = gelu_forward, .backward = gelu_backward,
 };
 
@@ -312,7 +312,7 @@ static double attn_flops(const mg_layer *l)
 }
 
 static const mg_layer_vt attn_vt = {
-    .kind = "attention", .setup = attn_setup, .sizes = attn_sizes,
+    .kind = "attention", .on_device = true, .setup = attn_setup, .sizes = attn_sizes,
     .forward = attn_forward, .backward = attn_backward, .flops = attn_flops,
 };
 
@@ -530,7 +530,7 @@ static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
 }
 
 static const mg_layer_vt block_vt = {
-    .kind = "gpt_block", .setup = block_setup, .sizes = block_sizes, .bind = block_bind,
+    .kind = "gpt_block", .on_device = true, .setup = block_setup, .sizes = block_sizes, .bind = block_bind,
     .propagate = block_propagate, .forward = block_forward, .backward = block_backward,
 };
 

@@ -299,11 +299,11 @@ double mg_device_sgemm_peak(mg_device d)
     double best = 0;
     if (a && b && c && !mg_device_set_current(d)) {
         mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);   /* warm-up */
-        mg_device_synchronize();
+        mg_device_synchronize(d);
         for (int i = 0; i < 10; i++) {
             double t0 = mg_now();
             mg_gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            mg_device_synchronize();
+            mg_device_synchronize(d);
             double g = 2.0 * n * n * (double)n / (mg_now() - t0) / 1e9;
             if (g > best) best = g;
         }
