@@ -99,6 +99,7 @@ mg_model *eq_make_model(const eq_case *c, const mg_st_file *ref, uint64_t seed)
     } else {
         CHECK_OK(mg_model_create(c->model, seed, &m));
     }
+    if (c->dev.kind != MG_DEVICE_CPU) CHECK_OK(mg_model_to_device(m, c->dev));
     return m;
 }
 
@@ -159,7 +160,13 @@ float *eq_train(const eq_case *c, mg_strategy *s, eq_source *src, float *losses)
     }
     CHECK_OK(mg_strategy_gather(s));
     float *v = malloc(mg_model_num_params(m) * sizeof(float));
-    mg_model_to_vector(m, mg_model_params(m), v);
+    size_t n = mg_model_arena_size(m);
+    float *p = malloc(n * sizeof(float));
+    CHECK(v && p);
+    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, p, mg_model_device(m),
+                            mg_model_params(m), n * sizeof(float)));
+    mg_model_to_vector(m, p, v);
+    free(p);
     mg_strategy_release(s);
     mg_optim_destroy(o);
     return v;
@@ -200,8 +207,11 @@ void eq_close_data(eq_source *s, mg_st_file *ref)
 
 
 /* One process over the ranks' micro-batches (every rank's, in turn). */
-float *eq_one_process(const eq_case *c, float *losses)
+float *eq_one_process(const eq_case *cc, float *losses)
 {
+    eq_case one = *cc;
+    one.dev = (mg_device){MG_DEVICE_CPU, 0};
+    const eq_case *c = &one;
     eq_source src = {.c = c, .world = 1, .parts = c->world * c->accumulate};
     mg_st_file *ref;
     eq_open_data(c, &src, &ref);

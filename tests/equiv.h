@@ -24,6 +24,7 @@ typedef struct {
     int pp_m;              /* the pipeline's M (0: accumulate); accumulate < pp_m: a short step */
     mg_pipe_kind pp_kind;
     const int *first;
+    mg_device dev;         /* where the ranks train (the one process: the CPU) */
 } eq_case;
 
 enum { T = 64, GB = 8 };   /* the gpt-mini reference: context, batch */
@@ -58,6 +59,7 @@ mg_optim *eq_make_optim(const eq_case *c, mg_strategy *s);
 float *eq_train(const eq_case *c, mg_strategy *s, eq_source *src, float *losses);
 void eq_open_data(const eq_case *c, eq_source *s, mg_st_file **ref);
 void eq_close_data(eq_source *s, mg_st_file *ref);
+/* One process on the CPU over every rank's micro-batches. */
 float *eq_one_process(const eq_case *c, float *losses);
 /* The 20 gpt-mini steps of procs ranks (their "losses", summing to the
  * global mean, and "params") against PyTorch's values within the

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "harness.h"
 #include "devices.h"
 #include "multigrad/multigrad.h"
@@ -339,3 +340,153 @@ static void convs_equal_cpu(mg_device dev)
 
 TEST(device_emu_convolutions_equal_cpu) { convs_equal_cpu(mgt_device(MG_DEVICE_EMU)); }
 TEST(device_gpu_convolutions_equal_cpu) { convs_equal_cpu(mgt_device(MG_DEVICE_CUDA)); }
+
+/* ---- collectives on device memory (staged through the host) ------------- */
+
+enum { CN = 1000 };   /* floats per rank's piece */
+
+static float cval(int rank, size_t i) { return (float)(rank * 7 + (int)(i % 97)); }
+
+typedef struct {
+    mg_device d;
+    int port;
+} coll_case;
+
+/* n floats of device d at p, as a host copy to free. */
+static float *dev_get(mg_device d, const float *p, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    CHECK(h);
+    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, d, p, n * sizeof(float)));
+    return h;
+}
+
+/* Device memory holding f(rank, i) for i < n. */
+static float *dev_fill(mg_device d, int rank, size_t n)
+{
+    float *h = malloc(n * sizeof(float)), *p = mg_device_alloc(d, n * sizeof(float));
+    CHECK(h && p);
+    for (size_t i = 0; i < n; i++) h[i] = cval(rank, i);
+    CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
+    free(h);
+    return p;
+}
+
+/* The CN floats of device memory at p are the sums over W ranks of
+ * cval(q, at + i). */
+static void check_sums(mg_device d, const float *p, int W, size_t at)
+{
+    float *h = dev_get(d, p, CN);
+    for (size_t i = 0; i < CN; i++) {
+        float want = 0;
+        for (int q = 0; q < W; q++) want += cval(q, at + i);
+        CHECK(h[i] == want);
+    }
+    free(h);
+}
+
+/* Device memory at p holds every rank's CN values in rank order. */
+static void check_gathered(mg_device d, const float *p, int W)
+{
+    float *h = dev_get(d, p, (size_t)CN * W);
+    for (int q = 0; q < W; q++)
+        for (size_t i = 0; i < CN; i++) CHECK(h[(size_t)q * CN + i] == cval(q, i));
+    free(h);
+}
+
+static int coll_rank(int r, int W, void *arg)
+{
+    const coll_case *c = arg;
+    mg_device d = c->d;
+    mg_group *g = mgt_join(r, W, c->port, NULL, 60);
+    CHECK(g);
+    size_t all = (size_t)CN * W;
+    /* all-reduce in place, and from device to host memory */
+    float *x = dev_fill(d, r, CN), host[CN];
+    CHECK(mg_device_of(host).kind == MG_DEVICE_CPU);
+    CHECK(mg_device_of(x + 5).kind == d.kind);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    check_sums(d, x, W, 0);
+    mg_device_free(d, x);
+    x = dev_fill(d, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, host, CN, MG_F32, MG_MAX));
+    for (size_t i = 0; i < CN; i++) CHECK(host[i] == cval(W - 1, i));
+    mg_device_free(d, x);
+    /* all-gather of the rank's piece inside the whole, as ZeRO's */
+    float *w = mg_device_alloc(d, all * sizeof(float)), *piece = dev_fill(d, r, CN);
+    CHECK_OK(mg_device_copy(d, w + (size_t)r * CN, d, piece, CN * sizeof(float)));
+    CHECK_OK(mg_all_gather(g, w + (size_t)r * CN, w, CN, MG_F32));
+    check_gathered(d, w, W);
+    mg_device_free(d, w);
+    mg_device_free(d, piece);
+    /* reduce-scatter into the rank's piece of the whole, async: complete
+     * (mg_work_test) means the result is in device memory */
+    w = dev_fill(d, r, all);
+    mg_work *wk;
+    CHECK_OK(mg_reduce_scatter_async(g, w, w + (size_t)r * CN, CN, MG_F32, MG_SUM, &wk));
+    while (!mg_work_test(wk)) usleep(100);
+    check_sums(d, w + (size_t)r * CN, W, (size_t)r * CN);
+    CHECK_OK(mg_work_wait(wk, -1));
+    mg_work_free(wk);
+    mg_device_free(d, w);
+    /* broadcast and reduce with roots; gather and scatter */
+    x = dev_fill(d, r, CN);
+    CHECK_OK(mg_broadcast(g, x, CN, MG_F32, 1 % W));
+    float *h = dev_get(d, x, CN);
+    for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval(1 % W, i));
+    free(h);
+    mg_device_free(d, x);
+    x = dev_fill(d, r, CN);
+    float *y = mg_device_alloc(d, all * sizeof(float));
+    CHECK_OK(mg_reduce(g, x, y, CN, MG_F32, MG_SUM, W - 1));
+    CHECK_OK(mg_gather(g, x, r == 0 ? y : NULL, CN, MG_F32, 0));
+    if (r == W - 1 && r != 0) check_sums(d, y, W, 0);
+    if (r == 0) check_gathered(d, y, W);
+    mg_device_free(d, x);
+    mg_device_free(d, y);
+    w = dev_fill(d, r, all);
+    x = mg_device_alloc(d, CN * sizeof(float));
+    CHECK_OK(mg_scatter(g, w, x, CN, MG_F32, 0));
+    h = dev_get(d, x, CN);
+    for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval(0, (size_t)r * CN + i));
+    free(h);
+    /* all-to-all, and a ring of sends and receives from device memory */
+    y = mg_device_alloc(d, all * sizeof(float));
+    CHECK_OK(mg_all_to_all(g, w, y, CN, MG_F32));
+    h = dev_get(d, y, all);
+    for (int q = 0; q < W; q++)
+        for (size_t i = 0; i < CN; i++)
+            CHECK(h[(size_t)q * CN + i] == cval(q, (size_t)r * CN + i));
+    free(h);
+    CHECK_OK(mg_sendrecv(g, w, CN, (r + 1) % W, 5, x, CN, (r + W - 1) % W, 5, MG_F32));
+    h = dev_get(d, x, CN);
+    for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval((r + W - 1) % W, i));
+    free(h);
+    mg_device_free(d, w);
+    mg_device_free(d, x);
+    mg_device_free(d, y);
+    if (d.kind == MG_DEVICE_EMU) CHECK(mg_device_of(x).kind == MG_DEVICE_CPU);   /* freed */
+    mg_group_destroy(g);
+    return 0;
+}
+
+/* Every collective, in place and not, blocking and async, and sends and
+ * receives, on device memory: the group stages it through host memory
+ * (comm/stage.c) and the results are exact. */
+static void collectives_on_device(mg_device d)
+{
+    for (int W = 2; W <= 3; W++) {
+        coll_case c = {.d = d, .port = mgt_free_port()};
+        int st[4];
+        CHECK_EQ(mgt_fork_ranks(W, coll_rank, &c, 60, st), 0);
+    }
+}
+
+TEST_T(device_emu_collectives_stage_through_the_host, 120)
+{
+    collectives_on_device(mgt_device(MG_DEVICE_EMU));
+}
+TEST_T(device_gpu_collectives_stage_through_the_host, 120)
+{
+    collectives_on_device(mgt_device(MG_DEVICE_CUDA));
+}

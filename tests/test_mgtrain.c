@@ -249,19 +249,48 @@ static void device_equals_cpu(const char *dev)
                d, worst);
         CHECK_MSG(d <= 1e-4, "%s, %d rank(s): parameters differ from the CPU's by %g", dev, k, d);
     }
+    /* ZeRO and pipelines (with data-parallel replicas) on the device, a
+     * checkpoint written at step 5 (the model goes through the host and
+     * back, the pipeline's tapes are made again). A pipeline's batch of
+     * 12 in its 2 micro-batches is one process's --batch 6 --accumulate 2
+     * (whose batches draw other rows than --batch 12). */
+    char acc[512];
+    snprintf(acc, sizeof acc, "%s/cpu-acc.st", t);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --batch 6 --accumulate 2 --steps 10 --eval-every 10 "
+                "--save %s", bin, acc);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    static const struct { int n; const char *args; } more[] = {
+        {3, "--parallel ddp --zero 3"}, {2, "--mesh pp=2"}, {4, "--mesh pp=2"},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
+        rc = mgt_sh(&out, "%s -n %d %s " GPT_SMALL " --steps 10 --eval-every 5 --device %s %s "
+                    "--save %s", run, more[i].n, bin, dev, more[i].args, other);
+        CHECK_MSG(rc == 0 && strstr(out, "device: "), "%s", out);
+        free(out);
+        double worst, d = ckpt_rel_diff(other, strstr(more[i].args, "pp=") ? acc : ref, &worst);
+        printf("gpt-mini on %s, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n", dev,
+               more[i].n, more[i].args, d, worst);
+        CHECK_MSG(d <= 1e-4, "%s, %d ranks, %s: parameters differ from the CPU's by %g", dev,
+                  more[i].n, more[i].args, d);
+    }
     /* The sample at temperature 0 (the most likely byte each time) from
-     * the CPU's weights, evaluated on each. */
-    char *said[2];
-    for (int k = 0; k < 2; k++) {
-        rc = mgt_sh(&said[k], "%s " GPT_SMALL " --init %s --eval-only --sample 60 --temperature "
-                    "0 --device %s", bin, ref, k ? dev : "cpu");
+     * the CPU's weights, evaluated on each: one process, and a pipeline
+     * of two stages. */
+    char *said[3];
+    for (int k = 0; k < 3; k++) {
+        rc = mgt_sh(&said[k], "%s%s%s " GPT_SMALL " --init %s --eval-only --sample 60 "
+                    "--temperature 0 --device %s%s", k == 2 ? run : "", k == 2 ? " -n 2 " : "",
+                    bin, ref, k ? dev : "cpu", k == 2 ? " --mesh pp=2" : "");
         CHECK_MSG(rc == 0, "%s", said[k]);
     }
-    const char *a0 = strstr(said[0], "sample ("), *a1 = strstr(said[1], "sample (");
-    CHECK_MSG(a0 && a1 && !strcmp(a0, a1), "the sample on %s differs from the CPU's:\n%s\n%s",
-              dev, said[1], said[0]);
-    free(said[0]);
-    free(said[1]);
+    const char *a0 = strstr(said[0], "sample (");
+    for (int k = 1; k < 3; k++) {
+        const char *a = strstr(said[k], "sample (");
+        CHECK_MSG(a0 && a && !strcmp(a0, a), "the sample on %s%s differs from the CPU's:\n%s\n%s",
+                  dev, k == 2 ? " (pipeline)" : "", said[k], said[0]);
+    }
+    for (int k = 0; k < 3; k++) free(said[k]);
     for (int there = 0; there < 2; there++) {
         const char *a = there ? "cpu" : dev, *b = there ? dev : "cpu";
         rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --save %s", bin,
@@ -292,7 +321,8 @@ TEST(mgtrain_device_refusals_one_line)
 {
     const char *bin = mgt_tool("mgtrain");
     const struct { const char *args, *says; } cases[] = {
-        {GPT_SMALL " --steps 2 --device emu --parallel dp", "strategy dp does not run on a device"},
+        {GPT_SMALL " --steps 2 --device emu --parallel dp", "strategy dp (threads sharing one "
+                                                            "model) does not run on a device"},
         {GPT_SMALL " --steps 2 --device gpu", "unknown device 'gpu'"},
         {GPT_SMALL " --steps 2 --device emu --tf32", "--tf32 is for GPUs"},
     };
@@ -302,6 +332,12 @@ TEST(mgtrain_device_refusals_one_line)
         CHECK_MSG(rc == 2 && strstr(out, cases[i].says), "%s: rc %d: %s", cases[i].args, rc, out);
         free(out);
     }
+    char *out, run[512];
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --steps 2 --device emu --parallel ddp "
+                    "--zero 2 --offload disk:%s", run, mgt_tool("mgtrain"), mgt_tmpdir());
+    CHECK_MSG(rc != 0 && strstr(out, "not built for a model on a device"), "rc %d: %s", rc, out);
+    free(out);
 }
 
 /* --recompute trains to the same parameters bit for bit; --print-plan

@@ -187,6 +187,27 @@ TEST_T(pipeline_pp2_dp2_equals_one_process, 300)
     check_vs_one_process(g, 1e-4);
 }
 
+/* On a device (emu here; a GPU's run in test_mgtrain.c) pipelines equal
+ * one process on the CPU: the stages' activations and gradients, the
+ * replicas' all-reduce and the tied head's sum go through the host.
+ * lenet5 at 2, 3 and 4 stages; gpt-6 interleaved with its head tied
+ * across ranks; gpt-mini as pp=2 x dp=2. */
+TEST_T(pipeline_on_a_device_equals_one_process_on_the_cpu, 300)
+{
+    const mg_device emu = {MG_DEVICE_EMU, 0};
+    for (int P = 2; P <= 4; P++) {
+        eq_case c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = 4, .steps = 4,
+                     .pp = P, .pp_kind = MG_PIPE_1F1B, .dev = emu};
+        check_vs_one_process(c, 1e-5);
+    }
+    eq_case c = {.model = "gpt-6", .world = 1, .batch = GB, .accumulate = 4, .steps = 3,
+                 .pp = 2, .pp_kind = MG_PIPE_INTERLEAVED, .chunks = 2, .dev = emu};
+    check_vs_one_process(c, 1e-4);
+    eq_case g = {.model = "gpt-mini", .world = 2, .batch = GB, .accumulate = 2, .steps = 3,
+                 .pp = 2, .pp_kind = MG_PIPE_GPIPE, .dev = emu};
+    check_vs_one_process(g, 1e-4);
+}
+
 /* gpt-mini's 20 reference steps (8 rows of 64 per step, in M micro-batches)
  * through every schedule at 2 and 4 stages with M = 1, 2, 4, 8 (interleaved:
  * 2 stages of 2 chunks; 4 x 2 would need 8 units, gpt-mini has 7):

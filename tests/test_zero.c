@@ -123,6 +123,24 @@ TEST_T(zero_lenet5_sgd_momentum_stages_1_2_3_k2_k3_k4_equal_one_process, 300)
         }
 }
 
+/* On a device (emu here; a GPU's run in test_mgtrain.c), every stage
+ * equals one process on the CPU: the collectives stage the device's
+ * buckets through the host. The bounds allow the device kernels' other
+ * order of sums. */
+TEST_T(zero_on_a_device_stages_1_2_3_k2_k3_k4_equal_one_process_on_the_cpu, 400)
+{
+    for (int stage = 1; stage <= 3; stage++)
+        for (int k = 2; k <= 4; k++) {
+            eq_case c = {.model = "lenet5", .stage = stage, .world = k, .batch = 48,
+                         .accumulate = 1, .steps = 5, .dev = {MG_DEVICE_EMU, 0}};
+            check_vs_one_process(c, 2e-6);
+        }
+    /* gpt-mini: the head tied to the embedding, accumulation, AdamW, clipping */
+    eq_case c = {.model = "gpt-mini", .stage = 3, .world = 2, .batch = GB, .accumulate = 2,
+                 .steps = 3, .dev = {MG_DEVICE_EMU, 0}};
+    check_vs_one_process(c, 3e-5);
+}
+
 static unsigned char *slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");

@@ -14,6 +14,11 @@
  * all_to_all sends `count` elements to each peer. Pass the same pointer
  * (or MG_IN_PLACE as sendbuf) for in-place operation.
  *
+ * Buffers may be device memory (device.h: a GPU's, or emu's): the group
+ * finds them (mg_device_of) and stages them through host memory, as gloo
+ * does with CUDA tensors: what a call reads is copied to the host when it
+ * is issued, what it writes is copied back before its work completes.
+ *
  * This layer knows nothing of tensors beyond (pointer, count, dtype).
  *
  * Environment (read at init): MG_TIMEOUT (seconds, default 300: every wait

@@ -53,6 +53,17 @@ void mg_device_free(mg_device d, void *p);
  * complete when it returns. */
 mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n);
 
+/* The device whose memory p points into: a GPU's (its index) or emu's
+ * for memory from mg_device_alloc, else the CPU. The collectives ask it
+ * of their buffers (comm.h), as a CUDA-aware MPI does. */
+mg_device mg_device_of(const void *p);
+/* Zeroes n bytes of d's memory, in order with the kernels queued on d. */
+mg_status mg_device_zero(mg_device d, void *p, size_t bytes);
+/* The contents of n bytes at p are no longer needed (they read as
+ * anything afterwards): memory of the CPU and emu gives its whole pages
+ * back (mg_mem_discard); a GPU's stays as it is. */
+void mg_device_discard(mg_device d, void *p, size_t bytes);
+
 /* The device the calling thread's kernels run on (tensor.h, and
  * mg_grad_sumsq/_scale of optim.h): the CPU unless set. Pointers given to
  * them must then be that device's memory. Tapes and optimizers on a

@@ -219,6 +219,10 @@ void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
                    size_t *out_floats);
 void mg_tape_destroy(mg_tape *t);
 size_t mg_tape_bytes(const mg_tape *t);   /* activation memory */
+/* Whether t's model has changed its layout since t was made (moved to
+ * another device, input gradients or recomputation switched): a stale
+ * tape cannot run; make a new one. True for NULL. */
+bool mg_tape_stale(const mg_tape *t);
 int mg_tape_capacity(const mg_tape *t);
 void mg_tape_set_grads(mg_tape *t, float *grads);
 /* Gradient windows: the backward writes the gradients of the arena range

@@ -537,10 +537,11 @@ mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro
  * gradient, nothing held after): GPipe's order of forwards (interleaved's
  * under interleaved), the model's training mode as it is (dropout draws
  * only in training). The last stage's logits of its last micro-batch
- * stay in mg_pipe_logits (NULL on the other ranks) until the next run. */
+ * stay in mg_pipe_logits (NULL on the other ranks) until the next run:
+ * host memory (a copy, of a model on a device). */
 mg_status mg_pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
                           mg_step_result *r);
-const float *mg_pipe_logits(const mg_pipe *p);
+const float *mg_pipe_logits(mg_pipe *p);
 /* After the step: the two ranks holding tied parameters add their
  * gradients. */
 mg_status mg_pipe_sum_ties(mg_pipe *p);

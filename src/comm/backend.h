@@ -51,7 +51,17 @@ typedef struct mg__req {
      * (e.g. a receive from itself with nothing sent): the error is the
      * caller's alone and the group stays usable. */
     bool rejected;
+    /* CALL on device memory (stage.c): the host copies the backend uses. */
+    struct mg__stage *stage;
 } mg__req;
+
+/* A CALL's buffers in device memory staged through host memory
+ * (stage.c): mg__stage_in when it is issued (copies in what it reads and
+ * points the call at host memory), mg__stage_out when it has run (copies
+ * back what it wrote when `copy`, and frees the host memory). Other
+ * requests and host buffers are left alone. */
+mg_status mg__stage_in(mg__req *r, int rank, int size);
+mg_status mg__stage_out(mg__req *r, bool copy);
 
 typedef struct mg__backend {
     const char *name;

@@ -29,13 +29,13 @@ bool mg__coll_rooted(mg_coll c)
 
 /* Which of its buffers a rank uses: broadcast and scatter read sendbuf at
  * the root only, reduce and gather write recvbuf at the root only. */
-static bool reads_sendbuf(mg_coll c, bool root)
+bool mg__reads_sendbuf(mg_coll c, bool root)
 {
     if (c == MG_COLL_BROADCAST || c == MG_COLL_SCATTER) return root;
     return c != MG_COLL_RECV;
 }
 
-static bool writes_recvbuf(mg_coll c, bool root)
+bool mg__writes_recvbuf(mg_coll c, bool root)
 {
     if (c == MG_COLL_REDUCE || c == MG_COLL_GATHER) return root;
     return c != MG_COLL_SEND;
@@ -60,8 +60,8 @@ mg_status mg__call_check(const mg_call *c, int rank, int size)
     if (!c->count) return MG_OK;
     bool root = c->root == rank;
     const char *which = NULL;
-    if (!c->sendbuf && reads_sendbuf(c->coll, root)) which = "send";
-    else if (!c->recvbuf && writes_recvbuf(c->coll, root)) which = "receive";
+    if (!c->sendbuf && mg__reads_sendbuf(c->coll, root)) which = "send";
+    else if (!c->recvbuf && mg__writes_recvbuf(c->coll, root)) which = "receive";
     if (which)
         return mg_error(MG_EINVAL, "%s: NULL %s buffer on rank %d for %zu elements", name, which,
                         rank, c->count);

@@ -16,6 +16,9 @@ mg_status mg__call_check(const mg_call *c, int rank, int size);
 
 /* Broadcast, reduce, gather and scatter: the collectives with a root. */
 bool mg__coll_rooted(mg_coll c);
+/* Which of its buffers a rank uses (root: the rank is the root). */
+bool mg__reads_sendbuf(mg_coll c, bool root);
+bool mg__writes_recvbuf(mg_coll c, bool root);
 /* Whether [a, a + an) and [b, b + bn) share a byte (NULL or empty: no). */
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn);
 /* A send or receive, the seq-th to (from) its peer, for messages:

@@ -125,12 +125,30 @@ static mg_status run_batch(mg_group *g, mg__req *r)
     return st;
 }
 
+/* The staged buffers of a request (a batch's operations) back to their
+ * device when `copy`, and the host copies freed. */
+static mg_status unstage(mg__req *r, bool copy)
+{
+    mg_status st = mg__stage_out(r, copy);
+    for (int i = 0; i < r->nsub && r->kind == MG__REQ_BATCH; i++) {
+        mg_status e = mg__stage_out(&r->sub[i], copy && !st);
+        if (!st) st = e;
+    }
+    return st;
+}
+
 static mg_status exec(mg_group *g, mg__req *r)
 {
     /* Freeing is local and must work even on a failed group. */
     bool dead = atomic_load(&g->failed) && r->kind != MG__REQ_FREE;
     mg_status st = dead ? failed_error(g)
                    : r->kind == MG__REQ_BATCH ? run_batch(g, r) : g->be->run(g, r);
+    /* A copy to a device that fails is this rank's error alone. */
+    mg_status out = unstage(r, !st);
+    if (!st && out) {
+        st = out;
+        r->rejected = true;
+    }
     if (r->kind == MG__REQ_BATCH) {
         free(r->sub);
         r->sub = NULL;
@@ -242,7 +260,10 @@ static mg_status wait_done(struct mg_work *w, double timeout);
 /* Run a request to completion, inline when the group is idle. */
 static mg_status run_req(mg_group *g, mg__req *r)
 {
-    if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) return failed_error(g);
+    if (atomic_load(&g->failed) && r->kind != MG__REQ_FREE) {
+        unstage(r, false);
+        return failed_error(g);
+    }
     pthread_mutex_lock(&g->mu);
     if (!g->head && !g->executing) {
         g->executing = true;
@@ -269,6 +290,7 @@ mg_status mg_run(mg_group *g, const mg_call *c)
     MG_TRY(mg__call_check(c, g->rank, g->size));
     mg__req r;
     make_req(g, c, &r);
+    MG_TRY(mg__stage_in(&r, g->rank, g->size));
     return run_req(g, &r);
 }
 
@@ -317,6 +339,11 @@ mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
     w->g = g;
     w->heap = true;
     make_req(g, c, &w->r);
+    mg_status st = mg__stage_in(&w->r, g->rank, g->size);
+    if (st) {
+        work_release(w);
+        return st;
+    }
     atomic_init(&w->state, W_QUEUED);
     pthread_mutex_lock(&g->mu);
     enqueue(g, w);
@@ -342,18 +369,26 @@ mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, 
                            ? mg__call_check(&c, g->rank, g->size)
                            : mg_error(MG_EINVAL, "batch_isend_irecv: operation %d is %s, not a "
                                       "send or a receive", i, mg_coll_name(c.coll));
+        if (!st) {
+            make_req(g, &c, &sub[i]);
+            st = mg__stage_in(&sub[i], g->rank, g->size);
+        }
         if (st) {
+            mg__req batch = {.kind = MG__REQ_BATCH, .sub = sub, .nsub = i};
+            unstage(&batch, false);
             free(sub);
             return st;
         }
-        make_req(g, &c, &sub[i]);
     }
+    mg__req batch = {.kind = MG__REQ_BATCH, .sub = sub, .nsub = n};
     if (atomic_load(&g->failed)) {
+        unstage(&batch, false);
         free(sub);
         return failed_error(g);
     }
     struct mg_work *w = work_new();
     if (!w) {
+        unstage(&batch, false);
         free(sub);
         return mg_error(MG_ENOMEM, "batch_isend_irecv: out of memory");
     }

@@ -2,6 +2,9 @@
  * when the library is built with the toolkit (MG_HAVE_CUDA). Without a
  * driver or a GPU the runtime's error is kept in words, so that asking
  * for cuda says why it cannot be had instead of failing later. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,57 @@
 
 /* The CPU's memory serves the CPU and the device kind emu. */
 static bool host_mem(mg_device d) { return d.kind != MG_DEVICE_CUDA; }
+
+/* What mg_device_of needs: emu's allocations (host memory, known only by
+ * their addresses), and whether a GPU's memory was ever had (until then
+ * no pointer is asked about, so a CPU run never starts the CUDA runtime). */
+typedef struct { uintptr_t lo, hi; } emu_block;
+static pthread_mutex_t emu_mu = PTHREAD_MUTEX_INITIALIZER;
+static emu_block *emu_blocks;
+static size_t emu_n, emu_cap;
+static atomic_int emu_live, cuda_used;
+
+static bool emu_add(void *p, size_t bytes)
+{
+    pthread_mutex_lock(&emu_mu);
+    bool ok = emu_n < emu_cap;
+    if (!ok) {
+        size_t cap = emu_cap ? 2 * emu_cap : 64;
+        emu_block *b = realloc(emu_blocks, cap * sizeof *b);
+        if (b) {
+            emu_blocks = b;
+            emu_cap = cap;
+            ok = true;
+        }
+    }
+    if (ok) emu_blocks[emu_n++] = (emu_block){(uintptr_t)p, (uintptr_t)p + bytes};
+    pthread_mutex_unlock(&emu_mu);
+    if (ok) atomic_fetch_add(&emu_live, 1);
+    return ok;
+}
+
+static void emu_remove(void *p)
+{
+    pthread_mutex_lock(&emu_mu);
+    for (size_t i = 0; i < emu_n; i++)
+        if (emu_blocks[i].lo == (uintptr_t)p) {
+            emu_blocks[i] = emu_blocks[--emu_n];
+            atomic_fetch_sub(&emu_live, 1);
+            break;
+        }
+    pthread_mutex_unlock(&emu_mu);
+}
+
+static bool emu_has(const void *p)
+{
+    if (!atomic_load(&emu_live)) return false;
+    bool in = false;
+    pthread_mutex_lock(&emu_mu);
+    for (size_t i = 0; i < emu_n && !in; i++)
+        in = emu_blocks[i].lo <= (uintptr_t)p && (uintptr_t)p < emu_blocks[i].hi;
+    pthread_mutex_unlock(&emu_mu);
+    return in;
+}
 
 mg_status mg_device_parse(const char *s, mg_device *out)
 {
@@ -134,6 +188,11 @@ void *mg_device_alloc(mg_device d, size_t bytes)
     if (host_mem(d)) {
         void *p = mg_alloc_zero(bytes ? bytes : 1);
         if (!p) mg_error(MG_ENOMEM, "cannot allocate %zu bytes", bytes);
+        if (p && d.kind == MG_DEVICE_EMU && !emu_add(p, bytes ? bytes : 1)) {
+            mg_free(p);
+            mg_error(MG_ENOMEM, "emu: out of memory for the list of its allocations");
+            return NULL;
+        }
         return p;
     }
     if (mg_device_check(d)) return NULL;
@@ -142,6 +201,7 @@ void *mg_device_alloc(mg_device d, size_t bytes)
     if (use(d)) return NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e == cudaSuccess) e = cudaMemset(p, 0, bytes);
+    if (e == cudaSuccess) atomic_store(&cuda_used, 1);
     if (e != cudaSuccess) {
         if (p) cudaFree(p);
         mg_error(MG_ENOMEM, "cuda:%d: cannot allocate %zu bytes: %s", d.index, bytes,
@@ -158,6 +218,7 @@ void mg_device_free(mg_device d, void *p)
 {
     if (!p) return;
     if (host_mem(d)) {
+        if (d.kind == MG_DEVICE_EMU) emu_remove(p);
         mg_free(p);
         return;
     }
@@ -195,6 +256,40 @@ mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *sr
                         cudaGetErrorString(e));
 #endif
     return MG_OK;
+}
+
+mg_device mg_device_of(const void *p)
+{
+    if (emu_has(p)) return (mg_device){MG_DEVICE_EMU, 0};
+#ifdef MG_HAVE_CUDA
+    struct cudaPointerAttributes a;
+    if (atomic_load(&cuda_used) && p) {
+        if (cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice)
+            return (mg_device){MG_DEVICE_CUDA, a.device};
+        cudaGetLastError();   /* a host pointer may leave an error behind */
+    }
+#endif
+    return (mg_device){MG_DEVICE_CPU, 0};
+}
+
+mg_status mg_device_zero(mg_device d, void *p, size_t bytes)
+{
+    if (!bytes) return MG_OK;
+    if (host_mem(d)) {
+        memset(p, 0, bytes);
+        return MG_OK;
+    }
+    mg_dk *k;
+    MG_TRY(mg__dk_get(d, &k));
+    mg_dk *prev = mg__dk_enter(k);
+    mg_dk_zero(p, bytes);
+    mg__dk_leave(prev);
+    return MG_OK;
+}
+
+void mg_device_discard(mg_device d, void *p, size_t bytes)
+{
+    if (host_mem(d)) mg_mem_discard(p, bytes);
 }
 
 mg_status mg_device_set_current(mg_device d)

@@ -820,9 +820,6 @@ mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, 
     if (first < 0 || first >= last || last > m->n_units)
         return mg_error(MG_EINVAL, "model '%s': units [%d, %d) are not a range of its %d units",
                         m->name, first, last, m->n_units);
-    if (m->dk && (first != 0 || last != m->n_units))
-        return mg_error(MG_EUNSUPPORTED, "model '%s': tapes of a unit range (pipeline stages) "
-                        "do not run on a device yet; use --device cpu", m->name);
     mg_tape *t = calloc(1, sizeof *t);
     if (!t) return mg_error(MG_ENOMEM, "model '%s': out of memory for a tape", m->name);
     t->m = m;
@@ -874,6 +871,7 @@ void mg_tape_destroy(mg_tape *t)
 }
 
 size_t mg_tape_bytes(const mg_tape *t) { return t->bytes; }
+bool mg_tape_stale(const mg_tape *t) { return !t || t->layout != t->m->layout; }
 int mg_tape_capacity(const mg_tape *t) { return t->cap; }
 void mg_tape_set_grads(mg_tape *t, float *grads) { t->grads = grads; }
 

@@ -114,20 +114,6 @@ static mg_status stage(mg_ddp *d, size_t lo, size_t hi, bool to_host)
     return to_host ? mg_device_copy(cpu, hg, dev, dg, bytes) : mg_device_copy(dev, dg, cpu, hg, bytes);
 }
 
-/* Rank 0's n floats at p (model memory, on its device) on every rank. */
-static mg_status broadcast_model(mg_ddp *d, float *p, size_t n)
-{
-    mg_device cpu = {MG_DEVICE_CPU, 0}, dev = mg_model_device(d->m);
-    if (!d->staged) return mg_broadcast(d->g, p, n, MG_F32, 0);
-    float *h = malloc(n * sizeof(float));
-    if (!h) return mg_error(MG_ENOMEM, "ddp: out of memory staging %zu floats", n);
-    mg_status st = mg_device_copy(cpu, h, dev, p, n * sizeof(float));
-    if (!st) st = mg_broadcast(d->g, h, n, MG_F32, 0);
-    if (!st) st = mg_device_copy(dev, p, cpu, h, n * sizeof(float));
-    free(h);
-    return st;
-}
-
 static void launch(mg_ddp *d, bucket *b)
 {
     b->t_launch = mg_trace_now();
@@ -197,10 +183,11 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
         if (!d->staged) mg_model_set_grad_storage(m, d->grads);
         st = mg_model_add_hooks(m, &ddp_hooks, d);
         d->hooked = !st;
-        /* Every replica starts from rank 0's parameters and buffers. */
-        if (!st) st = broadcast_model(d, mg_model_params(m), d->n);
+        /* Every replica starts from rank 0's parameters and buffers
+         * (device memory is staged by the group). */
+        if (!st) st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
         if (!st && mg_model_buffer_size(m))
-            st = broadcast_model(d, mg_model_buffers(m), mg_model_buffer_size(m));
+            st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
     }
     if (st) {
         mg_ddp_destroy(d);

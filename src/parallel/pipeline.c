@@ -74,7 +74,8 @@ struct mg_pipe {
      * (0: none yet). */
     mg_pipe_action *acts;
     int n_acts, acts_for;
-    const float *logits;      /* the last stage's last forward's */
+    const mg_tape *logits;    /* the last stage's last forward's tape */
+    float *host_logits;       /* on a device: their copy for mg_pipe_logits */
     /* Posted batches of sends only, not waited for yet. */
     mg_work **pend;
     int n_pend, cap_pend;
@@ -258,6 +259,7 @@ void mg_pipe_destroy(mg_pipe *p)
     free(p->ch);
     free(p->first);
     free(p->acts);
+    mg_free(p->host_logits);
     free(p->x);
     free(p->y);
     free(p->n);
@@ -298,7 +300,7 @@ void mg_pipe_release(mg_pipe *p)
     float *w = mg_model_params(p->m);
     size_t n = mg_model_arena_size(p->m), end;
     for (size_t at = 0; at < n; at = end)
-        if (!kept(p, at, &end)) mg_mem_discard(w + at, fl(end - at));
+        if (!kept(p, at, &end)) mg_device_discard(mg_model_device(p->m), w + at, fl(end - at));
 }
 
 static mg_status gather(mg_pipe *p, bool params)
@@ -330,22 +332,26 @@ mg_status mg_pipe_gather_buffers(mg_pipe *p) { return gather(p, false); }
 mg_status mg_pipe_sum_ties(mg_pipe *p)
 {
     float *g = mg_model_grads(p->m);
+    mg_device dev = mg_model_device(p->m), was = mg_device_current();
     for (int i = 0; i < p->n_ties; i++) {
         tie *t = &p->ties[i];
         size_t n = t->hi - t->lo;
-        float *other = mg_alloc(fl(n));
+        float *other = mg_device_alloc(dev, fl(n));
         if (!other) return mg_error(MG_ENOMEM, "pipeline: out of memory");
         mg_status st = mg_sendrecv(p->g, g + t->lo, n, t->peer, 0x7fff0000 + i, other, n,
                                    t->peer, 0x7fff0000 + i, MG_F32);
         if (st) {
-            mg_free(other);
+            mg_device_free(dev, other);
             char why[1024];
             snprintf(why, sizeof why, "%s", mg_last_error());
             return mg_error(st, "pipeline: summing the gradients of the parameters tied "
                             "across ranks %d and %d: %s", p->rank, t->peer, why);
         }
-        for (size_t k = 0; k < n; k++) g[t->lo + k] += other[k];
-        mg_free(other);
+        st = mg_device_set_current(dev);
+        if (!st) mg_add_into(g + t->lo, other, n);
+        mg_device_set_current(was);
+        mg_device_free(dev, other);
+        MG_TRY(st);
     }
     return MG_OK;
 }
@@ -398,6 +404,18 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
     flight *f = NULL;
     if (ck->n_free) {
         f = ck->pool[--ck->n_free];
+        /* The model moved (a checkpoint goes through the host): a new tape. */
+        if (mg_tape_stale(f->t)) {
+            size_t was = mg_tape_bytes(f->t);
+            mg_tape_destroy(f->t);
+            f->t = NULL;
+            mg_status st = mg_tape_create_range(p->m, p->max_batch, ck->u0, ck->u1, &f->t);
+            if (st) {
+                ck->pool[ck->n_free++] = f;   /* destroy finds it there */
+                return st;
+            }
+            p->stats.activation_bytes += mg_tape_bytes(f->t) - was;
+        }
     } else {
         if (ck->n_all == p->M) return mg_error(MG_EINVAL, "pipeline: stage %d has more than "
                                                "%d micro-batches in flight", ck->stage, p->M);
@@ -526,7 +544,20 @@ mg_status mg_pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_mi
     return run(p, next, ud, max_micro, true, r);
 }
 
-const float *mg_pipe_logits(const mg_pipe *p) { return p->logits; }
+const float *mg_pipe_logits(mg_pipe *p)
+{
+    if (!p->logits || mg_model_device(p->m).kind == MG_DEVICE_CPU)
+        return p->logits ? mg_tape_logits(p->logits) : NULL;
+    if (!p->host_logits) {
+        chunk *ck = &p->ch[(p->S - 1) / p->P];
+        if (!(p->host_logits = mg_alloc(fl((size_t)p->max_batch * ck->out_per)))) {
+            mg_error(MG_ENOMEM, "pipeline: out of memory for the logits");
+            return NULL;
+        }
+    }
+    mg_tape_logits_to_host(p->logits, p->host_logits);
+    return p->host_logits;
+}
 
 /* A step's forwards and backwards, or (fwd_only) its forwards alone:
  * each tape goes back once its output is sent, and the last stage's
@@ -632,7 +663,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 loss += (double)l * n;
                 correct += c;
                 samples += n;
-                p->logits = mg_tape_logits(f->t);
+                p->logits = f->t;
                 if (fwd_only) give_back(p, ck, mb, false);
             }
         } else {

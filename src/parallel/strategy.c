@@ -156,13 +156,9 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
                         "strategy; use it with --zero");
     if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
-    if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind != MG_STRATEGY_SINGLE &&
-        o->kind != MG_STRATEGY_DDP)
-        return mg_error(MG_EUNSUPPORTED, "strategy %s does not run on a device yet (one process "
-                        "and ddp do); use --device cpu",
-                        o->kind == MG_STRATEGY_DP     ? "dp"
-                        : o->kind == MG_STRATEGY_ZERO ? "zero"
-                                                      : "pipeline");
+    if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind == MG_STRATEGY_DP)
+        return mg_error(MG_EUNSUPPORTED, "strategy dp (threads sharing one model) does not run "
+                        "on a device; use ddp, which runs one process per GPU, or --device cpu");
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
     s->m = m;

@@ -73,6 +73,7 @@ _Static_assert(POOL <= MG_GRAD_WINDOWS, "a tape window per pool buffer");
 struct mg_zero {
     mg_group *g;
     mg_model *m;
+    mg_device dev;          /* the model's: of the arenas and the pool */
     int stage, rank, world;
     size_t n;               /* arena floats */
     zbucket *b;
@@ -219,8 +220,8 @@ static void shard(mg_zero *z, int i, bool save)
         mg_mem_discard(p + b->lo, (b->hi - b->lo) * sizeof(float));
         z->param_bytes -= piece;
     } else {
-        mg_mem_discard(p + b->lo, (b->plo - b->lo) * sizeof(float));
-        mg_mem_discard(p + b->phi, (b->hi - b->phi) * sizeof(float));
+        mg_device_discard(z->dev, p + b->lo, (b->plo - b->lo) * sizeof(float));
+        mg_device_discard(z->dev, p + b->phi, (b->hi - b->phi) * sizeof(float));
     }
     b->state = SHARDED;
 }
@@ -295,6 +296,16 @@ static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
     if (st && !z->err) z->err = st;
 }
 
+/* g += r, n floats of the model's device. */
+static void add_into(mg_zero *z, float *g, const float *r, size_t n)
+{
+    mg_device was = mg_device_current();
+    mg_status st = mg_device_set_current(z->dev);
+    if (!st) mg_add_into(g, r, n);
+    else if (!z->err) z->err = st;
+    mg_device_set_current(was);
+}
+
 /* Wait for bucket b's reduce-scatter; with a pool buffer, add its piece
  * into the arena's and give the buffer back. */
 static void reduce_end(mg_zero *z, zbucket *b)
@@ -310,8 +321,7 @@ static void reduce_end(mg_zero *z, zbucket *b)
     if (z->gs) {
         grads_to_file(z, b, r);
     } else {
-        float *g = mg_model_grads(z->m) + b->plo;
-        for (size_t k = 0; k < piece_len(b); k++) g[k] += r[k];
+        add_into(z, mg_model_grads(z->m) + b->plo, r, piece_len(b));
     }
     z->pool_owner[b->buf] = -1;
     b->buf = -1;
@@ -330,7 +340,8 @@ static void acquire(mg_zero *z, mg_tape *t, int i)
             if (z->pool_owner[k] == -1) {
                 z->pool_owner[k] = i;
                 b->buf = k;
-                memset(z->pool[k], 0, (b->hi - b->lo) * sizeof(float));
+                mg_status st = mg_device_zero(z->dev, z->pool[k], (b->hi - b->lo) * sizeof(float));
+                if (st && !z->err) z->err = st;
                 if (t) mg_tape_set_grad_window(t, k, b->lo, b->hi, z->pool[k]);
                 z->grad_bytes += (b->hi - b->lo) * sizeof(float);
                 note_peak(z);
@@ -393,6 +404,7 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
     if (!z) return mg_error(MG_ENOMEM, "zero: out of memory");
     z->g = g;
     z->m = m;
+    z->dev = mg_model_device(m);
     z->stage = stage;
     z->rank = mg_group_rank(g);
     z->world = mg_group_size(g);
@@ -418,13 +430,13 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
             z->pool_owner[k] = -2;   /* not there */
             continue;
         }
-        if (len && !(z->pool[k] = mg_alloc(len * sizeof(float))))
+        if (len && !(z->pool[k] = mg_device_alloc(z->dev, len * sizeof(float))))
             st = mg_error(MG_ENOMEM, "zero: cannot allocate %zu bytes for a gradient bucket",
                           len * sizeof(float));
     }
     /* Stages 2-3 write only the pieces of the gradient arena: no huge
      * page may spill a piece's writes into the rest. */
-    for (int i = 0; !st && stage >= 2 && i < z->nb; i++) {
+    for (int i = 0; !st && stage >= 2 && z->dev.kind == MG_DEVICE_CPU && i < z->nb; i++) {
         float *g = mg_model_grads(m);
         mg_mem_no_huge(g + z->b[i].lo, (z->b[i].plo - z->b[i].lo) * sizeof(float));
         mg_mem_no_huge(g + z->b[i].phi, (z->b[i].hi - z->b[i].phi) * sizeof(float));
@@ -456,7 +468,7 @@ void mg_zero_destroy(mg_zero *z)
     if (z->hooked) mg_model_remove_hooks(z->m, &zero_hooks, z);
     mg_scratch_destroy(z->ps);
     mg_scratch_destroy(z->gs);
-    for (int k = 0; k < z->npool; k++) mg_free(z->pool[k]);
+    for (int k = 0; k < z->npool; k++) mg_device_free(z->dev, z->pool[k]);
     free(z->b);
     free(z->ub);
     free(z->borrow);
@@ -480,12 +492,15 @@ void mg_zero_zero_grad(mg_zero *z)
     z->micro = 0;
     if (z->gs) return;   /* the first micro-batch writes the file */
     if (z->stage == 1) {
-        memset(gr, 0, z->n * sizeof(float));
+        mg_model_zero_grad(z->m);
         return;
     }
     /* Outside the pieces the arena is never written. */
-    for (int i = 0; i < z->nb; i++)
-        memset(gr + z->b[i].plo, 0, (z->b[i].phi - z->b[i].plo) * sizeof(float));
+    for (int i = 0; i < z->nb; i++) {
+        mg_status st = mg_device_zero(z->dev, gr + z->b[i].plo,
+                                      (z->b[i].phi - z->b[i].plo) * sizeof(float));
+        if (st && !z->err) z->err = st;
+    }
 }
 
 void mg_zero_begin(mg_zero *z, bool last)
@@ -569,6 +584,10 @@ mg_status mg_zero_pieces_in(mg_zero *z)
 
 mg_status mg_zero_offload(mg_zero *z, const char *dir)
 {
+    if (z->dev.kind != MG_DEVICE_CPU)
+        return mg_error(MG_EUNSUPPORTED, "ZeRO offload (--offload) moves host memory to files; "
+                        "it is not built for a model on a device: leave out --offload or use "
+                        "--device cpu");
     if (z->stage < 2 || z->gs) return MG_OK;
     uint64_t at = 0;
     for (int i = 0; i < z->nb; i++) {

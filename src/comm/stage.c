@@ -1,0 +1,121 @@
+/* Operations on device memory (device.h), staged through host memory as
+ * gloo does with CUDA tensors and a CUDA-aware MPI does with GPU buffers
+ * it cannot reach directly.
+ *
+ * When a call is issued, the buffers it uses that lie in a device's
+ * memory are found (mg_device_of), those it reads are copied to one host
+ * allocation, and the call is pointed there. A send buffer that overlaps
+ * the receive buffer (in place, or ZeRO's piece inside its bucket) is
+ * staged as one span, so the overlap survives. After the call has run, on
+ * whichever thread ran it, what it wrote goes back to the device, and only
+ * then is its work complete (mg_work_test and mg_work_wait mean the
+ * result is in device memory). Backends and algorithms never see device
+ * memory. */
+#include <stdint.h>
+#include <stdlib.h>
+#include "comm/backend.h"
+#include "comm/call.h"
+#include "multigrad/device.h"
+
+struct mg__stage {
+    mg_device dev;
+    char *host;
+    void *out;              /* the device memory the call writes; NULL: none */
+    size_t out_at, out_bytes;   /* where its bytes are in host */
+};
+
+static const mg_device cpu = {MG_DEVICE_CPU, 0};
+
+static bool on_device(mg_device d) { return d.kind != MG_DEVICE_CPU; }
+static bool same(mg_device a, mg_device b) { return a.kind == b.kind && a.index == b.index; }
+
+/* The bytes of c's send and receive buffers that this rank uses (0 for
+ * one it does not use). Counts follow comm.h's NCCL conventions. */
+static void extents(const mg_call *c, int rank, int size, size_t *sn, size_t *rn)
+{
+    size_t n = c->count * mg_dtype_size(c->dtype), all = n * (size_t)size;
+    bool root = c->root == rank;
+    *sn = *rn = 0;
+    if (c->coll == MG_COLL_BARRIER) return;
+    if (mg__reads_sendbuf(c->coll, root))
+        *sn = c->coll == MG_COLL_SCATTER || c->coll == MG_COLL_REDUCE_SCATTER ||
+                      c->coll == MG_COLL_ALL_TO_ALL ? all : n;
+    if (mg__writes_recvbuf(c->coll, root))
+        *rn = c->coll == MG_COLL_ALL_GATHER || c->coll == MG_COLL_GATHER ||
+                      c->coll == MG_COLL_ALL_TO_ALL ? all : n;
+}
+
+mg_status mg__stage_in(mg__req *r, int rank, int size)
+{
+    r->stage = NULL;
+    if (r->kind != MG__REQ_CALL) return MG_OK;
+    mg_call *c = &r->c;
+    size_t sn, rn;
+    extents(c, rank, size, &sn, &rn);
+    const char *s = sn ? c->sendbuf : NULL;
+    char *d = rn ? c->recvbuf : NULL;
+    mg_device sd = s ? mg_device_of(s) : cpu, rd = d ? mg_device_of(d) : cpu;
+    if (!on_device(sd) && !on_device(rd)) return MG_OK;
+    const char *name = mg_coll_name(c->coll);
+    if (on_device(sd) && on_device(rd) && !same(sd, rd))
+        return mg_error(MG_EINVAL, "%s: the send and receive buffers are on different devices; "
+                        "give both on one device, or one in host memory", name);
+    struct mg__stage *g = calloc(1, sizeof *g);
+    if (!g) return mg_error(MG_ENOMEM, "%s: out of memory", name);
+    g->dev = on_device(sd) ? sd : rd;
+    /* The host layout: one span for overlapping buffers, else the send
+     * buffer's bytes, then the receive buffer's (each where on device). */
+    const char *lo = NULL;
+    size_t bytes, s_at = 0, r_at = 0;
+    bool span = on_device(sd) && on_device(rd) && mg__overlaps(s, sn, d, rn);
+    if (span) {
+        lo = s < d ? s : d;
+        const char *hi = s + sn > d + rn ? s + sn : d + rn;
+        bytes = (size_t)(hi - lo);
+        s_at = (size_t)(s - lo);
+        r_at = (size_t)(d - lo);
+    } else {
+        size_t sb = on_device(sd) ? (sn + MG_ALIGN - 1) / MG_ALIGN * MG_ALIGN : 0;
+        r_at = sb;
+        bytes = sb + (on_device(rd) ? rn : 0);
+    }
+    mg_status st = MG_OK;
+    if (!(g->host = mg_alloc(bytes)))
+        st = mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes of host memory to stage its "
+                      "device buffers", name, bytes);
+    if (!st && span) st = mg_device_copy(cpu, g->host, g->dev, lo, bytes);
+    else if (!st && on_device(sd)) st = mg_device_copy(cpu, g->host, g->dev, s, sn);
+    if (st) {
+        mg_free(g->host);
+        free(g);
+        return st;
+    }
+    if (on_device(rd)) {
+        g->out = d;
+        g->out_at = r_at;
+        g->out_bytes = rn;
+        /* A send buffer it does not read but names (broadcast's) follows. */
+        if (c->sendbuf == d) c->sendbuf = g->host + r_at;
+        c->recvbuf = g->host + r_at;
+    }
+    if (on_device(sd)) {
+        /* A receive buffer it does not write but names (reduce's) follows. */
+        if (c->recvbuf == s) c->recvbuf = g->host + s_at;
+        c->sendbuf = g->host + s_at;
+    }
+    r->stage = g;
+    return MG_OK;
+}
+
+mg_status mg__stage_out(mg__req *r, bool copy)
+{
+    struct mg__stage *g = r->stage;
+    if (!g) return MG_OK;
+    mg_status st = copy && g->out ? mg_device_copy(g->dev, g->out, cpu, g->host + g->out_at,
+                                                   g->out_bytes)
+                                  : MG_OK;
+    mg_free(g->host);
+    free(g);
+    r->stage = NULL;
+    return st;
+}
