@@ -5,7 +5,7 @@
  * bench/gpt.sh runs it beside PyTorch's bench/gpt_torch.py.
  *
  *   gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] [--heads H] [--data PATH]
- *       [--no-eval] [--device cpu|cuda[:N]|emu]
+ *       [--no-eval] [--device cpu|cuda[:N]|emu] [--bf16]
  *
  * Prints the SGEMM peak, then "eval step S val_loss X" at step 0 and at
  * the end (not with --no-eval: for big shapes, where validation would
@@ -16,7 +16,8 @@
  * products, the head). With --device on a GPU the peak is the GPU's: its
  * float32 SGEMM through cuBLAS measured here (4096^3) and its nominal
  * float32 peak, and GFLOP/s is against the measured one; the bench/gpu.sh
- * peer is bench/gpu_gpt_torch.py. */
+ * peer is bench/gpu_gpt_torch.py. --bf16 (a device) makes the GEMMs take
+ * bfloat16 operands (mg_device_set_bf16), the peak then measured so too. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -35,13 +36,13 @@ static double val_loss(mg_model *m, const mg_text *t, int B)
 int main(int argc, char **argv)
 {
     mg_gpt_config g = mg_gpt_defaults();
-    int steps = 50, B = 32, eval = 1;
+    int steps = 50, B = 32, eval = 1, bf16 = 0;
     const char *data = NULL;
     mg_device dev = {MG_DEVICE_CPU, 0};
     static const struct option opts[] = {
         {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
         {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"data", 1, 0, 'D'},
-        {"no-eval", 0, 0, 'n'}, {"device", 1, 0, 'v'}, {0, 0, 0, 0}};
+        {"no-eval", 0, 0, 'n'}, {"device", 1, 0, 'v'}, {"bf16", 0, 0, 'f'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 's': steps = atoi(optarg); break;
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
         case 'h': g.heads = atoi(optarg); break;
         case 'D': data = optarg; break;
         case 'n': eval = 0; break;
+        case 'f': bf16 = 1; break;
         case 'v':
             if (mg_device_parse(optarg, &dev)) {
                 fprintf(stderr, "gpt: %s\n", mg_last_error());
@@ -60,12 +62,18 @@ int main(int argc, char **argv)
             break;
         default:
             fprintf(stderr, "usage: gpt [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D] "
-                            "[--heads H] [--data PATH] [--no-eval] [--device cpu|cuda[:N]|emu]\n");
+                            "[--heads H] [--data PATH] [--no-eval] [--device cpu|cuda[:N]|emu] "
+                            "[--bf16]\n");
             return 2;
         }
     }
     if (steps < 2 || B < 1) {
         fprintf(stderr, "gpt: --steps must be at least 2 and --batch positive\n");
+        return 2;
+    }
+    if (bf16 && (dev.kind == MG_DEVICE_CPU || mg_device_set_bf16(dev, true))) {
+        fprintf(stderr, "gpt: --bf16: %s\n", dev.kind == MG_DEVICE_CPU ? "give --device"
+                                                                        : mg_last_error());
         return 2;
     }
     mg_set_threads((int)mg_env_long("MG_THREADS", 1));

@@ -10,13 +10,18 @@
 #    peak and the model's achieved TFLOP/s against it) and by
 #    bench/gpu_gpt_torch.py (eager; attention written out, and through
 #    F.scaled_dot_product_attention). Tokens/s of the steps after the
-#    first; --repeat runs of each, alternating.
+#    first; --repeat runs of each, alternating. Then both shapes with
+#    bfloat16 GEMMs (`bench/gpt --bf16`) against PyTorch's bfloat16
+#    autocast (`gpu_gpt_torch.py --bf16`, both attentions).
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
 #    each with models.md's defaults: `bench/train --device cuda` against
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
 #    copied in on both sides).
-# 3. mgtrain gpt-mini on the GPU: one process, and DDP on 2 ranks sharing
-#    the GPU (their buckets reduced through the host).
+# 3. mgtrain gpt-mini on the GPU: one process, DDP on 2 ranks sharing the
+#    GPU (their buckets reduced through the host), ZeRO-3 and a 2-stage
+#    pipeline on the same 2 ranks, and --bf16.
+# 4. mgbench all_reduce and all_gather on 2 ranks with the buffers on the
+#    GPU (staged through the host) beside the same in host memory.
 #
 #   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]
 #     --bin DIR holds gpt, train, mgtrain and mgrun (default build/bench and
@@ -51,6 +56,16 @@ for r in $(seq "$repeat"); do
     done
 done
 for r in $(seq "$repeat"); do
+    for shape in "--steps 50" "$big"; do
+        echo "== run $r: bf16 $shape, multigrad"
+        "$bench/gpt" --device cuda --bf16 $shape --no-eval | grep -E "^# device|^gpt-mini"
+        for a in manual sdpa; do
+            echo "== run $r: bf16 $shape, torch autocast ($a)"
+            python3 bench/gpu_gpt_torch.py $shape --attn $a --bf16 | tail -1
+        done
+    done
+done
+for r in $(seq "$repeat"); do
     echo "== run $r: image models, multigrad"
     "$bench/train" --device cuda --data "$data" | grep -v -E "^# (cpu|gemm|conv|threads):"
     echo "== run $r: image models, torch"; python3 bench/train_torch.py --device cuda --data "$data"
@@ -59,3 +74,12 @@ g="--model gpt-mini --steps 200 --eval-every 200"
 echo "== mgtrain gpt-mini, one process"; "$tools/mgtrain" $g --device cuda | tail -1
 echo "== mgtrain gpt-mini, DDP on 2 ranks sharing the GPU"
 "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp | tail -1
+echo "== mgtrain gpt-mini, ZeRO-3 on 2 ranks sharing the GPU"
+"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 3 | tail -1
+echo "== mgtrain gpt-mini, a pipeline of 2 stages sharing the GPU"
+"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --mesh pp=2 | tail -1
+echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cuda --bf16 | tail -1
+for where in "--device cuda" ""; do
+    echo "== mgbench, buffers ${where:-in host memory}"
+    "$tools/mgbench" -n 2 all_reduce all_gather -b 1M -e 256M -f 4 -i 10 $where | grep -v "^#  "
+done

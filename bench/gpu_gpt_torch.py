@@ -5,12 +5,15 @@ eager mode and float32 with TF32 off (the precision multigrad's GPU kernels
 keep), on the fortunes text.
 
     gpu_gpt_torch.py [--steps N] [--batch B] [--ctx T] [--layers L] [--dim D]
-                     [--heads H] [--data DIR] [--attn manual|sdpa]
+                     [--heads H] [--data DIR] [--attn manual|sdpa] [--bf16]
 
 --attn manual (default) is gpt_torch.py's explicit causal attention (the two
 products and a masked softmax, as multigrad's kernels do); sdpa replaces it
 with F.scaled_dot_product_attention(is_causal=True), PyTorch's fused kernel.
 The optimizer is torch.optim.AdamW's default (foreach) implementation.
+--bf16 runs forward and loss under torch.autocast(dtype=torch.bfloat16), the
+peer of multigrad's --bf16 (whose GEMMs alone take bfloat16 operands; autocast
+also keeps the products' outputs in bfloat16).
 
 Output: a header comment line, then the summary line
 
@@ -53,6 +56,7 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--data", default="/usr/share/games/fortunes")
     ap.add_argument("--attn", choices=["manual", "sdpa"], default="manual")
+    ap.add_argument("--bf16", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_gpt_torch.py: PyTorch sees no GPU")
@@ -69,7 +73,8 @@ def main():
     for blk in model.h:
         blk.attn.mask = blk.attn.mask.to(dev)
     opt = G.optimizer(model)
-    print(f"# torch {torch.__version__} on {torch.cuda.get_device_name(0)}: float32, TF32 off, "
+    prec = "bfloat16 autocast" if a.bf16 else "float32, TF32 off"
+    print(f"# torch {torch.__version__} on {torch.cuda.get_device_name(0)}: {prec}, "
           f"eager, attention {a.attn}; gpt L={a.layers} d={a.dim} h={a.heads} T={T} B={B}: "
           f"{sum(p.numel() for p in model.parameters())} parameters", flush=True)
     loss = float("nan")
@@ -79,7 +84,9 @@ def main():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         x, y = G.batch(train, G.offsets(n_train, B, T, 0, s), T)
-        loss = G.train_step(model, opt, x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = G.train_step(model, opt, x.to(dev, non_blocking=True),
+                                y.to(dev, non_blocking=True))
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     tps = B * T * (a.steps - 1) / secs if a.steps > 1 and secs > 0 else 0.0

@@ -1,6 +1,7 @@
 /* The benchmarks' peak: the CPU's best SGEMM with the kernels and threads
  * in use (mg_sgemm_peak), or a GPU's float32 GEMM measured with cuBLAS
- * (mg_device_sgemm_peak) beside its nominal peak. Prints a "# ..." header
+ * (mg_device_sgemm_peak, in the precision set for its GEMMs) beside its
+ * nominal float32 peak. Prints a "# ..." header
  * line and returns GFLOP/s, or -1 after printing why the device cannot
  * be used. */
 #ifndef MG_BENCH_PEAK_H
@@ -24,8 +25,9 @@ static double bench_peak(const char *prog, mg_device dev)
         return -1;
     }
     double peak = mg_device_sgemm_peak(dev);
-    printf("# device: %s, %.1f GB; float32 peak %.1f TFLOP/s nominal; SGEMM 4096^3 measured "
-           "%.1f TFLOP/s (cuBLAS, no TF32)\n", name, mem / 1e9, mg_device_fp32_peak(dev) / 1e12,
+    printf("# device: %s, %.1f GB; float32 peak %.1f TFLOP/s nominal; GEMM 4096^3 measured "
+           "%.1f TFLOP/s (cuBLAS in the GEMMs' precision: float32 without TF32, or bfloat16 "
+           "operands with --bf16)\n", name, mem / 1e9, mg_device_fp32_peak(dev) / 1e12,
            peak / 1e3);
     return peak;
 }

@@ -490,3 +490,70 @@ TEST_T(device_gpu_collectives_stage_through_the_host, 120)
 {
     collectives_on_device(mgt_device(MG_DEVICE_CUDA));
 }
+
+/* ---- bfloat16 GEMMs (mg_device_set_bf16) --------------------------------- */
+
+static float *dev_put(mg_device d, const float *h, size_t n)
+{
+    float *p = mg_device_alloc(d, n * sizeof(float));
+    CHECK(p);
+    CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
+    return p;
+}
+
+/* With bf16 on, a GEMM on d is the CPU's GEMM of the operands rounded to
+ * bfloat16 (within float sums' rounding: exactly on emu, whose GEMM is the
+ * CPU's), and differs from the float GEMM by bfloat16's rounding; off
+ * again, it is the float GEMM. Every transpose, and alpha and beta. */
+static void bf16_gemm(mg_device d)
+{
+    enum { M = 37, N = 53, K = 301 };
+    mg_rng r;
+    mg_rng_init(&r, 5);
+    float a[M * K], b[K * N], ra[M * K], rb[K * N], c0[M * N];
+    for (int i = 0; i < M * K; i++) a[i] = mg_rng_uniform(&r) * 2 - 1;
+    for (int i = 0; i < K * N; i++) b[i] = mg_rng_uniform(&r) * 2 - 1;
+    for (int i = 0; i < M * K; i++) ra[i] = mg_bf16_to_f32(mg_f32_to_bf16(a[i]));
+    for (int i = 0; i < K * N; i++) rb[i] = mg_bf16_to_f32(mg_f32_to_bf16(b[i]));
+    for (int i = 0; i < M * N; i++) c0[i] = mg_rng_uniform(&r);
+    float *da = dev_put(d, a, M * K), *db = dev_put(d, b, K * N);
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int lda = ta ? M : K, ldb = tb ? K : N;
+        float want[M * N], plain[M * N];
+        memcpy(want, c0, sizeof want);
+        memcpy(plain, c0, sizeof plain);
+        mg_gemm(ta, tb, M, N, K, 0.5f, ra, lda, rb, ldb, 2.0f, want, N);
+        mg_gemm(ta, tb, M, N, K, 0.5f, a, lda, b, ldb, 2.0f, plain, N);
+        for (int on = 1; on >= 0; on--) {
+            float *dc = dev_put(d, c0, M * N);
+            CHECK_OK(mg_device_set_bf16(d, on));
+            mg_device host = mg_device_current();
+            CHECK_OK(mg_device_set_current(d));
+            mg_gemm(ta, tb, M, N, K, 0.5f, da, lda, db, ldb, 2.0f, dc, N);
+            mg_device_set_current(host);
+            float *got = dev_get(d, dc, M * N);
+            double e = mgt_check_scaled(on ? "bf16 gemm" : "float gemm", got, on ? want : plain,
+                                        M * N, d.kind == MG_DEVICE_EMU ? 0 : 1e-5,
+                                        on ? "the CPU's on rounded operands" : "the CPU's");
+            if (on) {   /* and bfloat16's rounding is there to see */
+                double off = 0, mx = 0;
+                for (int i = 0; i < M * N; i++) {
+                    off = fmax(off, fabs(got[i] - plain[i]));
+                    mx = fmax(mx, fabs(plain[i]));
+                }
+                CHECK_MSG(off > 1e-4 * mx, "ta %d tb %d: bf16 GEMM within %.3g of the float one",
+                          ta, tb, off / mx);
+                printf("ta %d tb %d: bf16 vs rounded operands %.2g, vs float %.2g\n", ta, tb, e,
+                       off / mx);
+            }
+            free(got);
+            mg_device_free(d, dc);
+        }
+    }
+    mg_device_free(d, da);
+    mg_device_free(d, db);
+}
+
+TEST(device_emu_bf16_gemms_round_their_operands) { bf16_gemm(mgt_device(MG_DEVICE_EMU)); }
+TEST(device_gpu_bf16_gemms_round_their_operands) { bf16_gemm(mgt_device(MG_DEVICE_CUDA)); }

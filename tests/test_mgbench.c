@@ -86,12 +86,13 @@ static const char *colls[] = {"broadcast", "reduce", "all_reduce", "all_gather",
 
 static row rows[4096];
 
-/* Every collective, dtype and op at sizes 0 B .. 64 KiB, checked. */
-static void check_all(const char *n)
+/* Every collective, dtype and op at sizes 0 B .. 64 KiB, checked; with
+ * buffers on a device (emu) when dev is given. */
+static void check_all(const char *n, const char *dev)
 {
     result *r = run_tool(60, (const char *[]){"mgbench", "-n", n, "all", "-d", "all", "-o", "all",
                                               "-b", "1", "-e", "64K", "-f", "9", "-i", "2", "-w",
-                                              "1", "-c", "1", NULL});
+                                              "1", "-c", "1", dev ? "--device" : NULL, dev, NULL});
     CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
     CHECK_MSG(strstr(r->out, "# Out of bounds values : 0 OK"), "no OK footer:\n%s", r->out);
     CHECK(strstr(r->out, "# Avg bus bandwidth"));
@@ -103,10 +104,12 @@ static void check_all(const char *n)
                    !strcmp(colls[c], "reduce_scatter") ? 6 * 7 * 5 : 6 * 7;
         CHECK_MSG(k == want, "%s: %d rows, expected %d", colls[c], k, want);
     }
+    if (dev) CHECK_MSG(strstr(r->out, "buffers emu (staged through the host)"), "%s", r->out);
 }
 
-TEST_T(mgbench_two_ranks_all_collectives_exact, 90) { check_all("2"); }
-TEST_T(mgbench_three_ranks_all_collectives_exact, 90) { check_all("3"); }
+TEST_T(mgbench_two_ranks_all_collectives_exact, 90) { check_all("2", NULL); }
+TEST_T(mgbench_three_ranks_all_collectives_exact, 90) { check_all("3", NULL); }
+TEST_T(mgbench_device_buffers_all_collectives_exact, 90) { check_all("3", "emu"); }
 
 /* nccl-tests' conventions: sizes are whole buffers (per-rank count times
  * ranks for the gathers and scatters), busbw = algbw * factor. */
@@ -291,10 +294,12 @@ TEST(mgbench_bad_flags)
         {"all_reduce", "-i", NULL},
         {"-n", "2", NULL},
         {"-n", "2", "broadcast", "-r", "5", NULL},
+        {"all_reduce", "--device", "gpu", NULL},
+        {"all_reduce", "--device", "emu", "--group-alloc", NULL},
     };
     const char *needle[] = {"--bogus", "f17", "mean", "allreduc", "-n", "two", "larger",
                             "12Q", "0.5", "-c", "fast", "nccl", "needs a value",
-                            "no collective", "-r 5"};
+                            "no collective", "-r 5", "unknown device 'gpu'", "--group-alloc"};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *argv[12] = {"mgbench"};
         int k = 1;

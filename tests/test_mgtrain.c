@@ -274,6 +274,17 @@ static void device_equals_cpu(const char *dev)
         CHECK_MSG(d <= 1e-4, "%s, %d ranks, %s: parameters differ from the CPU's by %g", dev,
                   more[i].n, more[i].args, d);
     }
+    /* --bf16: the GEMMs' operands rounded to bfloat16 move the parameters
+     * by bfloat16's rounding, not more (seen: 1.6e-3 on emu) */
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --bf16 --save %s",
+                bin, dev, other);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    double worst, d = ckpt_rel_diff(other, ref, &worst);
+    printf("gpt-mini on %s with --bf16: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n", dev, d,
+           worst);
+    CHECK_MSG(d > 1e-5 && d <= 1e-2, "--bf16 on %s: parameters differ from the CPU's float "
+              "training by %g", dev, d);
     /* The sample at temperature 0 (the most likely byte each time) from
      * the CPU's weights, evaluated on each: one process, and a pipeline
      * of two stages. */
@@ -325,6 +336,7 @@ TEST(mgtrain_device_refusals_one_line)
                                                             "model) does not run on a device"},
         {GPT_SMALL " --steps 2 --device gpu", "unknown device 'gpu'"},
         {GPT_SMALL " --steps 2 --device emu --tf32", "--tf32 is for GPUs"},
+        {GPT_SMALL " --steps 2 --bf16", "--bf16 is for devices"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out;

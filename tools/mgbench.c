@@ -34,6 +34,7 @@ typedef struct {
     int nranks;                     /* -n; 0: from the launcher, else 1 */
     const char *algo, *backend;
     int tcp;
+    mg_device dev;                  /* --device: where the buffers are */
     double timeout;
     char **argv;
 } options;
@@ -70,6 +71,9 @@ static void usage(FILE *f)
 "      --backend B       builtin (default; mpi under mpirun) or mpi\n"
 "      --group-alloc     buffers from mg_group_alloc (shared memory peers\n"
 "                        read directly) instead of malloc\n"
+"      --device D        buffers in device memory (cuda, cuda:N or emu), as\n"
+"                        nccl-tests' are: the group stages them through the\n"
+"                        host; the check copies its data in and out untimed\n"
 "  -t, --tcp             TCP between all ranks (sets MG_TRANSPORT=tcp)\n"
 "  -T, --timeout S       the group's deadline per operation (MG_TIMEOUT)\n"
 "      --traffic         three more columns: the most bytes any rank sent and\n"
@@ -92,7 +96,7 @@ static void usage(FILE *f)
 "operation or a wrong value; 2 for bad flags.\n");
 }
 
-enum { OPT_BACKEND = 256, OPT_VERSION, OPT_TRAFFIC };
+enum { OPT_BACKEND = 256, OPT_VERSION, OPT_TRAFFIC, OPT_DEVICE };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -106,6 +110,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"traffic", no_argument, NULL, OPT_TRAFFIC},
+        {"device", required_argument, NULL, OPT_DEVICE},
         {0, 0, 0, 0},
     };
     *o = (options){.argv = argv};
@@ -129,6 +134,9 @@ static void parse_args(int argc, char **argv, options *o)
             break;
         case 't': o->tcp = 1; break;
         case OPT_TRAFFIC: o->c.traffic = 1; break;
+        case OPT_DEVICE:
+            if (mg_device_parse(optarg, &o->dev)) mgb_bad_input("--device: %s", mg_last_error());
+            break;
         case 'T': o->timeout = mgb_parse_double("-T", optarg, 0, 1e7, MG_OPEN_LO); break;
         case 'h': usage(stdout); exit(0);
         case OPT_VERSION: mg_print_version("mgbench"); exit(0);
@@ -136,6 +144,8 @@ static void parse_args(int argc, char **argv, options *o)
         }
     }
     mgb_finish_args(&o->c, argc, argv);
+    if (o->dev.kind != MG_DEVICE_CPU && o->c.group_alloc)
+        mgb_bad_input("--device and --group-alloc: device memory is not group memory; give one");
 }
 
 /* ---- one measurement ------------------------------------------------------ */
@@ -146,8 +156,34 @@ typedef struct {
     int rank, size;
     void *sbuf, *rbuf;
     size_t cap;                     /* bytes in each buffer */
+    void *dsbuf, *drbuf;            /* --device: the operations' buffers; sbuf and
+                                       rbuf then hold the check's data */
     mgb_table tb;
 } bench;
+
+/* With --device, the device buffer at p's offset in sbuf or rbuf. */
+static void *on_device(const bench *b, const void *p)
+{
+    if (!b->dsbuf || !p || p == MG_IN_PLACE) return (void *)p;
+    const char *c = p, *s = b->sbuf, *r = b->rbuf;
+    if (c >= s && c < s + b->cap) return (char *)b->dsbuf + (c - s);
+    return (char *)b->drbuf + (c - r);
+}
+
+/* --device: n bytes of both buffers copied to the device, or the
+ * receive buffer back. */
+static void copy_check_data(const bench *b, size_t n, bool in)
+{
+    mg_device cpu = {MG_DEVICE_CPU, 0}, d = b->o->dev;
+    if (n > b->cap) n = b->cap;
+    mg_status s = in ? mg_device_copy(d, b->dsbuf, cpu, b->sbuf, n)
+                     : mg_device_copy(cpu, b->rbuf, d, b->drbuf, n);
+    if (!s && in) s = mg_device_copy(d, b->drbuf, cpu, b->rbuf, n);
+    if (s) {
+        fprintf(stderr, "%s: rank %d: %s\n", mgb_prog, b->rank, mg_last_error());
+        exit(1);
+    }
+}
 
 static void __attribute__((noreturn)) op_failed(const bench *b, int coll, mg_dtype t,
                                                  size_t bytes, mg_status s)
@@ -204,11 +240,17 @@ static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong, 
                  .recvbuf = mc->rbuf, .count = mc->k, .dtype = mc->t, .op = mc->op,
                  .root = mc->root, .file = __FILE__, .line = __LINE__};
     if (coll == MG_COLL_BROADCAST && mc->inplace) c.sendbuf = mc->rbuf;
+    c.sendbuf = on_device(b, c.sendbuf);
+    c.recvbuf = on_device(b, c.recvbuf);
+    /* The most any operation's buffer holds: count x ranks. */
+    size_t extent = mc->k * (size_t)b->size * mg_dtype_size(mc->t);
     mg_status s;
     int64_t bad = -1;
     if (o->check) {
         mgb_prepare(mc);
+        if (b->dsbuf) copy_check_data(b, extent, true);
         if ((s = run_once(b, &c, coll))) op_failed(b, coll, mc->t, bytes, s);
+        if (b->dsbuf) copy_check_data(b, extent, false);
         bad = mgb_verify(mc);
     }
     for (int i = 0; i < o->warmup; i++)
@@ -272,7 +314,10 @@ static void print_header(const bench *b, const char *backend)
     if (!strcmp(backend, "builtin"))
         printf("  algo %s  transport %s", o->algo ? o->algo : mg_env_str("MG_ALGO", "auto"),
                o->tcp ? "tcp" : mg_env_str("MG_TRANSPORT", "auto"));
-    printf("  buffers %s\n", o->c.group_alloc ? "mg_group_alloc" : "malloc");
+    char d[16];
+    mg_device_format(o->dev, d, sizeof d);
+    if (o->dev.kind != MG_DEVICE_CPU) printf("  buffers %s (staged through the host)\n", d);
+    else printf("  buffers %s\n", o->c.group_alloc ? "mg_group_alloc" : "malloc");
     mgb_print_header(&o->c);
 }
 
@@ -343,6 +388,12 @@ static int run_rank(const options *o, const char *backend)
                 b.cap, o->c.group_alloc ? " with mg_group_alloc" : "", mg_last_error());
         return 1;
     }
+    if (o->dev.kind != MG_DEVICE_CPU &&
+        (mg_device_check(o->dev) || !(b.dsbuf = mg_device_alloc(o->dev, b.cap)) ||
+         !(b.drbuf = mg_device_alloc(o->dev, b.cap)))) {
+        fprintf(stderr, "%s: rank %d: --device: %s\n", mgb_prog, b.rank, mg_last_error());
+        return 1;
+    }
     /* Touch every page now so that page faults are not timed. */
     memset(b.sbuf, 0, b.cap);
     memset(b.rbuf, 0, b.cap);
@@ -356,6 +407,8 @@ static int run_rank(const options *o, const char *backend)
         mg_free(b.sbuf);
         mg_free(b.rbuf);
     }
+    mg_device_free(o->dev, b.dsbuf);
+    mg_device_free(o->dev, b.drbuf);
     mg_group_destroy(b.g);
     /* Every rank knows the total: the counts were all-reduced. */
     return b.tb.wrong_total ? 1 : 0;

@@ -38,7 +38,7 @@ typedef struct {
     const char *parallel, *compress, *prompt, *mesh, *offload_dir, *device;
     mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
-    int tf32;           /* --tf32 */
+    int tf32, bf16;     /* --tf32, --bf16 */
     int zero;           /* --zero stage, 0: none */
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
@@ -131,6 +131,10 @@ static void usage(FILE *f)
 "                      zoo model\n"
 "  --tf32              on a GPU, float GEMMs with TF32 tensor cores (faster,\n"
 "                      10-bit mantissas in the products; default off)\n"
+"  --bf16              on a GPU (or emu), GEMMs with bfloat16 operands on tensor\n"
+"                      cores and float32 sums, as PyTorch's bfloat16 autocast\n"
+"                      does its matrix products; all else, and all that is\n"
+"                      stored, float32 (default off)\n"
 "  --workers N         DataParallel threads (default 2)\n"
 "  --bucket-mb X       DDP bucket cap in MiB (default 25; the first is 1)\n"
 "  --accumulate N      micro-batches per optimizer step (default 1)\n"
@@ -204,7 +208,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
-           O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32 };
+           O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16 };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -224,7 +228,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
         {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
-        {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32},
+        {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
@@ -282,6 +286,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_SPLIT: o->split = optarg; break;
         case O_DEVICE: o->device = optarg; break;
         case O_TF32: o->tf32 = 1; break;
+        case O_BF16: o->bf16 = 1; break;
         case O_MESH: o->mesh = optarg; break;
         case O_ZERO: o->zero = (int)int_flag("--zero", 1, 3); break;
         case O_OFFLOAD:
@@ -974,6 +979,10 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     if (mg_model_to_device(t->m, dev)) die("--device %s: %s", o->device, mg_last_error());
     if (o->tf32 && dev.kind != MG_DEVICE_CUDA) die("--tf32 is for GPUs: give --device cuda");
     if (o->tf32 && mg_device_set_tf32(dev, true)) die("--tf32: %s", mg_last_error());
+    if (o->bf16 && dev.kind == MG_DEVICE_CPU)
+        die("--bf16 is for devices: give --device cuda (or emu)");
+    if (o->bf16 && o->tf32) die("--bf16 and --tf32 are two precisions of the GEMMs: give one");
+    if (o->bf16 && mg_device_set_bf16(dev, true)) die("--bf16: %s", mg_last_error());
     if (dev.kind != MG_DEVICE_CPU && t->rank == 0 && !o->quiet) {
         char name[128], d[16];
         size_t mem;

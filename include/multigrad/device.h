@@ -53,6 +53,19 @@ void mg_device_free(mg_device d, void *p);
  * complete when it returns. */
 mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n);
 
+/* Page-locked host memory for copies to and from d (a GPU's copy engines
+ * read and write it directly, at the bus's speed, and asynchronously;
+ * cudaHostAlloc), or ordinary host memory for the CPU and emu. It costs
+ * far more to get than ordinary memory: keep it. NULL with mg_last_error
+ * when it cannot be had; freed by mg_device_host_free with the same d. */
+void *mg_device_host_alloc(mg_device d, size_t bytes);
+void mg_device_host_free(mg_device d, void *p);
+/* Page-locks n bytes of host memory that exists (shared memory, say) for
+ * d's copies (cudaHostRegister), until mg_device_host_unregister; nothing
+ * on the CPU and emu. */
+mg_status mg_device_host_register(mg_device d, void *p, size_t bytes);
+void mg_device_host_unregister(mg_device d, void *p);
+
 /* The device whose memory p points into: a GPU's (its index) or emu's
  * for memory from mg_device_alloc, else the CPU. The collectives ask it
  * of their buffers (comm.h), as a CUDA-aware MPI does. */
@@ -78,6 +91,15 @@ mg_device mg_device_current(void);
  * default, so a GPU's results match the CPU's within float rounding. No
  * effect on the CPU and emu. */
 mg_status mg_device_set_tf32(mg_device d, bool on);
+/* bfloat16 GEMMs on d, the mixed precision of PyTorch's bfloat16 autocast
+ * for its matrix products: every GEMM's operands rounded to bfloat16 (to
+ * nearest even), products summed in float32 (cuBLAS's
+ * CUBLAS_COMPUTE_32F_FAST_16BF: tensor cores); the rest of a step
+ * (normalisations, softmax, losses, optimizer) and everything stored
+ * (weights, activations, gradients) stay float32. emu rounds the same way
+ * on the host; no effect on the CPU. Off by default; over TF32 when both
+ * are on. */
+mg_status mg_device_set_bf16(mg_device d, bool on);
 /* Waits until device d has done the work queued on it (at once for the
  * CPU and emu). */
 mg_status mg_device_synchronize(mg_device d);

@@ -25,7 +25,10 @@ typedef struct { uintptr_t lo, hi; } emu_block;
 static pthread_mutex_t emu_mu = PTHREAD_MUTEX_INITIALIZER;
 static emu_block *emu_blocks;
 static size_t emu_n, emu_cap;
-static atomic_int emu_live, cuda_used;
+static atomic_int emu_live;
+#ifdef MG_HAVE_CUDA
+static atomic_int cuda_used;
+#endif
 
 static bool emu_add(void *p, size_t bytes)
 {
@@ -258,6 +261,65 @@ mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *sr
     return MG_OK;
 }
 
+void *mg_device_host_alloc(mg_device d, size_t bytes)
+{
+    if (host_mem(d)) {
+        void *p = mg_alloc(bytes ? bytes : 1);
+        if (!p) mg_error(MG_ENOMEM, "cannot allocate %zu bytes", bytes);
+        return p;
+    }
+    if (mg_device_check(d)) return NULL;
+#ifdef MG_HAVE_CUDA
+    void *p = NULL;
+    if (use(d)) return NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        mg_error(MG_ENOMEM, "cuda:%d: cannot allocate %zu bytes of page-locked host memory: %s",
+                 d.index, bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+#else
+    return NULL;
+#endif
+}
+
+void mg_device_host_free(mg_device d, void *p)
+{
+    if (!p) return;
+    if (host_mem(d)) {
+        mg_free(p);
+        return;
+    }
+#ifdef MG_HAVE_CUDA
+    cudaFreeHost(p);
+#endif
+}
+
+mg_status mg_device_host_register(mg_device d, void *p, size_t bytes)
+{
+    if (host_mem(d) || !bytes) return MG_OK;
+    MG_TRY(mg_device_check(d));
+#ifdef MG_HAVE_CUDA
+    MG_TRY(use(d));
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return mg_error(MG_EIO, "cuda:%d: cannot page-lock %zu bytes of host memory: %s", d.index,
+                        bytes, cudaGetErrorString(e));
+    }
+#endif
+    return MG_OK;
+}
+
+void mg_device_host_unregister(mg_device d, void *p)
+{
+    if (host_mem(d) || !p) return;
+#ifdef MG_HAVE_CUDA
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+#endif
+}
+
 mg_device mg_device_of(const void *p)
 {
     if (emu_has(p)) return (mg_device){MG_DEVICE_EMU, 0};
@@ -307,6 +369,14 @@ mg_status mg_device_set_tf32(mg_device d, bool on)
     mg_dk *k;
     MG_TRY(mg__dk_get(d, &k));
     if (k) mg__dk_set_tf32(k, on);
+    return MG_OK;
+}
+
+mg_status mg_device_set_bf16(mg_device d, bool on)
+{
+    mg_dk *k;
+    MG_TRY(mg__dk_get(d, &k));
+    if (k) mg__dk_set_bf16(k, on);
     return MG_OK;
 }
 

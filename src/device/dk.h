@@ -34,6 +34,7 @@ typedef struct mg_dk mg_dk;
 mg_status mg__dk_get(mg_device d, mg_dk **out);
 mg_device mg__dk_device(const mg_dk *k);   /* the CPU for NULL */
 void mg__dk_set_tf32(mg_dk *k, bool on);
+void mg__dk_set_bf16(mg_dk *k, bool on);
 extern __thread mg_dk *mg__dk_cur;
 /* Makes dk this thread's current context; returns the previous one, to
  * be given back to mg__dk_leave. */
@@ -52,6 +53,19 @@ void mg_dk_sync(void);
 void mg_dk_copy_out(void *dst, const void *src, size_t n);
 void mg_dk_copy_in(void *dst, const void *src, size_t n);
 void mg_dk_zero(void *p, size_t bytes);
+
+/* A feed: a tape's inputs copied to the current device in turn into two
+ * buffers of `bytes`, so that a copy need not wait for the kernels that
+ * read the one before (seed 000's pin_memory and non_blocking copies: on
+ * a GPU through page-locked memory on a stream of its own, overlapping
+ * the kernels queued before). mg_dk_feed_in copies n bytes of host memory
+ * (free again on return) and returns their device copy, which stays
+ * until the feed after next; the kernels queued after it see it. NULL
+ * from create when the memory cannot be had. */
+typedef struct mg_dk_feed mg_dk_feed;
+mg_dk_feed *mg_dk_feed_create(size_t bytes);
+void mg_dk_feed_destroy(mg_dk_feed *f);
+const void *mg_dk_feed_in(mg_dk_feed *f, const void *src, size_t n);
 
 /* The CPU's GEMM, which the device kind emu uses (src/tensor/tensor.c). */
 void mg__gemm_host(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,

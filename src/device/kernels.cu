@@ -26,6 +26,7 @@
 #include <string.h>
 #include <pthread.h>
 #include "multigrad/tensor.h"
+#include "core/bf16.h"
 #include "device/dk.h"
 #include "optim/optim_impl.h"
 
@@ -44,8 +45,10 @@ struct mg_dk {
     size_t ws_bytes;
     float *ones;           /* ones_n floats of 1: column sums as GEMMs */
     size_t ones_n;
+    bool bf16;             /* GEMMs with bfloat16 operands (mg_device_set_bf16) */
 #ifdef __CUDACC__
     cudaStream_t stream;
+    cudaStream_t copy;     /* the feeds' copies to the GPU, beside the kernels */
     cublasHandle_t blas;
 #endif
 };
@@ -97,6 +100,15 @@ static struct {
                                     int, int, const float *, const float *, int, long long,
                                     const float *, int, long long, const float *, float *, int,
                                     long long, int);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                              const void *, const void *, cudaDataType, int, const void *,
+                              cudaDataType, int, const void *, void *, cudaDataType, int,
+                              cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*gemm_strided_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                      int, int, const void *, const void *, cudaDataType, int,
+                                      long long, const void *, cudaDataType, int, long long,
+                                      const void *, void *, cudaDataType, int, long long, int,
+                                      cublasComputeType_t, cublasGemmAlgo_t);
 } blas;
 
 /* The pointers have the headers' types exactly (checked unevaluated:
@@ -109,6 +121,11 @@ static_assert(same<decltype(&cublasSetMathMode), decltype(blas.set_math)>::value
 static_assert(same<decltype(&cublasSgemm_v2), decltype(blas.sgemm)>::value, "cublasSgemm");
 static_assert(same<decltype(&cublasSgemmStridedBatched), decltype(blas.sgemm_strided)>::value,
               "cublasSgemmStridedBatched");
+/* (C++ sees an overload of these taking the compute type as a
+ * cudaDataType; the cast picks the exported one, or does not compile.) */
+static_assert(sizeof(static_cast<decltype(blas.gemm_ex)>(&cublasGemmEx)), "cublasGemmEx");
+static_assert(sizeof(static_cast<decltype(blas.gemm_strided_ex)>(&cublasGemmStridedBatchedEx)),
+              "cublasGemmStridedBatchedEx");
 
 /* Under contexts_lock. */
 static mg_status load_cublas(void)
@@ -126,7 +143,10 @@ static mg_status load_cublas(void)
     *(void **)&blas.set_math = dlsym(h, "cublasSetMathMode");
     *(void **)&blas.sgemm = dlsym(h, "cublasSgemm_v2");
     *(void **)&blas.sgemm_strided = dlsym(h, "cublasSgemmStridedBatched");
-    if (!blas.create || !blas.set_stream || !blas.set_math || !blas.sgemm || !blas.sgemm_strided) {
+    *(void **)&blas.gemm_ex = dlsym(h, "cublasGemmEx");
+    *(void **)&blas.gemm_strided_ex = dlsym(h, "cublasGemmStridedBatchedEx");
+    if (!blas.create || !blas.set_stream || !blas.set_math || !blas.sgemm || !blas.gemm_ex ||
+        !blas.gemm_strided_ex || !blas.sgemm_strided) {
         blas.sgemm_strided = NULL;
         return mg_error(MG_EUNSUPPORTED, "%s lacks the functions multigrad calls; install "
                         "cuBLAS %d or newer, or use --device cpu", names[0], CUBLAS_VER_MAJOR);
@@ -155,6 +175,8 @@ mg_status mg__dk_get(mg_device d, mg_dk **out)
             if (!st) st = load_cublas();
             cudaError_t e = st ? cudaSuccess : cudaSetDevice(d.index);
             if (e == cudaSuccess && !st) e = cudaStreamCreate(&k->stream);
+            if (e == cudaSuccess && !st)
+                e = cudaStreamCreateWithFlags(&k->copy, cudaStreamNonBlocking);
             if (e != cudaSuccess)
                 st = mg_error(MG_EIO, "cuda:%d: cannot set up a stream: %s", d.index,
                               cudaGetErrorString(e));
@@ -191,6 +213,8 @@ void mg__dk_set_tf32(mg_dk *k, bool on)
     (void)k, (void)on;
 #endif
 }
+
+void mg__dk_set_bf16(mg_dk *k, bool on) { k->bf16 = on; }
 
 /* The kernels' own memory (device.h's); freed once their queued work is
  * done. Running out in the middle of a step leaves nothing to recover. */
@@ -268,6 +292,89 @@ void mg_dk_copy_in(void *dst, const void *src, size_t n)
     }
 #endif
     memcpy(dst, src, n);
+}
+
+/* ---- Feeds: inputs copied in beside the kernels ------------------------------ */
+
+struct mg_dk_feed {
+    size_t cap;
+    void *dev[2];          /* the device copies, in turn */
+    int next;
+#ifdef __CUDACC__
+    void *host;            /* page-locked: the copy engine reads it */
+    cudaEvent_t copied;    /* the last copy is done (host may change) */
+    cudaEvent_t ready[2];  /* dev[b]'s readers are done */
+#endif
+};
+
+mg_dk_feed *mg_dk_feed_create(size_t bytes)
+{
+    mg_dk *k = DK();
+    mg_dk_feed *f = (mg_dk_feed *)calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->cap = bytes;
+    bool ok = (f->dev[0] = mg_device_alloc(k->dev, bytes)) && (f->dev[1] = mg_device_alloc(k->dev, bytes));
+#ifdef __CUDACC__
+    if (ok && !k->emu) {
+        ok = (f->host = mg_device_host_alloc(k->dev, bytes)) != NULL;
+        /* Never recorded yet: waiting for them returns at once. */
+        if (ok) ck(cudaEventCreateWithFlags(&f->copied, cudaEventDisableTiming), "an event");
+        for (int b = 0; ok && b < 2; b++)
+            ck(cudaEventCreateWithFlags(&f->ready[b], cudaEventDisableTiming), "an event");
+    }
+#endif
+    if (!ok) {
+        mg_dk_feed_destroy(f);
+        return NULL;
+    }
+    return f;
+}
+
+void mg_dk_feed_destroy(mg_dk_feed *f)
+{
+    if (!f) return;
+    mg_dk *k = DK();
+    mg_dk_sync();
+#ifdef __CUDACC__
+    if (f->host) {
+        ck(cudaStreamSynchronize(k->copy), "waiting for a copy");
+        cudaEventDestroy(f->copied);
+        for (int b = 0; b < 2; b++) cudaEventDestroy(f->ready[b]);
+        mg_device_host_free(k->dev, f->host);
+    }
+#endif
+    mg_device_free(k->dev, f->dev[0]);
+    mg_device_free(k->dev, f->dev[1]);
+    free(f);
+}
+
+/* On a GPU: src goes to the page-locked buffer (once the last copy has
+ * read it), and from there to dev[b] on the copy stream, which first
+ * waits until the pass that last used dev[b] (the one before the last
+ * feed) is done; the kernels queued from now on wait for the copy. So the
+ * copy runs while the GPU still works on what was queued before. */
+const void *mg_dk_feed_in(mg_dk_feed *f, const void *src, size_t n)
+{
+    MG_ASSERT(n <= f->cap);
+    int b = f->next;
+    f->next ^= 1;
+#ifdef __CUDACC__
+    mg_dk *k = DK();
+    if (!k->emu) {
+        ck(cudaStreamWaitEvent(k->copy, f->ready[b], 0), "ordering a copy");
+        /* Everything queued so far, the last pass on dev[1 - b] too. */
+        ck(cudaEventRecord(f->ready[1 - b], k->stream), "marking the kernels");
+        ck(cudaEventSynchronize(f->copied), "waiting for the last copy");
+        memcpy(f->host, src, n);
+        ck(cudaMemcpyAsync(f->dev[b], f->host, n, cudaMemcpyHostToDevice, k->copy),
+           "copy to GPU");
+        ck(cudaEventRecord(f->copied, k->copy), "marking a copy");
+        ck(cudaStreamWaitEvent(k->stream, f->copied, 0), "waiting for a copy");
+        return f->dev[b];
+    }
+#endif
+    memcpy(f->dev[b], src, n);
+    return f->dev[b];
 }
 
 void mg_dk_zero(void *p, size_t bytes)
@@ -362,7 +469,22 @@ static HD inline int lane_min(int v)
 
 /* ---- GEMM ---------------------------------------------------------------------- */
 
-/* Row-major C = alpha op(A) op(B) + beta C, count times at the strides. */
+/* emu's bfloat16 GEMMs: a host copy of the `count` matrices of rows x
+ * cols (leading dimension ld, stride s) that an operand spans, each
+ * element rounded to bfloat16 (to nearest, ties to even) as the GPU's
+ * tensor cores take it; NULL when it cannot be had. */
+static float *bf16_copy(const float *p, int rows, int cols, int ld, long long s, int count)
+{
+    size_t n = (size_t)s * (size_t)(count - 1) + (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    float *c = (float *)malloc(n * sizeof(float));
+    for (size_t i = 0; c && i < n; i++) c[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
+    return c;
+}
+
+/* Row-major C = alpha op(A) op(B) + beta C, count times at the strides;
+ * with bf16 on, A's and B's elements are rounded to bfloat16 and the
+ * products summed in float (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF: the
+ * tensor cores' bfloat16 math on float matrices). */
 static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                          int lda, long long sa, const float *B, int ldb, long long sb, float beta,
                          float *C, int ldc, long long sc, int count)
@@ -372,7 +494,17 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
     if (!DK()->emu) {
         /* Column-major cuBLAS computes C^T = op(B)^T op(A)^T. */
         cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        if (count == 1)
+        if (DK()->bf16 && count == 1)
+            ckb(blas.gemm_ex(DK()->blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
+                             CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                             CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+                "gemm (bfloat16)");
+        else if (DK()->bf16)
+            ckb(blas.gemm_strided_ex(DK()->blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sb,
+                                     A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
+                                     count, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+                "batched gemm (bfloat16)");
+        else if (count == 1)
             ckb(blas.sgemm(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                 "sgemm");
         else
@@ -382,9 +514,22 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
         return;
     }
 #endif
+    float *ra = NULL, *rb = NULL;
+    if (DK()->bf16 && K > 0) {
+        ra = bf16_copy(A, ta ? K : M, ta ? M : K, lda, sa, count);
+        rb = bf16_copy(B, tb ? N : K, tb ? K : N, ldb, sb, count);
+        if (!ra || !rb) {
+            fprintf(stderr, "multigrad: emu: out of memory for a bfloat16 GEMM's operands\n");
+            abort();
+        }
+        A = ra;
+        B = rb;
+    }
     for (int b = 0; b < count; b++)
         mg__gemm_host(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc,
                       ldc);
+    free(ra);
+    free(rb);
 }
 
 extern "C" void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,

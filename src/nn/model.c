@@ -83,10 +83,11 @@ struct mg_tape {
     bool training, have_fwd, have_loss;
     bool pinned;               /* the next forward draws dropout at pin */
     uint64_t pin;
-    /* On a device: its memory, and where inputs and labels are copied. */
+    /* On a device: its memory, how inputs come in (beside the kernels
+     * still queued), and where labels are copied. */
     mg_device dev;
     mg_dk *dk;
-    float *dev_in;
+    mg_dk_feed *feed;
     int32_t *dev_labels;
 };
 
@@ -840,9 +841,9 @@ mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, 
     t->rerun = calloc((size_t)m->n_units, sizeof *t->rerun);
     bool io = true;
     if (m->dk) {
-        t->dev_in = mg_device_alloc(m->dev, (size_t)max_batch * t->in_per * sizeof(float));
+        t->feed = mg_dk_feed_create((size_t)max_batch * t->in_per * sizeof(float));
         t->dev_labels = mg_device_alloc(m->dev, (size_t)max_batch * m->positions * sizeof(int32_t));
-        io = t->dev_in && t->dev_labels;
+        io = t->feed && t->dev_labels;
     }
     if (!t->mem || !t->slot || !t->rerun || !io) {
         mg__dk_leave(prev);
@@ -863,7 +864,11 @@ void mg_tape_destroy(mg_tape *t)
 {
     if (!t) return;
     mg_device_free(t->dev, t->mem);
-    mg_device_free(t->dev, t->dev_in);
+    if (t->feed) {
+        mg_dk *prev = mg__dk_enter(t->dk);
+        mg_dk_feed_destroy(t->feed);
+        mg__dk_leave(prev);
+    }
     mg_device_free(t->dev, t->dev_labels);
     free(t->slot);
     free(t->rerun);
@@ -957,10 +962,8 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
     t->training = c.training;
     mg__seq_calls k = tape_calls(t, false);
     mg_dk *prev = mg__dk_enter(t->dk);
-    if (t->dk) {   /* the input comes from the host */
-        mg_dk_copy_in(t->dev_in, x, (size_t)batch * t->in_per * sizeof(float));
-        x = t->dev_in;
-    }
+    if (t->dk)   /* the input comes from the host */
+        x = mg_dk_feed_in(t->feed, x, (size_t)batch * t->in_per * sizeof(float));
     mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
     mg__dk_leave(prev);
     t->x = x;

@@ -18,7 +18,8 @@
  * A model on a device keeps its gradients there: each bucket is copied to
  * the group memory when it is launched and back when it is reduced (host
  * staging, as gloo does with CUDA tensors), so ranks that share a GPU
- * reduce through the host's shared memory. */
+ * reduce through the host's shared memory; a GPU's copies to and from it
+ * run at the bus's speed, for it is page-locked for them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ struct mg_ddp {
     int next;               /* first bucket not launched */
     bool sync, hooked;
     bool staged;            /* the model is on a device: buckets go through grads */
+    bool locked;            /* grads page-locked for the device's copies */
     mg_status err;
     mg_ddp_stats stats;
 };
@@ -181,6 +183,10 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
     if (!st) {
         d->staged = mg_model_device(m).kind != MG_DEVICE_CPU;
         if (!d->staged) mg_model_set_grad_storage(m, d->grads);
+        /* Without it the copies still work, through the driver's buffers. */
+        else if (mg_device_host_register(mg_model_device(m), d->grads, d->n * sizeof(float)))
+            mg_debug("ddp: %s; bucket copies go through pageable memory", mg_last_error());
+        else d->locked = true;
         st = mg_model_add_hooks(m, &ddp_hooks, d);
         d->hooked = !st;
         /* Every replica starts from rank 0's parameters and buffers
@@ -201,6 +207,7 @@ void mg_ddp_destroy(mg_ddp *d)
 {
     if (!d) return;
     for (int i = 0; i < d->nb; i++) mg_work_free(d->b[i].work);
+    if (d->locked) mg_device_host_unregister(mg_model_device(d->m), d->grads);
     if (d->grads) {
         /* Hand the model back its own memory before the group's goes. */
         mg_model_set_grad_storage(d->m, NULL);
