@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "devices.h"
 #include "multigrad/multigrad.h"
+#include "nn/layer.h"
 
 TEST(device_names_parse_and_print)
 {
@@ -103,7 +104,8 @@ TEST(device_cuda_memory_round_trip)
 /* ---- Models on a device equal the same models on the CPU ------------------ */
 
 typedef struct {
-    const char *model;   /* a zoo name, or "gpt-odd": 2 layers of 48, 3 heads, T = 37 */
+    const char *model;   /* a zoo name; "gpt-odd": 2 layers of 48, 3 heads, T = 37;
+                            "layers": every other layer (below) */
     mg_optim_config oc;
     float clip;          /* 0: none */
     int batch;
@@ -119,6 +121,22 @@ static mg_model *case_model(const dev_case *c)
         g.heads = 3;
         g.ctx = 37;
         CHECK_OK(mg_model_create_gpt(&g, 7, &m));
+    } else if (!strcmp(c->model, "layers")) {
+        /* Batch norm, separate max and average pools (windows that
+         * overlap and that do not), dropout, a residual block with its
+         * ReLU, flatten: 1x12x12 -> 6x12x12 -> 6x5x5 -> 6x4x4 -> 10. */
+        mg_layer *br[] = {mg_layer_conv2d("c2", 6, 6, 3, 1, 1, false, MG_POOL_NONE),
+                          mg_layer_batchnorm2d("bn2", 6)};
+        mg_layer *l[] = {mg_layer_conv2d("c1", 1, 6, 3, 1, 1, true, MG_POOL_NONE),
+                         mg_layer_batchnorm2d("bn1", 6),
+                         mg_layer_maxpool2d("mp", 3, 2),
+                         mg_layer_dropout("drop", 0.25f),
+                         mg_layer_residual("res", mg_layer_sequential("br", br, 2), NULL, true),
+                         mg_layer_avgpool2d("ap", 2, 1),
+                         mg_layer_flatten("flat"),
+                         mg_layer_linear("fc", 6 * 4 * 4, 10, false)};
+        CHECK_OK(mg_model_create_from("layers", mg_layer_sequential(NULL, l, 8), 1, 12, 12, 7,
+                                      &m));
     } else {
         CHECK_OK(mg_model_create(c->model, 7, &m));
     }
@@ -201,6 +219,12 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
     float *pb = mgt_host_floats(b, mg_model_params(b), np);
     mgt_check_scaled("parameters after 3 steps", pb, mg_model_params(a), np, 1e-3, "CPU");
     free(pb);
+    size_t nb = mg_model_buffer_size(a);   /* batch norm's running statistics */
+    if (nb) {
+        float *bb = mgt_host_floats(b, mg_model_buffers(b), nb);
+        mgt_check_scaled("buffers after 3 steps", bb, mg_model_buffers(a), nb, 1e-5, "CPU");
+        free(bb);
+    }
     free(x);
     free(tok);
     free(y);
@@ -213,8 +237,9 @@ static void device_equals_cpu(const dev_case *c, mg_device dev)
 /* Every kernel of the device path: linear with and without ReLU, the
  * loss over 10 and 256 classes, LayerNorm, GELU, attention with T = 37
  * and 3 heads of 16, the embedding, convolutions with ReLU and max or avg
- * pooling (the lenets), SGD (plain, momentum, Nesterov with weight decay
- * and dampening) and AdamW with clipping. */
+ * pooling (the lenets), batch norm, separate pools, dropout, a residual
+ * block and flatten, SGD (plain, momentum, Nesterov with weight decay and
+ * dampening) and AdamW with clipping. */
 static void models_equal_cpu(mg_device dev)
 {
     mg_optim_config plain = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
@@ -231,7 +256,7 @@ static void models_equal_cpu(mg_device dev)
     const dev_case cases[] = {
         {"mlp", plain, 0, 13}, {"mlp", mom, 0, 13}, {"mlp", nest, 0, 13}, {"mlp", damp, 0, 13},
         {"gpt-odd", adamw, 1.0f, 5}, {"gpt-odd", mom, 0.5f, 3},
-        {"lenet5", nest, 0, 7},  {"lenet-d2l", plain, 0, 9},
+        {"lenet5", nest, 0, 7},  {"lenet-d2l", plain, 0, 9}, {"layers", mom, 0, 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) device_equals_cpu(&cases[i], dev);
 }
@@ -240,16 +265,36 @@ TEST_T(device_emu_models_equal_cpu, 120) { models_equal_cpu((mg_device){MG_DEVIC
 
 TEST_T(device_gpu_models_equal_cpu, 120) { models_equal_cpu(mgt_device(MG_DEVICE_CUDA)); }
 
-/* A layer without device kernels is refused at the move, naming it; the
- * model stays usable on the CPU. */
+/* A layer without device kernels (every layer of the library has them:
+ * this one is the test's, its loops on the host) is refused at the move,
+ * naming it; the model stays usable on the CPU. */
+static void square_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
+{
+    (void)c;
+    for (size_t i = 0; i < (size_t)n * l->in[0] * l->in[1] * l->in[2]; i++) y[i] = x[i] * x[i];
+}
+
+static void square_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
+                            float *dy, float *dx, int n)
+{
+    (void)c, (void)y;
+    for (size_t i = 0; dx && i < (size_t)n * l->in[0] * l->in[1] * l->in[2]; i++)
+        dx[i] = 2 * x[i] * dy[i];
+}
+
+static const mg_layer_vt square_vt = {.kind = "square", .setup = mg__same_setup,
+                                      .sizes = mg__no_sizes, .forward = square_forward,
+                                      .backward = square_backward};
+
 TEST(device_model_without_kernels_is_one_clear_error)
 {
     mg_layer *l[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 0, true, MG_POOL_NONE),
-                     mg_layer_batchnorm2d("bn", 4), mg_layer_linear("fc", 4 * 26 * 26, 10, false)};
+                     mg__layer_alloc(sizeof(mg_layer), &square_vt, "sq"),
+                     mg_layer_linear("fc", 4 * 26 * 26, 10, false)};
     mg_model *m;
-    CHECK_OK(mg_model_create_from("convbn", mg_layer_sequential(NULL, l, 3), 1, 28, 28, 1, &m));
+    CHECK_OK(mg_model_create_from("convsq", mg_layer_sequential(NULL, l, 3), 1, 28, 28, 1, &m));
     CHECK_ERR(mg_model_to_device(m, (mg_device){MG_DEVICE_EMU, 0}), MG_EUNSUPPORTED);
-    CHECK(strstr(mg_last_error(), "'bn' (batchnorm2d)") && strstr(mg_last_error(), "--device cpu"));
+    CHECK(strstr(mg_last_error(), "'sq' (square)") && strstr(mg_last_error(), "--device cpu"));
     CHECK(mg_model_device(m).kind == MG_DEVICE_CPU);
     float x[28 * 28] = {0};
     CHECK(mg_model_forward(m, x, 1) != NULL);
@@ -557,3 +602,56 @@ static void bf16_gemm(mg_device d)
 
 TEST(device_emu_bf16_gemms_round_their_operands) { bf16_gemm(mgt_device(MG_DEVICE_EMU)); }
 TEST(device_gpu_bf16_gemms_round_their_operands) { bf16_gemm(mgt_device(MG_DEVICE_CUDA)); }
+
+/* ---- sparse memory (mg_device_alloc_sparse) ------------------------------- */
+
+/* Granules given back: resident memory falls, copies read them as zeros
+ * and writing them (a copy, mg_device_zero) has them again; what was kept
+ * keeps its values. On emu a page given back is inaccessible, as a GPU's
+ * unmapped granule is (a kernel touching it would stop the test). */
+static void sparse_memory(mg_device d)
+{
+    enum { N = 3 << 20 };   /* floats: 12 MiB, several of a GPU's granules */
+    mg_device cpu = {MG_DEVICE_CPU, 0};
+    float *h = malloc(N * sizeof(float)), *back = malloc(N * sizeof(float));
+    float *p = mg_device_alloc_sparse(d, N * sizeof(float));
+    CHECK(h && back && p);
+    CHECK(mg_device_of(p + N / 2).kind == d.kind);
+    size_t all = N * sizeof(float);
+    if (mg_device_resident(d, p, all) != all) mgt_skip("no sparse memory here (a driver without "
+                                                       "virtual memory management)");
+    for (size_t i = 0; i < N; i++) h[i] = (float)(i % 1000) + 1;
+    CHECK_OK(mg_device_copy(d, p, cpu, h, all));
+    size_t lo = N / 4, hi = 3 * (size_t)N / 4;
+    mg_device_discard(d, p + lo, (hi - lo) * sizeof(float));
+    size_t held = mg_device_resident(d, p, all);
+    CHECK_MSG(held < all - (hi - lo) * sizeof(float) / 2, "%zu of %zu bytes held after giving "
+              "back half", held, all);
+    CHECK_OK(mg_device_copy(cpu, back, d, p, all));
+    size_t zeros = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (i < lo || i >= hi) CHECK(back[i] == h[i]);
+        else CHECK(back[i] == h[i] || back[i] == 0);
+        zeros += back[i] == 0;
+    }
+    CHECK_EQ(zeros * sizeof(float), all - held);
+    /* Written again: held again, with the values written. */
+    CHECK_OK(mg_device_copy(d, p + lo, cpu, h + lo, (hi - lo) / 2 * sizeof(float)));
+    CHECK_OK(mg_device_zero(d, p + lo + (hi - lo) / 2, (hi - lo) / 2 * sizeof(float)));
+    CHECK_EQ(mg_device_resident(d, p, all), all);
+    CHECK_OK(mg_device_copy(cpu, back, d, p, all));
+    for (size_t i = 0; i < N; i++)
+        CHECK(back[i] == (i >= lo + (hi - lo) / 2 && i < hi ? 0 : h[i]));
+    mg_device_free(d, p);
+    free(h);
+    free(back);
+}
+
+TEST(device_emu_sparse_memory_gives_back_and_comes_back)
+{
+    sparse_memory(mgt_device(MG_DEVICE_EMU));
+}
+TEST(device_gpu_sparse_memory_gives_back_and_comes_back)
+{
+    sparse_memory(mgt_device(MG_DEVICE_CUDA));
+}

@@ -48,6 +48,12 @@ static int pipe_rank(int rank, int procs, void *arg)
     CHECK(cut[0] == 0 && cut[S] == mg_model_num_units(m));
     float losses[64];
     float *v = eq_train(c, s, &src, losses);
+    if (c->dev.kind != MG_DEVICE_CPU) {   /* on a device too, only its stages' parameters */
+        size_t n = mg_model_arena_size(m) * sizeof(float);
+        size_t held = mg_device_resident(c->dev, mg_model_params(m), n);
+        CHECK_MSG(held <= kept * sizeof(float) + (size_t)nr * 2 * 4096, "%zu of %zu parameter "
+                  "bytes held, its stages' %zu", held, n, kept * sizeof(float));
+    }
     mg_pipe_stats ps = mg_pipe_get_stats(mg_strategy_pipe(s));
     CHECK_EQ(ps.steps, c->steps);
     CHECK(ps.peak_in_flight >= 1 && ps.busy_us > 0 && ps.busy_us <= ps.step_us);
@@ -513,7 +519,7 @@ TEST_T(pipeline_evaluates_and_samples_as_one_process, 120)
 
 /* conv, batch norm, dropout and two linear layers: running statistics
  * (buffers) and dropout masks on different stages. */
-static mg_model *bn_model(uint64_t seed)
+static mg_model *bn_model(uint64_t seed, mg_device dev)
 {
     mg_layer *l[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 1, true, MG_POOL_MAX),
                      mg_layer_batchnorm2d("bn", 4), mg_layer_flatten("flat"),
@@ -522,6 +528,7 @@ static mg_model *bn_model(uint64_t seed)
     mg_model *m;
     CHECK_OK(mg_model_create_from("bn-drop", mg_layer_sequential(NULL, l, 7), 1, 8, 8, seed, &m));
     mg_model_set_dropout_seed(m, 99);
+    if (dev.kind != MG_DEVICE_CPU) CHECK_OK(mg_model_to_device(m, dev));
     return m;
 }
 
@@ -574,7 +581,7 @@ static int bn_rank(int rank, int procs, void *arg)
     const eq_case *c = arg;
     mg_group *g = mgt_join(rank, procs, c->port, NULL, 60);
     CHECK(g);
-    mg_model *m = bn_model((uint64_t)rank + 5);
+    mg_model *m = bn_model((uint64_t)rank + 5, c->dev);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
     so.group = g;
     so.pp_group = g;
@@ -606,13 +613,14 @@ static bool same_bytes(const char *a, const char *b)
 
 /* Running statistics on several stages (saved by the stage that holds
  * them) and dropout masks drawn on a stage as one process draws them:
- * the checkpoint after 3 steps is one process's, byte for byte. */
-TEST_T(pipeline_batch_norm_and_dropout_checkpoint_is_one_process, 120)
+ * the checkpoint after 3 steps is one process's, byte for byte; on a
+ * device (emu) one process's on that device. */
+static void bn_checkpoints(mg_device dev, int ncases)
 {
     char one[512], pipe[512];
     bn_path(one, sizeof one, "bn-one");
     bn_path(pipe, sizeof pipe, "bn-pipeline");
-    mg_model *m = bn_model(5);
+    mg_model *m = bn_model(5, dev);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
     so.max_batch = 6;
     mg_strategy *s;
@@ -623,12 +631,22 @@ TEST_T(pipeline_batch_norm_and_dropout_checkpoint_is_one_process, 120)
         {2, 1, MG_PIPE_1F1B}, {3, 1, MG_PIPE_GPIPE}, {2, 2, MG_PIPE_INTERLEAVED},
         {4, 1, MG_PIPE_1F1B},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (int i = 0; i < ncases; i++) {
         eq_case c = {.pp = cases[i].P, .pp_kind = cases[i].k, .chunks = cases[i].V,
-                     .port = mgt_free_port()};
+                     .port = mgt_free_port(), .dev = dev};
         int st[4];
         CHECK_EQ(mgt_fork_ranks(c.pp, bn_rank, &c, 60, st), 0);
         CHECK_MSG(same_bytes(one, pipe), "%s P=%d: the checkpoint differs from one process's",
                   mg_pipe_name(c.pp_kind), c.pp);
     }
+}
+
+TEST_T(pipeline_batch_norm_and_dropout_checkpoint_is_one_process, 120)
+{
+    bn_checkpoints((mg_device){MG_DEVICE_CPU, 0}, 4);
+}
+
+TEST_T(pipeline_batch_norm_and_dropout_on_a_device_checkpoint_is_one_process, 120)
+{
+    bn_checkpoints((mg_device){MG_DEVICE_EMU, 0}, 3);
 }

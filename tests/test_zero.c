@@ -46,6 +46,19 @@ static int zero_rank(int rank, int world, void *arg)
     CHECK_EQ(own * (size_t)world, mg_model_arena_size(m));
     float losses[64];
     float *v = eq_train(c, s, &src, losses);
+    if (c->dev.kind != MG_DEVICE_CPU) {
+        /* On a device too a rank holds only its pieces of what its stage
+         * shards (and the edges' partial pages): ZeRO-3 of the parameters,
+         * ZeRO-2 and 3 of the gradients. */
+        size_t n = mg_model_arena_size(m) * sizeof(float), page = 4096;
+        size_t want = own * sizeof(float) + 4 * page * (size_t)np;
+        size_t p = mg_device_resident(c->dev, mg_model_params(m), n);
+        size_t gr = mg_device_resident(c->dev, mg_model_grads(m), n);
+        CHECK_MSG(c->stage < 3 ? p == n : p <= want, "stage %d: %zu of %zu parameter bytes held "
+                  "(its pieces: %zu)", c->stage, p, n, own * sizeof(float));
+        CHECK_MSG(c->stage < 2 ? gr == n : gr <= want, "stage %d: %zu of %zu gradient bytes held "
+                  "(its pieces: %zu)", c->stage, gr, n, own * sizeof(float));
+    }
     /* The rank's share of the global mean loss. */
     for (int i = 0; i < c->steps; i++) losses[i] /= (float)world;
     eq_write_floats("losses", rank, losses, (size_t)c->steps);

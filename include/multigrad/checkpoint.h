@@ -85,7 +85,9 @@ typedef struct mg_ckpt_meta {
 /* Save parameters, buffers, optimizer state (o may be NULL) and meta (may
  * be NULL; meta->model is ignored, the model's name is written). Optimizer
  * state is saved as "optim.<state>.<param name>" tensors of the
- * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. */
+ * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. A model on
+ * a device goes to the host with its optimizer for the file and comes
+ * back (so do they for mg_checkpoint_load). */
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta);
 /* A checkpoint written by several processes into one file, each its own
@@ -97,7 +99,8 @@ mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
  * hold their state), and the buffers where `buffers`, getting the CRC of
  * every piece it wrote; the creator, with every process's pieces, writes
  * the header (refusing bytes nobody or two processes wrote) and commits.
- * mg_checkpoint_save is this with one process writing everything. */
+ * mg_checkpoint_save is this with one process writing everything. The
+ * writer reads the model and optimizer in host memory. */
 typedef struct mg_ckpt_writer mg_ckpt_writer;
 typedef struct mg_ckpt_piece {
     int32_t tensor;     /* index in the file's table */
@@ -124,7 +127,8 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
                              mg_ckpt_meta *meta);
 /* Load only parameters (and buffers if present) from any safetensors file
  * named as PyTorch's state_dict (e.g. exported from PyTorch); `prefix`
- * (may be NULL) is prepended to each name looked up ("init."). */
+ * (may be NULL) is prepended to each name looked up ("init."). A model on
+ * a device gets them through host copies. */
 mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix);
 
 #ifdef __cplusplus

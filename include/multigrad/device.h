@@ -70,12 +70,30 @@ void mg_device_host_unregister(mg_device d, void *p);
  * for memory from mg_device_alloc, else the CPU. The collectives ask it
  * of their buffers (comm.h), as a CUDA-aware MPI does. */
 mg_device mg_device_of(const void *p);
+/* Memory on device d (not the CPU, whose is mg_map_zero's) whose parts
+ * can be given back (mg_device_discard) and had again, for arenas that a
+ * sharded strategy keeps only in part (ZeRO-3's parameters, ZeRO-2's
+ * gradients, a pipeline stage's). In granules: on a GPU, reserved address
+ * space whose granules (2 MiB) are allocated and mapped, or unmapped and
+ * freed (CUDA's virtual memory management; plain memory, nothing ever
+ * given back, with a driver without it); on emu, host pages, and one
+ * given back is made inaccessible as an unmapped granule is on a GPU, so
+ * that tests on emu stop where a GPU would fault. A granule given back
+ * holds memory again when mg_device_copy or mg_device_zero writes it
+ * (zeros where not written), and mg_device_copy reads it as zeros; a
+ * kernel must not touch it. Zeroed; freed with mg_device_free. */
+void *mg_device_alloc_sparse(mg_device d, size_t bytes);
 /* Zeroes n bytes of d's memory, in order with the kernels queued on d. */
 mg_status mg_device_zero(mg_device d, void *p, size_t bytes);
 /* The contents of n bytes at p are no longer needed (they read as
- * anything afterwards): memory of the CPU and emu gives its whole pages
- * back (mg_mem_discard); a GPU's stays as it is. */
+ * anything afterwards): a sparse allocation gives back the granules
+ * wholly inside (a GPU's once its queued work is done); other memory of
+ * the CPU and emu gives its whole pages back (mg_mem_discard); a GPU's
+ * stays as it is. */
 void mg_device_discard(mg_device d, void *p, size_t bytes);
+/* The bytes of [p, p + n) that hold memory: less than n only in a sparse
+ * allocation with granules given back. */
+size_t mg_device_resident(mg_device d, const void *p, size_t bytes);
 
 /* The device the calling thread's kernels run on (tensor.h, and
  * mg_grad_sumsq/_scale of optim.h): the CPU unless set. Pointers given to

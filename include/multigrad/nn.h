@@ -91,10 +91,9 @@ void mg_model_init_params(mg_model *m, uint64_t seed);
  * (made again after the move) keep their activations there and run its
  * kernels. Inputs, labels and output gradients given to tapes stay host
  * memory (they are copied in); logits and input gradients are device
- * memory (mg_tape_logits_to_host copies the logits). MG_EUNSUPPORTED
- * naming the first layer without device kernels (the zoo's layers have
- * them: linear, ReLU, conv2d with its fused ReLU and pool, the gpt
- * layers; batch norm, dropout, separate pooling and residuals do not). */
+ * memory (mg_tape_logits_to_host copies the logits). Every layer of the
+ * library has device kernels; MG_EUNSUPPORTED names the first layer
+ * without them, should a model have one. */
 mg_status mg_model_to_device(mg_model *m, mg_device dev);
 mg_device mg_model_device(const mg_model *m);
 

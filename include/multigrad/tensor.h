@@ -164,8 +164,9 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu);
 
-/* y += a;  y = a * b (elementwise). */
+/* y += a;  y = a * b (elementwise);  y = x (n floats, not overlapping). */
 void mg_add_into(float *y, const float *a, size_t n);
+void mg_copy_floats(float *y, const float *x, size_t n);
 void mg_mul(float *y, const float *a, const float *b, size_t n);
 
 /* Inverted dropout: keep[i] = 1 with probability 1-p from the

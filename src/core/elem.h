@@ -5,12 +5,61 @@
 #define MG_CORE_ELEM_H
 
 #include <math.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define MG_HD __host__ __device__
 #else
 #define MG_HD
 #endif
+
+/* Philox-4x32-10 (Salmon et al., SC'11), the block `ctr` of the stream
+ * `seed` (src/core/rng.c: mg_rng's words are these blocks in turn). */
+static inline MG_HD void mg__philox(uint64_t seed, uint64_t ctr, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int i = 0; i < 10; i++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n1 = (uint32_t)p1;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        uint32_t n3 = (uint32_t)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+/* The k x k window of output (oy, ox) of a pool with stride s over a
+ * plane of width w (src/tensor/pool.c): its mean, and its maximum with
+ * the flat index of the first maximum in row-major order. */
+static inline MG_HD float mg__pool_mean(const float *xp, int w, int k, int s, int oy, int ox)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k; j++) acc += xp[(oy * s + i) * w + ox * s + j];
+    return acc * (1.0f / (float)(k * k));
+}
+
+static inline MG_HD float mg__pool_max(const float *xp, int w, int k, int s, int oy, int ox,
+                                       int32_t *arg)
+{
+    int best = oy * s * w + ox * s;
+    float m = xp[best];
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k; j++) {
+            int idx = (oy * s + i) * w + ox * s + j;
+            if (xp[idx] > m) {
+                m = xp[idx];
+                best = idx;
+            }
+        }
+    *arg = best;
+    return m;
+}
 
 /* GELU with the tanh approximation (src/tensor/gelu.c):
  * s = sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3); gelu(v) = v s. */

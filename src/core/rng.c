@@ -2,24 +2,7 @@
  * is a pure function of (seed, counter): reproducible across runs and ranks. */
 #include <math.h>
 #include "multigrad/core.h"
-
-static void philox(uint64_t seed, uint64_t ctr, uint32_t out[4])
-{
-    uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int i = 0; i < 10; i++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
-        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
-        uint32_t n1 = (uint32_t)p1;
-        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        uint32_t n3 = (uint32_t)p0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
-}
+#include "core/elem.h"
 
 void mg_rng_init(mg_rng *r, uint64_t seed)
 {
@@ -31,7 +14,7 @@ void mg_rng_init(mg_rng *r, uint64_t seed)
 uint32_t mg_rng_u32(mg_rng *r)
 {
     if (r->avail == 0) {
-        philox(r->seed, r->counter++, r->buf);
+        mg__philox(r->seed, r->counter++, r->buf);
         r->avail = 4;
     }
     return r->buf[4 - r->avail--];

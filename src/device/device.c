@@ -11,6 +11,7 @@
 #include "multigrad/core.h"
 #include "multigrad/device.h"
 #include "device/dk.h"
+#include "device/sparse.h"
 #ifdef MG_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -217,9 +218,29 @@ void *mg_device_alloc(mg_device d, size_t bytes)
 #endif
 }
 
+void *mg_device_alloc_sparse(mg_device d, size_t bytes)
+{
+    if (d.kind == MG_DEVICE_CPU) {
+        mg_error(MG_EINVAL, "mg_device_alloc_sparse is for devices (the CPU's: mg_map_zero)");
+        return NULL;
+    }
+    if (mg_device_check(d)) return NULL;
+    bool fallback;
+    void *p = mg__sparse_alloc(d, bytes, &fallback);
+    if (fallback) {
+        mg_debug("device memory of %zu bytes that parts cannot be given back of: the driver has "
+                 "no virtual memory management", bytes);
+        return mg_device_alloc(d, bytes);
+    }
+#ifdef MG_HAVE_CUDA
+    if (p && d.kind == MG_DEVICE_CUDA) atomic_store(&cuda_used, 1);
+#endif
+    return p;
+}
+
 void mg_device_free(mg_device d, void *p)
 {
-    if (!p) return;
+    if (!p || mg__sparse_free(p)) return;
     if (host_mem(d)) {
         if (d.kind == MG_DEVICE_EMU) emu_remove(p);
         mg_free(p);
@@ -230,9 +251,8 @@ void mg_device_free(mg_device d, void *p)
 #endif
 }
 
-mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n)
+static mg_status copy_plain(mg_device to, void *dst, mg_device from, const void *src, size_t n)
 {
-    if (!n) return MG_OK;
     if (host_mem(to) && host_mem(from)) {
         memmove(dst, src, n);
         return MG_OK;
@@ -258,6 +278,39 @@ mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *sr
                                                       : "within the GPU",
                         cudaGetErrorString(e));
 #endif
+    return MG_OK;
+}
+
+/* n bytes of d's memory zeroed, complete on return. */
+static mg_status zero_now(mg_device d, void *p, size_t n)
+{
+    if (host_mem(d)) {
+        memset(p, 0, n);
+        return MG_OK;
+    }
+#ifdef MG_HAVE_CUDA
+    MG_TRY(use(d));
+    cudaError_t e = cudaMemset(p, 0, n);
+    if (e != cudaSuccess)
+        return mg_error(MG_EIO, "cuda:%d: zeroing %zu bytes: %s", d.index, n,
+                        cudaGetErrorString(e));
+#endif
+    return MG_OK;
+}
+
+/* What a copy writes of a sparse allocation holds memory first; what it
+ * reads of one that was given back reads as zeros. */
+mg_status mg_device_copy(mg_device to, void *dst, mg_device from, const void *src, size_t n)
+{
+    if (!n) return MG_OK;
+    if (to.kind != MG_DEVICE_CPU) MG_TRY(mg__sparse_commit(dst, n));
+    for (size_t at = 0, run; at < n; at += run) {
+        bool held = true;
+        run = from.kind == MG_DEVICE_CPU ? n - at : mg__sparse_run((const char *)src + at, n - at,
+                                                                   &held);
+        MG_TRY(held ? copy_plain(to, (char *)dst + at, from, (const char *)src + at, run)
+                    : zero_now(to, (char *)dst + at, run));
+    }
     return MG_OK;
 }
 
@@ -322,6 +375,8 @@ void mg_device_host_unregister(mg_device d, void *p)
 
 mg_device mg_device_of(const void *p)
 {
+    mg_device d;
+    if (mg__sparse_device(p, &d)) return d;
     if (emu_has(p)) return (mg_device){MG_DEVICE_EMU, 0};
 #ifdef MG_HAVE_CUDA
     struct cudaPointerAttributes a;
@@ -337,6 +392,7 @@ mg_device mg_device_of(const void *p)
 mg_status mg_device_zero(mg_device d, void *p, size_t bytes)
 {
     if (!bytes) return MG_OK;
+    if (d.kind != MG_DEVICE_CPU) MG_TRY(mg__sparse_commit(p, bytes));
     if (host_mem(d)) {
         memset(p, 0, bytes);
         return MG_OK;
@@ -351,7 +407,13 @@ mg_status mg_device_zero(mg_device d, void *p, size_t bytes)
 
 void mg_device_discard(mg_device d, void *p, size_t bytes)
 {
+    if (d.kind != MG_DEVICE_CPU && mg__sparse_discard(p, bytes)) return;
     if (host_mem(d)) mg_mem_discard(p, bytes);
+}
+
+size_t mg_device_resident(mg_device d, const void *p, size_t bytes)
+{
+    return d.kind == MG_DEVICE_CPU ? bytes : mg__sparse_resident(p, bytes);
 }
 
 mg_status mg_device_set_current(mg_device d)

@@ -81,6 +81,22 @@ void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float
 void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
                            const float *x, const float *wt, int n, int in, int out, bool relu);
 void mg_dk_add_into(float *y, const float *a, size_t n);
+void mg_dk_copy_floats(float *y, const float *x, size_t n);
+void mg_dk_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter);
+void mg_dk_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n, float p);
+void mg_dk_avgpool2d_forward(float *y, const float *x, int nc, int h, int w, int k, int s);
+void mg_dk_avgpool2d_backward(float *dx, const float *dy, int nc, int h, int w, int k, int s);
+void mg_dk_maxpool2d_forward(float *y, int32_t *arg, const float *x, int nc, int h, int w,
+                             int k, int s);
+void mg_dk_maxpool2d_backward(float *dx, const float *dy, const int32_t *arg, int nc, int h,
+                              int w, int k, int s);
+void mg_dk_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
+                               const float *gamma, const float *beta, float *run_mean,
+                               float *run_var, int n, int c, int hw, float eps, float momentum,
+                               bool training);
+void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                                const float *x, const float *mean, const float *invstd,
+                                const float *gamma, int n, int c, int hw, bool training);
 void mg_dk_mul(float *y, const float *a, const float *b, size_t n);
 void mg_dk_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
                              const float *b, size_t rows, int d, float eps);

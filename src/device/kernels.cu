@@ -448,6 +448,14 @@ static HD inline float lane_sum(float v)
     return v;
 }
 
+static HD inline double lane_sum_d(double v)
+{
+#ifdef __CUDA_ARCH__
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+#endif
+    return v;
+}
+
 static HD inline float lane_max(float v)
 {
 #ifdef __CUDA_ARCH__
@@ -558,6 +566,189 @@ extern "C" void mg_dk_add_into(float *y, const float *a, size_t n)
 extern "C" void mg_dk_mul(float *y, const float *a, const float *b, size_t n)
 {
     each(n, [=] HD(size_t i) { y[i] = a[i] * b[i]; });
+}
+
+extern "C" void mg_dk_copy_floats(float *y, const float *x, size_t n)
+{
+    if (!n) return;
+#ifdef __CUDACC__
+    if (!DK()->emu) {
+        ck(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, DK()->stream),
+           "copy within the GPU");
+        return;
+    }
+#endif
+    memcpy(y, x, n * sizeof(float));
+}
+
+/* ---- Dropout, pooling, batch normalisation ---------------------------------- *
+ * The CPU's kernels (src/tensor/dense.c, pool.c, batchnorm.c) element for
+ * element: the same mask stream, and each input gradient gathered from the
+ * outputs that cover it in the order the CPU adds them, so they agree
+ * bit for bit; batch normalisation's sums per channel are a warp's, in
+ * double as the CPU's. */
+
+extern "C" void mg_dk_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed,
+                                   uint64_t counter)
+{
+    uint32_t thr = (uint32_t)((double)p * 16777216.0);
+    /* Word i of the stream from block `counter`: mg_rng's order. */
+    each(n, [=] HD(size_t i) {
+        uint32_t w[4];
+        mg__philox(seed, counter + i / 4, w);
+        keep[i] = (w[i % 4] >> 8) >= thr;
+    });
+}
+
+extern "C" void mg_dk_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n,
+                                    float p)
+{
+    float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    each(n, [=] HD(size_t i) { y[i] = keep[i] ? x[i] * scale : 0.0f; });
+}
+
+/* The outputs o (of n along an axis, stride s, window k) whose windows
+ * hold input i: [*o0, *o1]. */
+static HD inline void covering(int i, int k, int s, int n, int *o0, int *o1)
+{
+    *o0 = i < k ? 0 : (i - k) / s + 1;
+    *o1 = i / s < n - 1 ? i / s : n - 1;
+}
+
+/* Input element e of planes h x w pooled to oh x ow: its plane's outputs
+ * start at *out (of the plane p it returns), the covering ones are rows
+ * r[0..1] and columns r[2..3], and it is at *at within its plane. */
+static HD inline size_t pooled_by(size_t e, int h, int w, int k, int s, int oh, int ow, int r[4],
+                                  int *at)
+{
+    int iy = (int)(e / w % h), ix = (int)(e % w);
+    covering(iy, k, s, oh, &r[0], &r[1]);
+    covering(ix, k, s, ow, &r[2], &r[3]);
+    *at = iy * w + ix;
+    return e / ((size_t)h * w) * oh * ow;
+}
+
+extern "C" void mg_dk_avgpool2d_forward(float *y, const float *x, int nc, int h, int w, int k,
+                                        int s)
+{
+    int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+    each((size_t)nc * oh * ow, [=] HD(size_t q) {
+        y[q] = mg__pool_mean(x + q / ((size_t)oh * ow) * h * w, w, k, s, (int)(q / ow % oh),
+                             (int)(q % ow));
+    });
+}
+
+extern "C" void mg_dk_avgpool2d_backward(float *dx, const float *dy, int nc, int h, int w, int k,
+                                         int s)
+{
+    int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+    float inv = 1.0f / (float)(k * k);
+    each((size_t)nc * h * w, [=] HD(size_t e) {
+        int r[4], at;
+        const float *gp = dy + pooled_by(e, h, w, k, s, oh, ow, r, &at);
+        float acc = 0.0f;
+        for (int oy = r[0]; oy <= r[1]; oy++)
+            for (int ox = r[2]; ox <= r[3]; ox++) acc += gp[oy * ow + ox] * inv;
+        dx[e] = acc;
+    });
+}
+
+extern "C" void mg_dk_maxpool2d_forward(float *y, int32_t *arg, const float *x, int nc, int h,
+                                        int w, int k, int s)
+{
+    int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+    each((size_t)nc * oh * ow, [=] HD(size_t q) {
+        y[q] = mg__pool_max(x + q / ((size_t)oh * ow) * h * w, w, k, s, (int)(q / ow % oh),
+                            (int)(q % ow), &arg[q]);
+    });
+}
+
+extern "C" void mg_dk_maxpool2d_backward(float *dx, const float *dy, const int32_t *arg, int nc,
+                                         int h, int w, int k, int s)
+{
+    int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+    each((size_t)nc * h * w, [=] HD(size_t e) {
+        int r[4], at;
+        size_t o = pooled_by(e, h, w, k, s, oh, ow, r, &at);
+        const float *gp = dy + o;
+        const int32_t *ap = arg + o;
+        float acc = 0.0f;
+        for (int oy = r[0]; oy <= r[1]; oy++)
+            for (int ox = r[2]; ox <= r[3]; ox++)
+                if (ap[oy * ow + ox] == at) acc += gp[oy * ow + ox];
+        dx[e] = acc;
+    });
+}
+
+extern "C" void mg_dk_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
+                                          const float *gamma, const float *beta,
+                                          float *run_mean, float *run_var, int n, int c, int hw,
+                                          float eps, float momentum, bool training)
+{
+    size_t m = (size_t)n * hw;
+    rows((size_t)c, [=] HD(size_t ch, int lane, int lanes) {
+        /* Element j of the channel: image j / hw, position j % hw. */
+#define MG__AT(j) (((j) / hw * (size_t)c + ch) * hw + (j) % hw)
+        float mu, is;
+        if (training) {
+            double sum = 0.0, s2 = 0.0;
+            for (size_t j = lane; j < m; j += lanes) sum += x[MG__AT(j)];
+            sum = lane_sum_d(sum);
+            double dm = m ? sum / (double)m : 0.0;
+            for (size_t j = lane; j < m; j += lanes) {
+                double d = x[MG__AT(j)] - dm;
+                s2 += d * d;
+            }
+            s2 = lane_sum_d(s2);
+            double var = m ? s2 / (double)m : 0.0;
+            double unbiased = m > 1 ? s2 / (double)(m - 1) : var;
+            mu = (float)dm;
+            is = (float)(1.0 / sqrt(var + eps));
+            if (run_mean && lane == 0) {
+                run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)dm;
+                run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+            }
+        } else {
+            mu = run_mean[ch];
+            is = (float)(1.0 / sqrt((double)run_var[ch] + eps));
+        }
+        if (lane == 0) {
+            mean[ch] = mu;
+            invstd[ch] = is;
+        }
+        float a = gamma[ch] * is, b = beta[ch] - mu * a;
+        for (size_t j = lane; j < m; j += lanes) y[MG__AT(j)] = x[MG__AT(j)] * a + b;
+    });
+}
+
+extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta,
+                                           const float *dy, const float *x, const float *mean,
+                                           const float *invstd, const float *gamma, int n, int c,
+                                           int hw, bool training)
+{
+    size_t m = (size_t)n * hw;
+    rows((size_t)c, [=] HD(size_t ch, int lane, int lanes) {
+        float mu = mean[ch], is = invstd[ch];
+        double sdy = 0.0, sdyx = 0.0;
+        for (size_t j = lane; j < m; j += lanes) {
+            float g = dy[MG__AT(j)];
+            sdy += g;
+            sdyx += (double)g * ((x[MG__AT(j)] - mu) * is);
+        }
+        sdy = lane_sum_d(sdy);
+        sdyx = lane_sum_d(sdyx);
+        if (lane == 0) {
+            dgamma[ch] += (float)sdyx;
+            dbeta[ch] += (float)sdy;
+        }
+        if (!dx) return;
+        float a = gamma[ch] * is;
+        float c0 = training && m ? (float)(sdy / (double)m) : 0.0f;
+        float c1 = training && m ? (float)(sdyx / (double)m) : 0.0f;
+        for (size_t j = lane; j < m; j += lanes)
+            dx[MG__AT(j)] = a * (dy[MG__AT(j)] - c0 - (x[MG__AT(j)] - mu) * is * c1);
+#undef MG__AT
+    });
 }
 
 extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b,

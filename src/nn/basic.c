@@ -59,7 +59,7 @@ static void avgpool_backward(mg_layer *l, const mg_ctx *c, const float *x, const
 }
 
 static const mg_layer_vt avgpool_vt = {
-    .kind = "avgpool2d", .setup = pool_setup, .sizes = mg__no_sizes,
+    .kind = "avgpool2d", .on_device = true, .setup = pool_setup, .sizes = mg__no_sizes,
     .forward = avgpool_forward, .backward = avgpool_backward,
 };
 
@@ -86,7 +86,7 @@ static void maxpool_backward(mg_layer *l, const mg_ctx *c, const float *x, const
 }
 
 static const mg_layer_vt maxpool_vt = {
-    .kind = "maxpool2d", .setup = pool_setup, .sizes = maxpool_sizes,
+    .kind = "maxpool2d", .on_device = true, .setup = pool_setup, .sizes = maxpool_sizes,
     .forward = maxpool_forward, .backward = maxpool_backward,
 };
 
@@ -121,17 +121,17 @@ static mg_status flatten_setup(mg_layer *l, const int in[3], int out[3])
 
 static void copy_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
-    memcpy(y, x, (size_t)n * mg__per_image(l->in) * sizeof(float));
+    mg_copy_floats(y, x, (size_t)n * mg__per_image(l->in));
 }
 
 static void copy_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                           float *dy, float *dx, int n)
 {
-    if (dx) memcpy(dx, dy, (size_t)n * mg__per_image(l->in) * sizeof(float));
+    if (dx) mg_copy_floats(dx, dy, (size_t)n * mg__per_image(l->in));
 }
 
 static const mg_layer_vt flatten_vt = {
-    .kind = "flatten", .setup = flatten_setup, .sizes = mg__no_sizes,
+    .kind = "flatten", .on_device = true, .setup = flatten_setup, .sizes = mg__no_sizes,
     .forward = copy_forward, .backward = copy_backward,
 };
 
@@ -165,7 +165,7 @@ static void dropout_forward(mg_layer *l, const mg_ctx *c, const float *x, float 
     dropout_layer *d = (dropout_layer *)l;
     size_t m = (size_t)n * mg__per_image(l->in);
     if (!c->training || d->p == 0.0f) {
-        memcpy(y, x, m * sizeof(float));
+        mg_copy_floats(y, x, m);
         return;
     }
     uint8_t *keep = (uint8_t *)mg__saved(l, c);
@@ -180,13 +180,13 @@ static void dropout_backward(mg_layer *l, const mg_ctx *c, const float *x, const
     size_t m = (size_t)n * mg__per_image(l->in);
     if (!dx) return;
     if (!c->training || d->p == 0.0f)
-        memcpy(dx, dy, m * sizeof(float));
+        mg_copy_floats(dx, dy, m);
     else
         mg_dropout_apply(dx, dy, (const uint8_t *)mg__saved(l, c), m, d->p);
 }
 
 static const mg_layer_vt dropout_vt = {
-    .kind = "dropout", .setup = mg__same_setup, .sizes = dropout_sizes,
+    .kind = "dropout", .on_device = true, .setup = mg__same_setup, .sizes = dropout_sizes,
     .forward = dropout_forward, .backward = dropout_backward,
 };
 

@@ -63,7 +63,7 @@ static void bn_init(mg_layer *l, mg_rng *r)
 }
 
 static const mg_layer_vt bn_vt = {
-    .kind = "batchnorm2d", .setup = bn_setup, .sizes = bn_sizes,
+    .kind = "batchnorm2d", .on_device = true, .setup = bn_setup, .sizes = bn_sizes,
     .forward = bn_forward, .backward = bn_backward, .init = bn_init,
 };
 

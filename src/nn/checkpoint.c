@@ -274,8 +274,36 @@ mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_c
     return st;
 }
 
+/* A model on a device, and its optimizer, go to the host for a file and
+ * come back (*was: where they were). */
+static mg_status to_host(mg_model *m, mg_optim *o, mg_device *was)
+{
+    mg_device cpu = {MG_DEVICE_CPU, 0};
+    *was = mg_model_device(m);
+    if (was->kind == MG_DEVICE_CPU) return MG_OK;
+    MG_TRY(mg_model_to_device(m, cpu));
+    return o ? mg_optim_to_device(o, cpu) : MG_OK;
+}
+
+static mg_status back_from_host(mg_model *m, mg_optim *o, mg_device was, mg_status st)
+{
+    if (was.kind == MG_DEVICE_CPU) return st;
+    mg_status e = mg_model_to_device(m, was);
+    if (!e && o) e = mg_optim_to_device(o, was);
+    return st ? st : e;
+}
+
+static mg_status save_host(const char *path, mg_model *m, mg_optim *o, const mg_ckpt_meta *meta);
+
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta)
+{
+    mg_device was;
+    MG_TRY(to_host(m, o, &was));
+    return back_from_host(m, o, was, save_host(path, m, o, meta));
+}
+
+static mg_status save_host(const char *path, mg_model *m, mg_optim *o, const mg_ckpt_meta *meta)
 {
     mg_ckpt_writer *w;
     MG_TRY(mg_ckpt_writer_create(m, o, meta, &w));
@@ -524,7 +552,16 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
     return MG_OK;
 }
 
+static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta);
+
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
+{
+    mg_device was;
+    MG_TRY(to_host(m, o, &was));
+    return back_from_host(m, o, was, load_host(path, m, o, meta));
+}
+
+static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
 {
     mg_st_file *f;
     MG_TRY(mg_st_open(path, &f));
@@ -577,11 +614,22 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
         st = check_tensor(path, f, name, p, true, &x);
     }
     if (st) { mg_st_close(f); return st; }
-    for (int i = 0; i < nt; i++) {
+    /* A model on a device gets each tensor through a host copy. */
+    mg_device dev = mg_model_device(m), cpu = {MG_DEVICE_CPU, 0};
+    for (int i = 0; i < nt && !st; i++) {
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        if ((x = mg_st_find(f, name))) copy_part(p->data, x, 0, p->numel);
+        if (!(x = mg_st_find(f, name))) continue;
+        if (dev.kind == MG_DEVICE_CPU) {
+            copy_part(p->data, x, 0, p->numel);
+            continue;
+        }
+        float *h = malloc(p->numel * sizeof(float));
+        if (!h) st = mg_error(MG_ENOMEM, "%s: out of memory", path);
+        if (h) copy_part(h, x, 0, p->numel);
+        if (h) st = mg_device_copy(dev, p->data, cpu, h, p->numel * sizeof(float));
+        free(h);
     }
     mg_st_close(f);
-    return MG_OK;
+    return st;
 }

@@ -338,10 +338,10 @@ static void res_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, 
         so = (float *)mg__slot(l, c, 2);
         l->child[1]->vt->forward(l->child[1], &cc, x, (float *)so, n);
     }
-    for (size_t i = 0; i < m; i++) {
-        float v = bo[i] + so[i];
-        y[i] = r->relu && !(v > 0.0f) ? 0.0f : v;
-    }
+    /* y = bo + so, ReLU'd: the tensor kernels, so it runs on a device. */
+    mg_copy_floats(y, bo, m);
+    mg_add_into(y, so, m);
+    if (r->relu) mg_relu_forward(y, y, m);
 }
 
 static void res_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
@@ -352,10 +352,9 @@ static void res_backward(mg_layer *l, const mg_ctx *c, const float *x, const flo
     float *dy2 = c->scratch, *tmp = c->scratch + res_floats(l->out, n);
     cc.scratch = tmp + res_floats(l->in, n);
     size_t m = (size_t)n * mg__per_image(l->out);
-    if (r->relu)
-        for (size_t i = 0; i < m; i++) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    if (r->relu) mg_relu_backward(dy, dy, y, m);
     /* The branch may overwrite dy; the shortcut needs it too. */
-    memcpy(dy2, dy, m * sizeof(float));
+    mg_copy_floats(dy2, dy, m);
     mg_layer *b = l->child[0];
     if (dx || mg__layer_has_params(b))
         b->vt->backward(b, &cc, x, (float *)mg__slot(l, c, 1), dy, dx, n);
@@ -364,16 +363,15 @@ static void res_backward(mg_layer *l, const mg_ctx *c, const float *x, const flo
         if (dx || mg__layer_has_params(s)) {
             s->vt->backward(s, &cc, x, (float *)mg__slot(l, c, 2), dy2, dx ? tmp : NULL, n);
             size_t mi = (size_t)n * mg__per_image(l->in);
-            if (dx)
-                for (size_t i = 0; i < mi; i++) dx[i] += tmp[i];
+            if (dx) mg_add_into(dx, tmp, mi);
         }
     } else if (dx) {
-        for (size_t i = 0; i < m; i++) dx[i] += dy2[i];
+        mg_add_into(dx, dy2, m);
     }
 }
 
 static const mg_layer_vt res_vt = {
-    .kind = "residual", .setup = res_setup, .sizes = res_sizes, .bind = res_bind,
+    .kind = "residual", .on_device = true, .setup = res_setup, .sizes = res_sizes, .bind = res_bind,
     .propagate = res_propagate, .forward = res_forward, .backward = res_backward,
 };
 

@@ -278,11 +278,12 @@ static void bind_tensors(mg_model *m)
             }
 }
 
-/* Arena memory on d: mapped on the CPU (see layout), else the device's. */
+/* Arena memory on d: mapped on the CPU (see layout), else the device's,
+ * sparse as the CPU's is (sharded strategies give parts back). */
 static float *arena_alloc(mg_device d, size_t floats)
 {
     if (d.kind == MG_DEVICE_CPU) return mg_map_zero(floats * sizeof(float));
-    return mg_device_alloc(d, floats * sizeof(float));
+    return mg_device_alloc_sparse(d, floats * sizeof(float));
 }
 
 static void arena_free(mg_device d, float *p, size_t floats)
@@ -448,8 +449,7 @@ mg_status mg_model_to_device(mg_model *m, mg_device dev)
     const mg_layer *bad = dev.kind == MG_DEVICE_CPU ? NULL : no_device_kernels(m->root);
     if (bad)
         return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: layer '%s' (%s) has no device "
-                        "kernels yet (the zoo's models have: the gpt models, the lenets, mlp); use "
-                        "--device cpu",
+                        "kernels (every layer of the library has them); use --device cpu",
                         m->name, name, bad->name, bad->vt->kind);
     if (m->grads != m->own_grads)
         return mg_error(MG_EUNSUPPORTED, "model '%s': move it to %s before a strategy takes "

@@ -392,6 +392,20 @@ static const mg_unit_hooks zero_hooks = {.pre_forward = pre_forward,
 
 /* ---- the interface ------------------------------------------------------- */
 
+/* Stages 2-3 on a device: the gradient arena outside the pieces given
+ * back (on the CPU those pages are never written, so never there; a
+ * device's arena is allocated whole, and again after a checkpoint moved
+ * it). Nothing to do costs nothing. */
+static void grads_outside_pieces_back(mg_zero *z)
+{
+    if (z->dev.kind == MG_DEVICE_CPU || z->stage < 2) return;
+    float *g = mg_model_grads(z->m);
+    for (int i = 0; i < z->nb; i++) {
+        mg_device_discard(z->dev, g + z->b[i].lo, (z->b[i].plo - z->b[i].lo) * sizeof(float));
+        mg_device_discard(z->dev, g + z->b[i].phi, (z->b[i].hi - z->b[i].phi) * sizeof(float));
+    }
+}
+
 mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
                          mg_zero **out)
 {
@@ -453,6 +467,7 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
     for (int i = 0; i < z->nb && stage >= 2; i++)
         z->grad_bytes += (z->b[i].phi - z->b[i].plo) * sizeof(float);
     if (stage == 3) mg_zero_release(z);
+    grads_outside_pieces_back(z);
     note_peak(z);
     *out = z;
     return MG_OK;
@@ -490,6 +505,7 @@ void mg_zero_zero_grad(mg_zero *z)
 {
     float *gr = mg_model_grads(z->m);
     z->micro = 0;
+    grads_outside_pieces_back(z);
     if (z->gs) return;   /* the first micro-batch writes the file */
     if (z->stage == 1) {
         mg_model_zero_grad(z->m);

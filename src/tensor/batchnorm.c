@@ -5,12 +5,18 @@
  * are accumulated in double so large batches keep float accuracy. */
 #include <math.h>
 #include "multigrad/tensor.h"
+#include "device/dk.h"
 
 void mg_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
                             const float *gamma, const float *beta,
                             float *run_mean, float *run_var, int n, int c, int hw,
                             float eps, float momentum, bool training)
 {
+    if (mg__dk_cur) {
+        mg_dk_batchnorm2d_forward(y, mean, invstd, x, gamma, beta, run_mean, run_var, n, c, hw,
+                                  eps, momentum, training);
+        return;
+    }
     size_t m = (size_t)n * hw;
     for (int ch = 0; ch < c; ch++) {
         float mu, is;
@@ -55,6 +61,11 @@ void mg_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta, const float
                              const float *x, const float *mean, const float *invstd,
                              const float *gamma, int n, int c, int hw, bool training)
 {
+    if (mg__dk_cur) {
+        mg_dk_batchnorm2d_backward(dx, dgamma, dbeta, dy, x, mean, invstd, gamma, n, c, hw,
+                                   training);
+        return;
+    }
     size_t m = (size_t)n * hw;
     for (int ch = 0; ch < c; ch++) {
         float mu = mean[ch], is = invstd[ch];

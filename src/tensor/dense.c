@@ -3,6 +3,7 @@
  * layer keeps PyTorch's weight layout [out, in], so the forward is one
  * GEMM with B transposed (OpenBLAS packs it; no explicit transpose), the
  * weight gradient dy^T x and the input gradient dy W. */
+#include <string.h>
 #include "multigrad/tensor.h"
 #include "device/dk.h"
 
@@ -22,6 +23,15 @@ void mg_relu_backward(float *dx, const float *dy, const float *y, size_t n)
         return;
     }
     for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void mg_copy_floats(float *y, const float *x, size_t n)
+{
+    if (mg__dk_cur) {
+        mg_dk_copy_floats(y, x, n);
+        return;
+    }
+    memcpy(y, x, n * sizeof(float));
 }
 
 void mg_add_into(float *restrict y, const float *restrict a, size_t n)
@@ -86,6 +96,10 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
 
 void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter)
 {
+    if (mg__dk_cur) {
+        mg_dk_dropout_mask(keep, n, p, seed, counter);
+        return;
+    }
     /* Keep iff a 24-bit uniform is >= p * 2^24: exact for p in 2^-24 steps. */
     uint32_t thr = (uint32_t)((double)p * 16777216.0);
     mg_rng r;
@@ -96,6 +110,10 @@ void mg_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t c
 
 void mg_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n, float p)
 {
+    if (mg__dk_cur) {
+        mg_dk_dropout_apply(y, x, keep, n, p);
+        return;
+    }
     float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     for (size_t i = 0; i < n; i++) y[i] = keep[i] ? x[i] * scale : 0.0f;
 }
