@@ -18,8 +18,8 @@
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
 #    copied in on both sides).
 # 3. mgtrain gpt-mini on the GPU: one process, DDP on 2 ranks sharing the
-#    GPU (their buckets reduced through the host), ZeRO-3 and a 2-stage
-#    pipeline on the same 2 ranks, and --bf16.
+#    GPU (their buckets reduced through the host), ZeRO-3, ZeRO-2 with
+#    --offload cpu and a 2-stage pipeline on the same 2 ranks, and --bf16.
 # 4. mgbench all_reduce and all_gather on 2 ranks with the buffers on the
 #    GPU (staged through the host) beside the same in host memory.
 #
@@ -76,6 +76,8 @@ echo "== mgtrain gpt-mini, DDP on 2 ranks sharing the GPU"
 "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp | tail -1
 echo "== mgtrain gpt-mini, ZeRO-3 on 2 ranks sharing the GPU"
 "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 3 | tail -1
+echo "== mgtrain gpt-mini, ZeRO-2 on 2 ranks sharing the GPU, the optimizer on the host"
+"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 2 --offload cpu | tail -1
 echo "== mgtrain gpt-mini, a pipeline of 2 stages sharing the GPU"
 "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --mesh pp=2 | tail -1
 echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cuda --bf16 | tail -1

@@ -140,6 +140,9 @@ float *eq_train(const eq_case *c, mg_strategy *s, eq_source *src, float *losses)
         CHECK_EQ(n, 0);
     }
     bool lm = eq_lm(c);
+    /* Offloaded to the host, the optimizer stays there, checkpoints too. */
+    mg_device_kind ok = c->offload_cpu ? MG_DEVICE_CPU : mg_model_device(m).kind;
+    CHECK(mg_optim_device(o).kind == ok);
     mg_step_options so = {.accumulate = src->parts, .lr = lm ? 1e-3f : 0.05f,
                           .clip_grad = lm ? 1.0f : 0.0f};
     for (int step = 0; step < c->steps; step++) {
@@ -157,6 +160,7 @@ float *eq_train(const eq_case *c, mg_strategy *s, eq_source *src, float *losses)
         snprintf(again, sizeof again, "%.1000s.again", c->save);
         CHECK_OK(mg_strategy_load(s, c->save, o, NULL));
         CHECK_OK(mg_strategy_save(s, again, o, NULL));
+        CHECK(mg_optim_device(o).kind == ok);
     }
     CHECK_OK(mg_strategy_gather(s));
     float *v = malloc(mg_model_num_params(m) * sizeof(float));

@@ -25,6 +25,7 @@ typedef struct {
     mg_pipe_kind pp_kind;
     const int *first;
     mg_device dev;         /* where the ranks train (the one process: the CPU) */
+    bool offload_cpu;      /* with dev: the optimizer on the host (--offload cpu) */
 } eq_case;
 
 enum { T = 64, GB = 8 };   /* the gpt-mini reference: context, batch */

@@ -249,7 +249,8 @@ static void device_equals_cpu(const char *dev)
                d, worst);
         CHECK_MSG(d <= 1e-4, "%s, %d rank(s): parameters differ from the CPU's by %g", dev, k, d);
     }
-    /* ZeRO and pipelines (with data-parallel replicas) on the device, a
+    /* ZeRO, pipelines (with data-parallel replicas) and the optimizer
+     * offloaded to the host (--offload cpu) with the model on the device, a
      * checkpoint written at step 5 (the model goes through the host and
      * back, the pipeline's tapes are made again). A pipeline's batch of
      * 12 in its 2 micro-batches is one process's --batch 6 --accumulate 2
@@ -262,11 +263,14 @@ static void device_equals_cpu(const char *dev)
     free(out);
     static const struct { int n; const char *args; } more[] = {
         {3, "--parallel ddp --zero 3"}, {2, "--mesh pp=2"}, {4, "--mesh pp=2"},
+        {2, "--parallel ddp --offload cpu"}, {3, "--parallel ddp --zero 2 --offload cpu"},
     };
     for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
         rc = mgt_sh(&out, "%s -n %d %s " GPT_SMALL " --steps 10 --eval-every 5 --device %s %s "
                     "--save %s", run, more[i].n, bin, dev, more[i].args, other);
         CHECK_MSG(rc == 0 && strstr(out, "device: "), "%s", out);
+        if (strstr(more[i].args, "--offload cpu"))
+            CHECK_MSG(strstr(out, "state in host memory (--offload cpu)"), "%s", out);
         free(out);
         double worst, d = ckpt_rel_diff(other, strstr(more[i].args, "pp=") ? acc : ref, &worst);
         printf("gpt-mini on %s, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n", dev,

@@ -28,6 +28,7 @@ static int zero_rank(int rank, int world, void *arg)
     so.ddp.bucket_bytes = 256 << 10;
     so.offload_dir = c->offload;
     so.offload_window = c->window;
+    so.offload_cpu = c->offload_cpu;
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
     if (c->offload && c->stage == 3)   /* no parameter stays in memory between steps */
@@ -148,6 +149,12 @@ TEST_T(zero_on_a_device_stages_1_2_3_k2_k3_k4_equal_one_process_on_the_cpu, 400)
                          .accumulate = 1, .steps = 5, .dev = {MG_DEVICE_EMU, 0}};
             check_vs_one_process(c, 2e-6);
         }
+    /* --offload cpu: the optimizer on the host, each stage */
+    for (int stage = 1; stage <= 3; stage++) {
+        eq_case c = {.model = "lenet5", .stage = stage, .world = 2, .batch = 48,
+                     .accumulate = 1, .steps = 5, .dev = {MG_DEVICE_EMU, 0}, .offload_cpu = true};
+        check_vs_one_process(c, 2e-6);
+    }
     /* gpt-mini: the head tied to the embedding, accumulation, AdamW, clipping */
     eq_case c = {.model = "gpt-mini", .stage = 3, .world = 2, .batch = GB, .accumulate = 2,
                  .steps = 3, .dev = {MG_DEVICE_EMU, 0}};

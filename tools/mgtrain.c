@@ -39,6 +39,7 @@ typedef struct {
     mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     int tf32, bf16;     /* --tf32, --bf16 */
+    int offload_cpu;    /* --offload cpu */
     int zero;           /* --zero stage, 0: none */
     double bucket_mb;
     float lr, momentum, weight_decay, clip_grad, temperature;
@@ -149,7 +150,10 @@ static void usage(FILE *f)
 "                      parameter shard) in files in DIR, streamed through a few\n"
 "                      windows of MG_OFFLOAD_WINDOW_MB: the same numbers, less\n"
 "                      memory; the files are private and gone at exit\n"
-"  --offload cpu       accepted for device backends; a no-op on the CPU\n"
+"  --offload cpu       with --device: the optimizer's state in host memory and its\n"
+"                      step there (ZeRO-Offload); the gradients of the rank's\n"
+"                      ranges come to the host each step, the parameters go\n"
+"                      back. On the CPU, where the state is already, a no-op\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
 "gpt-mini only:\n"
@@ -293,10 +297,7 @@ static void parse_args(int argc, char **argv, options *o)
             if (!strncmp(optarg, "disk:", 5) && optarg[5]) {
                 o->offload_dir = optarg + 5;
             } else if (!strcmp(optarg, "cpu")) {
-                /* The CPU backend's state is in host memory already. */
-                fprintf(stderr, "%s: --offload cpu: on the CPU backend the state already "
-                        "lives in host memory, so nothing moves (disk:DIR moves it to files)\n",
-                        prog);
+                o->offload_cpu = 1;
             } else {
                 die("--offload '%s': give disk:DIR (a directory for the offload files) or cpu",
                     optarg);
@@ -988,7 +989,8 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
         size_t mem;
         mg_device_format(dev, d, sizeof d);
         if (mg_device_describe(dev, name, sizeof name, &mem)) die("%s", mg_last_error());
-        printf("device: %s (%s)\n", d, name);
+        printf("device: %s (%s)%s\n", d, name,
+               o->offload_cpu ? "; the optimizer's state in host memory (--offload cpu)" : "");
     }
     mg_strategy_options so = mg_strategy_defaults(t->mode);
     so.max_batch = t->mode == MG_STRATEGY_DP ? o->batch : local;
@@ -1000,6 +1002,10 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     so.ddp.compress = comp;
     so.zero_stage = o->zero;
     so.offload_dir = o->offload_dir;
+    so.offload_cpu = o->offload_cpu;
+    if (o->offload_cpu && dev.kind == MG_DEVICE_CPU && t->rank == 0)
+        fprintf(stderr, "%s: --offload cpu: on the CPU the state already lives in host memory, "
+                "so nothing moves (disk:DIR moves it to files)\n", prog);
     int first[64 * 64 + 1];
     if (t->mode == MG_STRATEGY_PIPELINE) pipeline_options(o, t, &so, first);
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());

@@ -273,6 +273,11 @@ typedef struct mg_strategy_options {
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
     const char *offload_dir;
     size_t offload_window;
+    /* A model on a device (--offload cpu, DeepSpeed's ZeRO-Offload): the
+     * optimizer's state stays in host memory and steps there; each step
+     * the gradients of this process's ranges come to the host and their
+     * parameters go back. Nothing changes for a model on the CPU. */
+    bool offload_cpu;
     /* pipeline: its group (the mesh's pp), the data-parallel group of
      * the replicas of this rank's stages (NULL: none; gradients are
      * averaged over it after the last backward) and the schedule. */

@@ -275,21 +275,20 @@ mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_c
 }
 
 /* A model on a device, and its optimizer, go to the host for a file and
- * come back (*was: where they were). */
-static mg_status to_host(mg_model *m, mg_optim *o, mg_device *was)
+ * each comes back to where it was (was[0], was[1]). */
+static mg_status to_host(mg_model *m, mg_optim *o, mg_device was[2])
 {
     mg_device cpu = {MG_DEVICE_CPU, 0};
-    *was = mg_model_device(m);
-    if (was->kind == MG_DEVICE_CPU) return MG_OK;
+    was[0] = mg_model_device(m);
+    was[1] = o ? mg_optim_device(o) : cpu;
     MG_TRY(mg_model_to_device(m, cpu));
     return o ? mg_optim_to_device(o, cpu) : MG_OK;
 }
 
-static mg_status back_from_host(mg_model *m, mg_optim *o, mg_device was, mg_status st)
+static mg_status back_from_host(mg_model *m, mg_optim *o, const mg_device was[2], mg_status st)
 {
-    if (was.kind == MG_DEVICE_CPU) return st;
-    mg_status e = mg_model_to_device(m, was);
-    if (!e && o) e = mg_optim_to_device(o, was);
+    mg_status e = mg_model_to_device(m, was[0]);
+    if (!e && o) e = mg_optim_to_device(o, was[1]);
     return st ? st : e;
 }
 
@@ -298,8 +297,8 @@ static mg_status save_host(const char *path, mg_model *m, mg_optim *o, const mg_
 mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta)
 {
-    mg_device was;
-    MG_TRY(to_host(m, o, &was));
+    mg_device was[2];
+    MG_TRY(to_host(m, o, was));
     return back_from_host(m, o, was, save_host(path, m, o, meta));
 }
 
@@ -556,8 +555,8 @@ static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_m
 
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
 {
-    mg_device was;
-    MG_TRY(to_host(m, o, &was));
+    mg_device was[2];
+    MG_TRY(to_host(m, o, was));
     return back_from_host(m, o, was, load_host(path, m, o, meta));
 }
 

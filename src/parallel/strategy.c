@@ -47,6 +47,11 @@ struct mg_strategy {
     mg_range whole;   /* the arena: the range of every unsharded strategy */
     char *offload_dir;
     size_t offload_window;
+    /* --offload cpu with a model on a device: the host's copies of the
+     * parameters and gradients of this process's ranges, the optimizer's
+     * (arena-sized mappings: only the ranges are ever touched) */
+    bool offload_cpu;
+    float *host_p, *host_g;
 };
 
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
@@ -156,6 +161,9 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
                         "strategy; use it with --zero");
     if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
+    if (o->offload_cpu && o->offload_dir)
+        return mg_error(MG_EINVAL, "offload: give one of --offload cpu (the optimizer in host "
+                        "memory) and --offload disk:DIR (in files)");
     if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind == MG_STRATEGY_DP)
         return mg_error(MG_EUNSUPPORTED, "strategy dp (threads sharing one model) does not run "
                         "on a device; use ddp, which runs one process per GPU, or --device cpu");
@@ -207,6 +215,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     s->offload_window = o->offload_window ? o->offload_window
                                           : (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
     s->whole = (mg_range){0, mg_model_arena_size(m)};
+    s->offload_cpu = o->offload_cpu && mg_model_device(m).kind != MG_DEVICE_CPU;
     if (st) {
         mg_strategy_destroy(s);
         return st;
@@ -223,6 +232,9 @@ void mg_strategy_destroy(mg_strategy *s)
     mg_zero_destroy(s->zero);
     mg_pipe_destroy(s->pipe);
     free(s->offload_dir);
+    size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
+    mg_unmap(s->host_p, bytes);
+    mg_unmap(s->host_g, bytes);
     free(s);
 }
 
@@ -247,9 +259,18 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     MG_TRY(mg_optim_create_ranges(cfg, r, n, out));
     mg_scratch *ps = s->zero ? mg_zero_param_store(s->zero) : NULL;
     mg_scratch *gs = s->zero ? mg_zero_grad_store(s->zero) : NULL;
-    mg_status st = s->offload_dir ? mg_optim_offload(*out, s->offload_dir, s->offload_window,
-                                                     ps, gs)
-                                  : mg_optim_to_device(*out, mg_model_device(s->m));
+    mg_status st = MG_OK;
+    if (s->offload_dir) {
+        st = mg_optim_offload(*out, s->offload_dir, s->offload_window, ps, gs);
+    } else if (s->offload_cpu) {   /* the optimizer stays on the host */
+        size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
+        if (!s->host_p) s->host_p = mg_map_zero(bytes);
+        if (!s->host_g) s->host_g = mg_map_zero(bytes);
+        if (!s->host_p || !s->host_g)
+            st = mg_error(MG_ENOMEM, "--offload cpu: cannot map %zu bytes of host memory", bytes);
+    } else {
+        st = mg_optim_to_device(*out, mg_model_device(s->m));
+    }
     st = agree(s, st);
     if (st) {
         mg_optim_destroy(*out);
@@ -391,29 +412,32 @@ static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
 }
 
 /* Checkpoints are written from and read into host memory: a model on a
- * device goes there with its optimizer for the file, and comes back. */
-static mg_status move_state(mg_strategy *s, mg_optim *o, mg_device d)
+ * device goes there with its optimizer for the file, and each comes back
+ * to where it was (an optimizer offloaded to the host stays there). */
+static mg_status move_state(mg_strategy *s, mg_optim *o, mg_device model, mg_device optim)
 {
-    MG_TRY(mg_model_to_device(s->m, d));
-    return o ? mg_optim_to_device(o, d) : MG_OK;
+    MG_TRY(mg_model_to_device(s->m, model));
+    return o ? mg_optim_to_device(o, optim) : MG_OK;
 }
 
 mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta)
 {
-    mg_device dev = mg_model_device(s->m);
+    mg_device dev = mg_model_device(s->m), cpu = {MG_DEVICE_CPU, 0};
     if (dev.kind == MG_DEVICE_CPU) return save_on_host(s, path, o, meta);
-    MG_TRY(move_state(s, o, (mg_device){MG_DEVICE_CPU, 0}));
-    mg_status st = save_on_host(s, path, o, meta), e = move_state(s, o, dev);
+    mg_device od = o ? mg_optim_device(o) : cpu;
+    MG_TRY(move_state(s, o, cpu, cpu));
+    mg_status st = save_on_host(s, path, o, meta), e = move_state(s, o, dev, od);
     return st ? st : e;
 }
 
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
 {
-    mg_device dev = mg_model_device(s->m);
+    mg_device dev = mg_model_device(s->m), cpu = {MG_DEVICE_CPU, 0};
     if (dev.kind == MG_DEVICE_CPU) return load_on_host(s, path, o, meta);
-    MG_TRY(move_state(s, o, (mg_device){MG_DEVICE_CPU, 0}));
-    mg_status st = load_on_host(s, path, o, meta), e = move_state(s, o, dev);
+    mg_device od = o ? mg_optim_device(o) : cpu;
+    MG_TRY(move_state(s, o, cpu, cpu));
+    mg_status st = load_on_host(s, path, o, meta), e = move_state(s, o, dev, od);
     return st ? st : e;
 }
 
@@ -584,6 +608,25 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     return st;
 }
 
+/* --offload cpu: the ranges' gradients and parameters to the host, the
+ * optimizer's step there, the parameters back. */
+static mg_status host_step(mg_strategy *s, mg_optim *o, float lr, const mg_range *rg, int nr)
+{
+    mg_model *m = s->m;
+    mg_device dev = mg_model_device(m), cpu = {MG_DEVICE_CPU, 0};
+    for (int k = 0; k < nr; k++) {
+        size_t lo = rg[k].lo, bytes = (rg[k].hi - lo) * sizeof(float);
+        MG_TRY(mg_device_copy(cpu, s->host_g + lo, dev, mg_model_grads(m) + lo, bytes));
+        MG_TRY(mg_device_copy(cpu, s->host_p + lo, dev, mg_model_params(m) + lo, bytes));
+    }
+    MG_TRY(mg_optim_step(o, s->host_p, s->host_g, lr));
+    for (int k = 0; k < nr; k++) {
+        size_t lo = rg[k].lo, bytes = (rg[k].hi - lo) * sizeof(float);
+        MG_TRY(mg_device_copy(dev, mg_model_params(m) + lo, cpu, s->host_p + lo, bytes));
+    }
+    return MG_OK;
+}
+
 /* Scaling, clipping and the optimizer's step after the micro-batches. */
 static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                              mg_step_result *r)
@@ -619,7 +662,8 @@ static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options 
     }
     double t0 = mg_trace_now();
     /* The optimizer's ranges are the strategy's (mg_strategy_optim). */
-    MG_TRY(mg_optim_step(o, p, g, opt->lr));
+    if (s->offload_cpu) MG_TRY(host_step(s, o, opt->lr, rg, nr));
+    else MG_TRY(mg_optim_step(o, p, g, opt->lr));
     mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
     return s->zero ? mg_zero_after_step(s->zero) : MG_OK;
 }
