@@ -263,7 +263,8 @@ static void device_equals_cpu(const char *dev)
     free(out);
     static const struct { int n; const char *args; } more[] = {
         {3, "--parallel ddp --zero 3"}, {2, "--mesh pp=2"}, {4, "--mesh pp=2"},
-        {2, "--parallel ddp --offload cpu"}, {3, "--parallel ddp --zero 2 --offload cpu"},
+        {2, "--parallel ddp --offload cpu --verbose"},
+        {3, "--parallel ddp --zero 2 --offload cpu"},
     };
     for (size_t i = 0; i < sizeof more / sizeof *more; i++) {
         rc = mgt_sh(&out, "%s -n %d %s " GPT_SMALL " --steps 10 --eval-every 5 --device %s %s "
@@ -271,6 +272,9 @@ static void device_equals_cpu(const char *dev)
         CHECK_MSG(rc == 0 && strstr(out, "device: "), "%s", out);
         if (strstr(more[i].args, "--offload cpu"))
             CHECK_MSG(strstr(out, "state in host memory (--offload cpu)"), "%s", out);
+        if (strstr(more[i].args, "--verbose"))   /* what the device holds, per rank */
+            CHECK_MSG(strstr(out, "rank 1 device memory now MB parameters") &&
+                      strstr(out, "the optimizer's state in host memory"), "%s", out);
         free(out);
         double worst, d = ckpt_rel_diff(other, strstr(more[i].args, "pp=") ? acc : ref, &worst);
         printf("gpt-mini on %s, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n", dev,

@@ -1131,6 +1131,16 @@ static void print_counters(trainer *t)
             t->rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6, ms.optim / 1e6,
             ms.activations / 1e6, (double)t->step_sent / (double)n / 1e6,
             (double)t->step_received / (double)n / 1e6, mg_peak_rss() / 1e6);
+    mg_model *m = mg_strategy_model(t->s);
+    mg_device d = mg_model_device(m);
+    if (d.kind != MG_DEVICE_CPU) {   /* what the device holds now, between steps */
+        size_t a = mg_model_arena_size(m) * sizeof(float);
+        fprintf(stderr, "%s: rank %d device memory now MB parameters %.1f gradients %.1f (of "
+                "%.1f each); the optimizer's state in %s memory\n", prog, t->rank,
+                mg_device_resident(d, mg_model_params(m), a) / 1e6,
+                mg_device_resident(d, mg_model_grads(m), a) / 1e6, a / 1e6,
+                mg_optim_device(t->opt).kind == MG_DEVICE_CPU ? "host" : "device");
+    }
     mg_pipe *p = mg_strategy_pipe(t->s);
     if (!p) return;
     /* The bubble as this rank lived it: the share of its steps' time it
