@@ -117,6 +117,12 @@ mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const 
 /* Sorts pc. */
 mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_ckpt_piece *pc,
                                int n);
+/* A model on a device and its optimizer in host memory for a file's
+ * writer or reader: begin moves both to the host, was[] getting where
+ * each was; end brings each back there and returns st, or the error of
+ * bringing them back (mg_checkpoint_save and _load do both). */
+mg_status mg_ckpt_host_begin(mg_model *m, mg_optim *o, mg_device was[2]);
+mg_status mg_ckpt_host_end(mg_model *m, mg_optim *o, const mg_device was[2], mg_status st);
 
 /* Load into m (and o if not NULL: the state of o's ranges, so a shard
  * reads its part of a checkpoint any world size wrote). Refuses a file of another model, with

@@ -274,9 +274,7 @@ mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_c
     return st;
 }
 
-/* A model on a device, and its optimizer, go to the host for a file and
- * each comes back to where it was (was[0], was[1]). */
-static mg_status to_host(mg_model *m, mg_optim *o, mg_device was[2])
+mg_status mg_ckpt_host_begin(mg_model *m, mg_optim *o, mg_device was[2])
 {
     mg_device cpu = {MG_DEVICE_CPU, 0};
     was[0] = mg_model_device(m);
@@ -285,7 +283,7 @@ static mg_status to_host(mg_model *m, mg_optim *o, mg_device was[2])
     return o ? mg_optim_to_device(o, cpu) : MG_OK;
 }
 
-static mg_status back_from_host(mg_model *m, mg_optim *o, const mg_device was[2], mg_status st)
+mg_status mg_ckpt_host_end(mg_model *m, mg_optim *o, const mg_device was[2], mg_status st)
 {
     mg_status e = mg_model_to_device(m, was[0]);
     if (!e && o) e = mg_optim_to_device(o, was[1]);
@@ -298,8 +296,8 @@ mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
                              const mg_ckpt_meta *meta)
 {
     mg_device was[2];
-    MG_TRY(to_host(m, o, was));
-    return back_from_host(m, o, was, save_host(path, m, o, meta));
+    MG_TRY(mg_ckpt_host_begin(m, o, was));
+    return mg_ckpt_host_end(m, o, was, save_host(path, m, o, meta));
 }
 
 static mg_status save_host(const char *path, mg_model *m, mg_optim *o, const mg_ckpt_meta *meta)
@@ -556,8 +554,8 @@ static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_m
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
 {
     mg_device was[2];
-    MG_TRY(to_host(m, o, was));
-    return back_from_host(m, o, was, load_host(path, m, o, meta));
+    MG_TRY(mg_ckpt_host_begin(m, o, was));
+    return mg_ckpt_host_end(m, o, was, load_host(path, m, o, meta));
 }
 
 static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)

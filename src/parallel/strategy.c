@@ -414,31 +414,19 @@ static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
 /* Checkpoints are written from and read into host memory: a model on a
  * device goes there with its optimizer for the file, and each comes back
  * to where it was (an optimizer offloaded to the host stays there). */
-static mg_status move_state(mg_strategy *s, mg_optim *o, mg_device model, mg_device optim)
-{
-    MG_TRY(mg_model_to_device(s->m, model));
-    return o ? mg_optim_to_device(o, optim) : MG_OK;
-}
-
 mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta)
 {
-    mg_device dev = mg_model_device(s->m), cpu = {MG_DEVICE_CPU, 0};
-    if (dev.kind == MG_DEVICE_CPU) return save_on_host(s, path, o, meta);
-    mg_device od = o ? mg_optim_device(o) : cpu;
-    MG_TRY(move_state(s, o, cpu, cpu));
-    mg_status st = save_on_host(s, path, o, meta), e = move_state(s, o, dev, od);
-    return st ? st : e;
+    mg_device was[2];
+    MG_TRY(mg_ckpt_host_begin(s->m, o, was));
+    return mg_ckpt_host_end(s->m, o, was, save_on_host(s, path, o, meta));
 }
 
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta)
 {
-    mg_device dev = mg_model_device(s->m), cpu = {MG_DEVICE_CPU, 0};
-    if (dev.kind == MG_DEVICE_CPU) return load_on_host(s, path, o, meta);
-    mg_device od = o ? mg_optim_device(o) : cpu;
-    MG_TRY(move_state(s, o, cpu, cpu));
-    mg_status st = load_on_host(s, path, o, meta), e = move_state(s, o, dev, od);
-    return st ? st : e;
+    mg_device was[2];
+    MG_TRY(mg_ckpt_host_begin(s->m, o, was));
+    return mg_ckpt_host_end(s->m, o, was, load_on_host(s, path, o, meta));
 }
 
 /* ---- evaluation and generation ------------------------------------------ */
