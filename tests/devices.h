@@ -15,14 +15,29 @@ static inline mg_device mgt_device(mg_device_kind kind)
     return (mg_device){kind, 0};
 }
 
-/* n floats of m's memory (on its device) in a host copy to free. */
-static inline float *mgt_host_floats(const mg_model *m, const float *p, size_t n)
+/* n floats of d's memory at p in a host copy to free. */
+static inline float *mgt_device_floats(mg_device d, const float *p, size_t n)
 {
     float *h = (float *)malloc(n * sizeof(float));
     CHECK(h != NULL);
-    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, mg_model_device(m), p,
-                            n * sizeof(float)));
+    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, d, p, n * sizeof(float)));
     return h;
+}
+
+/* n floats of m's memory (on its device) in a host copy to free. */
+static inline float *mgt_host_floats(const mg_model *m, const float *p, size_t n)
+{
+    return mgt_device_floats(mg_model_device(m), p, n);
+}
+
+/* Memory on d for n floats (and a few bytes more), holding h's when h is
+ * not NULL (else zeros); mg_device_free it. */
+static inline float *mgt_on_device(mg_device d, const float *h, size_t n)
+{
+    float *p = (float *)mg_device_alloc(d, n * sizeof(float) + 4);
+    CHECK(p != NULL);
+    if (h) CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
+    return p;
 }
 
 /* max |a - b| over max |b| (NaN counts as the largest error), checked

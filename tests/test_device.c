@@ -305,14 +305,6 @@ TEST(device_model_without_kernels_is_one_clear_error)
  * ReLU or not; stride 1 and 2; padding; odd sizes whose pool drops an
  * edge) on dev against the CPU's kernels: output and every gradient
  * within 1e-5 of their scale. */
-static float *on(mg_device d, const float *h, size_t n)
-{
-    float *p = mg_device_alloc(d, n * sizeof(float) + 4);
-    CHECK(p != NULL);
-    if (h) CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
-    return p;
-}
-
 static void back(float *h, mg_device d, const float *p, size_t n)
 {
     CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, d, p, n * sizeof(float)));
@@ -356,9 +348,9 @@ static void convs_equal_cpu(mg_device dev)
         /* The device. */
         CHECK_OK(mg_device_set_current(dev));
         size_t svb = mg_conv2d_saved_bytes(&s) * n, wsf = mg_conv2d_workspace(&s, n);
-        float *dx_ = on(dev, x, nx), *dw_ = on(dev, w, nw), *db_ = on(dev, b, s.oc);
-        float *ddy = on(dev, dy, ny), *dyo = on(dev, NULL, ny), *dgx = on(dev, NULL, nx);
-        float *dgw = on(dev, h[1][2], nw), *dgb = on(dev, h[1][3], s.oc), *dws = on(dev, NULL, wsf);
+        float *dx_ = mgt_on_device(dev, x, nx), *dw_ = mgt_on_device(dev, w, nw), *db_ = mgt_on_device(dev, b, s.oc);
+        float *ddy = mgt_on_device(dev, dy, ny), *dyo = mgt_on_device(dev, NULL, ny), *dgx = mgt_on_device(dev, NULL, nx);
+        float *dgw = mgt_on_device(dev, h[1][2], nw), *dgb = mgt_on_device(dev, h[1][3], s.oc), *dws = mgt_on_device(dev, NULL, wsf);
         uint8_t *dsv = mg_device_alloc(dev, svb + 1);
         CHECK(dsv != NULL);
         mg_conv2d_forward(dyo, dsv, dx_, dw_, db_, &s, n, dws);
@@ -397,22 +389,13 @@ typedef struct {
     int port;
 } coll_case;
 
-/* n floats of device d at p, as a host copy to free. */
-static float *dev_get(mg_device d, const float *p, size_t n)
-{
-    float *h = malloc(n * sizeof(float));
-    CHECK(h);
-    CHECK_OK(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, h, d, p, n * sizeof(float)));
-    return h;
-}
-
 /* Device memory holding f(rank, i) for i < n. */
 static float *dev_fill(mg_device d, int rank, size_t n)
 {
-    float *h = malloc(n * sizeof(float)), *p = mg_device_alloc(d, n * sizeof(float));
-    CHECK(h && p);
+    float *h = malloc(n * sizeof(float));
+    CHECK(h);
     for (size_t i = 0; i < n; i++) h[i] = cval(rank, i);
-    CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
+    float *p = mgt_on_device(d, h, n);
     free(h);
     return p;
 }
@@ -421,7 +404,7 @@ static float *dev_fill(mg_device d, int rank, size_t n)
  * cval(q, at + i). */
 static void check_sums(mg_device d, const float *p, int W, size_t at)
 {
-    float *h = dev_get(d, p, CN);
+    float *h = mgt_device_floats(d, p, CN);
     for (size_t i = 0; i < CN; i++) {
         float want = 0;
         for (int q = 0; q < W; q++) want += cval(q, at + i);
@@ -433,7 +416,7 @@ static void check_sums(mg_device d, const float *p, int W, size_t at)
 /* Device memory at p holds every rank's CN values in rank order. */
 static void check_gathered(mg_device d, const float *p, int W)
 {
-    float *h = dev_get(d, p, (size_t)CN * W);
+    float *h = mgt_device_floats(d, p, (size_t)CN * W);
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < CN; i++) CHECK(h[(size_t)q * CN + i] == cval(q, i));
     free(h);
@@ -477,7 +460,7 @@ static int coll_rank(int r, int W, void *arg)
     /* broadcast and reduce with roots; gather and scatter */
     x = dev_fill(d, r, CN);
     CHECK_OK(mg_broadcast(g, x, CN, MG_F32, 1 % W));
-    float *h = dev_get(d, x, CN);
+    float *h = mgt_device_floats(d, x, CN);
     for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval(1 % W, i));
     free(h);
     mg_device_free(d, x);
@@ -492,19 +475,19 @@ static int coll_rank(int r, int W, void *arg)
     w = dev_fill(d, r, all);
     x = mg_device_alloc(d, CN * sizeof(float));
     CHECK_OK(mg_scatter(g, w, x, CN, MG_F32, 0));
-    h = dev_get(d, x, CN);
+    h = mgt_device_floats(d, x, CN);
     for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval(0, (size_t)r * CN + i));
     free(h);
     /* all-to-all, and a ring of sends and receives from device memory */
     y = mg_device_alloc(d, all * sizeof(float));
     CHECK_OK(mg_all_to_all(g, w, y, CN, MG_F32));
-    h = dev_get(d, y, all);
+    h = mgt_device_floats(d, y, all);
     for (int q = 0; q < W; q++)
         for (size_t i = 0; i < CN; i++)
             CHECK(h[(size_t)q * CN + i] == cval(q, (size_t)r * CN + i));
     free(h);
     CHECK_OK(mg_sendrecv(g, w, CN, (r + 1) % W, 5, x, CN, (r + W - 1) % W, 5, MG_F32));
-    h = dev_get(d, x, CN);
+    h = mgt_device_floats(d, x, CN);
     for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval((r + W - 1) % W, i));
     free(h);
     mg_device_free(d, w);
@@ -538,14 +521,6 @@ TEST_T(device_gpu_collectives_stage_through_the_host, 120)
 
 /* ---- bfloat16 GEMMs (mg_device_set_bf16) --------------------------------- */
 
-static float *dev_put(mg_device d, const float *h, size_t n)
-{
-    float *p = mg_device_alloc(d, n * sizeof(float));
-    CHECK(p);
-    CHECK_OK(mg_device_copy(d, p, (mg_device){MG_DEVICE_CPU, 0}, h, n * sizeof(float)));
-    return p;
-}
-
 /* With bf16 on, a GEMM on d is the CPU's GEMM of the operands rounded to
  * bfloat16 (within float sums' rounding: exactly on emu, whose GEMM is the
  * CPU's), and differs from the float GEMM by bfloat16's rounding; off
@@ -561,7 +536,7 @@ static void bf16_gemm(mg_device d)
     for (int i = 0; i < M * K; i++) ra[i] = mg_bf16_to_f32(mg_f32_to_bf16(a[i]));
     for (int i = 0; i < K * N; i++) rb[i] = mg_bf16_to_f32(mg_f32_to_bf16(b[i]));
     for (int i = 0; i < M * N; i++) c0[i] = mg_rng_uniform(&r);
-    float *da = dev_put(d, a, M * K), *db = dev_put(d, b, K * N);
+    float *da = mgt_on_device(d, a, M * K), *db = mgt_on_device(d, b, K * N);
     for (int t = 0; t < 4; t++) {
         bool ta = t & 1, tb = t & 2;
         int lda = ta ? M : K, ldb = tb ? K : N;
@@ -571,13 +546,13 @@ static void bf16_gemm(mg_device d)
         mg_gemm(ta, tb, M, N, K, 0.5f, ra, lda, rb, ldb, 2.0f, want, N);
         mg_gemm(ta, tb, M, N, K, 0.5f, a, lda, b, ldb, 2.0f, plain, N);
         for (int on = 1; on >= 0; on--) {
-            float *dc = dev_put(d, c0, M * N);
+            float *dc = mgt_on_device(d, c0, M * N);
             CHECK_OK(mg_device_set_bf16(d, on));
             mg_device host = mg_device_current();
             CHECK_OK(mg_device_set_current(d));
             mg_gemm(ta, tb, M, N, K, 0.5f, da, lda, db, ldb, 2.0f, dc, N);
             mg_device_set_current(host);
-            float *got = dev_get(d, dc, M * N);
+            float *got = mgt_device_floats(d, dc, M * N);
             double e = mgt_check_scaled(on ? "bf16 gemm" : "float gemm", got, on ? want : plain,
                                         M * N, d.kind == MG_DEVICE_EMU ? 0 : 1e-5,
                                         on ? "the CPU's on rounded operands" : "the CPU's");

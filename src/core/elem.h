@@ -61,6 +61,15 @@ static inline MG_HD float mg__pool_max(const float *xp, int w, int k, int s, int
     return m;
 }
 
+/* Batch normalisation's input gradient of one element (src/tensor/
+ * batchnorm.c): a = gamma * invstd; c0 and c1 the channel's means of dy
+ * and of dy * (x - mean) * invstd in training, 0 in eval. */
+static inline MG_HD float mg__bn_dx(float a, float dy, float c0, float x, float mu, float is,
+                                    float c1)
+{
+    return a * (dy - c0 - (x - mu) * is * c1);
+}
+
 /* GELU with the tanh approximation (src/tensor/gelu.c):
  * s = sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3); gelu(v) = v s. */
 #define MG__GELU_K 0.7978845608028654f   /* sqrt(2/pi) */

@@ -228,8 +228,8 @@ void *mg_device_alloc_sparse(mg_device d, size_t bytes)
     bool fallback;
     void *p = mg__sparse_alloc(d, bytes, &fallback);
     if (fallback) {
-        mg_debug("device memory of %zu bytes that parts cannot be given back of: the driver has "
-                 "no virtual memory management", bytes);
+        mg_debug("%zu bytes of device memory allocated whole: without the driver's virtual "
+                 "memory management no part of it can be given back", bytes);
         return mg_device_alloc(d, bytes);
     }
 #ifdef MG_HAVE_CUDA

@@ -746,7 +746,7 @@ extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbet
         float c0 = training && m ? (float)(sdy / (double)m) : 0.0f;
         float c1 = training && m ? (float)(sdyx / (double)m) : 0.0f;
         for (size_t j = lane; j < m; j += lanes)
-            dx[MG__AT(j)] = a * (dy[MG__AT(j)] - c0 - (x[MG__AT(j)] - mu) * is * c1);
+            dx[MG__AT(j)] = mg__bn_dx(a, dy[MG__AT(j)], c0, x[MG__AT(j)], mu, is, c1);
 #undef MG__AT
     });
 }

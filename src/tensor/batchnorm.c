@@ -5,6 +5,7 @@
  * are accumulated in double so large batches keep float accuracy. */
 #include <math.h>
 #include "multigrad/tensor.h"
+#include "core/elem.h"
 #include "device/dk.h"
 
 void mg_batchnorm2d_forward(float *y, float *mean, float *invstd, const float *x,
@@ -88,8 +89,7 @@ void mg_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta, const float
             const float *xp = x + ((size_t)i * c + ch) * hw;
             const float *gp = dy + ((size_t)i * c + ch) * hw;
             float *dp = dx + ((size_t)i * c + ch) * hw;
-            for (int k = 0; k < hw; k++)
-                dp[k] = a * (gp[k] - c0 - (xp[k] - mu) * is * c1);
+            for (int k = 0; k < hw; k++) dp[k] = mg__bn_dx(a, gp[k], c0, xp[k], mu, is, c1);
         }
     }
 }
