@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--data", default="/usr/share/games/fortunes")
     ap.add_argument("--attn", choices=["manual", "sdpa"], default="manual")
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the GPU time per operator (torch.profiler) after the run")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_gpt_torch.py: PyTorch sees no GPU")
@@ -79,6 +81,10 @@ def main():
           f"{sum(p.numel() for p in model.parameters())} parameters", flush=True)
     loss = float("nan")
     t0 = 0.0
+    prof = None
+    if a.profile:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
     for s in range(a.steps):
         if s == 1:
             torch.cuda.synchronize()
@@ -89,6 +95,14 @@ def main():
                                 y.to(dev, non_blocking=True))
     torch.cuda.synchronize()
     secs = time.perf_counter() - t0
+    if prof:
+        prof.__exit__(None, None, None)
+        for key in ("self_device_time_total", "self_cuda_time_total"):
+            try:
+                print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
+                break
+            except Exception:
+                continue
     tps = B * T * (a.steps - 1) / secs if a.steps > 1 and secs > 0 else 0.0
     print(f"gpt-mini {B} {T} {a.steps} {tps:.0f} {secs:.2f} {loss:.4f}", flush=True)
     if not math.isfinite(loss):

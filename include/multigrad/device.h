@@ -35,7 +35,10 @@ void mg_device_format(mg_device d, char *buf, size_t cap);
 /* Whether this library was built with the CUDA backend. */
 bool mg_device_cuda_built(void);
 /* GPUs this process can use: 0 without the backend, a driver or a GPU;
- * *why (may be NULL) then gets the reason in words. */
+ * *why (may be NULL) then gets the reason in words. With a GPU this
+ * starts the CUDA driver, as any CUDA call does: a child that the
+ * process forks afterwards (without exec) cannot use a GPU. Ask in the
+ * child, or exec it, as mgrun does. */
 int mg_device_cuda_count(const char **why);
 /* MG_OK when d can be used here; else MG_EINVAL (an index past the
  * GPUs there are) or MG_EUNSUPPORTED (no backend, driver or GPU), with
@@ -111,8 +114,8 @@ mg_device mg_device_current(void);
 mg_status mg_device_set_tf32(mg_device d, bool on);
 /* bfloat16 GEMMs on d, the mixed precision of PyTorch's bfloat16 autocast
  * for its matrix products: every GEMM's operands rounded to bfloat16 (to
- * nearest even), products summed in float32 (cuBLAS's
- * CUBLAS_COMPUTE_32F_FAST_16BF: tensor cores); the rest of a step
+ * nearest even, by a conversion kernel on a GPU), products summed in
+ * float32 (cuBLAS on the bfloat16 copies: tensor cores); the rest of a step
  * (normalisations, softmax, losses, optimizer) and everything stored
  * (weights, activations, gradients) stay float32. emu rounds the same way
  * on the host; no effect on the CPU. Off by default; over TF32 when both

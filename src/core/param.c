@@ -42,6 +42,7 @@ static const mg_tunable params[] = {
     {"MG_OFFLOAD_WINDOW_MB", I, "1", 1, 1 << 16, NULL, "--offload: MiB of each array (parameters, each optimizer state) in one streamed window; three windows are in memory (one read ahead, one updated, one written back)"},
     {"MG_BLOCK_ROWS", I, "512", 1, 1 << 30, NULL, "transformer block: positions per slice of the batch"},
     {"MG_TRACE", S, NULL, 0, 4000, NULL, "write a Chrome trace per rank to this file (trace.rankN.json)"},
+    {"MG_DK_PROFILE", B, "0", 0, 1, NULL, "GPU: print each device kernel entry's GPU time (and the GEMMs' within it), summed per name, to stderr at exit"},
     {"MG_BACKEND", C, NULL, 0, 0, "builtin|mpi", "process groups: default mpi under mpirun or another PMI launcher (when built with MPI), else builtin"},
     {"MG_TRANSPORT", C, "auto", 0, 0, "auto|shm|tcp", "between ranks on one host: shared memory (auto) or tcp"},
     {"MG_ALGO", C, "auto", 0, 0, "auto|ring|rd|tree|shm", "force a collective algorithm (auto: the cost model's choice)"},

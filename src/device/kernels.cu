@@ -35,6 +35,7 @@
 #include <dlfcn.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #endif
 #define HD MG_HD
 
@@ -46,6 +47,10 @@ struct mg_dk {
     float *ones;           /* ones_n floats of 1: column sums as GEMMs */
     size_t ones_n;
     bool bf16;             /* GEMMs with bfloat16 operands (mg_device_set_bf16) */
+    void *bf[2];           /* a GEMM's operands in bfloat16 (a GPU's), grown on demand */
+    size_t bf_n[2];
+    void **ptrs;           /* a batched GEMM's operands' addresses (a GPU's), grown on demand */
+    size_t ptrs_n;
 #ifdef __CUDACC__
     cudaStream_t stream;
     cudaStream_t copy;     /* the feeds' copies to the GPU, beside the kernels */
@@ -100,15 +105,20 @@ static struct {
                                     int, int, const float *, const float *, int, long long,
                                     const float *, int, long long, const float *, float *, int,
                                     long long, int);
-    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-                              const void *, const void *, cudaDataType, int, const void *,
-                              cudaDataType, int, const void *, void *, cudaDataType, int,
-                              cublasComputeType_t, cublasGemmAlgo_t);
     cublasStatus_t (*gemm_strided_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
                                       int, int, const void *, const void *, cudaDataType, int,
                                       long long, const void *, cudaDataType, int, long long,
                                       const void *, void *, cudaDataType, int, long long, int,
                                       cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*sgemm_ptrs)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                 int, const float *, const float *const *, int,
+                                 const float *const *, int, const float *, float *const *, int,
+                                 int);
+    cublasStatus_t (*gemm_ptrs_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                   int, const void *, const void *const *, cudaDataType, int,
+                                   const void *const *, cudaDataType, int, const void *,
+                                   void *const *, cudaDataType, int, int, cublasComputeType_t,
+                                   cublasGemmAlgo_t);
 } blas;
 
 /* The pointers have the headers' types exactly (checked unevaluated:
@@ -121,11 +131,14 @@ static_assert(same<decltype(&cublasSetMathMode), decltype(blas.set_math)>::value
 static_assert(same<decltype(&cublasSgemm_v2), decltype(blas.sgemm)>::value, "cublasSgemm");
 static_assert(same<decltype(&cublasSgemmStridedBatched), decltype(blas.sgemm_strided)>::value,
               "cublasSgemmStridedBatched");
+static_assert(same<decltype(&cublasSgemmBatched), decltype(blas.sgemm_ptrs)>::value,
+              "cublasSgemmBatched");
 /* (C++ sees an overload of these taking the compute type as a
  * cudaDataType; the cast picks the exported one, or does not compile.) */
-static_assert(sizeof(static_cast<decltype(blas.gemm_ex)>(&cublasGemmEx)), "cublasGemmEx");
 static_assert(sizeof(static_cast<decltype(blas.gemm_strided_ex)>(&cublasGemmStridedBatchedEx)),
               "cublasGemmStridedBatchedEx");
+static_assert(sizeof(static_cast<decltype(blas.gemm_ptrs_ex)>(&cublasGemmBatchedEx)),
+              "cublasGemmBatchedEx");
 
 /* Under contexts_lock. */
 static mg_status load_cublas(void)
@@ -143,10 +156,11 @@ static mg_status load_cublas(void)
     *(void **)&blas.set_math = dlsym(h, "cublasSetMathMode");
     *(void **)&blas.sgemm = dlsym(h, "cublasSgemm_v2");
     *(void **)&blas.sgemm_strided = dlsym(h, "cublasSgemmStridedBatched");
-    *(void **)&blas.gemm_ex = dlsym(h, "cublasGemmEx");
     *(void **)&blas.gemm_strided_ex = dlsym(h, "cublasGemmStridedBatchedEx");
-    if (!blas.create || !blas.set_stream || !blas.set_math || !blas.sgemm || !blas.gemm_ex ||
-        !blas.gemm_strided_ex || !blas.sgemm_strided) {
+    *(void **)&blas.sgemm_ptrs = dlsym(h, "cublasSgemmBatched");
+    *(void **)&blas.gemm_ptrs_ex = dlsym(h, "cublasGemmBatchedEx");
+    if (!blas.create || !blas.set_stream || !blas.set_math || !blas.sgemm ||
+        !blas.gemm_strided_ex || !blas.sgemm_strided || !blas.sgemm_ptrs || !blas.gemm_ptrs_ex) {
         blas.sgemm_strided = NULL;
         return mg_error(MG_EUNSUPPORTED, "%s lacks the functions multigrad calls; install "
                         "cuBLAS %d or newer, or use --device cpu", names[0], CUBLAS_VER_MAJOR);
@@ -321,6 +335,17 @@ mg_dk_feed *mg_dk_feed_create(size_t bytes)
         if (ok) ck(cudaEventCreateWithFlags(&f->copied, cudaEventDisableTiming), "an event");
         for (int b = 0; ok && b < 2; b++)
             ck(cudaEventCreateWithFlags(&f->ready[b], cudaEventDisableTiming), "an event");
+        /* mg_device_alloc zeroed dev[] on the legacy default stream, which
+         * the copy stream (non-blocking) does not follow: a first copy
+         * could land before the zeros (behind the kernels queued so far)
+         * and be wiped. The copy stream waits for them. */
+        cudaEvent_t zeroed;
+        if (ok) {
+            ck(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming), "an event");
+            ck(cudaEventRecord(zeroed, 0), "marking the zeros");
+            ck(cudaStreamWaitEvent(k->copy, zeroed, 0), "ordering a copy");
+            cudaEventDestroy(zeroed);
+        }
     }
 #endif
     if (!ok) {
@@ -475,57 +500,230 @@ static HD inline int lane_min(int v)
     return v;
 }
 
+/* ---- Profile ------------------------------------------------------------------- *
+ * MG_DK_PROFILE=1 in the environment: the GPU time of every kernel entry
+ * (mg_dk_*, and the GEMMs within each), measured by events on the
+ * stream, summed per name and printed to stderr at exit. Time the GPU
+ * waited for the host within an entry counts too. */
+#ifdef __CUDACC__
+struct prof_rec {
+    const char *name, *in;
+    cudaEvent_t a, b;
+};
+static prof_rec *prof_v;
+static size_t prof_n, prof_cap;
+static int prof_on = -1;
+static __thread const char *prof_outer;
+
+static void prof_report(void)
+{
+    cudaDeviceSynchronize();
+    struct row { const char *name, *in; double ms; long calls; } *r =
+        (row *)calloc(prof_n + 1, sizeof *r);
+    size_t nr = 0;
+    double all = 0;
+    for (size_t i = 0; r && i < prof_n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, prof_v[i].a, prof_v[i].b) != cudaSuccess) continue;
+        size_t j = 0;
+        while (j < nr && !(r[j].name == prof_v[i].name && r[j].in == prof_v[i].in)) j++;
+        if (j == nr) r[nr++] = (row){prof_v[i].name, prof_v[i].in, 0, 0};
+        r[j].ms += ms;
+        r[j].calls++;
+        if (!prof_v[i].in) all += ms;
+    }
+    for (size_t i = 0; i < nr; i++)   /* by time, largest first */
+        for (size_t j = i + 1; j < nr; j++)
+            if (r[j].ms > r[i].ms) {
+                row t = r[i];
+                r[i] = r[j];
+                r[j] = t;
+            }
+    fprintf(stderr, "# device profile: %.1f ms in kernel entries\n", all);
+    for (size_t i = 0; i < nr; i++)
+        fprintf(stderr, "#   %9.2f ms %5.1f%% %7ld  %s%s%s\n", r[i].ms,
+                all > 0 ? 100 * r[i].ms / all : 0, r[i].calls, r[i].name, r[i].in ? " in " : "",
+                r[i].in ? r[i].in : "");
+    free(r);
+}
+
+struct prof_scope {
+    size_t rec;   /* its record's index (the records move when they grow); 0: none */
+    const char *was;
+    explicit prof_scope(const char *name) : rec(0), was(prof_outer)
+    {
+        if (prof_on < 0) {
+            prof_on = mg_env_long("MG_DK_PROFILE", 0) != 0;
+            if (prof_on) atexit(prof_report);
+        }
+        if (!prof_on || DK()->emu || prof_n == (1u << 20)) return;
+        if (prof_n == prof_cap) {
+            size_t cap = prof_cap ? 2 * prof_cap : 4096;
+            prof_rec *v = (prof_rec *)realloc(prof_v, cap * sizeof *v);
+            if (!v) return;
+            prof_v = v;
+            prof_cap = cap;
+        }
+        prof_rec *r = &prof_v[prof_n++];
+        rec = prof_n;
+        r->name = name;
+        r->in = was;
+        cudaEventCreate(&r->a);
+        cudaEventCreate(&r->b);
+        cudaEventRecord(r->a, DK()->stream);
+        if (!was) prof_outer = name;
+    }
+    ~prof_scope()
+    {
+        if (!rec) return;
+        cudaEventRecord(prof_v[rec - 1].b, DK()->stream);
+        prof_outer = was;
+    }
+};
+#define PROFILE(name) prof_scope prof_scope_(name)
+#else
+#define PROFILE(name) (void)0
+#endif
+
 /* ---- GEMM ---------------------------------------------------------------------- */
 
-/* emu's bfloat16 GEMMs: a host copy of the `count` matrices of rows x
- * cols (leading dimension ld, stride s) that an operand spans, each
- * element rounded to bfloat16 (to nearest, ties to even) as the GPU's
- * tensor cores take it; NULL when it cannot be had. */
-static float *bf16_copy(const float *p, int rows, int cols, int ld, long long s, int count)
+/* Where the operands of a batch of GEMMs lie: the i-th of `outer` x
+ * `inner` at X + (i / inner) outer + (i % inner) inner elements (a batch
+ * of sequences x heads, each head's columns inside its sequence's rows). */
+typedef struct {
+    long long outer, inner;
+} bstride;
+
+/* The elements of the rows x cols matrices (leading dimension ld) of a
+ * batch that an operand spans. */
+static size_t span(int rows, int cols, int ld, bstride s, int outer, int inner)
 {
-    size_t n = (size_t)s * (size_t)(count - 1) + (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    return (size_t)s.outer * (size_t)(outer - 1) + (size_t)s.inner * (size_t)(inner - 1) +
+           (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+}
+
+static HD inline long long at(bstride s, int inner, long long i)
+{
+    return i / inner * s.outer + i % inner * s.inner;
+}
+
+/* emu's bfloat16 operand: a host copy of the n elements at p, each rounded
+ * to bfloat16 (to nearest, ties to even) as the GPU's conversion does;
+ * NULL when it cannot be had. */
+static float *bf16_copy(const float *p, size_t n)
+{
     float *c = (float *)malloc(n * sizeof(float));
     for (size_t i = 0; c && i < n; i++) c[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
     return c;
 }
 
-/* Row-major C = alpha op(A) op(B) + beta C, count times at the strides;
- * with bf16 on, A's and B's elements are rounded to bfloat16 and the
- * products summed in float (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF: the
- * tensor cores' bfloat16 math on float matrices). */
-static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                         int lda, long long sa, const float *B, int ldb, long long sb, float beta,
-                         float *C, int ldc, long long sc, int count)
+#ifdef __CUDACC__
+/* A GPU's bfloat16 operand: the n elements at p rounded to bfloat16 (to
+ * nearest, ties to even) into the context's buffer `which`, at the same
+ * leading dimension and strides. */
+static const void *bf16_dev(int which, const float *p, size_t n)
 {
+    mg_dk *k = DK();
+    if (n > k->bf_n[which]) {
+        dev_free(k->bf[which]);
+        k->bf_n[which] = n + n / 4 + 1024;
+        k->bf[which] = dev_alloc(k->bf_n[which] * sizeof(__nv_bfloat16));
+    }
+    __nv_bfloat16 *o = (__nv_bfloat16 *)k->bf[which];
+    each(n, [=] HD(size_t i) { o[i] = __float2bfloat16_rn(p[i]); });
+    return o;
+}
+
+/* The addresses of a batch's operands (elements of `size` bytes) in
+ * device memory, for cuBLAS's pointer-array GEMMs: A's count, then B's,
+ * then C's. Written by a kernel on the stream, so the next batch's
+ * addresses are written only after this batch's GEMM has read these. */
+static void **operand_ptrs(const void *A, bstride sa, const void *B, bstride sb, void *C,
+                           bstride sc, int outer, int inner, size_t size)
+{
+    mg_dk *k = DK();
+    size_t count = (size_t)outer * inner;
+    if (3 * count > k->ptrs_n) {
+        dev_free(k->ptrs);
+        k->ptrs_n = 3 * count + 256;
+        k->ptrs = (void **)dev_alloc(k->ptrs_n * sizeof(void *));
+    }
+    void **p = k->ptrs;
+    const char *a = (const char *)A, *b = (const char *)B;
+    char *c = (char *)C;
+    each(count, [=] HD(size_t i) {
+        p[i] = (void *)(a + at(sa, inner, (long long)i) * (long long)size);
+        p[count + i] = (void *)(b + at(sb, inner, (long long)i) * (long long)size);
+        p[2 * count + i] = c + at(sc, inner, (long long)i) * (long long)sizeof(float);
+    });
+    return p;
+}
+#endif
+
+/* Row-major C = alpha op(A) op(B) + beta C for each of a batch of outer x
+ * inner (at the strides); with bf16 on, A's and B's elements are rounded
+ * to bfloat16 (to nearest, as PyTorch's autocast casts them) and the
+ * products summed in float: on a GPU, cuBLAS on bfloat16 matrices with
+ * float accumulation (the tensor cores). Not CUBLAS_COMPUTE_32F_FAST_16BF
+ * on the float matrices: that lets cuBLAS keep float32 for some shapes
+ * and round as it likes for others, so the numbers would depend on the
+ * shape and the library. A batch whose strides are one stride is one
+ * strided-batched call; others give cuBLAS each GEMM's addresses. */
+static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, bstride sa, const float *B, int ldb, bstride sb, float beta,
+                         float *C, int ldc, bstride sc, int outer, int inner)
+{
+    int count = outer * inner;
     if (M <= 0 || N <= 0 || count <= 0) return;
+    PROFILE("gemm");
+    bool bf16 = DK()->bf16 && K > 0;
+    size_t na = bf16 ? span(ta ? K : M, ta ? M : K, lda, sa, outer, inner) : 0;
+    size_t nb = bf16 ? span(tb ? N : K, tb ? K : N, ldb, sb, outer, inner) : 0;
 #ifdef __CUDACC__
     if (!DK()->emu) {
+        /* One stride: the inner's, or the outer's when inner is 1. */
+        bool one = outer == 1 || inner == 1 ||
+                   (sa.outer == inner * sa.inner && sb.outer == inner * sb.inner &&
+                    sc.outer == inner * sc.inner);
+        long long ra = inner == 1 ? sa.outer : sa.inner, rb = inner == 1 ? sb.outer : sb.inner;
+        long long rc = inner == 1 ? sc.outer : sc.inner;
         /* Column-major cuBLAS computes C^T = op(B)^T op(A)^T. */
         cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        if (DK()->bf16 && count == 1)
-            ckb(blas.gemm_ex(DK()->blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
-                             CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                             CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-                "gemm (bfloat16)");
-        else if (DK()->bf16)
-            ckb(blas.gemm_strided_ex(DK()->blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sb,
-                                     A, CUDA_R_32F, lda, sa, &beta, C, CUDA_R_32F, ldc, sc,
-                                     count, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-                "batched gemm (bfloat16)");
-        else if (count == 1)
-            ckb(blas.sgemm(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
-                "sgemm");
-        else
-            ckb(blas.sgemm_strided(DK()->blas, ob, oa, N, M, K, &alpha, B, ldb, sb, A,
-                                          lda, sa, &beta, C, ldc, sc, count),
+        cublasHandle_t h = DK()->blas;
+        if (bf16) {
+            const void *a = bf16_dev(0, A, na), *b = bf16_dev(1, B, nb);
+            if (one) {
+                ckb(blas.gemm_strided_ex(h, ob, oa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, rb, a,
+                                         CUDA_R_16BF, lda, ra, &beta, C, CUDA_R_32F, ldc, rc,
+                                         count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "gemm (bfloat16)");
+            } else {
+                void **p = operand_ptrs(a, sa, b, sb, C, sc, outer, inner, 2);
+                ckb(blas.gemm_ptrs_ex(h, ob, oa, N, M, K, &alpha, p + count, CUDA_R_16BF, ldb, p,
+                                      CUDA_R_16BF, lda, &beta, p + 2 * count, CUDA_R_32F, ldc,
+                                      count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "batched gemm (bfloat16)");
+            }
+        } else if (count == 1) {
+            ckb(blas.sgemm(h, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc), "sgemm");
+        } else if (one) {
+            ckb(blas.sgemm_strided(h, ob, oa, N, M, K, &alpha, B, ldb, rb, A, lda, ra, &beta, C,
+                                   ldc, rc, count),
                 "batched sgemm");
+        } else {
+            void **p = operand_ptrs(A, sa, B, sb, C, sc, outer, inner, sizeof(float));
+            ckb(blas.sgemm_ptrs(h, ob, oa, N, M, K, &alpha, (const float *const *)(p + count),
+                                ldb, (const float *const *)p, lda, &beta,
+                                (float *const *)(p + 2 * count), ldc, count),
+                "batched sgemm");
+        }
         return;
     }
 #endif
     float *ra = NULL, *rb = NULL;
-    if (DK()->bf16 && K > 0) {
-        ra = bf16_copy(A, ta ? K : M, ta ? M : K, lda, sa, count);
-        rb = bf16_copy(B, tb ? N : K, tb ? K : N, ldb, sb, count);
+    if (bf16) {
+        ra = bf16_copy(A, na);
+        rb = bf16_copy(B, nb);
         if (!ra || !rb) {
             fprintf(stderr, "multigrad: emu: out of memory for a bfloat16 GEMM's operands\n");
             abort();
@@ -533,43 +731,51 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
         A = ra;
         B = rb;
     }
-    for (int b = 0; b < count; b++)
-        mg__gemm_host(ta, tb, M, N, K, alpha, A + b * sa, lda, B + b * sb, ldb, beta, C + b * sc,
-                      ldc);
+    for (int i = 0; i < count; i++)
+        mg__gemm_host(ta, tb, M, N, K, alpha, A + at(sa, inner, i), lda, B + at(sb, inner, i), ldb,
+                      beta, C + at(sc, inner, i), ldc);
     free(ra);
     free(rb);
 }
 
+static const bstride one_matrix = {0, 0};
+
 extern "C" void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                            int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    gemm_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+    gemm_batched(ta, tb, M, N, K, alpha, A, lda, one_matrix, B, ldb, one_matrix, beta, C, ldc,
+                 one_matrix, 1, 1);
 }
 
 /* ---- Elementwise and dense ---------------------------------------------------- */
 
 extern "C" void mg_dk_relu_forward(float *y, const float *x, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; });
 }
 
 extern "C" void mg_dk_relu_backward(float *dx, const float *dy, const float *y, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
 }
 
 extern "C" void mg_dk_add_into(float *y, const float *a, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { y[i] += a[i]; });
 }
 
 extern "C" void mg_dk_mul(float *y, const float *a, const float *b, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { y[i] = a[i] * b[i]; });
 }
 
 extern "C" void mg_dk_copy_floats(float *y, const float *x, size_t n)
 {
+    PROFILE(__func__);
     if (!n) return;
 #ifdef __CUDACC__
     if (!DK()->emu) {
@@ -591,6 +797,7 @@ extern "C" void mg_dk_copy_floats(float *y, const float *x, size_t n)
 extern "C" void mg_dk_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed,
                                    uint64_t counter)
 {
+    PROFILE(__func__);
     uint32_t thr = (uint32_t)((double)p * 16777216.0);
     /* Word i of the stream from block `counter`: mg_rng's order. */
     each(n, [=] HD(size_t i) {
@@ -603,6 +810,7 @@ extern "C" void mg_dk_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t se
 extern "C" void mg_dk_dropout_apply(float *y, const float *x, const uint8_t *keep, size_t n,
                                     float p)
 {
+    PROFILE(__func__);
     float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     each(n, [=] HD(size_t i) { y[i] = keep[i] ? x[i] * scale : 0.0f; });
 }
@@ -631,6 +839,7 @@ static HD inline size_t pooled_by(size_t e, int h, int w, int k, int s, int oh, 
 extern "C" void mg_dk_avgpool2d_forward(float *y, const float *x, int nc, int h, int w, int k,
                                         int s)
 {
+    PROFILE(__func__);
     int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
     each((size_t)nc * oh * ow, [=] HD(size_t q) {
         y[q] = mg__pool_mean(x + q / ((size_t)oh * ow) * h * w, w, k, s, (int)(q / ow % oh),
@@ -641,6 +850,7 @@ extern "C" void mg_dk_avgpool2d_forward(float *y, const float *x, int nc, int h,
 extern "C" void mg_dk_avgpool2d_backward(float *dx, const float *dy, int nc, int h, int w, int k,
                                          int s)
 {
+    PROFILE(__func__);
     int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
     float inv = 1.0f / (float)(k * k);
     each((size_t)nc * h * w, [=] HD(size_t e) {
@@ -656,6 +866,7 @@ extern "C" void mg_dk_avgpool2d_backward(float *dx, const float *dy, int nc, int
 extern "C" void mg_dk_maxpool2d_forward(float *y, int32_t *arg, const float *x, int nc, int h,
                                         int w, int k, int s)
 {
+    PROFILE(__func__);
     int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
     each((size_t)nc * oh * ow, [=] HD(size_t q) {
         y[q] = mg__pool_max(x + q / ((size_t)oh * ow) * h * w, w, k, s, (int)(q / ow % oh),
@@ -666,6 +877,7 @@ extern "C" void mg_dk_maxpool2d_forward(float *y, int32_t *arg, const float *x, 
 extern "C" void mg_dk_maxpool2d_backward(float *dx, const float *dy, const int32_t *arg, int nc,
                                          int h, int w, int k, int s)
 {
+    PROFILE(__func__);
     int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
     each((size_t)nc * h * w, [=] HD(size_t e) {
         int r[4], at;
@@ -685,6 +897,7 @@ extern "C" void mg_dk_batchnorm2d_forward(float *y, float *mean, float *invstd, 
                                           float *run_mean, float *run_var, int n, int c, int hw,
                                           float eps, float momentum, bool training)
 {
+    PROFILE(__func__);
     size_t m = (size_t)n * hw;
     rows((size_t)c, [=] HD(size_t ch, int lane, int lanes) {
         /* Element j of the channel: image j / hw, position j % hw. */
@@ -726,6 +939,7 @@ extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbet
                                            const float *invstd, const float *gamma, int n, int c,
                                            int hw, bool training)
 {
+    PROFILE(__func__);
     size_t m = (size_t)n * hw;
     rows((size_t)c, [=] HD(size_t ch, int lane, int lanes) {
         float mu = mean[ch], is = invstd[ch];
@@ -754,12 +968,16 @@ extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbet
 extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b,
                                      int n, int in, int out, bool relu)
 {
+    PROFILE(__func__);
     mg_dk_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
     if (!b && !relu) return;
-    size_t o = (size_t)out;
-    each((size_t)n * out, [=] HD(size_t i) {
-        float v = y[i] + (b ? b[i % o] : 0.0f);
-        y[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    /* a warp per row: no division per element */
+    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
+        float *yr = y + r * out;
+        for (int j = lane; j < out; j += nl) {
+            float v = yr[j] + (b ? b[j] : 0.0f);
+            yr[j] = relu ? (v > 0.0f ? v : 0.0f) : v;
+        }
     });
 }
 
@@ -767,6 +985,7 @@ extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy
                                       const float *x, const float *wt, int n, int in, int out,
                                       bool relu)
 {
+    PROFILE(__func__);
     if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
     /* db += dy^T 1 */
     if (db) mg_dk_gemm(true, false, out, 1, n, 1.0f, dy, out, ones((size_t)n), 1, 1.0f, db, 1);
@@ -780,6 +999,7 @@ extern "C" void mg_dk_layernorm_forward(float *y, float *mean, float *rstd, cons
                                         const float *w, const float *b, size_t nrows, int d,
                                         float eps)
 {
+    PROFILE(__func__);
     rows(nrows, [=] HD(size_t r, int lane, int nl) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
@@ -803,16 +1023,35 @@ extern "C" void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const 
                                          const float *x, const float *mean, const float *rstd,
                                          const float *w, size_t nrows, int d)
 {
-    /* dw += (dy x-hat)^T 1, db += dy^T 1 */
-    float *t = (float *)ws(nrows * d * sizeof(float));
-    size_t D = (size_t)d;
-    each(nrows * D, [=] HD(size_t i) {
-        size_t r = i / D;
-        t[i] = dy[i] * ((x[i] - mean[r]) * rstd[r]);
+    PROFILE(__func__);
+    if (!nrows) return;
+    /* dw += sum_r dy x-hat, db += sum_r dy: each column's sums over blocks
+     * of rows (a thread per column and block, neighbours reading
+     * neighbouring columns), then over the blocks, in a fixed order. */
+    size_t nb = nrows < 64 ? nrows : 64, per = (nrows + nb - 1) / nb;
+    float *part = (float *)ws(2 * nb * d * sizeof(float));
+    int D = d;
+    each(nb * D, [=] HD(size_t i) {
+        size_t blk = i / D, r1 = (blk + 1) * per < nrows ? (blk + 1) * per : nrows;
+        int j = (int)(i % D);
+        float sw = 0.0f, sb = 0.0f;
+        for (size_t r = blk * per; r < r1; r++) {
+            float g = dy[r * D + j];
+            sw += g * ((x[r * D + j] - mean[r]) * rstd[r]);
+            sb += g;
+        }
+        part[i] = sw;
+        part[nb * D + i] = sb;
     });
-    const float *one = ones(nrows);
-    mg_dk_gemm(true, false, d, 1, (int)nrows, 1.0f, t, d, one, 1, 1.0f, dw, 1);
-    mg_dk_gemm(true, false, d, 1, (int)nrows, 1.0f, dy, d, one, 1, 1.0f, db, 1);
+    each((size_t)D, [=] HD(size_t j) {
+        float sw = 0.0f, sb = 0.0f;
+        for (size_t blk = 0; blk < nb; blk++) {
+            sw += part[blk * D + j];
+            sb += part[nb * D + blk * D + j];
+        }
+        dw[j] += sw;
+        db[j] += sb;
+    });
     if (!dx) return;
     rows(nrows, [=] HD(size_t r, int lane, int nl) {
         const float *xr = x + r * d, *gr = dy + r * d;
@@ -834,16 +1073,19 @@ extern "C" void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const 
 
 extern "C" void mg_dk_gelu_forward(float *y, const float *x, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { y[i] = x[i] * mg__gelu_s(x[i]); });
 }
 
 extern "C" void mg_dk_gelu_backward(float *dx, const float *dy, const float *x, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { dx[i] = dy[i] * mg__gelu_deriv(x[i], mg__gelu_s(x[i])); });
 }
 
 extern "C" void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) {
         float v = x[i], s = mg__gelu_s(v);
         y[i] = v * s;
@@ -856,37 +1098,32 @@ extern "C" void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, 
 /* Workspace: q, k, v, the output gradient and q, k, v's gradients, each
  * [n, heads, T, d/heads]; the probabilities' gradient [n, heads, T, T].
  * The forward keeps the probabilities P [n, heads, T, T] (in `saved`). */
+/* The scores' gradient in the backward (the forward needs none: each
+ * head's GEMMs read its columns of qkv and write its columns of y in
+ * place, as batches of sequences x heads). */
 extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
 {
-    return 7 * (size_t)n * T * d + (size_t)n * heads * T * T;
+    (void)d;
+    return (size_t)n * heads * T * T;
 }
 
-/* dst[part] [n, H, T, hd] <-> src [n, T, W] at column part*d (W = 3d for
- * qkv, d for y): to_heads copies into the heads' layout, else back. */
-static void permute(float *heads_buf, float *flat, int parts, int n, int T, int d, int H,
-                    int W, bool to_heads)
-{
-    size_t ntd = (size_t)n * T * d;
-    int hd = d / H;
-    each(parts * ntd, [=] HD(size_t i) {
-        size_t part = i / ntd, e = i % ntd;
-        size_t k = e % hd, t = (e / hd) % T, h = (e / hd / T) % H, b = e / hd / T / H;
-        size_t f = (b * T + t) * W + part * d + h * hd + k;
-        if (to_heads) heads_buf[i] = flat[f];
-        else flat[f] = heads_buf[i];
-    });
-}
+/* Sequence b's head h: its T x hd block of the [n, T, W] rows at column
+ * `col` + h hd (W = 3d for qkv and its gradient, d for y and dy), and
+ * its T x T scores in [n, H, T, T]. */
+static bstride head_cols(int T, int W, int hd) { return (bstride){(long long)T * W, hd}; }
+static bstride head_scores(int T, int H) { return (bstride){(long long)H * T * T, (long long)T * T}; }
 
 extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T,
                                         int d, int heads, float *w)
 {
-    int H = heads, hd = d / H;
-    size_t ntd = (size_t)n * T * d;
-    float *Q = w, *K = Q + ntd, *V = K + ntd, *O = V + ntd, *P = saved;
+    PROFILE(__func__);
+    (void)w;
+    int H = heads, hd = d / H, W = 3 * d;
+    float *P = saved;
     float scale = 1.0f / sqrtf((float)hd);
-    long long sq = (long long)T * hd, ss = (long long)T * T;
-    permute(Q, (float *)qkv, 3, n, T, d, H, 3 * d, true);
-    gemm_batched(false, true, T, T, hd, scale, Q, hd, sq, K, hd, sq, 0.0f, P, T, ss, n * H);
+    bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
+    /* S = Q K^T scale; P = softmax(S) over the causal part, zeros after */
+    gemm_batched(false, true, T, T, hd, scale, qkv, W, sx, qkv + d, W, sx, 0.0f, P, T, sp, n, H);
     rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
         int t = (int)(r % T);
         float *s = P + r * T;
@@ -899,38 +1136,36 @@ extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv
         float inv = 1.0f / sum;
         for (int j = lane; j < T; j += nl) s[j] = j <= t ? expf(s[j] - mx) * inv : 0.0f;
     });
-    gemm_batched(false, false, T, hd, T, 1.0f, P, T, ss, V, hd, sq, 0.0f, O, hd, sq, n * H);
-    permute(O, y, 1, n, T, d, H, d, false);
+    /* y = P V */
+    gemm_batched(false, false, T, hd, T, 1.0f, P, T, sp, qkv + 2 * d, W, sx, 0.0f, y, d, sy, n, H);
 }
 
 extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y,
                                          const float *saved, const float *qkv, int n, int T,
                                          int d, int heads, float *w)
 {
-    int H = heads, hd = d / H;
-    size_t ntd = (size_t)n * T * d;
-    float *Q = w, *K = Q + ntd, *V = K + ntd, *dO = V + ntd, *dQ = dO + ntd;
-    float *dK = dQ + ntd, *dV = dK + ntd, *dP = w + 7 * ntd;
-    const float *P = saved;
+    PROFILE(__func__);
+    (void)y;
+    int H = heads, hd = d / H, W = 3 * d;
+    const float *P = saved, *Q = qkv, *K = qkv + d, *V = qkv + 2 * d;
+    float *dP = w, *dQ = dqkv, *dK = dqkv + d, *dV = dqkv + 2 * d;
     float scale = 1.0f / sqrtf((float)hd);
-    long long sq = (long long)T * hd, ss = (long long)T * T;
-    permute(Q, (float *)qkv, 3, n, T, d, H, 3 * d, true);
-    permute(dO, (float *)dy, 1, n, T, d, H, d, true);
-    /* dP = dO V^T, dV = P^T dO */
-    gemm_batched(false, true, T, T, hd, 1.0f, dO, hd, sq, V, hd, sq, 0.0f, dP, T, ss, n * H);
-    gemm_batched(true, false, T, hd, T, 1.0f, P, T, ss, dO, hd, sq, 0.0f, dV, hd, sq, n * H);
+    bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
+    /* dP = dy V^T, dV = P^T dy */
+    gemm_batched(false, true, T, T, hd, 1.0f, dy, d, sy, V, W, sx, 0.0f, dP, T, sp, n, H);
+    gemm_batched(true, false, T, hd, T, 1.0f, P, T, sp, dy, d, sy, 0.0f, dV, W, sx, n, H);
     /* dS = P (dP - sum_k P dP) scale, in dP. */
     rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
         const float *p = P + r * T;
         float *g = dP + r * T, s = 0.0f;
-        for (int j = lane; j < T; j += nl) s += p[j] * g[j];
+        int t = (int)(r % T);   /* P is zero after the causal part */
+        for (int j = lane; j <= t; j += nl) s += p[j] * g[j];
         s = lane_sum(s);
-        for (int j = lane; j < T; j += nl) g[j] = p[j] * (g[j] - s) * scale;
+        for (int j = lane; j < T; j += nl) g[j] = j <= t ? p[j] * (g[j] - s) * scale : 0.0f;
     });
     /* dQ = dS K, dK = dS^T Q */
-    gemm_batched(false, false, T, hd, T, 1.0f, dP, T, ss, K, hd, sq, 0.0f, dQ, hd, sq, n * H);
-    gemm_batched(true, false, T, hd, T, 1.0f, dP, T, ss, Q, hd, sq, 0.0f, dK, hd, sq, n * H);
-    permute(dQ, dqkv, 3, n, T, d, H, 3 * d, false);
+    gemm_batched(false, false, T, hd, T, 1.0f, dP, T, sp, K, W, sx, 0.0f, dQ, W, sx, n, H);
+    gemm_batched(true, false, T, hd, T, 1.0f, dP, T, sp, Q, W, sx, 0.0f, dK, W, sx, n, H);
 }
 
 /* ---- Convolution with the fused ReLU and 2x2 pool ------------------------------------ */
@@ -969,6 +1204,7 @@ extern "C" void mg_dk_conv2d_forward(float *y, uint8_t *saved, const float *x, c
                                      const float *bias, const mg_conv2d_shape *sh, int n,
                                      float *w)
 {
+    PROFILE(__func__);
     mg_conv2d_shape s = *sh;
     size_t P = (size_t)s.oh * s.ow, N = (size_t)n * P, K = (size_t)s.c * s.kh * s.kw;
     float *col = w, *Z = w + K * N;
@@ -1013,6 +1249,7 @@ extern "C" void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const flo
                                       const float *wt, const mg_conv2d_shape *sh, int n,
                                       float *w)
 {
+    PROFILE(__func__);
     mg_conv2d_shape s = *sh;
     size_t P = (size_t)s.oh * s.ow, N = (size_t)n * P, K = (size_t)s.c * s.kh * s.kw;
     float *col = w, *dz = w + K * N, *dcol = dz + (size_t)s.oc * N;
@@ -1067,6 +1304,7 @@ extern "C" void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const flo
 extern "C" void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte,
                                         const float *wpe, int n, int T, int d)
 {
+    PROFILE(__func__);
     size_t D = (size_t)d;
     each((size_t)n * T * d, [=] HD(size_t i) {
         size_t p = i / D, j = i % D, t = p % T;
@@ -1079,6 +1317,7 @@ extern "C" void mg_dk_embedding_forward(float *y, const int32_t *tok, const floa
 extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy,
                                          const int32_t *tok, int n, int T, int d, int vocab)
 {
+    PROFILE(__func__);
     size_t D = (size_t)d, N = (size_t)n * T, TD = (size_t)T * D;
     each(TD, [=] HD(size_t k) {
         float s = 0.0f;
@@ -1095,8 +1334,7 @@ extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy
             size_t v = i / c, p = i % c;
             oh[i] = tok[p0 + p] == (int32_t)v ? 1.0f : 0.0f;
         });
-        gemm_batched(false, false, vocab, d, (int)c, 1.0f, oh, (int)c, 0, dy + p0 * D, d, 0, 1.0f,
-                     gte, d, 0, 1);
+        mg_dk_gemm(false, false, vocab, d, (int)c, 1.0f, oh, (int)c, dy + p0 * D, d, 1.0f, gte, d);
     }
 }
 
@@ -1105,6 +1343,7 @@ extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy
 extern "C" float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n,
                                     int classes, float *dlogits, int *correct)
 {
+    PROFILE(__func__);
     if (n <= 0) {
         if (correct) *correct = 0;
         return 0.0f;
@@ -1163,6 +1402,7 @@ static const size_t SUMSQ_LANES = (size_t)1 << 18, SUMSQ_OUT = 1024;
 
 extern "C" double mg_dk_sumsq(const float *g, size_t n)
 {
+    PROFILE(__func__);
     if (!n) return 0.0;
     size_t L = n < SUMSQ_LANES ? n : SUMSQ_LANES, O = L < SUMSQ_OUT ? L : SUMSQ_OUT;
     double *part = (double *)ws((L + O) * sizeof(double)), *out = part + L;
@@ -1184,12 +1424,14 @@ extern "C" double mg_dk_sumsq(const float *g, size_t n)
 
 extern "C" void mg_dk_scale(float *g, size_t n, float s)
 {
+    PROFILE(__func__);
     each(n, [=] HD(size_t i) { g[i] *= s; });
 }
 
 extern "C" void mg_dk_adam_update(float *p, const float *g, float *m, float *v, size_t n,
                                   const mg__adam_coef *c)
 {
+    PROFILE(__func__);
     const float b1 = c->beta1, omb1 = c->one_minus_beta1, b2 = c->beta2,
                 omb2 = c->one_minus_beta2, eps = c->eps, nss = c->neg_step_size,
                 bc2s = c->bc2_sqrt, wd = c->wd, decay = c->decay;
@@ -1201,6 +1443,7 @@ extern "C" void mg_dk_adam_update(float *p, const float *g, float *m, float *v, 
 extern "C" void mg_dk_sgd_update(float *p, const float *g, float *buf, size_t n,
                                  const mg__sgd_coef *c)
 {
+    PROFILE(__func__);
     const float neg_lr = c->neg_lr, wd = c->wd, mu = c->mu, omd = c->one_minus_damp;
     const bool nesterov = c->nesterov, first = c->first;
     if (mu == 0.0f) {
