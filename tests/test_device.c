@@ -265,6 +265,50 @@ TEST_T(device_emu_models_equal_cpu, 120) { models_equal_cpu((mg_device){MG_DEVIC
 
 TEST_T(device_gpu_models_equal_cpu, 120) { models_equal_cpu(mgt_device(MG_DEVICE_CUDA)); }
 
+/* A tape made while the GPU still has work queued gets its input. Its
+ * feed's buffers are zeroed on the default stream, behind that work, and
+ * its first copy runs on the feed's own stream, which must wait for the
+ * zeros: else they land after the copy and the forward reads zeros (a
+ * pipeline's parameters were 2-7 % off on an H200 until it did). Here
+ * 0.3 s of GEMMs are queued first, so the copy would win every time. */
+TEST_T(device_gpu_tape_made_behind_queued_work_gets_its_input, 120)
+{
+    mg_device d = mgt_device(MG_DEVICE_CUDA), cpu = {MG_DEVICE_CPU, 0};
+    mg_gpt_config g = mg_gpt_defaults();
+    g.layers = 2;
+    g.dim = 64;
+    g.heads = 4;
+    g.ctx = 32;
+    mg_model *a, *b;
+    CHECK_OK(mg_model_create_gpt(&g, 7, &a));
+    CHECK_OK(mg_model_create_gpt(&g, 7, &b));
+    CHECK_OK(mg_model_to_device(b, d));
+    enum { B = 4, N = 4096 };
+    int32_t tok[B * 32];
+    for (int i = 0; i < B * 32; i++) tok[i] = (i * 37 + 11) % 256;
+    mg_tape *ta, *tb;
+    CHECK_OK(mg_tape_create(a, B, &ta));
+    CHECK(mg_tape_forward_tokens(ta, tok, B) != NULL);
+    float *m = mgt_on_device(d, NULL, (size_t)N * N), *c = mgt_on_device(d, NULL, (size_t)N * N);
+    CHECK_OK(mg_device_set_current(d));
+    for (int i = 0; i < 100; i++) mg_gemm(false, false, N, N, N, 1.0f, m, N, m, N, 0.0f, c, N);
+    CHECK_OK(mg_device_set_current(cpu));
+    CHECK_OK(mg_tape_create(b, B, &tb));
+    CHECK(mg_tape_forward_tokens(tb, tok, B) != NULL);
+    size_t out = (size_t)B * 32 * mg_model_classes(a);
+    float *lb = malloc(out * sizeof(float));
+    CHECK(lb != NULL);
+    mg_tape_logits_to_host(tb, lb);
+    mgt_check_scaled("logits", lb, mg_tape_logits(ta), out, 1e-4, "CPU");
+    free(lb);
+    mg_device_free(d, m);
+    mg_device_free(d, c);
+    mg_tape_destroy(ta);
+    mg_tape_destroy(tb);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
 /* A layer without device kernels (every layer of the library has them:
  * this one is the test's, its loops on the host) is refused at the move,
  * naming it; the model stays usable on the CPU. */
