@@ -1107,9 +1107,10 @@ extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
     return (size_t)n * heads * T * T;
 }
 
-/* Sequence b's head h: its T x hd block of the [n, T, W] rows at column
- * `col` + h hd (W = 3d for qkv and its gradient, d for y and dy), and
- * its T x T scores in [n, H, T, T]. */
+/* The strides of sequence b's head h: its T x hd block of [n, T, W] rows
+ * starts b T W + h hd past the part's first column (Q, K and V are qkv,
+ * qkv + d and qkv + 2d, W = 3d; y and dy have W = d), and its T x T
+ * scores b H T T + h T T into [n, H, T, T]. */
 static bstride head_cols(int T, int W, int hd) { return (bstride){(long long)T * W, hd}; }
 static bstride head_scores(int T, int H) { return (bstride){(long long)H * T * T, (long long)T * T}; }
 
