@@ -7,16 +7,18 @@
  * rounding. Convolutions are im2col of the whole batch and one GEMM, with
  * the bias, ReLU and 2x2 pool in one pass after it.
  *
- * Reductions are deterministic: sums over rows (bias and LayerNorm
- * gradients) are GEMMs with a vector of ones; the embedding gradient is a
- * GEMM with the tokens' one-hot matrix, not atomic adds; the loss and the
- * gradient norm come back to the host as per-row and per-lane partials
- * and are added there in order.
+ * Reductions are deterministic: sums over rows are GEMMs with a vector
+ * of ones (bias gradients) or column sums over blocks of rows in a fixed
+ * order (LayerNorm's); the embedding gradient is a GEMM with the tokens'
+ * one-hot matrix, not atomic adds; the loss and the gradient norm come
+ * back to the host as per-row and per-lane partials and are added there
+ * in order.
  *
- * Attention (llm.c's CUDA trainer does the same) permutes q, k and v to
- * [n, heads, T, d/heads] and runs the score and output products as
- * strided batched GEMMs over n * heads; the forward keeps the
- * probabilities for the backward, as PyTorch's eager attention does
+ * Attention runs the score and output products as batched GEMMs over
+ * sequences x heads, each on its head's columns of the q, k, v rows and
+ * writing its columns of the output in place (no permutes to a
+ * heads-first layout, as llm.c's CUDA trainer makes); the forward keeps
+ * the probabilities for the backward, as PyTorch's eager attention does
  * (the CPU kernel keeps only each row's log-sum-exp and recomputes). */
 #include <limits.h>
 #include <math.h>
