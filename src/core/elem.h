@@ -5,6 +5,8 @@
 #define MG_CORE_ELEM_H
 
 #include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -63,7 +65,13 @@ static inline MG_HD float mg__pool_max(const float *xp, int w, int k, int s, int
 
 /* Batch normalisation's input gradient of one element (src/tensor/
  * batchnorm.c): a = gamma * invstd; c0 and c1 the channel's means of dy
- * and of dy * (x - mean) * invstd in training, 0 in eval. */
+ * and of dy * (x - mean) * invstd in training, 0 in eval (mg__bn_mean of
+ * their sums over the channel's m elements). */
+static inline MG_HD float mg__bn_mean(bool training, size_t m, double sum)
+{
+    return training && m ? (float)(sum / (double)m) : 0.0f;
+}
+
 static inline MG_HD float mg__bn_dx(float a, float dy, float c0, float x, float mu, float is,
                                     float c1)
 {

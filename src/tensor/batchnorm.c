@@ -83,8 +83,7 @@ void mg_batchnorm2d_backward(float *dx, float *dgamma, float *dbeta, const float
         dbeta[ch] += (float)sdy;
         if (!dx) continue;
         float a = gamma[ch] * is;
-        float c0 = training && m ? (float)(sdy / (double)m) : 0.0f;
-        float c1 = training && m ? (float)(sdyx / (double)m) : 0.0f;
+        float c0 = mg__bn_mean(training, m, sdy), c1 = mg__bn_mean(training, m, sdyx);
         for (int i = 0; i < n; i++) {
             const float *xp = x + ((size_t)i * c + ch) * hw;
             const float *gp = dy + ((size_t)i * c + ch) * hw;
