@@ -681,6 +681,16 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
     bool bf16 = DK()->bf16 && K > 0;
     size_t na = bf16 ? span(ta ? K : M, ta ? M : K, lda, sa, outer, inner) : 0;
     size_t nb = bf16 ? span(tb ? N : K, tb ? K : N, ldb, sb, outer, inner) : 0;
+    /* Rounded from lo's n elements: A's, and B's too when their spans
+     * overlap (attention's Q and K, both in the QKV rows: rounded once);
+     * else B's own nb. */
+    const float *lo = A;
+    size_t n = na;
+    bool joint = bf16 && A < B + nb && B < A + na;
+    if (joint) {
+        lo = A < B ? A : B;
+        n = (size_t)((A + na > B + nb ? A + na : B + nb) - lo);
+    }
 #ifdef __CUDACC__
     if (!DK()->emu) {
         /* One stride: the inner's, or the outer's when inner is 1. */
@@ -693,7 +703,8 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
         cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasHandle_t h = DK()->blas;
         if (bf16) {
-            const void *a = bf16_dev(0, A, na), *b = bf16_dev(1, B, nb);
+            const __nv_bfloat16 *r = (const __nv_bfloat16 *)bf16_dev(0, lo, n);
+            const void *a = r + (A - lo), *b = joint ? r + (B - lo) : bf16_dev(1, B, nb);
             if (one) {
                 ckb(blas.gemm_strided_ex(h, ob, oa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, rb, a,
                                          CUDA_R_16BF, lda, ra, &beta, C, CUDA_R_32F, ldc, rc,
@@ -724,14 +735,14 @@ static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, con
 #endif
     float *ra = NULL, *rb = NULL;
     if (bf16) {
-        ra = bf16_copy(A, na);
-        rb = bf16_copy(B, nb);
-        if (!ra || !rb) {
+        ra = bf16_copy(lo, n);
+        rb = joint ? NULL : bf16_copy(B, nb);
+        if (!ra || (!joint && !rb)) {
             fprintf(stderr, "multigrad: emu: out of memory for a bfloat16 GEMM's operands\n");
             abort();
         }
-        A = ra;
-        B = rb;
+        B = joint ? ra + (B - lo) : rb;
+        A = ra + (A - lo);
     }
     for (int i = 0; i < count; i++)
         mg__gemm_host(ta, tb, M, N, K, alpha, A + at(sa, inner, i), lda, B + at(sb, inner, i), ldb,
@@ -959,8 +970,7 @@ extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbet
         }
         if (!dx) return;
         float a = gamma[ch] * is;
-        float c0 = training && m ? (float)(sdy / (double)m) : 0.0f;
-        float c1 = training && m ? (float)(sdyx / (double)m) : 0.0f;
+        float c0 = mg__bn_mean(training, m, sdy), c1 = mg__bn_mean(training, m, sdyx);
         for (size_t j = lane; j < m; j += lanes)
             dx[MG__AT(j)] = mg__bn_dx(a, dy[MG__AT(j)], c0, x[MG__AT(j)], mu, is, c1);
 #undef MG__AT
