@@ -1,14 +1,17 @@
 /* Devices (issue 15): naming them, finding out whether a GPU is there and
  * saying why not, and memory round trips. Without a GPU (CI has none) the
  * GPU's part skips, saying why; the CPU's part always runs. */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
 #include "devices.h"
 #include "multigrad/multigrad.h"
 #include "nn/layer.h"
+#include "comm/nccl.h"
 
 TEST(device_names_parse_and_print)
 {
@@ -431,6 +434,7 @@ static float cval(int rank, size_t i) { return (float)(rank * 7 + (int)(i % 97))
 typedef struct {
     mg_device d;
     int port;
+    bool nccl;   /* each rank a host of its own to NCCL (NCCL_HOSTID), MG_NCCL=on */
 } coll_case;
 
 /* Device memory holding f(rank, i) for i < n. */
@@ -470,8 +474,21 @@ static int coll_rank(int r, int W, void *arg)
 {
     const coll_case *c = arg;
     mg_device d = c->d;
+    if (c->nccl) {
+        /* NCCL refuses two ranks on one GPU of one host; told they are on
+         * hosts of their own, it runs them (through its network transport
+         * over loopback), so one GPU tests the NCCL path. */
+        char host[32];
+        snprintf(host, sizeof host, "mgtest-host-%d", r);
+        setenv("NCCL_HOSTID", host, 1);
+        setenv("MG_NCCL", "on", 1);
+    }
     mg_group *g = mgt_join(r, W, c->port, NULL, 60);
     CHECK(g);
+    const char *why, *path;
+    CHECK_OK(mg_group_use_device(g, d));
+    path = mg_group_device_path(g, &why);
+    CHECK_MSG(!strcmp(path, c->nccl ? "nccl" : "host"), "rank %d: path %s: %s", r, path, why);
     size_t all = (size_t)CN * W;
     /* all-reduce in place, and from device to host memory */
     float *x = dev_fill(d, r, CN), host[CN];
@@ -538,17 +555,76 @@ static int coll_rank(int r, int W, void *arg)
     mg_device_free(d, x);
     mg_device_free(d, y);
     if (d.kind == MG_DEVICE_EMU) CHECK(mg_device_of(x).kind == MG_DEVICE_CPU);   /* freed */
+    /* the other in-place forms: all-gather with sendbuf == recvbuf (the
+     * rank's block already in place), reduce-scatter with the result at
+     * the start of its input; and the average, divided as the host
+     * divides (sum / W, rounded once) */
+    w = mg_device_alloc(d, all * sizeof(float));
+    piece = dev_fill(d, r, CN);
+    CHECK_OK(mg_device_copy(d, w + (size_t)r * CN, d, piece, CN * sizeof(float)));
+    CHECK_OK(mg_all_gather(g, w, w, CN, MG_F32));
+    check_gathered(d, w, W);
+    mg_device_free(d, w);
+    mg_device_free(d, piece);
+    w = dev_fill(d, r, all);
+    CHECK_OK(mg_reduce_scatter(g, w, w, CN, MG_F32, MG_SUM));
+    check_sums(d, w, W, (size_t)r * CN);
+    mg_device_free(d, w);
+    x = dev_fill(d, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_AVG));
+    h = mgt_device_floats(d, x, CN);
+    for (size_t i = 0; i < CN; i++) {
+        float sum = 0;
+        for (int q = 0; q < W; q++) sum += cval(q, i);
+        CHECK(h[i] == sum / (float)W);
+    }
+    free(h);
+    mg_device_free(d, x);
+    /* ZeRO-3's all-gather into sparse memory whose granules were given
+     * back, and a reduce-scatter reading such memory (as zeros) */
+    size_t big = (size_t)W << 20;   /* floats: 4 MiB a rank, granules of 2 MiB */
+    float *sp = mg_device_alloc_sparse(d, big * sizeof(float)), *mine = dev_fill(d, r, big / W);
+    CHECK(sp);
+    mg_device_discard(d, sp, big * sizeof(float));
+    CHECK_OK(mg_all_gather(g, mine, sp, big / W, MG_F32));
+    h = mgt_device_floats(d, sp, big);
+    for (int q = 0; q < W; q++)
+        for (size_t i = 0; i < big / W; i++) CHECK(h[(size_t)q * (big / W) + i] == cval(q, i));
+    free(h);
+    mg_device_discard(d, sp, big * sizeof(float));
+    CHECK_OK(mg_reduce_scatter(g, sp, mine, big / W, MG_F32, MG_SUM));
+    h = mgt_device_floats(d, mine, big / W);
+    for (size_t i = 0; i < big / W; i++) CHECK(h[i] == 0);
+    free(h);
+    mg_device_free(d, sp);
+    mg_device_free(d, mine);
+    /* a sub-group chooses its path for the same device */
+    mg_group *sub;
+    CHECK_OK(mg_group_split(g, r % 2, r, &sub));
+    CHECK(sub);
+    path = mg_group_device_path(sub, &why);
+    /* (a sub-group of one rank on a GPU has it to itself: NCCL may take it) */
+    if (mg_group_size(sub) > 1)
+        CHECK_MSG(!strcmp(path, c->nccl ? "nccl" : "host"), "rank %d sub-group: %s: %s", r, path,
+                  why);
+    x = dev_fill(d, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    CHECK_OK(mg_all_reduce(sub, x, x, CN, MG_F32, MG_MAX));
+    check_sums(d, x, W, 0);
+    mg_device_free(d, x);
+    mg_group_destroy(sub);
     mg_group_destroy(g);
     return 0;
 }
 
 /* Every collective, in place and not, blocking and async, and sends and
  * receives, on device memory: the group stages it through host memory
- * (comm/stage.c) and the results are exact. */
-static void collectives_on_device(mg_device d)
+ * (comm/stage.c), or with `nccl` runs it through NCCL (comm/nccl.c), and
+ * the results are exact. */
+static void collectives_on_device(mg_device d, bool nccl)
 {
     for (int W = 2; W <= 3; W++) {
-        coll_case c = {.d = d, .port = mgt_free_port()};
+        coll_case c = {.d = d, .port = mgt_free_port(), .nccl = nccl};
         int st[4];
         CHECK_EQ(mgt_fork_ranks(W, coll_rank, &c, 60, st), 0);
     }
@@ -556,11 +632,126 @@ static void collectives_on_device(mg_device d)
 
 TEST_T(device_emu_collectives_stage_through_the_host, 120)
 {
-    collectives_on_device(mgt_device(MG_DEVICE_EMU));
+    collectives_on_device(mgt_device(MG_DEVICE_EMU), false);
 }
 TEST_T(device_gpu_collectives_stage_through_the_host, 120)
 {
-    collectives_on_device(mgt_device(MG_DEVICE_CUDA));
+    collectives_on_device(mgt_device(MG_DEVICE_CUDA), false);
+}
+TEST_T(device_gpu_collectives_through_nccl, 180)
+{
+    mg_device d = mgt_device(MG_DEVICE_CUDA);
+    /* asked in a child, as mgt_device asks for the GPU */
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) _exit(dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL) ? 0 : 1);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    if (WEXITSTATUS(status)) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    collectives_on_device(d, true);
+}
+
+/* A rank that dies with NCCL's communicator set up: the survivor's next
+ * collective through NCCL fails within the group's deadline, naming the
+ * call, and the group can be destroyed (the communicator aborted). */
+static int nccl_dead_peer_rank(int r, int W, void *arg)
+{
+    char host[32];
+    snprintf(host, sizeof host, "mgtest-dead-%d", r);
+    setenv("NCCL_HOSTID", host, 1);
+    setenv("MG_NCCL", "on", 1);
+    mg_device d = {MG_DEVICE_CUDA, 0};
+    mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 8);
+    CHECK(g);
+    CHECK_OK(mg_group_use_device(g, d));
+    float *x = dev_fill(d, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    if (r == 1) _exit(0);
+    double t0 = mg_now();
+    mg_status st = mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM);
+    double took = mg_now() - t0;
+    printf("rank 0 after %.1f s: %s\n", took, mg_last_error());
+    CHECK(st != MG_OK && took < 30);
+    CHECK_MSG(strstr(mg_last_error(), "all_reduce #") && strstr(mg_last_error(), "through NCCL"),
+              "%s", mg_last_error());
+    CHECK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM) != MG_OK);   /* the group failed */
+    mg_group_destroy(g);
+    mg_device_free(d, x);
+    return 0;
+}
+
+TEST_T(device_gpu_nccl_survives_a_dead_peer_with_an_error, 90)
+{
+    mgt_device(MG_DEVICE_CUDA);
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, nccl_dead_peer_rank, &port, 80, st), 0);
+}
+
+/* ---- the path of collectives on device memory (mg_group_use_device) ------ */
+
+TEST(device_nccl_plan_says_what_stops_it)
+{
+    mg__nccl_peer p[3];
+    char why[256];
+    for (int i = 0; i < 3; i++) {
+        p[i] = (mg__nccl_peer){.host = 7, .loaded = 1, .version = 22809};
+        snprintf(p[i].bus, sizeof p[i].bus, "0000:%02d:00.0", 10 + i);
+    }
+    CHECK(mg__nccl_plan(p, 3, why, sizeof why));
+    p[2].host = 8;   /* the same bus id on another host is another GPU */
+    strcpy(p[2].bus, p[0].bus);
+    CHECK(mg__nccl_plan(p, 3, why, sizeof why));
+    p[2].host = 7;
+    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK_MSG(strstr(why, "ranks 0 and 2 share one GPU (0000:10:00.0)"), "%s", why);
+    strcpy(p[2].bus, "0000:12:00.0");
+    p[1].version = 22703;
+    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK_MSG(strstr(why, "rank 1 has NCCL 22703 and rank 0 NCCL 22809"), "%s", why);
+    p[1].loaded = 0;
+    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK_MSG(strstr(why, "rank 1 cannot load NCCL (libnccl.so.2"), "%s", why);
+    memset(p[2].bus, 'A', sizeof p[2].bus);   /* a peer's garbage: no end */
+    p[1].loaded = 1;
+    p[1].version = 22809;
+    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK_MSG(strstr(why, "rank 2 described itself in a form this build does not know"), "%s",
+              why);
+    p[0].bus[0] = 0;
+    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK_MSG(strstr(why, "rank 0's device is not a GPU"), "%s", why);
+    CHECK(mg__nccl_plan(p, 0, why, sizeof why));
+}
+
+static int host_path_rank(int r, int W, void *arg)
+{
+    mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 60);
+    CHECK(g);
+    const char *why;
+    CHECK(!strcmp(mg_group_device_path(g, &why), "host") && strstr(why, "no device named"));
+    mg_device emu = {MG_DEVICE_EMU, 0};
+    setenv("MG_NCCL", "on", 1);   /* every rank refuses, and the group goes on */
+    CHECK(mg_group_use_device(g, emu) == MG_EUNSUPPORTED);
+    CHECK_MSG(strstr(mg_last_error(), "MG_NCCL=on, but the group cannot use NCCL: rank 0's "
+                     "device is not a GPU"), "%s", mg_last_error());
+    unsetenv("MG_NCCL");
+    CHECK_OK(mg_group_use_device(g, emu));
+    CHECK(!strcmp(mg_group_device_path(g, &why), "host"));
+    CHECK_MSG(strstr(why, "rank 0's device is not a GPU"), "%s", why);
+    float *x = dev_fill(emu, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    check_sums(emu, x, W, 0);
+    mg_device_free(emu, x);
+    mg_group_destroy(g);
+    return 0;
+}
+
+/* Ranks whose devices are no GPUs keep the host path and say why; with
+ * MG_NCCL=on every rank refuses. */
+TEST_T(device_emu_group_keeps_the_host_path_and_says_why, 60)
+{
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, host_path_rank, &port, 60, st), 0);
 }
 
 /* ---- bfloat16 GEMMs (mg_device_set_bf16) --------------------------------- */

@@ -282,6 +282,24 @@ static void device_equals_cpu(const char *dev)
         CHECK_MSG(d <= 1e-4, "%s, %d ranks, %s: parameters differ from the CPU's by %g", dev,
                   more[i].n, more[i].args, d);
     }
+    /* On a GPU, the same through NCCL: each rank told it is a host of its
+     * own (NCCL_HOSTID), as NCCL refuses two ranks on one GPU of one host;
+     * the data-parallel sub-groups of a mesh use it too. */
+    static const struct { int n; const char *args; } nccl[] = {
+        {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2"},
+    };
+    for (size_t i = 0; !strcmp(dev, "cuda") && i < sizeof nccl / sizeof *nccl; i++) {
+        rc = mgt_sh(&out, "MG_NCCL=on %s -n %d sh -c 'NCCL_HOSTID=mgtest$RANK exec \"$0\" \"$@\"' "
+                    "%s " GPT_SMALL " --steps 10 --eval-every 5 --device cuda %s --save %s", run,
+                    nccl[i].n, bin, nccl[i].args, other);
+        CHECK_MSG(rc == 0 && strstr(out, "collectives on GPU memory: NCCL"), "%s", out);
+        free(out);
+        double worst, d = ckpt_rel_diff(other, strstr(nccl[i].args, "pp=") ? acc : ref, &worst);
+        printf("gpt-mini through NCCL, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n",
+               nccl[i].n, nccl[i].args, d, worst);
+        CHECK_MSG(d <= 1e-4, "NCCL, %d ranks, %s: parameters differ from the CPU's by %g",
+                  nccl[i].n, nccl[i].args, d);
+    }
     /* --bf16: the GEMMs' operands rounded to bfloat16 move the parameters
      * by bfloat16's rounding, not more (seen: 1.6e-3 on emu) */
     rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --bf16 --save %s",

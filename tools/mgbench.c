@@ -35,6 +35,7 @@ typedef struct {
     const char *algo, *backend;
     int tcp;
     mg_device dev;                  /* --device: where the buffers are */
+    int dev_local;                  /* --device cuda: the local rank's GPU */
     double timeout;
     char **argv;
 } options;
@@ -71,9 +72,11 @@ static void usage(FILE *f)
 "      --backend B       builtin (default; mpi under mpirun) or mpi\n"
 "      --group-alloc     buffers from mg_group_alloc (shared memory peers\n"
 "                        read directly) instead of malloc\n"
-"      --device D        buffers in device memory (cuda, cuda:N or emu), as\n"
-"                        nccl-tests' are: the group stages them through the\n"
-"                        host; the check copies its data in and out untimed\n"
+"      --device D        buffers in device memory (cuda: each local rank's\n"
+"                        GPU; cuda:N or emu), as nccl-tests' are: through\n"
+"                        NCCL when every rank has a GPU of its own, else\n"
+"                        staged through the host; the check copies its data\n"
+"                        in and out untimed\n"
 "  -t, --tcp             TCP between all ranks (sets MG_TRANSPORT=tcp)\n"
 "  -T, --timeout S       the group's deadline per operation (MG_TIMEOUT)\n"
 "      --traffic         three more columns: the most bytes any rank sent and\n"
@@ -136,6 +139,7 @@ static void parse_args(int argc, char **argv, options *o)
         case OPT_TRAFFIC: o->c.traffic = 1; break;
         case OPT_DEVICE:
             if (mg_device_parse(optarg, &o->dev)) mgb_bad_input("--device: %s", mg_last_error());
+            o->dev_local = !strcmp(optarg, "cuda");
             break;
         case 'T': o->timeout = mgb_parse_double("-T", optarg, 0, 1e7, MG_OPEN_LO); break;
         case 'h': usage(stdout); exit(0);
@@ -316,7 +320,9 @@ static void print_header(const bench *b, const char *backend)
                o->tcp ? "tcp" : mg_env_str("MG_TRANSPORT", "auto"));
     char d[16];
     mg_device_format(o->dev, d, sizeof d);
-    if (o->dev.kind != MG_DEVICE_CPU) printf("  buffers %s (staged through the host)\n", d);
+    const char *path = mg_group_device_path(b->g, NULL);
+    if (o->dev.kind != MG_DEVICE_CPU)
+        printf("  buffers %s (%s)\n", d, strcmp(path, "nccl") ? "staged through the host" : "NCCL");
     else printf("  buffers %s\n", o->c.group_alloc ? "mg_group_alloc" : "malloc");
     mgb_print_header(&o->c);
 }
@@ -344,8 +350,11 @@ static void bench_all(bench *b)
     }
 }
 
-static int run_rank(const options *o, const char *backend)
+static int run_rank(const options *given, const char *backend)
 {
+    options mine = *given;   /* --device cuda: this local rank's GPU */
+    if (mine.dev_local) mine.dev.index = mg_device_cuda_local();
+    const options *o = &mine;
     mg_group_options go = mg_group_options_default();
     go.backend = backend;
     if (o->timeout > 0) go.timeout_s = o->timeout;
@@ -391,6 +400,11 @@ static int run_rank(const options *o, const char *backend)
     if (o->dev.kind != MG_DEVICE_CPU &&
         (mg_device_check(o->dev) || !(b.dsbuf = mg_device_alloc(o->dev, b.cap)) ||
          !(b.drbuf = mg_device_alloc(o->dev, b.cap)))) {
+        fprintf(stderr, "%s: rank %d: --device: %s\n", mgb_prog, b.rank, mg_last_error());
+        return 1;
+    }
+    /* On GPUs, NCCL when every rank has its own (mg_group_use_device). */
+    if (o->dev.kind == MG_DEVICE_CUDA && mg_group_use_device(b.g, o->dev)) {
         fprintf(stderr, "%s: rank %d: --device: %s\n", mgb_prog, b.rank, mg_last_error());
         return 1;
     }

@@ -125,8 +125,9 @@ static void usage(FILE *f)
 "  --split U1,U2,..    cut the pipeline where these units begin (default: the\n"
 "                      cut that balances the units' FLOPs)\n"
 "  --device D          where the model trains: cpu (default), cuda (each local\n"
-"                      rank its own GPU, LOCAL_RANK modulo the GPUs; ranks\n"
-"                      sharing one reduce through the host), cuda:N, or emu\n"
+"                      rank its own GPU, LOCAL_RANK modulo the GPUs: NCCL\n"
+"                      between them; ranks sharing one reduce through the\n"
+"                      host; MG_NCCL=on|off), cuda:N, or emu\n"
 "                      (the GPU code path run on the CPU, for tests). On a\n"
 "                      device: one process, ddp, --zero and pipelines, every\n"
 "                      zoo model\n"
@@ -721,6 +722,18 @@ static void pipeline_flags(options *o, trainer *t, int P)
     o->accumulate = o->micro_batches;
 }
 
+/* --device: cuda without an index is the local rank's GPU (LOCAL_RANK
+ * modulo the GPUs). */
+static mg_device pick_device(const options *o)
+{
+    mg_device d = {MG_DEVICE_CPU, 0};
+    if (!o->device) return d;
+    if (mg_device_parse(o->device, &d)) die("--device: %s", mg_last_error());
+    if (mg_device_check(d)) die("--device %s: %s", o->device, mg_last_error());
+    if (d.kind == MG_DEVICE_CUDA && !strcmp(o->device, "cuda")) d.index = mg_device_cuda_local();
+    return d;
+}
+
 /* Join the DDP job (when --parallel ddp) and set the threads; check that
  * the ranks agree and the batch divides among them. An automatic restart
  * (mgrun --max-restarts) resumes from the last save. */
@@ -734,6 +747,16 @@ static void join_job(options *o, trainer *t)
         if (mg_group_init(NULL, &t->g)) die("%s", mg_last_error());
         t->rank = mg_group_rank(t->g);
         t->world = mg_group_size(t->g);
+        /* On GPUs the group's collectives go through NCCL when every rank
+         * has its own, else through the host; the mesh's groups follow. */
+        mg_device dev = pick_device(o);
+        if (dev.kind == MG_DEVICE_CUDA) {
+            if (mg_group_use_device(t->g, dev)) die("--device %s: %s", o->device, mg_last_error());
+            const char *why, *path = mg_group_device_path(t->g, &why);
+            if (t->rank == 0 && !o->quiet)
+                printf("collectives on GPU memory: %s (%s)\n",
+                       strcmp(path, "nccl") ? "staged through the host" : "NCCL", why);
+        }
         char spec[32];
         snprintf(spec, sizeof spec, "dp=%d", t->world);
         if (mg_mesh_create(t->g, o->mesh ? o->mesh : spec, &t->mesh))
@@ -949,24 +972,6 @@ static void pipeline_options(const options *o, trainer *t, mg_strategy_options *
     so->pipe.first = first;
 }
 
-/* --device: cuda without an index is the local rank's GPU (LOCAL_RANK
- * modulo the GPUs); when local ranks share one, rank 0 says so. */
-static mg_device pick_device(const options *o, const trainer *t)
-{
-    mg_device d = {MG_DEVICE_CPU, 0};
-    if (!o->device) return d;
-    if (mg_device_parse(o->device, &d)) die("--device: %s", mg_last_error());
-    if (mg_device_check(d)) die("--device %s: %s", o->device, mg_last_error());
-    if (d.kind != MG_DEVICE_CUDA || strcmp(o->device, "cuda")) return d;
-    int n = mg_device_cuda_count(NULL);
-    long local = mg_env_long("LOCAL_RANK", 0), locals = mg_env_long("LOCAL_WORLD_SIZE", 1);
-    d.index = (int)(local % n);
-    if (t->rank == 0 && locals > n)
-        fprintf(stderr, "%s: %ld local ranks share %d GPU%s: their collectives go through the "
-                "host\n", prog, locals, n, n == 1 ? "" : "s");
-    return d;
-}
-
 /* The model, the strategy for local micro-batches (DDP: rank 0's
  * parameters on every rank), the optimizer over its range and the
  * starting state. */
@@ -976,7 +981,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
 {
     if (make(ud, &t->m)) die("%s", mg_last_error());
     mg_model_set_recompute(t->m, o->recompute);
-    mg_device dev = pick_device(o, t);
+    mg_device dev = pick_device(o);
     if (mg_model_to_device(t->m, dev)) die("--device %s: %s", o->device, mg_last_error());
     if (o->tf32 && dev.kind != MG_DEVICE_CUDA) die("--tf32 is for GPUs: give --device cuda");
     if (o->tf32 && mg_device_set_tf32(dev, true)) die("--tf32: %s", mg_last_error());

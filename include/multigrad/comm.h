@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "core.h"
+#include "device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,6 +124,30 @@ mg_traffic mg_group_traffic(const mg_group *g);
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */
 #define MG_UNDEFINED (-1)
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
+
+/* Collectives on the memory of device d, the device this rank trains on
+ * (torch.distributed's "nccl" backend, chosen per group): collective,
+ * with no work of g outstanding. When every rank names a GPU of its own
+ * (no two on one GPU of one host; hosts told apart as NCCL does, by
+ * NCCL_HOSTID when set) and libnccl.so.2 loads on every rank, the group
+ * opens an NCCL communicator, and from then on each collective whose
+ * buffers lie in that GPU's memory runs through NCCL on a stream of its
+ * own, after the GPU work queued before it was issued, in issue order with
+ * the group's other calls; every wait has the group's deadline (on a
+ * failure the communicator is aborted and the group fails as on any
+ * error). NCCL's in-place forms only; sends and receives, barriers, buffers
+ * in host memory and other overlaps go through the group's backend,
+ * device buffers staged through the host as before. Otherwise (ranks
+ * sharing a GPU, as on a one-GPU machine, where NCCL refuses; emu; the CPU)
+ * everything stays staged. Sub-groups that mg_group_split makes afterwards
+ * choose their own path for the same device. MG_NCCL=auto (default; an
+ * NCCL that fails to set up is reported and the host path kept), on (NCCL
+ * or an error on every rank) or off (always the host path). Every rank
+ * returns the same choice. */
+mg_status mg_group_use_device(mg_group *g, mg_device d);
+/* "nccl" or "host": the path of g's collectives on device memory; *why
+ * (may be NULL) says why in words. */
+const char *mg_group_device_path(const mg_group *g, const char **why);
 
 /* Memory that peers on this host can read directly (shared memory):
  * collectives on it avoid copies. Behaves as ordinary memory otherwise.

@@ -40,6 +40,10 @@ bool mg_device_cuda_built(void);
  * process forks afterwards (without exec) cannot use a GPU. Ask in the
  * child, or exec it, as mgrun does. */
 int mg_device_cuda_count(const char **why);
+/* The GPU of this local rank, as mgrun hands them out: LOCAL_RANK modulo
+ * the GPUs (0 without LOCAL_RANK or a GPU). Ranks of one host share GPUs
+ * when there are fewer. */
+int mg_device_cuda_local(void);
 /* MG_OK when d can be used here; else MG_EINVAL (an index past the
  * GPUs there are) or MG_EUNSUPPORTED (no backend, driver or GPU), with
  * a message that says which and what to do. */

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include "multigrad/comm.h"
 #include "comm/traffic.h"
+#include "multigrad/device.h"
 
 typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE,
                MG__REQ_BATCH } mg__req_kind;
@@ -53,6 +54,8 @@ typedef struct mg__req {
     bool rejected;
     /* CALL on device memory (stage.c): the host copies the backend uses. */
     struct mg__stage *stage;
+    /* CALL through NCCL (nccl.h): the event of the GPU work before it. */
+    void *nccl;
 } mg__req;
 
 /* A CALL's buffers in device memory staged through host memory
@@ -102,6 +105,13 @@ struct mg_group {
     uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
     /* payload bytes moved to and from other ranks (traffic.h) */
     mg__traffic traffic;
+    /* collectives on device memory (mg_group_use_device): the device
+     * named, whether named, NCCL's communicator (NULL: staged through the
+     * host) and why that path */
+    mg_device dev;
+    bool dev_named;
+    struct mg__nccl *nccl;
+    char dev_why[256];
     /* failure */
     atomic_int failed;
     mg_status fail_code;

@@ -68,6 +68,20 @@ mg_status mg__call_check(const mg_call *c, int rank, int size)
     return MG_OK;
 }
 
+void mg__call_spans(const mg_call *c, int rank, int size, size_t *sn, size_t *rn)
+{
+    size_t n = c->count * mg_dtype_size(c->dtype), all = n * (size_t)size;
+    bool root = c->root == rank;
+    mg_coll k = c->coll;
+    *sn = *rn = 0;
+    if (k == MG_COLL_BARRIER) return;
+    if (mg__reads_sendbuf(k, root))
+        *sn = k == MG_COLL_SCATTER || k == MG_COLL_REDUCE_SCATTER || k == MG_COLL_ALL_TO_ALL ? all
+                                                                                            : n;
+    if (mg__writes_recvbuf(k, root))
+        *rn = k == MG_COLL_ALL_GATHER || k == MG_COLL_GATHER || k == MG_COLL_ALL_TO_ALL ? all : n;
+}
+
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
     if (!a || !b || !an || !bn) return false;

@@ -19,6 +19,10 @@ bool mg__coll_rooted(mg_coll c);
 /* Which of its buffers a rank uses (root: the rank is the root). */
 bool mg__reads_sendbuf(mg_coll c, bool root);
 bool mg__writes_recvbuf(mg_coll c, bool root);
+/* The bytes of c's send and receive buffers that rank `rank` of `size`
+ * uses (0 for one it does not use); counts follow comm.h's NCCL
+ * conventions. */
+void mg__call_spans(const mg_call *c, int rank, int size, size_t *sn, size_t *rn);
 /* Whether [a, a + an) and [b, b + bn) share a byte (NULL or empty: no). */
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn);
 /* A send or receive, the seq-th to (from) its peer, for messages:

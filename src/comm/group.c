@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "comm/backend.h"
+#include "comm/nccl.h"
 #include "multigrad/core.h"
 
 #if defined(MG_HAVE_MPI) && defined(__has_include)
@@ -205,7 +206,58 @@ mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
     if (color < MG_UNDEFINED)
         return mg_error(MG_EINVAL, "mg_group_split: color %d must be >= 0 or MG_UNDEFINED", color);
     mg__req r = {.kind = MG__REQ_SPLIT, .color = color, .key = key, .out_group = out};
-    return mg__run_req(g, &r);
+    MG_TRY(mg__run_req(g, &r));
+    /* A sub-group chooses its own path for the parent's device. */
+    mg_status st = *out && g->dev_named ? mg_group_use_device(*out, g->dev) : MG_OK;
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mg_last_error());
+        mg_group_destroy(*out);
+        *out = NULL;
+        return mg_error(st, "%s", msg);
+    }
+    return MG_OK;
+}
+
+mg_status mg_group_use_device(mg_group *g, mg_device d)
+{
+    const char *mode = mg_env_str("MG_NCCL", "auto");
+    mg__nccl_peer me, *all = calloc((size_t)g->size, sizeof *all);
+    if (!all) return mg_error(MG_ENOMEM, "mg_group_use_device: out of memory");
+    mg__nccl_me(d, &me);
+    mg_status st = mg_all_gather(g, &me, all, sizeof me, MG_U8);
+    char why[256];
+    bool ok = !st && mg__nccl_plan(all, g->size, why, sizeof why);
+    free(all);
+    if (st) return st;
+    if (!strcmp(mode, "off")) {
+        ok = false;
+        snprintf(why, sizeof why, "MG_NCCL=off");
+    }
+    if (!ok && !strcmp(mode, "on"))
+        return mg_error(MG_EUNSUPPORTED, "MG_NCCL=on, but the group cannot use NCCL: %s", why);
+    mg__nccl *n = NULL;
+    if (ok) st = mg__nccl_open(g, d, &n);
+    if (st && !strcmp(mode, "on")) return st;
+    if (st) {   /* auto: the host path, and why */
+        snprintf(why, sizeof why, "%s", mg_last_error());
+        mg_log("rank %d: collectives on device memory go through the host: %s", g->rank, why);
+    }
+    pthread_mutex_lock(&g->mu);
+    mg__nccl *before = g->nccl;   /* a device named before: replaced */
+    g->dev = d;
+    g->dev_named = true;
+    g->nccl = n;
+    snprintf(g->dev_why, sizeof g->dev_why, "%s", why);
+    pthread_mutex_unlock(&g->mu);
+    mg__nccl_close(before);
+    return MG_OK;
+}
+
+const char *mg_group_device_path(const mg_group *g, const char **why)
+{
+    if (why) *why = g->dev_named ? g->dev_why : "no device named (mg_group_use_device)";
+    return g->nccl ? "nccl" : "host";
 }
 
 void *mg_group_alloc(mg_group *g, size_t bytes)

@@ -94,29 +94,13 @@ static void give(hbuf h)
     for (int i = 0; i < n_out; i++) mg_device_host_free(out[i].dev, out[i].p);
 }
 
-/* The bytes of c's send and receive buffers that this rank uses (0 for
- * one it does not use). Counts follow comm.h's NCCL conventions. */
-static void extents(const mg_call *c, int rank, int size, size_t *sn, size_t *rn)
-{
-    size_t n = c->count * mg_dtype_size(c->dtype), all = n * (size_t)size;
-    bool root = c->root == rank;
-    *sn = *rn = 0;
-    if (c->coll == MG_COLL_BARRIER) return;
-    if (mg__reads_sendbuf(c->coll, root))
-        *sn = c->coll == MG_COLL_SCATTER || c->coll == MG_COLL_REDUCE_SCATTER ||
-                      c->coll == MG_COLL_ALL_TO_ALL ? all : n;
-    if (mg__writes_recvbuf(c->coll, root))
-        *rn = c->coll == MG_COLL_ALL_GATHER || c->coll == MG_COLL_GATHER ||
-                      c->coll == MG_COLL_ALL_TO_ALL ? all : n;
-}
-
 mg_status mg__stage_in(mg__req *r, int rank, int size)
 {
     r->stage = NULL;
     if (r->kind != MG__REQ_CALL) return MG_OK;
     mg_call *c = &r->c;
     size_t sn, rn;
-    extents(c, rank, size, &sn, &rn);
+    mg__call_spans(c, rank, size, &sn, &rn);
     const char *s = sn ? c->sendbuf : NULL;
     char *d = rn ? c->recvbuf : NULL;
     mg_device sd = s ? mg_device_of(s) : cpu, rd = d ? mg_device_of(d) : cpu;

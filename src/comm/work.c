@@ -24,6 +24,7 @@
 #include <time.h>
 #include "comm/backend.h"
 #include "comm/call.h"
+#include "comm/nccl.h"
 #include "multigrad/core.h"
 
 enum { W_QUEUED, W_RUNNING, W_DONE };
@@ -80,6 +81,7 @@ void mg__group_free(mg_group *g)
         pthread_join(g->thread, NULL);
     }
     if (g->impl) g->be->destroy(g);
+    mg__nccl_close(g->nccl);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->wake);
     pthread_cond_destroy(&g->done);
@@ -98,6 +100,7 @@ void mg__group_fail(mg_group *g, mg_status code, const char *msg)
     mg_debug("rank %d: group failed: %s", g->rank, mg_error_past_rank(msg, g->rank));
     /* Peers say "rank R failed and aborted the group: ...": R once. */
     g->be->abort(g, mg_error_past_rank(g->fail_msg, g->rank));
+    mg__nccl_abort(g->nccl);
 }
 
 static mg_status failed_error(mg_group *g)
@@ -129,6 +132,7 @@ static mg_status run_batch(mg_group *g, mg__req *r)
  * device when `copy`, and the host copies freed. */
 static mg_status unstage(mg__req *r, bool copy)
 {
+    mg__nccl_release(r);
     mg_status st = mg__stage_out(r, copy);
     for (int i = 0; i < r->nsub && r->kind == MG__REQ_BATCH; i++) {
         mg_status e = mg__stage_out(&r->sub[i], copy && !st);
@@ -142,7 +146,9 @@ static mg_status exec(mg_group *g, mg__req *r)
     /* Freeing is local and must work even on a failed group. */
     bool dead = atomic_load(&g->failed) && r->kind != MG__REQ_FREE;
     mg_status st = dead ? failed_error(g)
-                   : r->kind == MG__REQ_BATCH ? run_batch(g, r) : g->be->run(g, r);
+                   : r->kind == MG__REQ_BATCH ? run_batch(g, r)
+                   : r->nccl                  ? mg__nccl_run(g, r)
+                                              : g->be->run(g, r);
     /* A copy to a device that fails is this rank's error alone. */
     mg_status out = unstage(r, !st);
     if (!st && out) {
@@ -285,12 +291,22 @@ static mg_status run_req(mg_group *g, mg__req *r)
 
 mg_status mg__run_req(mg_group *g, mg__req *r) { return run_req(g, r); }
 
+/* At issue: a call on device memory goes to NCCL when the group has it
+ * and NCCL can take the call, else its device buffers are staged
+ * through host memory. */
+static mg_status route(mg_group *g, mg__req *r)
+{
+    if (mg__nccl_takes(g->nccl, r, g->rank, g->size))
+        return mg__nccl_issue(g->nccl, r, g->rank, g->size);
+    return mg__stage_in(r, g->rank, g->size);
+}
+
 mg_status mg_run(mg_group *g, const mg_call *c)
 {
     MG_TRY(mg__call_check(c, g->rank, g->size));
     mg__req r;
     make_req(g, c, &r);
-    MG_TRY(mg__stage_in(&r, g->rank, g->size));
+    MG_TRY(route(g, &r));
     return run_req(g, &r);
 }
 
@@ -339,7 +355,7 @@ mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
     w->g = g;
     w->heap = true;
     make_req(g, c, &w->r);
-    mg_status st = mg__stage_in(&w->r, g->rank, g->size);
+    mg_status st = route(g, &w->r);
     if (st) {
         work_release(w);
         return st;

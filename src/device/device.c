@@ -144,6 +144,13 @@ int mg_device_cuda_count(const char **why)
 #endif
 }
 
+int mg_device_cuda_local(void)
+{
+    int n = mg_device_cuda_count(NULL);
+    long local = mg_env_long("LOCAL_RANK", 0);
+    return n > 0 && local > 0 ? (int)(local % n) : 0;
+}
+
 mg_status mg_device_check(mg_device d)
 {
     if (host_mem(d)) return MG_OK;

@@ -67,6 +67,13 @@ mg_dk_feed *mg_dk_feed_create(size_t bytes);
 void mg_dk_feed_destroy(mg_dk_feed *f);
 const void *mg_dk_feed_in(mg_dk_feed *f, const void *src, size_t n);
 
+/* MG_AVG's division after NCCL's sum (comm/nccl.c), as comm/coll/reduce.c
+ * divides: the n elements of type t at p (a GPU's memory) divided by
+ * `by`, queued on `stream` (a cudaStream_t); f16 and bf16 through float,
+ * integers truncating. 0 when queued; -1 in a build whose kernels were
+ * not compiled for GPUs. */
+int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream);
+
 /* The CPU's GEMM, which the device kind emu uses (src/tensor/tensor.c). */
 void mg__gemm_host(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);

@@ -1474,3 +1474,67 @@ extern "C" void mg_dk_sgd_update(float *p, const float *g, float *buf, size_t n,
         p[i] = p[i] + neg_lr * (nesterov ? d + mu * b : b);
     });
 }
+
+/* ---- MG_AVG after NCCL's sum (comm/nccl.c) -------------------------------- */
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+
+/* x / by as comm/coll/reduce.c divides x: true division for floats (f16
+ * and bf16 through float, rounded to nearest even once), C's truncating
+ * division for integers. */
+template <typename T> struct avg_div {
+    static __device__ T go(T x, int by) { return (T)(x / (T)by); }
+};
+template <> struct avg_div<uint8_t> {
+    static __device__ uint8_t go(uint8_t x, int by) { return (uint8_t)(x / (unsigned)by); }
+};
+template <> struct avg_div<__half> {
+    static __device__ __half go(__half x, int by)
+    {
+        return __float2half_rn(__half2float(x) / (float)by);
+    }
+};
+template <> struct avg_div<__nv_bfloat16> {
+    static __device__ __nv_bfloat16 go(__nv_bfloat16 x, int by)
+    {
+        return __float2bfloat16_rn(__bfloat162float(x) / (float)by);
+    }
+};
+
+template <typename T> __global__ void k_avg_div(T *p, size_t n, int by)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = avg_div<T>::go(p[i], by);
+}
+
+template <typename T> static int avg_div_on(void *p, size_t n, int by, cudaStream_t s)
+{
+    size_t blocks = (n + 255) / 256;
+    k_avg_div<T><<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, s>>>((T *)p, n, by);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream)
+{
+    if (!n) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (t) {
+    case MG_F32: return avg_div_on<float>(p, n, by, s);
+    case MG_F64: return avg_div_on<double>(p, n, by, s);
+    case MG_F16: return avg_div_on<__half>(p, n, by, s);
+    case MG_BF16: return avg_div_on<__nv_bfloat16>(p, n, by, s);
+    case MG_I32: return avg_div_on<int32_t>(p, n, by, s);
+    case MG_I64: return avg_div_on<int64_t>(p, n, by, s);
+    case MG_U8: return avg_div_on<uint8_t>(p, n, by, s);
+    default: return -1;
+    }
+}
+#else
+extern "C" int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream)
+{
+    (void)p, (void)n, (void)t, (void)by, (void)stream;
+    return -1;
+}
+#endif
