@@ -85,4 +85,4 @@ for where in "--device cuda" ""; do
     echo "== mgbench, buffers ${where:-in host memory}"
     "$tools/mgbench" -n 2 all_reduce all_gather -b 1M -e 256M -f 4 -i 10 $where | grep -v "^#  "
 done
-bash bench/gpu_nccl.sh --bin "$tools"
+bash bench/gpu_nccl.sh --bin "$tools" --data "$data"

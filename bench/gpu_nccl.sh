@@ -5,8 +5,11 @@
 #
 # 1. mgbench all_reduce and all_gather on 2 ranks with the buffers on the
 #    GPU: through NCCL (MG_NCCL=on), staged through the host (MG_NCCL=off),
-#    and bench/gpu_nccl_torch.py (torch.distributed, backend nccl).
-# 2. mgtrain gpt-mini, DDP on 2 ranks: through NCCL and staged.
+#    and bench/gpu_nccl_torch.py (torch.distributed, backend nccl), its
+#    calls queued as nccl-tests queues them and each waited for as
+#    mgbench's blocking calls are.
+# 2. mgtrain on 2 ranks, through NCCL and staged: gpt-mini with DDP, and
+#    the main job (lenet-d2l, DDP, its 10 epochs).
 #
 # On a machine with one GPU the ranks share it, which NCCL refuses for
 # ranks of one host: each rank is then told it is a host of its own
@@ -15,11 +18,20 @@
 # compare multigrad's NCCL path with PyTorch's on the same footing; they
 # are not what two GPUs joined by NVLink reach.
 #
-#   bench/gpu_nccl.sh [--bin DIR]     (DIR holds mgbench, mgtrain, mgrun)
+#   bench/gpu_nccl.sh [--bin DIR] [--data DIR]
+#     DIR holds mgbench, mgtrain and mgrun; --data is the Fashion-MNIST
+#     directory (default mgtrain's)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tools=build/bin
-[ "${1:-}" = --bin ] && tools=$2
+data=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --bin) tools=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    *) echo "usage: bench/gpu_nccl.sh [--bin DIR] [--data DIR]" >&2; exit 2 ;;
+    esac
+done
 gpus=$(nvidia-smi -L | wc -l)
 own=""
 [ "$gpus" -lt 2 ] && own="NCCL_HOSTID=mg-bench-\$RANK"
@@ -30,10 +42,17 @@ for m in on off; do
     echo "== mgbench, GPU buffers, MG_NCCL=$m"
     MG_NCCL=$m wrap "$tools/mgbench" all_reduce all_gather $sizes --device cuda | grep -v "^#  "
 done
-echo "== torch.distributed (nccl)"
-python3 bench/gpu_nccl_torch.py -n 2 $sizes ${own:+--own-hosts}
+for b in "" --blocking; do
+    echo "== torch.distributed (nccl) $b"
+    python3 bench/gpu_nccl_torch.py -n 2 $sizes ${own:+--own-hosts} $b
+done
 g="--model gpt-mini --steps 200 --eval-every 200"
 for m in on off; do
     echo "== mgtrain gpt-mini, DDP on 2 ranks, MG_NCCL=$m"
     MG_NCCL=$m wrap "$tools/mgtrain" $g --device cuda --parallel ddp | grep -E "collectives|final"
+done
+for m in on off; do
+    echo "== the main job, lenet-d2l, DDP on 2 ranks (models.md's 10 epochs), MG_NCCL=$m"
+    MG_NCCL=$m wrap "$tools/mgtrain" --model lenet-d2l --parallel ddp --device cuda \
+        ${data:+--data "$data"} | grep -E "collectives|final"
 done

@@ -6,12 +6,18 @@ in nccl-tests' conventions (size: the bytes of the whole vector; time:
 the mean of --iters after --warmup; algbw = size / time; busbw with
 nccl-tests' factors 2(n-1)/n and (n-1)/n).
 
+By default the --iters calls are queued and waited for once, as
+nccl-tests does; --blocking waits for each call before the next, as
+mgbench's blocking collectives do (mg_run returns with the result in
+device memory).
+
 Each rank gets the GPU LOCAL_RANK modulo the GPUs. With --own-hosts each
 rank is told it is a host of its own (NCCL_HOSTID), as gpu_nccl.sh tells
 mgbench's ranks, so that ranks may share a GPU (NCCL refuses two ranks on
 one GPU of one host).
 
   python3 bench/gpu_nccl_torch.py [-n 2] [-b 1M] [-e 256M] [-f 4] [-i 10] [--own-hosts]
+                                  [--blocking]
 """
 import argparse
 import os
@@ -37,8 +43,9 @@ def rank_main(r, a):
     dist.init_process_group("nccl", rank=r, world_size=a.n, device_id=dev)
     n = a.n
     if r == 0:
-        print("# torch %s, NCCL %s, %d ranks, %s" % (torch.__version__,
-              ".".join(map(str, torch.cuda.nccl.version())), n, torch.cuda.get_device_name(dev)))
+        print("# torch %s, NCCL %s, %d ranks, %s, %s" % (torch.__version__,
+              ".".join(map(str, torch.cuda.nccl.version())), n, torch.cuda.get_device_name(dev),
+              "each call waited for" if a.blocking else "calls queued, waited for once"))
         print("# %-12s %-10s %12s %10s %10s" % ("coll", "size", "time(us)", "algbw", "busbw"))
     size = a.b
     while size <= a.e:
@@ -57,6 +64,8 @@ def rank_main(r, a):
             t = time.perf_counter()
             for _ in range(a.i):
                 op()
+                if a.blocking:
+                    torch.cuda.synchronize()
             torch.cuda.synchronize()
             dt = torch.tensor([(time.perf_counter() - t) / a.i], device=dev)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)   # the slowest rank's
@@ -79,6 +88,7 @@ def main():
     p.add_argument("-w", type=int, default=3)
     p.add_argument("--port", type=int, default=29571)
     p.add_argument("--own-hosts", action="store_true")
+    p.add_argument("--blocking", action="store_true")
     a = p.parse_args()
     mp.spawn(rank_main, args=(a,), nprocs=a.n)
 

@@ -17,7 +17,9 @@
  * Buffers may be device memory (device.h: a GPU's, or emu's): the group
  * finds them (mg_device_of) and stages them through host memory, as gloo
  * does with CUDA tensors: what a call reads is copied to the host when it
- * is issued, what it writes is copied back before its work completes.
+ * is issued, what it writes is copied back before its work completes. A
+ * group whose ranks each have a GPU of their own runs its collectives on
+ * GPU memory through NCCL instead (mg_group_use_device).
  *
  * This layer knows nothing of tensors beyond (pointer, count, dtype).
  *
