@@ -82,6 +82,49 @@ void mg__call_spans(const mg_call *c, int rank, int size, size_t *sn, size_t *rn
         *rn = k == MG_COLL_ALL_GATHER || k == MG_COLL_GATHER || k == MG_COLL_ALL_TO_ALL ? all : n;
 }
 
+void mg__call_resolve(const mg_call *c, int rank, int size, const char **s, char **r,
+                      size_t *in, size_t *out)
+{
+    const char *sb = c->sendbuf;
+    char *rb = c->recvbuf;
+    size_t b = c->count * mg_dtype_size(c->dtype), all = b * (size_t)size;
+    bool root = c->root == rank;
+    mg_coll k = c->coll;
+    *in = *out = 0;
+    switch (k) {
+    case MG_COLL_BROADCAST:
+        if (root && sb != rb && mg__overlaps(sb, b, rb, b)) *in = b;
+        break;
+    case MG_COLL_ALL_REDUCE:
+    case MG_COLL_REDUCE:
+        if (sb != rb && (k == MG_COLL_ALL_REDUCE || root) && mg__overlaps(sb, b, rb, b)) *in = b;
+        break;
+    case MG_COLL_ALL_GATHER:
+    case MG_COLL_GATHER:
+        if (k == MG_COLL_ALL_GATHER || root) {
+            if (sb == rb) sb = rb + (size_t)rank * b;
+            if (sb != rb + (size_t)rank * b && mg__overlaps(sb, b, rb, all)) *in = b;
+        }
+        break;
+    case MG_COLL_SCATTER:
+        if (root) {
+            if (rb == sb) rb = (char *)sb + (size_t)rank * b;
+            if (rb != sb + (size_t)rank * b && mg__overlaps(sb, all, rb, b)) *out = b;
+        }
+        break;
+    case MG_COLL_REDUCE_SCATTER:
+        if (rb != sb + (size_t)rank * b && mg__overlaps(sb, all, rb, b)) *out = b;
+        break;
+    case MG_COLL_ALL_TO_ALL:
+        if (mg__overlaps(sb, all, rb, all)) *in = all;
+        break;
+    default:
+        break;
+    }
+    *s = sb;
+    *r = rb;
+}
+
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
     if (!a || !b || !an || !bn) return false;

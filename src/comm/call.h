@@ -23,6 +23,17 @@ bool mg__writes_recvbuf(mg_coll c, bool root);
  * uses (0 for one it does not use); counts follow comm.h's NCCL
  * conventions. */
 void mg__call_spans(const mg_call *c, int rank, int size, size_t *sn, size_t *rn);
+/* c's buffers as rank `rank` of `size` uses them, its in-place forms
+ * resolved (coll/coll.h's conventions), for every path that runs calls
+ * (the host algorithms, NCCL): *s and *r are where the rank reads and
+ * writes (all_gather's and gather's sendbuf == recvbuf becomes the rank's
+ * block of recvbuf, scatter's recvbuf == sendbuf the root's block). When
+ * the input still overlaps the output otherwise, its first *in bytes must
+ * be read from a copy; when the output overlaps the input, it must be
+ * written to a temporary of *out bytes and copied to *r after (0: not
+ * needed). A broadcast's root then copies its input to *r itself. */
+void mg__call_resolve(const mg_call *c, int rank, int size, const char **s, char **r,
+                      size_t *in, size_t *out);
 /* Whether [a, a + an) and [b, b + bn) share a byte (NULL or empty: no). */
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn);
 /* A send or receive, the seq-th to (from) its peer, for messages:

@@ -464,8 +464,8 @@ static char *scratch(mg__nccl *n, size_t bytes)
 
 /* Queues c on n's stream and waits until NCCL has queued it (a
  * non-blocking communicator may still be doing so on return of the call).
- * In-place forms and overlapping buffers are resolved as the builtin
- * algorithms resolve them (coll.c): an input that overlaps the output is
+ * In-place forms and overlapping buffers are resolved as for the host
+ * algorithms (mg__call_resolve): an input that overlaps the output is
  * copied to scratch first, an output that overlaps the input is written
  * to scratch and copied after. gather, scatter and all_to_all are sends
  * and receives in one group, the rank's own block a copy. MG_AVG is
@@ -478,41 +478,13 @@ static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, do
     ncclRedOp_t op = c->op == MG_AVG ? ncclSum : nc_op(c->op);
     ncclComm_t m = n->comm;
     cudaStream_t s = n->stream;
-    size_t cnt = c->count, b = cnt * mg_dtype_size(c->dtype), all = b * (size_t)size;
-    const char *sb = c->sendbuf;
-    char *rb = c->recvbuf, *final = NULL;
+    size_t cnt = c->count, b = cnt * mg_dtype_size(c->dtype);
+    const char *sb;
+    char *rb, *final = NULL;
     bool root = c->root == rank;
     mg_coll k = c->coll;
-    size_t in = 0, out = 0;
-    switch (k) {
-    case MG_COLL_BROADCAST:
-        if (root && sb != rb) in = mg__overlaps(sb, b, rb, b) ? b : 0;
-        break;
-    case MG_COLL_ALL_REDUCE:
-    case MG_COLL_REDUCE:
-        if (sb != rb && (k == MG_COLL_ALL_REDUCE || root) && mg__overlaps(sb, b, rb, b)) in = b;
-        break;
-    case MG_COLL_ALL_GATHER:
-    case MG_COLL_GATHER:
-        if (k == MG_COLL_ALL_GATHER || root) {
-            if (sb == rb) sb = rb + (size_t)rank * b;
-            if (sb != rb + (size_t)rank * b && mg__overlaps(sb, b, rb, all)) in = b;
-        }
-        break;
-    case MG_COLL_SCATTER:
-        if (root) {
-            if (rb == sb) rb = (char *)sb + (size_t)rank * b;
-            if (rb != sb + (size_t)rank * b && mg__overlaps(sb, all, rb, b)) out = b;
-        }
-        break;
-    case MG_COLL_REDUCE_SCATTER:
-        if (rb != sb + (size_t)rank * b && mg__overlaps(sb, all, rb, b)) out = b;
-        break;
-    case MG_COLL_ALL_TO_ALL:
-        if (mg__overlaps(sb, all, rb, all)) in = all;
-        break;
-    default: break;
-    }
+    size_t in, out;
+    mg__call_resolve(c, rank, size, &sb, &rb, &in, &out);
     char *tmp = in || out ? scratch(n, in + out) : NULL;
     if ((in || out) && !tmp) return ncclSystemError;
     if (in && cudaMemcpyAsync(tmp, sb, in, cudaMemcpyDeviceToDevice, s) != cudaSuccess)

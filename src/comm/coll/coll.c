@@ -193,7 +193,7 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
         .root = c->root, .rank = p->rank, .size = p->size,
     };
     if (c->coll == MG_COLL_BARRIER) o.es = 1, o.dt = MG_U8;
-    size_t blk = o.count * o.es, all = blk * (size_t)o.size;
+    size_t blk = o.count * o.es;
     int me_root = o.rank == o.root;
 
     if (o.size == 1) {
@@ -204,43 +204,8 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
     /* Resolve in-place forms; route other overlaps through temporaries. */
     void *tmp_in = NULL, *tmp_out = NULL;
     char *final_out = NULL;
-    size_t in_bytes = 0, out_bytes = 0;
-    switch (o.coll) {
-    case MG_COLL_BROADCAST:
-        if (me_root && o.sbuf != o.rbuf) mg__copy(o.rbuf, o.sbuf, blk);
-        o.sbuf = o.rbuf;
-        break;
-    case MG_COLL_ALL_REDUCE:
-    case MG_COLL_REDUCE:
-        if (o.sbuf != o.rbuf && (o.coll == MG_COLL_ALL_REDUCE || me_root) &&
-            mg__overlaps(o.sbuf, blk, o.rbuf, blk))
-            in_bytes = blk;
-        break;
-    case MG_COLL_ALL_GATHER:
-    case MG_COLL_GATHER:
-        if (o.coll == MG_COLL_ALL_GATHER || me_root) {
-            if (o.sbuf == o.rbuf) o.sbuf = o.rbuf + (size_t)o.rank * blk;
-            if (o.sbuf != o.rbuf + (size_t)o.rank * blk && mg__overlaps(o.sbuf, blk, o.rbuf, all))
-                in_bytes = blk;
-        }
-        break;
-    case MG_COLL_SCATTER:
-        if (me_root) {
-            if (o.rbuf == o.sbuf) o.rbuf = (char *)o.sbuf + (size_t)o.root * blk;
-            if (o.rbuf != o.sbuf + (size_t)o.root * blk && mg__overlaps(o.sbuf, all, o.rbuf, blk))
-                out_bytes = blk;
-        }
-        break;
-    case MG_COLL_REDUCE_SCATTER:
-        if (o.rbuf != o.sbuf + (size_t)o.rank * blk && mg__overlaps(o.sbuf, all, o.rbuf, blk))
-            out_bytes = blk;
-        break;
-    case MG_COLL_ALL_TO_ALL:
-        if (mg__overlaps(o.sbuf, all, o.rbuf, all)) in_bytes = all;
-        break;
-    default:
-        break;
-    }
+    size_t in_bytes, out_bytes;
+    mg__call_resolve(c, o.rank, o.size, &o.sbuf, &o.rbuf, &in_bytes, &out_bytes);
     if (in_bytes) {
         if (!(tmp_in = mg_alloc(in_bytes)))
             return mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to copy an "
@@ -256,6 +221,10 @@ mg_status mg__coll_run(mg__p2p *p, const mg_call *c, mg__algo algo)
         }
         final_out = o.rbuf;
         o.rbuf = tmp_out;
+    }
+    if (o.coll == MG_COLL_BROADCAST) {
+        if (me_root) mg__copy(o.rbuf, o.sbuf, blk);
+        o.sbuf = o.rbuf;
     }
 
     mg__algo a = choose(p, c, algo);
