@@ -3,6 +3,7 @@
 #ifndef MGT_DEVICES_H
 #define MGT_DEVICES_H
 
+#include <dlfcn.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -38,6 +39,18 @@ static inline mg_device mgt_device(mg_device_kind kind)
     CHECK_MSG(n >= 1, "the child asking for a GPU said nothing");
     if (said[0] != 1) mgt_skip("no GPU: %s", said + 1);
     return (mg_device){kind, 0};
+}
+
+/* Whether libnccl.so.2 loads here, asked in a child (as mgt_device asks
+ * for the GPU): the NCCL tests skip without it. */
+static inline bool mgt_nccl_loads(void)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) _exit(dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL) ? 0 : 1);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    return WEXITSTATUS(status) == 0;
 }
 
 /* n floats of d's memory at p in a host copy to free. */

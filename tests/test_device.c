@@ -1,11 +1,9 @@
 /* Devices (issue 15): naming them, finding out whether a GPU is there and
  * saying why not, and memory round trips. Without a GPU (CI has none) the
  * GPU's part skips, saying why; the CPU's part always runs. */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
 #include "devices.h"
@@ -470,19 +468,23 @@ static void check_gathered(mg_device d, const float *p, int W)
     free(h);
 }
 
+/* In a forked rank: NCCL refuses two ranks on one GPU of one host; told
+ * they are on hosts of their own, it runs them (through its network
+ * transport over loopback), so one GPU tests the NCCL path. MG_NCCL=on:
+ * NCCL or an error. */
+static void nccl_host_of_its_own(int r)
+{
+    char host[32];
+    snprintf(host, sizeof host, "mgtest-host-%d", r);
+    setenv("NCCL_HOSTID", host, 1);
+    setenv("MG_NCCL", "on", 1);
+}
+
 static int coll_rank(int r, int W, void *arg)
 {
     const coll_case *c = arg;
     mg_device d = c->d;
-    if (c->nccl) {
-        /* NCCL refuses two ranks on one GPU of one host; told they are on
-         * hosts of their own, it runs them (through its network transport
-         * over loopback), so one GPU tests the NCCL path. */
-        char host[32];
-        snprintf(host, sizeof host, "mgtest-host-%d", r);
-        setenv("NCCL_HOSTID", host, 1);
-        setenv("MG_NCCL", "on", 1);
-    }
+    if (c->nccl) nccl_host_of_its_own(r);
     mg_group *g = mgt_join(r, W, c->port, NULL, 60);
     CHECK(g);
     const char *why, *path;
@@ -641,13 +643,7 @@ TEST_T(device_gpu_collectives_stage_through_the_host, 120)
 TEST_T(device_gpu_collectives_through_nccl, 180)
 {
     mg_device d = mgt_device(MG_DEVICE_CUDA);
-    /* asked in a child, as mgt_device asks for the GPU */
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) _exit(dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL) ? 0 : 1);
-    int status;
-    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
-    if (WEXITSTATUS(status)) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
     collectives_on_device(d, true);
 }
 
@@ -656,10 +652,7 @@ TEST_T(device_gpu_collectives_through_nccl, 180)
  * call, and the group can be destroyed (the communicator aborted). */
 static int nccl_dead_peer_rank(int r, int W, void *arg)
 {
-    char host[32];
-    snprintf(host, sizeof host, "mgtest-dead-%d", r);
-    setenv("NCCL_HOSTID", host, 1);
-    setenv("MG_NCCL", "on", 1);
+    nccl_host_of_its_own(r);
     mg_device d = {MG_DEVICE_CUDA, 0};
     mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 8);
     CHECK(g);
@@ -683,6 +676,7 @@ static int nccl_dead_peer_rank(int r, int W, void *arg)
 TEST_T(device_gpu_nccl_survives_a_dead_peer_with_an_error, 90)
 {
     mgt_device(MG_DEVICE_CUDA);
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
     int port = mgt_free_port(), st[2];
     CHECK_EQ(mgt_fork_ranks(2, nccl_dead_peer_rank, &port, 80, st), 0);
 }

@@ -213,6 +213,16 @@ TEST_T(mgtrain_gpt_ddp_and_dp_equal_one_process, 240)
         }
 }
 
+/* One process of gpt-mini on the CPU (GPT_SMALL and `args`) saved to
+ * `save`: the reference the device runs are compared with. */
+static void cpu_reference(const char *bin, const char *args, const char *save)
+{
+    char *out;
+    int rc = mgt_sh(&out, "%s " GPT_SMALL " %s --save %s", bin, args, save);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+}
+
 /* Training on a device (dev: emu, or cuda when there is a GPU) equals
  * one process on the CPU within the DDP test's bound: one process, and
  * DDP on 2, 3 and 4 ranks sharing the device, whose buckets go through
@@ -229,12 +239,9 @@ static void device_equals_cpu(const char *dev)
     snprintf(ref20, sizeof ref20, "%s/cpu20.st", t);
     snprintf(other, sizeof other, "%s/dev.st", t);
     snprintf(half, sizeof half, "%s/half.st", t);
-    int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --save %s", bin, ref);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
-    rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 20 --eval-every 10 --save %s", bin, ref20);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
+    cpu_reference(bin, "--steps 10 --eval-every 10", ref);
+    cpu_reference(bin, "--steps 20 --eval-every 10", ref20);
+    int rc;
     for (int k = 1; k <= 4; k++) {
         if (k == 1)
             rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --save %s",
@@ -257,10 +264,7 @@ static void device_equals_cpu(const char *dev)
      * (whose batches draw other rows than --batch 12). */
     char acc[512];
     snprintf(acc, sizeof acc, "%s/cpu-acc.st", t);
-    rc = mgt_sh(&out, "%s " GPT_SMALL " --batch 6 --accumulate 2 --steps 10 --eval-every 10 "
-                "--save %s", bin, acc);
-    CHECK_MSG(rc == 0, "%s", out);
-    free(out);
+    cpu_reference(bin, "--batch 6 --accumulate 2 --steps 10 --eval-every 10", acc);
     static const struct { int n; const char *args; } more[] = {
         {3, "--parallel ddp --zero 3"}, {2, "--mesh pp=2"}, {4, "--mesh pp=2"},
         {2, "--parallel ddp --offload cpu --verbose"},
@@ -281,24 +285,6 @@ static void device_equals_cpu(const char *dev)
                more[i].n, more[i].args, d, worst);
         CHECK_MSG(d <= 1e-4, "%s, %d ranks, %s: parameters differ from the CPU's by %g", dev,
                   more[i].n, more[i].args, d);
-    }
-    /* On a GPU, the same through NCCL: each rank told it is a host of its
-     * own (NCCL_HOSTID), as NCCL refuses two ranks on one GPU of one host;
-     * the data-parallel sub-groups of a mesh use it too. */
-    static const struct { int n; const char *args; } nccl[] = {
-        {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2"},
-    };
-    for (size_t i = 0; !strcmp(dev, "cuda") && i < sizeof nccl / sizeof *nccl; i++) {
-        rc = mgt_sh(&out, "MG_NCCL=on %s -n %d sh -c 'NCCL_HOSTID=mgtest$RANK exec \"$0\" \"$@\"' "
-                    "%s " GPT_SMALL " --steps 10 --eval-every 5 --device cuda %s --save %s", run,
-                    nccl[i].n, bin, nccl[i].args, other);
-        CHECK_MSG(rc == 0 && strstr(out, "collectives on GPU memory: NCCL"), "%s", out);
-        free(out);
-        double worst, d = ckpt_rel_diff(other, strstr(nccl[i].args, "pp=") ? acc : ref, &worst);
-        printf("gpt-mini through NCCL, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n",
-               nccl[i].n, nccl[i].args, d, worst);
-        CHECK_MSG(d <= 1e-4, "NCCL, %d ranks, %s: parameters differ from the CPU's by %g",
-                  nccl[i].n, nccl[i].args, d);
     }
     /* --bf16: the GEMMs' operands rounded to bfloat16 move the parameters
      * by bfloat16's rounding, not more (seen: 1.6e-3 on emu) */
@@ -350,6 +336,42 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
 {
     mgt_device(MG_DEVICE_CUDA);   /* skips without a GPU */
     device_equals_cpu("cuda");
+}
+
+/* The same through NCCL on a GPU (mg_group_use_device): each rank told it
+ * is a host of its own (NCCL_HOSTID), as NCCL refuses two ranks on one
+ * GPU of one host; the data-parallel sub-groups of a mesh use it too. 10
+ * steps with a checkpoint at step 5 equal one process on the CPU (a
+ * pipeline's 2 micro-batches: one process's --batch 6 --accumulate 2). */
+TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
+{
+    mgt_device(MG_DEVICE_CUDA);
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    const char *t = mgt_tmpdir();
+    char *out, ref[512], acc[512], other[512], bin[512], run[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ref, sizeof ref, "%s/cpu.st", t);
+    snprintf(acc, sizeof acc, "%s/cpu-acc.st", t);
+    snprintf(other, sizeof other, "%s/nccl.st", t);
+    cpu_reference(bin, "--steps 10 --eval-every 10", ref);
+    cpu_reference(bin, "--batch 6 --accumulate 2 --steps 10 --eval-every 10", acc);
+    int rc;
+    static const struct { int n; const char *args; } runs[] = {
+        {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        rc = mgt_sh(&out, "MG_NCCL=on %s -n %d sh -c 'NCCL_HOSTID=mgtest$RANK exec \"$0\" \"$@\"' "
+                    "%s " GPT_SMALL " --steps 10 --eval-every 5 --device cuda %s --save %s", run,
+                    runs[i].n, bin, runs[i].args, other);
+        CHECK_MSG(rc == 0 && strstr(out, "collectives on GPU memory: NCCL"), "%s", out);
+        free(out);
+        double worst, d = ckpt_rel_diff(other, strstr(runs[i].args, "pp=") ? acc : ref, &worst);
+        printf("gpt-mini through NCCL, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n",
+               runs[i].n, runs[i].args, d, worst);
+        CHECK_MSG(d <= 1e-4, "NCCL, %d ranks, %s: parameters differ from the CPU's by %g",
+                  runs[i].n, runs[i].args, d);
+    }
 }
 
 /* What a device cannot run yet is refused with one line naming it (a

@@ -585,6 +585,7 @@ struct trainer {
     mg_strategy *s;
     mg_model *m;
     mg_optim *opt;
+    mg_device dev;      /* --device, picked once (pick_device) */
     int lm;             /* a language model */
     char hp[512];       /* hparams_string */
     uint64_t step_sent, step_received;   /* bytes the training steps moved */
@@ -739,6 +740,7 @@ static mg_device pick_device(const options *o)
  * (mgrun --max-restarts) resumes from the last save. */
 static void join_job(options *o, trainer *t)
 {
+    t->dev = pick_device(o);
     if (distributed(t)) {
         if (!mg_launch_detect().by)
             die("%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' (or under "
@@ -749,9 +751,9 @@ static void join_job(options *o, trainer *t)
         t->world = mg_group_size(t->g);
         /* On GPUs the group's collectives go through NCCL when every rank
          * has its own, else through the host; the mesh's groups follow. */
-        mg_device dev = pick_device(o);
-        if (dev.kind == MG_DEVICE_CUDA) {
-            if (mg_group_use_device(t->g, dev)) die("--device %s: %s", o->device, mg_last_error());
+        if (t->dev.kind == MG_DEVICE_CUDA) {
+            if (mg_group_use_device(t->g, t->dev))
+                die("--device %s: %s", o->device, mg_last_error());
             const char *why, *path = mg_group_device_path(t->g, &why);
             if (t->rank == 0 && !o->quiet)
                 printf("collectives on GPU memory: %s (%s)\n",
@@ -981,7 +983,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
 {
     if (make(ud, &t->m)) die("%s", mg_last_error());
     mg_model_set_recompute(t->m, o->recompute);
-    mg_device dev = pick_device(o);
+    mg_device dev = t->dev;
     if (mg_model_to_device(t->m, dev)) die("--device %s: %s", o->device, mg_last_error());
     if (o->tf32 && dev.kind != MG_DEVICE_CUDA) die("--tf32 is for GPUs: give --device cuda");
     if (o->tf32 && mg_device_set_tf32(dev, true)) die("--tf32: %s", mg_last_error());

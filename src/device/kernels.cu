@@ -435,16 +435,24 @@ template <class F> __global__ void k_rows(size_t rows, F f)
 }
 #endif
 
+#ifdef __CUDACC__
+/* f(i) for i < n on a GPU, queued on stream s; the launch's error. */
+template <class F> static cudaError_t each_on(cudaStream_t s, size_t n, F f)
+{
+    size_t b = (n + 255) / 256;
+    if (b > 65536) b = 65536;
+    k_each<<<(unsigned)b, 256, 0, s>>>(n, f);
+    return cudaGetLastError();
+}
+#endif
+
 /* f(i) for i < n. */
 template <class F> static void each(size_t n, F f)
 {
     if (!n) return;
 #ifdef __CUDACC__
     if (!DK()->emu) {
-        size_t b = (n + 255) / 256;
-        if (b > 65536) b = 65536;
-        k_each<<<(unsigned)b, 256, 0, DK()->stream>>>(n, f);
-        ck(cudaGetLastError(), "launching a kernel");
+        ck(each_on(DK()->stream, n, f), "launching a kernel");
         return;
     }
 #endif
@@ -1107,12 +1115,10 @@ extern "C" void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, 
 
 /* ---- Attention ------------------------------------------------------------------- */
 
-/* Workspace: q, k, v, the output gradient and q, k, v's gradients, each
- * [n, heads, T, d/heads]; the probabilities' gradient [n, heads, T, T].
- * The forward keeps the probabilities P [n, heads, T, T] (in `saved`). */
-/* The scores' gradient in the backward (the forward needs none: each
- * head's GEMMs read its columns of qkv and write its columns of y in
- * place, as batches of sequences x heads). */
+/* Workspace: the scores' gradient [n, heads, T, T] in the backward (the
+ * forward needs none: each head's GEMMs read its columns of qkv and write
+ * its columns of y in place, as batches of sequences x heads). The
+ * forward keeps the probabilities P [n, heads, T, T] (in `saved`). */
 extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
 {
     (void)d;
@@ -1502,18 +1508,13 @@ template <> struct avg_div<__nv_bfloat16> {
     }
 };
 
-template <typename T> __global__ void k_avg_div(T *p, size_t n, int by)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        p[i] = avg_div<T>::go(p[i], by);
-}
-
 template <typename T> static int avg_div_on(void *p, size_t n, int by, cudaStream_t s)
 {
-    size_t blocks = (n + 255) / 256;
-    k_avg_div<T><<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, s>>>((T *)p, n, by);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    T *q = (T *)p;
+    return each_on(s, n, [=] __device__(size_t i) { q[i] = avg_div<T>::go(q[i], by); }) ==
+                   cudaSuccess
+               ? 0
+               : -1;
 }
 
 extern "C" int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream)
