@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (n) memcpy(p, data, n * sizeof *p);
     char why[256];
     memset(why, 0x7f, sizeof why);
-    bool ok = mg__nccl_plan(p, (int)n, why, sizeof why);
+    bool ok = mg__nccl_plan(p, (int)n, NULL, why, sizeof why);
     size_t len = strnlen(why, sizeof why);
     FUZZ_CHECK(len > 0 && len < sizeof why);
     for (size_t i = 0; i < len; i++) FUZZ_CHECK(why[i] >= 32 && why[i] < 127);

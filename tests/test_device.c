@@ -691,30 +691,30 @@ TEST(device_nccl_plan_says_what_stops_it)
         p[i] = (mg__nccl_peer){.host = 7, .loaded = 1, .version = 22809};
         snprintf(p[i].bus, sizeof p[i].bus, "0000:%02d:00.0", 10 + i);
     }
-    CHECK(mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(mg__nccl_plan(p, 3, NULL, why, sizeof why));
     p[2].host = 8;   /* the same bus id on another host is another GPU */
     strcpy(p[2].bus, p[0].bus);
-    CHECK(mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(mg__nccl_plan(p, 3, NULL, why, sizeof why));
     p[2].host = 7;
-    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
-    CHECK_MSG(strstr(why, "ranks 0 and 2 share one GPU (0000:10:00.0)"), "%s", why);
+    CHECK(!mg__nccl_plan(p, 3, NULL, why, sizeof why));
+    CHECK_MSG(strstr(why, "rank 0 and rank 2 share one GPU (0000:10:00.0)"), "%s", why);
     strcpy(p[2].bus, "0000:12:00.0");
     p[1].version = 22703;
-    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(!mg__nccl_plan(p, 3, NULL, why, sizeof why));
     CHECK_MSG(strstr(why, "rank 1 has NCCL 22703 and rank 0 NCCL 22809"), "%s", why);
     p[1].loaded = 0;
-    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(!mg__nccl_plan(p, 3, NULL, why, sizeof why));
     CHECK_MSG(strstr(why, "rank 1 cannot load NCCL (libnccl.so.2"), "%s", why);
     memset(p[2].bus, 'A', sizeof p[2].bus);   /* a peer's garbage: no end */
     p[1].loaded = 1;
     p[1].version = 22809;
-    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(!mg__nccl_plan(p, 3, NULL, why, sizeof why));
     CHECK_MSG(strstr(why, "rank 2 described itself in a form this build does not know"), "%s",
               why);
     p[0].bus[0] = 0;
-    CHECK(!mg__nccl_plan(p, 3, why, sizeof why));
+    CHECK(!mg__nccl_plan(p, 3, NULL, why, sizeof why));
     CHECK_MSG(strstr(why, "rank 0's device is not a GPU"), "%s", why);
-    CHECK(mg__nccl_plan(p, 0, why, sizeof why));
+    CHECK(mg__nccl_plan(p, 0, NULL, why, sizeof why));
 }
 
 static int host_path_rank(int r, int W, void *arg)

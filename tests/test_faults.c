@@ -2,9 +2,11 @@
  * operations) and one stopped with SIGSTOP make the others fail with the
  * right error within the deadline; mismatched collectives are named on
  * every rank without touching memory past the buffers; a failed group
- * fails fast afterwards; strangers connecting to a rank's data listener
- * (garbage, wrong secret, wrong group) are turned away while the real
- * peer gets in. Over shared memory and TCP. */
+ * fails fast afterwards; in sub-groups (a pp=2,dp=2 mesh, a plain split)
+ * every line names ranks by their world rank and mesh coordinates;
+ * strangers connecting to a rank's data listener (garbage, wrong secret,
+ * wrong group) are turned away while the real peer gets in. Over shared
+ * memory and TCP. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 #include "harness.h"
 #include "multigrad/comm.h"
+#include "multigrad/parallel.h"
 #include "comm/builtin.h"
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
@@ -106,6 +109,102 @@ static void expect_kill(int n, const char *transport, int variant)
  * 2: rank 0, which also serves the store, killed during them. */
 TEST_T(fault_sigkill_shm, 60) { expect_kill(3, NULL, 0); expect_kill(2, NULL, 1); expect_kill(3, NULL, 2); }
 TEST_T(fault_sigkill_tcp, 60) { expect_kill(3, "tcp", 0); expect_kill(3, "tcp", 1); expect_kill(3, "tcp", 2); }
+
+/* ---- ranks of sub-groups named by their world ranks -------------------------------- */
+
+/* World ranks 0..3 as a pp=2,dp=2 mesh (variant 0: rank r is (pp r / 2,
+ * dp r % 2)), or split without labels (variant 1), into the groups {0, 2},
+ * {1, 3} ("odd": pp in the mesh) and {0, 1}, {2, 3} ("pair": dp). In {1,
+ * 3}, world rank 1 is rank 0 and world rank 3 rank 1: no line may call
+ * them that. First a mismatched collective in the world group (rank 1
+ * broadcasts), then world rank 3 is killed: rank 1 finds out in {1, 3},
+ * rank 2 in {2, 3}. */
+static int subgroup_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    mg_group *g = join_group(rank, n, j);
+    if (!g) return 2;
+    mg_mesh *m = NULL;
+    mg_group *odd = NULL, *pair = NULL;
+    if (j->variant == 0) {
+        CHECK_OK(mg_mesh_create(g, "pp=2,dp=2", &m));
+        odd = mg_mesh_group(m, MG_MESH_PP);
+        pair = mg_mesh_group(m, MG_MESH_DP);
+    } else {
+        CHECK_OK(mg_group_split(g, rank % 2, rank, &odd));
+        CHECK_OK(mg_group_split(g, rank / 2, rank, &pair));
+    }
+    const char *name[4] = {"rank 0 (pp 0, dp 0)", "rank 1 (pp 0, dp 1)", "rank 2 (pp 1, dp 0)",
+                           "rank 3 (pp 1, dp 1)"};
+    const char *plain[4] = {"rank 0", "rank 1", "rank 2", "rank 3"};
+    if (j->variant == 1) memcpy(name, plain, sizeof name);
+    char buf[128], me[160], dead[160];
+    snprintf(me, sizeof me, "%s: ", name[rank]);
+    /* Over shared memory its pid is named too: "rank 3 (pp 1, dp 1; pid 7, this host)". */
+    snprintf(dead, sizeof dead, "%s", name[3]);
+    if (!j->transport) snprintf(dead, sizeof dead, j->variant ? "rank 3 (pid " : "%.*s; pid ",
+                                (int)strlen(name[3]) - 1, name[3]);
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ(mg_group_world_rank(odd, r), 2 * r + rank % 2);
+        CHECK(!strcmp(mg_group_rank_name(odd, r, buf, sizeof buf), name[2 * r + rank % 2]));
+        CHECK(!strcmp(mg_group_rank_name(pair, r, buf, sizeof buf), name[rank / 2 * 2 + r]));
+    }
+    CHECK(!strcmp(mg_group_rank_name(g, rank, buf, sizeof buf), name[rank]));
+
+    /* The mismatch: every rank's line begins with its own name and names rank 1. */
+    float x[64] = {0};
+    mg_status st = rank == 1 ? mg_broadcast(g, x, 64, MG_F32, 0)
+                             : mg_all_reduce(g, MG_IN_PLACE, x, 64, MG_F32, MG_SUM);
+    const char *msg = mg_last_error();
+    printf("rank %d, mismatch: %s\n", rank, msg);
+    CHECK(st == MG_EMISMATCH || st == MG_EPEER);
+    CHECK_MSG(!strncmp(msg, me, strlen(me)) && strstr(msg, name[1]) && strstr(msg, "broadcast #"),
+              "rank %d: '%s' should begin with '%s' and name %s's broadcast", rank, msg, me,
+              name[1]);
+    /* Everyone past it (through both sub-groups) before rank 3 dies. */
+    CHECK_OK(mg_barrier(pair));
+    CHECK_OK(mg_barrier(odd));
+    if (rank == 3) raise(SIGKILL);
+    if (rank == 1 || rank == 2) {
+        mg_group *on = rank == 1 ? odd : pair;
+        do st = mg_all_reduce(on, MG_IN_PLACE, x, 64, MG_F32, MG_SUM);
+        while (!st);
+        msg = mg_last_error();
+        printf("rank %d, killed peer: %s\n", rank, msg);
+        CHECK(st == MG_EPEER);
+        CHECK_MSG(!strncmp(msg, me, strlen(me)) && strstr(msg, dead),
+                  "rank %d: '%s' should begin with '%s' and name '%s'", rank, msg, me, dead);
+    }
+    /* No one leaves before ranks 1 and 2 have seen rank 3 die (a rank
+     * that left would be the death they see). */
+    if (rank < 2) CHECK_OK(mg_barrier(pair));
+    if (rank % 2 == 0) CHECK_OK(mg_barrier(odd));
+    mg_mesh_destroy(m);
+    if (j->variant == 1) {
+        mg_group_destroy(odd);
+        mg_group_destroy(pair);
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void expect_subgroup_names(const char *transport, int variant)
+{
+    job j = new_job(transport, 30, variant);
+    int st[4];
+    mgt_fork_ranks(4, subgroup_rank, &j, 40, st);
+    for (int r = 0; r < 3; r++)
+        CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s, variant "
+                  "%d)", r, st[r], transport ? transport : "shm", variant);
+    CHECK(WIFSIGNALED(st[3]) && WTERMSIG(st[3]) == SIGKILL);
+}
+
+TEST_T(fault_subgroup_lines_name_world_ranks_and_coordinates, 90)
+{
+    expect_subgroup_names(NULL, 0);
+    expect_subgroup_names("tcp", 0);
+    expect_subgroup_names(NULL, 1);
+}
 
 /* ---- a stopped peer ------------------------------------------------------------ */
 
@@ -249,7 +348,7 @@ static void *real_peer(void *arg)
     char addr[2][64] = {"127.0.0.1", ""};
     int port[2] = {d->port, 0}, fds[2];
     mg__tcp_listener none = {.fd = -1};
-    d->st = mg__tcp_connect_peers(&none, d->gid, 1, 2, need, addr, port, "right", mg_now() + 5, fds);
+    d->st = mg__tcp_connect_peers(&none, NULL, d->gid, 1, 2, need, addr, port, "right", mg_now() + 5, fds);
     if (!d->st) close(fds[0]);
     return NULL;
 }
@@ -288,7 +387,7 @@ TEST(fault_strangers_at_data_listener)
         CHECK(recv(fd[3], &c, 1, 0) <= 0); /* dropped without an answer */
         _exit(0);
     }
-    CHECK_OK(mg__tcp_connect_peers(&l, 0x1234, 0, 2, need, addr, port, "right", mg_now() + 5, fds));
+    CHECK_OK(mg__tcp_connect_peers(&l, NULL, 0x1234, 0, 2, need, addr, port, "right", mg_now() + 5, fds));
     CHECK_MSG(mg_now() - t0 < 3, "took %.2f s: %s", mg_now() - t0, mg_last_error());
     pthread_join(t, NULL);
     CHECK_OK(d.st);

@@ -402,9 +402,9 @@ static int mismatch_rank(int rank, int procs, void *arg)
         /* Found at the first transfer, named by both stages. */
         CHECK(st != MG_OK && mg_now() - t0 < 5);
         CHECK(strstr(mg_last_error(), "micro-batch 0") &&
-              strstr(mg_last_error(), rank == 0 ? "pipeline stage 0 (rank 0)"
-                                                : "pipeline stage 1 (rank 1)") &&
-              strstr(mg_last_error(), rank == 0 ? "stage 1 (rank 1)" : "stage 0 (rank 0)"));
+              strstr(mg_last_error(), rank == 0 ? "pipeline stage 0 on rank 0"
+                                                : "pipeline stage 1 on rank 1") &&
+              strstr(mg_last_error(), rank == 0 ? "stage 1 on rank 1" : "stage 0 on rank 0"));
         mg_optim_destroy(o);
         eq_end_rank(s, NULL, NULL, NULL, NULL, NULL);
     }

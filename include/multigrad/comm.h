@@ -127,6 +127,25 @@ mg_traffic mg_group_traffic(const mg_group *g);
 #define MG_UNDEFINED (-1)
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
 
+/* Names of ranks in messages. Every message of a group that names one of
+ * its ranks (the rank speaking, a peer that failed or was waited for)
+ * names it by its rank in the world group, the one mg_group_init joined
+ * (a sub-group knows its members' world ranks), followed by that rank's
+ * label when it has one: "rank 3 (pp 1, dp 1)". Ranks given to and
+ * returned by calls (peers, roots, mg_group_rank) stay g's own. */
+#define MG_GROUP_LABEL_MAX 47
+/* Label this rank in the messages of g and of the groups split from g
+ * after this call, e.g. with its coordinates in a mesh ("pp 1, dp 1";
+ * NULL or "": none): at most MG_GROUP_LABEL_MAX printable characters,
+ * none of them a parenthesis or ';'. Collective over g (it all-gathers
+ * the labels), with no work of g outstanding. */
+mg_status mg_group_set_label(mg_group *g, const char *label);
+/* The world rank of g's rank r. */
+int mg_group_world_rank(const mg_group *g, int r);
+/* How g's messages name its rank r: "rank 3" or "rank 3 (pp 1, dp 1)".
+ * Returns buf. */
+const char *mg_group_rank_name(const mg_group *g, int r, char *buf, size_t cap);
+
 /* Collectives on the memory of device d, the device this rank trains on
  * (torch.distributed's "nccl" backend, chosen per group): collective,
  * with no work of g outstanding. When every rank names a GPU of its own

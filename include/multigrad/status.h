@@ -32,9 +32,9 @@ mg_status mg_error(mg_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The last message recorded on this thread ("" if none). */
 const char *mg_last_error(void);
-/* msg past a leading "rank R: " (group errors name their rank; a caller
- * that names the rank itself, or forwards the message to its peers, says it
- * once). */
+/* msg past a leading "rank R: " or "rank R (LABEL): " (group errors name
+ * their rank by its world rank R, comm.h; a caller that names the rank
+ * itself, or forwards the message to its peers, says it once). */
 const char *mg_error_past_rank(const char *msg, int rank);
 /* The short name of a status code ("MG_EIO"). */
 const char *mg_status_name(mg_status s);

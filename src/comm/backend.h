@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include "multigrad/comm.h"
+#include "comm/names.h"
 #include "comm/traffic.h"
 #include "multigrad/device.h"
 
@@ -72,8 +73,10 @@ typedef struct mg__backend {
      * local_size and impl (g->timeout is already set). */
     mg_status (*init)(mg_group *g, const mg_group_options *opt);
     /* Execute one request. SPLIT creates the sub-group with mg__group_new,
-     * fills it as init would and starts it with mg__group_start (or sets
-     * *out_group = NULL for MG_UNDEFINED). ALLOC/FREE: group memory. */
+     * fills it as init would (its names with mg__names_sub from the parent
+     * ranks mg__split_members finds) and starts it with mg__group_start
+     * (or sets *out_group = NULL for MG_UNDEFINED). ALLOC/FREE: group
+     * memory. */
     mg_status (*run)(mg_group *g, mg__req *r);
     /* The group failed with msg: tell the peers, best effort and quickly. */
     void (*abort)(mg_group *g, const char *msg);
@@ -105,6 +108,9 @@ struct mg_group {
     uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
     /* payload bytes moved to and from other ranks (traffic.h) */
     mg__traffic traffic;
+    /* how messages name the ranks (names.h): set by a backend's split for
+     * its sub-groups, labels by mg_group_set_label */
+    mg__names names;
     /* collectives on device memory (mg_group_use_device): the device
      * named, whether named, NCCL's communicator (NULL: staged through the
      * host) and why that path */

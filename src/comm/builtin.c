@@ -85,18 +85,20 @@ static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double d
         const char *keys[1] = {key};
         mg_status st = mg_store_wait(b->store, keys, 1, left(deadline));
         if (st == MG_ETIMEOUT) {
-            char missing[200] = "";
+            char missing[200] = "", me_[128];
             size_t m = 0;
             for (int q = r; q < size && m + 12 < sizeof missing; q++) {
                 char k2[300];
                 key_fmt(k2, sizeof k2, b->prefix, "info", q);
                 const char *kk[1] = {k2};
                 if (mg_store_wait(b->store, kk, 1, 0.001) == MG_ETIMEOUT)
-                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d", q);
+                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d",
+                                          mg__world_rank(&b->g->names, q));
             }
-            mg_error(MG_ETIMEOUT, "rank 0: timed out after %.1f s waiting for rank(s)%s of %d "
+            mg_error(MG_ETIMEOUT, "%s: timed out after %.1f s waiting for rank(s)%s of %d "
                      "to join: are they running, with the same MASTER_ADDR, MASTER_PORT and "
-                     "WORLD_SIZE?", b->g->timeout, missing, size);
+                     "WORLD_SIZE?", mg__rank_name(&b->g->names, 0, NULL, me_, sizeof me_),
+                     b->g->timeout, missing, size);
             return publish_error(b, MG_ETIMEOUT);
         }
         if (st) return st;
@@ -132,10 +134,12 @@ static mg_status fetch_table(mg__bi *b, int rank, int size, const mg__rinfo *me,
     const char *keys[2] = {tk, ek};
     int which;
     mg_status st = mg__store_wait_any(b->store, keys, 2, left(deadline), &which);
+    char me_[128], r0[128];
     if (st == MG_ETIMEOUT)
-        return mg_error(MG_ETIMEOUT, "rank %d: timed out after %.1f s waiting for the group to "
-                        "form: rank 0 is waiting for other ranks, or WORLD_SIZE differs between "
-                        "ranks", rank, b->g->timeout);
+        return mg_error(MG_ETIMEOUT, "%s: timed out after %.1f s waiting for the group to form: "
+                        "%s is waiting for other ranks, or WORLD_SIZE differs between ranks",
+                        mg__rank_name(&b->g->names, rank, NULL, me_, sizeof me_), b->g->timeout,
+                        mg__rank_name(&b->g->names, 0, NULL, r0, sizeof r0));
     if (st) return st;
     void *v;
     size_t n;
@@ -231,9 +235,11 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
         ports[r] = b->info[r].port;
         pids[r] = b->info[r].pid;
         starts[r] = same ? b->info[r].start : 0;
+        char who[128];
         if (need[r] && !*b->secret && !mg__host_is_loopback(addr[r]))
-            st = mg_error(MG_EAUTH, "rank %d is on another host (%s) and MG_JOB_SECRET is not "
-                          "set: set the same MG_JOB_SECRET on every rank", r, b->info[r].host);
+            st = mg_error(MG_EAUTH, "%s is on another host (%s) and MG_JOB_SECRET is not set: "
+                          "set the same MG_JOB_SECRET on every rank",
+                          mg__rank_name(&g->names, r, NULL, who, sizeof who), b->info[r].host);
     }
     g->local_rank = env_lr >= 0 ? env_lr : lrank;
     g->local_size = env_ls >= 1 ? env_ls : nhost;
@@ -254,7 +260,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
                                      .all_local = nlocal == size, .ring_bytes = ring,
                                      .slot_bytes = slot, .spin = b->spin, .pid = pids,
                                      .start = starts, .peer_timeout = b->peer_timeout,
-                                     .tag = b->shm_tag};
+                                     .tag = b->shm_tag, .names = &g->names};
         st = mg__shm_transport_create(&cfg, &b->shm_transport);
     }
     char bk[KEYLEN];
@@ -265,14 +271,15 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     if (!st) st = mg__store_barrier(b->store, bk, size, left(deadline));
     if (b->shm_transport) mg__shm_transport_unlink(b->shm_transport);
     if (!st && any_tcp)
-        st = mg__tcp_connect_peers(&lis, b->gid, rank, size, need, addr, ports, b->secret,
-                                   deadline, fds);
+        st = mg__tcp_connect_peers(&lis, &g->names, b->gid, rank, size, need, addr, ports,
+                                   b->secret, deadline, fds);
     mg__tcp_listener_close(&lis);
     for (int r = 0; !st && r < size; r++) {
         mg__link *l = &b->link[r];
         if (local[r] && r != rank) mg__shm_transport_chan(b->shm_transport, r, &l->ch);
         else if (need[r]) mg__tcp_chan(fds[r], r, b->peer_timeout, &l->ch);
         else l->ch = (mg__chan){.kind = MG__CH_NONE, .peer = r, .fd = -1};
+        l->ch.names = &g->names;
     }
     if (st && b->link && fds)
         for (int r = 0; r < size; r++)
@@ -384,11 +391,13 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
 
 /* ---- requests ------------------------------------------------------------------ */
 
-static mg_status fail_with(mg_status st, const char *fmt_prefix, int rank)
+/* "rank 3 (pp 1, dp 1): all_reduce #2 ... failed: why" */
+static mg_status fail_with(mg_status st, const char *fmt_prefix, const mg_group *g)
 {
-    char inner[1024];
+    char inner[1024], me[128];
     snprintf(inner, sizeof inner, "%s", mg_last_error());
-    return mg_error(st, "rank %d: %s failed: %s", rank, fmt_prefix, inner);
+    return mg_error(st, "%s: %s failed: %s", mg__rank_name(&g->names, g->rank, NULL, me, sizeof me),
+                    fmt_prefix, inner);
 }
 
 static mg_status run_coll(mg__bi *b, mg__req *r)
@@ -414,7 +423,7 @@ static mg_status run_coll(mg__bi *b, mg__req *r)
     if (st) {
         char d[200];
         mg__fp_describe(&b->fp, d, sizeof d);
-        return fail_with(st, d, b->g->rank);
+        return fail_with(st, d, b->g);
     }
     return MG_OK;
 }
@@ -431,37 +440,47 @@ static mg_status split(mg__bi *b, mg__req *r)
     MG_TRY(key_fmt(key, sizeof key, ns, "r", g->rank));
     MG_TRY(mg_store_set(b->store, key, mine, sizeof mine));
     int32_t (*all)[2] = calloc((size_t)g->size, sizeof *all);
-    if (!all) return mg_error(MG_ENOMEM, "split: out of memory");
+    int *members = malloc(sizeof *members * (size_t)g->size);
+    if (!all || !members) {
+        free(all);
+        free(members);
+        return mg_error(MG_ENOMEM, "split: out of memory");
+    }
     mg_status st = MG_OK;
     for (int q = 0; !st && q < g->size; q++) {
         void *v;
         size_t n;
+        char who[128];
         st = key_fmt(key, sizeof key, ns, "r", q);
         const char *keys[1] = {key};
         if (!st) st = mg_store_wait(b->store, keys, 1, left(deadline));
         if (st == MG_ETIMEOUT)
-            st = mg_error(MG_ETIMEOUT, "mg_group_split: rank %d did not call it within %.1f s",
-                          q, g->timeout);
+            st = mg_error(MG_ETIMEOUT, "mg_group_split: %s did not call it within %.1f s",
+                          mg__rank_name(&g->names, q, NULL, who, sizeof who), g->timeout);
         if (!st) st = mg_store_get(b->store, key, &v, &n);
         if (!st) {
             if (n == sizeof all[q]) memcpy(all[q], v, n);
-            else st = mg_error(MG_EFORMAT, "mg_group_split: malformed record from rank %d", q);
+            else st = mg_error(MG_EFORMAT, "mg_group_split: malformed record from %s",
+                               mg__rank_name(&g->names, q, NULL, who, sizeof who));
             free(v);
         }
     }
-    int count = 0, newrank = 0;
-    for (int q = 0; !st && q < g->size; q++) {
-        if (all[q][0] != r->color) continue;
-        count++;
-        if (all[q][1] < r->key || (all[q][1] == r->key && q < g->rank)) newrank++;
-    }
+    int count = mg__split_members(&all[0][0], g->size, r->color, members), newrank = 0;
+    while (newrank < count && members[newrank] != g->rank) newrank++;
     free(all);
-    if (st || r->color == MG_UNDEFINED) return st;
-    mg_group *sub = mg__group_new(&mg__backend_builtin, g->timeout);
-    mg__bi *sb = sub ? calloc(1, sizeof *sb) : NULL;
-    if (!sb) {
-        free(sub);
-        return mg_error(MG_ENOMEM, "split: out of memory");
+    mg_group *sub = NULL;
+    mg__bi *sb = NULL;
+    if (!st && r->color != MG_UNDEFINED) {
+        sub = mg__group_new(&mg__backend_builtin, g->timeout);
+        sb = sub ? calloc(1, sizeof *sb) : NULL;
+        st = !sb ? mg_error(MG_ENOMEM, "split: out of memory")
+                 : mg__names_sub(&sub->names, &g->names, members, count);
+    }
+    free(members);
+    if (st || r->color == MG_UNDEFINED) {
+        free(sb);
+        mg__group_free(sub);
+        return st;
     }
     sub->impl = sb;
     sub->rank = newrank;
@@ -500,7 +519,7 @@ static mg_status galloc(mg__bi *b, mg__req *r)
         if (st) {
             char d[200];
             mg__fp_describe(&b->fp, d, sizeof d);
-            return fail_with(st, d, b->g->rank);
+            return fail_with(st, d, b->g);
         }
         return MG_OK;
     }
@@ -541,9 +560,9 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     if (b->shm_transport) mg__shm_transport_set_deadline(b->shm_transport, b->deadline);
     mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
     if (st && !r->rejected) {
-        char d[200];
-        mg__call_describe_p2p(&r->c, r->seq, d, sizeof d);
-        return fail_with(st, d, g->rank);
+        char d[320];
+        mg__call_describe_p2p(&r->c, &g->names, r->seq, d, sizeof d);
+        return fail_with(st, d, g);
     }
     return st;
 }

@@ -41,7 +41,7 @@ bool mg__writes_recvbuf(mg_coll c, bool root)
     return c != MG_COLL_SEND;
 }
 
-mg_status mg__call_check(const mg_call *c, int rank, int size)
+mg_status mg__call_check(const mg_call *c, const mg__names *nm, int rank, int size)
 {
     if ((unsigned)c->coll >= MG_COLL_COUNT)
         return mg_error(MG_EINVAL, "operation %d is not an mg_coll", (int)c->coll);
@@ -62,9 +62,10 @@ mg_status mg__call_check(const mg_call *c, int rank, int size)
     const char *which = NULL;
     if (!c->sendbuf && mg__reads_sendbuf(c->coll, root)) which = "send";
     else if (!c->recvbuf && mg__writes_recvbuf(c->coll, root)) which = "receive";
+    char me[128];
     if (which)
-        return mg_error(MG_EINVAL, "%s: NULL %s buffer on rank %d for %zu elements", name, which,
-                        rank, c->count);
+        return mg_error(MG_EINVAL, "%s: NULL %s buffer on %s for %zu elements", name, which,
+                        mg__rank_name(nm, rank, NULL, me, sizeof me), c->count);
     return MG_OK;
 }
 
@@ -132,11 +133,14 @@ bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn)
     return x < y + bn && y < x + an;
 }
 
-void mg__call_describe_p2p(const mg_call *c, uint64_t seq, char *buf, size_t n)
+void mg__call_describe_p2p(const mg_call *c, const mg__names *nm, uint64_t seq, char *buf,
+                           size_t n)
 {
     const char *f = c->file ? strrchr(c->file, '/') : NULL;
     f = f ? f + 1 : c->file ? c->file : "?";
-    snprintf(buf, n, "%s #%llu %s rank %d (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
-             (unsigned long long)seq, c->coll == MG_COLL_SEND ? "to" : "from", c->root,
-             c->count, mg_dtype_name(c->dtype), c->tag, f, c->line);
+    char peer[128];
+    snprintf(buf, n, "%s #%llu %s %s (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
+             (unsigned long long)seq, c->coll == MG_COLL_SEND ? "to" : "from",
+             mg__rank_name(nm, c->root, NULL, peer, sizeof peer), c->count,
+             mg_dtype_name(c->dtype), c->tag, f, c->line);
 }

@@ -4,15 +4,17 @@
 #define MG_COMM_CALL_H
 
 #include <stdbool.h>
+#include "comm/names.h"
 #include "multigrad/comm.h"
 
 /* The one check of a call's arguments, made when it is issued (mg_start,
  * mg_run), before any backend sees it, as rank `rank` of a group of
- * `size`: a known operation, dtype and reduction op; a root (peer for
- * send and recv) in [0, size); count elements of every rank fitting the
- * address space; no NULL buffer that this rank reads or writes. MG_EINVAL
- * with one line naming the operation and the argument otherwise. */
-mg_status mg__call_check(const mg_call *c, int rank, int size);
+ * `size` whose ranks nm names: a known operation, dtype and reduction op;
+ * a root (peer for send and recv) in [0, size); count elements of every
+ * rank fitting the address space; no NULL buffer that this rank reads or
+ * writes. MG_EINVAL with one line naming the operation and the argument
+ * otherwise. */
+mg_status mg__call_check(const mg_call *c, const mg__names *nm, int rank, int size);
 
 /* Broadcast, reduce, gather and scatter: the collectives with a root. */
 bool mg__coll_rooted(mg_coll c);
@@ -38,6 +40,7 @@ void mg__call_resolve(const mg_call *c, int rank, int size, const char **s, char
 bool mg__overlaps(const void *a, size_t an, const void *b, size_t bn);
 /* A send or receive, the seq-th to (from) its peer, for messages:
  * "send #3 to rank 1 (100 x f32, tag 7) at a.c:12". */
-void mg__call_describe_p2p(const mg_call *c, uint64_t seq, char *buf, size_t n);
+void mg__call_describe_p2p(const mg_call *c, const mg__names *nm, uint64_t seq, char *buf,
+                           size_t n);
 
 #endif

@@ -219,6 +219,31 @@ mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
     return MG_OK;
 }
 
+mg_status mg_group_set_label(mg_group *g, const char *label)
+{
+    MG_TRY(mg__label_check(label));
+    enum { L = MG_GROUP_LABEL_MAX + 1 };
+    char mine[L] = "", *all = calloc((size_t)g->size, L);
+    if (!all) return mg_error(MG_ENOMEM, "mg_group_set_label: out of memory");
+    if (label) snprintf(mine, sizeof mine, "%s", label);
+    mg_status st = mg_all_gather(g, mine, all, L, MG_U8);
+    if (!st) st = mg__names_set_labels(&g->names, g->size, all);
+    free(all);
+    return st;
+}
+
+int mg_group_world_rank(const mg_group *g, int r)
+{
+    MG_ASSERT(r >= 0 && r < g->size);
+    return mg__world_rank(&g->names, r);
+}
+
+const char *mg_group_rank_name(const mg_group *g, int r, char *buf, size_t cap)
+{
+    MG_ASSERT(r >= 0 && r < g->size);
+    return mg__rank_name(&g->names, r, NULL, buf, cap);
+}
+
 mg_status mg_group_use_device(mg_group *g, mg_device d)
 {
     const char *mode = mg_env_str("MG_NCCL", "auto");
@@ -227,7 +252,7 @@ mg_status mg_group_use_device(mg_group *g, mg_device d)
     mg__nccl_me(d, &me);
     mg_status st = mg_all_gather(g, &me, all, sizeof me, MG_U8);
     char why[256];
-    bool ok = !st && mg__nccl_plan(all, g->size, why, sizeof why);
+    bool ok = !st && mg__nccl_plan(all, g->size, &g->names, why, sizeof why);
     free(all);
     if (st) return st;
     if (!strcmp(mode, "off")) {
@@ -241,7 +266,9 @@ mg_status mg_group_use_device(mg_group *g, mg_device d)
     if (st && !strcmp(mode, "on")) return st;
     if (st) {   /* auto: the host path, and why */
         snprintf(why, sizeof why, "%s", mg_last_error());
-        mg_log("rank %d: collectives on device memory go through the host: %s", g->rank, why);
+        char me[128];
+        mg_log("%s: collectives on device memory go through the host: %s",
+               mg__rank_name(&g->names, g->rank, NULL, me, sizeof me), why);
     }
     pthread_mutex_lock(&g->mu);
     mg__nccl *before = g->nccl;   /* a device named before: replaced */

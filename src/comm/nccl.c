@@ -47,32 +47,34 @@ static bool bus_ok(const char *b, size_t cap)
     return false;
 }
 
-bool mg__nccl_plan(const mg__nccl_peer *p, int n, char *why, size_t cap)
+bool mg__nccl_plan(const mg__nccl_peer *p, int n, const mg__names *nm, char *why, size_t cap)
 {
+    char a[128], b[128];
     for (int i = 0; i < n; i++) {
+        mg__rank_name(nm, i, NULL, a, sizeof a);
         if (!bus_ok(p[i].bus, sizeof p[i].bus) || (p[i].loaded != 0 && p[i].loaded != 1)) {
-            snprintf(why, cap, "rank %d described itself in a form this build does not know "
-                     "(give every rank the same multigrad)", i);
+            snprintf(why, cap, "%s described itself in a form this build does not know "
+                     "(give every rank the same multigrad)", a);
             return false;
         }
         if (!p[i].bus[0]) {
-            snprintf(why, cap, "rank %d's device is not a GPU", i);
+            snprintf(why, cap, "%s's device is not a GPU", a);
             return false;
         }
         if (!p[i].loaded) {
-            snprintf(why, cap, "rank %d cannot load NCCL (libnccl.so.2: install NCCL there, "
-                     "or put its directory on LD_LIBRARY_PATH)", i);
+            snprintf(why, cap, "%s cannot load NCCL (libnccl.so.2: install NCCL there, "
+                     "or put its directory on LD_LIBRARY_PATH)", a);
             return false;
         }
         if (p[i].version != p[0].version) {
-            snprintf(why, cap, "rank %d has NCCL %d and rank 0 NCCL %d: give every rank one "
-                     "version", i, p[i].version, p[0].version);
+            snprintf(why, cap, "%s has NCCL %d and %s NCCL %d: give every rank one version", a,
+                     p[i].version, mg__rank_name(nm, 0, NULL, b, sizeof b), p[0].version);
             return false;
         }
         for (int j = 0; j < i; j++)
             if (p[j].host == p[i].host && !strncmp(p[j].bus, p[i].bus, sizeof p[i].bus)) {
-                snprintf(why, cap, "ranks %d and %d share one GPU (%s): NCCL needs a GPU for "
-                         "each rank", j, i, p[i].bus);
+                snprintf(why, cap, "%s and %s share one GPU (%s): NCCL needs a GPU for "
+                         "each rank", mg__rank_name(nm, j, NULL, b, sizeof b), a, p[i].bus);
                 return false;
             }
     }
@@ -372,7 +374,9 @@ mg_status mg__nccl_open(mg_group *g, mg_device d, mg__nccl **out)
     if (ok)
         return mg_error(MG_EPEER, "NCCL: another rank could not set up its communicator (its "
                         "own message says why)");
-    return mg_error(MG_EIO, "NCCL on rank %d (cuda:%d): %s", g->rank, d.index, why);
+    char me[128];
+    return mg_error(MG_EIO, "NCCL on %s (cuda:%d): %s",
+                    mg__rank_name(&g->names, g->rank, NULL, me, sizeof me), d.index, why);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -542,10 +546,10 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
 {
     mg__nccl *n = g->nccl;
     const mg_call *c = &r->c;
-    char what[160];
-    snprintf(what, sizeof what, "%s #%llu (%zu x %s) on rank %d through NCCL",
+    char what[240], me[128];
+    snprintf(what, sizeof what, "%s #%llu (%zu x %s) on %s through NCCL",
              mg_coll_name(c->coll), (unsigned long long)r->seq, c->count,
-             mg_dtype_name(c->dtype), g->rank);
+             mg_dtype_name(c->dtype), mg__rank_name(&g->names, g->rank, NULL, me, sizeof me));
     double deadline = mg_now() + g->timeout;
     cudaError_t e = cudaSetDevice(n->dev.index);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, (cudaEvent_t)r->nccl, 0);

@@ -35,8 +35,9 @@ typedef struct mg__nccl_peer {
 
 /* Whether the n ranks that said p[] can share an NCCL communicator: each
  * on a GPU, no two on one GPU of one host, NCCL loaded on every rank, one
- * version of it. If not, why (naming the first rank at fault) in why. */
-bool mg__nccl_plan(const mg__nccl_peer *p, int n, char *why, size_t cap);
+ * version of it. If not, why (naming the first rank at fault as nm names
+ * it; nm may be NULL) in why. */
+bool mg__nccl_plan(const mg__nccl_peer *p, int n, const mg__names *nm, char *why, size_t cap);
 
 /* This rank's mg__nccl_peer for device d; loads NCCL when d is a GPU. */
 void mg__nccl_me(mg_device d, mg__nccl_peer *me);

@@ -61,6 +61,12 @@ typedef struct {
     bool done;
 } txop;
 
+/* How this group's messages name its rank r (names.h). */
+static const char *who(const mg__bi *b, int r, char *buf, size_t cap)
+{
+    return mg__rank_name(&b->g->names, r, NULL, buf, cap);
+}
+
 static void link_reset(mg__link *l)
 {
     l->hgot = 0;
@@ -80,9 +86,9 @@ static int link_fail(mg__link *l, mg_status code)
 }
 
 /* The other peers whose TCP connections have closed too, as ", rank 0,
- * rank 3" (empty if none): when a peer dies, the rank that notices first
- * aborts and closes its links, so others may see that rank's close before
- * the dead one's. */
+ * rank 3 (pp 1, dp 1)" (empty if none): when a peer dies, the rank that
+ * notices first aborts and closes its links, so others may see that
+ * rank's close before the dead one's. */
 static void other_losses(mg__bi *b, int except, char *buf, size_t cap)
 {
     size_t used = 0;
@@ -93,7 +99,8 @@ static void other_losses(mg__bi *b, int except, char *buf, size_t cap)
         struct pollfd pf = {.fd = l->ch.fd, .events = POLLRDHUP};
         if (!l->ch.dead && (poll(&pf, 1, 0) <= 0 || !(pf.revents & (POLLRDHUP | POLLHUP | POLLERR))))
             continue;
-        int k = snprintf(buf + used, cap - used, ", rank %d", p);
+        char w[128];
+        int k = snprintf(buf + used, cap - used, ", %s", who(b, p, w, sizeof w));
         if (k < 0 || (size_t)k >= cap - used) break;
         used += (size_t)k;
     }
@@ -107,15 +114,15 @@ static int link_broken(mg__bi *b, mg__link *l)
 {
     l->ch.dead = true;
     l->err = MG_EPEER;
-    char key[MG_STORE_MAX_KEY + 1], keep[1024], lost[256];
+    char key[MG_STORE_MAX_KEY + 1], keep[1024], lost[512], w[128];
     void *why = NULL;
     size_t n;
     int k = snprintf(key, sizeof key, "%s/abort/%d", b->prefix, l->ch.peer);
     snprintf(keep, sizeof keep, "%s", mg_last_error());
     if (b->store && k > 0 && (size_t)k < sizeof key &&
         !mg__store_get_quick(b->store, key, 0.5, &why, &n)) {
-        mg_error(MG_EPEER, "rank %d failed and aborted the group: %.900s", l->ch.peer,
-                 (char *)why);
+        mg_error(MG_EPEER, "%s failed and aborted the group: %.850s",
+                 who(b, l->ch.peer, w, sizeof w), (char *)why);
         free(why);
         return -1;
     }
@@ -128,15 +135,16 @@ static int link_broken(mg__bi *b, mg__link *l)
     return -1;
 }
 
-static void describe_frame_p2p(const mg__fp *h, int peer, char *buf, size_t n)
+static void describe_frame_p2p(const mg__bi *b, const mg__fp *h, int peer, char *buf, size_t n)
 {
     char file[sizeof h->file + 1];
     memcpy(file, h->file, sizeof h->file);
     file[sizeof h->file] = 0;
     for (char *p = file; *p; p++)
         if (*p < 32 || *p > 126) *p = '?';
-    snprintf(buf, n, "send #%llu from rank %d (%llu x %s, tag %d, %llu bytes) at %s:%u",
-             (unsigned long long)h->seq, peer, (unsigned long long)h->count,
+    char w[128];
+    snprintf(buf, n, "send #%llu from %s (%llu x %s, tag %d, %llu bytes) at %s:%u",
+             (unsigned long long)h->seq, who(b, peer, w, sizeof w), (unsigned long long)h->count,
              h->dtype < MG_DTYPE_COUNT ? mg_dtype_name((mg_dtype)h->dtype) : "?", h->root,
              (unsigned long long)h->len, file, h->line);
 }
@@ -150,12 +158,13 @@ static int claim(mg__bi *b, mg__link *l, want *w)
 {
     mg__fp *h = &l->h;
     int peer = l->ch.peer;
-    char d1[200], d2[200];
+    char d1[320], d2[320], pn[128];
+    who(b, peer, pn, sizeof pn);
     const char *bad = mg__frame_check(h);
     if (bad)
-        return link_fail(l, mg_error(MG_EFORMAT, "corrupt frame from rank %d (%s): the stream is "
+        return link_fail(l, mg_error(MG_EFORMAT, "corrupt frame from %s (%s): the stream is "
                                      "out of step (a peer of another version, or memory "
-                                     "corruption)", peer, bad));
+                                     "corruption)", pn, bad));
     if (h->kind == MG__FRAME_BEAT) {
         l->mode = MG__RX_BEAT;
         return 0;
@@ -169,11 +178,11 @@ static int claim(mg__bi *b, mg__link *l, want *w)
     if (h->kind == MG__FRAME_P2P) {
         if (w && w->kind == WANT_P2P && h->root == w->tag) {
             if (h->len != w->n) {
-                describe_frame_p2p(h, peer, d1, sizeof d1);
-                mg__call_describe_p2p(&w->req->c, w->req->seq, d2, sizeof d2);
-                return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s "
-                                             "does not fit this rank's %s; send and receive "
-                                             "counts and dtypes must match", peer, d1, d2));
+                describe_frame_p2p(b, h, peer, d1, sizeof d1);
+                mg__call_describe_p2p(&w->req->c, &b->g->names, w->req->seq, d2, sizeof d2);
+                return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: the %s does "
+                                             "not fit this rank's %s; send and receive counts "
+                                             "and dtypes must match", d1, d2));
             }
             l->mode = MG__RX_DIRECT;
             l->dst = w->buf;
@@ -182,12 +191,12 @@ static int claim(mg__bi *b, mg__link *l, want *w)
         }
         if (h->len > b->umax || b->ubytes + h->len > b->umax)
             return link_fail(l, mg_error(MG_ENOMEM, "too much unreceived point-to-point data from "
-                                         "rank %d (over %zu MiB; MG_P2P_UNEXPECTED_MB): receives "
-                                         "are missing or late", peer, b->umax >> 20));
+                                         "%s (over %zu MiB; MG_P2P_UNEXPECTED_MB): receives "
+                                         "are missing or late", pn, b->umax >> 20));
         mg__umsg *um = malloc(sizeof *um + (size_t)h->len);
         if (!um)
             return link_fail(l, mg_error(MG_ENOMEM, "out of memory buffering a message from "
-                                         "rank %d", peer));
+                                         "%s", pn));
         um->next = NULL;
         um->peer = peer;
         um->h = *h;
@@ -205,16 +214,17 @@ static int claim(mg__bi *b, mg__link *l, want *w)
     }
     if (w->kind == WANT_P2P) {
         mg__fp_describe(h, d1, sizeof d1);
-        return link_fail(l, mg_error(MG_EMISMATCH, "rank %d is in %s while this rank waits for "
+        return link_fail(l, mg_error(MG_EMISMATCH, "%s is in %s while this rank waits for "
                                      "its message with tag %d: a send is missing, or the ranks "
-                                     "call operations in different orders", peer, d1, w->tag));
+                                     "call operations in different orders", pn, d1, w->tag));
     }
-    if (!mg__fp_same(&b->fp, h)) return link_fail(l, mg__fp_mismatch(&b->fp, b->g->rank, h, peer));
+    if (!mg__fp_same(&b->fp, h))
+        return link_fail(l, mg__fp_mismatch(&b->g->names, &b->fp, b->g->rank, h, peer));
     if (h->len != w->n)
-        return link_fail(l, mg_error(MG_EMISMATCH, "rank %d sent %llu bytes where this rank "
+        return link_fail(l, mg_error(MG_EMISMATCH, "%s sent %llu bytes where this rank "
                                      "expects %zu in the same collective: the ranks run "
                                      "different algorithms (do MG_ALGO or MG_COLL_CHUNK differ "
-                                     "between ranks?)", peer, (unsigned long long)h->len, w->n));
+                                     "between ranks?)", pn, (unsigned long long)h->len, w->n));
     l->mode = MG__RX_DIRECT;
     l->dst = w->buf;
     l->left = w->n;
@@ -279,15 +289,14 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
              * wait for: the earliest of its tag, since links are FIFO. */
             if (w && w->kind == WANT_P2P && um->h.root == w->tag) {
                 if (um->h.len != w->n) {
-                    char d1[200], d2[200];
-                    describe_frame_p2p(&um->h, l->ch.peer, d1, sizeof d1);
-                    mg__call_describe_p2p(&w->req->c, w->req->seq, d2, sizeof d2);
+                    char d1[320], d2[320];
+                    describe_frame_p2p(b, &um->h, l->ch.peer, d1, sizeof d1);
+                    mg__call_describe_p2p(&w->req->c, &b->g->names, w->req->seq, d2, sizeof d2);
                     b->ubytes -= um->h.len;
                     free(um);
-                    return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: rank %d's "
-                                                 "%s does not fit this rank's %s; send and "
-                                                 "receive counts and dtypes must match",
-                                                 l->ch.peer, d1, d2));
+                    return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: the %s "
+                                                 "does not fit this rank's %s; send and "
+                                                 "receive counts and dtypes must match", d1, d2));
                 }
                 if (w->n) memcpy(w->buf, um->data, w->n);
                 b->ubytes -= um->h.len;
@@ -303,8 +312,9 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
         l->amsg[n] = 0;
         for (size_t i = 0; i < n; i++)
             if (l->amsg[i] < 32 || l->amsg[i] > 126) l->amsg[i] = '?';
-        return link_fail(l, mg_error(MG_EPEER, "rank %d failed and aborted the group: %s",
-                                     l->ch.peer, l->amsg));
+        char pn[128];
+        return link_fail(l, mg_error(MG_EPEER, "%s failed and aborted the group: %s",
+                                     who(b, l->ch.peer, pn, sizeof pn), l->amsg));
     }
 }
 
@@ -397,16 +407,16 @@ static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *w
             continue;
         }
         const mg__rinfo *it = &b->info[peers[i]];
-        char who[200];
+        char extra[200], pn[320];
         int state = MG__UNSEEN;
         if (!strcmp(b->info[b->g->rank].hostkey, it->hostkey)) {
-            snprintf(who, sizeof who, "rank %d (pid %d, this host)", peers[i], (int)it->pid);
+            snprintf(extra, sizeof extra, "pid %d, this host", (int)it->pid);
             state = mg__proc_state(it->pid, it->start);
         } else {
-            snprintf(who, sizeof who, "rank %d (host %s, %s:%d)", peers[i], it->host, it->addr,
-                     (int)it->port);
+            snprintf(extra, sizeof extra, "host %s, %s:%d", it->host, it->addr, (int)it->port);
         }
-        return mg__peer_silent(who, b->peer_timeout, what, state);
+        mg__rank_name(&b->g->names, peers[i], extra, pn, sizeof pn);
+        return mg__peer_silent(pn, b->peer_timeout, what, state);
     }
     return MG_OK;
 }
@@ -456,42 +466,45 @@ static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const cha
             : lv == MG__DEAD ? "its process is gone"
             : "it is alive but did not respond (hung, busy, or in another operation)";
     }
-    return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: rank %d (pid %d, host %s): %s; "
-                    "raise MG_TIMEOUT if it is just slow", b->g->timeout, what, p, (int)it->pid,
-                    it->host, how);
+    char extra[200], pn[320];
+    snprintf(extra, sizeof extra, "pid %d, host %s", (int)it->pid, it->host);
+    return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: %s: %s; raise MG_TIMEOUT if it is "
+                    "just slow", b->g->timeout, what,
+                    mg__rank_name(&b->g->names, p, extra, pn, sizeof pn), how);
 }
 
-static void describe_wait(txop *t, mg__link *rl, char *buf, size_t n)
+static void describe_wait(const mg__bi *b, txop *t, mg__link *rl, char *buf, size_t n)
 {
-    if (t && !t->done && rl)
-        snprintf(buf, n, "sending to rank %d and receiving from rank %d", t->l->ch.peer,
-                 rl->ch.peer);
-    else if (t && !t->done)
-        snprintf(buf, n, "sending to rank %d", t->l->ch.peer);
-    else
-        snprintf(buf, n, "waiting for data from rank %d", rl ? rl->ch.peer : -1);
+    char to[128], from[128];
+    if (t && !t->done) who(b, t->l->ch.peer, to, sizeof to);
+    if (rl) who(b, rl->ch.peer, from, sizeof from);
+    if (t && !t->done && rl) snprintf(buf, n, "sending to %s and receiving from %s", to, from);
+    else if (t && !t->done) snprintf(buf, n, "sending to %s", to);
+    else snprintf(buf, n, "waiting for data from %s", rl ? from : "no rank");
 }
 
 /* Complete t (if any) and the receive w on rl (if any). */
 static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
 {
     mg__spin sp = {0};
-    char what[96];
+    char what[300], pn[128];
     for (;;) {
         int prog = 0, r;
         mg__bi_beat(b);
         if (t && !t->done) {
             if (t->l->ch.dead)
-                return mg_error(MG_EPEER, "the link to rank %d failed earlier", t->l->ch.peer);
+                return mg_error(MG_EPEER, "the link to %s failed earlier",
+                                who(b, t->l->ch.peer, pn, sizeof pn));
             if ((r = tx_step(b, t)) < 0) return t->l->err;
             prog |= r;
         }
         if (rl && !w->done) {
             if (rl->ch.dead)
-                return mg_error(MG_EPEER, "the link to rank %d failed earlier", rl->ch.peer);
+                return mg_error(MG_EPEER, "the link to %s failed earlier",
+                                who(b, rl->ch.peer, pn, sizeof pn));
             if (rl->closed)
-                return mg_error(MG_EPEER, "rank %d closed its connection: it exited, crashed "
-                                "or aborted", rl->ch.peer);
+                return mg_error(MG_EPEER, "%s closed its connection: it exited, crashed or "
+                                "aborted", who(b, rl->ch.peer, pn, sizeof pn));
             if ((r = rx_step(b, rl, w)) < 0) return rl->err;
             prog |= r;
         }
@@ -511,7 +524,7 @@ static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
             prog |= r;
         }
         if (prog) continue;
-        describe_wait(t, rl, what, sizeof what);
+        describe_wait(b, t, rl, what, sizeof what);
         MG_TRY(block(b, t, rl, &sp, what));
     }
 }
@@ -556,6 +569,7 @@ void mg__p2p_init(mg__bi *b)
     b->p2p.recv = cb_recv;
     b->p2p.sendrecv = cb_sendrecv;
     b->p2p.traffic = &b->g->traffic;
+    b->p2p.names = &b->g->names;
     b->umax = (size_t)mg_env_long("MG_P2P_UNEXPECTED_MB", 512) << 20;
     for (int p = 0; p < b->g->size; p++) link_reset(&b->link[p]);
 }
@@ -606,11 +620,11 @@ mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
         mg__umsg *um = *pp;
         if (um->peer != peer || um->h.root != r->c.tag) continue;
         if (um->h.len != n) {
-            char d1[200], d2[200];
-            describe_frame_p2p(&um->h, peer, d1, sizeof d1);
-            mg__call_describe_p2p(&r->c, r->seq, d2, sizeof d2);
-            return mg_error(MG_EMISMATCH, "message sizes differ: rank %d's %s does not fit this "
-                            "rank's %s; send and receive counts and dtypes must match", peer, d1, d2);
+            char d1[320], d2[320];
+            describe_frame_p2p(b, &um->h, peer, d1, sizeof d1);
+            mg__call_describe_p2p(&r->c, &b->g->names, r->seq, d2, sizeof d2);
+            return mg_error(MG_EMISMATCH, "message sizes differ: the %s does not fit this rank's "
+                            "%s; send and receive counts and dtypes must match", d1, d2);
         }
         if (n) memcpy(r->c.recvbuf, um->data, n);
         *pp = um->next;

@@ -87,6 +87,7 @@ void mg__group_free(mg_group *g)
     pthread_cond_destroy(&g->done);
     free(g->sends);
     free(g->recvs);
+    mg__names_free(&g->names);
     free(g);
 }
 
@@ -97,9 +98,11 @@ void mg__group_fail(mg_group *g, mg_status code, const char *msg)
     g->fail_code = code;
     snprintf(g->fail_msg, sizeof g->fail_msg, "%s", msg);
     atomic_store(&g->failed, 2);
-    mg_debug("rank %d: group failed: %s", g->rank, mg_error_past_rank(msg, g->rank));
-    /* Peers say "rank R failed and aborted the group: ...": R once. */
-    g->be->abort(g, mg_error_past_rank(g->fail_msg, g->rank));
+    /* Peers say "rank R (LABEL) failed and aborted the group: ...": R once. */
+    const char *why = mg_error_past_rank(g->fail_msg, mg__world_rank(&g->names, g->rank));
+    char me[128];
+    mg_debug("%s: group failed: %s", mg__rank_name(&g->names, g->rank, NULL, me, sizeof me), why);
+    g->be->abort(g, why);
     mg__nccl_abort(g->nccl);
 }
 
@@ -303,7 +306,7 @@ static mg_status route(mg_group *g, mg__req *r)
 
 mg_status mg_run(mg_group *g, const mg_call *c)
 {
-    MG_TRY(mg__call_check(c, g->rank, g->size));
+    MG_TRY(mg__call_check(c, &g->names, g->rank, g->size));
     mg__req r;
     make_req(g, c, &r);
     MG_TRY(route(g, &r));
@@ -348,7 +351,7 @@ static void work_release(struct mg_work *w)
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
 {
     *out = NULL;
-    MG_TRY(mg__call_check(c, g->rank, g->size));
+    MG_TRY(mg__call_check(c, &g->names, g->rank, g->size));
     if (atomic_load(&g->failed)) return failed_error(g);
     struct mg_work *w = work_new();
     if (!w) return mg_error(MG_ENOMEM, "mg_start: out of memory");
@@ -382,7 +385,7 @@ mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, 
         if (c.coll == MG_COLL_SEND) c.sendbuf = ops[i].buf;
         else c.recvbuf = ops[i].buf;
         mg_status st = c.coll == MG_COLL_SEND || c.coll == MG_COLL_RECV
-                           ? mg__call_check(&c, g->rank, g->size)
+                           ? mg__call_check(&c, &g->names, g->rank, g->size)
                            : mg_error(MG_EINVAL, "batch_isend_irecv: operation %d is %s, not a "
                                       "send or a receive", i, mg_coll_name(c.coll));
         if (!st) {

@@ -21,8 +21,11 @@ const char *mg_last_error(void) { return last_error; }
 const char *mg_error_past_rank(const char *msg, int rank)
 {
     char me[24];
-    int n = snprintf(me, sizeof me, "rank %d: ", rank);
-    return strncmp(msg, me, (size_t)n) ? msg : msg + n;
+    int n = snprintf(me, sizeof me, "rank %d", rank);
+    if (strncmp(msg, me, (size_t)n)) return msg;
+    const char *p = msg + n;
+    if (!strncmp(p, " (", 2) && (p = strchr(p, ')'))) p++;   /* a label (no parentheses) */
+    return p && !strncmp(p, ": ", 2) ? p + 2 : msg;
 }
 
 const char *mg_status_name(mg_status s)

@@ -7,7 +7,13 @@
  * along d (1 for tp, tp for dp, tp*dp for pp), the rank with coordinate d
  * set to 0, rank - coord[d] * stride[d], names that set uniquely: it is
  * the split's color, and coord[d] its key, so a rank's sub-group rank is
- * its coordinate. */
+ * its coordinate.
+ *
+ * Messages name a rank by its world rank and its coordinates along the
+ * dimensions of more than one rank, outermost first ("rank 3 (pp 1, dp
+ * 1)"): the mesh labels each rank of the group it is made from
+ * (mg_group_set_label) before it splits it, so every sub-group's messages
+ * say the same. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,10 +146,22 @@ mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out)
     if (st) return st;
     mg_mesh *m = calloc(1, sizeof *m);
     if (!m) return mg_error(MG_ENOMEM, "mesh: out of memory");
-    int stride = 1;
-    for (int d = 0; d < MG_MESH_DIMS; d++) {
+    for (int d = 0, stride = 1; d < MG_MESH_DIMS; stride *= sizes[d++]) {
         m->size[d] = sizes[d];
         m->coord[d] = rank / stride % sizes[d];
+    }
+    char label[MG_GROUP_LABEL_MAX + 1] = "";
+    for (int d = MG_MESH_DIMS - 1, n = 0; d >= 0; d--)
+        if (m->size[d] > 1)
+            n += snprintf(label + n, sizeof label - (size_t)n, "%s%s %d", n ? ", " : "",
+                          dim_names[d], m->coord[d]);
+    st = mg_group_set_label(g, label);
+    if (st) {
+        mg_mesh_destroy(m);
+        return st;
+    }
+    int stride = 1;
+    for (int d = 0; d < MG_MESH_DIMS; d++) {
         st = mg_group_split(g, rank - m->coord[d] * stride, m->coord[d],
                                       &m->group[d]);
         if (st) {

@@ -124,11 +124,13 @@ static mg_status same_plan(mg_pipe *p)
     int32_t *all = malloc(sizeof *all * n * (size_t)p->P);
     if (!all) return mg_error(MG_ENOMEM, "pipeline: out of memory");
     mg_status st = mg_all_gather(p->g, mine, all, n, MG_I32);
+    char a[128], b[128];
     for (int r = 1; r < p->P && !st; r++)
         if (memcmp(all, all + n * (size_t)r, n * sizeof *all))
-            st = mg_error(MG_EMISMATCH, "pipeline: rank %d was given another schedule, "
-                          "micro-batch count, batch or cut than rank 0 (rank 0: %s, %d "
-                          "micro-batches, %d chunks, batch %d); give every rank the same", r,
+            st = mg_error(MG_EMISMATCH, "pipeline: %s was given another schedule, micro-batch "
+                          "count, batch or cut than %s (%s, %d micro-batches, %d chunks, batch "
+                          "%d); give every rank the same", mg_group_rank_name(p->g, r, a, sizeof a),
+                          mg_group_rank_name(p->g, 0, b, sizeof b),
                           mg_pipe_name((mg_pipe_kind)all[0]), all[2], all[3], all[5]);
     free(all);
     return st;
@@ -342,10 +344,11 @@ mg_status mg_pipe_sum_ties(mg_pipe *p)
                                    t->peer, 0x7fff0000 + i, MG_F32);
         if (st) {
             mg_device_free(dev, other);
-            char why[1024];
+            char why[1024], a[128], b[128];
             snprintf(why, sizeof why, "%s", mg_last_error());
             return mg_error(st, "pipeline: summing the gradients of the parameters tied "
-                            "across ranks %d and %d: %s", p->rank, t->peer, why);
+                            "across %s and %s: %s", mg_group_rank_name(p->g, p->rank, a, sizeof a),
+                            mg_group_rank_name(p->g, t->peer, b, sizeof b), why);
         }
         st = mg_device_set_current(dev);
         if (!st) mg_add_into(g + t->lo, other, n);
@@ -494,11 +497,14 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
             if (why[i].op == MG_PIPE_RECV_F || why[i].op == MG_PIPE_RECV_B) a = &why[i];
         bool to_next = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B;
         int other = to_next ? a->stage + 1 : a->stage - 1;
-        char why_s[1024];
-        snprintf(why_s, sizeof why_s, "%s", mg_last_error());
-        return mg_error(st, "pipeline stage %d (rank %d), micro-batch %d, %s stage %d (rank "
-                        "%d): %s", a->stage, p->rank, a->mb, op_words(a->op), other,
-                        other % p->P, why_s);
+        /* This rank is named once: the group's message names it too. */
+        char why_s[1024], me[128], peer[128];
+        snprintf(why_s, sizeof why_s, "%s",
+                 mg_error_past_rank(mg_last_error(), mg_group_world_rank(p->g, p->rank)));
+        return mg_error(st, "pipeline stage %d on %s, micro-batch %d, %s stage %d on %s: %s",
+                        a->stage, mg_group_rank_name(p->g, p->rank, me, sizeof me), a->mb,
+                        op_words(a->op), other,
+                        mg_group_rank_name(p->g, other % p->P, peer, sizeof peer), why_s);
     }
     return MG_OK;
 }

@@ -77,8 +77,8 @@ void *mg__op_scratch(mg__op *o, size_t bytes)
     p->scratch = mg_alloc(bytes);
     p->scratch_bytes = p->scratch ? bytes : 0;
     if (!p->scratch)
-        mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes of scratch on rank %d",
-                 mg_coll_name(o->coll), bytes, o->rank);
+        mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes of scratch", mg_coll_name(o->coll),
+                 bytes);
     return p->scratch;
 }
 

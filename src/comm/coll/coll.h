@@ -15,6 +15,7 @@
 #define MG_COMM_COLL_H
 
 #include "multigrad/comm.h"
+#include "comm/names.h"
 #include "comm/traffic.h"
 
 typedef struct mg__p2p mg__p2p;
@@ -40,6 +41,9 @@ struct mg__p2p {
      * what they carry themselves; an algorithm counts only what it moves
      * around them (the direct shared-memory ones: mg__traffic_add). */
     mg__traffic *traffic;
+    /* How messages name the group's ranks (names.h; NULL: by their numbers
+     * here). */
+    const mg__names *names;
     /* Scratch memory the algorithms keep between operations so that a
      * steady stream of collectives allocates nothing. Zero-initialise both
      * fields; call mg__coll_scratch_free(p) when p is no longer used. */

@@ -128,12 +128,16 @@ mg_status mg__shm_op_wait_published(mg__shm_op *x)
         /* Not there yet, or a different call: the group's wait sleeps,
          * notices dead peers and names mismatched calls. */
         MG_TRY(mg__shm_op_wait(x, q, 1));
-        if (atomic_load_explicit(&t->stamp, memory_order_acquire) != want ||
-            t->shape != x->shape)
-            return mg_error(MG_EMISMATCH, "shared-memory collective: rank %d runs a different "
-                            "operation than rank %d at the same point (collective, dtype, op, "
-                            "root or count differ); every rank must issue the same collectives "
-                            "in the same order", q, x->me);
+        if (atomic_load_explicit(&t->stamp, memory_order_acquire) == want &&
+            t->shape == x->shape)
+            continue;
+        const mg__names *nm = x->o->p->names;
+        char a[128], b[128];
+        return mg_error(MG_EMISMATCH, "shared-memory collective: %s runs a different operation "
+                        "than %s at the same point (collective, dtype, op, root or count "
+                        "differ); every rank must issue the same collectives in the same order",
+                        mg__rank_name(nm, q, NULL, a, sizeof a),
+                        mg__rank_name(nm, x->me, NULL, b, sizeof b));
     }
     return MG_OK;
 }

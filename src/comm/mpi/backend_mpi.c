@@ -69,6 +69,7 @@ typedef struct {
     mg__spin_cfg spin;
     double deadline;             /* of the request being run */
     char what[200];              /* the request, for messages */
+    char me[128];                /* this rank's name in them (this_rank()) */
     void *scratch;
     size_t scratch_bytes;
     pend *sends, *sends_tail;
@@ -115,17 +116,23 @@ HALF_OP(half_prod, MG_PROD)
 HALF_OP(half_min, MG_MIN)
 HALF_OP(half_max, MG_MAX)
 
+/* How messages name this rank (names.h): "rank 3 (pp 1, dp 1)". */
+static const char *this_rank(mpi_be *m)
+{
+    return mg__rank_name(&m->g->names, m->g->rank, NULL, m->me, sizeof m->me);
+}
+
 /* The request being run (m->what) failed in MPI with rc. */
-static mg_status mpi_error(const mpi_be *m, int rc)
+static mg_status mpi_error(mpi_be *m, int rc)
 {
     int cls = 0, n = 0;
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
-        return mg_error(MG_EMISMATCH, "%s on rank %d: the message is longer than the receive: "
-                        "sender and receiver disagree on the count", m->what, m->g->rank);
+        return mg_error(MG_EMISMATCH, "%s on %s: the message is longer than the receive: "
+                        "sender and receiver disagree on the count", m->what, this_rank(m));
     char s[MPI_MAX_ERROR_STRING];
     if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
-    return mg_error(MG_EPEER, "%s on rank %d: %s", m->what, m->g->rank, s);
+    return mg_error(MG_EPEER, "%s on %s: %s", m->what, this_rank(m), s);
 }
 
 static mg_status mpi_setup(void)
@@ -216,8 +223,9 @@ static mg_status check_abort(mpi_be *m)
     if (n < 0 || n > (int)sizeof msg - 1) n = (int)sizeof msg - 1;
     LOCKED(MPI_Recv(msg, n, MPI_CHAR, s.MPI_SOURCE, TAG_ABORT, m->ctl, MPI_STATUS_IGNORE));
     msg[n] = 0;
-    return mg_error(MG_EPEER, "%s on rank %d: rank %d failed: %s", m->what, m->g->rank,
-                    s.MPI_SOURCE, msg);
+    char who[128];
+    return mg_error(MG_EPEER, "%s on %s: %s failed: %s", m->what, this_rank(m),
+                    mg__rank_name(&m->g->names, s.MPI_SOURCE, NULL, who, sizeof who), msg);
 }
 
 /* Polls rq until it completes, a peer reports failure, or the deadline. */
@@ -243,10 +251,10 @@ static mg_status wait_req(mpi_be *m, MPI_Request *rq, MPI_Status *status)
             next_probe = now + 0.01;
         }
         if (now > m->deadline)
-            return mg_error(MG_ETIMEOUT, "%s on rank %d did not complete within %g s "
+            return mg_error(MG_ETIMEOUT, "%s on %s did not complete within %g s "
                             "(MG_TIMEOUT): a peer is dead or stuck, or the ranks called "
                             "different operations (MG_MPI_CHECK=1 names them)", m->what,
-                            m->g->rank, m->g->timeout);
+                            this_rank(m), m->g->timeout);
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
         if (sleep_ns < 1000000) sleep_ns *= 2;
@@ -290,8 +298,8 @@ static mg_status do_send(mpi_be *m, const mg_call *c)
         void *copy = p ? malloc(n ? n * es : 1) : NULL;
         if (!copy) {
             free(p);
-            return mg_error(MG_ENOMEM, "%s on rank %d: cannot buffer %zu bytes", m->what,
-                            m->g->rank, n * es);
+            return mg_error(MG_ENOMEM, "%s on %s: cannot buffer %zu bytes", m->what, this_rank(m),
+                            n * es);
         }
         if (n) memcpy(copy, (const char *)c->sendbuf + off * es, n * es);
         int mpi_rc;
@@ -321,9 +329,9 @@ static mg_status do_recv(mpi_be *m, mg__req *r)
         LOCKED(MPI_Iprobe(c->root, c->tag, m->comm, &flag, MPI_STATUS_IGNORE));
         if (!flag) {
             r->rejected = true;
-            return mg_error(MG_EINVAL, "%s on rank %d: a receive from this rank itself with no "
+            return mg_error(MG_EINVAL, "%s on %s: a receive from this rank itself with no "
                             "message sent to itself (tag %d) would wait forever; send first",
-                            m->what, m->g->rank, c->tag);
+                            m->what, this_rank(m), c->tag);
         }
     }
     for (size_t off = 0; off < c->count || off == 0; off += CHUNK) {
@@ -337,9 +345,9 @@ static mg_status do_recv(mpi_be *m, mg__req *r)
         MG_TRY(wait_req(m, &rq, &s));
         MPI_Get_count(&s, mpi_type(c->dtype), &got);
         if (got != (int)n)
-            return mg_error(MG_EMISMATCH, "%s on rank %d: the message has %d elements, the "
+            return mg_error(MG_EMISMATCH, "%s on %s: the message has %d elements, the "
                             "receive expects %zu: sender and receiver disagree on the count",
-                            m->what, m->g->rank, got, n);
+                            m->what, this_rank(m), got, n);
         if (c->count - off <= CHUNK) break;
     }
     MG_TRY(reap_sends(m, 0, 0));
@@ -349,7 +357,7 @@ static mg_status do_recv(mpi_be *m, mg__req *r)
 /* ---- collectives -------------------------------------------------------- */
 
 /* "all_reduce #12 (1000 x f32, sum) at train.c:88", as the builtin says it. */
-static void describe(const mg__req *r, char *buf, size_t n)
+static void describe(const mg__names *nm, const mg__req *r, char *buf, size_t n)
 {
     const mg_call *c = &r->c;
     if (c->coll != MG_COLL_SEND && c->coll != MG_COLL_RECV) {
@@ -358,7 +366,7 @@ static void describe(const mg__req *r, char *buf, size_t n)
         mg__fp_describe(&fp, buf, n);
         return;
     }
-    mg__call_describe_p2p(c, r->seq, buf, n);
+    mg__call_describe_p2p(c, nm, r->seq, buf, n);
 }
 
 static void *scratch(mpi_be *m, size_t bytes)
@@ -368,8 +376,8 @@ static void *scratch(mpi_be *m, size_t bytes)
     m->scratch = mg_alloc(bytes);
     m->scratch_bytes = m->scratch ? bytes : 0;
     if (!m->scratch)
-        mg_error(MG_ENOMEM, "%s on rank %d: cannot allocate %zu bytes for a copy of an "
-                 "overlapping buffer", m->what, m->g->rank, bytes);
+        mg_error(MG_ENOMEM, "%s on %s: cannot allocate %zu bytes for a copy of an "
+                 "overlapping buffer", m->what, this_rank(m), bytes);
     return m->scratch;
 }
 
@@ -388,7 +396,8 @@ static mg_status check_fingerprints(mpi_be *m, const mg__req *r)
         st = mpi_error(m, mpi_rc);
     if (!st) st = wait_req(m, &rq, NULL);
     for (int q = 0; !st && q < n; q++)
-        if (!mg__fp_same(&mine, &all[q])) st = mg__fp_mismatch(&mine, m->g->rank, &all[q], q);
+        if (!mg__fp_same(&mine, &all[q]))
+            st = mg__fp_mismatch(&m->g->names, &mine, m->g->rank, &all[q], q);
     free(all);
     return st;
 }
@@ -431,9 +440,9 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
                       c->coll == MG_COLL_ALL_REDUCE;
     if (!elementwise && c->count > INT_MAX) {
         r->rejected = true;     /* every rank refuses it alike, before any traffic */
-        return mg_error(MG_EUNSUPPORTED, "%s on rank %d: the mpi backend takes at most %d "
+        return mg_error(MG_EUNSUPPORTED, "%s on %s: the mpi backend takes at most %d "
                         "elements per rank for this collective (MPI counts are int); split it",
-                        m->what, me, INT_MAX);
+                        m->what, this_rank(m), INT_MAX);
     }
 
     /* In-place forms (coll.h) become MPI_IN_PLACE; other overlaps a copy. */
@@ -534,7 +543,7 @@ static mg_status galloc(mpi_be *m, mg__req *r)
         LOCKED(MPI_Alloc_mem((MPI_Aint)bytes, MPI_INFO_NULL, &base)) != MPI_SUCCESS || !base) {
         r->rejected = true;     /* local memory: the group stays usable */
         return mg_error(MG_ENOMEM, "mg_group_alloc: MPI_Alloc_mem cannot allocate %zu bytes "
-                        "on rank %d", r->bytes, m->g->rank);
+                        "on %s", r->bytes, this_rank(m));
     }
     uintptr_t p = ((uintptr_t)base + sizeof(void *) + MG_ALIGN - 1) & ~(uintptr_t)(MG_ALIGN - 1);
     ((void **)p)[-1] = base;
@@ -676,20 +685,32 @@ static mg_status split(mpi_be *m, mg__req *r)
     if (LOCKED(MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, m->comm, &rq)) != MPI_SUCCESS)
         st = mpi_error(m, mpi_rc);
     if (!st) st = wait_req(m, &rq, NULL);
-    free(all);
-    if (st) return st;
     MPI_Comm nc = MPI_COMM_NULL;
-    if (LOCKED(MPI_Comm_split(m->comm, r->color == MG_UNDEFINED ? MPI_UNDEFINED : r->color,
-                              r->key, &nc)) != MPI_SUCCESS)
-        return mpi_error(m, mpi_rc);
-    if (nc == MPI_COMM_NULL) return MG_OK;
-    mg_group *sub = mg__group_new(&mg__backend_mpi, g->timeout);
+    if (!st && LOCKED(MPI_Comm_split(m->comm, r->color == MG_UNDEFINED ? MPI_UNDEFINED : r->color,
+                                     r->key, &nc)) != MPI_SUCCESS)
+        st = mpi_error(m, mpi_rc);
+    if (st || nc == MPI_COMM_NULL) {
+        free(all);
+        return st;
+    }
+    /* Its members' names from the parent's (MPI_Comm_split orders them as
+     * mg__split_members does). */
+    mg__names names = {0};
+    int *members = malloc(sizeof *members * (size_t)n);
+    st = !members ? mg_error(MG_ENOMEM, "mg_group_split: out of memory")
+                  : mg__names_sub(&names, &g->names, members,
+                                  mg__split_members(all, n, r->color, members));
+    free(all);
+    free(members);
+    mg_group *sub = st ? NULL : mg__group_new(&mg__backend_mpi, g->timeout);
     mpi_be *sm = sub ? be_new(sub) : NULL;
     if (!sm) {
         mg__group_free(sub);
+        mg__names_free(&names);
         LOCKED(MPI_Comm_free(&nc));
-        return mg_error(MG_ENOMEM, "mg_group_split: out of memory");
+        return st ? st : mg_error(MG_ENOMEM, "mg_group_split: out of memory");
     }
+    sub->names = names;
     snprintf(sm->what, sizeof sm->what, "mg_group_split (color %d)", r->color);
     sm->spin = m->spin;
     sm->deadline = m->deadline;
@@ -720,7 +741,7 @@ static mg_status be_run(mg_group *g, mg__req *r)
     case MG__REQ_ALLOC: return galloc(m, r);
     case MG__REQ_FREE: return gfree(m, r);
     default:
-        describe(r, m->what, sizeof m->what);
+        describe(&g->names, r, m->what, sizeof m->what);
         if (r->c.coll == MG_COLL_SEND) st = do_send(m, &r->c);
         else if (r->c.coll == MG_COLL_RECV) st = do_recv(m, r);
         else st = run_coll(m, r);

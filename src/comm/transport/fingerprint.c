@@ -79,7 +79,8 @@ void mg__fp_describe(const mg__fp *fp, char *buf, size_t n)
                  (unsigned long long)fp->count, dn, extra, *file ? file : "?", fp->line);
 }
 
-mg_status mg__fp_mismatch(const mg__fp *mine, int me, const mg__fp *theirs, int peer)
+mg_status mg__fp_mismatch(const mg__names *nm, const mg__fp *mine, int me, const mg__fp *theirs,
+                          int peer)
 {
     char a[160], b[160];
     mg__fp_describe(mine, a, sizeof a);
@@ -91,7 +92,9 @@ mg_status mg__fp_mismatch(const mg__fp *mine, int me, const mg__fp *theirs, int 
                     : mine->op != theirs->op ? "different reduction ops"
                     : mine->root != theirs->root ? "different roots"
                     : "different algorithms (MG_ALGO differs between ranks?)";
-    return mg_error(MG_EMISMATCH, "mismatched collectives (%s): rank %d called %s but rank %d "
-                    "called %s; every rank must issue the same collectives in the same order",
-                    why, me, a, peer, b);
+    char rm[128], rp[128];
+    return mg_error(MG_EMISMATCH, "mismatched collectives (%s): %s called %s but %s called %s; "
+                    "every rank must issue the same collectives in the same order", why,
+                    mg__rank_name(nm, me, NULL, rm, sizeof rm), a,
+                    mg__rank_name(nm, peer, NULL, rp, sizeof rp), b);
 }

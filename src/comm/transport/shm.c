@@ -139,6 +139,7 @@ struct mg__shm_transport {
     uint64_t *checked;         /* per rank: seq whose fingerprint matched */
     double deadline, started, next_live;
     double peer_timeout;       /* MG_PEER_TIMEOUT; 0: off */
+    const mg__names *names;    /* the group's, for messages */
     uint64_t *beat_seen;       /* per rank: its heartbeat counter, last read... */
     double *beat_at;           /* ...and when it was seen to change */
     mg__shm_view view;
@@ -374,6 +375,7 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     x->beat_seen = calloc((size_t)n, sizeof *x->beat_seen);
     x->beat_at = calloc((size_t)n, sizeof *x->beat_at);
     x->peer_timeout = cfg->peer_timeout;
+    x->names = cfg->names;
     if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked ||
         !x->beat_seen || !x->beat_at) {
         mg__shm_transport_destroy(x);
@@ -543,7 +545,9 @@ void mg__shm_transport_abort(mg__shm_transport *x, const char *msg)
 
 void mg__shm_transport_describe_peer(mg__shm_transport *x, int peer, char *buf, size_t n)
 {
-    snprintf(buf, n, "rank %d (pid %d, this host)", peer, (int)x->pid[peer]);
+    char extra[64];
+    snprintf(extra, sizeof extra, "pid %d, this host", (int)x->pid[peer]);
+    mg__rank_name(x->names, peer, extra, buf, n);
 }
 
 void mg__shm_transport_beat(mg__shm_transport *x)
@@ -566,9 +570,11 @@ static bool silent(mg__shm_transport *x, int p, double now)
 
 mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what)
 {
-    char msg[MAX_ABORT], who[96];
+    char msg[MAX_ABORT], who[160];
     int r = mg__shm_transport_aborted(x, msg, sizeof msg);
-    if (r >= 0) return mg_error(MG_EPEER, "rank %d failed and aborted the group: %s", r, msg);
+    if (r >= 0)
+        return mg_error(MG_EPEER, "%s failed and aborted the group: %s",
+                        mg__rank_name(x->names, r, NULL, who, sizeof who), msg);
     mg__shm_transport_beat(x);
     double now = mg_now();
     bool late = now >= x->deadline;
@@ -740,7 +746,7 @@ static mg_status fp_check(mg__shm_transport *x, int r)
         x->checked[r] = x->seq;
         return MG_OK;
     }
-    return mg__fp_mismatch(&x->fp, x->rank, &theirs, r);
+    return mg__fp_mismatch(x->names, &x->fp, x->rank, &theirs, r);
 }
 
 typedef struct {
@@ -764,7 +770,7 @@ static bool barrier_reached(void *p)
 static mg_status wait_for(mg__shm_transport *x, bool (*cond)(void *), wait_arg *a, const char *what)
 {
     mg__spin sp = {0};
-    char msg[160];
+    char msg[320];
     while (!cond(a)) {
         if (!mg__spin_step(&sp, &x->spin)) continue;
         mg__shm_transport_block(x, SLICE, cond, a);
@@ -772,7 +778,9 @@ static mg_status wait_for(mg__shm_transport *x, bool (*cond)(void *), wait_arg *
         /* A peer in another operation may never post what we wait for:
          * its fingerprint tells, long before the deadline. */
         MG_TRY(fp_check(x, a->r));
-        snprintf(msg, sizeof msg, "waiting for rank %d (%s)", a->r, what);
+        char who[256];
+        snprintf(msg, sizeof msg, "waiting for %s", mg__rank_name(x->names, a->r, what, who,
+                                                                   sizeof who));
         mg_status st = mg__shm_transport_check(x, &a->r, 1, msg);
         /* The peer may have posted what we wait for and exited since
          * cond was read (its last operation done, its process gone):
@@ -920,8 +928,9 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
         int pfd = shm_open(pn, O_RDWR, 0);
         struct stat sb;
         if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->mapped) {
-            st = mg_error(MG_EMISMATCH, "mg_group_alloc: rank %d's allocation %s is missing or "
-                          "of another size", r, pn);
+            char who[128];
+            st = mg_error(MG_EMISMATCH, "mg_group_alloc: %s's allocation %s is missing or of "
+                          "another size", mg__rank_name(x->names, r, NULL, who, sizeof who), pn);
         } else {
             void *p = mmap(NULL, a->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
                            pfd, 0);

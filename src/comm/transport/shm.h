@@ -27,6 +27,7 @@ typedef struct mg__shm_transport_cfg {
     const pid_t *pid;      /* per group rank, for liveness checks */
     const uint64_t *start;
     double peer_timeout;   /* MG_PEER_TIMEOUT (transport.h); 0: off */
+    const mg__names *names; /* the group's, to name ranks in messages */
 } mg__shm_transport_cfg;
 
 /* Create and map this rank's segment (named after gid and rank). */
@@ -77,7 +78,8 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
 /* 1 if p came from mg__shm_transport_alloc (and is now unmapped), else 0. */
 int mg__shm_transport_free(mg__shm_transport *x, void *p);
 
-/* Shared by the liveness and timeout messages: "rank 3 (pid 123)". */
+/* Shared by the liveness and timeout messages: "rank 3 (pp 1, dp 1; pid
+ * 123, this host)". */
 void mg__shm_transport_describe_peer(mg__shm_transport *x, int peer, char *buf, size_t n);
 
 #endif

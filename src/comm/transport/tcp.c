@@ -57,11 +57,12 @@ static void intro(uint8_t *b, uint64_t gid, int from, int to)
     memcpy(b + 16, &t, 4);
 }
 
-static mg_status dial(uint64_t gid, int rank, int peer, const char *addr, int port,
-                      const char *secret, double deadline, int *out)
+static mg_status dial(const mg__names *nm, uint64_t gid, int rank, int peer, const char *addr,
+                      int port, const char *secret, double deadline, int *out)
 {
-    char what[128];
-    snprintf(what, sizeof what, "rank %d (data connection to %s:%d)", peer, addr, port);
+    char what[256], extra[128];
+    snprintf(extra, sizeof extra, "data connection to %s:%d", addr, port);
+    mg__rank_name(nm, peer, extra, what, sizeof what);
     int fd;
     MG_TRY(mg__sock_connect(addr, port, deadline, what, &fd));
     uint8_t b[INTRO], ack[ACK];
@@ -118,8 +119,8 @@ static int pending_step(pending *p, const char *secret, uint64_t gid, int rank, 
     return from + 1;
 }
 
-mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int size,
-                                const bool *need, char (*addr)[64], const int *port,
+mg_status mg__tcp_connect_peers(mg__tcp_listener *l, const mg__names *nm, uint64_t gid, int rank,
+                                int size, const bool *need, char (*addr)[64], const int *port,
                                 const char *secret, double deadline, int *fds)
 {
     int expect = 0;
@@ -128,7 +129,7 @@ mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int
         expect += need[p] && p > rank;
     }
     for (int p = 0; p < rank; p++)
-        if (need[p]) MG_TRY(dial(gid, rank, p, addr[p], port[p], secret, deadline, &fds[p]));
+        if (need[p]) MG_TRY(dial(nm, gid, rank, p, addr[p], port[p], secret, deadline, &fds[p]));
     bool loopback_only = !*secret;
     pending pend[MAX_PENDING];
     int np = 0;
@@ -170,7 +171,9 @@ mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int
             char missing[256] = "";
             size_t m = 0;
             for (int p = rank + 1; p < size && m + 12 < sizeof missing; p++)
-                if (need[p] && fds[p] < 0) m += (size_t)snprintf(missing + m, sizeof missing - m, " %d", p);
+                if (need[p] && fds[p] < 0)
+                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d",
+                                          mg__world_rank(nm, p));
             for (int i = 0; i < np; i++) close(pend[i].fd);
             return mg_error(MG_ETIMEOUT, "timed out waiting for data connections from rank(s)%s: "
                             "are they running, with the same MG_JOB_SECRET, and can they reach "
@@ -193,8 +196,9 @@ void mg__tcp_chan(int fd, int peer, double peer_timeout, mg__chan *c)
 
 static ssize_t chan_failed(mg__chan *c)
 {
-    mg_error(MG_EPEER, "the connection to rank %d failed (%s): it exited, crashed or aborted",
-             c->peer, strerror(errno));
+    char who[128];
+    mg_error(MG_EPEER, "the connection to %s failed (%s): it exited, crashed or aborted",
+             mg__rank_name(c->names, c->peer, NULL, who, sizeof who), strerror(errno));
     return -1;
 }
 
@@ -261,8 +265,9 @@ ssize_t mg__tcp_chan_read(mg__chan *c, void *buf, size_t n)
         }
         if (k == 0) {
             c->eof = true;
-            mg_error(MG_EPEER, "rank %d closed its connection: it exited, crashed or aborted",
-                     c->peer);
+            char who[128];
+            mg_error(MG_EPEER, "%s closed its connection: it exited, crashed or aborted",
+                     mg__rank_name(c->names, c->peer, NULL, who, sizeof who));
             return -1;
         }
         if (errno == EINTR) continue;

@@ -17,9 +17,10 @@ void mg__tcp_listener_close(mg__tcp_listener *l);
  * lower ranks and accepts higher ones. Each connection is authenticated
  * (auth.h, context "data") and then names its group id and ranks;
  * strangers, wrong secrets and connections for other groups are dropped
- * without disturbing the others. fds[p] receives the socket. */
-mg_status mg__tcp_connect_peers(mg__tcp_listener *l, uint64_t gid, int rank, int size,
-                                const bool *need, char (*addr)[64], const int *port,
+ * without disturbing the others. fds[p] receives the socket. Errors name
+ * the peers as nm does (NULL: by their ranks here). */
+mg_status mg__tcp_connect_peers(mg__tcp_listener *l, const mg__names *nm, uint64_t gid, int rank,
+                                int size, const bool *need, char (*addr)[64], const int *port,
                                 const char *secret, double deadline, int *fds);
 
 /* peer_timeout > 0: TCP keepalive probes after that long idle. */

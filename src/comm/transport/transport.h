@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include "comm/names.h"
 #include "multigrad/comm.h"
 
 #define MG__FRAME_MAGIC 0x3146474du /* "MGF1" */
@@ -62,8 +63,10 @@ void mg__fp_make(mg__fp *fp, const mg_call *c, uint64_t seq, int algo);
 bool mg__fp_same(const mg__fp *a, const mg__fp *b);
 /* "all_reduce #12 (1000 x f32, sum, algo ring) at train.c:88" */
 void mg__fp_describe(const mg__fp *fp, char *buf, size_t n);
-/* The error for ranks that disagree: names both calls. */
-mg_status mg__fp_mismatch(const mg__fp *mine, int me, const mg__fp *theirs, int peer);
+/* The error for ranks that disagree: names both calls, and both ranks as
+ * nm does. */
+mg_status mg__fp_mismatch(const mg__names *nm, const mg__fp *mine, int me, const mg__fp *theirs,
+                          int peer);
 
 /* mg_now()'s clock at tick resolution (a few ms) for a fraction of the
  * cost: good enough for deadlines, which every operation sets. */
@@ -121,6 +124,7 @@ typedef struct mg__ring mg__ring;
 typedef struct mg__chan {
     mg__ch_kind kind;
     int peer;
+    const mg__names *names;                /* the group's, to name the peer */
     /* TCP */
     int fd;
     /* shared memory: tx lives in the peer's segment, rx in ours */
