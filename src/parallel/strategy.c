@@ -626,10 +626,9 @@ static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options 
     /* Offloaded gradients were scaled on their way to the file, their
      * sum of squares kept; the clip factor goes to the optimizer. */
     bool in_file = s->zero && mg_zero_grad_store(s->zero);
-    /* DDP averaged over the ranks; ZeRO's reduce-scatter and a
-     * pipeline's replicas summed. */
+    /* DDP's all-reduce and ZeRO's reduce-scatter averaged over the ranks;
+     * a pipeline's replicas summed. */
     float scale = 1.0f / (float)r->micro;
-    if (s->zero) scale /= (float)s->world;
     if (s->pipe && s->pdp) scale /= (float)mg_group_size(s->pdp);
     for (int k = 0; k < nr && scale != 1.0f && !in_file; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);

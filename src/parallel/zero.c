@@ -9,9 +9,11 @@
  * gradient in place, and one all-gather per bucket gives every rank the
  * whole bucket of parameters in place: no packing, no copies.
  *
- * The step. Backward launches a bucket's reduce-scatter (summing) from the
- * post-backward hook of its last unit, overlapping the rest of backward,
- * as DDP launches its all-reduce. Stage 1 does it on the last micro-batch
+ * The step. Backward launches a bucket's reduce-scatter (averaging over
+ * the ranks, MG_AVG, as DDP's all-reduce does, so that a rank's piece holds
+ * the bits DDP's gradient holds there) from the post-backward hook of its
+ * last unit, overlapping the rest of backward, as DDP launches its
+ * all-reduce. Stage 1 does it on the last micro-batch
  * only and keeps the whole gradient arena. Stages 2 and 3 never write the
  * arena outside the rank's pieces: before a bucket's backward its
  * gradients are pointed at a buffer of a small pool (a tape's gradient
@@ -269,15 +271,16 @@ static void reduce_start(mg_zero *z, zbucket *b)
         dst = src + (b->plo - b->lo);
         if (z->tape) mg_tape_set_grad_window(z->tape, b->buf, 0, 0, NULL);
     }
-    mg_status st = mg_reduce_scatter_async(z->g, src, dst, piece_len(b), MG_F32, MG_SUM, &b->rs);
+    mg_status st = mg_reduce_scatter_async(z->g, src, dst, piece_len(b), MG_F32, MG_AVG, &b->rs);
     if (st) z->err = st;
 }
 
 /* Offloaded gradients: the file's piece plus this micro-batch's r
  * (the sum computed in the part of b's pool buffer the piece does not
  * use, exactly as the arena would add it); on the step's last
- * micro-batch scaled to the mean and its sum of squares kept, as the
- * training step does with a piece in memory. */
+ * micro-batch scaled to the mean over the micro-batches (the reduce-scatter
+ * averaged over the ranks) and its sum of squares kept, as the training
+ * step does with a piece in memory. */
 static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
 {
     size_t len = piece_len(b);
@@ -288,7 +291,6 @@ static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
     for (size_t k = 0; k < len; k++) acc[k] += r[k];
     if (z->last) {
         float scale = 1.0f / (float)z->micro;
-        scale /= (float)z->world;
         if (scale != 1.0f) mg_grad_scale(acc, len, scale);
         b->sumsq = mg_grad_sumsq(acc, len);
     }
