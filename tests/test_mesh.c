@@ -2,7 +2,7 @@
  * bad ones with the line that names the problem), and meshes of 3, 4, 6, 8
  * and 13 forked ranks over the builtin backend, where each rank learns
  * through its sub-groups exactly which world ranks share its tp, dp and pp
- * group, and in which order. */
+ * group, and in which order, and how messages name them. */
 #include "harness.h"
 #include "multigrad/parallel.h"
 
@@ -86,6 +86,22 @@ typedef struct {
     int tp, dp, pp;   /* the sizes the spec means */
 } job;
 
+/* World rank q's name in messages: "rank q", with its coordinates along
+ * the dimensions of more than one rank, outermost first, when there are
+ * two such dimensions or more ("rank 5 (pp 1, dp 0, tp 1)"). */
+static void name_of(const job *j, const int c[MG_MESH_DIMS], int q, char *buf, size_t cap)
+{
+    const int size[MG_MESH_DIMS] = {j->tp, j->dp, j->pp};
+    int n = snprintf(buf, cap, "rank %d", q), dims = (j->tp > 1) + (j->dp > 1) + (j->pp > 1);
+    for (int d = MG_MESH_DIMS - 1, first = 1; d >= 0 && dims > 1; d--)
+        if (size[d] > 1) {
+            n += snprintf(buf + n, cap - (size_t)n, "%s%s %d", first ? " (" : ", ",
+                          mg_mesh_dim_name(d), c[d]);
+            first = 0;
+        }
+    if (dims > 1) snprintf(buf + n, cap - (size_t)n, ")");
+}
+
 /* World rank q's coordinates, by search over the grid (not by the
  * library's arithmetic): q = tp_i + tp * (dp_i + dp * pp_i). */
 static void coords_of(const job *j, int q, int c[MG_MESH_DIMS])
@@ -138,6 +154,13 @@ static int mesh_rank(int rank, int n, void *arg)
             CHECK_MSG(k < want_size[d] && members[k] == q && c[d] == k,
                       "rank %d, %s group: member %d is world rank %d, expected %d", rank,
                       mg_mesh_dim_name(d), k, members[k], q);
+            /* Messages name it by its world rank (and coordinates). */
+            char name[128], want[128];
+            name_of(j, c, q, want, sizeof want);
+            CHECK_EQ(mg_group_world_rank(sub, k), q);
+            mg_group_rank_name(sub, k, name, sizeof name);
+            CHECK_MSG(!strcmp(name, want), "rank %d, %s group: member %d is '%s', expected '%s'",
+                      rank, mg_mesh_dim_name(d), k, name, want);
             k++;
         }
         CHECK_EQ(k, want_size[d]);

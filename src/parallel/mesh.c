@@ -9,9 +9,10 @@
  * the split's color, and coord[d] its key, so a rank's sub-group rank is
  * its coordinate.
  *
- * Messages name a rank by its world rank and its coordinates along the
- * dimensions of more than one rank, outermost first ("rank 3 (pp 1, dp
- * 1)"): the mesh labels each rank of the group it is made from
+ * Messages name a rank by its world rank and, when two dimensions or more
+ * have more than one rank, its coordinates along those, outermost first
+ * ("rank 3 (pp 1, dp 1)"; along one dimension the coordinate is the world
+ * rank): the mesh labels each rank of the group it is made from
  * (mg_group_set_label) before it splits it, so every sub-group's messages
  * say the same. */
 #define _GNU_SOURCE
@@ -151,7 +152,9 @@ mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out)
         m->coord[d] = rank / stride % sizes[d];
     }
     char label[MG_GROUP_LABEL_MAX + 1] = "";
-    for (int d = MG_MESH_DIMS - 1, n = 0; d >= 0; d--)
+    int dims = 0;
+    for (int d = 0; d < MG_MESH_DIMS; d++) dims += m->size[d] > 1;
+    for (int d = MG_MESH_DIMS - 1, n = 0; d >= 0 && dims > 1; d--)
         if (m->size[d] > 1)
             n += snprintf(label + n, sizeof label - (size_t)n, "%s%s %d", n ? ", " : "",
                           dim_names[d], m->coord[d]);
