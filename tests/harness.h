@@ -104,6 +104,12 @@ int mgt_exit_code(const mgt_result *r);
  * mgt_exec's, mgt_fork_ranks' and mgt_wait_for's. A time that a test
  * measures as the product's promise is not. */
 double mgt_slow(void);
+/* 1 in a sanitizer build (make SAN=...: MG_SANITIZED), else 0. There the
+ * longest equivalence tests run a subset of their cases that still takes
+ * every code path of the whole set (each schedule, stage, world size and
+ * form at least once, fewer repetitions of them), so that the sanitizer
+ * suites can run before every landing; the ordinary build runs them all. */
+int mgt_sanitized(void);
 /* Polls cond(arg) every 20 ms until it holds (returns 1) or secs x
  * mgt_slow() have passed (returns 0). */
 int mgt_wait_for(int (*cond)(void *arg), void *arg, double secs);

@@ -156,6 +156,15 @@ double mgt_slow(void)
 #endif
 }
 
+int mgt_sanitized(void)
+{
+#ifdef MG_SANITIZED
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int mgt_wait_for(int (*cond)(void *), void *arg, double secs)
 {
     double deadline = mg_now() + secs * mgt_slow();

@@ -133,8 +133,10 @@ TEST_T(coll_proc_shm_staged_stores, 300)
 TEST_T(coll_proc_shm, 300)
 {
     const char *algos[] = {NULL, "ring", "rd", "tree"};
-    int sizes[] = {1, 2, 3, 4, 5, 8, 13};
-    proc_sweep(NULL, algos, 4, sizes, 7, 0);
+    /* Under a sanitizer (mgt_sanitized) without 8: 1 to 5 and 13 hold
+     * powers of two and not, odd and even, and the largest. */
+    int sizes[] = {1, 2, 3, 4, 5, 13, 8};
+    proc_sweep(NULL, algos, 4, sizes, mgt_sanitized() ? 6 : 7, 0);
 }
 
 TEST_T(coll_proc_shm_group_memory, 300)

@@ -243,6 +243,7 @@ static void device_equals_cpu(const char *dev)
     cpu_reference(bin, "--steps 20 --eval-every 10", ref20);
     int rc;
     for (int k = 1; k <= 4; k++) {
+        if (mgt_sanitized() && k % 2 == 0) continue;   /* one process and 3 ranks there */
         if (k == 1)
             rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --device %s --save %s",
                         bin, dev, other);
