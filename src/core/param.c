@@ -54,6 +54,7 @@ static const mg_tunable params[] = {
     {"MG_SHM_CHUNK", I, "0", 0, 1 << 30, NULL, "shared-memory collectives: bytes per chunk (0: from the slot size; at least 4096)"},
     {"MG_SHM_RING_KB", I, "0", 0, 1 << 20, NULL, "shared memory: KiB of each rank's message ring (0: 32 MiB over the peers, 256 KiB to 4 MiB)"},
     {"MG_SHM_SLOT_KB", I, "0", 0, 1 << 20, NULL, "shared memory: KiB of each rank's collective slot (0: the built-in size)"},
+    {"MG_CKPT_RELAY", C, "auto", 0, 0, "auto|always", "a job's checkpoints: ranks that see rank 0's file write and read their parts directly, the others through rank 0 (auto); always: every rank through rank 0"},
     {"MG_P2P_UNEXPECTED_MB", I, "512", 1, 1 << 20, NULL, "MiB of messages a rank holds before it posts their receives"},
     {"MG_SPIN_US", R, NULL, 0, 1e6, NULL, "microseconds a wait spins before yielding (default 50, 0 when ranks outnumber CPUs)"},
     {"MG_YIELD_US", R, NULL, 0, 1e6, NULL, "microseconds a wait yields before sleeping (default 200, 2000 when ranks outnumber CPUs)"},
