@@ -79,10 +79,12 @@ static mg_status share_modes(mg_group *g, uint8_t mine, uint8_t *all, const char
 {
     MG_TRY(mg_all_gather(g, &mine, all, 1, MG_U8));
     if (mg_group_rank(g) != 0 || !mg_verbose()) return MG_OK;
+    static const uint8_t order[3] = {DIRECT, RELAY, NONE};
     const char *how[3] = {"no part", "directly", "through rank 0"};
     char line[1024];
     size_t k = 0;
-    for (uint8_t m = DIRECT; k < sizeof line; m = (uint8_t)((m + 1) % 3)) {
+    for (int i = 0; i < 3 && k < sizeof line; i++) {
+        uint8_t m = order[i];
         char l[256];
         list_ranks(all, mg_group_size(g), m, l, sizeof l);
         bool one = !strpbrk(l, ",-");
@@ -93,7 +95,6 @@ static mg_status share_modes(mg_group *g, uint8_t mine, uint8_t *all, const char
                                   m != RELAY ? ""
                                   : relay_forced() ? " (MG_CKPT_RELAY=always)"
                                                    : " (they do not see its file)");
-        if (m == NONE) break;
     }
     mg_debug("checkpoint %s: %s", path, line);
     return MG_OK;
@@ -101,20 +102,16 @@ static mg_status share_modes(mg_group *g, uint8_t mine, uint8_t *all, const char
 
 /* ---- saving ---------------------------------------------------------------- */
 
-typedef struct {
-    mg_group *g;
-} relay_out;
-
 /* A relaying rank's writes: (offset, length) then the bytes, a piece at a
  * time, to rank 0; (0, 0) ends them (relay_end). */
-static mg_status relay_write(void *ud, const void *data, size_t len, uint64_t off)
+static mg_status relay_write(void *group, const void *data, size_t len, uint64_t off)
 {
-    relay_out *r = ud;
+    mg_group *g = group;
     for (size_t at = 0, k; at < len; at += k) {
         k = len - at < RELAY_CHUNK ? len - at : RELAY_CHUNK;
         uint64_t h[2] = {off + at, k};
-        MG_TRY(mg_send(r->g, h, sizeof h, MG_U8, 0, TAG_WRITE));
-        MG_TRY(mg_send(r->g, (const uint8_t *)data + at, k, MG_U8, 0, TAG_DATA));
+        MG_TRY(mg_send(g, h, sizeof h, MG_U8, 0, TAG_WRITE));
+        MG_TRY(mg_send(g, (const uint8_t *)data + at, k, MG_U8, 0, TAG_DATA));
     }
     return MG_OK;
 }
@@ -196,12 +193,11 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
     mg_ckpt_piece *pc = NULL;
     int np = 0;
     if (!st && mine != NONE) {
-        relay_out ro = {g};
         mg_ckpt_sink out = {.fd = fd, .path = rank == 0 ? tmp : p.path};
         if (mine == RELAY) {
             int32_t go;
             st = mg_recv(g, &go, 1, MG_I32, 0, TAG_GO);
-            out = (mg_ckpt_sink){.path = path, .write = relay_write, .ud = &ro};
+            out = (mg_ckpt_sink){.path = path, .write = relay_write, .ud = g};
         }
         if (!st) {
             st = mg_ckpt_write_part(w, &out, r, nr, buffers, &pc, &np);
@@ -251,25 +247,21 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
 
 /* ---- loading --------------------------------------------------------------- */
 
-typedef struct {
-    mg_group *g;
-} relay_in;
-
 /* A relaying rank's reads: (offset, length) to rank 0, its answer, then
  * the bytes, a piece at a time; (0, 0) ends them (relay_end). */
-static mg_status relay_read(void *ud, uint64_t off, size_t len, void *dst)
+static mg_status relay_read(void *group, uint64_t off, size_t len, void *dst)
 {
-    relay_in *r = ud;
+    mg_group *g = group;
     for (size_t at = 0, k; at < len; at += k) {
         k = len - at < RELAY_CHUNK ? len - at : RELAY_CHUNK;
         uint64_t h[2] = {off + at, k};
         int32_t ok;
-        MG_TRY(mg_send(r->g, h, sizeof h, MG_U8, 0, TAG_READ));
-        MG_TRY(mg_recv(r->g, &ok, 1, MG_I32, 0, TAG_OK));
+        MG_TRY(mg_send(g, h, sizeof h, MG_U8, 0, TAG_READ));
+        MG_TRY(mg_recv(g, &ok, 1, MG_I32, 0, TAG_OK));
         if (!ok)
             return mg_error(MG_EFORMAT, "checkpoint: rank 0 has no bytes %llu-%llu of its file",
                             (unsigned long long)(off + at), (unsigned long long)(off + at + k));
-        MG_TRY(mg_recv(r->g, (uint8_t *)dst + at, k, MG_U8, 0, TAG_DATA));
+        MG_TRY(mg_recv(g, (uint8_t *)dst + at, k, MG_U8, 0, TAG_DATA));
     }
     return MG_OK;
 }
@@ -334,6 +326,7 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
     uint8_t *head = NULL, *modes = calloc((size_t)world, 1);
     if (!st && (!modes || !(head = malloc(d.head))))
         st = mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    st = mg__agree(g, st);
     if (!st && rank == 0) memcpy(head, mg_st_head(f, &(size_t){0}), d.head);
     if (!st) st = mg_broadcast(g, head, d.head, MG_U8, 0);
     uint8_t mine = DIRECT;
@@ -341,9 +334,8 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
     if (!st && rank != 0) mine = (mf = see_load(&d, head)) ? DIRECT : RELAY;
     if (!st) st = share_modes(g, mine, modes, "read", path);
     if (!st && rank != 0) {
-        relay_in ri = {g};
         if (mine == RELAY)
-            st = mg_st_open_remote(path, head, d.head, d.size, d.verified, relay_read, &ri, &mf);
+            st = mg_st_open_remote(path, head, d.head, d.size, d.verified, relay_read, g, &mf);
         if (!st) st = mg_checkpoint_load_st(mf, path, m, o, meta);
         if (mine == RELAY) {   /* the end, whatever happened */
             mg_status e = relay_end(g, TAG_READ);
