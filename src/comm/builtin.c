@@ -322,17 +322,22 @@ static mg_status parse_port(const char *s, int *port)
     return MG_OK;
 }
 
+/* The store: at MASTER_ADDR:MASTER_PORT (env://) or the init method's
+ * address, served by rank 0; or, when a launcher serves it (MG_STORE_PORT:
+ * mgrun, which leaves MASTER_PORT to programs that serve a rendezvous of
+ * their own there), at MASTER_ADDR:MG_STORE_PORT under env://. */
 static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, double deadline)
 {
     const char *im = opt->init_method ? opt->init_method : "env://";
     char url[600], host[256];
-    int port;
+    int port, served = (int)mg_env_long("MG_STORE_PORT", 0);
     if (!strcmp(im, "env://")) {
         const char *a = mg_env_other("MASTER_ADDR");
         if (!a || !*a)
             return mg_error(MG_EINVAL, "MASTER_ADDR is not set: start the ranks with a launcher "
                             "(mgrun, torchrun) or give an init method tcp://host:port");
-        MG_TRY(parse_port(mg_env_other("MASTER_PORT"), &port));
+        if (served) port = served;
+        else MG_TRY(parse_port(mg_env_other("MASTER_PORT"), &port));
         snprintf(host, sizeof host, "%s", a);
     } else if (!strncmp(im, "tcp://", 6)) {
         MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));
@@ -350,7 +355,7 @@ static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, do
                         "MG_JOB_SECRET is not set: set the same MG_JOB_SECRET on every rank (mgrun "
                         "does this)", host);
     mg_store_server *srv = NULL;
-    if (rank == 0 && !mg_env_long("MG_STORE_SERVED", 0)) {
+    if (rank == 0 && !served) {
         mg_status st = mg_store_server_start(mg__host_is_loopback(host) ? host : NULL, port,
                                              b->secret, &srv);
         if (st) {
