@@ -32,8 +32,9 @@
  * (shared-memory sizes), MG_SPIN_US and MG_YIELD_US (how long a wait spins
  * and yields before sleeping), MG_P2P_UNEXPECTED_MB (bound on messages
  * buffered before their receive), MG_STORE_PORT (a launcher serves the
- * store at MASTER_ADDR:MG_STORE_PORT), MG_RUN_ID (separates restarts sharing a launcher's store),
- * MG_SHM_TAG (set by mgrun: see mg_shm_remove_tagged). */
+ * store at MASTER_ADDR:MG_STORE_PORT), MG_RUN_ID (separates restarts
+ * sharing a launcher's store), MG_SHM_TAG (set by mgrun: see
+ * mg_shm_remove_tagged). */
 #ifndef MULTIGRAD_COMM_H
 #define MULTIGRAD_COMM_H
 

@@ -323,9 +323,10 @@ static mg_status parse_port(const char *s, int *port)
 }
 
 /* The store: at MASTER_ADDR:MASTER_PORT (env://) or the init method's
- * address, served by rank 0; or, when a launcher serves it (MG_STORE_PORT:
+ * address, served by rank 0. When a launcher serves it (MG_STORE_PORT set:
  * mgrun, which leaves MASTER_PORT to programs that serve a rendezvous of
- * their own there), at MASTER_ADDR:MG_STORE_PORT under env://. */
+ * their own there), rank 0 serves none and env:// finds it at
+ * MASTER_ADDR:MG_STORE_PORT. */
 static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, double deadline)
 {
     const char *im = opt->init_method ? opt->init_method : "env://";

@@ -61,7 +61,7 @@ static const mg_tunable params[] = {
     {"MG_GRACE", R, "5", 0, 86400, NULL, "mgrun: seconds between SIGTERM and SIGKILL when it stops the workers"},
     {"MG_STORE_PORT", I, "0", 0, 65535, NULL, "set by mgrun: the port of the rendezvous store it serves at MASTER_ADDR, where the ranks meet (rank 0 serves none; MASTER_PORT is left to other programs); 0: rank 0 serves it at MASTER_PORT"},
     {"MG_RUN_ID", S, "", 0, 32, NULL, "set by mgrun: the attempt, so that a restart rendezvouses under keys of its own"},
-    {"MG_SHM_TAG", S, "", 0, 16, NULL, "set by mgrun: letters and digits in the job's shared-memory names, which it removes when the job ends"},
+    {"MG_SHM_TAG", S, "", 0, 16, NULL, "set by mgrun: letters and digits in the names of its ranks' shared memory (each mgrun has its own), which it removes when they end"},
     {"MG_RESTART_COUNT", I, "0", 0, 1000000, NULL, "set by mgrun: restarts so far (mgtrain resumes from --save after one)"},
     {"MG_MPIRUN", S, "mpirun", 0, 4000, NULL, "mgbench --backend mpi -n N: the mpirun it starts"},
     {"MG_BIN", S, "build/bin", 0, 4000, NULL, "tests and bench scripts: the directory of the built tools"},

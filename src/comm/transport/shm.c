@@ -27,11 +27,12 @@
  * MG_SHM_TAG of the rank that made the segment, which each rank tells the
  * others at rendezvous: the ranks of one host may come from several
  * launchers (two mgrun --nnodes on one host), and each launcher removes
- * the names of its own ranks when they end, whatever killed them. A name exists from the segment's creation
- * until every local peer has mapped it; meanwhile SIGTERM, SIGINT and
- * SIGHUP first remove the names of the group's segments on this host —
- * this rank's and its peers', which a SIGKILL may have ended before they
- * could — then do what they did before.
+ * the names of its own ranks when they end, whatever killed them. A name
+ * exists from the segment's creation until every local peer has mapped
+ * it; meanwhile SIGTERM, SIGINT and SIGHUP first remove the names of the
+ * group's segments on this host — this rank's and its peers', which a
+ * SIGKILL may have ended before they could — then do what they did
+ * before.
  *
  * Counters only grow (the algorithms derive them from their operation
  * count), so a peer that moved on to a later operation satisfies every
