@@ -141,10 +141,13 @@ static pid_t start_job(int nodes, int nproc)
     snprintf(driver, sizeof driver, "%s/job.sh", dir);
     FILE *f = fopen(driver, "w");
     CHECK(f);
+    /* env --default-signal: a shell starts background commands with SIGINT
+     * ignored, and mgrun must get it as from a terminal. */
     fputs("nodes=$1 nproc=$2 port=$3 dir=$4\n"
           "n=0; while [ $n -lt $nodes ]; do\n"
-          "  \"$MGRUN\" --nnodes $nodes --node-rank $n --master-addr 127.0.0.1 "
-          "--master-port $port -n $nproc --bind none sh -c 'echo $$ $MG_SHM_TAG >> \"$1/workers\"; "
+          "  env --default-signal=INT \"$MGRUN\" --nnodes $nodes --node-rank $n "
+          "--master-addr 127.0.0.1 --master-port $port -n $nproc --bind none "
+          "sh -c 'echo $$ $MG_SHM_TAG >> \"$1/workers\"; "
           "exec \"$MGBENCH\" all_reduce -b 4 -e 64K -i 20 -w 2' sh \"$dir\" &\n"
           "  echo $! >> \"$dir/mgruns\"; n=$((n + 1))\n"
           "done\n"
