@@ -16,6 +16,17 @@
  * had detected it: the misdetected case on any machine, for tests and
  * for measuring what the fix is worth.
  *
+ * OpenBLAS's worker threads: the pthread OpenBLAS starts them when it
+ * loads, and the first buffer any thread takes (blas_memory_alloc; each
+ * worker takes one as it starts) finishes OpenBLAS's memory set-up, which
+ * runs OpenBLAS's own core selection if no core is set at that moment. A
+ * worker starting late, inside the re-selection, selected the core
+ * OpenBLAS would and the re-selection kept it (issue 30: about one start
+ * in 200 on an Emerald Rapids Xeon). So select_core takes a buffer first:
+ * that set-up is done before the core is switched off, and no OpenBLAS
+ * thread selects a core after it (tests/data/openblas_preload.c makes the
+ * late worker certain; bench/blas_starts.sh counts 10,000 starts).
+ *
  * Limits: re-selection needs a DYNAMIC_ARCH OpenBLAS (the symbols are
  * weak: another build links and runs, reported as not re-selectable);
  * it runs once, before this library's first GEMM, and changes the BLAS
@@ -35,6 +46,8 @@ extern char *openblas_get_corename(void) __attribute__((weak));
 extern char *openblas_get_config(void) __attribute__((weak));
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+extern void *blas_memory_alloc(int procpos) __attribute__((weak));
+extern void blas_memory_free(void *buffer) __attribute__((weak));
 
 /* OpenBLAS's x86-64 core names and the SIMD level of their SGEMM kernels. */
 static const struct { const char *name; mg_simd simd; } cores[] = {
@@ -99,7 +112,8 @@ const char *mg_blas_core_for(const mg_cpu_info *c, const char **why)
 
 static bool can_reselect(void)
 {
-    return gotoblas_dynamic_init && gotoblas_dynamic_quit && openblas_get_corename;
+    return gotoblas_dynamic_init && gotoblas_dynamic_quit && openblas_get_corename &&
+           blas_memory_alloc && blas_memory_free;
 }
 
 /* Re-run OpenBLAS's dynamic core selection with OPENBLAS_CORETYPE=name for
@@ -107,10 +121,13 @@ static bool can_reselect(void)
 static bool select_core(const char *name)
 {
     if (!can_reselect() || core_index(name) < 0) return false;
+    /* OpenBLAS's memory set-up done here, not by a worker starting while
+     * the core is switched off (see the top of this file). */
+    blas_memory_free(blas_memory_alloc(0));
     const char *cur = mg_env_other("OPENBLAS_CORETYPE");
     char *saved = cur ? strdup(cur) : NULL;
+    setenv("OPENBLAS_CORETYPE", name, 1);   /* before the switch: any selection picks name */
     gotoblas_dynamic_quit();
-    setenv("OPENBLAS_CORETYPE", name, 1);
     gotoblas_dynamic_init();
     if (saved) setenv("OPENBLAS_CORETYPE", saved, 1);
     else unsetenv("OPENBLAS_CORETYPE");
