@@ -1,9 +1,10 @@
 /* CPU detection and the choice of GEMM kernels: decoding over recorded
  * CPUID register sets of other CPUs, the core chosen for each, and in
  * child processes the misdetected case (MG_BLAS_MISDETECT) fixed, explicit
- * choices (OPENBLAS_CORETYPE, MG_BLAS_CORE) respected, and the
- * re-selection holding against an OpenBLAS worker thread that starts late
- * (tests/data/openblas_preload.c makes that certain). */
+ * choices (OPENBLAS_CORETYPE, MG_BLAS_CORE) respected and named, and the
+ * re-selection holding against an OpenBLAS worker thread that starts late,
+ * and a refused core named with who asked for it
+ * (tests/data/openblas_preload.c makes both faults certain). */
 #include "harness.h"
 #include "multigrad/multigrad.h"
 
@@ -199,7 +200,8 @@ TEST(blas_explicit_core_is_respected)
 {
     bool slow = mg_cpu()->simd >= MG_SIMD_AVX;   /* Prescott is below this CPU */
     char *out = version_with("OPENBLAS_CORETYPE=Prescott");
-    CHECK_MSG(has(out, "Prescott kernels") && has(out, "set by OPENBLAS_CORETYPE"), "%s", out);
+    CHECK_MSG(has(out, "Prescott kernels") &&
+              has(out, "set by OPENBLAS_CORETYPE=Prescott in the environment"), "%s", out);
     CHECK_MSG(!has(out, "re-selected"), "%s", out);
     /* Respected, but not silently: the slow kernels are named where the
      * kernels are reported, not warned about on every run. */
@@ -208,8 +210,23 @@ TEST(blas_explicit_core_is_respected)
     free(out);
 
     out = version_with("MG_BLAS_CORE=Prescott");
-    CHECK_MSG(has(out, "Prescott kernels") && has(out, "set by MG_BLAS_CORE"), "%s", out);
+    CHECK_MSG(has(out, "Prescott kernels") &&
+              has(out, "set by MG_BLAS_CORE=Prescott in the environment"), "%s", out);
+    if (slow) CHECK_MSG(has(out, "unset MG_BLAS_CORE to let multigrad choose"), "%s", out);
     free(out);
+
+    /* A core asked for and not had is a warning naming who asked, and
+     * OpenBLAS's own core stays: 0.3.21 has no SapphireRapids core. */
+    if (!strcmp(mg_kernels()->blas, "OpenBLAS 0.3.21")) {
+        out = version_with("MG_BLAS_CORE=SapphireRapids");
+        CHECK_MSG(has(out, "warning: GEMM runs on OpenBLAS's") &&
+                  has(out, "cannot re-select SapphireRapids (MG_BLAS_CORE=SapphireRapids in the "
+                           "environment): OpenBLAS refused it"), "%s", out);
+        char want[64];
+        snprintf(want, sizeof want, "%s kernels", mg_kernels()->detected);
+        CHECK_MSG(has(out, want), "expected OpenBLAS's own '%s' in:\n%s", want, out);
+        free(out);
+    }
 
     /* keep: whatever OpenBLAS chose, even the misdetected core. */
     out = version_with("MG_BLAS_MISDETECT=Prescott MG_BLAS_CORE=keep");
@@ -277,5 +294,28 @@ TEST(blas_reselection_holds_against_a_late_openblas_worker)
     char want[96];
     snprintf(want, sizeof want, "%s kernels (", target);
     CHECK_MSG(has(out, want) && has(out, "re-selected from") && !has(out, "warning"), "%s", out);
+    free(out);
+}
+
+/* The issue's case: multigrad's own choice refused, neither variable set.
+ * The warning says so, and what would get the core, not "unset
+ * OPENBLAS_CORETYPE / MG_BLAS_CORE". */
+TEST(blas_refused_core_is_a_warning_naming_who_asked)
+{
+    const char *target = mg_blas_core_for(mg_cpu(), NULL);
+    if (!target) mgt_skip("multigrad keeps OpenBLAS's choice on this CPU: nothing to refuse");
+    char env[1024], pre[768];
+    snprintf(env, sizeof env, "%s MGT_OPENBLAS_REFUSE=%s MG_BLAS_MISDETECT=Prescott",
+             preload_env(pre, sizeof pre), target);
+    char *out = version_with(env);
+    char want[400];
+    snprintf(want, sizeof want, "warning: GEMM runs on OpenBLAS's Prescott kernels (SSE) on a CPU "
+             "with %s (%s): cannot re-select %s (multigrad's choice for this CPU, no core set by "
+             "OPENBLAS_CORETYPE or MG_BLAS_CORE): OpenBLAS refused it; OPENBLAS_CORETYPE=%s set "
+             "before the program starts makes OpenBLAS load it", mg_simd_name(mg_cpu()->simd),
+             mg_cpu()->model, target, target);
+    CHECK_MSG(has(out, want), "expected '%s' in:\n%s", want, out);
+    CHECK_MSG(has(out, "gemm: ") && has(out, "Prescott kernels (SSE): cannot re-select"), "%s", out);
+    CHECK_MSG(!has(out, "unset"), "%s", out);
     free(out);
 }

@@ -14,7 +14,9 @@
  * MG_BLAS_CORE (a core name, or "keep" for whatever OpenBLAS chose).
  * MG_BLAS_MISDETECT=CORE makes the check start from CORE as if OpenBLAS
  * had detected it: the misdetected case on any machine, for tests and
- * for measuring what the fix is worth.
+ * for measuring what the fix is worth. Every message names who asked for
+ * the core: the environment's OPENBLAS_CORETYPE or MG_BLAS_CORE (mgrun
+ * passes them on and sets neither), or multigrad's own choice.
  *
  * OpenBLAS's worker threads: the pthread OpenBLAS starts them when it
  * loads, and the first buffer any thread takes (blas_memory_alloc; each
@@ -160,42 +162,59 @@ void mg__blas_check(mg_kernels_info *k)
     k->detected_simd = core_simd(k->detected);
 
     const char *why = NULL, *target = NULL, *best = mg_blas_core_for(&k->cpu, &why);
-    bool by_user = false;   /* an explicit choice: respected without a warning */
+    /* Who asked for the core: an explicit choice is respected without a
+     * warning unless it cannot be had. */
+    char asked[96];
+    bool by_user = false;
     if (user && !misdetect) {
         by_user = true;
-        k->choice = "set by OPENBLAS_CORETYPE";
+        snprintf(k->why, sizeof k->why, "set by OPENBLAS_CORETYPE=%.24s in the environment", user);
+        k->choice = k->why;
+        snprintf(k->fix, sizeof k->fix, "unset it to let multigrad choose");
     } else if (!strcasecmp(want, "keep")) {
-        k->choice = "OpenBLAS's choice, kept (MG_BLAS_CORE=keep)";
-    } else if (strcasecmp(want, "auto")) {
-        if (core_index(want) < 0) {
+        k->choice = "OpenBLAS's choice, kept: MG_BLAS_CORE=keep in the environment";
+        snprintf(k->fix, sizeof k->fix, "unset MG_BLAS_CORE to let multigrad choose");
+    } else if (strcasecmp(want, "auto") && core_index(want) >= 0) {
+        target = want;
+        by_user = true;
+        snprintf(asked, sizeof asked, "MG_BLAS_CORE=%.24s in the environment", want);
+        snprintf(k->fix, sizeof k->fix, "unset MG_BLAS_CORE to let multigrad choose");
+    } else {
+        if (strcasecmp(want, "auto"))
             mg_log("warning: MG_BLAS_CORE=%s is not an OpenBLAS x86-64 core (Prescott, "
                    "Sandybridge, Haswell, Zen, SkylakeX, Cooperlake, ... or auto, keep); "
                    "using auto", want);
-        } else {
-            target = want;
-            by_user = true;
-            k->choice = "set by MG_BLAS_CORE";
-        }
-    }
-    if (!k->choice && !target) {
         target = best;
-        k->choice = !target ? "OpenBLAS's choice (no better core for this CPU)"
-                  : !strcasecmp(target, k->detected) ? why : NULL;
+        snprintf(asked, sizeof asked, "multigrad's choice for this CPU, no core set by "
+                 "OPENBLAS_CORETYPE or MG_BLAS_CORE");
     }
+    bool refused = false;
     if (target && strcasecmp(target, k->detected)) {
-        if (select_core(target)) {
-            k->switched = true;
-            if (!k->choice) {
-                snprintf(k->why, sizeof k->why, "OpenBLAS chose %.24s (%s); %.100s", k->detected,
-                         mg_simd_name(k->detected_simd), why);
-                k->choice = k->why;
-            }
-        } else {
-            snprintf(k->why, sizeof k->why, "cannot re-select %.24s: %s", target,
-                     can_reselect() ? "OpenBLAS refused it"
-                                    : "this OpenBLAS was built without DYNAMIC_ARCH");
-            k->choice = k->why;
-        }
+        k->switched = select_core(target);
+        refused = !k->switched;
+    }
+    if (refused) {
+        /* A core OpenBLAS cannot force falls back to one by CPU features:
+         * back to the one it chose. */
+        select_core(k->detected);
+        snprintf(k->why, sizeof k->why, "cannot re-select %.24s (%s): %s", target, asked,
+                 can_reselect() ? "OpenBLAS refused it"
+                                : "this OpenBLAS was built without DYNAMIC_ARCH");
+        if (!by_user)   /* OpenBLAS loads a core named before the program starts */
+            snprintf(k->fix, sizeof k->fix, "OPENBLAS_CORETYPE=%.24s set before the program "
+                     "starts makes OpenBLAS load it", target);
+        k->choice = k->why;
+    } else if (target && by_user) {
+        snprintf(k->why, sizeof k->why, "set by %s", asked);
+        k->choice = k->why;
+    } else if (k->switched) {
+        snprintf(k->why, sizeof k->why, "OpenBLAS chose %.24s (%s); %.100s", k->detected,
+                 mg_simd_name(k->detected_simd), why);
+        k->choice = k->why;
+    } else if (target) {
+        k->choice = why;
+    } else if (!k->choice) {
+        k->choice = "OpenBLAS's choice (no better core for this CPU)";
     }
     current_core(k->core, sizeof k->core);
     k->core_simd = core_simd(k->core);
@@ -203,10 +222,10 @@ void mg__blas_check(mg_kernels_info *k)
     k->below = best && k->core_simd < core_simd(best);
     /* An explicit choice gets no warning on every run (the environment may
      * set it for all programs); --version, --verbose and the benchmark
-     * headers say that it is below this CPU. */
-    if (k->below && !by_user)
-        mg_log("warning: GEMM runs on OpenBLAS's %s kernels (%s) on a CPU with %s (%s): %s; "
-               "unset OPENBLAS_CORETYPE / MG_BLAS_CORE to let multigrad choose",
+     * headers say that it is below this CPU. A core asked for and not had
+     * is a warning, whoever asked. */
+    if (refused || (k->below && !by_user))
+        mg_log("warning: GEMM runs on OpenBLAS's %s kernels (%s) on a CPU with %s (%s): %s%s%s",
                k->core, mg_simd_name(k->core_simd), mg_simd_name(k->cpu.simd), k->cpu.model,
-               k->choice);
+               k->choice, *k->fix ? "; " : "", k->fix);
 }

@@ -5,10 +5,10 @@
 
 #include "multigrad/tensor.h"
 
-/* Fills k's blas, detected, core, choice, switched and below from
+/* Fills k's blas, detected, core, choice, switched, below and fix from
  * k->cpu, re-selecting OpenBLAS's core where that is the choice, and logs
- * a warning for a core below this CPU that nobody asked for. Once per
- * process, before the first GEMM. */
+ * a warning for a core below this CPU that nobody asked for or a core
+ * asked for and not had. Once per process, before the first GEMM. */
 void mg__blas_check(mg_kernels_info *k);
 
 #endif

@@ -60,11 +60,11 @@ static int describe(const mg_kernels_info *k, char *buf, size_t cap, const char 
 {
     const mg_cpu_info *c = &k->cpu;
     const char *p = prefix ? prefix : "";
-    char det[64] = "", thr[80] = "", below[96] = "";
+    char det[64] = "", thr[80] = "", below[160] = "";
     if (k->switched) snprintf(det, sizeof det, ", re-selected from %s", k->detected);
     if (k->below)
-        snprintf(below, sizeof below, ", below this CPU's %s: unset it to let multigrad choose",
-                 mg_simd_name(c->simd));
+        snprintf(below, sizeof below, ", below this CPU's %s%s%s", mg_simd_name(c->simd),
+                 *k->fix ? ": " : "", k->fix);
     if (threads >= 0)
         snprintf(thr, sizeof thr, "%sthreads: %d BLAS thread(s) per process\n", p, threads);
     return snprintf(buf, cap,

@@ -1,8 +1,8 @@
 /* An LD_PRELOAD library for tests/test_kernels.c, compiled by the tests
- * (not part of the build): a fault of OpenBLAS's core selection, made
+ * (not part of the build): two faults of OpenBLAS's core selection, made
  * certain in a child process.
  *
- * A late worker: the pthread OpenBLAS starts its worker threads
+ * A late worker (always): the pthread OpenBLAS starts its worker threads
  * when it loads, and each takes a buffer (blas_memory_alloc) as it starts;
  * the first buffer taken in the process finishes OpenBLAS's memory set-up,
  * which runs OpenBLAS's own core selection when no core is set. A worker
@@ -17,12 +17,18 @@
  * selection (gotoblas_dynamic_init with no core set): the fault, which
  * must be 0.
  *
+ * A refused core (MGT_OPENBLAS_REFUSE=CORE): a selection asked for CORE
+ * through OPENBLAS_CORETYPE lands on Prescott instead, as an OpenBLAS
+ * that cannot switch to CORE would.
+ *
  * Limits: OpenBLAS's internal symbols (0.3.x, pthread build); a worker
  * waits at most 10 s for the switch. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +73,8 @@ void gotoblas_dynamic_init(void)
     void (*real)(void) = (void (*)(void))dlsym(RTLD_NEXT, "gotoblas_dynamic_init");
     void **core = (void **)dlsym(RTLD_DEFAULT, "gotoblas");
     if (worker_thread() && core && !*core) __atomic_add_fetch(&selected, 1, __ATOMIC_SEQ_CST);
+    const char *refuse = getenv("MGT_OPENBLAS_REFUSE"), *asked = getenv("OPENBLAS_CORETYPE");
+    if (refuse && asked && !strcasecmp(refuse, asked)) setenv("OPENBLAS_CORETYPE", "Prescott", 1);
     real();
 }
 
