@@ -164,7 +164,7 @@ void mg__blas_check(mg_kernels_info *k)
     const char *why = NULL, *target = NULL, *best = mg_blas_core_for(&k->cpu, &why);
     /* Who asked for the core: an explicit choice is respected without a
      * warning unless it cannot be had. */
-    char asked[96];
+    char asked[96] = "";
     bool by_user = false;
     if (user && !misdetect) {
         by_user = true;
