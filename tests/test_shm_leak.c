@@ -171,7 +171,7 @@ static pid_t start_job(int nodes, int nproc)
         setenv("MG_GRACE", "2", 1);
         /* A node whose peer node ended before joining waits this long. */
         char t[32];
-        snprintf(t, sizeof t, "%g", 10 * mgt_slow());
+        snprintf(t, sizeof t, "%g", 4 * mgt_slow());
         setenv("MG_TIMEOUT", t, 1);
         setenv("MG_JOB_SECRET", "multigrad-test-shm-leak", 1);
         setenv("MGRUN", mgrun, 1);
@@ -317,7 +317,7 @@ TEST_T(shm_two_mgrun_nodes_on_one_host, 60)
  * either of which may be the one interrupted. */
 TEST_T(shm_nothing_left_after_interrupting_two_mgrun_nodes, 300)
 {
-    interrupted_jobs(2, 8);
+    interrupted_jobs(2, 4);
 }
 
 /* ---- the workers' own guard, for jobs without mgrun ---------------------------- */
