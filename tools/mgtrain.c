@@ -624,7 +624,6 @@ struct trainer {
     char hp[512];       /* hparams_string */
     uint64_t step_sent, step_received;   /* bytes the training steps moved */
     long steps_run;
-    int eval_windows;   /* --eval-windows */
 };
 
 /* One rank of a job (DDP, ZeRO or a pipeline), not one process. */
@@ -751,11 +750,11 @@ static void prompt_setting(const char *p, char *out, size_t cap)
  * GPU's index, the offload directory, output paths other than --save). */
 static void settings_string(const options *o, const trainer *t, char *out, size_t cap)
 {
-    char hp[512], prompt[300], dev[16] = "cpu";
+    char hp[512], prompt[300];
     hparams_string(o, t->lm, hp, sizeof hp);
     prompt_setting(o->prompt, prompt, sizeof prompt);
-    snprintf(dev, sizeof dev, "%s", t->dev.kind == MG_DEVICE_CUDA ? "cuda"
-                                    : t->dev.kind == MG_DEVICE_EMU ? "emu" : "cpu");
+    const char *dev = t->dev.kind == MG_DEVICE_CUDA ? "cuda"
+                    : t->dev.kind == MG_DEVICE_EMU ? "emu" : "cpu";
     int n = snprintf(out, cap, "%s;compress=%s;bucket_mb=%g;eval_every=%d;eval_only=%s;"
                      "resume=%s;init=%s;zero=%d;mesh=%s;pp_schedule=%s;micro_batches=%d;"
                      "chunks=%d;split=%s;device=%s;tf32=%d;bf16=%d;offload=%s;"
@@ -765,7 +764,8 @@ static void settings_string(const options *o, const trainer *t, char *out, size_
                      o->init ? "given" : "none", o->zero, o->mesh ? o->mesh : "none",
                      o->pp_schedule ? o->pp_schedule : "1f1b", o->micro_batches, o->chunks,
                      o->split ? o->split : "none", dev, o->tf32, o->bf16,
-                     o->offload_dir ? "disk" : o->offload_cpu ? "cpu" : "none", o->eval_windows, o->no_eval_on_start, o->sample, prompt, o->temperature,
+                     o->offload_dir ? "disk" : o->offload_cpu ? "cpu" : "none",
+                     o->eval_windows, o->no_eval_on_start, o->sample, prompt, o->temperature,
                      o->top_k, o->save ? "given" : "none", o->print_plan);
     if (n < 0 || (size_t)n >= cap) die("the settings of this run do not fit %zu bytes", cap);
 }
@@ -1465,11 +1465,12 @@ done:
 
 /* ---- language models: steps over text ------------------------------------- */
 
-/* Validation loss (collective in DDP) and its perplexity. */
-static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
+/* Validation loss (collective in DDP) and its perplexity, over --eval-windows
+ * windows. */
+static double validate(trainer *t, const options *o, const mg_text *text, int batch, double *ppl)
 {
     double v;
-    if (mg_strategy_lm_val_loss(t->s, text, batch, t->drank, t->dworld, t->eval_windows, &v))
+    if (mg_strategy_lm_val_loss(t->s, text, batch, t->drank, t->dworld, o->eval_windows, &v))
         die_in_step(t);
     *ppl = exp(v);
     return v;
@@ -1512,7 +1513,6 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     same_on_every_rank(t, data);
     check_outputs(o, t);
     int local = o->batch / t->dworld, T = o->gpt.ctx;   /* sequences per rank */
-    t->eval_windows = o->eval_windows;
     gpt_spec spec = {o->gpt, o->seed};
     mg_ckpt_meta meta;
     setup_training(o, t, make_gpt, &spec, 1, kind, def->beta2, comp, local, &meta);
@@ -1520,7 +1520,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     long step = meta.step;
     double ppl, vl;
     if (o->eval_only) {
-        vl = validate(t, text, local, &ppl);
+        vl = validate(t, o, text, local, &ppl);
         if (t->rank == 0)
             printf("%s: validation loss %.4f, perplexity %.2f (%d windows of %d bytes)\n",
                    o->model, vl, ppl, mg_lm_val_windows(text, T, o->eval_windows), T);
@@ -1556,10 +1556,10 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
                o->steps, mg_text_size(text), mg_text_train_size(text));
         print_cut(t);
     }
-    if (step == 0 && !o->no_eval_on_start) {   /* the curve starts at initialisation, as nanoGPT's */
+    if (step == 0 && !o->no_eval_on_start) {   /* the curve starts at initialisation */
         log_row *r = metrics_add(&mt);
         r->v[L_STEP] = 0;
-        r->v[L_VAL_LOSS] = vl = validate(t, text, local, &ppl);
+        r->v[L_VAL_LOSS] = vl = validate(t, o, text, local, &ppl);
         r->v[L_VAL_PPL] = ppl;
         if (!o->quiet) printf("step %5d/%ld  val loss %.4f  ppl %7.2f\n", 0, o->steps, vl, ppl);
     }
@@ -1591,7 +1591,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         r->v[L_SECONDS] = secs;
         r->v[L_TOKENS_PER_S] = v[1] / t->dworld * (double)tokens_per_step / secs;
         r->v[L_LR] = lr;
-        r->v[L_VAL_LOSS] = validate(t, text, local, &r->v[L_VAL_PPL]);
+        r->v[L_VAL_LOSS] = validate(t, o, text, local, &r->v[L_VAL_PPL]);
         if (pr.tty && !o->quiet) fprintf(stderr, "\r%100s\r", "");
         if (!o->quiet) {
             printf("step %5ld/%ld  loss %.4f  val loss %.4f  ppl %7.2f  %7.2f s  %8.0f tok/s\n",
