@@ -55,7 +55,7 @@ static void load_all(const char *path)
     snapshot();
     if (mg_checkpoint_load(path, model, NULL, NULL)) FUZZ_CHECK(unchanged());
     snapshot();
-    if (mg_model_load_weights(path, model, NULL)) FUZZ_CHECK(unchanged());
+    if (mg_model_load_weights(path, model, NULL, NULL)) FUZZ_CHECK(unchanged());
 }
 
 /* A file without the checksum, given one (as anyone can): mutations

@@ -508,7 +508,7 @@ TEST(ckpt_round_trip_lenet5_sgd_bit_exact)
     /* A checkpoint is also a state_dict for --init (optimizer state ignored). */
     mg_model_init_params(c, 4);
     CHECK(!same_as(c, NULL, &sa2));
-    CHECK_OK(mg_model_load_weights(tpath("noopt.ckpt"), c, NULL));
+    CHECK_OK(mg_model_load_weights(tpath("noopt.ckpt"), c, NULL, NULL));
     CHECK(same_as(c, NULL, &sa2));
     free_snap(&sa);
     free_snap(&sa2);
@@ -628,6 +628,128 @@ static void extra_tensor(mg_st_tensor *t, int *n)
     static float x = 1;
     t[*n] = (mg_st_tensor){"fc4.weight", MG_ST_F32, 1, {1}, &x, 4};
     (*n)++;
+}
+
+/* src rewritten to dst with element i of tensor `name` set to v and a
+ * valid checksum: what a crafted (or buggy) writer makes. */
+static void rewrite_value(const char *src, const char *dst, const char *name, size_t i, float v)
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(src, &f));
+    int n = mg_st_count(f), nm = 0, nkeys = mg_st_meta_count(f);
+    mg_st_tensor *t = calloc((size_t)n + 1, sizeof *t);
+    const char **meta = calloc(2 * (size_t)nkeys + 2, sizeof *meta);
+    void *changed = NULL;
+    for (int k = 0; k < n; k++) {
+        t[k] = *mg_st_get(f, k);
+        if (strcmp(t[k].name, name)) continue;
+        CHECK(t[k].dtype == MG_ST_F32 && i < t[k].nbytes / 4);
+        changed = malloc(t[k].nbytes);
+        memcpy(changed, t[k].data, t[k].nbytes);
+        ((float *)changed)[i] = v;
+        t[k].data = changed;
+    }
+    CHECK_MSG(changed, "no tensor %s", name);
+    for (int k = 0; k < nkeys; k++) {
+        const char *key, *val = mg_st_meta_at(f, k, &key);
+        if (strcmp(key, "multigrad.crc32")) {
+            meta[2 * nm] = key;
+            meta[2 * nm + 1] = val;
+            nm++;
+        }
+    }
+    CHECK_OK(mg_st_write(dst, t, n, meta, nm));
+    free(changed);
+    free(t);
+    free(meta);
+    mg_st_close(f);
+}
+
+/* Issue 30 item 5: values with a valid checksum that no model or
+ * optimizer holds (a NaN weight, a negative exp_avg_sq) trained to a NaN
+ * loss; they are refused at load, naming the tensor, model unchanged. */
+TEST(ckpt_refuses_values_no_model_holds)
+{
+    mg_model *a = bn_model(0), *b = bn_model(1);
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    mg_optim *oa, *ob;
+    CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
+    CHECK_OK(mg_optim_create(&c, mg_model_arena_size(b), &ob));
+    train_fake(a, oa, 2, 1);
+    const char *good = tpath("good.ckpt"), *bad = tpath("bad.ckpt");
+    CHECK_OK(mg_checkpoint_save(good, a, oa, NULL));
+    const struct { const char *tensor; size_t at; float v; const char *says; } cases[] = {
+        {"fc.weight", 17, NAN, "holds nan at element 17"},
+        {"bn.running_var", 2, INFINITY, "holds inf at element 2"},
+        {"optim.exp_avg.conv.weight", 0, -INFINITY, "holds -inf"},
+        {"optim.exp_avg_sq.fc.bias", 3, -1e-9f, "cannot be negative"},
+    };
+    snapshot s = snap(b, ob);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        rewrite_value(good, bad, cases[k].tensor, cases[k].at, cases[k].v);
+        CHECK_ERR(mg_checkpoint_load(bad, b, ob, NULL), MG_EFORMAT);
+        printf("%s\n", mg_last_error());
+        CHECK_MSG(strstr(mg_last_error(), cases[k].tensor) && strstr(mg_last_error(), cases[k].says),
+                  "%s", mg_last_error());
+        CHECK(same_as(b, ob, &s));
+    }
+    /* A negative first moment is a value Adam holds. */
+    rewrite_value(good, bad, "optim.exp_avg.fc.bias", 3, -1e-3f);
+    CHECK_OK(mg_checkpoint_load(bad, b, ob, NULL));
+    /* Weights alone (--init) are refused the same way. */
+    rewrite_value(good, bad, "conv.weight", 5, NAN);
+    CHECK_ERR(mg_model_load_weights(bad, b, NULL, NULL), MG_EFORMAT);
+    CHECK(strstr(mg_last_error(), "'conv.weight' holds nan at element 5"));
+    /* A writer's step must be the optimizer's. */
+    mg_ckpt_meta meta = {.step = 5};
+    CHECK_ERR(mg_checkpoint_save(bad, a, oa, &meta), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "step 5") && strstr(mg_last_error(), "count 2"));
+    free_snap(&s);
+    mg_optim_destroy(oa);
+    mg_optim_destroy(ob);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
+}
+
+/* Issue 30 item 7: weights of a larger model (--layers 2 --init of a
+ * 4-layer checkpoint) are refused by default, naming what would be left
+ * out, or left out and counted when the caller asks. */
+TEST(ckpt_load_weights_says_what_it_leaves_out)
+{
+    mg_gpt_config big = mg_gpt_defaults(), small = big;
+    big.layers = 4;
+    small.layers = 2;
+    big.dim = small.dim = 32;
+    big.heads = small.heads = 2;
+    big.ctx = small.ctx = 16;
+    mg_model *a, *b;
+    CHECK_OK(mg_model_create_gpt(&big, 1, &a));
+    CHECK_OK(mg_model_create_gpt(&small, 2, &b));
+    mg_optim_config c = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
+    mg_optim *oa;
+    CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
+    const char *p = tpath("big.ckpt");
+    CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
+    snapshot s = snap(b, NULL);
+    CHECK_ERR(mg_model_load_weights(p, b, NULL, NULL), MG_EMISMATCH);
+    printf("%s\n", mg_last_error());
+    CHECK(strstr(mg_last_error(), "h.2.") && strstr(mg_last_error(), "more") &&
+          !strstr(mg_last_error(), "optim."));
+    CHECK(same_as(b, NULL, &s));
+    int left = -1;
+    CHECK_OK(mg_model_load_weights(p, b, NULL, &left));
+    int want = 0;
+    for (int i = 0; i < mg_model_num_tensors(a); i++)
+        want += !strncmp(mg_model_tensor(a, i)->name, "h.2.", 4) ||
+                !strncmp(mg_model_tensor(a, i)->name, "h.3.", 4);
+    CHECK_EQ(left, want);
+    CHECK(!memcmp(mg_model_find(a, "h.1.mlp.c_fc.weight")->data,
+                  mg_model_find(b, "h.1.mlp.c_fc.weight")->data,
+                  mg_model_find(b, "h.1.mlp.c_fc.weight")->numel * sizeof(float)));
+    free_snap(&s);
+    mg_optim_destroy(oa);
+    mg_model_destroy(a);
+    mg_model_destroy(b);
 }
 
 TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
@@ -768,7 +890,7 @@ TEST(ckpt_load_weights_from_pytorch_export)
     CHECK_OK(mg_model_create("lenet5", 3, &m));
     mg_st_file *ref;
     CHECK_OK(mg_st_open(mgt_data("lenet5.safetensors"), &ref));
-    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "init."));
+    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "init.", NULL));
     char name[128];
     for (int i = 0; i < mg_model_num_tensors(m); i++) {
         const mg_param *p = mg_model_tensor(m, i);
@@ -776,16 +898,16 @@ TEST(ckpt_load_weights_from_pytorch_export)
         const mg_st_tensor *t = mg_st_find(ref, name);
         CHECK(t && t->nbytes == p->numel * 4 && memcmp(t->data, p->data, t->nbytes) == 0);
     }
-    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "final."));
+    CHECK_OK(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, "final.", NULL));
     CHECK(memcmp(mg_st_find(ref, "final.fc3.bias")->data, mg_model_find(m, "fc3.bias")->data,
                  40) == 0);
     /* Without the prefix nothing matches: refused, model unchanged. */
     snapshot s = snap(m, NULL);
-    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, NULL), MG_EMISMATCH);
+    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), m, NULL, NULL), MG_EMISMATCH);
     CHECK(strstr(mg_last_error(), "'conv1.weight'"));
     mg_model *mlp;
     CHECK_OK(mg_model_create("mlp", 0, &mlp));
-    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), mlp, "init."), MG_EMISMATCH);
+    CHECK_ERR(mg_model_load_weights(mgt_data("lenet5.safetensors"), mlp, "init.", NULL), MG_EMISMATCH);
     CHECK(strstr(mg_last_error(), "shape"));
     CHECK(same_as(m, NULL, &s));
 
@@ -813,7 +935,7 @@ TEST(ckpt_load_weights_from_pytorch_export)
         CHECK_OK(mg_st_write(tpath("conv.st"), t, nt, NULL, 0));
         mg_model *c;
         CHECK_OK(mg_model_create("lenet5", 9, &c));
-        CHECK_OK(mg_model_load_weights(tpath("conv.st"), c, ""));
+        CHECK_OK(mg_model_load_weights(tpath("conv.st"), c, "", NULL));
         for (int i = 0; i < nt; i++) {
             const mg_param *p = mg_model_tensor(c, i);
             for (size_t j = 0; j < p->numel; j++) {
@@ -828,13 +950,14 @@ TEST(ckpt_load_weights_from_pytorch_export)
         }
         mg_model_destroy(c);
     }
-    /* F16: exact values including a subnormal and infinity. */
+    /* F16: exact values including a subnormal and the largest finite
+     * (infinity is refused: ckpt_refuses_values_no_model_holds). */
     mg_model *c;
     CHECK_OK(mg_model_create("lenet5", 9, &c));
     for (int i = 0; i < nt; i++) {
         const mg_param *p = mg_model_tensor(c, i);
         uint16_t *h = calloc(p->numel, 2);
-        const uint16_t pat[6] = {0x3c00, 0xc000, 0x0001, 0x7c00, 0x3555, 0x8400};
+        const uint16_t pat[6] = {0x3c00, 0xc000, 0x0001, 0x7bff, 0x3555, 0x8400};
         for (size_t j = 0; j < p->numel; j++) h[j] = pat[j % 6];
         t[i].dtype = MG_ST_F16;
         t[i].nbytes = p->numel * 2;
@@ -842,9 +965,9 @@ TEST(ckpt_load_weights_from_pytorch_export)
     }
     CHECK_OK(mg_st_write(tpath("f16.st"), t, nt, NULL, 0));
     for (int i = 0; i < nt; i++) free((void *)t[i].data);
-    CHECK_OK(mg_model_load_weights(tpath("f16.st"), c, NULL));
+    CHECK_OK(mg_model_load_weights(tpath("f16.st"), c, NULL, NULL));
     const float *w = mg_model_find(c, "fc1.weight")->data;
-    CHECK(w[0] == 1.0f && w[1] == -2.0f && w[2] == 0x1p-24f && isinf(w[3]) && w[3] > 0);
+    CHECK(w[0] == 1.0f && w[1] == -2.0f && w[2] == 0x1p-24f && w[3] == 65504.0f);
     CHECK(w[4] == 0x1.554p-2f && w[5] == -0x1p-14f);
     mg_model_destroy(c);
     free(t);

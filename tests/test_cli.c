@@ -291,6 +291,53 @@ TEST_T(cli_ddp_ranks_that_disagree_stop_naming_the_difference, 120)
     disagree(f0, f1, "rank 1 has --data with ");
 }
 
+/* Issue 30 item 4: every flag the ranks must share is compared before
+ * the first collective that depends on it: offload (which stopped with
+ * "mismatched collectives"), the sample of a pipeline (which trained, then
+ * failed with "rank 0 died"), the prompt (which finished silently), the
+ * device's kind, evaluation, and who saves. */
+TEST_T(cli_ranks_that_disagree_on_any_shared_flag_stop_before_work, 180)
+{
+    char off[600], f0[1400], f1[1400];
+    snprintf(off, sizeof off, "--model mlp --epochs 1 --zero 2 --offload disk:%s", mgt_tmpdir());
+    disagree(off, "--model mlp --epochs 1 --zero 2",
+             "rank 1 has --offload none, rank 0 has --offload disk");
+    const char *gpt = "--model gpt-mini --layers 2 --dim 16 --heads 2 --ctx 16 --steps 2 "
+                      "--mesh pp=2";
+    snprintf(f0, sizeof f0, "%s --sample 5", gpt);
+    snprintf(f1, sizeof f1, "%s --sample 9", gpt);
+    disagree(f0, f1, "rank 1 has --sample 9, rank 0 has --sample 5");
+    snprintf(f0, sizeof f0, "%s --sample 5 --prompt \"Q: why\"", gpt);
+    snprintf(f1, sizeof f1, "%s --sample 5 --prompt \"Q; how\"", gpt);
+    disagree(f0, f1, "rank 1 has --prompt Q\\x3b how, rank 0 has --prompt Q: why");
+    snprintf(f1, sizeof f1, "%s --sample 5 --prompt \"Q: why\" --temperature 0", gpt);
+    disagree(f0, f1, "rank 1 has --temperature 0, rank 0 has --temperature 0.8");
+    snprintf(f0, sizeof f0, "%s --eval-windows 8", gpt);
+    disagree(f0, gpt, "rank 1 has --eval-windows 0, rank 0 has --eval-windows 8");
+    snprintf(f0, sizeof f0, "%s --device emu", gpt);
+    disagree(f0, gpt, "rank 1 has --device cpu, rank 0 has --device emu");
+    snprintf(f0, sizeof f0, "%s --save %s/s.st", gpt, mgt_tmpdir());
+    disagree(f0, gpt, "rank 1 has --save none, rank 0 has --save given");
+    snprintf(f0, sizeof f0, "--model gpt-mini --layers 2 --dim 16 --heads 2 --ctx 16 --steps 2 "
+             "--mesh dp=2");
+    disagree(gpt, f0, "rank 1 has --mesh dp=2, rank 0 has --mesh pp=2");
+}
+
+/* Issue 30 item 4: an empty prompt is refused before training (it was
+ * refused after training and saving). */
+TEST(cli_empty_prompt_is_refused_before_work)
+{
+    char *out;
+    int rc = mgt_sh(&out, "%s --model gpt-mini --layers 1 --dim 16 --heads 2 --ctx 16 "
+                    "--steps 1 --sample 10 --prompt '' --save %s/p.st", mgt_tool("mgtrain"),
+                    mgt_tmpdir());
+    CHECK_MSG(rc == 2 && strstr(out, "--prompt is empty") && !strstr(out, "step"), "%s", out);
+    free(out);
+    char p[700];
+    snprintf(p, sizeof p, "%s/p.st", mgt_tmpdir());
+    CHECK(access(p, F_OK) != 0);
+}
+
 /* ---- diagnostics ------------------------------------------------------------ */
 
 /* Runs argv with stderr on a SOCK_SEQPACKET socket, where each write(2)

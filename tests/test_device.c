@@ -346,6 +346,21 @@ TEST(device_model_without_kernels_is_one_clear_error)
     mg_model_destroy(m);
 }
 
+/* Offload to files with a model on a device is refused by every
+ * strategy, one process too (issue 30 item 7), with the way out. */
+TEST(device_offload_to_files_is_refused_for_every_strategy)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    CHECK_OK(mg_model_to_device(m, (mg_device){MG_DEVICE_EMU, 0}));
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.offload_dir = mgt_tmpdir();
+    mg_strategy *s = NULL;
+    CHECK_ERR(mg_strategy_create(m, &so, &s), MG_EUNSUPPORTED);
+    CHECK(!s && strstr(mg_last_error(), "--offload cpu"));
+    mg_model_destroy(m);
+}
+
 /* Convolutions of every kind the layer takes (pool none, avg and max;
  * ReLU or not; stride 1 and 2; padding; odd sizes whose pool drops an
  * edge) on dev against the CPU's kernels: output and every gradient

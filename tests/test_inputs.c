@@ -170,6 +170,11 @@ TEST(inputs_checkpoint_counters_out_of_range)
         {"optimizer_steps", "9223372036854775808"}, /* 2^63: negative as a long */
         {"optimizer_steps", "9007199254740992"},    /* 2^53: not exact as a double */
         {"step", "9007199254740993"},
+        {"rng_counter", "18446744073709551615"},    /* 2^64 - 1: README's limit is 2^53 - 1 */
+        /* Counters that disagree: the optimizer takes one step per step
+         * (Adam's bias correction would silently change with them). */
+        {"optimizer_steps", "1000000"},
+        {"optimizer_steps", "0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         craft(good, bad, cases[i].key, cases[i].value);
@@ -184,6 +189,8 @@ TEST(inputs_checkpoint_counters_out_of_range)
     }
     /* The largest counters allowed still load. */
     craft(good, bad, "optimizer_steps", "9007199254740991");
+    craft(bad, bad, "step", "9007199254740991");
+    craft(bad, bad, "rng_counter", "9007199254740991");
     CHECK_OK(mg_checkpoint_load(bad, m, o, NULL));
     CHECK_EQ(mg_optim_steps(o), 9007199254740991L);
     mg_optim_destroy(o);
@@ -213,13 +220,35 @@ TEST_T(inputs_mgtrain_resume_crafted_counters, 120)
     /* 2^32 epochs, which an int reads as 0: the file covers them all. */
     craft(ck, bad, "epoch", "4294967296");
     craft(bad, bad, "step", "0");
+    craft(bad, bad, "optimizer_steps", "0");
     rc = mgt_sh(&out, "%s %s", mgt_tool("mgtrain"), flags);
     CHECK_MSG(rc == 0 && strstr(out, "already covers 4294967296") && !strstr(out, "epoch  1/2"),
               "%s", out);
+    /* ... and says there is nothing left, not "raise --epochs", which
+     * cannot go past 10^6 (issue 30 item 7). */
+    CHECK_MSG(strstr(out, "--epochs goes up to 1000000, so there is nothing left to train") &&
+              !strstr(out, "raise --epochs"), "%s", out);
+    free(out);
+    /* A language model's step past --steps's largest value. */
+    const char *gck = tpath("gpt.st"), *gpt = "--model gpt-mini --layers 1 --dim 16 --heads 2 "
+                                               "--ctx 16 --batch 4 --eval-windows 2";
+    rc = mgt_sh(&out, "%s %s --steps 1 --save %s", mgt_tool("mgtrain"), gpt, gck);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    craft(gck, bad, "step", "2000000000");
+    craft(bad, bad, "optimizer_steps", "2000000000");
+    rc = mgt_sh(&out, "%s %s --steps 5 --resume %s", mgt_tool("mgtrain"), gpt, bad);
+    CHECK_MSG(rc == 0 && strstr(out, "already covers 2000000000 step(s); --steps goes up to "
+                                     "1000000000, so there is nothing left to train"), "%s", out);
     free(out);
     /* An epoch the steps do not match. */
     craft(ck, bad, "step", "7");
+    craft(bad, bad, "optimizer_steps", "7");
     expect_refused(flags, "step 7", NULL, NULL);
+    /* The optimizer's step count is the step's (the issue's file: 10^6
+     * with step 4 trained to another validation loss). */
+    craft(ck, bad, "optimizer_steps", "1000000");
+    expect_refused(flags, "bad.st", "'optimizer_steps' is 1000000 but 'step' is 4", NULL);
 }
 
 /* ---- 6: headers with very many metadata keys parse in linear time ---- */

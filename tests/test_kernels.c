@@ -1,7 +1,10 @@
 /* CPU detection and the choice of GEMM kernels: decoding over recorded
  * CPUID register sets of other CPUs, the core chosen for each, and in
  * child processes the misdetected case (MG_BLAS_MISDETECT) fixed, explicit
- * choices (OPENBLAS_CORETYPE, MG_BLAS_CORE) respected. */
+ * choices (OPENBLAS_CORETYPE, MG_BLAS_CORE) respected and named, and the
+ * re-selection holding against an OpenBLAS worker thread that starts late,
+ * and a refused core named with who asked for it
+ * (tests/data/openblas_preload.c makes both faults certain). */
 #include "harness.h"
 #include "multigrad/multigrad.h"
 
@@ -140,8 +143,10 @@ static const char *expected_here(void)
     return core ? core : "Prescott";
 }
 
-/* mgrun --version under an environment; returns its output. */
-static char *version_with(const char *env)
+/* mgrun --version under an environment; returns its output. Not inlined:
+ * GCC 12's -Wdangling-pointer then mistakes a pointer into the output for
+ * one to its local variable. */
+static __attribute__((noinline)) char *version_with(const char *env)
 {
     char *out = NULL;
     int rc = mgt_sh(&out, "env -u OPENBLAS_CORETYPE -u MG_BLAS_CORE -u MG_BLAS_MISDETECT "
@@ -195,7 +200,8 @@ TEST(blas_explicit_core_is_respected)
 {
     bool slow = mg_cpu()->simd >= MG_SIMD_AVX;   /* Prescott is below this CPU */
     char *out = version_with("OPENBLAS_CORETYPE=Prescott");
-    CHECK_MSG(has(out, "Prescott kernels") && has(out, "set by OPENBLAS_CORETYPE"), "%s", out);
+    CHECK_MSG(has(out, "Prescott kernels") &&
+              has(out, "set by OPENBLAS_CORETYPE=Prescott in the environment"), "%s", out);
     CHECK_MSG(!has(out, "re-selected"), "%s", out);
     /* Respected, but not silently: the slow kernels are named where the
      * kernels are reported, not warned about on every run. */
@@ -204,8 +210,23 @@ TEST(blas_explicit_core_is_respected)
     free(out);
 
     out = version_with("MG_BLAS_CORE=Prescott");
-    CHECK_MSG(has(out, "Prescott kernels") && has(out, "set by MG_BLAS_CORE"), "%s", out);
+    CHECK_MSG(has(out, "Prescott kernels") &&
+              has(out, "set by MG_BLAS_CORE=Prescott in the environment"), "%s", out);
+    if (slow) CHECK_MSG(has(out, "unset MG_BLAS_CORE to let multigrad choose"), "%s", out);
     free(out);
+
+    /* A core asked for and not had is a warning naming who asked, and
+     * OpenBLAS's own core stays: 0.3.21 has no SapphireRapids core. */
+    if (!strcmp(mg_kernels()->blas, "OpenBLAS 0.3.21")) {
+        out = version_with("MG_BLAS_CORE=SapphireRapids");
+        CHECK_MSG(has(out, "warning: GEMM runs on OpenBLAS's") &&
+                  has(out, "cannot re-select SapphireRapids (MG_BLAS_CORE=SapphireRapids in the "
+                           "environment): OpenBLAS refused it"), "%s", out);
+        char want[64];
+        snprintf(want, sizeof want, "%s kernels", mg_kernels()->detected);
+        CHECK_MSG(has(out, want), "expected OpenBLAS's own '%s' in:\n%s", want, out);
+        free(out);
+    }
 
     /* keep: whatever OpenBLAS chose, even the misdetected core. */
     out = version_with("MG_BLAS_MISDETECT=Prescott MG_BLAS_CORE=keep");
@@ -219,5 +240,82 @@ TEST(blas_explicit_core_is_respected)
     const char *core = mg_blas_core_for(mg_cpu(), NULL);
     snprintf(want, sizeof want, "%s kernels", core ? core : "");
     CHECK_MSG(has(out, want), "expected '%s' in:\n%s", want, out);
+    free(out);
+}
+
+/* The preload library (tests/data/openblas_preload.c) built in this
+ * test's directory, and the environment that loads it into a child: the
+ * worker threads on (OPENBLAS_NUM_THREADS unset), past ASan's check that
+ * its runtime comes first. */
+static const char *preload_env(char *env, size_t cap)
+{
+    char so[512], *cc_out = NULL;
+    snprintf(so, sizeof so, "%s/openblas_preload.so", mgt_tmpdir());
+    if (mgt_sh(&cc_out, "${CC:-cc} -shared -fPIC -O1 -o %s %s -ldl -pthread", so,
+               mgt_data("openblas_preload.c")) != 0)
+        mgt_skip("cannot build the preload library: %s", cc_out);
+    free(cc_out);
+    snprintf(env, cap, "-u OPENBLAS_NUM_THREADS LD_PRELOAD=%s "
+             "ASAN_OPTIONS=\"$ASAN_OPTIONS:verify_asan_link_order=0\"", so);
+    return env;
+}
+
+/* The preload library's line: workers that took their first buffer inside
+ * the switch, workers OpenBLAS started, and core selections they ran. */
+static bool shim_counts(const char *out, int *taken, int *workers, int *selected)
+{
+    const char *line = strstr(out, "late-worker shim: ");
+    return line && sscanf(line, "late-worker shim: %d of %d OpenBLAS worker(s) took their first "
+                                "buffer with the core switched off; %d selected",
+                          taken, workers, selected) == 3;
+}
+
+/* The pthread OpenBLAS starts worker threads when it loads; the first
+ * buffer one of them takes finishes OpenBLAS's memory set-up, which runs
+ * OpenBLAS's own core selection when no core is set. A worker that
+ * started late, while the core was switched off to be re-selected, chose
+ * OpenBLAS's core and the re-selection kept it: one start in about 200
+ * (issue 30). Here every worker takes its first buffer inside the switch. */
+TEST(blas_reselection_holds_against_a_late_openblas_worker)
+{
+    /* A core OpenBLAS did not choose itself: it is re-selected. */
+    const char *target = strcmp(mg_kernels()->detected, "Prescott") ? "Prescott" : "Sandybridge";
+    char env[1024], pre[768];
+    snprintf(env, sizeof env, "%s MG_BLAS_CORE=%s", preload_env(pre, sizeof pre), target);
+    char *out = version_with(env);
+    int taken = -1, workers = -1, selected = -1;
+    CHECK_MSG(shim_counts(out, &taken, &workers, &selected), "%s", out);
+    if (workers == 0) {
+        free(out);
+        mgt_skip("OpenBLAS started no worker threads here (one CPU)");
+    }
+    CHECK_MSG(taken == workers, "the workers did not start inside the switch:\n%s", out);
+    CHECK_MSG(selected == 0, "an OpenBLAS worker selected a core during the re-selection:\n%s", out);
+    char want[96];
+    snprintf(want, sizeof want, "%s kernels (", target);
+    CHECK_MSG(has(out, want) && has(out, "re-selected from") && !has(out, "warning"), "%s", out);
+    free(out);
+}
+
+/* The issue's case: multigrad's own choice refused, neither variable set.
+ * The warning says so, and what would get the core, not "unset
+ * OPENBLAS_CORETYPE / MG_BLAS_CORE". */
+TEST(blas_refused_core_is_a_warning_naming_who_asked)
+{
+    const char *target = mg_blas_core_for(mg_cpu(), NULL);
+    if (!target) mgt_skip("multigrad keeps OpenBLAS's choice on this CPU: nothing to refuse");
+    char env[1024], pre[768];
+    snprintf(env, sizeof env, "%s MGT_OPENBLAS_REFUSE=%s MG_BLAS_MISDETECT=Prescott",
+             preload_env(pre, sizeof pre), target);
+    char *out = version_with(env);
+    char want[400];
+    snprintf(want, sizeof want, "warning: GEMM runs on OpenBLAS's Prescott kernels (SSE) on a CPU "
+             "with %s (%s): cannot re-select %s (multigrad's choice for this CPU, no core set by "
+             "OPENBLAS_CORETYPE or MG_BLAS_CORE): OpenBLAS refused it; OPENBLAS_CORETYPE=%s set "
+             "before the program starts makes OpenBLAS load it", mg_simd_name(mg_cpu()->simd),
+             mg_cpu()->model, target, target);
+    CHECK_MSG(has(out, want), "expected '%s' in:\n%s", want, out);
+    CHECK_MSG(has(out, "gemm: ") && has(out, "Prescott kernels (SSE): cannot re-select"), "%s", out);
+    CHECK_MSG(!has(out, "unset"), "%s", out);
     free(out);
 }

@@ -1,7 +1,8 @@
 /* Tests of the mgrun launcher, with sh -c one-liners as workers: the
- * environment each worker gets, stopping the job when one worker exits
- * non-zero or is killed (and naming it), forwarding SIGTERM/SIGINT,
- * --tag-output, --max-restarts, and one-line errors for bad input.
+ * environment each worker gets (on one node and on two), stopping the job
+ * when one worker exits non-zero or is killed (and naming it), forwarding
+ * SIGTERM/SIGINT, --tag-output, --max-restarts, and one-line errors for
+ * bad input; and a PyTorch program as workers, when PyTorch is installed.
  * Needs build/bin/mgrun (make -j2 all) or MG_BIN. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,8 +22,8 @@ typedef struct {
 } result;
 
 /* Starts mgrun with args (NULL-terminated), its stdout and stderr going
- * to files in the test's directory. */
-static pid_t start(const char *const *args)
+ * to the files NAME.out and NAME.err in the test's directory. */
+static pid_t start_named(const char *name, const char *const *args)
 {
     static char tool[512];
     snprintf(tool, sizeof tool, "%s", mgt_tool("mgrun"));
@@ -32,8 +33,8 @@ static pid_t start(const char *const *args)
     while (args[n - 1]) { MG_ASSERT(n < 63); argv[n] = args[n - 1]; n++; }
     argv[n] = NULL;
     char out[600], err[600];
-    snprintf(out, sizeof out, "%s/mgrun.out", mgt_tmpdir());
-    snprintf(err, sizeof err, "%s/mgrun.err", mgt_tmpdir());
+    snprintf(out, sizeof out, "%s/%s.out", mgt_tmpdir(), name);
+    snprintf(err, sizeof err, "%s/%s.err", mgt_tmpdir(), name);
     fflush(stdout);
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -49,7 +50,9 @@ static pid_t start(const char *const *args)
     return pid;
 }
 
-static void finish(pid_t pid, double t0, double timeout, result *r)
+static pid_t start(const char *const *args) { return start_named("mgrun", args); }
+
+static void finish_named(const char *name, pid_t pid, double t0, double timeout, result *r)
 {
     int st;
     while (waitpid(pid, &st, WNOHANG) == 0) {
@@ -63,10 +66,15 @@ static void finish(pid_t pid, double t0, double timeout, result *r)
     r->status = st;
     r->secs = mg_now() - t0;
     char path[600];
-    snprintf(path, sizeof path, "%s/mgrun.out", mgt_tmpdir());
+    snprintf(path, sizeof path, "%s/%s.out", mgt_tmpdir(), name);
     mgt_read_into(path, r->out, sizeof r->out);
-    snprintf(path, sizeof path, "%s/mgrun.err", mgt_tmpdir());
+    snprintf(path, sizeof path, "%s/%s.err", mgt_tmpdir(), name);
     mgt_read_into(path, r->err, sizeof r->err);
+}
+
+static void finish(pid_t pid, double t0, double timeout, result *r)
+{
+    finish_named("mgrun", pid, t0, timeout, r);
 }
 
 static void run(const char *const *args, result *r)
@@ -109,23 +117,24 @@ TEST_T(mgrun_worker_env, 30)
     unsetenv("OMP_NUM_THREADS");
     const char *script =
         "read x && exit 9; "   /* stdin is /dev/null */
-        "printf '%s %s %s %s %s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
+        "printf '%s %s %s %s %s %s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
         "\"$LOCAL_RANK\" \"$LOCAL_WORLD_SIZE\" \"$GROUP_RANK\" \"$NODE_RANK\" "
         "\"$MG_RESTART_COUNT\" \"$MASTER_ADDR\" \"$MASTER_PORT\" \"$MG_JOB_SECRET\" "
-        "\"$OMP_NUM_THREADS\" > \"$1/env.$RANK\"";
+        "\"$OMP_NUM_THREADS\" \"$MG_STORE_PORT\" > \"$1/env.$RANK\"";
     char secret0[2][128] = {{0}};
     for (int run_i = 0; run_i < 2; run_i++) {
         const char *args[] = {"-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
         run(args, &R);
         CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
-        int port0 = -1;
+        int port0 = -1, store0 = -1;
         for (int r = 0; r < 3; r++) {
             char path[600], buf[512], addr[64], secret[128];
             snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), r);
             mgt_read_into(path, buf, sizeof buf);
-            int rank, world, local, lworld, group, node, restart, port, omp;
-            CHECK_EQ(sscanf(buf, "%d %d %d %d %d %d %d %63s %d %127s %d", &rank, &world, &local,
-                            &lworld, &group, &node, &restart, addr, &port, secret, &omp), 11);
+            int rank, world, local, lworld, group, node, restart, port, omp, store;
+            CHECK_EQ(sscanf(buf, "%d %d %d %d %d %d %d %63s %d %127s %d %d", &rank, &world,
+                            &local, &lworld, &group, &node, &restart, addr, &port, secret, &omp,
+                            &store), 12);
             CHECK_EQ(rank, r);
             CHECK_EQ(world, 3);
             CHECK_EQ(local, r);
@@ -136,8 +145,12 @@ TEST_T(mgrun_worker_env, 30)
             CHECK_EQ(omp, 1);
             CHECK(strcmp(addr, "127.0.0.1") == 0);
             CHECK(port > 0 && port < 65536);
-            if (r == 0) port0 = port;
+            /* mgrun's store has a port of its own: MASTER_PORT is free for
+             * a program's own rendezvous (issue 30 item 10). */
+            CHECK(store > 0 && store < 65536 && store != port);
+            if (r == 0) port0 = port, store0 = store;
             CHECK_EQ(port, port0);
+            CHECK_EQ(store, store0);
             /* 32 random bytes in hex, the same for every rank. */
             CHECK_EQ(strlen(secret), 64);
             CHECK(strspn(secret, "0123456789abcdef") == 64);
@@ -149,24 +162,123 @@ TEST_T(mgrun_worker_env, 30)
     CHECK(strcmp(secret0[0], secret0[1]) != 0);
 }
 
+/* Starts two mgrun --nnodes 2 on this host as on two (node ranks 0 and
+ * 1, 127.0.0.1:port; node 1 first, as it may come up before node 0),
+ * each with the given arguments before PROGRAM, and waits for both:
+ * node k's output in r[k]. */
+static void run_two_nodes(const char *const *args, int port, result *r[2])
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid_t pid[2];
+    double t0 = mg_now();
+    for (int node = 1; node >= 0; node--) {
+        const char *argv[64] = {"--nnodes", "2", "--node-rank", node ? "1" : "0",
+                                "--master-addr", "127.0.0.1", "--master-port", ps};
+        int n = 8;
+        for (int i = 0; args[i]; i++) { MG_ASSERT(n < 63); argv[n++] = args[i]; }
+        argv[n] = NULL;
+        pid[node] = start_named(node ? "node1" : "node0", argv);
+    }
+    for (int node = 0; node < 2; node++)
+        finish_named(node ? "node1" : "node0", pid[node], t0, 60, r[node]);
+}
+
+static result R1;
+
+/* Every node hands its workers the same MASTER_PORT, chosen by node 0 and
+ * read from its store by the others, and MG_STORE_PORT, the store's. */
 TEST_T(mgrun_multinode_env, 30)
 {
     setenv("MG_JOB_SECRET", "0123456789abcdef-shared", 1);
-    const char *script = "printf '%s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
-                         "\"$LOCAL_RANK\" \"$GROUP_RANK\" \"$MASTER_ADDR\" \"$MASTER_PORT\" "
-                         "\"$MG_JOB_SECRET\" > \"$1/env.$RANK\"";
-    const char *args[] = {"--nnodes", "2", "--node-rank", "1", "-n", "2",
-                          "--master-addr", "10.1.2.3", "--master_port", "29511",
-                          "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
-    run(args, &R);
-    CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
-    for (int local = 0; local < 2; local++) {
+    const char *script = "printf '%s %s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
+                         "\"$LOCAL_RANK\" \"$GROUP_RANK\" \"$MASTER_ADDR\" \"$MG_STORE_PORT\" "
+                         "\"$MG_JOB_SECRET\" \"$MASTER_PORT\" > \"$1/env.$RANK\"; "
+                         /* as ranks would, wait for the others (node 0 ends its
+                          * store when its workers are done) */
+                         "while [ $(ls \"$1\" | grep -c '^env') -lt 4 ]; do sleep 0.01; done";
+    const char *args[] = {"-n", "2", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
+    int port = mgt_free_port(), worker_port = -1;
+    result *r[2] = {&R, &R1};
+    run_two_nodes(args, port, r);
+    for (int node = 0; node < 2; node++)
+        CHECK_MSG(EXITED(r[node], 0), "node %d: status %d: %s", node, r[node]->status,
+                  r[node]->err);
+    for (int rank = 0; rank < 4; rank++) {
         char path[600], buf[512], expect[256];
-        snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), 2 + local);
+        snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), rank);
         mgt_read_into(path, buf, sizeof buf);
-        snprintf(expect, sizeof expect, "%d 4 %d 1 10.1.2.3 29511 0123456789abcdef-shared\n",
-                 2 + local, local);
+        char *last = strrchr(buf, ' ');
+        CHECK_MSG(last, "rank %d wrote '%s'", rank, buf);
+        int wp = atoi(last + 1);
+        if (rank == 0) worker_port = wp;
+        CHECK_MSG(wp == worker_port && wp > 0 && wp != port, "rank %d: MASTER_PORT %d (rank 0's "
+                  "%d, the store's %d)", rank, wp, worker_port, port);
+        snprintf(expect, sizeof expect, "%d 4 %d %d 127.0.0.1 %d 0123456789abcdef-shared %d\n",
+                 rank, rank % 2, rank / 2, port, wp);
         CHECK_MSG(strcmp(buf, expect) == 0, "got '%s', expected '%s'", buf, expect);
+    }
+
+    /* Without node 0 another node cannot learn MASTER_PORT: one line. */
+    setenv("MG_TIMEOUT", "1", 1);
+    const char *alone[] = {"--nnodes", "2", "--node-rank", "1", "--master-port", "1", "sh",
+                           "-c", "exit 0", NULL};
+    run(alone, &R);
+    CHECK_MSG(EXITED(&R, 1) && count_lines(R.err) == 1 &&
+              strstr(R.err, "mgrun: node 1 cannot read the workers' MASTER_PORT from node 0's "
+                     "rendezvous store at 127.0.0.1:1") &&
+              strstr(R.err, "is mgrun --node-rank 0 running there"), "status %d: '%s'",
+              R.status, R.err);
+}
+
+/* A PyTorch program under mgrun (issue 30 item 10): its rank 0 serves
+ * PyTorch's store at MASTER_PORT, which must be free (mgrun's store is on
+ * a port of its own), on one node and on two. */
+TEST_T(mgrun_launches_pytorch, 180)
+{
+    const char *py = "/usr/bin/python3";
+    if (mgt_sh(NULL, "%s -c 'import torch.distributed' 2>/dev/null", py) != 0)
+        mgt_skip("%s cannot import torch (apt-get install python3-torch)", py);
+    char script[600];
+    snprintf(script, sizeof script, "%s/train.py", mgt_tmpdir());
+    FILE *f = fopen(script, "w");
+    CHECK(f);
+    fputs("import os, sys, torch, torch.distributed as dist\n"
+          "dist.init_process_group('gloo')\n"
+          "r, n = dist.get_rank(), dist.get_world_size()\n"
+          "t = torch.tensor([float(r + 1)])\n"
+          "dist.all_reduce(t)\n"
+          "assert t.item() == n * (n + 1) / 2, t.item()\n"
+          "dist.barrier()\n"
+          "dist.destroy_process_group()\n"
+          "open(os.path.join(sys.argv[1], 'torch.%d' % r), 'w').write(\n"
+          "    '%d %d %g %s\\n' % (r, n, t.item(), os.environ['MASTER_PORT']))\n", f);
+    fclose(f);
+    setenv("MG_JOB_SECRET", "0123456789abcdef-torch", 1);
+    const char *args[] = {"-n", "2", py, script, mgt_tmpdir(), NULL};
+    for (int nodes = 1; nodes <= 2; nodes++) {
+        result *r[2] = {&R, &R1};
+        double t0 = mg_now();
+        if (nodes == 1) finish(start(args), t0, 60, &R);
+        else run_two_nodes(args + 2, mgt_free_port(), r);   /* one worker each */
+        for (int node = 0; node < nodes; node++)
+            CHECK_MSG(EXITED(r[node], 0), "%d node(s): node %d: status %d: %s", nodes, node,
+                      r[node]->status, r[node]->err);
+        int port0 = -1;
+        for (int rank = 0; rank < 2; rank++) {
+            char path[600], buf[64];
+            snprintf(path, sizeof path, "%s/torch.%d", mgt_tmpdir(), rank);
+            mgt_read_into(path, buf, sizeof buf);
+            int rr, port;
+            double sum;
+            CHECK_MSG(sscanf(buf, "%d 2 %lg %d", &rr, &sum, &port) == 3 && rr == rank &&
+                      sum == 3, "%d node(s): rank %d wrote '%s'", nodes, rank, buf);
+            if (rank == 0) port0 = port;
+            CHECK_EQ(port, port0);
+            unlink(path);
+        }
+        printf("%d node(s): PyTorch's all_reduce on 2 ranks gave 3 (MASTER_PORT %d), %.1f s\n",
+               nodes, port0, mg_now() - t0);
     }
 }
 

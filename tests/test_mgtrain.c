@@ -393,11 +393,19 @@ TEST(mgtrain_device_refusals_one_line)
         CHECK_MSG(rc == 2 && strstr(out, cases[i].says), "%s: rc %d: %s", cases[i].args, rc, out);
         free(out);
     }
+    /* Offload to files, in one process too (issue 30 item 7: it was
+     * accepted there), before any work. */
     char *out, run[512];
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *says = "--offload disk:DIR keeps the optimizer's state in files for a model on "
+                       "the CPU; with --device emu give --offload cpu";
     int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --steps 2 --device emu --parallel ddp "
                     "--zero 2 --offload disk:%s", run, mgt_tool("mgtrain"), mgt_tmpdir());
-    CHECK_MSG(rc != 0 && strstr(out, "not built for a model on a device"), "rc %d: %s", rc, out);
+    CHECK_MSG(rc != 0 && strstr(out, says), "rc %d: %s", rc, out);
+    free(out);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 2 --device emu --offload disk:%s", bin,
+                mgt_tmpdir());
+    CHECK_MSG(rc == 2 && strstr(out, says) && !strstr(out, "step"), "rc %d: %s", rc, out);
     free(out);
 }
 
@@ -768,4 +776,115 @@ TEST_T(mgtrain_gpt_bad_input_one_line, 120)
     char *s = mgt_slurp(save, NULL);
     CHECK(strcmp(s, "precious") == 0);
     free(s);
+}
+
+/* Issue 30 item 3: a checkpoint moves between plans of the same global
+ * batch (batch x accumulate; a pipeline's --batch split into its
+ * micro-batches): one process's --batch 24 resumes as a pipeline of 2
+ * stages with no --batch change (it was refused: "saved with batch=24
+ * but this run has batch=12"); another global batch is refused, named. */
+TEST_T(mgtrain_pipeline_resumes_a_checkpoint_of_the_same_global_batch, 180)
+{
+    const char *t = mgt_tmpdir();
+    char *out, ck[512], run[512], bin[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ck, sizeof ck, "%s/single.st", t);
+    const char *gpt = "--model gpt-mini --layers 2 --dim 32 --heads 2 --ctx 32 --eval-windows 4";
+    int rc = mgt_sh(&out, "%s %s --batch 24 --steps 2 --eval-every 2 --save %s", bin, gpt, ck);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s %s --batch 24 --mesh pp=2 --steps 4 --eval-every 2 "
+                "--resume %s", run, bin, gpt, ck);
+    CHECK_MSG(rc == 0 && strstr(out, "step     4/4"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s %s --batch 12 --accumulate 2 --steps 4 --eval-every 2 --resume %s",
+                bin, gpt, ck);
+    CHECK_MSG(rc == 0 && strstr(out, "step     4/4"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s %s --batch 12 --mesh pp=2 --steps 4 --resume %s", run, bin,
+                gpt, ck);
+    CHECK_MSG(rc != 0 && strstr(out, "saved with a global batch of 24 (--batch x --accumulate) "
+                                     "but this run's is 12"), "%s", out);
+    free(out);
+}
+
+/* Issue 30 items 7 and 8: --init of a larger model's weights is refused
+ * naming what would be left out, and --init-partial takes the rest
+ * saying so; --eval-windows and --no-eval-on-start bound evaluation (the
+ * 85M shape spent 4 minutes on each of 512 windows' evaluations). */
+TEST_T(mgtrain_init_partial_and_evaluation_flags, 180)
+{
+    const char *t = mgt_tmpdir();
+    char *out, ck[512], bin[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(ck, sizeof ck, "%s/four.st", t);
+    const char *gpt = "--model gpt-mini --dim 32 --heads 2 --ctx 32 --batch 8";
+    int rc = mgt_sh(&out, "%s %s --layers 4 --steps 2 --eval-every 2 --eval-windows 4 "
+                    "--no-eval-on-start --save %s", bin, gpt, ck);
+    CHECK_MSG(rc == 0 && !strstr(out, "step     0/2") && strstr(out, "step     2/2"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s %s --layers 2 --init %s --eval-only", bin, gpt, ck);
+    CHECK_MSG(rc == 2 && strstr(out, "h.2.") && strstr(out, "give --init-partial"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s %s --layers 2 --init %s --init-partial --eval-only --eval-windows 3",
+                bin, gpt, ck);
+    CHECK_MSG(rc == 0 && strstr(out, "left out 24 tensor(s)") &&
+              strstr(out, "(3 windows of 32 bytes)"), "%s", out);
+    free(out);
+    /* Flags of language models only, and --init-partial without --init. */
+    rc = mgt_sh(&out, "%s --model mlp --eval-windows 3", bin);
+    CHECK_MSG(rc == 2 && strstr(out, "--eval-windows"), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s %s --init-partial", bin, gpt);
+    CHECK_MSG(rc == 2 && strstr(out, "--init-partial shapes --init"), "%s", out);
+    free(out);
+}
+
+/* Issue 30 item 1 on one host: with MG_CKPT_RELAY=always every rank's
+ * part goes through rank 0 (saving: its bytes to rank 0, which writes
+ * them; resuming: its part from rank 0), and the files are byte for byte
+ * those every rank writes and reads directly: ZeRO-3 with its offloaded
+ * optimizer state streamed from files on 3 ranks, ZeRO-1 on 2, and a
+ * pipeline with replicas (pp=2 x dp=2). (Across hosts that see no shared
+ * filesystem: test_netns.c.) */
+TEST_T(mgtrain_checkpoints_through_rank_0_are_byte_for_byte, 180)
+{
+    const char *t = mgt_tmpdir();
+    char run[512], bin[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *gpt = "--model gpt-mini --layers 2 --dim 32 --heads 2 --ctx 32 --batch 12 "
+                      "--eval-every 2 --eval-windows 4 --no-eval-on-start --verbose";
+    char off[600];
+    snprintf(off, sizeof off, "--parallel ddp --zero 3 --offload disk:%s", t);
+    const struct { const char *flags; int n; } jobs[] = {
+        {off, 3}, {"--parallel ddp --zero 1", 2}, {"--mesh pp=2,dp=2", 4}};
+    for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+        char *out, a[600], b[600], a4[600], b4[600];
+        snprintf(a, sizeof a, "%s/direct.st", t);
+        snprintf(b, sizeof b, "%s/relayed.st", t);
+        snprintf(a4, sizeof a4, "%s/direct4.st", t);
+        snprintf(b4, sizeof b4, "%s/relayed4.st", t);
+        for (int relay = 0; relay < 2; relay++) {
+            int rc = mgt_sh(&out, "%s %s -n %d %s %s %s --steps 2 --save %s", relay ?
+                            "MG_CKPT_RELAY=always" : "", run, jobs[k].n, bin, gpt,
+                            jobs[k].flags, relay ? b : a);
+            CHECK_MSG(rc == 0 && (!relay || strstr(out, "through rank 0 (MG_CKPT_RELAY=always)")),
+                      "%s: %s", jobs[k].flags, out);
+            free(out);
+            rc = mgt_sh(&out, "%s %s -n %d %s %s %s --steps 4 --resume %s --save %s", relay ?
+                        "MG_CKPT_RELAY=always" : "", run, jobs[k].n, bin, gpt, jobs[k].flags,
+                        relay ? b : a, relay ? b4 : a4);
+            CHECK_MSG(rc == 0 && strstr(out, relay ? "rank 0 reads directly; rank"
+                                                   : "read directly"),
+                      "%s: %s", jobs[k].flags, out);
+            free(out);
+        }
+        CHECK_MSG(mgt_sh(&out, "cmp %s %s && cmp %s %s", a, b, a4, b4) == 0, "%s: %s",
+                  jobs[k].flags, out);
+        free(out);
+        printf("%s on %d ranks: through rank 0 byte for byte as directly\n", jobs[k].flags,
+               jobs[k].n);
+    }
 }

@@ -7,7 +7,10 @@
  * removed by a watcher process even when the test fails or is killed. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
@@ -107,17 +110,21 @@ typedef struct {
 } node;
 
 /* mgrun node `rank` of 2 in host `rank`'s namespace: nproc workers of
- * PROG ARGS (a string for sh). */
-static void start_node(const hosts *h, node *n, int rank, int nproc, int port, const char *prog)
+ * PROG ARGS (a string for sh), after the shell commands `pre` (may be
+ * NULL; no single quotes) in the namespace, which has a mount namespace
+ * of its own (ip netns exec). */
+static void start_node_after(const hosts *h, node *n, int rank, int nproc, int port,
+                             const char *prog, const char *pre)
 {
-    char mgrun[512];
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
-    CHECK_MSG(access(mgrun, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", mgrun);
+    char mgrun[PATH_MAX];
+    CHECK_MSG(realpath(mgt_tool("mgrun"), mgrun) && access(mgrun, X_OK) == 0,
+              "%s not built: run make -j2 all (or set MG_BIN)", mgt_tool("mgrun"));
     snprintf(n->out, sizeof n->out, "%s/node%d.out", mgt_tmpdir(), rank);
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec ip netns exec %s env MG_JOB_SECRET=%s %s --nnodes 2 "
-             "--node-rank %d -n %d --master-addr " ADDR_A " --master-port %d %s >%s 2>&1",
-             h->ns[rank], SECRET, mgrun, rank, nproc, port, prog, n->out);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "exec ip netns exec %s sh -c '%s%sexec env MG_JOB_SECRET=%s %s "
+             "--nnodes 2 --node-rank %d -n %d --master-addr " ADDR_A " --master-port %d %s' "
+             ">%s 2>&1", h->ns[rank], pre ? pre : "", pre ? " && " : "", SECRET, mgrun, rank,
+             nproc, port, prog, n->out);
     fflush(stdout);
     n->pid = fork();
     CHECK(n->pid >= 0);
@@ -126,6 +133,11 @@ static void start_node(const hosts *h, node *n, int rank, int nproc, int port, c
         _exit(127);
     }
     n->status = -1;
+}
+
+static void start_node(const hosts *h, node *n, int rank, int nproc, int port, const char *prog)
+{
+    start_node_after(h, n, rank, nproc, port, prog, NULL);
 }
 
 static bool running(node *n)
@@ -270,5 +282,96 @@ TEST_T(netns_link_down_3s_is_survived, 120)
     char *o = both_ok(n);
     CHECK_MSG(strstr(o, "epoch  2/2"), "%s", o);
     free(o);
+    hosts_down(&h);
+}
+
+/* Issue 30 item 1: a job across nodes saves and resumes when only node
+ * 0 reaches the checkpoint's path. Node 1 has a filesystem of its own
+ * over node 0's working directory (a tmpfs mounted there in its mount
+ * namespace) and a working directory of its own, and both are given the
+ * same relative --save: its rank sends its slices to rank 0, which writes
+ * them, and on resume gets its part from it. The files are byte for byte
+ * those of the same job on a shared filesystem, where every rank writes
+ * and reads directly, under DDP (rank 1 holds no part to write), ZeRO-3
+ * (a shard each) and a pipeline (a stage each). */
+typedef struct {
+    const char *name, *flags;
+    const char *saving, *resuming;   /* node 0's --verbose lines when apart */
+} ckpt_job;
+
+#define GPT_TINY "--model gpt-mini --layers 2 --dim 32 --heads 2 --ctx 32 --batch 8 " \
+                 "--eval-every 2 --eval-windows 4 --no-eval-on-start"
+
+/* The job on both nodes, from dir0 (node 1: from dir1 over a filesystem
+ * of its own when apart), --steps `steps`; node 0's output. */
+static char *run_ckpt_job(const hosts *h, const ckpt_job *j, int port, bool apart,
+                          const char *dir0, const char *dir1, int steps, const char *save,
+                          const char *resume)
+{
+    char prog[6000], pre0[1200], pre1[1200], mgtrain[PATH_MAX];
+    CHECK(realpath(mgt_tool("mgtrain"), mgtrain));   /* the nodes run in other directories */
+    snprintf(prog, sizeof prog, "%s %s --steps %d --verbose --save %s%s%s", mgtrain, j->flags,
+             steps, save, resume ? " --resume " : "", resume ? resume : "");
+    snprintf(pre0, sizeof pre0, "cd %s", dir0);
+    if (apart) snprintf(pre1, sizeof pre1, "mount -t tmpfs mgtest %s && cd %s", dir0, dir1);
+    else snprintf(pre1, sizeof pre1, "cd %s", dir0);
+    node n[2];
+    start_node_after(h, &n[0], 0, 1, port, prog, pre0);
+    start_node_after(h, &n[1], 1, 1, port, prog, pre1);
+    wait_nodes(n, 90);
+    return both_ok(n);
+}
+
+static void files_equal(const char *dir, const char *a, const char *b, const char *what)
+{
+    char *out;
+    CHECK_MSG(mgt_sh(&out, "cmp %s/%s %s/%s && ls -a %s", dir, a, dir, b, dir) == 0 &&
+              !strstr(out, ".tmp."), "%s: %s", what, out);
+    free(out);
+}
+
+TEST_T(netns_checkpoints_without_a_shared_filesystem, 300)
+{
+    hosts h;
+    hosts_up(&h);
+    static const ckpt_job jobs[] = {
+        {"ddp", GPT_TINY " --parallel ddp",
+         "rank 0 writes directly; rank 1 holds no part",
+         "rank 0 reads directly; rank 1 reads through rank 0 (they do not see its file)"},
+        {"zero3", GPT_TINY " --parallel ddp --zero 3",
+         "rank 0 writes directly; rank 1 writes through rank 0 (they do not see its file)",
+         "rank 0 reads directly; rank 1 reads through rank 0 (they do not see its file)"},
+        {"pp2", GPT_TINY " --mesh pp=2",
+         "rank 0 writes directly; rank 1 writes through rank 0 (they do not see its file)",
+         "rank 0 reads directly; rank 1 reads through rank 0 (they do not see its file)"},
+    };
+    char dir0[600], dir1[600];
+    snprintf(dir0, sizeof dir0, "%s/node0", mgt_tmpdir());
+    snprintf(dir1, sizeof dir1, "%s/node1", mgt_tmpdir());
+    CHECK(mkdir(dir0, 0755) == 0 && mkdir(dir1, 0755) == 0);
+    int port = 29510;
+    for (size_t k = 0; k < sizeof jobs / sizeof jobs[0]; k++) {
+        const ckpt_job *j = &jobs[k];
+        /* 4 steps saved, then 4 more from it: apart, and on a shared
+         * filesystem. */
+        char *o = run_ckpt_job(&h, j, port++, true, dir0, dir1, 4, "a.st", NULL);
+        CHECK_MSG(strstr(o, j->saving), "%s saving apart: %s", j->name, o);
+        free(o);
+        o = run_ckpt_job(&h, j, port++, false, dir0, dir1, 4, "b.st", NULL);
+        CHECK_MSG(!strstr(o, "through rank 0"), "%s saving on one filesystem: %s", j->name, o);
+        free(o);
+        files_equal(dir0, "a.st", "b.st", j->name);
+        o = run_ckpt_job(&h, j, port++, true, dir0, dir1, 8, "a8.st", "a.st");
+        CHECK_MSG(strstr(o, j->resuming) && strstr(o, "step     8/8"), "%s resuming apart: %s",
+                  j->name, o);
+        free(o);
+        o = run_ckpt_job(&h, j, port++, false, dir0, dir1, 8, "b8.st", "b.st");
+        CHECK_MSG(strstr(o, "ranks 0-1 read directly"), "%s resuming on one filesystem: %s",
+                  j->name, o);
+        free(o);
+        files_equal(dir0, "a8.st", "b8.st", j->name);
+        printf("%s: saved and resumed through rank 0, byte for byte as on a shared "
+               "filesystem\n", j->name);
+    }
     hosts_down(&h);
 }

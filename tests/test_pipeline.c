@@ -456,7 +456,7 @@ typedef struct {
 static void eval_and_sample(mg_strategy *s, const eq_source *src, float *val, int32_t *gen)
 {
     double v;
-    CHECK_OK(mg_strategy_lm_val_loss(s, src->text, 3, 0, 1, &v));
+    CHECK_OK(mg_strategy_lm_val_loss(s, src->text, 3, 0, 1, 0, &v));
     *val = (float)v;
     const int32_t prompt[3] = {'T', 'h', 'e'};
     CHECK_OK(mg_strategy_generate(s, prompt, 3, 24, 0.8f, 20, 5, gen));

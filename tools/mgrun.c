@@ -2,19 +2,21 @@
  *   mgrun [options] PROGRAM [ARGS...]
  * starts nproc-per-node workers on this node, each with the environment a
  * process group is initialised from (RANK, WORLD_SIZE, LOCAL_RANK, ...,
- * MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET), watches them, and when one
- * fails stops the others (SIGTERM to each worker's process group, SIGKILL
- * after MG_GRACE seconds) and reports who failed and how. With
- * --max-restarts N the whole local job is started again up to N times.
- * Unless they outnumber its CPUs, it binds each worker to an equal share
- * of them (--bind), as Open MPI does. The workers' shared-memory segments
- * carry a tag of the job's (MG_SHM_TAG); once they have exited, for
- * whatever reason, mgrun removes any their ranks left (and a janitor
- * child does, should mgrun itself be killed outright).
+ * MASTER_ADDR, MASTER_PORT, MG_STORE_PORT, MG_JOB_SECRET), watches them,
+ * and when one fails stops the others (SIGTERM to each worker's process
+ * group, SIGKILL after MG_GRACE seconds) and reports who failed and how.
+ * With --max-restarts N the whole local job is started again up to N
+ * times. Unless they outnumber its CPUs, it binds each worker to an equal
+ * share of them (--bind), as Open MPI does. The workers' shared-memory
+ * segments carry a tag of this mgrun's (MG_SHM_TAG); once they have
+ * exited, for whatever reason, mgrun removes any their ranks left (and a
+ * janitor child does, should mgrun itself be killed outright). Node 0's
+ * mgrun serves the job's rendezvous store and chooses the workers'
+ * MASTER_PORT, which the other nodes read from it (mgrun_rdzv.h).
  *
- * Limits: it is not an elastic agent. It serves no store (rank 0 does),
- * and on a multi-node job each node restarts only its own workers — the
- * other nodes restart theirs when their workers fail on losing a peer.
+ * Limits: it is not an elastic agent: on a multi-node job each node
+ * restarts only its own workers — the other nodes restart theirs when
+ * their workers fail on losing a peer.
  * One thread: signals arrive through a self-pipe and everything (worker
  * exits, forwarded output, grace deadlines) is handled in one poll loop. */
 #define _GNU_SOURCE
@@ -22,7 +24,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sched.h>
@@ -34,13 +35,13 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "multigrad/comm.h"
 #include "multigrad/core.h"
 #include "multigrad/tensor.h"
+#include "mgrun_rdzv.h"
 
 #define BAD_INPUT 2
 enum { BIND_AUTO, BIND_NONE, BIND_CORE };
@@ -48,7 +49,8 @@ enum { BIND_AUTO, BIND_NONE, BIND_CORE };
 
 typedef struct {
     int nproc, nnodes, node_rank, max_restarts;
-    int master_port;            /* 0: a free port, chosen once by the store */
+    int master_port;            /* the store's; 0: a free port, chosen once by the store */
+    int worker_port;            /* the workers' MASTER_PORT (mgrun_rdzv.h) */
     const char *master_addr;
     bool tag_output;
     int bind;                   /* BIND_NONE or BIND_CORE, after auto is decided */
@@ -115,9 +117,10 @@ static void usage(FILE *f)
 "  -n, --nproc-per-node N  workers on this node (default 1; 'auto': one per CPU)\n"
 "      --nnodes N          nodes in the job (default 1)\n"
 "      --node-rank R       this node's index, 0..nnodes-1 (default 0)\n"
-"      --master-addr HOST  address of rank 0's store (default 127.0.0.1)\n"
-"      --master-port PORT  its port (default on one node: a free port;\n"
-"                          required with --nnodes > 1)\n"
+"      --master-addr HOST  address of node 0, where mgrun serves the job's\n"
+"                          rendezvous store (default 127.0.0.1)\n"
+"      --master-port PORT  the store's port (default on one node: a free\n"
+"                          port; required with --nnodes > 1)\n"
 "      --max-restarts N    restart the whole job up to N times after a\n"
 "                          failure (default 0)\n"
 "      --tag-output        prefix each output line with \"[rank]: \"\n"
@@ -132,12 +135,15 @@ static void usage(FILE *f)
 "\n"
 "Each worker gets RANK (node_rank * nproc + local rank), WORLD_SIZE,\n"
 "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and NODE_RANK (the node rank),\n"
-"GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MG_JOB_SECRET,\n"
-"MG_RESTART_COUNT (0, then 1 after the first restart, ...) and MG_SHM_TAG\n"
-"(in the names of their shared memory, which mgrun removes once they have\n"
-"exited, however they ended); with more than\n"
-"one worker, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are set to 1 unless\n"
-"already set; bound workers get MG_LOCAL_CPUS, the CPUs they share.\n"
+"GROUP_WORLD_SIZE, MASTER_ADDR (--master-addr), MG_STORE_PORT (the\n"
+"store's port: multigrad ranks meet there), MASTER_PORT (another port,\n"
+"free on node 0 and the same on every node, for a program that serves its\n"
+"own rendezvous there, as PyTorch's init_process_group does),\n"
+"MG_JOB_SECRET, MG_RESTART_COUNT (0, then 1 after the first restart, ...)\n"
+"and MG_SHM_TAG (in the names of their shared memory, which mgrun removes\n"
+"once they have exited, however they ended); with more than one worker,\n"
+"OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are set to 1 unless already\n"
+"set; bound workers get MG_LOCAL_CPUS, the CPUs they share.\n"
 "Workers read stdin from /dev/null and run in their own process groups.\n"
 "\n"
 "The job secret: MG_JOB_SECRET if set (at least 16 characters), else 32\n"
@@ -306,52 +312,6 @@ static int random_hex(char *hex, size_t n)
     return 0;
 }
 
-/* The rendezvous store, served by the launcher on node 0 as torchrun's
- * agent does: it holds its port for the whole job, so no other process can
- * take the port between choosing it and rank 0 binding it, and restarts
- * reuse it. It runs in a child process so that mgrun itself stays
- * single-threaded (it forks workers). Returns the child's pid and the port
- * (port 0 asks the kernel for a free one), or -1 with a message. */
-static pid_t serve_store(const options *o, int *port)
-{
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-    pid_t parent = getpid(), pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        close(fds[0]);
-        setpgid(0, 0);                  /* a terminal's ^C goes to the job, not here */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        for (int i = 0; i < N_HANDLED; i++) signal(handled_signals[i], SIG_DFL);
-        bool loopback = !strcmp(o->master_addr, "127.0.0.1") ||
-                        !strcmp(o->master_addr, "localhost") || !strcmp(o->master_addr, "::1");
-        mg_store_server *srv;
-        int p = -1;
-        if (mg_store_server_start(loopback ? o->master_addr : NULL, o->master_port, o->secret,
-                                  &srv) == MG_OK)
-            p = mg_store_server_port(srv);
-        else
-            fprintf(stderr, "mgrun: cannot serve the rendezvous store on port %d: %s\n",
-                    o->master_port, mg_last_error());
-        if (write(fds[1], &p, sizeof p) != (ssize_t)sizeof p || p < 0) _exit(1);
-        close(fds[1]);
-        for (;;) pause();               /* until mgrun stops it */
-    }
-    close(fds[1]);
-    int p = -1;
-    ssize_t n;
-    while ((n = read(fds[0], &p, sizeof p)) < 0 && errno == EINTR) {}
-    close(fds[0]);
-    if (n != (ssize_t)sizeof p || p <= 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -1;
-    }
-    *port = p;
-    return pid;
-}
-
 /* ---- output forwarding -------------------------------------------------- */
 
 static void write_out(int fd, const char *p, size_t n)
@@ -466,7 +426,7 @@ static void bind_worker(const options *o, int local)
 /* In the child between fork and exec (mgrun has one thread, so setenv and
  * stdio are safe here). */
 static void __attribute__((noreturn))
-exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
+exec_worker(const options *o, int local, int attempt, pid_t parent,
             const int out_pipe[2], const int err_pipe[2])
 {
     setpgid(0, 0);
@@ -497,12 +457,12 @@ exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
     set_env_int("NODE_RANK", o->node_rank);
     set_env_int("GROUP_WORLD_SIZE", o->nnodes);
     setenv("MASTER_ADDR", o->master_addr, 1);
-    set_env_int("MASTER_PORT", port);
+    /* Node 0's mgrun serves the store; MASTER_PORT is the workers' own
+     * (mgrun_rdzv.h). Each attempt rendezvouses under keys of its own. */
+    set_env_int("MG_STORE_PORT", o->master_port);
+    set_env_int("MASTER_PORT", o->worker_port);
     setenv("MG_JOB_SECRET", o->secret, 1);
     set_env_int("MG_RESTART_COUNT", attempt);
-    /* This launcher's node serves the rendezvous store (see serve_store);
-     * each attempt rendezvouses under its own keys. */
-    setenv("MG_STORE_SERVED", "1", 1);
     setenv("MG_SHM_TAG", o->shm_tag, 1);
     set_env_int("MG_RUN_ID", attempt);
     if (o->bind == BIND_CORE) {
@@ -521,7 +481,7 @@ exec_worker(const options *o, int local, int port, int attempt, pid_t parent,
 }
 
 /* Starts one worker; -1 (with a message) if it could not be started. */
-static int spawn(const options *o, worker *w, int local, int port, int attempt)
+static int spawn(const options *o, worker *w, int local, int attempt)
 {
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
     char *bufs[2] = {NULL, NULL};
@@ -549,7 +509,7 @@ static int spawn(const options *o, worker *w, int local, int port, int attempt)
     pid_t parent = getpid();
     fflush(NULL);
     pid_t pid = fork();
-    if (pid == 0) exec_worker(o, local, port, attempt, parent, out_pipe, err_pipe);
+    if (pid == 0) exec_worker(o, local, attempt, parent, out_pipe, err_pipe);
     int fork_errno = errno;
     if (pid > 0) setpgid(pid, pid);   /* also done by the child: whichever runs first */
     sigprocmask(SIG_SETMASK, &old, NULL);
@@ -689,7 +649,7 @@ static void on_user_signal(job *j, int sig, double grace)
 /* Runs the workers until all have exited; returns mgrun's exit status.
  * *may_restart: the job failed on its own (not interrupted, not mgrun's
  * own trouble), so --max-restarts applies. */
-static int run_attempt(const options *o, int attempt, int port, bool *may_restart)
+static int run_attempt(const options *o, int attempt, bool *may_restart)
 {
     *may_restart = false;
     size_t nfd = 1 + 2 * (size_t)o->nproc;
@@ -707,16 +667,16 @@ static int run_attempt(const options *o, int attempt, int port, bool *may_restar
     int rc = 0;
     for (int i = 0; i < o->nproc; i++) {
         j.w[i].rank = o->node_rank * o->nproc + i;
-        if (spawn(o, &j.w[i], i, port, attempt) != 0) {
+        if (spawn(o, &j.w[i], i, attempt) != 0) {
             rc = 1;
             begin_stop(&j, SIGTERM, o->grace);
             break;
         }
         j.running++;
     }
-    mg_debug("mgrun attempt %d: %d worker(s), ranks %d..%d of %d, master %s:%d", attempt,
-             o->nproc, o->node_rank * o->nproc, (o->node_rank + 1) * o->nproc - 1,
-             o->nproc * o->nnodes, o->master_addr, port);
+    mg_debug("mgrun attempt %d: %d worker(s), ranks %d..%d of %d, store %s:%d, MASTER_PORT %d",
+             attempt, o->nproc, o->node_rank * o->nproc, (o->node_rank + 1) * o->nproc - 1,
+             o->nproc * o->nnodes, o->master_addr, o->master_port, o->worker_port);
 
     while (j.running > 0) {
         int np = 0;
@@ -860,6 +820,20 @@ int main(int argc, char **argv)
         return 1;
     }
     start_janitor(o.shm_tag);
+    signal(SIGPIPE, SIG_IGN);
+    /* Before mgrun handles signals: until its workers run, one ends it. */
+    pid_t store = 0;
+    if (o.node_rank == 0 &&
+        (store = rdzv_serve(o.master_addr, o.master_port, o.secret, &o.master_port,
+                            &o.worker_port)) < 0) {
+        fprintf(stderr, "mgrun: cannot start the rendezvous store%s\n",
+                o.master_port ? "; is --master-port in use?" : "");
+        return 1;
+    }
+    if (o.node_rank > 0 &&
+        (o.worker_port = rdzv_worker_port(o.node_rank, o.master_addr, o.master_port,
+                                          o.secret)) < 0)
+        return 1;
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));
         return 1;
@@ -868,19 +842,10 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < N_HANDLED; i++) sigaction(handled_signals[i], &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    int port = o.master_port;
-    pid_t store = 0;
-    if (o.node_rank == 0 && (store = serve_store(&o, &port)) < 0) {
-        fprintf(stderr, "mgrun: cannot start the rendezvous store%s\n",
-                o.master_port ? "; is --master-port in use?" : "");
-        return 1;
-    }
     int rc;
     for (int attempt = 0;; attempt++) {
         bool may_restart;
-        rc = run_attempt(&o, attempt, port, &may_restart);
+        rc = run_attempt(&o, attempt, &may_restart);
         int left = mg_shm_remove_tagged(o.shm_tag);
         if (left) mg_debug("mgrun: removed %d shared-memory segment name(s) the workers left", left);
         if (rc == 0 || !may_restart) break;

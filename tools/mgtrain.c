@@ -32,6 +32,8 @@
 #include "multigrad/plot.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define MAX_EPOCHS 1000000     /* --epochs */
+#define MAX_STEPS 1000000000L  /* --steps */
 
 typedef struct {
     const char *model, *data, *optimizer, *schedule, *save, *resume, *init, *init_prefix, *log;
@@ -39,6 +41,7 @@ typedef struct {
     mg_strategy_kind strategy;   /* of --parallel, ddp for --mesh, zero with --zero */
     int epochs, batch, threads, quiet, eval_only, workers, accumulate, recompute, print_plan;
     int tf32, bf16;     /* --tf32, --bf16 */
+    int init_partial;   /* --init-partial */
     int offload_cpu;    /* --offload cpu */
     int zero;           /* --zero stage, 0: none */
     double bucket_mb;
@@ -47,6 +50,8 @@ typedef struct {
     /* language models */
     long steps;
     int eval_every, sample, top_k;
+    int eval_windows;        /* --eval-windows (0: all of models.md D's, at most 512) */
+    int no_eval_on_start;    /* --no-eval-on-start */
     mg_gpt_config gpt;
     int have_batch, have_lr, have_momentum, have_epochs, have_steps, have_eval_every;
     int have_sample_opts, have_arch;
@@ -99,6 +104,9 @@ static void usage(FILE *f)
 "  --resume FILE       continue the training saved in FILE\n"
 "  --init FILE         start from the parameters in a safetensors file\n"
 "  --init-prefix P     look the parameters up as P<name> (e.g. init.)\n"
+"  --init-partial      take from --init the tensors that fit and leave out those\n"
+"                      the model has no place for (a model of more layers);\n"
+"                      without it such a file is refused\n"
 "  --eval-only         evaluate the weights (test accuracy, or validation loss),\n"
 "                      no training\n"
 "  --log FILE          metrics per epoch or evaluation: CSV (.csv) or JSON lines\n"
@@ -160,6 +168,11 @@ static void usage(FILE *f)
 "gpt-mini only:\n"
 "  --steps N           optimizer steps (default 2000)\n"
 "  --eval-every N      steps between validations (default 250)\n"
+"  --eval-windows N    validation windows of context bytes per evaluation\n"
+"                      (default: all the text has, at most 512; nanoGPT's\n"
+"                      eval_iters)\n"
+"  --no-eval-on-start  no validation at step 0 (the curve then starts at the\n"
+"                      first --eval-every)\n"
 "  --layers N --dim D --heads H --ctx T\n"
 "                      model size (default 4, 128, 4, 128; D divisible by H)\n"
 "  --sample N          after training (or of the --init/--resume weights),\n"
@@ -213,7 +226,8 @@ static void parse_args(int argc, char **argv, options *o)
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
-           O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16 };
+           O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
+           O_EVAL_WINDOWS, O_NO_EVAL_START };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -234,6 +248,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
+        {"init-partial", 0, 0, O_INIT_PARTIAL}, {"eval-windows", 1, 0, O_EVAL_WINDOWS},
+        {"no-eval-on-start", 0, 0, O_NO_EVAL_START},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->model = "lenet-d2l";
@@ -255,7 +271,7 @@ static void parse_args(int argc, char **argv, options *o)
         switch (c) {
         case O_MODEL: o->model = optarg; break;
         case O_DATA: o->data = optarg; break;
-        case O_EPOCHS: o->epochs = (int)int_flag("--epochs", 1, 1000000); o->have_epochs = 1; break;
+        case O_EPOCHS: o->epochs = (int)int_flag("--epochs", 1, MAX_EPOCHS); o->have_epochs = 1; break;
         case O_BATCH: o->batch = (int)int_flag("--batch", 1, 65536); o->have_batch = 1; break;
         case O_LR: o->lr = real_flag("--lr", 0, 1e6, MG_OPEN_LO); o->have_lr = 1; break;
         case O_MOM:
@@ -271,6 +287,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_RESUME: o->resume = optarg; break;
         case O_INIT: o->init = optarg; break;
         case O_INIT_PREFIX: o->init_prefix = optarg; break;
+        case O_INIT_PARTIAL: o->init_partial = 1; break;
         case O_EVAL: o->eval_only = 1; break;
         case O_LOG: o->log = optarg; break;
         case O_QUIET: o->quiet = 1; break;
@@ -305,11 +322,15 @@ static void parse_args(int argc, char **argv, options *o)
             }
             break;
         case O_CLIP: o->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
-        case O_STEPS: o->steps = int_flag("--steps", 1, 1000000000); o->have_steps = 1; break;
+        case O_STEPS: o->steps = int_flag("--steps", 1, MAX_STEPS); o->have_steps = 1; break;
         case O_EVAL_EVERY:
             o->eval_every = (int)int_flag("--eval-every", 1, 1000000000);
             o->have_eval_every = 1;
             break;
+        case O_EVAL_WINDOWS:
+            o->eval_windows = (int)int_flag("--eval-windows", 1, 512);
+            break;
+        case O_NO_EVAL_START: o->no_eval_on_start = 1; break;
         case O_LAYERS: o->gpt.layers = (int)int_flag("--layers", 1, 256); o->have_arch = 1; break;
         case O_DIM: o->gpt.dim = (int)int_flag("--dim", 1, 16384); o->have_arch = 1; break;
         case O_HEADS: o->gpt.heads = (int)int_flag("--heads", 1, 256); o->have_arch = 1; break;
@@ -551,9 +572,22 @@ static void hparams_string(const options *o, int lm, char *out, size_t cap)
 static int resume_flags_differ(const char *saved, const char *now, const char *path,
                                char *msg, size_t cap)
 {
-    const char *keys[] = {"model=", "batch=", "lr=", "momentum=", "optimizer=",
-                          "weight_decay=", "schedule=", "seed=", "accumulate=",
-                          "clip_grad=", "arch="};
+    /* Training depends on the global batch, batch x accumulate (a
+     * pipeline's --batch B is B/M x M micro-batches): compared as one. */
+    long gb[2];
+    const char *hp[2] = {saved, now};
+    for (int k = 0; k < 2; k++) {
+        const char *b = strstr(hp[k], "batch="), *a = strstr(hp[k], "accumulate=");
+        gb[k] = (b ? atol(b + 6) : 0) * (a ? atol(a + 11) : 1);
+    }
+    if (gb[0] != gb[1]) {
+        snprintf(msg, cap, "%s was saved with a global batch of %ld (--batch x --accumulate) "
+                 "but this run's is %ld; resume with the same global batch, or start a new "
+                 "run without --resume", path, gb[0], gb[1]);
+        return 1;
+    }
+    const char *keys[] = {"model=", "lr=", "momentum=", "optimizer=", "weight_decay=",
+                          "schedule=", "seed=", "clip_grad=", "arch="};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
         if (!b) continue;
@@ -658,7 +692,7 @@ static void setting_words(const char *kv, size_t n, char *out, size_t cap)
  * or wait for each other until the timeout. One all-gather of a SHA-256
  * digest; when they differ, one of the settings, to name the first
  * difference from rank 0. */
-#define SETTINGS_CAP 1024
+#define SETTINGS_CAP 2048
 static void same_on_every_rank(trainer *t, const char *settings)
 {
     if (!distributed(t)) return;
@@ -691,6 +725,49 @@ static void same_on_every_rank(trainer *t, const char *settings)
         }
     }
     free(all);
+}
+
+/* A prompt as a setting: its first bytes (';', '=' and unprintable ones
+ * as \xNN), and for a longer one its length and CRC. */
+static void prompt_setting(const char *p, char *out, size_t cap)
+{
+    size_t n = strlen(p), k = 0;
+    for (size_t i = 0; i < n && i < 40 && k + 5 < cap; i++) {
+        unsigned char c = (unsigned char)p[i];
+        k += (size_t)(c >= 32 && c < 127 && c != ';' && c != '=' && c != '\\'
+                          ? snprintf(out + k, cap - k, "%c", c)
+                          : snprintf(out + k, cap - k, "\\x%02x", c));
+    }
+    out[k] = 0;
+    if (n > 40)
+        snprintf(out + k, cap - k, "... (%zu bytes, CRC %08x)", n, mg_crc32(p, n));
+}
+
+/* Every flag the ranks of a job must share: the checkpoint's
+ * hyper-parameters, what shapes the collectives (the mesh, the pipeline,
+ * ZeRO, the device's kind and precision, offload, evaluation, sampling,
+ * who saves) -- not what each rank may choose (threads, verbosity, the
+ * GPU's index, the offload directory, output paths other than --save). */
+static void settings_string(const options *o, const trainer *t, char *out, size_t cap)
+{
+    char hp[512], prompt[300];
+    hparams_string(o, t->lm, hp, sizeof hp);
+    prompt_setting(o->prompt, prompt, sizeof prompt);
+    const char *dev = t->dev.kind == MG_DEVICE_CUDA ? "cuda"
+                    : t->dev.kind == MG_DEVICE_EMU ? "emu" : "cpu";
+    int n = snprintf(out, cap, "%s;compress=%s;bucket_mb=%g;eval_every=%d;eval_only=%s;"
+                     "resume=%s;init=%s;zero=%d;mesh=%s;pp_schedule=%s;micro_batches=%d;"
+                     "chunks=%d;split=%s;device=%s;tf32=%d;bf16=%d;offload=%s;"
+                     "eval_windows=%d;no_eval_on_start=%d;sample=%d;prompt=%s;temperature=%g;"
+                     "top_k=%d;save=%s;print_plan=%d", hp, o->compress, o->bucket_mb,
+                     o->eval_every, o->eval_only ? "yes" : "no", o->resume ? "given" : "none",
+                     o->init ? "given" : "none", o->zero, o->mesh ? o->mesh : "none",
+                     o->pp_schedule ? o->pp_schedule : "1f1b", o->micro_batches, o->chunks,
+                     o->split ? o->split : "none", dev, o->tf32, o->bf16,
+                     o->offload_dir ? "disk" : o->offload_cpu ? "cpu" : "none",
+                     o->eval_windows, o->no_eval_on_start, o->sample, prompt, o->temperature,
+                     o->top_k, o->save ? "given" : "none", o->print_plan);
+    if (n < 0 || (size_t)n >= cap) die("the settings of this run do not fit %zu bytes", cap);
 }
 
 /* --mesh pp=P: the pipeline strategy. --batch B is split into its M
@@ -749,6 +826,12 @@ static void join_job(options *o, trainer *t)
         if (mg_group_init(NULL, &t->g)) die("%s", mg_last_error());
         t->rank = mg_group_rank(t->g);
         t->world = mg_group_size(t->g);
+        /* Before any other collective (the device's, the mesh's groups):
+         * ranks that disagree on a flag that shapes the collectives or the
+         * numbers are told which, instead of failing later. */
+        char settings[SETTINGS_CAP];
+        settings_string(o, t, settings, sizeof settings);
+        same_on_every_rank(t, settings);
         /* On GPUs the group's collectives go through NCCL when every rank
          * has its own, else through the host; the mesh's groups follow. */
         if (t->dev.kind == MG_DEVICE_CUDA) {
@@ -774,15 +857,6 @@ static void join_job(options *o, trainer *t)
         t->dworld = mg_mesh_size(t->mesh, MG_MESH_DP);
         int P = mg_mesh_size(t->mesh, MG_MESH_PP);
         if (P > 1) pipeline_flags(o, t, P);
-        /* The checkpoint's hyper-parameters and what shapes the collectives;
-         * not what each rank may choose (threads, output paths, verbosity). */
-        char settings[SETTINGS_CAP], hp[512];
-        hparams_string(o, t->lm, hp, sizeof hp);
-        snprintf(settings, sizeof settings, "%s;compress=%s;bucket_mb=%g;eval_every=%d;"
-                 "eval_only=%s;resume=%s;init=%s;zero=%d", hp, o->compress, o->bucket_mb,
-                 o->eval_every, o->eval_only ? "yes" : "no", o->resume ? "given" : "none",
-                 o->init ? "given" : "none", o->zero);
-        same_on_every_rank(t, settings);
         char msg[256];
         snprintf(msg, sizeof msg, "--batch %d does not divide among %d data-parallel ranks: "
                  "use a multiple of %d (--batch is the global batch)",
@@ -794,8 +868,12 @@ static void join_job(options *o, trainer *t)
         mg_trace_open(NULL, 0, 1);
     }
     mg_set_threads(o->threads);   /* with --verbose, logs the CPU and the kernels */
-    if (!o->resume && o->save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
-        access(o->save, R_OK) == 0) {
+    /* Rank 0's file decides: the other nodes may not see it (they read
+     * it through rank 0). */
+    int32_t restart = !o->resume && o->save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
+                      t->rank == 0 && access(o->save, R_OK) == 0;
+    if (distributed(t) && mg_broadcast(t->g, &restart, 1, MG_I32, 0)) die_in_step(t);
+    if (restart) {
         o->resume = o->save;
         if (t->rank == 0) fprintf(stderr, "%s: restarted: resuming from %s\n", prog, o->save);
     }
@@ -849,11 +927,18 @@ static void start_state(const options *o, trainer *t, mg_ckpt_meta *meta)
     } else if (o->init) {
         int failed = 0;
         char msg[1200] = "";
-        if (t->rank == 0 && mg_model_load_weights(o->init, t->m, o->init_prefix)) {
-            snprintf(msg, sizeof msg, "--init: %s", mg_last_error());
+        int left = 0;
+        if (t->rank == 0 &&
+            mg_model_load_weights(o->init, t->m, o->init_prefix, o->init_partial ? &left : NULL)) {
+            snprintf(msg, sizeof msg, "--init: %s%s", mg_last_error(),
+                     strstr(mg_last_error(), "no place") ? "; give --init-partial to start "
+                     "from the tensors that fit" : "");
             failed = 1;
         }
         agree_or_die(t, failed, msg);
+        if (left && !o->quiet)
+            fprintf(stderr, "%s: --init-partial: left out %d tensor(s) of %s that %s has no "
+                    "place for\n", prog, left, o->init, o->model);
         if (mg_strategy_sync(t->s)) die("%s", mg_last_error());
     }
 }
@@ -1290,8 +1375,10 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     sched.total_steps = (long)steps_per_epoch * o->epochs;
     if (start_epoch >= o->epochs) {
         if (t->rank == 0)
-            fprintf(stderr, "%s: %s already covers %ld epoch(s); raise --epochs to train more\n",
-                    prog, o->resume, start_epoch);
+            fprintf(stderr, "%s: %s already covers %ld epoch(s); %s\n", prog, o->resume,
+                    start_epoch, start_epoch >= MAX_EPOCHS
+                                     ? "--epochs goes up to 1000000, so there is nothing left "
+                                       "to train" : "raise --epochs to train more");
         goto done;
     }
     if (step != start_epoch * steps_per_epoch)
@@ -1378,11 +1465,13 @@ done:
 
 /* ---- language models: steps over text ------------------------------------- */
 
-/* Validation loss (collective in DDP) and its perplexity. */
-static double validate(trainer *t, const mg_text *text, int batch, double *ppl)
+/* Validation loss (collective in DDP) and its perplexity, over --eval-windows
+ * windows. */
+static double validate(trainer *t, const options *o, const mg_text *text, int batch, double *ppl)
 {
     double v;
-    if (mg_strategy_lm_val_loss(t->s, text, batch, t->drank, t->dworld, &v)) die_in_step(t);
+    if (mg_strategy_lm_val_loss(t->s, text, batch, t->drank, t->dworld, o->eval_windows, &v))
+        die_in_step(t);
     *ppl = exp(v);
     return v;
 }
@@ -1431,18 +1520,19 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     long step = meta.step;
     double ppl, vl;
     if (o->eval_only) {
-        vl = validate(t, text, local, &ppl);
+        vl = validate(t, o, text, local, &ppl);
         if (t->rank == 0)
             printf("%s: validation loss %.4f, perplexity %.2f (%d windows of %d bytes)\n",
-                   o->model, vl, ppl, mg_text_val_windows(text, T), T);
+                   o->model, vl, ppl, mg_lm_val_windows(text, T, o->eval_windows), T);
         print_sample(t, o);
         mg_text_close(text);
         return;
     }
     if (step >= o->steps) {
         if (t->rank == 0)
-            fprintf(stderr, "%s: %s already covers %ld step(s); raise --steps to train more\n",
-                    prog, o->resume, step);
+            fprintf(stderr, "%s: %s already covers %ld step(s); %s\n", prog, o->resume, step,
+                    step >= MAX_STEPS ? "--steps goes up to 1000000000, so there is nothing "
+                                        "left to train" : "raise --steps to train more");
         print_sample(t, o);
         mg_text_close(text);
         return;
@@ -1466,10 +1556,10 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
                o->steps, mg_text_size(text), mg_text_train_size(text));
         print_cut(t);
     }
-    if (step == 0) {   /* the curve starts at initialisation, as nanoGPT's */
+    if (step == 0 && !o->no_eval_on_start) {   /* the curve starts at initialisation */
         log_row *r = metrics_add(&mt);
         r->v[L_STEP] = 0;
-        r->v[L_VAL_LOSS] = vl = validate(t, text, local, &ppl);
+        r->v[L_VAL_LOSS] = vl = validate(t, o, text, local, &ppl);
         r->v[L_VAL_PPL] = ppl;
         if (!o->quiet) printf("step %5d/%ld  val loss %.4f  ppl %7.2f\n", 0, o->steps, vl, ppl);
     }
@@ -1501,7 +1591,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         r->v[L_SECONDS] = secs;
         r->v[L_TOKENS_PER_S] = v[1] / t->dworld * (double)tokens_per_step / secs;
         r->v[L_LR] = lr;
-        r->v[L_VAL_LOSS] = validate(t, text, local, &r->v[L_VAL_PPL]);
+        r->v[L_VAL_LOSS] = validate(t, o, text, local, &r->v[L_VAL_PPL]);
         if (pr.tty && !o->quiet) fprintf(stderr, "\r%100s\r", "");
         if (!o->quiet) {
             printf("step %5ld/%ld  loss %.4f  val loss %.4f  ppl %7.2f  %7.2f s  %8.0f tok/s\n",
@@ -1544,9 +1634,9 @@ int main(int argc, char **argv)
     if (lm && o.have_epochs)
         die("--epochs: %s trains by steps; give --steps N (default %ld)", o.model, def.steps);
     if (!lm && (o.have_steps || o.have_eval_every || o.have_arch || o.sample ||
-                o.have_sample_opts))
-        die("--steps, --eval-every, --layers, --dim, --heads, --ctx and --sample apply to "
-            "gpt-mini; %s trains by --epochs", o.model);
+                o.have_sample_opts || o.eval_windows || o.no_eval_on_start))
+        die("--steps, --eval-every, --eval-windows, --no-eval-on-start, --layers, --dim, "
+            "--heads, --ctx and --sample apply to gpt-mini; %s trains by --epochs", o.model);
     if (!o.have_batch) o.batch = def.batch;
     if (!o.have_lr) o.lr = def.lr;
     if (!o.have_momentum) o.momentum = def.momentum;
@@ -1572,6 +1662,15 @@ int main(int argc, char **argv)
         die("--compress %s applies to --parallel ddp without --zero (ZeRO reduce-scatters "
             "full-precision gradients)", o.compress);
     if (o.resume && o.init) die("--resume and --init both set: give one of them");
+    if (o.init_partial && !o.init) die("--init-partial shapes --init: give --init FILE");
+    if (o.sample && !*o.prompt)
+        die("--prompt is empty: the sample continues a prompt of at least one byte (default: "
+            "a newline)");
+    mg_device dev;
+    if (o.offload_dir && o.device && !mg_device_parse(o.device, &dev) &&
+        dev.kind != MG_DEVICE_CPU)
+        die("--offload disk:DIR keeps the optimizer's state in files for a model on the CPU; "
+            "with --device %s give --offload cpu (the state in host memory)", o.device);
     if (o.eval_only && !o.resume && !o.init)
         die("--eval-only needs weights: give --init FILE or --resume FILE");
     if (t.mode == MG_STRATEGY_DP && o.batch < o.workers)

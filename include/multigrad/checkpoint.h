@@ -29,8 +29,9 @@ typedef struct mg_st_tensor {
     mg_st_dtype dtype;
     int ndim;
     int64_t shape[8];
-    const void *data;   /* little-endian bytes */
+    const void *data;   /* little-endian bytes (NULL in a remote file: mg_st_read) */
     size_t nbytes;
+    uint64_t offset;    /* read files: where the bytes start within the data */
 } mg_st_tensor;
 
 /* Write tensors and metadata (n_meta key/value pairs: meta[2i], meta[2i+1])
@@ -66,6 +67,26 @@ const char *mg_st_meta_at(const mg_st_file *f, int i, const char **key);
  * tensors and the other metadata); mg_st_open verifies it when present and
  * fails on a mismatch. True if the file carried one (so it was verified). */
 bool mg_st_verified(const mg_st_file *f);
+/* A file another process holds (a checkpoint only node 0 can reach): its
+ * first len bytes `head` (the length and header: mg_st_head of the
+ * holder's copy), its size, and read(ud, off, len, dst), which fetches
+ * bytes [off, off + len) of it. The header is checked as mg_st_open
+ * checks it; the contents cannot be, so `verified` is what the holder's
+ * mg_st_verified said. Its tensors' data are NULL: mg_st_read reads them.
+ * `name` names the file in messages. */
+typedef mg_status (*mg_st_read_fn)(void *ud, uint64_t off, size_t len, void *dst);
+mg_status mg_st_open_remote(const char *name, const void *head, size_t len, uint64_t size,
+                            bool verified, mg_st_read_fn read, void *ud, mg_st_file **out);
+/* n bytes of tensor x of f from its byte `from` into dst (a remote file
+ * through its read function). */
+mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, size_t n,
+                     void *dst);
+/* The file's length and header bytes (*len of them), its size, and
+ * [off, off + len) of a file read whole (NULL when out of range or the
+ * file is remote): what a holder sends. */
+const void *mg_st_head(const mg_st_file *f, size_t *len);
+uint64_t mg_st_size(const mg_st_file *f);
+const void *mg_st_bytes(const mg_st_file *f, uint64_t off, size_t len);
 /* "F32", ... and the element size in bytes. */
 const char *mg_st_dtype_name(mg_st_dtype d);
 size_t mg_st_dtype_size(mg_st_dtype d);
@@ -83,7 +104,8 @@ typedef struct mg_ckpt_meta {
 } mg_ckpt_meta;
 
 /* Save parameters, buffers, optimizer state (o may be NULL) and meta (may
- * be NULL; meta->model is ignored, the model's name is written). Optimizer
+ * be NULL; meta->model is ignored, the model's name is written; with an
+ * optimizer, meta->step must be its step count, mg_optim_steps). Optimizer
  * state is saved as "optim.<state>.<param name>" tensors of the
  * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. A model on
  * a device goes to the host with its optimizer for the file and comes
@@ -102,6 +124,15 @@ mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
  * mg_checkpoint_save is this with one process writing everything. The
  * writer reads the model and optimizer in host memory. */
 typedef struct mg_ckpt_writer mg_ckpt_writer;
+/* Where a writer's bytes go: the file fd (path names it in messages), or
+ * when write is set, write(ud, data, len, off) (another process writes
+ * them: a job whose other nodes cannot reach the file). */
+typedef struct mg_ckpt_sink {
+    int fd;
+    const char *path;
+    mg_status (*write)(void *ud, const void *data, size_t len, uint64_t off);
+    void *ud;
+} mg_ckpt_sink;
 typedef struct mg_ckpt_piece {
     int32_t tensor;     /* index in the file's table */
     uint32_t crc;       /* CRC-32 of the piece's bytes */
@@ -111,11 +142,11 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
                                 mg_ckpt_writer **out);
 void mg_ckpt_writer_destroy(mg_ckpt_writer *w);
 uint64_t mg_ckpt_writer_size(const mg_ckpt_writer *w);
-/* *out (malloc'd, *np entries) gets the pieces written. */
-mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const mg_range *r,
-                             int nr, bool buffers, mg_ckpt_piece **out, int *np);
+/* *pieces (malloc'd, *np entries) gets the pieces written. */
+mg_status mg_ckpt_write_part(mg_ckpt_writer *w, const mg_ckpt_sink *out, const mg_range *r,
+                             int nr, bool buffers, mg_ckpt_piece **pieces, int *np);
 /* Sorts pc. */
-mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_ckpt_piece *pc,
+mg_status mg_ckpt_write_header(mg_ckpt_writer *w, const mg_ckpt_sink *out, mg_ckpt_piece *pc,
                                int n);
 /* A model on a device and its optimizer in host memory for a file's
  * writer or reader: begin moves both to the host, was[] getting where
@@ -127,15 +158,29 @@ mg_status mg_ckpt_host_end(mg_model *m, mg_optim *o, const mg_device was[2], mg_
 /* Load into m (and o if not NULL: the state of o's ranges, so a shard
  * reads its part of a checkpoint any world size wrote). Refuses a file of another model, with
  * missing or mis-shaped tensors, damaged, or with a step, epoch or
- * optimizer step count over 2^53 - 1, with a clear error; on error m and
- * o are unchanged. meta may be NULL. */
+ * optimizer step count or RNG position over 2^53 - 1, whose optimizer step
+ * count is not its
+ * step, or with values no model or optimizer holds (not finite; Adam's
+ * exp_avg_sq below 0), with a clear error; on error m and o are unchanged.
+ * meta may be NULL. */
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
                              mg_ckpt_meta *meta);
+/* mg_checkpoint_load from a file already open (mg_st_open, or
+ * mg_st_open_remote: one only another process can reach); path names it
+ * in messages. The model and optimizer are in host memory. */
+mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model *m, mg_optim *o,
+                                mg_ckpt_meta *meta);
 /* Load only parameters (and buffers if present) from any safetensors file
  * named as PyTorch's state_dict (e.g. exported from PyTorch); `prefix`
- * (may be NULL) is prepended to each name looked up ("init."). A model on
- * a device gets them through host copies. */
-mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix);
+ * (may be NULL) is prepended to each name looked up ("init."). Values
+ * must be finite. Tensors of the file under the prefix that the model has
+ * no place for (a model of more layers) are refused, as PyTorch's strict
+ * load_state_dict refuses them, when n_left_out is NULL; else they are
+ * left out and *n_left_out counts them. A multigrad checkpoint's
+ * optimizer state is always left out. A model on a device gets them
+ * through host copies. */
+mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
+                                int *n_left_out);
 
 #ifdef __cplusplus
 }

@@ -31,9 +31,10 @@
  * (auto | ring | rd | tree | shm), MG_SHM_SLOT_KB and MG_SHM_RING_KB
  * (shared-memory sizes), MG_SPIN_US and MG_YIELD_US (how long a wait spins
  * and yields before sleeping), MG_P2P_UNEXPECTED_MB (bound on messages
- * buffered before their receive), MG_STORE_SERVED=1 (a launcher serves
- * the store), MG_RUN_ID (separates restarts sharing a launcher's store),
- * MG_SHM_TAG (set by mgrun: see mg_shm_remove_tagged). */
+ * buffered before their receive), MG_STORE_PORT (a launcher serves the
+ * store at MASTER_ADDR:MG_STORE_PORT), MG_RUN_ID (separates restarts
+ * sharing a launcher's store), MG_SHM_TAG (set by mgrun: see
+ * mg_shm_remove_tagged). */
 #ifndef MULTIGRAD_COMM_H
 #define MULTIGRAD_COMM_H
 
@@ -182,7 +183,7 @@ void mg_group_free(mg_group *g, void *p);
 
 /* ---- store ------------------------------------------------------------
  * The rendezvous key-value store. Rank 0 serves one over TCP during
- * mg_group_init (unless MG_STORE_SERVED=1 says a launcher does); a
+ * mg_group_init (unless MG_STORE_PORT says a launcher does); a
  * launcher or test may serve and use one directly. Every connection
  * proves it knows the job secret (HMAC-SHA256 challenge–response); with
  * no secret only loopback clients are accepted. Keys are at most
@@ -203,10 +204,11 @@ int mg_store_server_port(const mg_store_server *s);
 void mg_store_server_stop(mg_store_server *s);
 
 /* For launchers: ranks started with MG_SHM_TAG=tag (up to 16 letters and
- * digits, unique to the job on this host) put it in the names of their
- * shared-memory segments; once they have all exited, this removes the
- * names any of them left (a rank killed between creating a segment and
- * its peers mapping it cannot). Returns how many it removed. */
+ * digits, unique on this host to the ranks this launcher starts) put it in
+ * the names of their shared-memory segments; once they have all exited,
+ * this removes the names any of them left (a rank killed between creating
+ * a segment and its peers mapping it cannot). Returns how many it
+ * removed. */
 int mg_shm_remove_tagged(const char *tag);
 
 /* Connect to "tcp://host:port" or "file:///path". timeout_s bounds the

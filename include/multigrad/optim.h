@@ -126,6 +126,9 @@ int mg_optim_num_states(const mg_optim *o);
  * mg_optim_read_state / mg_optim_write_state. */
 float *mg_optim_state(mg_optim *o, int i, const char **name);
 float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi);
+/* Whether state i can never be negative (Adam's exp_avg_sq, a mean of
+ * squares): a checkpoint that says otherwise is refused. */
+bool mg_optim_state_nonnegative(const mg_optim *o, int i);
 
 /* Learning-rate schedules. */
 typedef enum { MG_SCHED_CONSTANT, MG_SCHED_STEP, MG_SCHED_COSINE } mg_sched_kind;

@@ -229,12 +229,17 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
  * group g (may be NULL) it is collective: each rank evaluates a contiguous
  * share of the windows and every rank gets the whole figure. */
 mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss);
-/* The same through a strategy (collective): data-parallel replica
- * `replica` of `replicas` takes its contiguous share of the windows,
- * evaluated by mg_strategy_evaluate; every rank gets the whole figure. */
+/* The same through a strategy (collective), on the first n_windows of
+ * those windows (0: all; nanoGPT's eval_iters for big models whose
+ * evaluation is slow): data-parallel replica `replica` of `replicas` takes
+ * its contiguous share of them, evaluated by mg_strategy_evaluate; every
+ * rank gets the whole figure. */
 typedef struct mg_strategy mg_strategy;
 mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, int replica,
-                                  int replicas, double *loss);
+                                  int replicas, int n_windows, double *loss);
+/* How many windows that evaluates: mg_text_val_windows, at most max
+ * (0: no limit). */
+int mg_lm_val_windows(const mg_text *t, int T, int max);
 
 /* Pipeline schedules (below) and the options of the pipeline strategy. */
 typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;

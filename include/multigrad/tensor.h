@@ -28,7 +28,8 @@ int mg_get_threads(void);
  * through OPENBLAS_CORETYPE or MG_BLAS_CORE), and the SIMD level of the
  * library's own convolution kernels. Checked once, before the first GEMM;
  * a core below what the CPU supports is logged as a warning, unless the
- * user chose it (then --version and --verbose say so). */
+ * user chose it (then --version and --verbose say so), and so is a core
+ * asked for that OpenBLAS refused; each names who asked for the core. */
 typedef struct mg_kernels_info {
     mg_cpu_info cpu;
     char blas[48];            /* "OpenBLAS 0.3.21" */
@@ -41,6 +42,7 @@ typedef struct mg_kernels_info {
     bool below;               /* in use below the kernels measured best here */
     mg_simd own;              /* own conv kernels: MG_SIMD_AVX512 or MG_SIMD_NONE */
     char why[192];
+    char fix[96];             /* what to do about a core below this CPU or refused, or "" */
 } mg_kernels_info;
 const mg_kernels_info *mg_kernels(void);
 /* The OpenBLAS core multigrad selects on a CPU (measured fastest for its

@@ -9,7 +9,10 @@
  * (P/error), which every waiting rank reports. Ranks on the same host
  * (same boot id and the same pid, mount and IPC namespaces) talk through
  * shared memory unless MG_TRANSPORT=tcp; the others over authenticated
- * TCP connections. */
+ * TCP connections. Each rank's record carries its MG_SHM_TAG, which names
+ * its segments: ranks of one host started by different launchers (two
+ * mgrun --nnodes on one host) have different tags, and each launcher
+ * removes the names of its own ranks. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -25,7 +28,7 @@
 #include "multigrad/core.h"
 
 #define INFO_MAGIC 0x4f464e49u
-#define INFO_VERSION 1u
+#define INFO_VERSION 2u
 #define KEYLEN (MG_STORE_MAX_KEY + 1)
 
 static double left(double deadline)
@@ -52,6 +55,15 @@ static void host_identity(char *key, size_t kn, char *host, size_t hn)
     snprintf(key, kn, "%s/%llu/%llu/%llu", boot, ns[0], ns[1], ns[2]);
     if (gethostname(host, hn)) snprintf(host, hn, "?");
     host[hn - 1] = 0;
+}
+
+/* A shared-memory tag: up to MG__SHM_TAG_MAX letters and digits. */
+static bool tag_ok(const char *t, size_t cap)
+{
+    const char *end = memchr(t, 0, cap);
+    return end && end - t <= MG__SHM_TAG_MAX &&
+           strspn(t, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") ==
+               (size_t)(end - t);
 }
 
 static mg_status key_fmt(char *buf, size_t n, const char *prefix, const char *what, int i)
@@ -109,7 +121,8 @@ static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double d
         bool ok = n == sizeof in;
         if (ok) memcpy(&in, v, sizeof in);
         free(v);
-        if (!ok || in.magic != INFO_MAGIC || in.version != INFO_VERSION || in.rank != r) {
+        if (!ok || in.magic != INFO_MAGIC || in.version != INFO_VERSION || in.rank != r ||
+            !tag_ok(in.shm_tag, sizeof in.shm_tag)) {
             mg_error(MG_EFORMAT, "rank %d's rendezvous record is malformed (another multigrad "
                      "version?)", r);
             return publish_error(b, MG_EFORMAT);
@@ -181,6 +194,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
                     .pid = (int32_t)getpid(), .force_tcp = b->force_tcp,
                     .env_local_rank = env_lr, .env_local_size = env_ls};
     me.start = mg__proc_starttime(getpid());
+    strcpy(me.shm_tag, b->shm_tag);
     if (RAND_bytes((unsigned char *)&me.gid, sizeof me.gid) != 1)
         return mg_error(MG_EIO, "RAND_bytes failed");
     host_identity(me.hostkey, sizeof me.hostkey, me.host, sizeof me.host);
@@ -214,10 +228,11 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     bool *local = calloc((size_t)size, sizeof *local), *need = calloc((size_t)size, sizeof *need);
     int *fds = calloc((size_t)size, sizeof *fds), *ports = calloc((size_t)size, sizeof *ports);
     char (*addr)[64] = calloc((size_t)size, sizeof *addr);
+    char (*tags)[MG__SHM_TAG_MAX + 1] = calloc((size_t)size, sizeof *tags);
     pid_t *pids = calloc((size_t)size, sizeof *pids);
     uint64_t *starts = calloc((size_t)size, sizeof *starts);
     b->link = calloc((size_t)size, sizeof *b->link);
-    if (!local || !need || !fds || !ports || !addr || !pids || !starts || !b->link)
+    if (!local || !need || !fds || !ports || !addr || !tags || !pids || !starts || !b->link)
         st = mg_error(MG_ENOMEM, "rendezvous: out of memory");
     int nlocal = 0, nhost = 0, lrank = 0, any_tcp = 0;
     bool tcp_any = false;
@@ -233,6 +248,8 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
         memcpy(addr[r], b->info[r].addr, 64);
         addr[r][63] = 0;
         ports[r] = b->info[r].port;
+        memcpy(tags[r], b->info[r].shm_tag, sizeof tags[r]);
+        tags[r][MG__SHM_TAG_MAX] = 0;
         pids[r] = b->info[r].pid;
         starts[r] = same ? b->info[r].start : 0;
         char who[128];
@@ -260,7 +277,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
                                      .all_local = nlocal == size, .ring_bytes = ring,
                                      .slot_bytes = slot, .spin = b->spin, .pid = pids,
                                      .start = starts, .peer_timeout = b->peer_timeout,
-                                     .tag = b->shm_tag, .names = &g->names};
+                                     .tags = tags, .names = &g->names};
         st = mg__shm_transport_create(&cfg, &b->shm_transport);
     }
     char bk[KEYLEN];
@@ -294,6 +311,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     free(fds);
     free(ports);
     free(addr);
+    free(tags);
     free(pids);
     free(starts);
     return st;
@@ -311,17 +329,23 @@ static mg_status parse_port(const char *s, int *port)
     return MG_OK;
 }
 
+/* The store: at MASTER_ADDR:MASTER_PORT (env://) or the init method's
+ * address, served by rank 0. When a launcher serves it (MG_STORE_PORT set:
+ * mgrun, which leaves MASTER_PORT to programs that serve a rendezvous of
+ * their own there), rank 0 serves none and env:// finds it at
+ * MASTER_ADDR:MG_STORE_PORT. */
 static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, double deadline)
 {
     const char *im = opt->init_method ? opt->init_method : "env://";
     char url[600], host[256];
-    int port;
+    int port, served = (int)mg_env_long("MG_STORE_PORT", 0);
     if (!strcmp(im, "env://")) {
         const char *a = mg_env_other("MASTER_ADDR");
         if (!a || !*a)
             return mg_error(MG_EINVAL, "MASTER_ADDR is not set: start the ranks with a launcher "
                             "(mgrun, torchrun) or give an init method tcp://host:port");
-        MG_TRY(parse_port(mg_env_other("MASTER_PORT"), &port));
+        if (served) port = served;
+        else MG_TRY(parse_port(mg_env_other("MASTER_PORT"), &port));
         snprintf(host, sizeof host, "%s", a);
     } else if (!strncmp(im, "tcp://", 6)) {
         MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));
@@ -339,7 +363,7 @@ static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, do
                         "MG_JOB_SECRET is not set: set the same MG_JOB_SECRET on every rank (mgrun "
                         "does this)", host);
     mg_store_server *srv = NULL;
-    if (rank == 0 && !mg_env_long("MG_STORE_SERVED", 0)) {
+    if (rank == 0 && !served) {
         mg_status st = mg_store_server_start(mg__host_is_loopback(host) ? host : NULL, port,
                                              b->secret, &srv);
         if (st) {
@@ -377,8 +401,7 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
     b->force_tcp = !strcmp(mg_env_str("MG_TRANSPORT", "auto"), "tcp");
     b->peer_timeout = mg_env_double("MG_PEER_TIMEOUT", 15);
     const char *tag = mg_env_str("MG_SHM_TAG", "");
-    size_t tn = strspn(tag, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ");
-    if (tag[tn] || tn > MG__SHM_TAG_MAX)
+    if (!tag_ok(tag, strlen(tag) + 1))
         return mg_error(MG_EINVAL, "MG_SHM_TAG='%s': give up to %d letters and digits (mgrun "
                         "sets it)", tag, MG__SHM_TAG_MAX);
     strcpy(b->shm_tag, tag);

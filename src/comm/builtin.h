@@ -17,6 +17,7 @@ typedef struct mg__rinfo {
     uint64_t start, gid;
     int32_t force_tcp, env_local_rank, env_local_size, pad;
     char hostkey[128], host[64], addr[64];
+    char shm_tag[MG__SHM_TAG_MAX + 1]; /* in the names of its shared memory */
 } mg__rinfo;
 
 /* A point-to-point message that arrived before its receive. */

@@ -336,7 +336,7 @@ static int cmp_range(const void *a, const void *b)
  * name or metadata key appears twice. */
 static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, uint64_t dlen)
 {
-    const uint8_t *data = f->buf + (f->size - dlen);
+    const uint8_t *data = f->read ? NULL : f->buf + (f->size - dlen);
     for (int i = 0; i < f->n; i++) {
         mg_st_tensor *t = &f->t[i];
         uint64_t nb, b = offs[2 * i], e = offs[2 * i + 1];
@@ -349,7 +349,8 @@ static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, u
             return mg_error(MG_EFORMAT, "%s: tensor '%s' ends at data byte %llu but the file "
                             "has %llu data bytes: the file is truncated", path, t->name,
                             (unsigned long long)e, (unsigned long long)dlen);
-        t->data = data + b;
+        t->data = f->read ? NULL : data + b;
+        t->offset = b;
         t->nbytes = (size_t)nb;
     }
     /* Sort copies of the ranges: contiguous from 0, no overlap, to dlen. */
@@ -422,54 +423,107 @@ out:
     return st;
 }
 
+/* The header of f (f->size bytes; f->buf its first head bytes, or all of
+ * them): parsed, its layout checked, and with the data present, its
+ * checksum verified. */
+static mg_status parse(const char *path, mg_st_file *f, size_t head)
+{
+    uint64_t *offs = NULL, hlen = 0;
+    if (f->size < 8 || head < 8) {
+        return mg_error(MG_EFORMAT, "%s: %zu bytes, too short for a safetensors file: it is "
+                        "truncated or of another format", path, f->size);
+    }
+    memcpy(&hlen, f->buf, 8);
+    if (hlen > MAX_HEADER || hlen > f->size - 8 || hlen > head - 8) {
+        return mg_error(MG_EFORMAT, "%s: header length %llu %s: the file is truncated or not "
+                        "safetensors", path, (unsigned long long)hlen,
+                        hlen > MAX_HEADER ? "exceeds the 100 MB limit"
+                                          : "runs past the end of the file");
+    }
+    if (!(f->strings = malloc(hlen + 1))) return mg_error(MG_ENOMEM, "%s: out of memory", path);
+    size_t errpos;
+    const char *err = mg__st_parse_header(f, (const char *)f->buf + 8, (size_t)hlen, &offs,
+                                          &errpos);
+    mg_status st = MG_OK;
+    if (err)
+        st = mg_error(MG_EFORMAT, "%s: bad safetensors header: %s at header byte %zu: the "
+                      "file is damaged or not safetensors", path, err, errpos);
+    if (!st) st = check_layout(path, f, offs, f->size - 8 - hlen);
+    if (!st && !f->read) st = verify_crc(path, f);
+    f->head = (size_t)hlen + 8;
+    free(offs);
+    return st;
+}
+
 mg_status mg_st_open(const char *path, mg_st_file **out)
 {
     *out = NULL;
     mg_st_file *f = calloc(1, sizeof *f);
     if (!f) return mg_error(MG_ENOMEM, "safetensors: out of memory");
-    uint64_t *offs = NULL, hlen = 0;
     mg_status st = read_file(path, f);
-    if (st) goto fail;
-    if (f->size < 8) {
-        st = mg_error(MG_EFORMAT, "%s: %zu bytes, too short for a safetensors file: it is "
-                      "truncated or of another format", path, f->size);
-        goto fail;
+    if (!st) st = parse(path, f, f->size);
+    if (st) {
+        mg_st_close(f);
+        return st;
     }
-    memcpy(&hlen, f->buf, 8);
-    if (hlen > MAX_HEADER || hlen > f->size - 8) {
-        st = mg_error(MG_EFORMAT, "%s: header length %llu %s: the file is truncated or not "
-                      "safetensors", path, (unsigned long long)hlen,
-                      hlen > MAX_HEADER ? "exceeds the 100 MB limit"
-                                        : "runs past the end of the file");
-        goto fail;
-    }
-    if (!(f->strings = malloc(hlen + 1))) {
-        st = mg_error(MG_ENOMEM, "%s: out of memory", path);
-        goto fail;
-    }
-    size_t errpos;
-    const char *err = mg__st_parse_header(f, (const char *)f->buf + 8, (size_t)hlen, &offs,
-                                          &errpos);
-    if (err) {
-        st = mg_error(MG_EFORMAT, "%s: bad safetensors header: %s at header byte %zu: the "
-                      "file is damaged or not safetensors", path, err, errpos);
-        goto fail;
-    }
-    if ((st = check_layout(path, f, offs, f->size - 8 - hlen)) || (st = verify_crc(path, f)))
-        goto fail;
-    free(offs);
     *out = f;
     return MG_OK;
-fail:
-    free(offs);
-    mg_st_close(f);
-    return st;
+}
+
+mg_status mg_st_open_remote(const char *name, const void *head, size_t len, uint64_t size,
+                            bool verified, mg_st_read_fn read, void *ud, mg_st_file **out)
+{
+    *out = NULL;
+    mg_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->buf = malloc(len + 1))) {
+        free(f);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    }
+    memcpy(f->buf, head, len);
+    f->size = (size_t)size;
+    f->read = read;
+    f->read_ud = ud;
+    mg_status st = size != (size_t)size ? mg_error(MG_EFORMAT, "%s: too large", name)
+                                        : parse(name, f, len);
+    if (st) {
+        mg_st_close(f);
+        return st;
+    }
+    f->verified = verified;
+    *out = f;
+    return MG_OK;
+}
+
+const void *mg_st_head(const mg_st_file *f, size_t *len)
+{
+    *len = f->head;
+    return f->buf;
+}
+
+uint64_t mg_st_size(const mg_st_file *f) { return f->size; }
+
+const void *mg_st_bytes(const mg_st_file *f, uint64_t off, size_t len)
+{
+    if (f->read || off > f->size || len > f->size - off) return NULL;
+    return f->buf + off;
+}
+
+mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, size_t n,
+                     void *dst)
+{
+    MG_ASSERT(from <= x->nbytes && n <= x->nbytes - from);
+    if (!f->read) {
+        memcpy(dst, (const uint8_t *)x->data + from, n);
+        return MG_OK;
+    }
+    return f->read(f->read_ud, f->head + x->offset + from, n, dst);
 }
 
 void mg_st_close(mg_st_file *f)
 {
     if (!f) return;
-    mg_free(f->buf);
+    if (f->read) free(f->buf);
+    else mg_free(f->buf);
     free(f->strings);
     free(f->t);
     free(f->meta);

@@ -12,8 +12,10 @@
 #define MG__ST_MAX_NDIM 8
 
 struct mg_st_file {
-    uint8_t *buf;          /* the whole file */
-    size_t size;
+    uint8_t *buf;          /* the whole file (a remote one: its first head bytes) */
+    size_t size, head;     /* bytes in the file, before its data */
+    mg_st_read_fn read;    /* a remote file's bytes (mg_st_open_remote), else NULL */
+    void *read_ud;
     char *strings;         /* decoded names, keys and values */
     mg_st_tensor *t;
     int n, cap;

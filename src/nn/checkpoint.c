@@ -14,6 +14,7 @@
  * like a state_dict (F32, or F64/F16/BF16 converted to float). */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,8 +70,14 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
                                 mg_ckpt_writer **out)
 {
     *out = NULL;
-    mg_ckpt_meta zero = {0};
+    /* Without meta, the step is the optimizer's; with it, the two agree
+     * (the loader refuses files where they do not). */
+    mg_ckpt_meta zero = {.step = o ? mg_optim_steps(o) : 0};
     if (!meta) meta = &zero;
+    if (o && meta->step != mg_optim_steps(o))
+        return mg_error(MG_EINVAL, "checkpoint: meta step %ld is not the optimizer's step "
+                        "count %ld: a checkpoint's step is the optimizer steps taken", meta->step,
+                        mg_optim_steps(o));
     int nt = mg_model_num_tensors(m), ns = o ? mg_optim_num_states(o) : 0;
     size_t cap = (size_t)nt * (size_t)(1 + ns) + 1;
     mg_ckpt_writer *w = calloc(1, sizeof *w);
@@ -166,50 +173,56 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
 
 uint64_t mg_ckpt_writer_size(const mg_ckpt_writer *w) { return w->size; }
 
-static mg_status put_piece(mg_ckpt_writer *w, int fd, const char *path, int i, const float *src,
+static mg_status sink_write(const mg_ckpt_sink *out, const void *data, size_t len, uint64_t off)
+{
+    return out->write ? out->write(out->ud, data, len, off)
+                      : mg_pwrite_all(out->fd, data, len, off, out->path);
+}
+
+static mg_status put_piece(mg_ckpt_writer *w, const mg_ckpt_sink *out, int i, const float *src,
                            size_t from, size_t n, mg_ckpt_piece *pc)
 {
     size_t off = from * sizeof(float), len = n * sizeof(float);
-    MG_TRY(mg_pwrite_all(fd, src, len, w->off[i] + off, path));
+    MG_TRY(sink_write(out, src, len, w->off[i] + off));
     *pc = (mg_ckpt_piece){.tensor = i, .crc = mg_crc32(src, len), .off = off, .len = len};
     return MG_OK;
 }
 
 /* Offloaded optimizer state [a, b) of tensor i (from float `from` of
  * the tensor): read from the offload file in chunks, written on. */
-static mg_status put_offloaded(mg_ckpt_writer *w, int fd, const char *path, int i, size_t a,
+static mg_status put_offloaded(mg_ckpt_writer *w, const mg_ckpt_sink *out, int i, size_t a,
                                size_t b, size_t from, mg_ckpt_piece *pc)
 {
     enum { CHUNK = 1 << 18 };
     float *buf = malloc(CHUNK * sizeof(float));
-    if (!buf) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    if (!buf) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", out->path);
     *pc = (mg_ckpt_piece){.tensor = i, .crc = mg_crc32(NULL, 0), .off = from * sizeof(float),
                           .len = (b - a) * sizeof(float)};
     mg_status st = MG_OK;
     for (size_t x = a; x < b && !st; x += CHUNK) {
         size_t n = b - x < CHUNK ? b - x : CHUNK, len = n * sizeof(float);
         st = mg_optim_read_state(w->o, w->state[i], x, x + n, buf);
-        if (!st) st = mg_pwrite_all(fd, buf, len, w->off[i] + (from + x - a) * sizeof(float), path);
+        if (!st) st = sink_write(out, buf, len, w->off[i] + (from + x - a) * sizeof(float));
         if (!st) pc->crc = mg_crc32_combine(pc->crc, mg_crc32(buf, len), len);
     }
     free(buf);
     return st;
 }
 
-mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const mg_range *r,
-                             int nr, bool buffers, mg_ckpt_piece **out, int *np)
+mg_status mg_ckpt_write_part(mg_ckpt_writer *w, const mg_ckpt_sink *out, const mg_range *r,
+                             int nr, bool buffers, mg_ckpt_piece **pieces, int *np)
 {
-    *out = NULL;
+    *pieces = NULL;
     *np = 0;
     int cap = 0, n = 0;
     for (int i = 0; i < w->n; i++) cap += w->p[i]->is_buffer ? 1 : nr;
     mg_ckpt_piece *pc = calloc((size_t)cap + 1, sizeof *pc);
-    if (!pc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+    if (!pc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", out->path);
     mg_status st = MG_OK;
     for (int i = 0; i < w->n && !st; i++) {
         const mg_param *p = w->p[i];
         if (p->is_buffer) {
-            if (buffers) st = put_piece(w, fd, path, i, p->data, 0, p->numel, &pc[n++]);
+            if (buffers) st = put_piece(w, out, i, p->data, 0, p->numel, &pc[n++]);
             continue;
         }
         size_t lo = p->offset, hi = p->offset + p->numel;
@@ -217,19 +230,19 @@ mg_status mg_ckpt_write_part(mg_ckpt_writer *w, int fd, const char *path, const 
             size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
             if (a >= b) continue;
             if (w->state[i] < 0 || !mg_optim_offloaded(w->o))
-                st = put_piece(w, fd, path, i,
+                st = put_piece(w, out, i,
                                w->state[i] < 0 ? p->data + (a - lo)
                                                : mg_optim_state_at(w->o, w->state[i], a, b),
                                a - lo, b - a, &pc[n++]);
             else
-                st = put_offloaded(w, fd, path, i, a, b, a - lo, &pc[n++]);
+                st = put_offloaded(w, out, i, a, b, a - lo, &pc[n++]);
         }
     }
     if (st) {
         free(pc);
         return st;
     }
-    *out = pc;
+    *pieces = pc;
     *np = n;
     return MG_OK;
 }
@@ -241,9 +254,10 @@ static int by_tensor_off(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_ckpt_piece *pc,
+mg_status mg_ckpt_write_header(mg_ckpt_writer *w, const mg_ckpt_sink *out, mg_ckpt_piece *pc,
                                int n)
 {
+    const char *path = out->path;
     qsort(pc, (size_t)n, sizeof *pc, by_tensor_off);
     uint32_t *crc = calloc((size_t)w->n + 1, sizeof *crc);
     if (!crc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
@@ -269,7 +283,7 @@ mg_status mg_ckpt_write_header(mg_ckpt_writer *w, int fd, const char *path, mg_c
     free(crc);
     if (st) return st;
     MG_ASSERT(hl == w->off[0] || w->n == 0);
-    st = mg_pwrite_all(fd, h, hl, 0, path);
+    st = sink_write(out, h, hl, 0);
     free(h);
     return st;
 }
@@ -315,8 +329,9 @@ static mg_status save_host(const char *path, mg_model *m, mg_optim *o, const mg_
     mg_range all = {0, mg_model_arena_size(m)};
     mg_ckpt_piece *pc = NULL;
     int np = 0;
-    st = mg_ckpt_write_part(w, fd, tmp, &all, 1, true, &pc, &np);
-    if (!st) st = mg_ckpt_write_header(w, fd, tmp, pc, np);
+    mg_ckpt_sink out = {.fd = fd, .path = tmp};
+    st = mg_ckpt_write_part(w, &out, &all, 1, true, &pc, &np);
+    if (!st) st = mg_ckpt_write_header(w, &out, pc, np);
     free(pc);
     mg_ckpt_writer_destroy(w);
     if (st) {
@@ -368,44 +383,79 @@ static mg_status check_tensor(const char *path, const mg_st_file *f, const char 
     return MG_OK;
 }
 
-/* n floats of tensor x from element `from` on. */
-static void copy_part(float *dst, const mg_st_tensor *x, size_t from, size_t n)
+/* n floats of tensor x of f from its element `from` on, converted to
+ * float; a remote file's through a bounce buffer unless they are F32. */
+static mg_status copy_part(float *dst, const mg_st_file *f, const mg_st_tensor *x, size_t from,
+                           size_t n)
 {
-    const uint8_t *s = (const uint8_t *)x->data + from * mg_st_dtype_size(x->dtype);
-    switch (x->dtype) {
-    case MG_ST_F32:
-        memcpy(dst, s, n * 4);
-        break;
-    case MG_ST_F64:
-        for (size_t i = 0; i < n; i++) {
-            double d;
-            memcpy(&d, s + 8 * i, 8);
-            dst[i] = (float)d;
+    size_t es = mg_st_dtype_size(x->dtype);
+    if (x->dtype == MG_ST_F32) return mg_st_read(f, x, from * es, n * es, dst);
+    enum { CHUNK = 2048 };
+    uint8_t buf[CHUNK * 8];
+    for (size_t at = 0; at < n;) {
+        size_t k = n - at < CHUNK ? n - at : CHUNK;
+        const uint8_t *s = x->data ? (const uint8_t *)x->data + (from + at) * es : buf;
+        if (!x->data) MG_TRY(mg_st_read(f, x, (from + at) * es, k * es, buf));
+        float *d = dst + at;
+        switch (x->dtype) {
+        case MG_ST_F64:
+            for (size_t i = 0; i < k; i++) {
+                double v;
+                memcpy(&v, s + 8 * i, 8);
+                d[i] = (float)v;
+            }
+            break;
+        case MG_ST_F16:
+            for (size_t i = 0; i < k; i++) {
+                uint16_t h;
+                memcpy(&h, s + 2 * i, 2);
+                d[i] = mg_f16_to_f32(h);
+            }
+            break;
+        case MG_ST_BF16:
+            for (size_t i = 0; i < k; i++) {
+                uint16_t h;
+                memcpy(&h, s + 2 * i, 2);
+                d[i] = mg_bf16_to_f32(h);
+            }
+            break;
+        default:
+            MG_ASSERT(!"not a float dtype");
         }
-        break;
-    case MG_ST_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = mg_f16_to_f32(h);
-        }
-        break;
-    case MG_ST_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = mg_bf16_to_f32(h);
-        }
-        break;
-    default:
-        MG_ASSERT(!"not a float dtype");
+        at += k;
     }
+    return MG_OK;
+}
+
+/* Values a model or optimizer cannot hold: each element of a local file's
+ * tensor x must be finite (and not below 0 where nonneg). */
+static mg_status check_values(const char *path, const mg_st_file *f, const mg_st_tensor *x,
+                              bool nonneg)
+{
+    if (!x->data) return MG_OK;   /* a remote file: its holder checked it */
+    enum { CHUNK = 4096 };
+    float v[CHUNK];
+    size_t n = x->nbytes / mg_st_dtype_size(x->dtype);
+    for (size_t at = 0; at < n; at += CHUNK) {
+        size_t k = n - at < CHUNK ? n - at : CHUNK;
+        MG_TRY(copy_part(v, f, x, at, k));
+        size_t bad = k;
+        for (size_t i = 0; i < k; i++)
+            if (!isfinite(v[i]) || (nonneg && v[i] < 0)) bad = bad < i ? bad : i;
+        if (bad < k)
+            return mg_error(MG_EFORMAT, "%s: tensor '%s' holds %g at element %zu%s: the file "
+                            "is damaged or crafted (training from it would not recover)", path,
+                            x->name, (double)v[bad], at + bad,
+                            isfinite(v[bad]) ? ", and it cannot be negative" : "");
+    }
+    return MG_OK;
 }
 
 /* The part of tensor p's optimizer state s that o holds (the
  * intersections of p with o's ranges) from x; offloaded state through a
  * buffer of chunks. */
-static mg_status copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_tensor *x)
+static mg_status copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_file *f,
+                            const mg_st_tensor *x)
 {
     enum { CHUNK = 1 << 18 };
     size_t lo = p->offset, hi = p->offset + p->numel;
@@ -416,11 +466,11 @@ static mg_status copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_t
     for (int k = 0; k < mg_optim_num_ranges(o) && !st; k++) {
         mg_range r = mg_optim_range_at(o, k);
         size_t a = r.lo > lo ? r.lo : lo, b = r.hi < hi ? r.hi : hi;
-        if (a < b && !off) copy_part(mg_optim_state_at(o, s, a, b), x, a - lo, b - a);
+        if (a < b && !off) st = copy_part(mg_optim_state_at(o, s, a, b), f, x, a - lo, b - a);
         for (size_t c = a; c < b && off && !st; c += CHUNK) {
             size_t n = b - c < CHUNK ? b - c : CHUNK;
-            copy_part(buf, x, c - lo, n);
-            st = mg_optim_write_state(o, s, c, c + n, buf);
+            st = copy_part(buf, f, x, c - lo, n);
+            if (!st) st = mg_optim_write_state(o, s, c, c + n, buf);
         }
     }
     free(buf);
@@ -479,8 +529,12 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
     MG_TRY(meta_u64(path, f, "step", MAX_COUNT, &step));
     MG_TRY(meta_u64(path, f, "epoch", MAX_COUNT, &epoch));
     MG_TRY(meta_u64(path, f, "seed", UINT64_MAX, &seed));
-    MG_TRY(meta_u64(path, f, "rng_counter", UINT64_MAX, &rng));
+    MG_TRY(meta_u64(path, f, "rng_counter", MAX_COUNT, &rng));
     MG_TRY(meta_u64(path, f, "optimizer_steps", MAX_COUNT, &os));
+    if (o && os != step)
+        return mg_error(MG_EFORMAT, "%s: metadata 'optimizer_steps' is %" PRIu64 " but 'step' is "
+                        "%" PRIu64 ": a checkpoint's optimizer takes one step per training "
+                        "step, so the file is damaged or crafted", path, os, step);
     const char *hp = mg_st_meta(f, "hparams");
     if (!hp)
         return mg_error(MG_EFORMAT, "%s: metadata 'hparams' missing: the file is damaged", path);
@@ -501,6 +555,7 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
     for (int i = 0; i < nt; i++) {
         MG_TRY(check_tensor(path, f, mg_model_tensor(m, i)->name, mg_model_tensor(m, i),
                             false, &x));
+        MG_TRY(check_values(path, f, x, false));
     }
     const char *okind = mg_st_meta(f, "optimizer");
     if (o) {
@@ -522,6 +577,7 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
                 if (p->is_buffer) continue;
                 snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
                 MG_TRY(check_tensor(path, f, name, p, false, &x));
+                MG_TRY(check_values(path, f, x, mg_optim_state_nonnegative(o, s)));
             }
         }
     }
@@ -549,7 +605,14 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
     return MG_OK;
 }
 
-static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta);
+static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
+{
+    mg_st_file *f;
+    MG_TRY(mg_st_open(path, &f));
+    mg_status st = mg_checkpoint_load_st(f, path, m, o, meta);
+    mg_st_close(f);
+    return st;
+}
 
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
 {
@@ -558,41 +621,66 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt
     return mg_ckpt_host_end(m, o, was, load_host(path, m, o, meta));
 }
 
-static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_meta *meta)
+/* Validated first, so a refused file changes nothing; a remote file's
+ * read failing part-way (its holder died) leaves a partial state, which
+ * the caller must not train from. */
+mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model *m, mg_optim *o,
+                                mg_ckpt_meta *meta)
 {
-    mg_st_file *f;
-    MG_TRY(mg_st_open(path, &f));
     mg_ckpt_meta got;
     long osteps = 0;
-    mg_status st = validate(path, f, m, o, &got, &osteps);
-    if (st) { mg_st_close(f); return st; }
+    MG_TRY(validate(path, f, m, o, &got, &osteps));
     char name[NAME_MAX_];
     int nt = mg_model_num_tensors(m);
-    for (int i = 0; i < nt; i++) {
+    mg_status st = MG_OK;
+    for (int i = 0; i < nt && !st; i++) {
         const mg_param *p = mg_model_tensor(m, i);
-        copy_part(p->data, mg_st_find(f, p->name), 0, p->numel);
+        st = copy_part(p->data, f, mg_st_find(f, p->name), 0, p->numel);
     }
-    if (o) {
-        for (int s = 0; s < mg_optim_num_states(o); s++) {
-            const char *sname;
-            mg_optim_state(o, s, &sname);
-            for (int i = 0; i < nt; i++) {
-                const mg_param *p = mg_model_tensor(m, i);
-                if (p->is_buffer) continue;
-                snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
-                if (!st) st = copy_state(o, s, p, mg_st_find(f, name));
-            }
+    for (int s = 0; o && s < mg_optim_num_states(o); s++) {
+        const char *sname;
+        mg_optim_state(o, s, &sname);
+        for (int i = 0; i < nt && !st; i++) {
+            const mg_param *p = mg_model_tensor(m, i);
+            if (p->is_buffer) continue;
+            snprintf(name, sizeof name, "optim.%s.%s", sname, p->name);
+            st = copy_state(o, s, p, f, mg_st_find(f, name));
         }
-        if (st) { mg_st_close(f); return st; }
-        mg_optim_set_steps(o, osteps);
     }
+    if (st) return st;
+    if (o) mg_optim_set_steps(o, osteps);
     mg_model_set_rng_counter(m, got.rng_counter);
     if (meta) *meta = got;
-    mg_st_close(f);
     return MG_OK;
 }
 
-mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix)
+/* The tensors of f under prefix that m has no place for (a multigrad
+ * checkpoint's optimizer state aside: --init leaves it out by design):
+ * their count, and the first few names in list. */
+static int left_out(const mg_st_file *f, mg_model *m, const char *prefix, char *list, size_t cap)
+{
+    size_t pl = strlen(prefix);
+    const char *fmt = mg_st_meta(f, "format");
+    bool ckpt = fmt && !strcmp(fmt, FORMAT);
+    int n = 0, nt = mg_model_num_tensors(m);
+    size_t k = 0;
+    list[0] = 0;
+    for (int i = 0; i < mg_st_count(f); i++) {
+        const char *nm = mg_st_get(f, i)->name;
+        if (strncmp(nm, prefix, pl) || (ckpt && !strncmp(nm + pl, "optim.", 6))) continue;
+        bool known = false;
+        for (int j = 0; j < nt && !known; j++) known = !strcmp(nm + pl, mg_model_tensor(m, j)->name);
+        if (known) continue;
+        if (n < 3 && k < cap)
+            k += (size_t)snprintf(list + k, cap - k, "%s%s", n ? ", " : "", nm);
+        n++;
+    }
+    if (n > 3 && k < cap) snprintf(list + k, cap - k, " and %d more", n - 3);
+    return n;
+}
+
+mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
+                                int *n_left_out)
 {
     mg_st_file *f;
     MG_TRY(mg_st_open(path, &f));
@@ -609,7 +697,15 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
         }
         if (p->is_buffer && !mg_st_find(f, name)) continue;   /* buffers are optional */
         st = check_tensor(path, f, name, p, true, &x);
+        if (!st) st = check_values(path, f, x, false);
     }
+    char list[300];
+    int extra = st ? 0 : left_out(f, m, prefix, list, sizeof list);
+    if (n_left_out) *n_left_out = extra;
+    else if (extra)
+        st = mg_error(MG_EMISMATCH, "%s holds %d tensor%s that model %s has no place for (%s): "
+                      "it is of a larger or another model", path, extra, extra > 1 ? "s" : "",
+                      mg_model_name(m), list);
     if (st) { mg_st_close(f); return st; }
     /* A model on a device gets each tensor through a host copy. */
     mg_device dev = mg_model_device(m), cpu = {MG_DEVICE_CPU, 0};
@@ -618,13 +714,13 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         if (!(x = mg_st_find(f, name))) continue;
         if (dev.kind == MG_DEVICE_CPU) {
-            copy_part(p->data, x, 0, p->numel);
+            st = copy_part(p->data, f, x, 0, p->numel);
             continue;
         }
         float *h = malloc(p->numel * sizeof(float));
         if (!h) st = mg_error(MG_ENOMEM, "%s: out of memory", path);
-        if (h) copy_part(h, x, 0, p->numel);
-        if (h) st = mg_device_copy(dev, p->data, cpu, h, p->numel * sizeof(float));
+        if (h) st = copy_part(h, f, x, 0, p->numel);
+        if (h && !st) st = mg_device_copy(dev, p->data, cpu, h, p->numel * sizeof(float));
         free(h);
     }
     mg_st_close(f);

@@ -60,6 +60,7 @@ struct mg_optim {
     float lr;                 /* learning rate of the current step */
     int nstates;
     const char *state_names[MAX_STATES];
+    bool state_nonneg[MAX_STATES];   /* a mean of squares: never below 0 */
     float *state[MAX_STATES];   /* NULL when offloaded */
     offload *off_;
     mg_device dev;            /* where the state is (mg_optim_to_device) */
@@ -202,6 +203,7 @@ mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, 
         if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
     } else {
         o->state_names[o->nstates++] = "exp_avg";
+        o->state_nonneg[o->nstates] = true;
         o->state_names[o->nstates++] = "exp_avg_sq";
     }
     for (int i = 0; i < o->nstates; i++) {
@@ -698,6 +700,12 @@ float *mg_optim_state(mg_optim *o, int i, const char **name)
     MG_ASSERT(i >= 0 && i < o->nstates);
     if (name) *name = o->state_names[i];
     return o->state[i];
+}
+
+bool mg_optim_state_nonnegative(const mg_optim *o, int i)
+{
+    MG_ASSERT(i >= 0 && i < o->nstates);
+    return o->state_nonneg[i];
 }
 
 double mg_grad_sumsq(const float *g, size_t n)

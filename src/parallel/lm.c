@@ -26,10 +26,17 @@ static bool next_windows(void *ud, mg_micro_batch *b)
     return true;
 }
 
-static bool windows_open(windows *s, const mg_text *t, int T, int batch, int rank, int world)
+int mg_lm_val_windows(const mg_text *t, int T, int max)
+{
+    int n = mg_text_val_windows(t, T);
+    return max > 0 && max < n ? max : n;
+}
+
+static bool windows_open(windows *s, const mg_text *t, int T, int n, int batch, int rank,
+                         int world)
 {
     *s = (windows){.t = t, .T = T, .batch = batch};
-    mg_shard_range(mg_text_val_windows(t, T), rank, world, &s->w, &s->end);
+    mg_shard_range(mg_lm_val_windows(t, T, n), rank, world, &s->w, &s->end);
     s->x = malloc(sizeof(int32_t) * (size_t)batch * T);
     s->y = malloc(sizeof(int32_t) * (size_t)batch * T);
     return s->x && s->y;
@@ -44,7 +51,7 @@ static void windows_close(windows *s)
 mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, double *loss)
 {
     windows s;
-    bool ok = windows_open(&s, t, mg_model_positions(m), batch, g ? mg_group_rank(g) : 0,
+    bool ok = windows_open(&s, t, mg_model_positions(m), 0, batch, g ? mg_group_rank(g) : 0,
                            g ? mg_group_size(g) : 1);
     double v[3] = {0, 0, !ok};   /* loss sum, windows, failed */
     mg_model_set_training(m, false);
@@ -66,11 +73,11 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
 }
 
 mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, int replica,
-                                  int replicas, double *loss)
+                                  int replicas, int n_windows, double *loss)
 {
     windows w;
-    bool ok = windows_open(&w, t, mg_model_positions(mg_strategy_model(s)), batch, replica,
-                           replicas);
+    bool ok = windows_open(&w, t, mg_model_positions(mg_strategy_model(s)), n_windows, batch,
+                           replica, replicas);
     mg_step_result r = {0};
     mg_status st = ok ? mg_strategy_evaluate(s, next_windows, &w, &r)
                       : mg_error(MG_ENOMEM, "validation: out of memory for a batch of %d", batch);

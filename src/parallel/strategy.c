@@ -9,18 +9,15 @@
  * last micro-batch); finish the communication; the mean over the
  * micro-batches; clip to the global norm; the optimizer over the
  * strategy's range. Checkpoints are logical (names and full shapes,
- * checkpoint.c): rank 0 of a DDP job writes and reads, and every rank
- * learns the outcome and the state. */
-#include <errno.h>
-#include <fcntl.h>
+ * checkpoint.c) and written and read by every rank of a job, each its
+ * own part, directly or through rank 0 (ckpt_io.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include "multigrad/parallel.h"
 #include "multigrad/trace.h"
+#include "parallel/internal.h"
 
 typedef struct strategy_vt {
     const char *name;
@@ -164,6 +161,10 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     if (o->offload_cpu && o->offload_dir)
         return mg_error(MG_EINVAL, "offload: give one of --offload cpu (the optimizer in host "
                         "memory) and --offload disk:DIR (in files)");
+    if (mg_model_device(m).kind != MG_DEVICE_CPU && o->offload_dir)
+        return mg_error(MG_EUNSUPPORTED, "offload to files (--offload disk:DIR) is built for a "
+                        "model on the CPU; with a device give --offload cpu, which keeps the "
+                        "optimizer's state in host memory");
     if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind == MG_STRATEGY_DP)
         return mg_error(MG_EUNSUPPORTED, "strategy dp (threads sharing one model) does not run "
                         "on a device; use ddp, which runs one process per GPU, or --device cpu");
@@ -298,20 +299,21 @@ mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
     return g ? mg_all_reduce(g, v, v, (size_t)n, MG_F64, MG_SUM) : MG_OK;
 }
 
-/* Every rank gets the outcome: the first failing rank's status and
- * message, or MG_OK when none failed. */
-static mg_status agree(mg_strategy *s, mg_status st)
+mg_status mg__agree(mg_group *g, mg_status st)
 {
-    if (!s->g) return st;
-    int32_t bad = st ? s->rank : INT32_MAX;
-    MG_TRY(mg_all_reduce(s->g, &bad, &bad, 1, MG_I32, MG_MIN));
+    if (!g) return st;
+    int rank = mg_group_rank(g);
+    int32_t bad = st ? rank : INT32_MAX;
+    MG_TRY(mg_all_reduce(g, &bad, &bad, 1, MG_I32, MG_MIN));
     if (bad == INT32_MAX) return MG_OK;
     struct { int32_t st; char msg[500]; } w = {st, ""};
     if (st) snprintf(w.msg, sizeof w.msg, "%s", mg_last_error());
-    MG_TRY(mg_broadcast(s->g, &w, sizeof w, MG_U8, bad));
-    if (s->rank != bad) return mg_error(w.st, "%s", w.msg);
+    MG_TRY(mg_broadcast(g, &w, sizeof w, MG_U8, bad));
+    if (rank != bad) return mg_error(w.st, "%s", w.msg);
     return st;
 }
+
+static mg_status agree(mg_strategy *s, mg_status st) { return mg__agree(s->g, st); }
 
 mg_status mg_strategy_sync(mg_strategy *s)
 {
@@ -327,86 +329,37 @@ mg_status mg_strategy_sync(mg_strategy *s)
     return agree(s, mg_strategy_release(s));   /* stage 3 keeps its pieces only */
 }
 
-/* Every rank writes its pieces (a replica's rank 0 writes all) into rank
- * 0's temporary file; rank 0, with every rank's piece checksums, writes
- * the header and renames. */
-static mg_status save_parts(mg_strategy *s, mg_ckpt_writer *w, const char *path, char *tmp,
-                            int *fd)
+/* The file (ckpt_io.c) takes each rank's pieces: under ZeRO its shard,
+ * in a pipeline its stage's ranges from one replica, else rank 0's whole
+ * arena; rank 0 writes the buffers (a pipeline's reach it first). */
+static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
+                              const mg_ckpt_meta *meta)
 {
-    mg_status st = MG_OK;
-    if (s->rank == 0) st = mg_atomic_begin(path, mg_ckpt_writer_size(w), tmp, 4096, fd);
-    MG_TRY(agree(s, st));
-    MG_TRY(mg_broadcast(s->g, tmp, 4096, MG_U8, 0));
-    if (s->rank != 0 && (*fd = open(tmp, O_WRONLY | O_CLOEXEC)) < 0)
-        st = mg_error(MG_EIO, "rank %d cannot open %s: %s", s->rank, tmp, strerror(errno));
+    if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
+    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
+    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather_buffers(s->pipe)));
     int nr = 0;
     const mg_range *r = NULL;
     if (s->zero) r = mg_strategy_ranges(s, &nr);
     else if (s->pipe && (!s->pdp || mg_group_rank(s->pdp) == 0))   /* one replica of each stage */
         r = mg_pipe_own_ranges(s->pipe, &nr);
     else if (!s->pipe && s->rank == 0) r = mg_strategy_ranges(s, &nr);
-    mg_ckpt_piece *pc = NULL;
-    int np = 0;
-    if (!st) st = mg_ckpt_write_part(w, *fd, tmp, r, nr, s->rank == 0, &pc, &np);
-    if (!st && s->rank != 0 && fsync(*fd) != 0)
-        st = mg_error(MG_EIO, "rank %d cannot sync %s: %s", s->rank, tmp, strerror(errno));
-    if (s->rank != 0 && *fd >= 0) close(*fd);
-    st = agree(s, st);
-    /* Rank 0 gets every rank's pieces: the counts, then as many as the
-     * most any rank has. */
-    int32_t most = np;
-    if (!st) st = mg_all_reduce(s->g, &most, &most, 1, MG_I32, MG_MAX);
-    mg_ckpt_piece *all = NULL;
-    if (!st) {
-        mg_ckpt_piece *mine = calloc((size_t)most + 1, sizeof *mine);
-        all = calloc((size_t)most * (size_t)s->world + 1, sizeof *all);
-        if (!mine || !all) st = mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
-        for (int i = 0; i < most && !st; i++) mine[i] = i < np ? pc[i] : (mg_ckpt_piece){-1};
-        if (!st) st = mg_all_gather(s->g, mine, all, (size_t)most * sizeof *mine, MG_U8);
-        free(mine);
-    }
-    free(pc);
-    if (!st && s->rank == 0) {
-        int n = 0;
-        for (int i = 0; i < most * s->world; i++)
-            if (all[i].tensor >= 0) all[n++] = all[i];
-        st = mg_ckpt_write_header(w, *fd, tmp, all, n);
-    }
-    free(all);
-    return st;
-}
-
-static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
-                              const mg_ckpt_meta *meta)
-{
-    if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
-    /* Offloaded parameter pieces are read in for the writing; a
-     * pipeline's buffers reach rank 0, which writes them (each rank
-     * writes its own parameters). */
-    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
-    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather_buffers(s->pipe)));
     mg_ckpt_writer *w;
     mg_status st = agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
-    if (!st) {
-        char tmp[4096] = "";
-        int fd = -1;
-        st = save_parts(s, w, path, tmp, &fd);
-        mg_ckpt_writer_destroy(w);
-        if (s->rank == 0 && fd >= 0) st = st ? (mg_atomic_abort(tmp, fd), st)
-                                             : mg_atomic_commit(path, tmp, fd);
-        st = agree(s, st);
-    }
+    if (!st) st = mg__ckpt_save(s->g, w, path, r, nr, s->rank == 0);
+    mg_ckpt_writer_destroy(w);
     mg_status e = agree(s, mg_strategy_release(s));
     return st ? st : e;
 }
 
+/* Every rank reads the parameters and the optimizer state of its own
+ * ranges: the file is logical, so any world size and stage reads it. */
 static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               mg_ckpt_meta *meta)
 {
-    /* Every rank reads the parameters and the optimizer state of its own
-     * ranges: the file is logical, so any world size and stage reads it. */
     mg_status st = s->zero ? agree(s, mg_zero_pieces_in(s->zero)) : MG_OK;
-    if (!st) st = agree(s, mg_checkpoint_load(path, s->m, o, meta));
+    if (!st) st = s->g ? mg__ckpt_load(s->g, path, s->m, o, meta)
+                       : mg_checkpoint_load(path, s->m, o, meta);
     mg_status e = agree(s, mg_strategy_release(s));
     return st ? st : e;
 }

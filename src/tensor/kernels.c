@@ -1,128 +1,19 @@
-/* Which GEMM and SIMD kernels this process runs, checked once at first
- * use, and the choice made right when the BLAS got it wrong.
+/* Which kernels this process runs, checked once at first use: the CPU,
+ * OpenBLAS's core for GEMM (blas.c checks it and re-selects it when
+ * OpenBLAS chose wrong) and the library's own convolution kernels; the
+ * lines every tool's --version, --verbose and the benchmark headers
+ * print; the SGEMM peaks the benchmarks compare with.
  *
- * OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels from the
- * CPU's model number when it loads. A model it does not know gets generic
- * kernels: Debian 12's 0.3.21 runs Sapphire/Emerald Rapids Xeons on its
- * SSE3 "Prescott" kernels at a fifth of their speed. So the library reads
- * the CPU's SIMD level itself (core/cpu.c), compares it with the core
- * OpenBLAS chose, and re-selects the core through OpenBLAS's own dynamic
- * initialisation (gotoblas_dynamic_quit/init, which read
- * OPENBLAS_CORETYPE) when the core is not the one measured best for this
- * kind of CPU (the table in mg_blas_core_for). An explicit choice is
- * respected: OPENBLAS_CORETYPE set when the process started, or
- * MG_BLAS_CORE (a core name, or "keep" for whatever OpenBLAS chose).
- * MG_BLAS_MISDETECT=CORE makes the check start from CORE as if OpenBLAS
- * had detected it: the misdetected case on any machine, for tests and
- * for measuring what the fix is worth.
- *
- * Limits: re-selection needs a DYNAMIC_ARCH OpenBLAS (the symbols are
- * weak: another build links and runs, reported as not re-selectable);
- * it runs once, before this library's first GEMM, and changes the BLAS
- * for the whole process. It sets OPENBLAS_CORETYPE for a moment, so a
- * program with threads of its own calls mg_kernels() before starting them
- * (mgtrain does; setenv is not safe against a concurrent getenv). */
+ * Limits: the check runs once per process, before this library's first
+ * GEMM (tensor.c calls mg_kernels), and its result is fixed after that. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include "multigrad/tensor.h"
+#include "tensor/blas.h"
 #include "tensor/conv_impl.h"
-
-/* OpenBLAS's; weak so that a build without them still links. */
-extern char *openblas_get_corename(void) __attribute__((weak));
-extern char *openblas_get_config(void) __attribute__((weak));
-extern void gotoblas_dynamic_init(void) __attribute__((weak));
-extern void gotoblas_dynamic_quit(void) __attribute__((weak));
-
-/* OpenBLAS's x86-64 core names and the SIMD level of their SGEMM kernels. */
-static const struct { const char *name; mg_simd simd; } cores[] = {
-    {"Prescott", MG_SIMD_SSE},      {"Core2", MG_SIMD_SSE},     {"Penryn", MG_SIMD_SSE},
-    {"Dunnington", MG_SIMD_SSE},    {"Nehalem", MG_SIMD_SSE},   {"Atom", MG_SIMD_SSE},
-    {"Opteron", MG_SIMD_SSE},       {"Opteron_SSE3", MG_SIMD_SSE}, {"Barcelona", MG_SIMD_SSE},
-    {"Nano", MG_SIMD_SSE},          {"Bobcat", MG_SIMD_SSE},    {"Sandybridge", MG_SIMD_AVX},
-    {"Bulldozer", MG_SIMD_AVX},     {"Piledriver", MG_SIMD_AVX}, {"Steamroller", MG_SIMD_AVX},
-    {"Excavator", MG_SIMD_AVX2},    {"Haswell", MG_SIMD_AVX2},  {"Zen", MG_SIMD_AVX2},
-    {"SkylakeX", MG_SIMD_AVX512},   {"Cooperlake", MG_SIMD_AVX512},
-    {"SapphireRapids", MG_SIMD_AVX512},
-};
-
-static int core_index(const char *name)
-{
-    for (size_t i = 0; i < sizeof cores / sizeof cores[0]; i++)
-        if (name && !strcasecmp(name, cores[i].name)) return (int)i;
-    return -1;
-}
-
-static mg_simd core_simd(const char *name)
-{
-    int i = core_index(name);
-    return i < 0 ? MG_SIMD_NONE : cores[i].simd;
-}
-
-/* The core whose SGEMM measured fastest on this kind of CPU, and why
- * (docs/PERFORMANCE.md has the figures). NULL: keep OpenBLAS's choice. */
-const char *mg_blas_core_for(const mg_cpu_info *c, const char **why)
-{
-    const char *unused;
-    if (!why) why = &unused;
-    bool amd = !strcmp(c->vendor, "AuthenticAMD") || !strcmp(c->vendor, "HygonGenuine");
-    switch (c->simd) {
-    case MG_SIMD_AMX:
-    case MG_SIMD_AVX512:
-        if (amd && c->family < 0x1a) {
-            /* Zen 4 (family 0x19) runs AVX-512 in 256-bit halves: OpenBLAS
-             * 0.3.21's Haswell SGEMM kernels beat its SkylakeX/Cooperlake
-             * ones there. */
-            *why = "measured fastest on AMD Zen 4 (AVX-512 in 256-bit halves)";
-            return "Haswell";
-        }
-        if (amd) {
-            /* Zen 5 (family 0x1a) has full-width AVX-512 units: SkylakeX
-             * measured 2x Haswell's SGEMM peak there (233 against 120). */
-            *why = "measured fastest on AMD Zen 5 and later (2x Haswell's)";
-            return "SkylakeX";
-        }
-        *why = "measured fastest on Intel CPUs with AVX-512 (2x Haswell's)";
-        return "SkylakeX";
-    case MG_SIMD_AVX2:
-        *why = "the CPU's AVX2+FMA level";
-        return amd ? "Zen" : "Haswell";
-    case MG_SIMD_AVX:
-        *why = "the CPU's AVX level";
-        return "Sandybridge";
-    default:
-        return NULL;
-    }
-}
-
-static bool can_reselect(void)
-{
-    return gotoblas_dynamic_init && gotoblas_dynamic_quit && openblas_get_corename;
-}
-
-/* Re-run OpenBLAS's dynamic core selection with OPENBLAS_CORETYPE=name for
- * the duration of the call (children do not inherit it). */
-static bool select_core(const char *name)
-{
-    if (!can_reselect() || core_index(name) < 0) return false;
-    const char *cur = mg_env_other("OPENBLAS_CORETYPE");
-    char *saved = cur ? strdup(cur) : NULL;
-    gotoblas_dynamic_quit();
-    setenv("OPENBLAS_CORETYPE", name, 1);
-    gotoblas_dynamic_init();
-    if (saved) setenv("OPENBLAS_CORETYPE", saved, 1);
-    else unsetenv("OPENBLAS_CORETYPE");
-    free(saved);
-    return !strcasecmp(openblas_get_corename(), name);
-}
-
-static void current_core(char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s", openblas_get_corename ? openblas_get_corename() : "unknown");
-}
 
 static int describe(const mg_kernels_info *k, char *buf, size_t cap, const char *prefix,
                     int threads);
@@ -134,73 +25,7 @@ static void kernels_init(void)
 {
     mg_kernels_info *k = &info;
     k->cpu = *mg_cpu();
-    /* "OpenBLAS 0.3.21 DYNAMIC_ARCH ...": the first two words. */
-    const char *cfg = openblas_get_config ? openblas_get_config() : "BLAS";
-    int n = 0, words = 0;
-    while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
-    snprintf(k->blas, sizeof k->blas, "%.*s", n, cfg);
-
-    const char *user = mg_env_other("OPENBLAS_CORETYPE");
-    const char *misdetect = mg_env_str("MG_BLAS_MISDETECT", NULL);
-    const char *want = mg_env_str("MG_BLAS_CORE", "auto");
-    if (misdetect) {
-        if (!select_core(misdetect))
-            mg_log("warning: MG_BLAS_MISDETECT=%s: cannot select that core", misdetect);
-        user = NULL;
-    }
-    current_core(k->detected, sizeof k->detected);
-    k->detected_simd = core_simd(k->detected);
-
-    const char *why = NULL, *target = NULL, *best = mg_blas_core_for(&k->cpu, &why);
-    bool by_user = false;   /* an explicit choice: respected without a warning */
-    if (user && !misdetect) {
-        by_user = true;
-        k->choice = "set by OPENBLAS_CORETYPE";
-    } else if (!strcasecmp(want, "keep")) {
-        k->choice = "OpenBLAS's choice, kept (MG_BLAS_CORE=keep)";
-    } else if (strcasecmp(want, "auto")) {
-        if (core_index(want) < 0) {
-            mg_log("warning: MG_BLAS_CORE=%s is not an OpenBLAS x86-64 core (Prescott, "
-                   "Sandybridge, Haswell, Zen, SkylakeX, Cooperlake, ... or auto, keep); "
-                   "using auto", want);
-        } else {
-            target = want;
-            by_user = true;
-            k->choice = "set by MG_BLAS_CORE";
-        }
-    }
-    if (!k->choice && !target) {
-        target = best;
-        k->choice = !target ? "OpenBLAS's choice (no better core for this CPU)"
-                  : !strcasecmp(target, k->detected) ? why : NULL;
-    }
-    if (target && strcasecmp(target, k->detected)) {
-        if (select_core(target)) {
-            k->switched = true;
-            if (!k->choice) {
-                snprintf(k->why, sizeof k->why, "OpenBLAS chose %.24s (%s); %.100s", k->detected,
-                         mg_simd_name(k->detected_simd), why);
-                k->choice = k->why;
-            }
-        } else {
-            snprintf(k->why, sizeof k->why, "cannot re-select %.24s: %s", target,
-                     can_reselect() ? "OpenBLAS refused it"
-                                    : "this OpenBLAS was built without DYNAMIC_ARCH");
-            k->choice = k->why;
-        }
-    }
-    current_core(k->core, sizeof k->core);
-    k->core_simd = core_simd(k->core);
-    /* Below the level of the kernels measured best for this CPU. */
-    k->below = best && k->core_simd < core_simd(best);
-    /* An explicit choice gets no warning on every run (the environment may
-     * set it for all programs); --version, --verbose and the benchmark
-     * headers say that it is below this CPU. */
-    if (k->below && !by_user)
-        mg_log("warning: GEMM runs on OpenBLAS's %s kernels (%s) on a CPU with %s (%s): %s; "
-               "unset OPENBLAS_CORETYPE / MG_BLAS_CORE to let multigrad choose",
-               k->core, mg_simd_name(k->core_simd), mg_simd_name(k->cpu.simd), k->cpu.model,
-               k->choice);
+    mg__blas_check(k);
 #ifdef MG__HAVE_AVX512
     k->own = strcmp(mg_env_str("MG_KERNELS", "auto"), "generic") ? MG_SIMD_AVX512 : MG_SIMD_NONE;
 #else
@@ -235,11 +60,11 @@ static int describe(const mg_kernels_info *k, char *buf, size_t cap, const char 
 {
     const mg_cpu_info *c = &k->cpu;
     const char *p = prefix ? prefix : "";
-    char det[64] = "", thr[80] = "", below[96] = "";
+    char det[64] = "", thr[80] = "", below[160] = "";
     if (k->switched) snprintf(det, sizeof det, ", re-selected from %s", k->detected);
     if (k->below)
-        snprintf(below, sizeof below, ", below this CPU's %s: unset it to let multigrad choose",
-                 mg_simd_name(c->simd));
+        snprintf(below, sizeof below, ", below this CPU's %s%s%s", mg_simd_name(c->simd),
+                 *k->fix ? ": " : "", k->fix);
     if (threads >= 0)
         snprintf(thr, sizeof thr, "%sthreads: %d BLAS thread(s) per process\n", p, threads);
     return snprintf(buf, cap,

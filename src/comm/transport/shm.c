@@ -24,12 +24,15 @@
  * costs one load of a line that rarely changes.
  *
  * Names: /mg-[TAG-]GID-RANK (and -aIDX for group memory), TAG being the
- * launcher's MG_SHM_TAG: mgrun removes its job's names when the job ends,
- * whatever killed the ranks. A name exists from the segment's creation
- * until every local peer has mapped it; meanwhile SIGTERM, SIGINT and
- * SIGHUP first remove the names of the group's segments on this host —
- * this rank's and its peers', which a SIGKILL may have ended before they
- * could — then do what they did before.
+ * MG_SHM_TAG of the rank that made the segment, which each rank tells the
+ * others at rendezvous: the ranks of one host may come from several
+ * launchers (two mgrun --nnodes on one host), and each launcher removes
+ * the names of its own ranks when they end, whatever killed them. A name
+ * exists from the segment's creation until every local peer has mapped
+ * it; meanwhile SIGTERM, SIGINT and SIGHUP first remove the names of the
+ * group's segments on this host — this rank's and its peers', which a
+ * SIGKILL may have ended before they could — then do what they did
+ * before.
  *
  * Counters only grow (the algorithms derive them from their operation
  * count), so a peer that moved on to a later operation satisfies every
@@ -122,7 +125,7 @@ typedef struct galloc {
 struct mg__shm_transport {
     int rank, size;
     uint64_t gid;
-    char tag[MG__SHM_TAG_MAX + 1];
+    char (*tags)[MG__SHM_TAG_MAX + 1]; /* per rank: its MG_SHM_TAG, in its names */
     bool all_local;
     bool *local;
     pid_t *pid;
@@ -323,15 +326,18 @@ int mg_shm_remove_tagged(const char *tag)
 
 /* ---- segments ------------------------------------------------------------ */
 
-static void seg_name(char *buf, size_t n, const char *tag, uint64_t gid, int rank)
+/* The name of rank's segment. */
+static void seg_name(char *buf, size_t n, const mg__shm_transport *x, int rank)
 {
-    snprintf(buf, n, "/mg-%s%s%016llx-%d", tag, *tag ? "-" : "", (unsigned long long)gid, rank);
+    const char *tag = x->tags[rank];
+    snprintf(buf, n, "/mg-%s%s%016llx-%d", tag, *tag ? "-" : "", (unsigned long long)x->gid,
+             rank);
 }
 
 /* Group memory: allocation idx of rank. */
-static void alloc_name(char *buf, size_t n, const char *tag, uint64_t gid, int rank, unsigned idx)
+static void alloc_name(char *buf, size_t n, const mg__shm_transport *x, int rank, unsigned idx)
 {
-    seg_name(buf, n, tag, gid, rank);
+    seg_name(buf, n, x, rank);
     size_t k = strlen(buf);
     snprintf(buf + k, n - k, "-a%u", idx);
 }
@@ -342,8 +348,8 @@ static void guard_peers(mg__shm_transport *x, long idx, bool keep)
 {
     for (int i = 0; i < x->npeers; i++) {
         char name[80];
-        if (idx < 0) seg_name(name, sizeof name, x->tag, x->gid, x->peers[i]);
-        else alloc_name(name, sizeof name, x->tag, x->gid, x->peers[i], (unsigned)idx);
+        if (idx < 0) seg_name(name, sizeof name, x, x->peers[i]);
+        else alloc_name(name, sizeof name, x, x->peers[i], (unsigned)idx);
         if (keep) name_keep(name);
         else name_drop(name);
     }
@@ -358,8 +364,6 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     x->rank = cfg->rank;
     x->size = n;
     x->gid = cfg->gid;
-    MG_ASSERT(strlen(cfg->tag) <= MG__SHM_TAG_MAX);
-    strcpy(x->tag, cfg->tag);
     x->all_local = cfg->all_local;
     x->spin = cfg->spin;
     size_t rb = 4096; /* the largest power of two within the budget */
@@ -371,12 +375,13 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     x->start = calloc((size_t)n, sizeof *x->start);
     x->peers = calloc((size_t)n, sizeof *x->peers);
     x->seg = calloc((size_t)n, sizeof *x->seg);
+    x->tags = calloc((size_t)n, sizeof *x->tags);
     x->checked = calloc((size_t)n, sizeof *x->checked);
     x->beat_seen = calloc((size_t)n, sizeof *x->beat_seen);
     x->beat_at = calloc((size_t)n, sizeof *x->beat_at);
     x->peer_timeout = cfg->peer_timeout;
     x->names = cfg->names;
-    if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->checked ||
+    if (!x->local || !x->pid || !x->start || !x->peers || !x->seg || !x->tags || !x->checked ||
         !x->beat_seen || !x->beat_at) {
         mg__shm_transport_destroy(x);
         return mg_error(MG_ENOMEM, "shm: out of memory");
@@ -385,10 +390,12 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
         x->local[r] = cfg->local[r] || r == x->rank;
         x->pid[r] = cfg->pid[r];
         x->start[r] = cfg->start[r];
+        MG_ASSERT(strlen(cfg->tags[r]) <= MG__SHM_TAG_MAX);
+        strcpy(x->tags[r], cfg->tags[r]);
         if (x->local[r] && r != x->rank) x->peers[x->npeers++] = r;
     }
     layout(x);
-    seg_name(x->name, sizeof x->name, x->tag, x->gid, x->rank);
+    seg_name(x->name, sizeof x->name, x, x->rank);
     guard_peers(x, -1, true);
     int fd = named_create(x->name);
     if (fd < 0) {
@@ -433,17 +440,30 @@ mg_status mg__shm_transport_attach(mg__shm_transport *x)
     for (int i = 0; i < x->npeers; i++) {
         int r = x->peers[i];
         char name[64];
-        seg_name(name, sizeof name, x->tag, x->gid, r);
+        seg_name(name, sizeof name, x, r);
         int fd = shm_open(name, O_RDWR, 0);
-        if (fd < 0)
-            return mg_error(MG_EIO, "cannot open rank %d's shared memory %s: %s; if the ranks "
-                            "run in different containers, set MG_TRANSPORT=tcp", r, name,
-                            strerror(errno));
+        if (fd < 0) {
+            /* The ranks share this host (boot and namespaces), and r made
+             * the name and keeps it until every local peer has mapped it. */
+            int e = errno;
+            char who[160];
+            mg__shm_transport_describe_peer(x, r, who, sizeof who);
+            return mg_error(MG_EIO, "cannot open the shared memory %s of %s: %s; %s", name, who,
+                            strerror(e), e == EACCES
+                            ? "the ranks run as different users: run them as one user or set "
+                              "MG_TRANSPORT=tcp"
+                            : mg__proc_state(x->pid[r], x->start[r]) == MG__DEAD
+                            ? "that rank has died"
+                            : "its name was removed before this rank could map it (by that "
+                              "rank's launcher, or a clean-up of /dev/shm)");
+        }
         struct stat st;
+        char who[128];
+        mg__rank_name(x->names, r, NULL, who, sizeof who);
         if (fstat(fd, &st) < 0 || (size_t)st.st_size != x->total) {
             close(fd);
-            return mg_error(MG_EMISMATCH, "rank %d's shared memory %s has %lld bytes, expected "
-                            "%zu: the ranks disagree on MG_SHM_* settings", r, name,
+            return mg_error(MG_EMISMATCH, "%s's shared memory %s has %lld bytes, expected %zu: "
+                            "the ranks disagree on MG_SHM_* settings", who, name,
                             (long long)st.st_size, x->total);
         }
         void *p = mmap(NULL, x->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -453,8 +473,8 @@ mg_status mg__shm_transport_attach(mg__shm_transport *x)
         const seg_hdr *h = p;
         if (h->magic != SEG_MAGIC || h->gid != x->gid || h->rank != r || h->size != x->size ||
             h->total != x->total || h->ring_bytes != x->ring_bytes || h->slot_off != x->slot_off)
-            return mg_error(MG_EMISMATCH, "rank %d's shared memory %s does not match this "
-                            "group's layout (the ranks disagree on MG_SHM_* settings)", r, name);
+            return mg_error(MG_EMISMATCH, "%s's shared memory %s does not match this group's "
+                            "layout (the ranks disagree on MG_SHM_* settings)", who, name);
     }
     return MG_OK;
 }
@@ -481,6 +501,7 @@ void mg__shm_transport_destroy(mg__shm_transport *x)
     free(x->start);
     free(x->peers);
     free(x->seg);
+    free(x->tags);
     free(x->checked);
     free(x->beat_seen);
     free(x->beat_at);
@@ -900,7 +921,7 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
     a->mapped = page_up(bytes ? bytes : 1);
     unsigned idx = a->idx = x->nalloc++;
     char name[80];
-    alloc_name(name, sizeof name, x->tag, x->gid, x->rank, idx);
+    alloc_name(name, sizeof name, x, x->rank, idx);
     mg_status st = MG_OK;
     guard_peers(x, idx, true);
     int fd = named_create(name);
@@ -924,7 +945,7 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
     for (int i = 0; !st && i < x->npeers; i++) {
         int r = x->peers[i];
         char pn[80];
-        alloc_name(pn, sizeof pn, x->tag, x->gid, r, idx);
+        alloc_name(pn, sizeof pn, x, r, idx);
         int pfd = shm_open(pn, O_RDWR, 0);
         struct stat sb;
         if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->mapped) {

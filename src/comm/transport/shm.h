@@ -17,7 +17,9 @@ typedef struct mg__shm_transport mg__shm_transport;
 
 typedef struct mg__shm_transport_cfg {
     uint64_t gid;
-    const char *tag;       /* "" or MG_SHM_TAG, checked: part of the names */
+    /* per group rank: "" or its MG_SHM_TAG (checked), in the names of its
+     * segments (the ranks of one host may have different ones) */
+    const char (*tags)[MG__SHM_TAG_MAX + 1];
     int rank, size;
     const bool *local;     /* per group rank: reached through shm (self included) */
     bool all_local;        /* every rank local: slots and the mg__shm_view */

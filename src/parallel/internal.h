@@ -1,0 +1,22 @@
+/* Internal to src/parallel: what its files share and nothing outside
+ * uses. */
+#ifndef MG_PARALLEL_INTERNAL_H
+#define MG_PARALLEL_INTERNAL_H
+
+#include "multigrad/parallel.h"
+
+/* Every rank of g gets the outcome: the first failing rank's status and
+ * message, or MG_OK when none failed. Collective. */
+mg_status mg__agree(mg_group *g, mg_status st);
+
+/* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
+ * its ranges r (and the buffers where `buffers`) of the one file w lays
+ * out at path, directly or through rank 0, which commits it; every rank
+ * reads its model's tensors and o's ranges of the file at rank 0's path.
+ * Collective; every rank gets the outcome. */
+mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const mg_range *r,
+                        int nr, bool buffers);
+mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
+                        mg_ckpt_meta *meta);
+
+#endif
