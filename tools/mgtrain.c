@@ -647,7 +647,10 @@ static void sum_over_replicas(trainer *t, double *v, int n)
 static void die_in_step(const trainer *t)
 {
     const char *e = mg_last_error();
-    if (distributed(t)) die("rank %d: %s", t->rank, mg_error_past_rank(e, t->rank));
+    char me[96];   /* "rank 3", or with its mesh coordinates "rank 3 (pp 1, dp 1)" */
+    if (distributed(t))
+        die("%s: %s", mg_group_rank_name(t->g, t->rank, me, sizeof me),
+            mg_error_past_rank(e, t->rank));
     die("%s", e);
 }
 
