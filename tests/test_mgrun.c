@@ -287,14 +287,16 @@ TEST_T(mgrun_launches_pytorch, 180)
 static const char *fail_script(char *buf, size_t cap, int n, int failing, const char *how,
                                const char *others)
 {
+    /* A rank's pid appears once its own set-up (a trap) is done, so the
+     * failing rank never acts before the others are ready. */
     snprintf(buf, cap,
-             "echo $$ > \"$1/pid.$RANK\"; "
+             "%s echo $$ > \"$1/pid.$RANK\"; "
              "if [ $RANK = %d ]; then "
              "  i=0; while [ $i -lt %d ]; do "
              "    while [ ! -s \"$1/pid.$i\" ]; do sleep 0.01; done; i=$((i+1)); done; "
              "  %s; fi; "
-             "%s exec sleep 30",
-             failing, n, how, others);
+             "exec sleep 30",
+             others, failing, n, how);
     return buf;
 }
 
