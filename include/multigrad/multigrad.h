@@ -11,6 +11,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "parallel.h"
+#include "component.h"
 #include "plot.h"
 #include "trace.h"
 #endif

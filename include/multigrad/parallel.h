@@ -288,6 +288,9 @@ typedef struct mg_strategy_options {
      * averaged over it after the last backward) and the schedule. */
     mg_group *pp_group, *dp_group;
     mg_pipe_options pipe;
+    /* Components added after those of kind, in this order (component.h):
+     * NULL-terminated, or NULL. */
+    const struct mg_component_ops *const *components;
 } mg_strategy_options;
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 

@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "parallel/internal.h"
 #include "multigrad/trace.h"
 
 typedef struct {
@@ -44,6 +44,7 @@ struct mg_ddp {
     size_t ready;           /* gradients [0, ready) are final this step */
     int next;               /* first bucket not launched */
     bool sync, hooked;
+    bool replicas_of_ranges; /* buckets are a part's ranges of the model's own gradients */
     bool staged;            /* the model is on a device: buckets go through grads */
     bool locked;            /* grads page-locked for the device's copies */
     mg_status err;
@@ -122,6 +123,11 @@ static void launch(mg_ddp *d, bucket *b)
     if (d->err) return;
     size_t n = b->hi - b->lo;
     mg_status st;
+    if (d->replicas_of_ranges) {
+        float *g = mg_model_grads(d->m) + b->lo;
+        if ((st = mg_all_reduce_async(d->g, g, g, n, MG_F32, MG_AVG, &b->work))) d->err = st;
+        return;
+    }
     if (d->staged && (st = stage(d, b->lo, b->hi, true))) {
         d->err = st;
         return;
@@ -269,3 +275,53 @@ mg_status mg_ddp_finish(mg_ddp *d)
 }
 
 mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d) { return d->stats; }
+
+/* ---- as a strategy's component ------------------------------------------
+ *
+ * Over the whole arena: the DDP above. Over the ranges a component before
+ * it left this rank (a pipeline's stages): their replicas average those
+ * ranges of the model's own gradients after the step, one bucket each. */
+
+static mg_status create_on_ranges(mg_group *g, mg_model *m, const mg_range *r, int n,
+                                  mg_ddp **out)
+{
+    mg_ddp *d = calloc(1, sizeof *d);
+    bucket *b = calloc((size_t)n, sizeof *b);
+    if (!d || !b) {
+        free(d);
+        free(b);
+        return mg_error(MG_ENOMEM, "ddp: out of memory");
+    }
+    *d = (mg_ddp){.g = g, .m = m, .opt = mg_ddp_defaults(), .n = mg_model_arena_size(m),
+                  .b = b, .sync = true, .replicas_of_ranges = true};
+    for (int i = 0; i < n; i++)
+        if (r[i].hi > r[i].lo) d->b[d->nb++] = (bucket){.lo = r[i].lo, .hi = r[i].hi};
+    *out = d;
+    return MG_OK;
+}
+
+static mg_status ddp_attach(mg_strategy *s, void **state)
+{
+    const mg_strategy_options *o = mg_strategy_options_of(s);
+    mg_model *m = mg_strategy_model(s);
+    int n;
+    const mg_range *r = mg_strategy_ranges(s, &n);
+    if (n == 1 && r[0].lo == 0 && r[0].hi == mg_model_arena_size(m)) {
+        mg_group *g = o->dp_group ? o->dp_group : o->group;
+        if (!g) return mg_error(MG_EINVAL, "strategy ddp needs a process group");
+        return mg_ddp_create(g, m, &o->ddp, (mg_ddp **)state);
+    }
+    if (!o->dp_group || mg_group_size(o->dp_group) == 1) return MG_OK;   /* no replicas */
+    return create_on_ranges(o->dp_group, m, r, n, (mg_ddp **)state);
+}
+
+static void ddp_destroy(void *c) { mg_ddp_destroy(c); }
+static void ddp_begin(void *c, bool last) { mg_ddp_set_sync(c, last); }
+static mg_status ddp_reduce(void *c) { return mg_ddp_finish(c); }
+static mg_group *ddp_group(void *c) { return ((mg_ddp *)c)->g; }
+
+const mg_component_ops mg__ddp_component = {
+    .name = "ddp", .attach = ddp_attach, .destroy = ddp_destroy,
+    .replicas_over = ddp_group, .batch_over = ddp_group,
+    .micro_begin = ddp_begin, .reduce = ddp_reduce,
+};

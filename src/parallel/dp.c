@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "parallel/internal.h"
 
 typedef struct {
     mg_tape *t;
@@ -277,3 +277,26 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
     if (correct) *correct = cor;
     return MG_OK;
 }
+
+/* ---- as a strategy's component: the threads run each micro-batch ------- */
+
+static mg_status dp_attach(mg_strategy *s, void **state)
+{
+    const mg_strategy_options *o = mg_strategy_options_of(s);
+    mg_model *m = mg_strategy_model(s);
+    if (mg_model_device(m).kind != MG_DEVICE_CPU)
+        return mg_error(MG_EUNSUPPORTED, "strategy dp (threads sharing one model) does not run "
+                        "on a device; use ddp, which runs one process per GPU, or --device cpu");
+    return mg_dp_wrap(m, o->workers, o->max_batch, (mg_dp **)state);
+}
+
+static void dp_destroy(void *c) { mg_dp_destroy(c); }
+
+static mg_status dp_micro(void *c, const mg_micro_batch *b, float *loss, int *correct)
+{
+    return mg_dp_forward_backward(c, b->x, b->y, b->n, loss, correct);
+}
+
+const mg_component_ops mg__dp_component = {
+    .name = "dp", .attach = dp_attach, .destroy = dp_destroy, .run_micro = dp_micro,
+};

@@ -3,7 +3,7 @@
 #ifndef MG_PARALLEL_INTERNAL_H
 #define MG_PARALLEL_INTERNAL_H
 
-#include "multigrad/parallel.h"
+#include "multigrad/component.h"
 
 /* Every rank of g gets the outcome: the first failing rank's status and
  * message, or MG_OK when none failed. Collective. */
@@ -18,5 +18,13 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
                         int nr, bool buffers);
 mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
                         mg_ckpt_meta *meta);
+
+/* The built-in components (component.h), listed by kind in strategy.c. */
+extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_component,
+    mg__pipe_component;
+
+/* The pipeline's group (its stages' ranks) and model. */
+mg_group *mg__pipe_group(const mg_pipe *p);
+mg_model *mg__pipe_model(const mg_pipe *p);
 
 #endif

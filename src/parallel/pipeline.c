@@ -27,7 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "parallel/internal.h"
 #include "multigrad/trace.h"
 
 typedef struct flight {   /* a micro-batch in flight on a chunk */
@@ -84,6 +84,9 @@ struct mg_pipe {
 };
 
 static size_t fl(size_t n) { return n * sizeof(float); }
+
+mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
+mg_model *mg__pipe_model(const mg_pipe *p) { return p->m; }
 
 /* The arena range of units [u0, u1) (units lie in reverse order). */
 static mg_range units_range(const mg_model *m, int u0, int u1)

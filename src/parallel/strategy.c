@@ -1,17 +1,24 @@
-/* Strategies: how a global batch becomes forward/backward work and
- * communication, which range of the arena this process's optimizer
- * updates, and how checkpoints are written and read — one interface,
- * one small implementation each (single process, DataParallel threads,
- * DDP), and the one training step every tool and example runs.
+/* Strategies: an ordered list of components over one model (component.h)
+ * and the one training step every tool and example runs.
+ *
+ * A kind (--parallel, --zero, --mesh pp=P) names a list of components
+ * (the table below): none for one process; DataParallel threads; DDP;
+ * ZeRO; a pipeline and, over its stages' replicas, DDP. The caller may
+ * add its own after them. This file never asks which component it holds:
+ * it calls their slots, and where every slot is empty does what one
+ * process does.
  *
  * The step: zero the gradients; each micro-batch forward, loss and
- * backward (the strategy communicates from its unit hooks, only on the
- * last micro-batch); finish the communication; the mean over the
- * micro-batches; clip to the global norm; the optimizer over the
- * strategy's range. Checkpoints are logical (names and full shapes,
- * checkpoint.c) and written and read by every rank of a job, each its
- * own part, directly or through rank 0 (ckpt_io.c). */
+ * backward (the components communicate from their unit hooks, on the
+ * last micro-batch) — or the first component that drives a whole step
+ * runs it; the components' reductions; the mean over the micro-batches;
+ * clipping to the global norm (each rank's share, summed over the ranks
+ * that split the parameters); the optimizer over this rank's ranges.
+ * Checkpoints are logical (names and full shapes, checkpoint.c), written
+ * and read by every rank, each its own part, directly or through rank 0
+ * (ckpt_io.c). */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,37 +26,54 @@
 #include "multigrad/trace.h"
 #include "parallel/internal.h"
 
-typedef struct strategy_vt {
+/* The kinds: a name and the components it is made of, in order. */
+static const struct {
     const char *name;
-    /* Forward, loss and backward of one micro-batch, adding its gradient
-     * to the model's; `last` of the step. */
-    mg_status (*micro)(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct);
-    mg_status (*finish)(mg_strategy *s);   /* optional */
-    /* Optional, instead of micro: the forwards and backwards of a whole
-     * step (up to max_micro micro-batches from next), r's figures. */
-    mg_status (*step)(mg_strategy *s, mg_batch_source next, void *ud, int max_micro,
-                      mg_step_result *r);
-} strategy_vt;
+    mg_strategy_kind kind;
+    const mg_component_ops *parts[2];
+} kinds[] = {
+    {"none", MG_STRATEGY_SINGLE, {NULL}},
+    {"dp", MG_STRATEGY_DP, {&mg__dp_component}},
+    {"ddp", MG_STRATEGY_DDP, {&mg__ddp_component}},
+    {"zero", MG_STRATEGY_ZERO, {&mg__zero_component}},
+    {"pipeline", MG_STRATEGY_PIPELINE, {&mg__pipe_component, &mg__ddp_component}},
+};
+#define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
+
+typedef struct {
+    const mg_component_ops *ops;
+    void *c;
+} part;
 
 struct mg_strategy {
-    const strategy_vt *vt;
     mg_model *m;
-    mg_dp *dp;
-    mg_ddp *ddp;
-    mg_zero *zero;
-    mg_pipe *pipe;
-    mg_group *g;
-    mg_group *pp, *pdp;  /* pipeline: its group, its stages' data-parallel group */
+    mg_strategy_options o;
+    mg_group *g;        /* the job (NULL: one process): agreement, rank 0 */
     int rank, world;
-    mg_range whole;   /* the arena: the range of every unsharded strategy */
+    part part[MG_MAX_COMPONENTS];
+    int n;
+    char name[64];
+    mg_range whole;     /* the arena: the ranges when no component narrows them */
     char *offload_dir;
-    size_t offload_window;
     /* --offload cpu with a model on a device: the host's copies of the
      * parameters and gradients of this process's ranges, the optimizer's
      * (arena-sized mappings: only the ranges are ever touched) */
     bool offload_cpu;
     float *host_p, *host_g;
 };
+
+/* Each component with slot f, in list order (for) or reverse (back). */
+#define EACH(s, f) for (part *p_ = (s)->part; p_ < (s)->part + (s)->n; p_++) if (p_->ops->f)
+#define EACH_BACK(s, f) \
+    for (part *p_ = (s)->part + (s)->n - 1; p_ >= (s)->part; p_--) if (p_->ops->f)
+#define CALL(f, ...) p_->ops->f(p_->c, ##__VA_ARGS__)
+
+/* The first component with slot f (NULL: none). */
+#define FIRST(s, f) ({                                                  \
+    part *first_ = NULL;                                                \
+    for (int i_ = 0; i_ < (s)->n && !first_; i_++)                      \
+        if ((s)->part[i_].ops->f) first_ = &(s)->part[i_];              \
+    first_; })
 
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 {
@@ -59,105 +83,34 @@ mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out)
 {
-    if (!strcmp(s, "none") || !strcmp(s, "single")) *out = MG_STRATEGY_SINGLE;
-    else if (!strcmp(s, "dp")) *out = MG_STRATEGY_DP;
-    else if (!strcmp(s, "ddp")) *out = MG_STRATEGY_DDP;
-    else if (!strcmp(s, "zero")) *out = MG_STRATEGY_ZERO;
-    else if (!strcmp(s, "pipeline")) *out = MG_STRATEGY_PIPELINE;
-    else return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp, zero or "
-                         "pipeline", s);
-    return MG_OK;
+    if (!strcmp(s, "single")) s = "none";
+    for (int k = 0; k < N_KINDS; k++)
+        if (!strcmp(s, kinds[k].name)) {
+            *out = kinds[k].kind;
+            return MG_OK;
+        }
+    return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp, zero or pipeline", s);
 }
 
-/* ---- single process, DDP: the model's own tape --------------------------- */
+/* ---- making and unmaking ------------------------------------------------- */
 
-static mg_status model_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
+static mg_status add_part(mg_strategy *s, const mg_component_ops *ops)
 {
-    if (s->ddp) mg_ddp_set_sync(s->ddp, b->last);
-    if (!mg_model_forward(s->m, (const float *)b->x, b->n)) return MG_ENOMEM;
-    *loss = mg_model_loss(s->m, b->y, correct);
-    mg_model_backward(s->m);
-    return MG_OK;
+    if (s->n == MG_MAX_COMPONENTS)
+        return mg_error(MG_EINVAL, "strategy: more than %d components", MG_MAX_COMPONENTS);
+    void *c = NULL;
+    mg_status st = ops->attach(s, &c);
+    if (c) s->part[s->n++] = (part){ops, c};
+    /* A component may pad the units (DDP, ZeRO: to split them evenly). */
+    s->whole = (mg_range){0, mg_model_arena_size(s->m)};
+    return st;
 }
-
-static mg_status ddp_finish(mg_strategy *s) { return mg_ddp_finish(s->ddp); }
-
-static const strategy_vt single_vt = {.name = "single", .micro = model_micro};
-static const strategy_vt ddp_vt = {.name = "ddp", .micro = model_micro, .finish = ddp_finish};
-
-/* ---- ZeRO: the hooks communicate between begin and end -------------------- */
-
-static mg_status zero_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
-{
-    mg_zero_begin(s->zero, b->last);
-    mg_status st = MG_OK;
-    if (!mg_model_forward(s->m, (const float *)b->x, b->n)) st = MG_ENOMEM;
-    if (!st) {
-        *loss = mg_model_loss(s->m, b->y, correct);
-        mg_model_backward(s->m);
-    }
-    mg_status e = mg_zero_end(s->zero);
-    return st ? st : e;
-}
-
-static const strategy_vt zero_vt[3] = {
-    {.name = "zero1", .micro = zero_micro},
-    {.name = "zero2", .micro = zero_micro},
-    {.name = "zero3", .micro = zero_micro},
-};
-
-/* ---- pipeline: the executor runs the step, then the replicas of each
- * stage average (a sum here, scaled with the mean over micro-batches)
- * and tied parameters add their gradients ------------------------------ */
-
-static mg_status pipe_step(mg_strategy *s, mg_batch_source next, void *ud, int max_micro,
-                           mg_step_result *r)
-{
-    MG_TRY(mg_pipe_step(s->pipe, next, ud, max_micro, r));
-    if (!r->micro) return MG_OK;
-    float *g = mg_model_grads(s->m);
-    int n;
-    const mg_range *rg = mg_pipe_ranges(s->pipe, &n);
-    double t0 = mg_trace_now();
-    for (int k = 0; k < n && s->pdp; k++)
-        if (rg[k].hi > rg[k].lo)
-            MG_TRY(mg_all_reduce(s->pdp, MG_IN_PLACE, g + rg[k].lo, rg[k].hi - rg[k].lo,
-                                 MG_F32, MG_SUM));
-    if (s->pdp) mg_trace_event("pipeline data-parallel all-reduce", "allreduce", 1, t0,
-                              mg_trace_now());
-    return mg_pipe_sum_ties(s->pipe);
-}
-
-static const strategy_vt pipe_vt = {.name = "pipeline", .step = pipe_step};
-
-/* ---- DataParallel --------------------------------------------------------- */
-
-static mg_status dp_micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
-{
-    return mg_dp_forward_backward(s->dp, b->x, b->y, b->n, loss, correct);
-}
-
-static const strategy_vt dp_vt = {.name = "dp", .micro = dp_micro};
-
-/* ---- the interface -------------------------------------------------------- */
-
-static mg_status agree(mg_strategy *s, mg_status st);
 
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out)
 {
     *out = NULL;
     if (o->max_batch < 1)
         return mg_error(MG_EINVAL, "strategy: batch size %d must be positive", o->max_batch);
-    if ((o->kind == MG_STRATEGY_DDP || o->kind == MG_STRATEGY_ZERO) && !o->group)
-        return mg_error(MG_EINVAL, "strategy %s needs a process group",
-                        o->kind == MG_STRATEGY_DDP ? "ddp" : "zero");
-    if (o->kind == MG_STRATEGY_PIPELINE && (!o->group || !o->pp_group))
-        return mg_error(MG_EINVAL, "strategy pipeline needs the job's group and its pipeline "
-                        "group");
-    if (o->kind == MG_STRATEGY_PIPELINE && o->offload_dir)
-        return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
-                        "strategy; use it with --zero");
-    if (o->kind == MG_STRATEGY_ZERO) MG_TRY(mg_zero_stage_check(o->zero_stage));
     if (o->offload_cpu && o->offload_dir)
         return mg_error(MG_EINVAL, "offload: give one of --offload cpu (the optimizer in host "
                         "memory) and --offload disk:DIR (in files)");
@@ -165,62 +118,44 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         return mg_error(MG_EUNSUPPORTED, "offload to files (--offload disk:DIR) is built for a "
                         "model on the CPU; with a device give --offload cpu, which keeps the "
                         "optimizer's state in host memory");
-    if (mg_model_device(m).kind != MG_DEVICE_CPU && o->kind == MG_STRATEGY_DP)
-        return mg_error(MG_EUNSUPPORTED, "strategy dp (threads sharing one model) does not run "
-                        "on a device; use ddp, which runs one process per GPU, or --device cpu");
+    int k = 0;
+    while (k < N_KINDS && kinds[k].kind != o->kind) k++;
+    if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
     s->m = m;
-    s->world = 1;
-    mg_status st = MG_OK;
-    switch (o->kind) {
-    case MG_STRATEGY_SINGLE:
-        s->vt = &single_vt;
-        st = mg_model_reserve(m, o->max_batch);
-        break;
-    case MG_STRATEGY_DP:
-        s->vt = &dp_vt;
-        st = mg_dp_wrap(m, o->workers, o->max_batch, &s->dp);
-        break;
-    case MG_STRATEGY_DDP:
-        s->vt = &ddp_vt;
-        s->g = o->group;
-        s->rank = mg_group_rank(o->group);
-        s->world = mg_group_size(o->group);
-        st = mg_ddp_create(o->group, m, &o->ddp, &s->ddp);
-        if (!st) st = mg_model_reserve(m, o->max_batch);
-        break;
-    case MG_STRATEGY_ZERO:
-        s->vt = &zero_vt[o->zero_stage - 1];
-        s->g = o->group;
-        s->rank = mg_group_rank(o->group);
-        s->world = mg_group_size(o->group);
-        st = mg_zero_create(o->group, m, o->zero_stage, &o->ddp, &s->zero);
-        if (!st) st = mg_model_reserve(m, o->max_batch);
-        if (!st && o->offload_dir) st = agree(s, mg_zero_offload(s->zero, o->offload_dir));
-        break;
-    case MG_STRATEGY_PIPELINE:
-        s->vt = &pipe_vt;
-        s->g = o->group;
-        s->pp = o->pp_group;
-        s->pdp = o->dp_group && mg_group_size(o->dp_group) > 1 ? o->dp_group : NULL;
-        s->rank = mg_group_rank(o->group);
-        s->world = mg_group_size(o->group);
-        /* One process's initialisation everywhere, then each keeps its part. */
-        st = mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0);
-        if (!st) st = agree(s, mg_pipe_create(o->pp_group, m, &o->pipe, o->max_batch, &s->pipe));
-        break;
-    }
-    if (!st && o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
-        st = mg_error(MG_ENOMEM, "strategy: out of memory");
-    s->offload_window = o->offload_window ? o->offload_window
-                                          : (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
+    s->o = *o;
+    s->g = o->group;
+    s->rank = s->g ? mg_group_rank(s->g) : 0;
+    s->world = s->g ? mg_group_size(s->g) : 1;
     s->whole = (mg_range){0, mg_model_arena_size(m)};
     s->offload_cpu = o->offload_cpu && mg_model_device(m).kind != MG_DEVICE_CPU;
+    mg_status st = MG_OK;
+    if (o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
+        st = mg_error(MG_ENOMEM, "strategy: out of memory");
+    s->o.offload_dir = s->offload_dir;
+    if (!s->o.offload_window)
+        s->o.offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
+    for (int i = 0; i < 2 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
+    for (int i = 0; o->components && o->components[i] && !st; i++)
+        st = add_part(s, o->components[i]);
+    /* The model's own tape runs the micro-batches unless a component does. */
+    if (!st && !FIRST(s, run_step) && !FIRST(s, run_micro))
+        st = mg_model_reserve(m, o->max_batch);
+    s->o.components = NULL;   /* the caller's, read at attach only */
+    s->o.pipe.first = NULL;
     if (st) {
         mg_strategy_destroy(s);
         return st;
     }
+    size_t len = 0;
+    for (int i = 0; i < s->n; i++) {
+        const part *p = &s->part[i];
+        len += (size_t)snprintf(s->name + len, sizeof s->name - len, "%s%s", i ? "+" : "",
+                                p->ops->label ? p->ops->label(p->c) : p->ops->name);
+        if (len >= sizeof s->name) break;
+    }
+    if (!s->n) snprintf(s->name, sizeof s->name, "single");
     *out = s;
     return MG_OK;
 }
@@ -228,10 +163,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
 void mg_strategy_destroy(mg_strategy *s)
 {
     if (!s) return;
-    mg_dp_destroy(s->dp);
-    mg_ddp_destroy(s->ddp);
-    mg_zero_destroy(s->zero);
-    mg_pipe_destroy(s->pipe);
+    EACH_BACK(s, destroy) CALL(destroy);
     free(s->offload_dir);
     size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
     mg_unmap(s->host_p, bytes);
@@ -239,16 +171,37 @@ void mg_strategy_destroy(mg_strategy *s)
     free(s);
 }
 
-const char *mg_strategy_name(const mg_strategy *s) { return s->vt->name; }
+const char *mg_strategy_name(const mg_strategy *s) { return s->name; }
 mg_model *mg_strategy_model(const mg_strategy *s) { return s->m; }
-mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return s->ddp; }
-mg_zero *mg_strategy_zero(const mg_strategy *s) { return s->zero; }
-mg_pipe *mg_strategy_pipe(const mg_strategy *s) { return s->pipe; }
+const mg_strategy_options *mg_strategy_options_of(const mg_strategy *s) { return &s->o; }
 
+void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->part[i].ops == ops) return s->part[i].c;
+    return NULL;
+}
+
+mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return mg_strategy_part(s, &mg__ddp_component); }
+mg_zero *mg_strategy_zero(const mg_strategy *s) { return mg_strategy_part(s, &mg__zero_component); }
+mg_pipe *mg_strategy_pipe(const mg_strategy *s) { return mg_strategy_part(s, &mg__pipe_component); }
+
+/* The last component that narrows them decides, else the whole arena. */
 const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n)
 {
-    if (s->zero) return mg_zero_pieces(s->zero, n);
-    if (s->pipe) return mg_pipe_ranges(s->pipe, n);
+    for (int i = s->n - 1; i >= 0; i--)
+        if (s->part[i].ops->ranges) return s->part[i].ops->ranges(s->part[i].c, n);
+    *n = 1;
+    return &s->whole;
+}
+
+static const mg_range *own_ranges(const mg_strategy *s, int *n)
+{
+    for (int i = s->n - 1; i >= 0; i--) {
+        const part *p = &s->part[i];
+        if (p->ops->own_ranges) return p->ops->own_ranges(p->c, n);
+        if (p->ops->ranges) return p->ops->ranges(p->c, n);
+    }
     *n = 1;
     return &s->whole;
 }
@@ -258,11 +211,11 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);
     MG_TRY(mg_optim_create_ranges(cfg, r, n, out));
-    mg_scratch *ps = s->zero ? mg_zero_param_store(s->zero) : NULL;
-    mg_scratch *gs = s->zero ? mg_zero_grad_store(s->zero) : NULL;
+    mg_scratch *ps = NULL, *gs = NULL;
+    EACH(s, offload) CALL(offload, &ps, &gs);
     mg_status st = MG_OK;
     if (s->offload_dir) {
-        st = mg_optim_offload(*out, s->offload_dir, s->offload_window, ps, gs);
+        st = mg_optim_offload(*out, s->offload_dir, s->o.offload_window, ps, gs);
     } else if (s->offload_cpu) {   /* the optimizer stays on the host */
         size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
         if (!s->host_p) s->host_p = mg_map_zero(bytes);
@@ -272,7 +225,7 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     } else {
         st = mg_optim_to_device(*out, mg_model_device(s->m));
     }
-    st = agree(s, st);
+    st = mg_strategy_agree(s, st);
     if (st) {
         mg_optim_destroy(*out);
         *out = NULL;
@@ -282,21 +235,27 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
 
 mg_status mg_strategy_gather(mg_strategy *s)
 {
-    if (s->pipe) return mg_pipe_gather(s->pipe);
-    return s->zero ? mg_zero_gather(s->zero) : MG_OK;
+    EACH(s, gather) MG_TRY(CALL(gather));
+    return MG_OK;
 }
 
 mg_status mg_strategy_release(mg_strategy *s)
 {
-    if (s->pipe) mg_pipe_release(s->pipe);
-    return s->zero ? mg_zero_release(s->zero) : MG_OK;
+    mg_status st = MG_OK;
+    EACH_BACK(s, release) {
+        mg_status e = CALL(release);
+        if (!st) st = e;
+    }
+    return st;
 }
 
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
 {
-    /* A pipeline's stages report the same figures: its replicas differ. */
-    mg_group *g = s->pipe ? s->pdp : s->g;
-    return g ? mg_all_reduce(g, v, v, (size_t)n, MG_F64, MG_SUM) : MG_OK;
+    EACH(s, batch_over) {
+        mg_group *g = CALL(batch_over);
+        if (g) MG_TRY(mg_all_reduce(g, v, v, (size_t)n, MG_F64, MG_SUM));
+    }
+    return MG_OK;
 }
 
 mg_status mg__agree(mg_group *g, mg_status st)
@@ -313,42 +272,56 @@ mg_status mg__agree(mg_group *g, mg_status st)
     return st;
 }
 
-static mg_status agree(mg_strategy *s, mg_status st) { return mg__agree(s->g, st); }
+mg_status mg_strategy_agree(mg_strategy *s, mg_status st) { return mg__agree(s->g, st); }
+
+/* Every component's own ranges in the arena (and, saving, what else a
+ * checkpoint needs), agreed over the job. */
+static mg_status hold(mg_strategy *s, bool saving)
+{
+    mg_status st = MG_OK;
+    EACH(s, hold) if (!st) st = CALL(hold, saving);
+    return mg_strategy_agree(s, st);
+}
 
 mg_status mg_strategy_sync(mg_strategy *s)
 {
     if (!s->g) return MG_OK;
     mg_model *m = s->m;
-    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
+    MG_TRY(hold(s, false));
     MG_TRY(mg_broadcast(s->g, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
     if (mg_model_buffer_size(m))
         MG_TRY(mg_broadcast(s->g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0));
     double c = (double)mg_model_rng_counter(m);
     MG_TRY(mg_broadcast(s->g, &c, 1, MG_F64, 0));
     mg_model_set_rng_counter(m, (uint64_t)c);
-    return agree(s, mg_strategy_release(s));   /* stage 3 keeps its pieces only */
+    return mg_strategy_agree(s, mg_strategy_release(s));   /* shards keep their part only */
 }
 
-/* The file (ckpt_io.c) takes each rank's pieces: under ZeRO its shard,
- * in a pipeline its stage's ranges from one replica, else rank 0's whole
- * arena; rank 0 writes the buffers (a pipeline's reach it first). */
+/* Does this rank write its own ranges? Only the first of each set of
+ * copies. */
+static bool writes_its_ranges(mg_strategy *s)
+{
+    EACH(s, replicas_over) {
+        mg_group *g = CALL(replicas_over);
+        if (g && mg_group_rank(g) != 0) return false;
+    }
+    return s->rank == 0 || FIRST(s, shards_over);
+}
+
+/* The file (ckpt_io.c) takes each rank's own ranges (one copy of each);
+ * rank 0 writes the buffers. */
 static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
-    if (s->zero) MG_TRY(agree(s, mg_zero_pieces_in(s->zero)));
-    if (s->pipe) MG_TRY(agree(s, mg_pipe_gather_buffers(s->pipe)));
+    MG_TRY(hold(s, true));
     int nr = 0;
-    const mg_range *r = NULL;
-    if (s->zero) r = mg_strategy_ranges(s, &nr);
-    else if (s->pipe && (!s->pdp || mg_group_rank(s->pdp) == 0))   /* one replica of each stage */
-        r = mg_pipe_own_ranges(s->pipe, &nr);
-    else if (!s->pipe && s->rank == 0) r = mg_strategy_ranges(s, &nr);
+    const mg_range *r = writes_its_ranges(s) ? own_ranges(s, &nr) : NULL;
     mg_ckpt_writer *w;
-    mg_status st = agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
+    mg_status st = mg_strategy_agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
     if (!st) st = mg__ckpt_save(s->g, w, path, r, nr, s->rank == 0);
     mg_ckpt_writer_destroy(w);
-    mg_status e = agree(s, mg_strategy_release(s));
+    mg_status e = mg_strategy_agree(s, mg_strategy_release(s));
     return st ? st : e;
 }
 
@@ -357,10 +330,10 @@ static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
 static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               mg_ckpt_meta *meta)
 {
-    mg_status st = s->zero ? agree(s, mg_zero_pieces_in(s->zero)) : MG_OK;
+    mg_status st = hold(s, false);
     if (!st) st = s->g ? mg__ckpt_load(s->g, path, s->m, o, meta)
                        : mg_checkpoint_load(path, s->m, o, meta);
-    mg_status e = agree(s, mg_strategy_release(s));
+    mg_status e = mg_strategy_agree(s, mg_strategy_release(s));
     return st ? st : e;
 }
 
@@ -391,90 +364,31 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
     mg_model *m = s->m;
     bool training = mg_model_training(m);
     mg_model_set_training(m, false);
-    mg_status st = s->pipe ? MG_OK : mg_strategy_gather(s);
+    part *p = FIRST(s, evaluate);
+    mg_status st = p ? p->ops->evaluate(p->c, next, ud, r) : mg_strategy_gather(s);
     mg_micro_batch b;
-    for (int more = 1; !st && more;) {
-        mg_step_result q = {0};
-        if (s->pipe) {   /* M micro-batches at a time through the stages */
-            st = mg_pipe_forward(s->pipe, next, ud, INT32_MAX, &q);
-        } else if ((q.micro = next(ud, &b))) {
-            int c = 0;
-            if (!mg_model_forward(m, (const float *)b.x, b.n)) st = MG_ENOMEM;
-            else q.loss_sum = (double)mg_model_loss(m, b.y, &c) * b.n;
-            q.correct = c;
-            q.samples = b.n;
-        }
-        more = q.micro;
-        r->micro += q.micro;
-        r->loss_sum += q.loss_sum;
-        r->correct += q.correct;
-        r->samples += q.samples;
+    while (!p && !st && next(ud, &b)) {
+        int c = 0;
+        if (!mg_model_forward(m, (const float *)b.x, b.n)) st = MG_ENOMEM;
+        else r->loss_sum += (double)mg_model_loss(m, b.y, &c) * b.n;
+        r->micro++;
+        r->correct += c;
+        r->samples += b.n;
     }
     mg_model_set_training(m, training);
-    mg_status e = s->pipe ? MG_OK : mg_strategy_release(s);
+    mg_status e = p ? MG_OK : mg_strategy_release(s);
     return st ? st : e;
-}
-
-/* A pipeline's forward of one context: every stage runs it, the last one
- * has the logits (the others a row of zeros, whose pick its replaces). */
-typedef struct {
-    mg_strategy *s;
-    const int32_t *ctx;
-    int32_t *labels;
-    float *zeros;
-    int given;
-} gen_pipe;
-
-static bool gen_next(void *ud, mg_micro_batch *b)
-{
-    gen_pipe *g = ud;
-    if (g->given++) return false;
-    *b = (mg_micro_batch){.x = g->ctx, .y = g->labels, .n = 1};
-    return true;
-}
-
-static const float *gen_forward(void *ud, const int32_t *ctx)
-{
-    gen_pipe *g = ud;
-    g->ctx = ctx;
-    g->given = 0;
-    mg_step_result r;
-    if (mg_pipe_forward(g->s->pipe, gen_next, g, 1, &r)) return NULL;
-    const float *l = mg_pipe_logits(g->s->pipe);
-    return l ? l : g->zeros;
-}
-
-static mg_status gen_share(void *ud, int32_t *tok)
-{
-    gen_pipe *g = ud;
-    int S;
-    mg_pipe_cut(g->s->pipe, &S);
-    return mg_broadcast(g->s->pp, tok, 1, MG_I32, (S - 1) % mg_group_size(g->s->pp));
 }
 
 mg_status mg_strategy_generate(mg_strategy *s, const int32_t *prompt, int n_prompt, int n,
                                float temperature, int top_k, uint64_t seed, int32_t *out)
 {
-    mg_model *m = s->m;
-    if (!s->pipe) {
-        MG_TRY(mg_strategy_gather(s));
-        mg_status st = mg_model_generate(m, prompt, n_prompt, n, temperature, top_k, seed, out);
-        mg_status e = mg_strategy_release(s);
-        return st ? st : e;
-    }
-    int T = mg_model_positions(m), V = mg_model_classes(m);
-    if (T < 2)
-        return mg_error(MG_EINVAL, "generate: model %s is not a language model",
-                        mg_model_name(m));
-    gen_pipe g = {.s = s, .labels = calloc((size_t)T, sizeof(int32_t)),
-                  .zeros = calloc((size_t)T * V, sizeof(float))};
-    mg_status st = !g.labels || !g.zeros ? mg_error(MG_ENOMEM, "generate: out of memory")
-                                         : MG_OK;
-    mg_lm_forward f = {gen_forward, gen_share, &g, m, T, V};
-    if (!st) st = mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
-    free(g.labels);
-    free(g.zeros);
-    return st;
+    part *p = FIRST(s, generate);
+    if (p) return p->ops->generate(p->c, prompt, n_prompt, n, temperature, top_k, seed, out);
+    MG_TRY(mg_strategy_gather(s));
+    mg_status st = mg_model_generate(s->m, prompt, n_prompt, n, temperature, top_k, seed, out);
+    mg_status e = mg_strategy_release(s);
+    return st ? st : e;
 }
 
 /* ---- counters -------------------------------------------------------------- */
@@ -483,32 +397,20 @@ mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o)
 {
     size_t arena = mg_model_arena_size(s->m) * sizeof(float);
     mg_memory_stats r = {.params = arena, .grads = arena};
-    if (s->zero) {
-        mg_zero_stats z = mg_zero_get_stats(s->zero);
-        r.params = z.peak_param_bytes;
-        r.grads = z.peak_grad_bytes;
-    }
     if (o) r.optim = mg_optim_bytes(o);
-    mg_tape *t = s->dp || s->pipe ? NULL : mg_model_tape(s->m);
+    mg_tape *t = FIRST(s, run_step) || FIRST(s, run_micro) ? NULL : mg_model_tape(s->m);
     r.activations = t ? mg_tape_bytes(t) : 0;
-    if (s->pipe) {
-        int n;
-        const mg_range *rg = mg_pipe_ranges(s->pipe, &n);
-        r.params = 0;
-        for (int k = 0; k < n; k++) r.params += (rg[k].hi - rg[k].lo) * sizeof(float);
-        r.grads = r.params;
-        r.activations = mg_pipe_get_stats(s->pipe).activation_bytes;
-    }
+    EACH(s, memory) CALL(memory, &r);
     return r;
 }
 
 mg_traffic mg_strategy_traffic(const mg_strategy *s)
 {
-    mg_traffic t = s->g ? mg_group_traffic(s->g) : (mg_traffic){0, 0};
-    mg_group *sub[2] = {s->pp, s->pdp};
-    for (int i = 0; i < 2 && s->pipe; i++)
-        if (sub[i]) {
-            mg_traffic u = mg_group_traffic(sub[i]);
+    mg_group *g[3] = {s->o.group, s->o.pp_group, s->o.dp_group};
+    mg_traffic t = {0, 0};
+    for (int i = 0; i < 3; i++)
+        if (g[i] && (i == 0 || g[i] != g[0])) {
+            mg_traffic u = mg_group_traffic(g[i]);
             t.sent += u.sent;
             t.received += u.received;
         }
@@ -517,33 +419,55 @@ mg_traffic mg_strategy_traffic(const mg_strategy *s)
 
 /* ---- the training step ------------------------------------------------------ */
 
+/* The model's forward, loss and backward of one micro-batch (or the
+ * component's that runs them), between the components' begin and end. */
+static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
+{
+    EACH(s, micro_begin) CALL(micro_begin, b->last);
+    mg_status st = MG_OK;
+    part *p = FIRST(s, run_micro);
+    if (p) {
+        st = p->ops->run_micro(p->c, b, loss, correct);
+    } else if (!mg_model_forward(s->m, (const float *)b->x, b->n)) {
+        st = MG_ENOMEM;
+    } else {
+        *loss = mg_model_loss(s->m, b->y, correct);
+        mg_model_backward(s->m);
+    }
+    EACH_BACK(s, micro_end) {
+        mg_status e = CALL(micro_end);
+        if (!st) st = e;
+    }
+    return st;
+}
+
 static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                              mg_step_result *r);
 
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r)
 {
-    mg_model *m = s->m;
     memset(r, 0, sizeof *r);
-    if (s->zero) mg_zero_zero_grad(s->zero);
-    else mg_model_zero_grad(m);
+    if (!FIRST(s, zero_grad)) mg_model_zero_grad(s->m);
+    EACH(s, zero_grad) CALL(zero_grad);
+    part *driver = FIRST(s, run_step);
+    if (driver) MG_TRY(driver->ops->run_step(driver->c, next, ud, opt->accumulate, r));
     mg_micro_batch b;
-    if (s->vt->step) MG_TRY(s->vt->step(s, next, ud, opt->accumulate, r));
-    while (!s->vt->step && r->micro < opt->accumulate && next(ud, &b)) {
+    while (!driver && r->micro < opt->accumulate && next(ud, &b)) {
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;
-        MG_TRY(s->vt->micro(s, &b, &loss, &correct));
+        MG_TRY(micro(s, &b, &loss, &correct));
         r->loss_sum += (double)loss * b.n;
         r->correct += correct;
         r->samples += b.n;
         if (b.last) break;
     }
     if (r->micro == 0) return MG_OK;
-    if (s->vt->finish) MG_TRY(s->vt->finish(s));
+    EACH_BACK(s, reduce) MG_TRY(CALL(reduce));
     /* The gradients are the model's device's: so are the kernels below. */
     mg_device host = mg_device_current();
-    MG_TRY(mg_device_set_current(mg_model_device(m)));
+    MG_TRY(mg_device_set_current(mg_model_device(s->m)));
     mg_status st = finish_step(s, o, opt, r);
     mg_device_set_current(host);
     return st;
@@ -568,36 +492,51 @@ static mg_status host_step(mg_strategy *s, mg_optim *o, float lr, const mg_range
     return MG_OK;
 }
 
-/* Scaling, clipping and the optimizer's step after the micro-batches. */
+/* Gradients a component keeps outside the arena (offload): already
+ * scaled to the mean; *ss gets this rank's sum of their squares. */
+static bool kept_elsewhere(mg_strategy *s, double *ss)
+{
+    bool elsewhere = false;
+    *ss = 0;
+    EACH(s, grads_elsewhere) if (CALL(grads_elsewhere, ss)) elsewhere = true;
+    return elsewhere;
+}
+
+/* The norm of every gradient: each rank's share (its own ranges, or ss
+ * of those kept elsewhere), summed over the ranks that split them. */
+static mg_status grad_norm(mg_strategy *s, bool elsewhere, double ss, double *norm)
+{
+    int n;
+    const mg_range *own = own_ranges(s, &n);
+    const float *g = mg_model_grads(s->m);
+    for (int k = 0; k < n && !elsewhere; k++)
+        ss += mg_grad_sumsq(g + own[k].lo, own[k].hi - own[k].lo);
+    EACH(s, shards_over) {
+        mg_group *over = CALL(shards_over);
+        if (over) MG_TRY(mg_all_reduce(over, &ss, &ss, 1, MG_F64, MG_SUM));
+    }
+    *norm = sqrt(ss);
+    return MG_OK;
+}
+
+/* The mean over the micro-batches (the components averaged over the
+ * ranks), clipping and the optimizer's step over this rank's ranges. */
 static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                              mg_step_result *r)
 {
-    mg_model *m = s->m;
-    float *g = mg_model_grads(m), *p = mg_model_params(m);
+    float *g = mg_model_grads(s->m), *p = mg_model_params(s->m);
     int nr;
     const mg_range *rg = mg_strategy_ranges(s, &nr);
-    /* Offloaded gradients were scaled on their way to the file, their
-     * sum of squares kept; the clip factor goes to the optimizer. */
-    bool in_file = s->zero && mg_zero_grad_store(s->zero);
-    /* DDP's all-reduce and ZeRO's reduce-scatter averaged over the ranks;
-     * a pipeline's replicas summed. */
+    double ss;
+    bool elsewhere = kept_elsewhere(s, &ss);   /* then clipped by the optimizer */
     float scale = 1.0f / (float)r->micro;
-    if (s->pipe && s->pdp) scale /= (float)mg_group_size(s->pdp);
-    for (int k = 0; k < nr && scale != 1.0f && !in_file; k++)
+    for (int k = 0; k < nr && scale != 1.0f && !elsewhere; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
-        /* The norm over every gradient: a sharded strategy's pieces are
-         * summed over the ranks; a replica holds them all. */
-        double ss = in_file ? mg_zero_grad_sumsq(s->zero) : s->pipe ? mg_pipe_grad_sumsq(s->pipe)
-                                                                     : 0;
-        for (int k = 0; k < nr && !in_file && !s->pipe; k++)
-            ss += mg_grad_sumsq(g + rg[k].lo, rg[k].hi - rg[k].lo);
-        if (s->zero) MG_TRY(mg_all_reduce(s->g, &ss, &ss, 1, MG_F64, MG_SUM));
-        if (s->pipe) MG_TRY(mg_all_reduce(s->pp, &ss, &ss, 1, MG_F64, MG_SUM));
-        r->grad_norm = sqrt(ss);
+        MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
-        if (in_file) mg_optim_scale_grads(o, coef);
-        for (int k = 0; k < nr && !in_file; k++)
+        if (elsewhere) mg_optim_scale_grads(o, coef);
+        for (int k = 0; k < nr && !elsewhere; k++)
             mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, coef);
     }
     double t0 = mg_trace_now();
@@ -605,5 +544,6 @@ static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options 
     if (s->offload_cpu) MG_TRY(host_step(s, o, opt->lr, rg, nr));
     else MG_TRY(mg_optim_step(o, p, g, opt->lr));
     mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
-    return s->zero ? mg_zero_after_step(s->zero) : MG_OK;
+    EACH(s, after_update) MG_TRY(CALL(after_update));
+    return MG_OK;
 }

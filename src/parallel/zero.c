@@ -37,7 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "parallel/internal.h"
 #include "multigrad/trace.h"
 
 /* Stage 3's parameters of a bucket: SHARDED (only the rank's piece in
@@ -650,3 +650,73 @@ mg_zero_stats mg_zero_get_stats(const mg_zero *z)
     r.grad_bytes = z->grad_bytes;
     return r;
 }
+
+/* ---- as a strategy's component: over the data-parallel group ----------- */
+
+static mg_status zero_attach(mg_strategy *s, void **state)
+{
+    const mg_strategy_options *o = mg_strategy_options_of(s);
+    mg_group *g = o->dp_group ? o->dp_group : o->group;
+    if (!g) return mg_error(MG_EINVAL, "strategy zero needs a process group");
+    mg_zero *z;
+    MG_TRY(mg_zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
+    mg_status st = o->offload_dir ? mg_strategy_agree(s, mg_zero_offload(z, o->offload_dir))
+                                  : MG_OK;
+    if (st) mg_zero_destroy(z);
+    else *state = z;
+    return st;
+}
+
+static void zero_destroy(void *c) { mg_zero_destroy(c); }
+
+static const char *zero_label(void *c)
+{
+    static const char *const names[3] = {"zero1", "zero2", "zero3"};
+    return names[((mg_zero *)c)->stage - 1];
+}
+
+static const mg_range *zero_ranges(void *c, int *n) { return mg_zero_pieces(c, n); }
+static mg_group *zero_group(void *c) { return ((mg_zero *)c)->g; }
+static void zero_zero_grad(void *c) { mg_zero_zero_grad(c); }
+static void zero_begin(void *c, bool last) { mg_zero_begin(c, last); }
+static mg_status zero_end(void *c) { return mg_zero_end(c); }
+static mg_status zero_after(void *c) { return mg_zero_after_step(c); }
+static mg_status zero_gather(void *c) { return mg_zero_gather(c); }
+static mg_status zero_release(void *c) { return mg_zero_release(c); }
+
+static mg_status zero_hold(void *c, bool saving)
+{
+    (void)saving;
+    return mg_zero_pieces_in(c);
+}
+
+static bool zero_grads_elsewhere(void *c, double *sumsq)
+{
+    mg_zero *z = c;
+    if (!z->gs) return false;
+    *sumsq += mg_zero_grad_sumsq(z);
+    return true;
+}
+
+static void zero_offload(void *c, mg_scratch **params, mg_scratch **grads)
+{
+    mg_zero *z = c;
+    *params = z->ps;
+    *grads = z->gs;
+}
+
+static void zero_memory(void *c, mg_memory_stats *ms)
+{
+    mg_zero_stats z = mg_zero_get_stats(c);
+    ms->params = z.peak_param_bytes;
+    ms->grads = z.peak_grad_bytes;
+}
+
+const mg_component_ops mg__zero_component = {
+    .name = "zero", .attach = zero_attach, .destroy = zero_destroy, .label = zero_label,
+    .ranges = zero_ranges, .shards_over = zero_group, .batch_over = zero_group,
+    .zero_grad = zero_zero_grad, .micro_begin = zero_begin, .micro_end = zero_end,
+    .grads_elsewhere = zero_grads_elsewhere, .after_update = zero_after,
+    .hold = zero_hold, .gather = zero_gather, .release = zero_release,
+    .offload = zero_offload, .memory = zero_memory,
+};

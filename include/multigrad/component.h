@@ -1,0 +1,109 @@
+/* multigrad — the components a parallel strategy is made of.
+ *
+ * A strategy (mg_strategy, parallel.h) is an ordered list of components
+ * over one model: the pipeline (which drives the step when there is one),
+ * then the data-parallel sharding or replication (DataParallel threads,
+ * DDP, ZeRO 1-3), then any the caller adds (mg_strategy_options
+ * .components). The strategy never asks which component it holds: it
+ * calls each one's slots below, in list order (reductions and releases in
+ * reverse order, innermost first), and a slot left NULL means "nothing to
+ * do here" or "the strategy's default". A new strategy is one file that
+ * fills an mg_component_ops and one line that lists it (strategy.c's
+ * table, or a caller's options).
+ *
+ * Limits: a component sees the plan through the mg_strategy_* accessors
+ * (model, options, the ranges the components before it left this rank);
+ * at most MG_MAX_COMPONENTS per strategy. */
+#ifndef MULTIGRAD_COMPONENT_H
+#define MULTIGRAD_COMPONENT_H
+
+#include "parallel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_MAX_COMPONENTS 8
+
+typedef struct mg_component_ops {
+    const char *name;
+    /* Makes the component for strategy s (collective where it
+     * communicates; a failure on one rank should reach all, mg_strategy_agree).
+     * *state is the component's own; leaving it NULL with MG_OK drops the
+     * component (nothing to do in this plan, e.g. replicas of one). */
+    mg_status (*attach)(mg_strategy *s, void **state);
+    void (*destroy)(void *c);
+    /* Its name in mg_strategy_name (default: name), e.g. "zero2". */
+    const char *(*label)(void *c);
+
+    /* ---- what this rank holds -------------------------------------------
+     * ranges: the arena ranges this rank keeps and steps, ascending (the
+     * last component with the slot decides; without any, the whole arena).
+     * own_ranges: those of them it counts in the gradient norm and writes
+     * to a checkpoint (default: ranges). */
+    const mg_range *(*ranges)(void *c, int *n);
+    const mg_range *(*own_ranges)(void *c, int *n);
+    /* The ranks across which this component splits the parameters (each
+     * holds its part: the norm's sum of squares is summed over them), the
+     * ranks that hold copies of the same part (only the first of them
+     * writes it to a checkpoint), and the ranks across which it splits the
+     * batch (the training figures are summed over them). NULL: none. */
+    mg_group *(*shards_over)(void *c);
+    mg_group *(*replicas_over)(void *c);
+    mg_group *(*batch_over)(void *c);
+
+    /* ---- the step ----------------------------------------------------------
+     * zero_grad: the gradients it keeps (default: the model's arena).
+     * run_step: the forwards and backwards of a whole step (the first
+     * component with it drives, e.g. a pipeline schedule); else run_micro
+     * replaces the model's forward, loss and backward of one micro-batch
+     * (e.g. threads). Around each micro-batch, micro_begin (list order;
+     * last: the step's last) and micro_end (reverse order). reduce: after
+     * the micro-batches, the gradients this rank steps made final (reverse
+     * order). grads_elsewhere: gradients kept outside the arena (offload),
+     * already scaled to the mean; true with *sumsq their share of the
+     * norm, and clipping goes to the optimizer (mg_optim_scale_grads).
+     * after_update: after the optimizer (e.g. ZeRO 1-2's all-gather). */
+    void (*zero_grad)(void *c);
+    mg_status (*run_step)(void *c, mg_batch_source next, void *ud, int max_micro,
+                          mg_step_result *r);
+    mg_status (*run_micro)(void *c, const mg_micro_batch *b, float *loss, int *correct);
+    void (*micro_begin)(void *c, bool last);
+    mg_status (*micro_end)(void *c);
+    mg_status (*reduce)(void *c);
+    bool (*grads_elsewhere)(void *c, double *sumsq);
+    mg_status (*after_update)(void *c);
+
+    /* ---- state ---------------------------------------------------------------
+     * hold: this rank's own ranges present in the arena, and (saving) what
+     * a checkpoint needs besides them, e.g. a pipeline's buffers; undone by
+     * release. gather: the whole parameters on this rank (evaluation,
+     * export), until release. offload: the files holding the parameter
+     * and gradient pieces, for the optimizer to step in place (NULL: in
+     * memory). */
+    mg_status (*hold)(void *c, bool saving);
+    mg_status (*gather)(void *c);
+    mg_status (*release)(void *c);
+    void (*offload)(void *c, mg_scratch **params, mg_scratch **grads);
+
+    /* ---- evaluation and generation (default: gather, the model's forward,
+     * release; the first component with the slot runs it instead) -------- */
+    mg_status (*evaluate)(void *c, mg_batch_source next, void *ud, mg_step_result *r);
+    mg_status (*generate)(void *c, const int32_t *prompt, int n_prompt, int n,
+                          float temperature, int top_k, uint64_t seed, int32_t *out);
+    /* Corrects the strategy's memory figures to what it holds. */
+    void (*memory)(void *c, mg_memory_stats *ms);
+} mg_component_ops;
+
+/* For components: the options the strategy was made with, and every rank
+ * of its job learning the first failure of any (collective over the job's
+ * group; st as it is in one process). */
+const mg_strategy_options *mg_strategy_options_of(const mg_strategy *s);
+mg_status mg_strategy_agree(mg_strategy *s, mg_status st);
+/* The state of this strategy's component made from ops (NULL: none). */
+void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

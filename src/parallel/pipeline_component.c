@@ -1,0 +1,143 @@
+/* The pipeline executor (pipeline.c) as a strategy's component: it
+ * drives the step (the schedule's forwards and backwards of every
+ * micro-batch), keeps its stages' ranges, adds tied parameters'
+ * gradients after the step, and runs evaluation and generation through
+ * its stages. Its stages' replicas (a data-parallel dimension of the
+ * mesh) are the next component's: DDP over these ranges.
+ *
+ * Every rank starts from rank 0's whole initialisation (one process's)
+ * and keeps its part; offload to files is not built for it yet. */
+#include <stdint.h>
+#include <stdlib.h>
+#include "parallel/internal.h"
+
+static mg_status pipe_attach(mg_strategy *s, void **state)
+{
+    const mg_strategy_options *o = mg_strategy_options_of(s);
+    mg_model *m = mg_strategy_model(s);
+    if (!o->group || !o->pp_group)
+        return mg_error(MG_EINVAL, "strategy pipeline needs the job's group and its pipeline "
+                        "group");
+    if (o->offload_dir)
+        return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
+                        "strategy; use it with --zero");
+    MG_TRY(mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
+    return mg_strategy_agree(s, mg_pipe_create(o->pp_group, m, &o->pipe, o->max_batch,
+                                               (mg_pipe **)state));
+}
+
+static void pipe_destroy(void *c) { mg_pipe_destroy(c); }
+static const mg_range *pipe_ranges(void *c, int *n) { return mg_pipe_ranges(c, n); }
+static const mg_range *pipe_own(void *c, int *n) { return mg_pipe_own_ranges(c, n); }
+static mg_group *pipe_group(void *c) { return mg__pipe_group(c); }
+static mg_status pipe_reduce(void *c) { return mg_pipe_sum_ties(c); }
+static mg_status pipe_gather(void *c) { return mg_pipe_gather(c); }
+
+static mg_status pipe_step(void *c, mg_batch_source next, void *ud, int max_micro,
+                           mg_step_result *r)
+{
+    return mg_pipe_step(c, next, ud, max_micro, r);
+}
+
+static mg_status pipe_release(void *c)
+{
+    mg_pipe_release(c);
+    return MG_OK;
+}
+
+/* A checkpoint's buffers (running statistics) come from every stage. */
+static mg_status pipe_hold(void *c, bool saving)
+{
+    return saving ? mg_pipe_gather_buffers(c) : MG_OK;
+}
+
+/* M micro-batches at a time through the stages, until next has none. */
+static mg_status pipe_evaluate(void *c, mg_batch_source next, void *ud, mg_step_result *r)
+{
+    for (;;) {
+        mg_step_result q = {0};
+        MG_TRY(mg_pipe_forward(c, next, ud, INT32_MAX, &q));
+        if (!q.micro) return MG_OK;
+        r->micro += q.micro;
+        r->loss_sum += q.loss_sum;
+        r->correct += q.correct;
+        r->samples += q.samples;
+    }
+}
+
+/* Generation: every stage runs each context's forward, the last one has
+ * the logits (the others a row of zeros) and its pick goes to all. */
+typedef struct {
+    mg_pipe *p;
+    const int32_t *ctx;
+    int32_t *labels;
+    float *zeros;
+    int given;
+} gen_pipe;
+
+static bool gen_next(void *ud, mg_micro_batch *b)
+{
+    gen_pipe *g = ud;
+    if (g->given++) return false;
+    *b = (mg_micro_batch){.x = g->ctx, .y = g->labels, .n = 1};
+    return true;
+}
+
+static const float *gen_forward(void *ud, const int32_t *ctx)
+{
+    gen_pipe *g = ud;
+    g->ctx = ctx;
+    g->given = 0;
+    mg_step_result r;
+    if (mg_pipe_forward(g->p, gen_next, g, 1, &r)) return NULL;
+    const float *l = mg_pipe_logits(g->p);
+    return l ? l : g->zeros;
+}
+
+static mg_status gen_share(void *ud, int32_t *tok)
+{
+    gen_pipe *g = ud;
+    int S;
+    mg_pipe_cut(g->p, &S);
+    mg_group *pp = mg__pipe_group(g->p);
+    return mg_broadcast(pp, tok, 1, MG_I32, (S - 1) % mg_group_size(pp));
+}
+
+static mg_status pipe_generate(void *c, const int32_t *prompt, int n_prompt, int n,
+                               float temperature, int top_k, uint64_t seed, int32_t *out)
+{
+    mg_pipe *p = c;
+    mg_model *m = mg__pipe_model(p);
+    int T = mg_model_positions(m), V = mg_model_classes(m);
+    if (T < 2)
+        return mg_error(MG_EINVAL, "generate: model %s is not a language model",
+                        mg_model_name(m));
+    gen_pipe g = {.p = p, .labels = calloc((size_t)T, sizeof(int32_t)),
+                  .zeros = calloc((size_t)T * V, sizeof(float))};
+    mg_status st = !g.labels || !g.zeros ? mg_error(MG_ENOMEM, "generate: out of memory")
+                                         : MG_OK;
+    mg_lm_forward f = {gen_forward, gen_share, &g, m, T, V};
+    if (!st) st = mg_generate(&f, prompt, n_prompt, n, temperature, top_k, seed, out);
+    free(g.labels);
+    free(g.zeros);
+    return st;
+}
+
+/* It holds its ranges, and its tapes' activations. */
+static void pipe_memory(void *c, mg_memory_stats *ms)
+{
+    int n;
+    const mg_range *rg = mg_pipe_ranges(c, &n);
+    ms->params = 0;
+    for (int k = 0; k < n; k++) ms->params += (rg[k].hi - rg[k].lo) * sizeof(float);
+    ms->grads = ms->params;
+    ms->activations = mg_pipe_get_stats(c).activation_bytes;
+}
+
+const mg_component_ops mg__pipe_component = {
+    .name = "pipeline", .attach = pipe_attach, .destroy = pipe_destroy,
+    .ranges = pipe_ranges, .own_ranges = pipe_own, .shards_over = pipe_group,
+    .run_step = pipe_step, .reduce = pipe_reduce,
+    .hold = pipe_hold, .gather = pipe_gather, .release = pipe_release,
+    .evaluate = pipe_evaluate, .generate = pipe_generate, .memory = pipe_memory,
+};

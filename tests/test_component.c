@@ -1,0 +1,199 @@
+/* A strategy's component written outside the library, in this one file
+ * (component.h): it counts the unit hooks the model calls around its
+ * work, the micro-batches, reductions and updates, and the gradient
+ * bytes of the units whose backward ran — and changes no number. The
+ * line that adds it to a strategy is the options' components list. */
+#include "harness.h"
+#include "multigrad/multigrad.h"
+
+typedef struct {
+    mg_model *m;
+    long forwards, backwards, micro, last, reduces, updates;
+    size_t grad_bytes;
+} counter;
+
+static void on_pre_forward(void *ud, mg_tape *t, int unit)
+{
+    (void)t;
+    (void)unit;
+    ((counter *)ud)->forwards++;
+}
+
+static void on_post_backward(void *ud, mg_tape *t, int unit)
+{
+    counter *c = ud;
+    (void)t;
+    size_t lo, hi;
+    mg_model_unit_range(c->m, unit, &lo, &hi);
+    c->backwards++;
+    c->grad_bytes += (hi - lo) * sizeof(float);
+}
+
+static const mg_unit_hooks count_hooks = {.pre_forward = on_pre_forward,
+                                          .post_backward = on_post_backward};
+
+static mg_status count_attach(mg_strategy *s, void **state)
+{
+    counter *c = calloc(1, sizeof *c);
+    if (!c) return mg_error(MG_ENOMEM, "count: out of memory");
+    c->m = mg_strategy_model(s);
+    mg_status st = mg_model_add_hooks(c->m, &count_hooks, c);
+    if (st) free(c);
+    else *state = c;
+    return st;
+}
+
+static void count_destroy(void *ud)
+{
+    counter *c = ud;
+    mg_model_remove_hooks(c->m, &count_hooks, c);
+    free(c);
+}
+
+static void count_begin(void *ud, bool last)
+{
+    counter *c = ud;
+    c->micro++;
+    c->last += last;
+}
+
+static mg_status count_reduce(void *ud)
+{
+    ((counter *)ud)->reduces++;
+    return MG_OK;
+}
+
+static mg_status count_update(void *ud)
+{
+    ((counter *)ud)->updates++;
+    return MG_OK;
+}
+
+static const mg_component_ops count_ops = {
+    .name = "count", .attach = count_attach, .destroy = count_destroy,
+    .micro_begin = count_begin, .reduce = count_reduce, .after_update = count_update,
+};
+
+enum { STEPS = 3, ACC = 2, BATCH = 8 };
+
+typedef struct {
+    const float *x;
+    const int32_t *y;
+    int n, given;
+} feed;
+
+static bool next_batch(void *ud, mg_micro_batch *b)
+{
+    feed *f = ud;
+    *b = (mg_micro_batch){f->x + (size_t)(f->given % ACC) * f->n * 784,
+                          f->y + (f->given % ACC) * f->n, f->n, false};
+    f->given++;
+    return true;
+}
+
+/* STEPS steps of ACC micro-batches of lenet5 (DDP over g, or one process),
+ * with or without the counter; the parameters after them in *params. */
+static void train(mg_group *g, bool with_counter, float **params, counter *seen)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(g ? MG_STRATEGY_DDP : MG_STRATEGY_SINGLE);
+    so.group = g;
+    so.max_batch = BATCH;
+    const mg_component_ops *const extra[] = {&count_ops, NULL};
+    if (with_counter) so.components = extra;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    const char *name = !with_counter ? (g ? "ddp" : "single") : (g ? "ddp+count" : "count");
+    CHECK_MSG(!strcmp(mg_strategy_name(s), name), "strategy %s, not %s", mg_strategy_name(s),
+              name);
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    oc.momentum = 0.9f;
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    int rank = g ? mg_group_rank(g) : 0, world = g ? mg_group_size(g) : 1;
+    static float x[ACC * 2 * BATCH * 784];
+    static int32_t y[ACC * 2 * BATCH];
+    for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = (float)((i * 37) % 11) / 11.0f;
+    for (size_t i = 0; i < sizeof y / sizeof *y; i++) y[i] = (int32_t)(i % 10);
+    /* Rank r takes its share of each global micro-batch of 2 * BATCH. */
+    int n = 2 * BATCH / world;
+    mg_step_options opt = {.accumulate = ACC, .lr = 0.05f, .clip_grad = 1.0f};
+    for (int step = 0; step < STEPS; step++) {
+        float xs[ACC * 2 * BATCH * 784];
+        int32_t ys[ACC * 2 * BATCH];
+        for (int k = 0; k < ACC; k++) {
+            memcpy(xs + (size_t)k * n * 784, x + ((size_t)k * 2 * BATCH + rank * n) * 784,
+                   sizeof(float) * n * 784);
+            memcpy(ys + k * n, y + k * 2 * BATCH + rank * n, sizeof(int32_t) * n);
+        }
+        feed f = {xs, ys, n, 0};
+        mg_step_result r;
+        CHECK_OK(mg_train_step(s, o, &opt, next_batch, &f, &r));
+        CHECK_EQ(r.micro, ACC);
+    }
+    if (with_counter) *seen = *(counter *)mg_strategy_part(s, &count_ops);
+    CHECK(mg_strategy_part(s, &count_ops) == NULL || with_counter);
+    size_t np = mg_model_arena_size(m);
+    *params = malloc(np * sizeof(float));
+    memcpy(*params, mg_model_params(m), np * sizeof(float));
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    CHECK_EQ(mg_model_num_hooks(m), 0);
+    mg_model_destroy(m);
+}
+
+/* What the counter saw is what the step did: every unit's forward and
+ * backward per micro-batch, each unit's gradients once per backward,
+ * the step's last micro-batch marked once, one reduction and one update
+ * per step; and the parameters are the same bits as without it. */
+static void check_counts(const counter *c, mg_model *m)
+{
+    long units = mg_model_num_units(m), micro = (long)STEPS * ACC;
+    CHECK_EQ(c->micro, micro);
+    CHECK_EQ(c->last, STEPS);
+    CHECK_EQ(c->reduces, STEPS);
+    CHECK_EQ(c->updates, STEPS);
+    CHECK_EQ(c->forwards, units * micro);
+    CHECK_EQ(c->backwards, units * micro);
+    CHECK_EQ(c->grad_bytes, mg_model_arena_size(m) * sizeof(float) * (size_t)micro);
+}
+
+static int count_rank(int rank, int world, void *arg)
+{
+    mg_group *g = mgt_join(rank, world, *(int *)arg, NULL, 30);
+    CHECK(g);
+    float *plain, *counted;
+    counter c;
+    train(g, false, &plain, NULL);
+    train(g, true, &counted, &c);
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    CHECK_OK(mg_model_set_unit_pad(m, mg_shard_pad(world)));
+    check_counts(&c, m);
+    CHECK(memcmp(plain, counted, mg_model_arena_size(m) * sizeof(float)) == 0);
+    mg_model_destroy(m);
+    free(plain);
+    free(counted);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(component_added_in_one_file_sees_every_hook_and_changes_nothing)
+{
+    /* One process. */
+    float *plain, *counted;
+    counter c;
+    train(NULL, false, &plain, NULL);
+    train(NULL, true, &counted, &c);
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    check_counts(&c, m);
+    CHECK(memcmp(plain, counted, mg_model_arena_size(m) * sizeof(float)) == 0);
+    mg_model_destroy(m);
+    free(plain);
+    free(counted);
+    /* After DDP, on 2 ranks. */
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, count_rank, &port, 60, st), 0);
+}
