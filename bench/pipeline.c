@@ -54,8 +54,10 @@ static int run(mg_group *g, const mg_gpt_config *cfg, mg_text *t, mg_pipe_kind k
     mg_model *m;
     if (mg_model_create_gpt(cfg, 0, &m)) return fail("model");
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    char mesh[32];
+    snprintf(mesh, sizeof mesh, "pp=%d", P);
     so.group = g;
-    so.pp_group = g;
+    so.mesh = mesh;
     so.max_batch = S;
     so.pipe = (mg_pipe_options){.kind = k, .micro_batches = M, .chunks = V};
     mg_strategy *s;

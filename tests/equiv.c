@@ -281,12 +281,10 @@ void eq_match_pytorch(int procs, const char *what)
     mg_st_close(f);
 }
 
-void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_mesh *mesh,
-                 mg_group *g)
+void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_group *g)
 {
     mg_strategy_destroy(s);
     mg_model_destroy(m);
     if (src) eq_close_data(src, ref);
-    mg_mesh_destroy(mesh);
     mg_group_destroy(g);
 }

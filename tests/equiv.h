@@ -67,8 +67,7 @@ float *eq_one_process(const eq_case *c, float *losses);
  * one-process test's bounds (test_gpt.c); what names the run. */
 void eq_match_pytorch(int procs, const char *what);
 /* A rank's end: each of them destroyed (any may be NULL). */
-void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_mesh *mesh,
-                 mg_group *g);
+void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_group *g);
 /* max |a - b| / max |b| */
 double eq_max_rel(const float *a, const float *b, size_t n);
 

@@ -7,9 +7,11 @@
 #include "multigrad/multigrad.h"
 
 typedef struct {
+    mg_strategy *s;
     mg_model *m;
     long forwards, backwards, micro, last, reduces, updates;
     size_t grad_bytes;
+    int launched;   /* DDP's buckets already started when the reductions begin */
 } counter;
 
 static void on_pre_forward(void *ud, mg_tape *t, int unit)
@@ -36,6 +38,7 @@ static mg_status count_attach(mg_strategy *s, void **state)
 {
     counter *c = calloc(1, sizeof *c);
     if (!c) return mg_error(MG_ENOMEM, "count: out of memory");
+    c->s = s;
     c->m = mg_strategy_model(s);
     mg_status st = mg_model_add_hooks(c->m, &count_hooks, c);
     if (st) free(c);
@@ -57,9 +60,13 @@ static void count_begin(void *ud, bool last)
     c->last += last;
 }
 
+/* The last in the list: its reduction runs first, before DDP's waits. */
 static mg_status count_reduce(void *ud)
 {
-    ((counter *)ud)->reduces++;
+    counter *c = ud;
+    mg_ddp *ddp = mg_strategy_ddp(c->s);
+    c->reduces++;
+    c->launched = ddp ? mg_ddp_launched(ddp) : -1;
     return MG_OK;
 }
 
@@ -196,4 +203,64 @@ TEST(component_added_in_one_file_sees_every_hook_and_changes_nothing)
     /* After DDP, on 2 ranks. */
     int port = mgt_free_port(), st[2];
     CHECK_EQ(mgt_fork_ranks(2, count_rank, &port, 60, st), 0);
+}
+
+/* In a pipeline (pp=2) with replicas (dp=2): the hooks fire on the
+ * stage's units only, the driver marks each backward and its stage's
+ * last, and DDP has started every bucket of the stage's ranges before
+ * the reductions (during the last backward), none left for the end. */
+static int pipe_rank(int rank, int world, void *arg)
+{
+    mg_group *g = mgt_join(rank, world, *(int *)arg, NULL, 30);
+    CHECK(g);
+    mg_model *m;
+    CHECK_OK(mg_model_create("lenet5", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    so.group = g;
+    so.mesh = "pp=2,dp=2";
+    so.max_batch = BATCH;
+    so.ddp.first_bucket_bytes = so.ddp.bucket_bytes = 16 << 10;   /* several buckets */
+    so.pipe = (mg_pipe_options){.kind = MG_PIPE_1F1B, .micro_batches = ACC};
+    const mg_component_ops *const extra[] = {&count_ops, NULL};
+    so.components = extra;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    CHECK_MSG(!strcmp(mg_strategy_name(s), "pipeline+ddp+count"), "%s", mg_strategy_name(s));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    static float x[ACC * BATCH * 784];
+    static int32_t y[ACC * BATCH];
+    for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = (float)((i * 29 + rank) % 13) / 13.0f;
+    for (size_t i = 0; i < sizeof y / sizeof *y; i++) y[i] = (int32_t)(i % 10);
+    mg_step_options opt = {.accumulate = ACC, .lr = 0.05f};
+    counter *c = mg_strategy_part(s, &count_ops);
+    mg_ddp *ddp = mg_strategy_ddp(s);
+    CHECK(ddp && mg_ddp_num_buckets(ddp) >= 1);
+    for (int step = 0; step < STEPS; step++) {
+        feed f = {x, y, BATCH, 0};
+        mg_step_result r;
+        CHECK_OK(mg_train_step(s, o, &opt, next_batch, &f, &r));
+        CHECK_EQ(c->launched, mg_ddp_num_buckets(ddp));
+    }
+    int S, stage = rank / 2;   /* dp varies fastest */
+    const int *cut = mg_pipe_cut(mg_strategy_pipe(s), &S);
+    long units = 0;
+    for (int u = cut[stage]; u < cut[stage + 1]; u++) units++;
+    CHECK_EQ(c->micro, (long)STEPS * ACC);   /* one per backward */
+    CHECK_EQ(c->last, STEPS);
+    CHECK_EQ(c->reduces, STEPS);
+    CHECK_EQ(c->forwards, units * STEPS * ACC);
+    CHECK_EQ(c->backwards, units * STEPS * ACC);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(component_in_a_pipeline_and_its_replicas_average_during_the_last_backward)
+{
+    int port = mgt_free_port(), st[4];
+    CHECK_EQ(mgt_fork_ranks(4, pipe_rank, &port, 60, st), 0);
 }

@@ -19,24 +19,21 @@ static int pipe_rank(int rank, int procs, void *arg)
     CHECK(g);
     char spec[64];
     snprintf(spec, sizeof spec, "pp=%d,dp=%d", c->pp, c->world);
-    mg_mesh *mesh;
-    CHECK_OK(mg_mesh_create(g, spec, &mesh));
-    int dr = mg_mesh_coord(mesh, MG_MESH_DP);
-    eq_source src = {.c = c, .rank = dr, .world = c->world, .parts = c->accumulate};
+    eq_source src = {.c = c, .world = c->world, .parts = c->accumulate};
     mg_st_file *ref;
     eq_open_data(c, &src, &ref);
     /* Different seeds per rank: rank 0's parameters must reach all. */
     mg_model *m = eq_make_model(c, ref, (uint64_t)rank * 7);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
     so.group = g;
-    so.pp_group = mg_mesh_group(mesh, MG_MESH_PP);
-    so.dp_group = mg_mesh_group(mesh, MG_MESH_DP);
+    so.mesh = spec;
     so.max_batch = c->batch / c->world;
     so.pipe = (mg_pipe_options){.kind = c->pp_kind,
                                 .micro_batches = c->pp_m ? c->pp_m : c->accumulate,
                                 .chunks = c->chunks, .first = c->first};
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
+    src.rank = mg_mesh_coord(mg_strategy_mesh(s), MG_MESH_DP);
     /* This rank keeps its stages' parameters only (and a borrowed range). */
     int nr, S;
     const mg_range *r = mg_strategy_ranges(s, &nr);
@@ -64,7 +61,7 @@ static int pipe_rank(int rank, int procs, void *arg)
     int peak = ps.peak_in_flight;
     eq_write_floats("peak", rank, &(float){(float)peak}, 1);
     free(v);
-    eq_end_rank(s, m, &src, ref, mesh, g);
+    eq_end_rank(s, m, &src, ref, g);
     return 0;
 }
 
@@ -266,6 +263,7 @@ typedef struct {
     eq_source src;
     mg_st_file *ref;
     mg_strategy_options so;
+    char mesh[32];
     mg_model *m;
 } stage_rank;
 
@@ -277,7 +275,8 @@ static void one_pipeline_rank(const eq_case *c, int rank, int procs, stage_rank 
     eq_open_data(c, &r->src, &r->ref);
     r->so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
     r->so.group = r->g;
-    r->so.pp_group = r->g;
+    snprintf(r->mesh, sizeof r->mesh, "pp=%d", procs);
+    r->so.mesh = r->mesh;
     r->so.max_batch = c->batch;
     r->so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate};
     r->m = eq_make_model(c, r->ref, 0);
@@ -352,7 +351,7 @@ static int fault_rank(int rank, int procs, void *arg)
      * victim, as it does after a clean run). */
     CHECK(mg_barrier(pr.g) != MG_OK);
     mg_optim_destroy(o);
-    eq_end_rank(s, pr.m, &pr.src, pr.ref, NULL, pr.g);
+    eq_end_rank(s, pr.m, &pr.src, pr.ref, pr.g);
     return 0;
 }
 
@@ -423,9 +422,9 @@ static int mismatch_rank(int rank, int procs, void *arg)
                                                 : "pipeline stage 1 on rank 1") &&
               strstr(mg_last_error(), rank == 0 ? "stage 1 on rank 1" : "stage 0 on rank 0"));
         mg_optim_destroy(o);
-        eq_end_rank(s, NULL, NULL, NULL, NULL, NULL);
+        eq_end_rank(s, NULL, NULL, NULL, NULL);
     }
-    eq_end_rank(NULL, pr.m, &pr.src, pr.ref, NULL, pr.g);
+    eq_end_rank(NULL, pr.m, &pr.src, pr.ref, pr.g);
     return 0;
 }
 
@@ -473,8 +472,10 @@ static int eval_rank(int rank, int procs, void *arg)
     eq_open_data(c, &src, &ref);
     mg_model *m = eq_make_model(c, ref, (uint64_t)rank * 7);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    char mesh[32];
+    snprintf(mesh, sizeof mesh, "pp=%d", procs);
     so.group = g;
-    so.pp_group = g;
+    so.mesh = mesh;
     so.max_batch = 3;
     so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = c->accumulate,
                                 .chunks = c->chunks};
@@ -486,7 +487,7 @@ static int eval_rank(int rank, int procs, void *arg)
     CHECK(mg_model_training(m));   /* left as it was */
     eq_write_floats("val", rank, &val, 1);
     eq_write_floats("gen", rank, (const float *)gen, 24);
-    eq_end_rank(s, m, &src, ref, NULL, g);
+    eq_end_rank(s, m, &src, ref, g);
     return 0;
 }
 
@@ -506,7 +507,7 @@ TEST_T(pipeline_evaluates_and_samples_as_one_process, 120)
     float val;
     int32_t gen[24];
     eval_and_sample(s, &src, &val, gen);
-    eq_end_rank(s, m, &src, ref, NULL, NULL);
+    eq_end_rank(s, m, &src, ref, NULL);
     static const struct { int P, M, V; mg_pipe_kind k; } cases[] = {
         {2, 2, 1, MG_PIPE_1F1B}, {3, 4, 1, MG_PIPE_GPIPE}, {2, 4, 2, MG_PIPE_INTERLEAVED},
     };
@@ -600,8 +601,10 @@ static int bn_rank(int rank, int procs, void *arg)
     CHECK(g);
     mg_model *m = bn_model((uint64_t)rank + 5, c->dev);
     mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_PIPELINE);
+    char mesh[32];
+    snprintf(mesh, sizeof mesh, "pp=%d", procs);
     so.group = g;
-    so.pp_group = g;
+    so.mesh = mesh;
     so.max_batch = 6;
     so.pipe = (mg_pipe_options){.kind = c->pp_kind, .micro_batches = 4, .chunks = c->chunks};
     mg_strategy *s;
@@ -609,7 +612,7 @@ static int bn_rank(int rank, int procs, void *arg)
     char p[512];
     bn_path(p, sizeof p, "bn-pipeline");
     bn_train(s, p);
-    eq_end_rank(s, m, NULL, NULL, NULL, g);
+    eq_end_rank(s, m, NULL, NULL, g);
     return 0;
 }
 
@@ -643,7 +646,7 @@ static void bn_checkpoints(mg_device dev, int ncases)
     mg_strategy *s;
     CHECK_OK(mg_strategy_create(m, &so, &s));
     bn_train(s, one);
-    eq_end_rank(s, m, NULL, NULL, NULL, NULL);
+    eq_end_rank(s, m, NULL, NULL, NULL);
     static const struct { int P, V; mg_pipe_kind k; } cases[] = {
         {2, 1, MG_PIPE_1F1B}, {3, 1, MG_PIPE_GPIPE}, {2, 2, MG_PIPE_INTERLEAVED},
         {4, 1, MG_PIPE_1F1B},

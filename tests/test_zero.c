@@ -412,7 +412,7 @@ static int counters_rank(int rank, int world, void *arg)
               "zero-%d rank %d: %.0f sent, %.0f received per step, expected %.0f", cc->stage,
               rank, sent, recv, want);
     mg_optim_destroy(o);
-    eq_end_rank(s, m, &src, ref, NULL, g);
+    eq_end_rank(s, m, &src, ref, g);
     return 0;
 }
 

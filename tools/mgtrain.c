@@ -613,7 +613,8 @@ static int resume_flags_differ(const char *saved, const char *now, const char *p
 struct trainer {
     mg_strategy_kind mode;   /* --parallel (or --mesh: ddp; with --zero: zero) */
     mg_group *g;        /* ddp: the whole job */
-    mg_mesh *mesh;      /* its ranks as a mesh (--parallel ddp: dp only) */
+    mg_mesh *mesh;      /* its ranks as a mesh (the strategy's; --parallel ddp: dp only) */
+    int pp;             /* the mesh's pipeline stages (ranks) */
     int rank, world;
     int drank, dworld;  /* how the data are shared: the data-parallel rank and ranks */
     mg_strategy *s;
@@ -845,21 +846,24 @@ static void join_job(options *o, trainer *t)
                 printf("collectives on GPU memory: %s (%s)\n",
                        strcmp(path, "nccl") ? "staged through the host" : "NCCL", why);
         }
+        /* The mesh itself is the strategy's (setup_training); every
+         * rank has the same spec (same_on_every_rank), so every rank
+         * finds the same mistakes in it here. */
         char spec[32];
+        int size[MG_MESH_DIMS];
         snprintf(spec, sizeof spec, "dp=%d", t->world);
-        if (mg_mesh_create(t->g, o->mesh ? o->mesh : spec, &t->mesh))
+        if (mg_mesh_parse(o->mesh ? o->mesh : spec, t->world, size))
             die("--mesh: %s", mg_last_error());
-        if (mg_mesh_size(t->mesh, MG_MESH_PP) == 1 &&
+        if (size[MG_MESH_PP] == 1 &&
             (o->pp_schedule || o->micro_batches || o->chunks || o->split))
             die("--pp-schedule, --micro-batches, --chunks and --split plan a pipeline, and "
                 "--mesh %s has none: give pp=P", o->mesh);
-        if (mg_mesh_size(t->mesh, MG_MESH_TP) > 1)
+        if (size[MG_MESH_TP] > 1)
             die("--mesh %s: tensor parallelism (tp) is not built yet; give dp and pp only, "
                 "e.g. --mesh dp=%d", o->mesh, t->world);
-        t->drank = mg_mesh_coord(t->mesh, MG_MESH_DP);
-        t->dworld = mg_mesh_size(t->mesh, MG_MESH_DP);
-        int P = mg_mesh_size(t->mesh, MG_MESH_PP);
-        if (P > 1) pipeline_flags(o, t, P);
+        t->dworld = size[MG_MESH_DP];
+        t->pp = size[MG_MESH_PP];
+        if (t->pp > 1) pipeline_flags(o, t, t->pp);
         char msg[256];
         snprintf(msg, sizeof msg, "--batch %d does not divide among %d data-parallel ranks: "
                  "use a multiple of %d (--batch is the global batch)",
@@ -1045,15 +1049,12 @@ static void print_plan(trainer *t, const options *o, int local)
 /* The pipeline strategy's groups and schedule; the cut of --split. */
 static void pipeline_options(const options *o, trainer *t, mg_strategy_options *so, int *first)
 {
-    so->group = t->g;
-    so->pp_group = mg_mesh_group(t->mesh, MG_MESH_PP);
-    so->dp_group = mg_mesh_group(t->mesh, MG_MESH_DP);
     so->pipe.kind = MG_PIPE_1F1B;
     if (o->pp_schedule) mg_pipe_parse(o->pp_schedule, &so->pipe.kind);   /* checked */
     so->pipe.micro_batches = o->micro_batches;
     so->pipe.chunks = o->chunks;
     if (!o->split) return;
-    int nu = mg_model_num_units(t->m), S = mg_mesh_size(t->mesh, MG_MESH_PP) * o->chunks;
+    int nu = mg_model_num_units(t->m), S = t->pp * o->chunks;
     const char **names = malloc(sizeof *names * (size_t)nu);
     if (!names) die("out of memory");
     for (int u = 0; u < nu; u++) names[u] = mg_model_unit(t->m, u).name;
@@ -1090,7 +1091,8 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     mg_strategy_options so = mg_strategy_defaults(t->mode);
     so.max_batch = t->mode == MG_STRATEGY_DP ? o->batch : local;
     so.workers = o->workers;
-    so.group = t->mesh ? mg_mesh_group(t->mesh, MG_MESH_DP) : NULL;
+    so.group = distributed(t) ? t->g : NULL;
+    so.mesh = o->mesh;
     so.ddp.bucket_bytes = (size_t)(o->bucket_mb * (1 << 20));
     if (so.ddp.first_bucket_bytes > so.ddp.bucket_bytes)
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
@@ -1104,6 +1106,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
     int first[64 * 64 + 1];
     if (t->mode == MG_STRATEGY_PIPELINE) pipeline_options(o, t, &so, first);
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
+    if ((t->mesh = mg_strategy_mesh(t->s))) t->drank = mg_mesh_coord(t->mesh, MG_MESH_DP);
     if (o->print_plan) print_plan(t, o, local);
     make_optimizer(o, kind, beta2, lm, t);
     hparams_string(o, lm, t->hp, sizeof t->hp);
@@ -1687,7 +1690,6 @@ int main(int argc, char **argv)
     mg_optim_destroy(t.opt);
     mg_strategy_destroy(t.s);
     mg_model_destroy(t.m);
-    mg_mesh_destroy(t.mesh);
     mg_group_destroy(t.g);
     return 0;
 }

@@ -58,7 +58,8 @@ typedef struct mg_component_ops {
      * component with it drives, e.g. a pipeline schedule); else run_micro
      * replaces the model's forward, loss and backward of one micro-batch
      * (e.g. threads). Around each micro-batch, micro_begin (list order;
-     * last: the step's last) and micro_end (reverse order). reduce: after
+     * last: the step's last; a driver calls it before each backward it
+     * runs, mg_strategy_micro_begin) and micro_end (reverse order). reduce: after
      * the micro-batches, the gradients this rank steps made final (reverse
      * order). grads_elsewhere: gradients kept outside the arena (offload),
      * already scaled to the mean; true with *sumsq their share of the
@@ -100,6 +101,10 @@ typedef struct mg_component_ops {
  * group; st as it is in one process). */
 const mg_strategy_options *mg_strategy_options_of(const mg_strategy *s);
 mg_status mg_strategy_agree(mg_strategy *s, mg_status st);
+/* For a component that drives the step (run_step): before a backward of
+ * a micro-batch, every component's micro_begin (last: the last backward
+ * of the step over the units it runs, whose gradients are then final). */
+void mg_strategy_micro_begin(mg_strategy *s, bool last);
 /* The state of this strategy's component made from ops (NULL: none). */
 void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops);
 

@@ -94,7 +94,7 @@ void mg_ddp_destroy(mg_ddp *d);
 void mg_ddp_set_sync(mg_ddp *d, bool sync);
 mg_status mg_ddp_finish(mg_ddp *d);
 int mg_ddp_num_buckets(const mg_ddp *d);
-/* Buckets whose all-reduce has started this step (in arena order). */
+/* Buckets whose all-reduce has started this step. */
 int mg_ddp_launched(const mg_ddp *d);
 void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi);
 
@@ -251,16 +251,20 @@ typedef struct mg_pipe_options {
     const int *first;    /* S + 1 unit boundaries, or NULL: balanced */
 } mg_pipe_options;
 typedef struct mg_pipe mg_pipe;
+typedef struct mg_mesh mg_mesh;
 
 /* ---- Strategies and the training step (strategy.c) ----------------------
  *
- * A strategy owns how a step turns a batch into forward/backward work and
- * communication, which range of the arena this process's optimizer
- * updates (its state arenas are exactly that range), and how checkpoints
- * are written and read. single: one process; dp: DataParallel threads on
- * one model; ddp: DistributedDataParallel over a group (its units padded
- * to lcm(world size, SIMD width)). Make the strategy before the optimizer
- * (mg_strategy_optim). */
+ * A strategy owns the job's mesh and how a step turns a batch into
+ * forward/backward work and communication, which ranges of the arena
+ * this process's optimizer updates (its state arenas are exactly those),
+ * and how checkpoints are written and read. It is an ordered list of
+ * components (component.h): with pp > 1 in the mesh, the pipeline; then
+ * the kind's over the data-parallel dimension — none: one process (or a
+ * pipeline without replicas); dp: DataParallel threads on one model; ddp:
+ * DistributedDataParallel (its units padded to lcm(dp size, SIMD
+ * width)); zero: ZeRO 1-3; pipeline: as ddp. Make the strategy before
+ * the optimizer (mg_strategy_optim). */
 typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
                MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE } mg_strategy_kind;
 /* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" */
@@ -270,7 +274,11 @@ typedef struct mg_strategy_options {
     mg_strategy_kind kind;
     int max_batch;          /* the largest micro-batch this process runs */
     int workers;            /* dp: threads */
-    mg_group *group;        /* ddp, zero: the data-parallel group; pipeline: the whole job */
+    /* The job's group (NULL: one process) and its ranks as a mesh (the
+     * --mesh syntax, mg_mesh_parse; NULL: "dp=<all>"): the strategy makes
+     * the mesh and its groups (mg_strategy_mesh) and owns them. */
+    mg_group *group;
+    const char *mesh;
     mg_ddp_options ddp;     /* ddp: buckets, compression; zero: buckets */
     int zero_stage;         /* zero: 1, 2 or 3 */
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
@@ -283,10 +291,8 @@ typedef struct mg_strategy_options {
      * the gradients of this process's ranges come to the host and their
      * parameters go back. Nothing changes for a model on the CPU. */
     bool offload_cpu;
-    /* pipeline: its group (the mesh's pp), the data-parallel group of
-     * the replicas of this rank's stages (NULL: none; gradients are
-     * averaged over it after the last backward) and the schedule. */
-    mg_group *pp_group, *dp_group;
+    /* A mesh with pp > 1: the pipeline's schedule (its stages' replicas,
+     * a dp dimension, are the kind's: ddp averages them). */
     mg_pipe_options pipe;
     /* Components added after those of kind, in this order (component.h):
      * NULL-terminated, or NULL. */
@@ -304,6 +310,9 @@ mg_model *mg_strategy_model(const mg_strategy *s);
 mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp */
 mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
 mg_pipe *mg_strategy_pipe(const mg_strategy *s); /* NULL unless pipeline */
+/* The job's mesh (NULL in one process): its groups and this rank's
+ * coordinates (the data-parallel one shards the data). */
+mg_mesh *mg_strategy_mesh(const mg_strategy *s);
 /* The arena ranges this process's optimizer updates (the whole arena, or
  * a ZeRO rank's pieces), ascending. */
 const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n);

@@ -29,6 +29,8 @@
 typedef struct {
     size_t lo, hi;          /* float range of the gradient arena */
     mg_work *work;
+    bool launched;          /* this step */
+    int units, left;        /* over a part's ranges: its units, those not done this step */
     double t_launch;        /* trace clock, us */
 } bucket;
 
@@ -43,7 +45,8 @@ struct mg_ddp {
     int nb;
     size_t ready;           /* gradients [0, ready) are final this step */
     int next;               /* first bucket not launched */
-    bool sync, hooked;
+    bool sync;
+    const mg_unit_hooks *hooks;   /* installed on the model */
     bool replicas_of_ranges; /* buckets are a part's ranges of the model's own gradients */
     bool staged;            /* the model is on a device: buckets go through grads */
     bool locked;            /* grads page-locked for the device's copies */
@@ -119,6 +122,7 @@ static mg_status stage(mg_ddp *d, size_t lo, size_t hi, bool to_host)
 
 static void launch(mg_ddp *d, bucket *b)
 {
+    b->launched = true;
     b->t_launch = mg_trace_now();
     if (d->err) return;
     size_t n = b->hi - b->lo;
@@ -194,7 +198,7 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
             mg_debug("ddp: %s; bucket copies go through pageable memory", mg_last_error());
         else d->locked = true;
         st = mg_model_add_hooks(m, &ddp_hooks, d);
-        d->hooked = !st;
+        if (!st) d->hooks = &ddp_hooks;
         /* Every replica starts from rank 0's parameters and buffers
          * (device memory is staged by the group). */
         if (!st) st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
@@ -217,9 +221,9 @@ void mg_ddp_destroy(mg_ddp *d)
     if (d->grads) {
         /* Hand the model back its own memory before the group's goes. */
         mg_model_set_grad_storage(d->m, NULL);
-        if (d->hooked) mg_model_remove_hooks(d->m, &ddp_hooks, d);
         mg_group_free(d->g, d->grads);
     }
+    if (d->hooks) mg_model_remove_hooks(d->m, d->hooks, d);
     if (d->half) mg_group_free(d->g, d->half);
     free(d->b);
     free(d);
@@ -228,7 +232,12 @@ void mg_ddp_destroy(mg_ddp *d)
 void mg_ddp_set_sync(mg_ddp *d, bool sync) { d->sync = sync; }
 
 int mg_ddp_num_buckets(const mg_ddp *d) { return d->nb; }
-int mg_ddp_launched(const mg_ddp *d) { return d->sync ? d->next : 0; }
+int mg_ddp_launched(const mg_ddp *d)
+{
+    int n = 0;
+    for (int i = 0; i < d->nb; i++) n += d->b[i].launched;
+    return n;
+}
 
 void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi)
 {
@@ -239,9 +248,13 @@ void mg_ddp_bucket(const mg_ddp *d, int i, size_t *lo, size_t *hi)
 
 mg_status mg_ddp_finish(mg_ddp *d)
 {
-    if (!d->sync) return MG_OK;
+    /* Over a part's ranges every step ends in the average (sync marks
+     * only the backwards after which a bucket may start early). */
+    if (!d->sync && !d->replicas_of_ranges) return MG_OK;
     /* Buckets whose parameters got no gradient this step go now. */
-    while (d->next < d->nb) launch(d, &d->b[d->next++]);
+    for (int i = 0; i < d->nb; i++)
+        if (!d->b[i].launched) launch(d, &d->b[i]);
+    d->next = d->nb;
     double t0 = mg_trace_now();
     mg_status st = d->err;
     for (int i = 0; i < d->nb; i++) {
@@ -265,6 +278,11 @@ mg_status mg_ddp_finish(mg_ddp *d)
         }
         if (!st && d->staged) st = stage(d, b->lo, b->hi, false);
     }
+    for (int i = 0; i < d->nb; i++) {
+        d->b[i].launched = false;
+        d->b[i].left = d->b[i].units;
+    }
+    if (d->replicas_of_ranges) d->sync = false;
     double t1 = mg_trace_now();
     d->stats.exposed_us += t1 - t0;
     d->stats.steps++;
@@ -280,22 +298,65 @@ mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d) { return d->stats; }
  *
  * Over the whole arena: the DDP above. Over the ranges a component before
  * it left this rank (a pipeline's stages): their replicas average those
- * ranges of the model's own gradients after the step, one bucket each. */
+ * ranges of the model's own gradients. The buckets are DDP's cut to the
+ * ranges; the driver says which backward is a stage's last of the step
+ * (micro_begin), and a bucket's all-reduce starts once every unit in it
+ * has finished that backward, overlapping the rest of it (and the other
+ * chunks'); the rest (ranges borrowed from another stage) go at the end. */
 
-static mg_status create_on_ranges(mg_group *g, mg_model *m, const mg_range *r, int n,
-                                  mg_ddp **out)
+static void on_range_unit_done(void *ud, mg_tape *t, int unit)
+{
+    mg_ddp *d = ud;
+    (void)t;
+    size_t lo, hi;
+    mg_model_unit_range(d->m, unit, &lo, &hi);
+    if (!d->sync || hi == lo) return;
+    for (int i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        if (lo >= b->lo && hi <= b->hi && !b->launched && --b->left == 0) launch(d, b);
+    }
+}
+
+static const mg_unit_hooks range_hooks = {.post_backward = on_range_unit_done};
+
+static mg_status create_on_ranges(mg_group *g, mg_model *m, const mg_ddp_options *opt,
+                                  const mg_range *r, int n, mg_ddp **out)
 {
     mg_ddp *d = calloc(1, sizeof *d);
-    bucket *b = calloc((size_t)n, sizeof *b);
-    if (!d || !b) {
+    int nu = mg_model_num_units(m);
+    mg_range *whole = calloc((size_t)nu + 1, sizeof *whole);
+    if (d) d->b = calloc((size_t)(nu + 1) * (size_t)n, sizeof *d->b);
+    if (!d || !whole || !d->b) {
+        if (d) free(d->b);
         free(d);
-        free(b);
+        free(whole);
         return mg_error(MG_ENOMEM, "ddp: out of memory");
     }
-    *d = (mg_ddp){.g = g, .m = m, .opt = mg_ddp_defaults(), .n = mg_model_arena_size(m),
-                  .b = b, .sync = true, .replicas_of_ranges = true};
+    d->g = g;
+    d->m = m;
+    d->opt = *opt;
+    d->n = mg_model_arena_size(m);
+    d->replicas_of_ranges = true;   /* sync: not until the driver marks a last backward */
+    int nw = mg_buckets(m, opt->first_bucket_bytes, opt->bucket_bytes, whole);
     for (int i = 0; i < n; i++)
-        if (r[i].hi > r[i].lo) d->b[d->nb++] = (bucket){.lo = r[i].lo, .hi = r[i].hi};
+        for (int k = 0; k < nw; k++) {
+            size_t lo = r[i].lo > whole[k].lo ? r[i].lo : whole[k].lo;
+            size_t hi = r[i].hi < whole[k].hi ? r[i].hi : whole[k].hi;
+            if (hi > lo) d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
+        }
+    free(whole);
+    for (int u = 0; u < nu; u++) {
+        size_t lo, hi;
+        mg_model_unit_range(m, u, &lo, &hi);
+        for (int i = 0; i < d->nb && hi > lo; i++)
+            if (lo >= d->b[i].lo && hi <= d->b[i].hi) d->b[i].left = ++d->b[i].units;
+    }
+    mg_status st = mg_model_add_hooks(m, &range_hooks, d);
+    if (st) {
+        mg_ddp_destroy(d);
+        return st;
+    }
+    d->hooks = &range_hooks;
     *out = d;
     return MG_OK;
 }
@@ -304,15 +365,15 @@ static mg_status ddp_attach(mg_strategy *s, void **state)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
     mg_model *m = mg_strategy_model(s);
+    mg_mesh *mesh = mg_strategy_mesh(s);
+    if (!mesh) return mg_error(MG_EINVAL, "strategy ddp needs a process group");
+    mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);
-    if (n == 1 && r[0].lo == 0 && r[0].hi == mg_model_arena_size(m)) {
-        mg_group *g = o->dp_group ? o->dp_group : o->group;
-        if (!g) return mg_error(MG_EINVAL, "strategy ddp needs a process group");
+    if (n == 1 && r[0].lo == 0 && r[0].hi == mg_model_arena_size(m))
         return mg_ddp_create(g, m, &o->ddp, (mg_ddp **)state);
-    }
-    if (!o->dp_group || mg_group_size(o->dp_group) == 1) return MG_OK;   /* no replicas */
-    return create_on_ranges(o->dp_group, m, r, n, (mg_ddp **)state);
+    if (mg_group_size(g) == 1) return MG_OK;   /* a part without replicas */
+    return create_on_ranges(g, m, &o->ddp, r, n, (mg_ddp **)state);
 }
 
 static void ddp_destroy(void *c) { mg_ddp_destroy(c); }

@@ -26,5 +26,8 @@ extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_comp
 /* The pipeline's group (its stages' ranks) and model. */
 mg_group *mg__pipe_group(const mg_pipe *p);
 mg_model *mg__pipe_model(const mg_pipe *p);
+/* fn(ud, final) before each backward the executor runs; final: the last
+ * of the step for its stage (its gradients are then final). */
+void mg__pipe_before_backward(mg_pipe *p, void (*fn)(void *ud, bool final), void *ud);
 
 #endif

@@ -73,7 +73,11 @@ struct mg_pipe {
     /* The lowered list made last, for acts_for = 2·count + forward-only
      * (0: none yet). */
     mg_pipe_action *acts;
+    bool *final_b;            /* per action: its stage's last backward of the step */
     int n_acts, acts_for;
+    /* Called before each backward (final: its stage's last of the step). */
+    void (*before_backward)(void *ud, bool final);
+    void *bb_ud;
     const mg_tape *logits;    /* the last stage's last forward's tape */
     float *host_logits;       /* on a device: their copy for mg_pipe_logits */
     /* Posted batches of sends only, not waited for yet. */
@@ -87,6 +91,12 @@ static size_t fl(size_t n) { return n * sizeof(float); }
 
 mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
 mg_model *mg__pipe_model(const mg_pipe *p) { return p->m; }
+
+void mg__pipe_before_backward(mg_pipe *p, void (*fn)(void *ud, bool final), void *ud)
+{
+    p->before_backward = fn;
+    p->bb_ud = ud;
+}
 
 /* The arena range of units [u0, u1) (units lie in reverse order). */
 static mg_range units_range(const mg_model *m, int u0, int u1)
@@ -264,6 +274,7 @@ void mg_pipe_destroy(mg_pipe *p)
     free(p->ch);
     free(p->first);
     free(p->acts);
+    free(p->final_b);
     mg_free(p->host_logits);
     free(p->x);
     free(p->y);
@@ -530,12 +541,26 @@ static mg_status lowered(mg_pipe *p, int count, bool fwd_only)
     mg_pipe_action *a = realloc(p->acts, sizeof *a * (size_t)n);
     if (!a) return mg_error(MG_ENOMEM, "pipeline: out of memory");
     mg_pipe_lower(k, p->P, count, p->V, p->rank, a, n);
+    p->acts = a;
     int kept = 0;
     for (int i = 0; i < n; i++)
         if (!fwd_only || a[i].op == MG_PIPE_F || a[i].op == MG_PIPE_SEND_F ||
             a[i].op == MG_PIPE_RECV_F)
             a[kept++] = a[i];
-    p->acts = a;
+    bool *final = realloc(p->final_b, sizeof *final * (size_t)(kept ? kept : 1));
+    bool *seen = calloc((size_t)p->S, sizeof *seen);
+    if (!final || !seen) {
+        free(seen);
+        if (final) p->final_b = final;
+        p->acts_for = 0;
+        return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    }
+    for (int i = kept - 1; i >= 0; i--) {
+        final[i] = a[i].op == MG_PIPE_B && !seen[a[i].stage];
+        if (a[i].op == MG_PIPE_B) seen[a[i].stage] = true;
+    }
+    free(seen);
+    p->final_b = final;
     p->n_acts = kept;
     p->acts_for = 2 * count + fwd_only;
     return MG_OK;
@@ -678,6 +703,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
         } else {
             MG_ASSERT(f);
             if (f->sending && (st = wait_sends(p))) break;
+            if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
             else mg_tape_backward_from(f->t, ck->dout);
             if (ck->stage == 0) give_back(p, ck, mb, false);

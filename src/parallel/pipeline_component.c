@@ -11,19 +11,27 @@
 #include <stdlib.h>
 #include "parallel/internal.h"
 
+static void before_backward(void *s, bool final) { mg_strategy_micro_begin(s, final); }
+
+/* Nothing to do without pp > 1 in the mesh. */
 static mg_status pipe_attach(mg_strategy *s, void **state)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
     mg_model *m = mg_strategy_model(s);
-    if (!o->group || !o->pp_group)
-        return mg_error(MG_EINVAL, "strategy pipeline needs the job's group and its pipeline "
-                        "group");
+    mg_mesh *mesh = mg_strategy_mesh(s);
+    if (!mesh || mg_mesh_size(mesh, MG_MESH_PP) == 1) return MG_OK;   /* no pipeline */
     if (o->offload_dir)
         return mg_error(MG_EINVAL, "offload (--offload) is not built for the pipeline "
                         "strategy; use it with --zero");
     MG_TRY(mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
-    return mg_strategy_agree(s, mg_pipe_create(o->pp_group, m, &o->pipe, o->max_batch,
-                                               (mg_pipe **)state));
+    mg_pipe *p = NULL;
+    mg_status st = mg_strategy_agree(s, mg_pipe_create(mg_mesh_group(mesh, MG_MESH_PP), m,
+                                                       &o->pipe, o->max_batch, &p));
+    /* The components after it learn which backward is a stage's last
+     * (DDP then starts its replicas' average of the stage's ranges). */
+    if (p) mg__pipe_before_backward(p, before_backward, s);
+    *state = p;
+    return st;
 }
 
 static void pipe_destroy(void *c) { mg_pipe_destroy(c); }

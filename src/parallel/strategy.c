@@ -26,16 +26,18 @@
 #include "multigrad/trace.h"
 #include "parallel/internal.h"
 
-/* The kinds: a name and the components it is made of, in order. */
+/* The kinds: a name and the components it is made of, in order (each
+ * drops itself where the mesh gives it nothing to do: the pipeline
+ * without pp, DDP over replicas of one). */
 static const struct {
     const char *name;
     mg_strategy_kind kind;
     const mg_component_ops *parts[2];
 } kinds[] = {
-    {"none", MG_STRATEGY_SINGLE, {NULL}},
+    {"none", MG_STRATEGY_SINGLE, {&mg__pipe_component}},
     {"dp", MG_STRATEGY_DP, {&mg__dp_component}},
-    {"ddp", MG_STRATEGY_DDP, {&mg__ddp_component}},
-    {"zero", MG_STRATEGY_ZERO, {&mg__zero_component}},
+    {"ddp", MG_STRATEGY_DDP, {&mg__pipe_component, &mg__ddp_component}},
+    {"zero", MG_STRATEGY_ZERO, {&mg__pipe_component, &mg__zero_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {&mg__pipe_component, &mg__ddp_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
@@ -49,6 +51,7 @@ struct mg_strategy {
     mg_model *m;
     mg_strategy_options o;
     mg_group *g;        /* the job (NULL: one process): agreement, rank 0 */
+    mg_mesh *mesh;      /* its ranks as a mesh, and its groups */
     int rank, world;
     part part[MG_MAX_COMPONENTS];
     int n;
@@ -131,6 +134,9 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     s->whole = (mg_range){0, mg_model_arena_size(m)};
     s->offload_cpu = o->offload_cpu && mg_model_device(m).kind != MG_DEVICE_CPU;
     mg_status st = MG_OK;
+    char spec[32];
+    snprintf(spec, sizeof spec, "dp=%d", s->world);
+    if (s->g) st = mg_mesh_create(s->g, o->mesh ? o->mesh : spec, &s->mesh);
     if (o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
         st = mg_error(MG_ENOMEM, "strategy: out of memory");
     s->o.offload_dir = s->offload_dir;
@@ -144,6 +150,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         st = mg_model_reserve(m, o->max_batch);
     s->o.components = NULL;   /* the caller's, read at attach only */
     s->o.pipe.first = NULL;
+    s->o.mesh = NULL;
     if (st) {
         mg_strategy_destroy(s);
         return st;
@@ -164,6 +171,7 @@ void mg_strategy_destroy(mg_strategy *s)
 {
     if (!s) return;
     EACH_BACK(s, destroy) CALL(destroy);
+    mg_mesh_destroy(s->mesh);
     free(s->offload_dir);
     size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
     mg_unmap(s->host_p, bytes);
@@ -174,6 +182,7 @@ void mg_strategy_destroy(mg_strategy *s)
 const char *mg_strategy_name(const mg_strategy *s) { return s->name; }
 mg_model *mg_strategy_model(const mg_strategy *s) { return s->m; }
 const mg_strategy_options *mg_strategy_options_of(const mg_strategy *s) { return &s->o; }
+mg_mesh *mg_strategy_mesh(const mg_strategy *s) { return s->mesh; }
 
 void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops)
 {
@@ -406,24 +415,27 @@ mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o)
 
 mg_traffic mg_strategy_traffic(const mg_strategy *s)
 {
-    mg_group *g[3] = {s->o.group, s->o.pp_group, s->o.dp_group};
-    mg_traffic t = {0, 0};
-    for (int i = 0; i < 3; i++)
-        if (g[i] && (i == 0 || g[i] != g[0])) {
-            mg_traffic u = mg_group_traffic(g[i]);
-            t.sent += u.sent;
-            t.received += u.received;
-        }
+    mg_traffic t = s->g ? mg_group_traffic(s->g) : (mg_traffic){0, 0};
+    for (int d = 0; d < MG_MESH_DIMS && s->mesh; d++) {
+        mg_traffic u = mg_group_traffic(mg_mesh_group(s->mesh, (mg_mesh_dim)d));
+        t.sent += u.sent;
+        t.received += u.received;
+    }
     return t;
 }
 
 /* ---- the training step ------------------------------------------------------ */
 
+void mg_strategy_micro_begin(mg_strategy *s, bool last)
+{
+    EACH(s, micro_begin) CALL(micro_begin, last);
+}
+
 /* The model's forward, loss and backward of one micro-batch (or the
  * component's that runs them), between the components' begin and end. */
 static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
 {
-    EACH(s, micro_begin) CALL(micro_begin, b->last);
+    mg_strategy_micro_begin(s, b->last);
     mg_status st = MG_OK;
     part *p = FIRST(s, run_micro);
     if (p) {

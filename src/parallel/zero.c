@@ -656,8 +656,15 @@ mg_zero_stats mg_zero_get_stats(const mg_zero *z)
 static mg_status zero_attach(mg_strategy *s, void **state)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
-    mg_group *g = o->dp_group ? o->dp_group : o->group;
-    if (!g) return mg_error(MG_EINVAL, "strategy zero needs a process group");
+    mg_mesh *mesh = mg_strategy_mesh(s);
+    if (!mesh) return mg_error(MG_EINVAL, "strategy zero needs a process group");
+    int n;
+    const mg_range *r = mg_strategy_ranges(s, &n);
+    if (n != 1 || r[0].lo != 0 || r[0].hi != mg_model_arena_size(mg_strategy_model(s)))
+        return mg_error(MG_EUNSUPPORTED, "ZeRO over a pipeline's replicas is not built yet: "
+                        "give --zero without pp in the mesh, or a pipeline whose replicas "
+                        "average as DDP does");
+    mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     mg_zero *z;
     MG_TRY(mg_zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
     mg_status st = o->offload_dir ? mg_strategy_agree(s, mg_zero_offload(z, o->offload_dir))
