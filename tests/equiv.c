@@ -213,8 +213,10 @@ void eq_close_data(eq_source *s, mg_st_file *ref)
 /* One process over the ranks' micro-batches (every rank's, in turn). */
 float *eq_one_process(const eq_case *cc, float *losses)
 {
-    eq_case one = *cc;
+    eq_case one = *cc;   /* the plain run: in memory, on the CPU, nothing saved */
     one.dev = (mg_device){MG_DEVICE_CPU, 0};
+    one.offload = NULL;
+    one.save = NULL;
     const eq_case *c = &one;
     eq_source src = {.c = c, .world = 1, .parts = c->world * c->accumulate};
     mg_st_file *ref;
@@ -287,4 +289,17 @@ void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, m
     mg_model_destroy(m);
     if (src) eq_close_data(src, ref);
     mg_group_destroy(g);
+}
+
+/* The two files exist and hold the same bytes. */
+bool eq_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    bool there = access(a, R_OK) == 0 && access(b, R_OK) == 0;
+    CHECK_MSG(there, "%s or %s missing", a, b);
+    char *x = mgt_slurp(a, &na), *y = mgt_slurp(b, &nb);
+    bool same = there && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
 }

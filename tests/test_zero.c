@@ -187,30 +187,6 @@ TEST_T(zero_on_a_device_stages_1_2_3_k2_k3_k4_equal_one_process_on_the_cpu, 400)
     check_vs_one_process(c, 3e-5);
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK_MSG(f, "%s missing", path);
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    rewind(f);
-    unsigned char *b = malloc(*n + 1);
-    CHECK(fread(b, 1, *n, f) == *n);
-    fclose(f);
-    return b;
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
-    bool same = x && y && na == nb && !memcmp(x, y, na);
-    free(x);
-    free(y);
-    return same;
-}
-
 /* Offload (optimizer state, and under stage 3 the parameter pieces, in
  * files streamed through windows) changes where bytes live, not one bit
  * of the result: the parameters, the losses and the checkpoint written
@@ -265,8 +241,8 @@ TEST_T(zero_offload_is_bit_identical, 300)
         }
         char again[2][1040];
         for (int off = 0; off < 2; off++) snprintf(again[off], sizeof again[off], "%.1000s.again", ck[off]);
-        CHECK_MSG(same_file(ck[0], ck[1]) && same_file(ck[1], again[1]) &&
-                  same_file(ck[0], again[0]),
+        CHECK_MSG(eq_same_file(ck[0], ck[1]) && eq_same_file(ck[1], again[1]) &&
+                  eq_same_file(ck[0], again[0]),
                   "%s zero-%d on %d ranks: the checkpoints with and without offload differ",
                   c.model, c.stage, c.world);
         printf("%s zero-%d k=%d acc=%d%s: offloaded run and checkpoint bit-identical\n",
