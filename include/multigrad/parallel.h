@@ -301,13 +301,14 @@ typedef struct mg_strategy_options {
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 
 typedef struct mg_strategy mg_strategy;
-/* Collective for ddp (rank 0's parameters reach every rank). The model
- * must outlive the strategy. */
+/* Collective over the job's group, when there is one: it makes the mesh,
+ * and rank 0's parameters reach every rank. The model must outlive the
+ * strategy. */
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out);
 void mg_strategy_destroy(mg_strategy *s);
 const char *mg_strategy_name(const mg_strategy *s);
 mg_model *mg_strategy_model(const mg_strategy *s);
-mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp */
+mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp (or a pipeline's replicas) */
 mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
 mg_pipe *mg_strategy_pipe(const mg_strategy *s); /* NULL unless pipeline */
 /* The job's mesh (NULL in one process): its groups and this rank's

@@ -22,6 +22,11 @@
  * Megatron-LM sums the embedding's gradient between its first and last
  * stage. Both then step the same values with the same state.
  *
+ * Before each backward the executor tells whoever asked
+ * (mg__pipe_before_backward: the strategy's other components) whether it
+ * is its stage's last of the step, after which the stage's gradients are
+ * final (its replicas' average starts then).
+ *
  * Evaluation and generation run the same lists without their backwards
  * (mg_pipe_forward): a tape goes back as soon as its output is sent. */
 #include <stdio.h>
