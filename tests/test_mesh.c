@@ -4,7 +4,7 @@
  * through its sub-groups exactly which world ranks share its tp, dp and pp
  * group, and in which order, and how messages name them. */
 #include "harness.h"
-#include "multigrad/parallel.h"
+#include "multigrad/plan.h"
 
 static void parse_ok(const char *spec, int world, int tp, int dp, int pp)
 {

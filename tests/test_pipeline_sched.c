@@ -4,7 +4,7 @@
  * deadlock, every send received once, every backward after its forward,
  * the bubble the anchors state and the micro-batches held in flight. */
 #include "harness.h"
-#include "multigrad/parallel.h"
+#include "multigrad/pipeline.h"
 
 #define CHECK_STR_EQ(a, b) CHECK_MSG(!strcmp((a), (b)), "got  \"%s\"\nwant \"%s\"", (a), (b))
 

@@ -3,7 +3,7 @@
  * the models.md property that the ranks' k-th local batches together are
  * the single-process k-th batch. */
 #include "harness.h"
-#include "multigrad/parallel.h"
+#include "multigrad/sampler.h"
 
 /* Counts how often each sample appears over all ranks' lists. */
 static void count_epoch(int n, int world, bool shuffle, uint64_t seed, bool drop_last,

@@ -17,7 +17,7 @@
 #ifndef MULTIGRAD_COMPONENT_H
 #define MULTIGRAD_COMPONENT_H
 
-#include "parallel.h"
+#include "plan.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -23,6 +23,95 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
 extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_component,
     mg__pipe_component;
 
+/* ---- ZeRO's parts (zero.c), run by its component ---- */
+/* MG_EINVAL unless 1 <= stage <= 3. */
+mg_status mg__zero_stage_check(int stage);
+/* Collective: every rank of g with the same model; pads the units to
+ * lcm(world, SIMD width) and broadcasts rank 0's parameters. opt: bucket
+ * caps (compression is refused). */
+mg_status mg__zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
+                         mg_zero **out);
+void mg__zero_destroy(mg_zero *z);
+int mg__zero_stage(const mg_zero *z);
+int mg__zero_num_buckets(const mg_zero *z);
+/* This rank's pieces of the arena, ascending (one per bucket). */
+const mg_range *mg__zero_pieces(const mg_zero *z, int *n);
+/* Zero the gradients this rank holds. */
+void mg__zero_zero_grad(mg_zero *z);
+/* Around one micro-batch's forward and backward (last: of the step):
+ * the hooks gather and reduce between them; end waits for the
+ * reductions and returns the first communication error. */
+void mg__zero_begin(mg_zero *z, bool last);
+mg_status mg__zero_end(mg_zero *z);
+/* After the optimizer: stages 1-2 all-gather the parameters. */
+mg_status mg__zero_after_step(mg_zero *z);
+/* Stage 3: the whole parameters on every rank (evaluation, sampling,
+ * saving weights) until mg__zero_release gives back all but the pieces.
+ * Collective; nothing for stages 1-2. */
+mg_status mg__zero_gather(mg_zero *z);
+/* Offloaded parameters: written back to the file from the arena's pieces
+ * (which may have been changed since gather or pieces_in), then given back. */
+mg_status mg__zero_release(mg_zero *z);
+/* Offload (--offload disk:DIR), ZeRO-Offload's split: stages 2-3 keep
+ * the gradient pieces in a file in dir (mg_scratch; each micro-batch's
+ * reduced piece is added there, the last one's scaled to the mean with
+ * its sum of squares kept for clipping, grad_sumsq), and stage 3 the
+ * parameter pieces too: nothing of them stays in memory between a
+ * bucket's uses, a gather reads the piece first. pieces_in reads every
+ * parameter piece into the arena (saving, loading) until release. The
+ * files (NULL unless offloaded) are laid out as the optimizer over
+ * mg__zero_pieces lays out a state, so the optimizer reads and steps them
+ * there (mg_optim_offload). Nothing for stage 1. */
+mg_status mg__zero_offload(mg_zero *z, const char *dir);
+mg_status mg__zero_pieces_in(mg_zero *z);
+mg_scratch *mg__zero_param_store(const mg_zero *z);
+mg_scratch *mg__zero_grad_store(const mg_zero *z);
+double mg__zero_grad_sumsq(const mg_zero *z);
+
+/* ---- the pipeline executor's parts (pipeline.c), run by its component ---- */
+/* Collective over g: the ranks check that they were given the same
+ * schedule, counts, batch and cut (MG_EMISMATCH naming a rank that was
+ * not). max_batch: the largest micro-batch. */
+mg_status mg__pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int max_batch,
+                         mg_pipe **out);
+void mg__pipe_destroy(mg_pipe *p);
+/* The arena ranges this rank keeps and steps, ascending: at most one per
+ * chunk and 8 borrowed. */
+#define MG_PIPE_MAX_RANGES (64 + 8)
+const mg_range *mg__pipe_ranges(const mg_pipe *p, int *n);
+/* Those of them this rank owns, not empty: without the parameters it
+ * borrows from another rank (which that rank counts in the norm and
+ * writes to a checkpoint). */
+const mg_range *mg__pipe_own_ranges(const mg_pipe *p, int *n);
+/* One step's forwards and backwards: up to min(max_micro, M) micro-
+ * batches from next (every rank of the pipeline draws the same; the first
+ * stage reads their inputs, the last their labels), run as the schedule
+ * says, gradients summed into the model's arena. r gets the count and
+ * the last stage's loss sum, hits and samples, on every rank
+ * (collective). A step with fewer micro-batches (an epoch's end) runs the
+ * schedule for that count. */
+mg_status mg__pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                       mg_step_result *r);
+/* The same forwards without backwards (evaluation, generation: no
+ * gradient, nothing held after): GPipe's order of forwards (interleaved's
+ * under interleaved), the model's training mode as it is (dropout draws
+ * only in training). The last stage's logits of its last micro-batch
+ * stay in mg__pipe_logits (NULL on the other ranks) until the next run:
+ * host memory (a copy, of a model on a device). */
+mg_status mg__pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+                          mg_step_result *r);
+const float *mg__pipe_logits(mg_pipe *p);
+/* After the step: the two ranks holding tied parameters add their
+ * gradients. */
+mg_status mg__pipe_sum_ties(mg_pipe *p);
+/* Every stage's parameters and buffers on every rank (evaluation,
+ * sampling, saving; collective), until release gives back all but this
+ * rank's. */
+mg_status mg__pipe_gather(mg_pipe *p);
+void mg__pipe_release(mg_pipe *p);
+/* Every stage's buffers (running statistics) on every rank: what a
+ * checkpoint needs besides each rank's own ranges. Collective. */
+mg_status mg__pipe_gather_buffers(mg_pipe *p);
 /* The pipeline's group (its stages' ranks) and model. */
 mg_group *mg__pipe_group(const mg_pipe *p);
 mg_model *mg__pipe_model(const mg_pipe *p);

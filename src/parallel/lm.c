@@ -6,7 +6,8 @@
  * (up to summation order). */
 #include <math.h>
 #include <stdlib.h>
-#include "multigrad/parallel.h"
+#include "multigrad/plan.h"
+#include "multigrad/sampler.h"
 
 /* The validation windows [w, end) in batches. */
 typedef struct {

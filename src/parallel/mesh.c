@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "multigrad/plan.h"
 
 struct mg_mesh {
     int size[MG_MESH_DIMS], coord[MG_MESH_DIMS];

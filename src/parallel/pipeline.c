@@ -28,7 +28,7 @@
  * final (its replicas' average starts then).
  *
  * Evaluation and generation run the same lists without their backwards
- * (mg_pipe_forward): a tape goes back as soon as its output is sent. */
+ * (mg__pipe_forward): a tape goes back as soon as its output is sent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,7 +84,7 @@ struct mg_pipe {
     void (*before_backward)(void *ud, bool final);
     void *bb_ud;
     const mg_tape *logits;    /* the last stage's last forward's tape */
-    float *host_logits;       /* on a device: their copy for mg_pipe_logits */
+    float *host_logits;       /* on a device: their copy for mg__pipe_logits */
     /* Posted batches of sends only, not waited for yet. */
     mg_work **pend;
     int n_pend, cap_pend;
@@ -154,7 +154,7 @@ static mg_status same_plan(mg_pipe *p)
     return st;
 }
 
-mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int max_batch,
+mg_status mg__pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int max_batch,
                          mg_pipe **out)
 {
     *out = NULL;
@@ -251,15 +251,15 @@ mg_status mg_pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, int
      * so that the optimizer has one to (not) update. */
     if (!p->n_ranges) p->ranges[p->n_ranges++] = (mg_range){0, 0};
     if (st) {
-        mg_pipe_destroy(p);
+        mg__pipe_destroy(p);
         return st;
     }
-    mg_pipe_release(p);
+    mg__pipe_release(p);
     *out = p;
     return MG_OK;
 }
 
-void mg_pipe_destroy(mg_pipe *p)
+void mg__pipe_destroy(mg_pipe *p)
 {
     if (!p) return;
     for (int i = 0; i < p->n_pend; i++) mg_work_free(p->pend[i]);
@@ -287,7 +287,7 @@ void mg_pipe_destroy(mg_pipe *p)
     free(p);
 }
 
-const mg_range *mg_pipe_ranges(const mg_pipe *p, int *n)
+const mg_range *mg__pipe_ranges(const mg_pipe *p, int *n)
 {
     *n = p->n_ranges;
     return p->ranges;
@@ -316,7 +316,7 @@ static bool kept(const mg_pipe *p, size_t at, size_t *end)
     return false;
 }
 
-void mg_pipe_release(mg_pipe *p)
+void mg__pipe_release(mg_pipe *p)
 {
     float *w = mg_model_params(p->m);
     size_t n = mg_model_arena_size(p->m), end;
@@ -345,12 +345,12 @@ static mg_status gather(mg_pipe *p, bool params)
     return MG_OK;
 }
 
-mg_status mg_pipe_gather(mg_pipe *p) { return gather(p, true); }
-mg_status mg_pipe_gather_buffers(mg_pipe *p) { return gather(p, false); }
+mg_status mg__pipe_gather(mg_pipe *p) { return gather(p, true); }
+mg_status mg__pipe_gather_buffers(mg_pipe *p) { return gather(p, false); }
 
 /* ---- after the last backward -------------------------------------------- */
 
-mg_status mg_pipe_sum_ties(mg_pipe *p)
+mg_status mg__pipe_sum_ties(mg_pipe *p)
 {
     float *g = mg_model_grads(p->m);
     mg_device dev = mg_model_device(p->m), was = mg_device_current();
@@ -378,16 +378,7 @@ mg_status mg_pipe_sum_ties(mg_pipe *p)
     return MG_OK;
 }
 
-double mg_pipe_grad_sumsq(const mg_pipe *p)
-{
-    const float *g = mg_model_grads(p->m);
-    double ss = 0;
-    for (int i = 0; i < p->n_own; i++)
-        ss += mg_grad_sumsq(g + p->own[i].lo, p->own[i].hi - p->own[i].lo);
-    return ss;
-}
-
-const mg_range *mg_pipe_own_ranges(const mg_pipe *p, int *n)
+const mg_range *mg__pipe_own_ranges(const mg_pipe *p, int *n)
 {
     *n = p->n_own;
     return p->own;
@@ -571,19 +562,19 @@ static mg_status lowered(mg_pipe *p, int count, bool fwd_only)
     return MG_OK;
 }
 
-mg_status mg_pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+mg_status mg__pipe_step(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
                        mg_step_result *r)
 {
     return run(p, next, ud, max_micro, false, r);
 }
 
-mg_status mg_pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
+mg_status mg__pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_micro,
                           mg_step_result *r)
 {
     return run(p, next, ud, max_micro, true, r);
 }
 
-const float *mg_pipe_logits(mg_pipe *p)
+const float *mg__pipe_logits(mg_pipe *p)
 {
     if (!p->logits || mg_model_device(p->m).kind == MG_DEVICE_CPU)
         return p->logits ? mg_tape_logits(p->logits) : NULL;

@@ -23,7 +23,7 @@ static mg_status pipe_attach(mg_strategy *s, void **state)
     if (!mesh || mg_mesh_size(mesh, MG_MESH_PP) == 1) return MG_OK;   /* no pipeline */
     MG_TRY(mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
     mg_pipe *p = NULL;
-    mg_status st = mg_strategy_agree(s, mg_pipe_create(mg_mesh_group(mesh, MG_MESH_PP), m,
+    mg_status st = mg_strategy_agree(s, mg__pipe_create(mg_mesh_group(mesh, MG_MESH_PP), m,
                                                        &o->pipe, o->max_batch, &p));
     /* The components after it learn which backward is a stage's last
      * (DDP then starts its replicas' average of the stage's ranges). */
@@ -32,29 +32,29 @@ static mg_status pipe_attach(mg_strategy *s, void **state)
     return st;
 }
 
-static void pipe_destroy(void *c) { mg_pipe_destroy(c); }
-static const mg_range *pipe_ranges(void *c, int *n) { return mg_pipe_ranges(c, n); }
-static const mg_range *pipe_own(void *c, int *n) { return mg_pipe_own_ranges(c, n); }
+static void pipe_destroy(void *c) { mg__pipe_destroy(c); }
+static const mg_range *pipe_ranges(void *c, int *n) { return mg__pipe_ranges(c, n); }
+static const mg_range *pipe_own(void *c, int *n) { return mg__pipe_own_ranges(c, n); }
 static mg_group *pipe_group(void *c) { return mg__pipe_group(c); }
-static mg_status pipe_reduce(void *c) { return mg_pipe_sum_ties(c); }
-static mg_status pipe_gather(void *c) { return mg_pipe_gather(c); }
+static mg_status pipe_reduce(void *c) { return mg__pipe_sum_ties(c); }
+static mg_status pipe_gather(void *c) { return mg__pipe_gather(c); }
 
 static mg_status pipe_step(void *c, mg_batch_source next, void *ud, int max_micro,
                            mg_step_result *r)
 {
-    return mg_pipe_step(c, next, ud, max_micro, r);
+    return mg__pipe_step(c, next, ud, max_micro, r);
 }
 
 static mg_status pipe_release(void *c)
 {
-    mg_pipe_release(c);
+    mg__pipe_release(c);
     return MG_OK;
 }
 
 /* A checkpoint's buffers (running statistics) come from every stage. */
 static mg_status pipe_hold(void *c, bool saving)
 {
-    return saving ? mg_pipe_gather_buffers(c) : MG_OK;
+    return saving ? mg__pipe_gather_buffers(c) : MG_OK;
 }
 
 /* M micro-batches at a time through the stages, until next has none. */
@@ -62,7 +62,7 @@ static mg_status pipe_evaluate(void *c, mg_batch_source next, void *ud, mg_step_
 {
     for (;;) {
         mg_step_result q = {0};
-        MG_TRY(mg_pipe_forward(c, next, ud, INT32_MAX, &q));
+        MG_TRY(mg__pipe_forward(c, next, ud, INT32_MAX, &q));
         if (!q.micro) return MG_OK;
         r->micro += q.micro;
         r->loss_sum += q.loss_sum;
@@ -95,8 +95,8 @@ static const float *gen_forward(void *ud, const int32_t *ctx)
     g->ctx = ctx;
     g->given = 0;
     mg_step_result r;
-    if (mg_pipe_forward(g->p, gen_next, g, 1, &r)) return NULL;
-    const float *l = mg_pipe_logits(g->p);
+    if (mg__pipe_forward(g->p, gen_next, g, 1, &r)) return NULL;
+    const float *l = mg__pipe_logits(g->p);
     return l ? l : g->zeros;
 }
 
@@ -133,7 +133,7 @@ static mg_status pipe_generate(void *c, const int32_t *prompt, int n_prompt, int
 static void pipe_memory(void *c, mg_memory_stats *ms)
 {
     int n;
-    const mg_range *rg = mg_pipe_ranges(c, &n);
+    const mg_range *rg = mg__pipe_ranges(c, &n);
     ms->params = 0;
     for (int k = 0; k < n; k++) ms->params += (rg[k].hi - rg[k].lo) * sizeof(float);
     ms->grads = ms->params;

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/parallel.h"
+#include "multigrad/pipeline.h"
 
 static const char *const names[] = {"naive", "gpipe", "1f1b", "interleaved"};
 

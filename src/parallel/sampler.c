@@ -8,7 +8,7 @@
  * num_samples * world <= n so no index wraps. Limits: n fits an int; the
  * permutation is regenerated per epoch in O(n) (60,000 samples: well
  * under a millisecond), done by every rank so no communication is needed. */
-#include "multigrad/parallel.h"
+#include "multigrad/sampler.h"
 
 static void sampler_fill(mg_sampler *s)
 {

@@ -31,9 +31,9 @@
  * embedding a tied head reads) stays from its forward to its backward.
  *
  * Hooks work only inside a training micro-batch. Evaluation, sampling and
- * saving weights under stage 3 run between mg_zero_gather (the whole
+ * saving weights under stage 3 run between mg__zero_gather (the whole
  * parameters on every rank, as FSDP's summon_full_params) and
- * mg_zero_release. */
+ * mg__zero_release. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +93,7 @@ struct mg_zero {
     int next;               /* first bucket whose reduce-scatter is not launched */
     bool active;            /* inside a training micro-batch */
     bool sync;              /* this micro-batch communicates */
-    bool gathered_all;      /* between mg_zero_gather and mg_zero_release */
+    bool gathered_all;      /* between mg__zero_gather and mg__zero_release */
     mg_scratch *ps;         /* stage 3 offload: the parameter pieces, one after another */
     mg_scratch *gs;         /* stages 2-3 offload: the gradient pieces, the same way */
     int micro;              /* micro-batches since zero_grad */
@@ -103,7 +103,7 @@ struct mg_zero {
     mg_zero_stats stats;
 };
 
-mg_status mg_zero_stage_check(int stage)
+mg_status mg__zero_stage_check(int stage)
 {
     if (stage < 1 || stage > 3)
         return mg_error(MG_EINVAL, "ZeRO stage %d does not exist: use --zero 1 (optimizer state "
@@ -408,11 +408,11 @@ static void grads_outside_pieces_back(mg_zero *z)
     }
 }
 
-mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
+mg_status mg__zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
                          mg_zero **out)
 {
     *out = NULL;
-    MG_TRY(mg_zero_stage_check(stage));
+    MG_TRY(mg__zero_stage_check(stage));
     mg_ddp_options o = opt ? *opt : mg_ddp_defaults();
     if (o.compress != MG_COMPRESS_NONE)
         return mg_error(MG_EINVAL, "ZeRO does not compress gradients: leave out --compress");
@@ -460,7 +460,7 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
     if (!st) st = mg_model_add_hooks(m, &zero_hooks, z);
     if (st) {
         z->hooked = false;
-        mg_zero_destroy(z);
+        mg__zero_destroy(z);
         return st;
     }
     z->hooked = true;
@@ -468,14 +468,14 @@ mg_status mg_zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_optio
     z->grad_bytes = stage == 1 ? z->n * sizeof(float) : 0;
     for (int i = 0; i < z->nb && stage >= 2; i++)
         z->grad_bytes += (z->b[i].phi - z->b[i].plo) * sizeof(float);
-    if (stage == 3) mg_zero_release(z);
+    if (stage == 3) mg__zero_release(z);
     grads_outside_pieces_back(z);
     note_peak(z);
     *out = z;
     return MG_OK;
 }
 
-void mg_zero_destroy(mg_zero *z)
+void mg__zero_destroy(mg_zero *z)
 {
     if (!z) return;
     for (int i = 0; i < z->nb; i++) {
@@ -493,17 +493,17 @@ void mg_zero_destroy(mg_zero *z)
     free(z);
 }
 
-int mg_zero_stage(const mg_zero *z) { return z->stage; }
+int mg__zero_stage(const mg_zero *z) { return z->stage; }
 
-const mg_range *mg_zero_pieces(const mg_zero *z, int *n)
+const mg_range *mg__zero_pieces(const mg_zero *z, int *n)
 {
     *n = z->nb;
     return z->piece;
 }
 
-int mg_zero_num_buckets(const mg_zero *z) { return z->nb; }
+int mg__zero_num_buckets(const mg_zero *z) { return z->nb; }
 
-void mg_zero_zero_grad(mg_zero *z)
+void mg__zero_zero_grad(mg_zero *z)
 {
     float *gr = mg_model_grads(z->m);
     z->micro = 0;
@@ -521,7 +521,7 @@ void mg_zero_zero_grad(mg_zero *z)
     }
 }
 
-void mg_zero_begin(mg_zero *z, bool last)
+void mg__zero_begin(mg_zero *z, bool last)
 {
     z->active = true;
     z->micro++;
@@ -531,7 +531,7 @@ void mg_zero_begin(mg_zero *z, bool last)
     z->next = 0;
 }
 
-mg_status mg_zero_end(mg_zero *z)
+mg_status mg__zero_end(mg_zero *z)
 {
     z->active = false;
     if (z->sync) {
@@ -551,7 +551,7 @@ mg_status mg_zero_end(mg_zero *z)
     return st;
 }
 
-mg_status mg_zero_after_step(mg_zero *z)
+mg_status mg__zero_after_step(mg_zero *z)
 {
     if (z->stage >= 3) return MG_OK;
     float *p = mg_model_params(z->m);
@@ -571,7 +571,7 @@ mg_status mg_zero_after_step(mg_zero *z)
     return st;
 }
 
-mg_status mg_zero_gather(mg_zero *z)
+mg_status mg__zero_gather(mg_zero *z)
 {
     if (z->stage < 3) return MG_OK;
     for (int i = 0; i < z->nb; i++) gather_start(z, i);
@@ -582,7 +582,7 @@ mg_status mg_zero_gather(mg_zero *z)
     return st;
 }
 
-mg_status mg_zero_release(mg_zero *z)
+mg_status mg__zero_release(mg_zero *z)
 {
     if (z->stage < 3) return MG_OK;
     for (int i = 0; i < z->nb; i++) shard(z, i, true);
@@ -592,7 +592,7 @@ mg_status mg_zero_release(mg_zero *z)
     return st;
 }
 
-mg_status mg_zero_pieces_in(mg_zero *z)
+mg_status mg__zero_pieces_in(mg_zero *z)
 {
     for (int i = 0; i < z->nb && z->ps; i++) piece_in(z, i);
     mg_status st = z->err;
@@ -600,7 +600,7 @@ mg_status mg_zero_pieces_in(mg_zero *z)
     return st;
 }
 
-mg_status mg_zero_offload(mg_zero *z, const char *dir)
+mg_status mg__zero_offload(mg_zero *z, const char *dir)
 {
     if (z->dev.kind != MG_DEVICE_CPU)
         return mg_error(MG_EUNSUPPORTED, "ZeRO offload (--offload) moves host memory to files; "
@@ -625,7 +625,7 @@ mg_status mg_zero_offload(mg_zero *z, const char *dir)
             shard(z, i, false);
             z->b[i].state = PIECE;
         }
-        MG_TRY(mg_zero_release(z));
+        MG_TRY(mg__zero_release(z));
     }
     /* The peaks from here on. */
     z->stats.peak_param_bytes = z->param_bytes;
@@ -633,10 +633,10 @@ mg_status mg_zero_offload(mg_zero *z, const char *dir)
     return MG_OK;
 }
 
-mg_scratch *mg_zero_param_store(const mg_zero *z) { return z->ps; }
-mg_scratch *mg_zero_grad_store(const mg_zero *z) { return z->gs; }
+mg_scratch *mg__zero_param_store(const mg_zero *z) { return z->ps; }
+mg_scratch *mg__zero_grad_store(const mg_zero *z) { return z->gs; }
 
-double mg_zero_grad_sumsq(const mg_zero *z)
+double mg__zero_grad_sumsq(const mg_zero *z)
 {
     double ss = 0;
     for (int i = 0; i < z->nb; i++) ss += z->b[i].sumsq;
@@ -666,15 +666,15 @@ static mg_status zero_attach(mg_strategy *s, void **state)
                         "average as DDP does");
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     mg_zero *z;
-    MG_TRY(mg_zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
-    mg_status st = o->offload_dir ? mg_strategy_agree(s, mg_zero_offload(z, o->offload_dir))
+    MG_TRY(mg__zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
+    mg_status st = o->offload_dir ? mg_strategy_agree(s, mg__zero_offload(z, o->offload_dir))
                                   : MG_OK;
-    if (st) mg_zero_destroy(z);
+    if (st) mg__zero_destroy(z);
     else *state = z;
     return st;
 }
 
-static void zero_destroy(void *c) { mg_zero_destroy(c); }
+static void zero_destroy(void *c) { mg__zero_destroy(c); }
 
 static const char *zero_label(void *c)
 {
@@ -682,26 +682,26 @@ static const char *zero_label(void *c)
     return names[((mg_zero *)c)->stage - 1];
 }
 
-static const mg_range *zero_ranges(void *c, int *n) { return mg_zero_pieces(c, n); }
+static const mg_range *zero_ranges(void *c, int *n) { return mg__zero_pieces(c, n); }
 static mg_group *zero_group(void *c) { return ((mg_zero *)c)->g; }
-static void zero_zero_grad(void *c) { mg_zero_zero_grad(c); }
-static void zero_begin(void *c, bool last) { mg_zero_begin(c, last); }
-static mg_status zero_end(void *c) { return mg_zero_end(c); }
-static mg_status zero_after(void *c) { return mg_zero_after_step(c); }
-static mg_status zero_gather(void *c) { return mg_zero_gather(c); }
-static mg_status zero_release(void *c) { return mg_zero_release(c); }
+static void zero_zero_grad(void *c) { mg__zero_zero_grad(c); }
+static void zero_begin(void *c, bool last) { mg__zero_begin(c, last); }
+static mg_status zero_end(void *c) { return mg__zero_end(c); }
+static mg_status zero_after(void *c) { return mg__zero_after_step(c); }
+static mg_status zero_gather(void *c) { return mg__zero_gather(c); }
+static mg_status zero_release(void *c) { return mg__zero_release(c); }
 
 static mg_status zero_hold(void *c, bool saving)
 {
     (void)saving;
-    return mg_zero_pieces_in(c);
+    return mg__zero_pieces_in(c);
 }
 
 static bool zero_grads_elsewhere(void *c, double *sumsq)
 {
     mg_zero *z = c;
     if (!z->gs) return false;
-    *sumsq += mg_zero_grad_sumsq(z);
+    *sumsq += mg__zero_grad_sumsq(z);
     return true;
 }
 
