@@ -68,7 +68,9 @@ void mgt_skip(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2
 
 /* Path of a file shipped in tests/data/. */
 const char *mgt_data(const char *name);
-/* The Fashion-MNIST directory (MG_DATA or /usr/share/datasets/fashion-mnist). */
+/* The Fashion-MNIST directory (MG_DATA or /usr/share/datasets/fashion-mnist),
+ * all of it. Under a sanitizer the runner points MG_DATA, which the tools
+ * read, at a cut of it (tests/main.c, cut_fashion_for_tools). */
 const char *mgt_fashion_dir(void);
 /* A fresh empty directory for this test, removed by the runner afterwards. */
 const char *mgt_tmpdir(void);
@@ -110,6 +112,9 @@ double mgt_slow(void);
  * form at least once, fewer repetitions of them), so that the sanitizer
  * suites can run before every landing; the ordinary build runs them all. */
 int mgt_sanitized(void);
+/* n repetitions (training steps, trials) of a check: n, or a quarter of
+ * them (at least 2) in a sanitizer build, which takes the same paths. */
+int mgt_reps(int n);
 /* Polls cond(arg) every 20 ms until it holds (returns 1) or secs x
  * mgt_slow() have passed (returns 0). */
 int mgt_wait_for(int (*cond)(void *arg), void *arg, double secs);

@@ -1,6 +1,10 @@
 /* IDX files and small image data sets written at run time (idx_files.h). */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 #include "harness.h"
+#include "multigrad/data.h"
 #include "idx_files.h"
 
 void mgt_write_bytes(const char *path, const void *data, size_t n, bool gz)
@@ -47,4 +51,43 @@ void mgt_make_dataset(const char *dir, const char *split, int n, int h, int w, i
     snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, split);   /* plain */
     mgt_write_bytes(path, buf, len, false);
     free(buf);
+}
+
+/* The first n items of the IDX file src (plain or gzip) as a plain IDX
+ * file dst: 0, or -1 after printing why. */
+static int cut_idx(const char *src, const char *dst, uint32_t n)
+{
+    mg_idx idx;
+    if (mg_idx_load(src, &idx) != MG_OK) {
+        printf("mgtest: %s\n", mg_last_error());
+        return -1;
+    }
+    size_t item = idx.dims[0] ? idx.size / idx.dims[0] : 0;
+    if (n > idx.dims[0]) n = idx.dims[0];
+    uint8_t head[4 + 4 * 4];
+    uint32_t words[5] = {0x800u | (uint32_t)idx.ndim, n, idx.dims[1], idx.dims[2], idx.dims[3]};
+    int len = 0;
+    for (int w = 0; w <= idx.ndim; w++)
+        for (int b = 3; b >= 0; b--) head[len++] = (uint8_t)(words[w] >> (8 * b));
+    FILE *f = fopen(dst, "wb");
+    int ok = f && fwrite(head, 1, (size_t)len, f) == (size_t)len &&
+             fwrite(idx.data, item, n, f) == n;
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok) printf("mgtest: cannot write %s: %s\n", dst, strerror(errno));
+    mg_idx_free(&idx);
+    return ok ? 0 : -1;
+}
+
+int mgt_cut_fashion(const char *src, const char *dst, int n_train, int n_test)
+{
+    static const char *stems[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                  "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    for (int i = 0; i < 4; i++) {
+        char from[600], to[600];
+        snprintf(from, sizeof from, "%s/%s.gz", src, stems[i]);
+        if (access(from, F_OK) != 0) snprintf(from, sizeof from, "%s/%s", src, stems[i]);
+        snprintf(to, sizeof to, "%s/%s", dst, stems[i]);
+        if (cut_idx(from, to, (uint32_t)(i < 2 ? n_train : n_test)) != 0) return -1;
+    }
+    return 0;
 }

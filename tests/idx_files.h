@@ -17,5 +17,9 @@ size_t mgt_make_idx(uint8_t *buf, uint32_t magic, int ndim, const uint32_t *dims
  * and nlabels labels i % 10 (plain; 10 at bad_label_at, -1 for none). */
 void mgt_make_dataset(const char *dir, const char *split, int n, int h, int w, int nlabels,
                       int bad_label_at);
+/* The first n_train training and n_test test images and labels of the
+ * data set in src written as plain IDX files into dst: 0, or -1 after
+ * printing why (for the runner: no CHECK). */
+int mgt_cut_fashion(const char *src, const char *dst, int n_train, int n_test);
 
 #endif

@@ -244,7 +244,7 @@ static void check_equivalence(ddp_case c, int world, double tol, bool elementwis
 TEST_T(ddp_sgd_momentum_k2_k3_k4_equals_one_process, 240)
 {
     ddp_case c = {.model = "mlp", .kind = MG_OPTIM_SGD, .batch = 96, .accumulate = 1,
-                  .steps = 20};
+                  .steps = mgt_reps(20)};
     for (int k = 2; k <= 4; k++) check_equivalence(c, k, 1e-5, true);
 }
 
@@ -260,7 +260,7 @@ TEST_T(ddp_13_ranks_equals_one_process, 240)
 TEST_T(ddp_adam_k2_k3_k4_equals_one_process, 240)
 {
     ddp_case c = {.model = "mlp", .kind = MG_OPTIM_ADAM, .batch = 96, .accumulate = 1,
-                  .steps = 20};
+                  .steps = mgt_reps(20)};
     for (int k = 2; k <= 4; k++) check_equivalence(c, k, 1e-5, false);
 }
 

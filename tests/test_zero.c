@@ -292,7 +292,7 @@ TEST_T(zero_gpt_mini_stages_1_2_3_match_pytorch, 400)
         }
     enum { K = 3 };
     eq_case c = {.model = "gpt-mini", .stage = 0, .world = K, .batch = 6, .accumulate = 1,
-                 .steps = 20};
+                 .steps = mgt_reps(20)};
     check_vs_one_process(c, ORDER_SPREAD);   /* DDP */
     mg_model *m = eq_make_model(&c, NULL, 0);
     size_t n = mg_model_num_params(m), steps = (size_t)c.steps;

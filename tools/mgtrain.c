@@ -31,7 +31,6 @@
 #include "multigrad/multigrad.h"
 #include "multigrad/plot.h"
 
-#define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 #define MAX_EPOCHS 1000000     /* --epochs */
 #define MAX_STEPS 1000000000L  /* --steps */
 
@@ -83,7 +82,8 @@ static void usage(FILE *f)
 "perplexity every --eval-every steps.\n"
 "\n"
 "  --model NAME        mlp | lenet-d2l | lenet5 | gpt-mini (default lenet-d2l)\n"
-"  --data PATH         image models: IDX files directory (default " DEFAULT_DATA ");\n"
+"  --data PATH         image models: IDX files directory (default: MG_DATA, or\n"
+"                      /usr/share/datasets/fashion-mnist);\n"
 "                      gpt-mini: a text file or a directory of text files\n"
 "                      (default: the fortunes corpus, models.md D)\n"
 "  --epochs N          image models: epochs (default 10)\n"
@@ -1325,11 +1325,11 @@ static void evaluate(trainer *t, const mg_dataset *test, float *x, int32_t *y, i
 static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind kind,
                          mg_compress comp, mg_schedule sched, trainer *t)
 {
-    if (!o->data) o->data = DEFAULT_DATA;
+    if (!o->data) o->data = mg_env_str("MG_DATA", "/usr/share/datasets/fashion-mnist");
     struct stat sb;
     if (stat(o->data, &sb) || !S_ISDIR(sb.st_mode))
         die("data directory '%s' not found: install the dataset-fashion-mnist "
-            "package (scripts/install-deps.sh) or pass --data DIR", o->data);
+            "package (scripts/install-deps.sh) or pass --data DIR (or set MG_DATA)", o->data);
     join_job(o, t);
     check_outputs(o, t);
     mg_dataset *train = NULL, *test = NULL;

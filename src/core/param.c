@@ -67,7 +67,7 @@ static const mg_tunable params[] = {
     {"MG_MPIRUN", S, "mpirun", 0, 4000, NULL, "mgbench --backend mpi -n N: the mpirun it starts"},
     {"MG_BIN", S, "build/bin", 0, 4000, NULL, "tests and bench scripts: the directory of the built tools"},
     {"MG_BENCH", S, "build/bench", 0, 4000, NULL, "bench scripts: the directory of the built benchmarks"},
-    {"MG_DATA", S, "/usr/share/datasets/fashion-mnist", 0, 4000, NULL, "tests: the Fashion-MNIST directory"},
+    {"MG_DATA", S, "/usr/share/datasets/fashion-mnist", 0, 4000, NULL, "the Fashion-MNIST directory: mgtrain's default --data, the tests'"},
     {"MG_TEST_DATA", S, "tests/data", 0, 4000, NULL, "tests: the directory of their data files"},
     {"MG_TEST_JOBS", I, "2", 1, 1024, NULL, "tests: how many run at once (mgtest -j)"},
     {"MG_FUZZ_BIN", S, "build-fuzz/fuzz", 0, 4000, NULL, "tests: the directory of the built fuzz targets (make fuzz)"},

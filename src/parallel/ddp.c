@@ -44,7 +44,6 @@ struct mg_ddp {
     bucket *b;
     int nb;
     size_t ready;           /* gradients [0, ready) are final this step */
-    int next;               /* first bucket not launched */
     bool sync;
     const mg_unit_hooks *hooks;   /* installed on the model */
     bool replicas_of_ranges; /* buckets are a part's ranges of the model's own gradients */
@@ -158,7 +157,8 @@ static void on_unit_done(void *ud, mg_tape *t, int unit)
     size_t lo, hi;
     mg_model_unit_range(d->m, unit, &lo, &hi);
     if (hi > d->ready) d->ready = hi;
-    while (d->next < d->nb && d->b[d->next].hi <= d->ready) launch(d, &d->b[d->next++]);
+    for (int i = 0; i < d->nb && d->b[i].hi <= d->ready; i++)
+        if (!d->b[i].launched) launch(d, &d->b[i]);
 }
 
 static const mg_unit_hooks ddp_hooks = {.post_backward = on_unit_done};
@@ -254,7 +254,6 @@ mg_status mg_ddp_finish(mg_ddp *d)
     /* Buckets whose parameters got no gradient this step go now. */
     for (int i = 0; i < d->nb; i++)
         if (!d->b[i].launched) launch(d, &d->b[i]);
-    d->next = d->nb;
     double t0 = mg_trace_now();
     mg_status st = d->err;
     for (int i = 0; i < d->nb; i++) {
@@ -286,7 +285,6 @@ mg_status mg_ddp_finish(mg_ddp *d)
     double t1 = mg_trace_now();
     d->stats.exposed_us += t1 - t0;
     d->stats.steps++;
-    d->next = 0;
     d->ready = 0;
     d->err = MG_OK;
     return st;

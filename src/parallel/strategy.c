@@ -57,6 +57,8 @@ struct mg_strategy {
     int n;
     char name[64];
     mg_range whole;     /* the arena: the ranges when no component narrows them */
+    bool model_tape;    /* the model's own tape runs the micro-batches (no
+                         * component's run_step or run_micro does) */
     char *offload_dir;
     /* --offload cpu with a model on a device: the host's copies of the
      * parameters and gradients of this process's ranges, the optimizer's
@@ -145,9 +147,8 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     for (int i = 0; i < 2 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
     for (int i = 0; o->components && o->components[i] && !st; i++)
         st = add_part(s, o->components[i]);
-    /* The model's own tape runs the micro-batches unless a component does. */
-    if (!st && !FIRST(s, run_step) && !FIRST(s, run_micro))
-        st = mg_model_reserve(m, o->max_batch);
+    s->model_tape = !FIRST(s, run_step) && !FIRST(s, run_micro);
+    if (!st && s->model_tape) st = mg_model_reserve(m, o->max_batch);
     s->o.components = NULL;   /* the caller's, read at attach only */
     s->o.pipe.first = NULL;
     s->o.mesh = NULL;
@@ -407,7 +408,7 @@ mg_memory_stats mg_strategy_memory(mg_strategy *s, const mg_optim *o)
     size_t arena = mg_model_arena_size(s->m) * sizeof(float);
     mg_memory_stats r = {.params = arena, .grads = arena};
     if (o) r.optim = mg_optim_bytes(o);
-    mg_tape *t = FIRST(s, run_step) || FIRST(s, run_micro) ? NULL : mg_model_tape(s->m);
+    mg_tape *t = s->model_tape ? mg_model_tape(s->m) : NULL;
     r.activations = t ? mg_tape_bytes(t) : 0;
     EACH(s, memory) CALL(memory, &r);
     return r;
