@@ -470,7 +470,7 @@ TEST_T(mgtrain_pipeline_plan_printed, 120)
               strstr(out, "cut as --split gives") && strstr(out, "0F0 0F1 0B0 0B1"), "%s", out);
     free(out);
     struct { const char *args, *want; } bad[] = {
-        {"--mesh pp=2 --zero 1", "--zero with a pipeline (--mesh pp=2) is not built yet"},
+        {"--mesh pp=2 --zero 1 --offload disk:/tmp", "--offload disk with --zero on a pipeline"},
         {"--mesh pp=2 --accumulate 2", "give --micro-batches 2"},
         {"--mesh pp=2 --micro-batches 5", "--batch 12 does not split into --micro-batches 5"},
         {"--mesh pp=2 --compress bf16", "a pipeline's data-parallel replicas"},
@@ -544,8 +544,8 @@ TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
  * sample), and
  * its checkpoints move to and from other strategies: 2 steps on a 2-stage
  * 1F1B pipeline, 2 in one process, 2 on an interleaved pipeline of 2 x 2
- * stages with 2 replicas, 2 on a 3-stage GPipe end where 8 steps in one
- * process do. */
+ * stages with 2 replicas sharded by ZeRO-3, 2 on a 3-stage GPipe end where
+ * 8 steps in one process do. */
 TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
 {
     const char *t = mgt_tmpdir();
@@ -581,7 +581,7 @@ TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
     const char *mode[4] = {"--batch 24 --micro-batches 2 --mesh pp=2",
                            "--batch 12 --accumulate 2",
                            "--batch 24 --micro-batches 2 --mesh pp=2,dp=2 --pp-schedule "
-                           "interleaved",
+                           "interleaved --zero 3",
                            "--batch 24 --micro-batches 2 --mesh pp=3 --pp-schedule gpipe"};
     int ranks[4] = {2, 1, 4, 3};
     double d = train_in_turn(mode, ranks, 4, ck, ref);

@@ -154,7 +154,9 @@ static void usage(FILE *f)
 "                      the same numbers\n"
 "  --zero STAGE        with --parallel ddp or --mesh dp=N: ZeRO stage 1 (each rank\n"
 "                      keeps 1/N of the optimizer state), 2 (and of the\n"
-"                      gradients) or 3 (and of the parameters)\n"
+"                      gradients) or 3 (and of the parameters); with pp=P\n"
+"                      too, over each stage's replicas (whole during a step,\n"
+"                      as torchtitan's FSDP with pipelines)\n"
 "  --offload disk:DIR  keep the optimizer state (with --zero 3 also the\n"
 "                      parameter shard) in files in DIR, streamed through a few\n"
 "                      windows of MG_OFFLOAD_WINDOW_MB: the same numbers, less\n"
@@ -779,10 +781,12 @@ static void settings_string(const options *o, const trainer *t, char *out, size_
  * --accumulate M (the same draws, logs and checkpoints). */
 static void pipeline_flags(options *o, trainer *t, int P)
 {
-    t->mode = MG_STRATEGY_PIPELINE;
+    /* The replicas of each stage average as DDP does, or shard under ZeRO. */
+    t->mode = o->zero ? MG_STRATEGY_ZERO : MG_STRATEGY_PIPELINE;
     /* Each mistake one line (every rank finds it and says it). */
-    if (o->zero) die("--zero with a pipeline (--mesh pp=%d) is not built yet: give one of them",
-                     P);
+    if (o->zero && o->offload_dir)
+        die("--offload disk with --zero on a pipeline (--mesh pp=%d) is not built: leave out "
+            "--zero (its replicas then average as DDP does) or --offload", P);
     if (strcmp(o->compress, "none"))
         die("--compress %s applies to --parallel ddp: a pipeline's data-parallel replicas "
             "average full-precision gradients", o->compress);
@@ -1104,7 +1108,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
         fprintf(stderr, "%s: --offload cpu: on the CPU the state already lives in host memory, "
                 "so nothing moves (disk:DIR moves it to files)\n", prog);
     int first[64 * 64 + 1];
-    if (t->mode == MG_STRATEGY_PIPELINE) pipeline_options(o, t, &so, first);
+    if (t->pp > 1) pipeline_options(o, t, &so, first);
     if (mg_strategy_create(t->m, &so, &t->s)) die("%s", mg_last_error());
     if ((t->mesh = mg_strategy_mesh(t->s))) t->drank = mg_mesh_coord(t->mesh, MG_MESH_DP);
     if (o->print_plan) print_plan(t, o, local);
@@ -1165,15 +1169,15 @@ static void train_step(trainer *t, const options *o, double lr, source *src, mg_
 /* How the job splits the batch (after "batch B"). */
 static void print_layout(const trainer *t, const options *o, int local)
 {
-    if (t->mode != MG_STRATEGY_PIPELINE) {
+    if (t->pp == 1) {
         printf(" (%d per rank on %d ranks, %s)", local, t->world, mg_strategy_name(t->s));
         return;
     }
     char mesh[64];
     mg_mesh_describe(t->mesh, mesh, sizeof mesh);
-    printf(" x %d micro-batches (%d per replica; a pipeline of %d stages, %s, mesh %s)",
+    printf(" x %d micro-batches (%d per replica; a pipeline of %d stages, %s, mesh %s, %s)",
            o->micro_batches, local, mg_mesh_size(t->mesh, MG_MESH_PP) * o->chunks,
-           o->pp_schedule ? o->pp_schedule : "1f1b", mesh);
+           o->pp_schedule ? o->pp_schedule : "1f1b", mesh, mg_strategy_name(t->s));
 }
 
 /* A pipeline's cut, one line. */
@@ -1400,7 +1404,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
         if (distributed(t))
             print_layout(t, o, local);
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
-        if (o->accumulate > 1 && t->mode != MG_STRATEGY_PIPELINE)
+        if (o->accumulate > 1 && t->pp == 1)
             printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %d epochs\n", o->optimizer, o->lr, o->epochs);
         print_cut(t);
@@ -1556,7 +1560,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
         if (distributed(t))
             print_layout(t, o, local);
         if (t->mode == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", o->workers);
-        if (o->accumulate > 1 && t->mode != MG_STRATEGY_PIPELINE)
+        if (o->accumulate > 1 && t->pp == 1)
             printf(" x %d accumulated", o->accumulate);
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", o->optimizer, o->lr,
                o->steps, mg_text_size(text), mg_text_train_size(text));
@@ -1631,7 +1635,7 @@ int main(int argc, char **argv)
     if (mg_tunables_check()) die("%s", mg_last_error());
     if (!o.threads) o.threads = (int)mg_env_long("MG_THREADS", 1);
     mg_kernels();   /* the GEMM kernel check sets the environment: before any thread starts */
-    trainer t = {.mode = o.strategy, .rank = 0, .world = 1, .dworld = 1};
+    trainer t = {.mode = o.strategy, .rank = 0, .world = 1, .dworld = 1, .pp = 1};
 
     /* ---- check all input before touching any file ---- */
     mg_zoo_defaults def;

@@ -21,7 +21,7 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
 
 /* The built-in components (component.h), listed by kind in strategy.c. */
 extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_component,
-    mg__pipe_component;
+    mg__pipe_component, mg__zero_pipe_component;
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */

@@ -39,6 +39,18 @@ static mg_group *pipe_group(void *c) { return mg__pipe_group(c); }
 static mg_status pipe_reduce(void *c) { return mg__pipe_sum_ties(c); }
 static mg_status pipe_gather(void *c) { return mg__pipe_gather(c); }
 
+/* Only its ranges have gradients (zeroing the whole arena would touch
+ * every stage's pages). */
+static void pipe_zero_grad(void *c)
+{
+    int n;
+    const mg_range *r = mg__pipe_ranges(c, &n);
+    mg_model *m = mg__pipe_model(c);
+    for (int k = 0; k < n; k++)
+        (void)mg_device_zero(mg_model_device(m), mg_model_grads(m) + r[k].lo,
+                             (r[k].hi - r[k].lo) * sizeof(float));
+}
+
 static mg_status pipe_step(void *c, mg_batch_source next, void *ud, int max_micro,
                            mg_step_result *r)
 {
@@ -143,7 +155,7 @@ static void pipe_memory(void *c, mg_memory_stats *ms)
 const mg_component_ops mg__pipe_component = {
     .name = "pipeline", .attach = pipe_attach, .destroy = pipe_destroy,
     .ranges = pipe_ranges, .own_ranges = pipe_own, .shards_over = pipe_group,
-    .run_step = pipe_step, .reduce = pipe_reduce,
+    .zero_grad = pipe_zero_grad, .run_step = pipe_step, .reduce = pipe_reduce,
     .hold = pipe_hold, .gather = pipe_gather, .release = pipe_release,
     .evaluate = pipe_evaluate, .generate = pipe_generate, .memory = pipe_memory,
 };

@@ -28,16 +28,18 @@
 
 /* The kinds: a name and the components it is made of, in order (each
  * drops itself where the mesh gives it nothing to do: the pipeline
- * without pp, DDP over replicas of one). */
+ * without pp, DDP over replicas of one, ZeRO over the whole arena with a
+ * pipeline and ZeRO over a pipeline's replicas without one). */
 static const struct {
     const char *name;
     mg_strategy_kind kind;
-    const mg_component_ops *parts[2];
+    const mg_component_ops *parts[3];
 } kinds[] = {
     {"none", MG_STRATEGY_SINGLE, {&mg__pipe_component}},
     {"dp", MG_STRATEGY_DP, {&mg__dp_component}},
     {"ddp", MG_STRATEGY_DDP, {&mg__pipe_component, &mg__ddp_component}},
-    {"zero", MG_STRATEGY_ZERO, {&mg__pipe_component, &mg__zero_component}},
+    {"zero", MG_STRATEGY_ZERO,
+     {&mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {&mg__pipe_component, &mg__ddp_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
@@ -106,8 +108,6 @@ static mg_status add_part(mg_strategy *s, const mg_component_ops *ops)
     void *c = NULL;
     mg_status st = ops->attach(s, &c);
     if (c) s->part[s->n++] = (part){ops, c};
-    /* A component may pad the units (DDP, ZeRO: to split them evenly). */
-    s->whole = (mg_range){0, mg_model_arena_size(s->m)};
     return st;
 }
 
@@ -133,18 +133,23 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     s->g = o->group;
     s->rank = s->g ? mg_group_rank(s->g) : 0;
     s->world = s->g ? mg_group_size(s->g) : 1;
-    s->whole = (mg_range){0, mg_model_arena_size(m)};
     s->offload_cpu = o->offload_cpu && mg_model_device(m).kind != MG_DEVICE_CPU;
     mg_status st = MG_OK;
     char spec[32];
     snprintf(spec, sizeof spec, "dp=%d", s->world);
     if (s->g) st = mg_mesh_create(s->g, o->mesh ? o->mesh : spec, &s->mesh);
+    /* Every unit padded so that any range of whole units splits evenly
+     * over the data-parallel ranks (the shards of DDP's and ZeRO's
+     * buckets), once, before a component records ranges of the arena. */
+    size_t pad = s->mesh ? mg_shard_pad(mg_mesh_size(s->mesh, MG_MESH_DP)) : 1;
+    if (!st && mg_model_unit_pad(m) % pad) st = mg_model_set_unit_pad(m, pad);
+    s->whole = (mg_range){0, mg_model_arena_size(m)};
     if (o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
         st = mg_error(MG_ENOMEM, "strategy: out of memory");
     s->o.offload_dir = s->offload_dir;
     if (!s->o.offload_window)
         s->o.offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
-    for (int i = 0; i < 2 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
+    for (int i = 0; i < 3 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
     for (int i = 0; o->components && o->components[i] && !st; i++)
         st = add_part(s, o->components[i]);
     s->model_tape = !FIRST(s, run_step) && !FIRST(s, run_micro);
@@ -243,16 +248,18 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     return st;
 }
 
+/* The innermost sharding is undone first (ZeRO's pieces of a stage's
+ * ranges, before the pipeline shares its stages) and made again last. */
 mg_status mg_strategy_gather(mg_strategy *s)
 {
-    EACH(s, gather) MG_TRY(CALL(gather));
+    EACH_BACK(s, gather) MG_TRY(CALL(gather));
     return MG_OK;
 }
 
 mg_status mg_strategy_release(mg_strategy *s)
 {
     mg_status st = MG_OK;
-    EACH_BACK(s, release) {
+    EACH(s, release) {
         mg_status e = CALL(release);
         if (!st) st = e;
     }
@@ -374,8 +381,11 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
     mg_model *m = s->m;
     bool training = mg_model_training(m);
     mg_model_set_training(m, false);
+    /* A component that evaluates runs each rank's part (the others hold
+     * theirs for it); otherwise every rank runs the whole model. */
     part *p = FIRST(s, evaluate);
-    mg_status st = p ? p->ops->evaluate(p->c, next, ud, r) : mg_strategy_gather(s);
+    mg_status st = p ? hold(s, false) : mg_strategy_gather(s);
+    if (p && !st) st = p->ops->evaluate(p->c, next, ud, r);
     mg_micro_batch b;
     while (!p && !st && next(ud, &b)) {
         int c = 0;
@@ -386,7 +396,7 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
         r->samples += b.n;
     }
     mg_model_set_training(m, training);
-    mg_status e = p ? MG_OK : mg_strategy_release(s);
+    mg_status e = mg_strategy_release(s);
     return st ? st : e;
 }
 
@@ -394,9 +404,9 @@ mg_status mg_strategy_generate(mg_strategy *s, const int32_t *prompt, int n_prom
                                float temperature, int top_k, uint64_t seed, int32_t *out)
 {
     part *p = FIRST(s, generate);
-    if (p) return p->ops->generate(p->c, prompt, n_prompt, n, temperature, top_k, seed, out);
-    MG_TRY(mg_strategy_gather(s));
-    mg_status st = mg_model_generate(s->m, prompt, n_prompt, n, temperature, top_k, seed, out);
+    MG_TRY(p ? hold(s, false) : mg_strategy_gather(s));
+    mg_status st = p ? p->ops->generate(p->c, prompt, n_prompt, n, temperature, top_k, seed, out)
+                     : mg_model_generate(s->m, prompt, n_prompt, n, temperature, top_k, seed, out);
     mg_status e = mg_strategy_release(s);
     return st ? st : e;
 }

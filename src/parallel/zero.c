@@ -651,19 +651,15 @@ mg_zero_stats mg_zero_get_stats(const mg_zero *z)
     return r;
 }
 
-/* ---- as a strategy's component: over the data-parallel group ----------- */
+/* ---- as a strategy's component: over the data-parallel group ------------
+ * (over a pipeline's replicas: zero_pipeline.c) */
 
 static mg_status zero_attach(mg_strategy *s, void **state)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
     mg_mesh *mesh = mg_strategy_mesh(s);
     if (!mesh) return mg_error(MG_EINVAL, "strategy zero needs a process group");
-    int n;
-    const mg_range *r = mg_strategy_ranges(s, &n);
-    if (n != 1 || r[0].lo != 0 || r[0].hi != mg_model_arena_size(mg_strategy_model(s)))
-        return mg_error(MG_EUNSUPPORTED, "ZeRO over a pipeline's replicas is not built yet: "
-                        "give --zero without pp in the mesh, or a pipeline whose replicas "
-                        "average as DDP does");
+    if (mg_strategy_pipe(s)) return MG_OK;   /* zero_pipeline.c's */
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     mg_zero *z;
     MG_TRY(mg__zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
