@@ -4,9 +4,13 @@
  *
  *   mgrun -n N zero [--stage 0|1|2|3] [--steps S] [--batch B] [--ctx T]
  *                   [--layers L] [--dim D] [--heads H] [--offload DIR]
+ *                   [--mesh pp=P[,dp=D]]
  *
- * --stage 0 is DDP (one process: no strategy communication at all);
- * --batch is the global batch (B/N sequences per rank), AdamW as
+ * --stage 0 is DDP (one process: no strategy communication at all), or
+ * with --mesh pp=P a pipeline (1F1B, 2 micro-batches of B/D/2); the model
+ * is made without values and each rank draws only its part (the plan's
+ * init_seed, issue 31); --batch is the global batch (B/D sequences per
+ * data-parallel rank), AdamW as
  * models.md's gpt-mini (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on
  * 2-D parameters, clipping to norm 1); --offload: the optimizer state (and
  * under stage 3 the parameter pieces) in files in DIR. The first step warms up and is not
@@ -14,9 +18,9 @@
  *   zero rank R world N stage S params P tok_s X state_params_mb A
  *   state_grads_mb G state_optim_mb O peak_params_mb .. peak_grads_mb ..
  *   activations_mb .. sent_mb_step .. received_mb_step .. peak_rss_mb ..
- *   largest_bucket_mb .. steps_peak_rss_mb ..
+ *   largest_bucket_mb .. steps_peak_rss_mb .. setup_peak_rss_mb ..
  * (state_*: held between steps; peak_*: at most during a step; MB = 1e6
- * bytes). */
+ * bytes; peak_rss_mb: the whole process's, set-up included). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,25 +31,27 @@
 
 typedef struct {
     mg_text *t;
-    int B, T, rank, world;
+    int B, T, rank, world;  /* global batch; data-parallel rank and ranks */
+    int parts;              /* micro-batches of a step */
     uint64_t draw;
     int32_t *x, *y;
-    bool given;
+    int given;
 } src;
 
 static bool next(void *ud, mg_micro_batch *b)
 {
     src *s = ud;
-    if (s->given) return false;
-    mg_text_batch(s->t, 0, s->draw, s->B, s->T, s->rank, s->world, s->x, s->y);
-    *b = (mg_micro_batch){.x = s->x, .y = s->y, .n = s->B / s->world, .last = true};
-    s->given = true;
+    if (s->given == s->parts) return false;
+    int n = s->B / s->world / s->parts;
+    if (!s->given) mg_text_batch(s->t, 0, s->draw, s->B, s->T, s->rank, s->world, s->x, s->y);
+    size_t at = (size_t)s->given * n * s->T;
+    *b = (mg_micro_batch){.x = s->x + at, .y = s->y + at, .n = n,
+                          .last = ++s->given == s->parts};
     return true;
 }
 
 /* The kernel's peak resident set (VmHWM), which writing 5 to clear_refs
- * resets: the peak of the training steps alone, after set-up (the model
- * is created whole on every rank before the strategy shards it). */
+ * resets: the peak of the training steps alone, after set-up. */
 static void reset_peak(void)
 {
     FILE *f = fopen("/proc/self/clear_refs", "w");
@@ -76,7 +82,7 @@ int main(int argc, char **argv)
 {
     mg_gpt_config g = mg_gpt_defaults();
     int steps = 6, B = 2, stage = 0;
-    const char *offload = NULL;
+    const char *offload = NULL, *mesh = NULL;
     g.layers = 12;
     g.dim = 768;
     g.heads = 12;
@@ -84,7 +90,7 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"steps", 1, 0, 's'}, {"batch", 1, 0, 'b'}, {"ctx", 1, 0, 't'}, {"layers", 1, 0, 'l'},
         {"dim", 1, 0, 'd'},   {"heads", 1, 0, 'h'}, {"stage", 1, 0, 'z'},
-        {"offload", 1, 0, 'o'}, {0, 0, 0, 0}};
+        {"offload", 1, 0, 'o'}, {"mesh", 1, 0, 'm'}, {0, 0, 0, 0}};
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
         case 's': steps = atoi(optarg); break;
@@ -95,9 +101,11 @@ int main(int argc, char **argv)
         case 'h': g.heads = atoi(optarg); break;
         case 'z': stage = atoi(optarg); break;
         case 'o': offload = optarg; break;
+        case 'm': mesh = optarg; break;
         default:
             fprintf(stderr, "usage: zero [--stage 0..3] [--steps S] [--batch B] [--ctx T] "
-                            "[--layers L] [--dim D] [--heads H] [--offload DIR]\n");
+                            "[--layers L] [--dim D] [--heads H] [--offload DIR] "
+                            "[--mesh pp=P[,dp=D]]\n");
             return 2;
         }
     }
@@ -113,28 +121,42 @@ int main(int argc, char **argv)
         rank = mg_group_rank(grp);
         world = mg_group_size(grp);
     }
-    if (B % world) {
-        fprintf(stderr, "zero: --batch %d does not divide among %d ranks\n", B, world);
+    int pp = 1, dp = world, parts = 1;
+    if (mesh) {
+        int size[MG_MESH_DIMS];
+        if (mg_mesh_parse(mesh, world, size)) return fail("--mesh");
+        pp = size[MG_MESH_PP];
+        dp = size[MG_MESH_DP];
+        parts = pp > 1 ? 2 : 1;
+    }
+    if (B % (dp * parts)) {
+        fprintf(stderr, "zero: --batch %d does not divide among %d ranks and %d micro-batches\n",
+                B, dp, parts);
         return 2;
     }
     mg_text *t;
     mg_model *m;
     if (mg_text_open(NULL, g.ctx, &t)) return fail("text");
-    if (mg_model_create_gpt(&g, 0, &m)) return fail("model");
+    if (mg_model_create_gpt(&g, MG_SEED_DEFERRED, &m)) return fail("model");
     mg_strategy_options so = mg_strategy_defaults(!grp ? MG_STRATEGY_SINGLE
-                                                  : stage ? MG_STRATEGY_ZERO : MG_STRATEGY_DDP);
+                                                  : stage ? MG_STRATEGY_ZERO
+                                                  : pp > 1 ? MG_STRATEGY_PIPELINE
+                                                  : MG_STRATEGY_DDP);
     so.group = grp;
+    so.mesh = mesh;
     so.zero_stage = stage;
-    so.max_batch = B / world;
+    so.max_batch = B / dp / parts;
     so.offload_dir = offload;
+    so.pipe = (mg_pipe_options){.kind = MG_PIPE_1F1B, .micro_batches = parts};
     mg_strategy *s;
     if (mg_strategy_create(m, &so, &s)) return fail("strategy");
     mg_optim *o;
     if (gpt_adamw(s, &o)) return 1;
-    src in = {.t = t, .B = B, .T = g.ctx, .rank = rank, .world = world,
+    int drank = grp ? mg_mesh_coord(mg_strategy_mesh(s), MG_MESH_DP) : 0;
+    src in = {.t = t, .B = B, .T = g.ctx, .rank = drank, .world = dp, .parts = parts,
               .x = malloc(sizeof(int32_t) * (size_t)B * g.ctx),
               .y = malloc(sizeof(int32_t) * (size_t)B * g.ctx)};
-    mg_step_options sto = {.accumulate = 1, .lr = 1e-3f, .clip_grad = 1.0f};
+    mg_step_options sto = {.accumulate = parts, .lr = 1e-3f, .clip_grad = 1.0f};
     double t0 = 0;
     mg_traffic a = {0, 0};
     double setup_rss = mg_peak_rss() / 1e6;
@@ -146,7 +168,7 @@ int main(int argc, char **argv)
             a = mg_strategy_traffic(s);
         }
         in.draw = (uint64_t)k;
-        in.given = false;
+        in.given = 0;
         mg_step_result r;
         if (mg_train_step(s, o, &sto, next, &in, &r)) return fail("step");
     }
@@ -172,12 +194,12 @@ int main(int argc, char **argv)
     printf("zero rank %d world %d stage %d params %zu tok_s %.1f state_params_mb %.1f "
            "state_grads_mb %.1f state_optim_mb %.1f peak_params_mb %.1f peak_grads_mb %.1f "
            "activations_mb %.1f sent_mb_step %.3f received_mb_step %.3f peak_rss_mb %.1f "
-           "largest_bucket_mb %.1f steps_peak_rss_mb %.1f\n",
+           "largest_bucket_mb %.1f steps_peak_rss_mb %.1f setup_peak_rss_mb %.1f\n",
            rank, world, grp ? stage : 0, mg_model_num_params(m), (double)B * g.ctx * n / secs,
            kp / 1e6, kg / 1e6, mg_optim_bytes(o) / 1e6, ms.params / 1e6, ms.grads / 1e6,
            ms.activations / 1e6, (double)(b.sent - a.sent) / n / 1e6,
            (double)(b.received - a.received) / n / 1e6, fmax(setup_rss, mg_peak_rss() / 1e6), unit / 1e6,
-           peak_since_reset_mb());
+           peak_since_reset_mb(), setup_rss);
     fflush(stdout);
     mg_optim_destroy(o);
     mg_strategy_destroy(s);

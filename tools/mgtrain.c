@@ -1102,6 +1102,7 @@ static void setup_training(const options *o, trainer *t, mg_model_factory make, 
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
     so.ddp.compress = comp;
     so.zero_stage = o->zero;
+    so.init_seed = o->seed;
     so.offload_dir = o->offload_dir;
     so.offload_cpu = o->offload_cpu;
     if (o->offload_cpu && dev.kind == MG_DEVICE_CPU && t->rank == 0)
@@ -1345,7 +1346,7 @@ static void train_images(options *o, const mg_zoo_defaults *def, mg_optim_kind k
     same_on_every_rank(t, data);
 
     int local = o->batch / t->dworld;  /* images per rank and micro-batch */
-    zoo_spec spec = {o->model, o->seed};
+    zoo_spec spec = {o->model, MG_SEED_DEFERRED};   /* the strategy draws each rank's part */
     mg_ckpt_meta meta;
     setup_training(o, t, make_zoo, &spec, 0, kind, def->beta2, comp, local, &meta);
     check_data_fits(t, train, test);
@@ -1523,7 +1524,7 @@ static void train_lm(options *o, mg_optim_kind kind, const mg_zoo_defaults *def,
     same_on_every_rank(t, data);
     check_outputs(o, t);
     int local = o->batch / t->dworld, T = o->gpt.ctx;   /* sequences per rank */
-    gpt_spec spec = {o->gpt, o->seed};
+    gpt_spec spec = {o->gpt, MG_SEED_DEFERRED};
     mg_ckpt_meta meta;
     setup_training(o, t, make_gpt, &spec, 1, kind, def->beta2, comp, local, &meta);
     mg_model *m = t->m;

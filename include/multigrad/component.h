@@ -43,6 +43,11 @@ typedef struct mg_component_ops {
      * to a checkpoint (default: ranges). */
     const mg_range *(*ranges)(void *c, int *n);
     const mg_range *(*own_ranges)(void *c, int *n);
+    /* The ranges whose parameters this rank holds between steps, when
+     * they are not its ranges: NULL for those the components before it
+     * hold (ZeRO 1-2 shard only the optimizer's state). A model made
+     * without values (MG_SEED_DEFERRED) gets values there only. */
+    const mg_range *(*param_ranges)(void *c, int *n);
     /* The ranks across which this component splits the parameters (each
      * holds its part: the norm's sum of squares is summed over them), the
      * ranks that hold copies of the same part (only the first of them

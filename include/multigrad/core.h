@@ -65,6 +65,13 @@ uint32_t mg_rng_u32(mg_rng *r);
 float mg_rng_uniform(mg_rng *r);          /* [0, 1) */
 float mg_rng_normal(mg_rng *r);           /* N(0, 1), Box-Muller */
 uint32_t mg_rng_below(mg_rng *r, uint32_t n); /* uniform in [0, n), unbiased */
+/* Value i of a stream of its own, drawn by counter (no state): U[0, 1)
+ * and N(0, 1). Any slice of a stream is drawn alone, equal to its part of
+ * the whole. */
+float mg_rng_uniform_at(uint64_t seed, uint64_t i);
+float mg_rng_normal_at(uint64_t seed, uint64_t i);
+/* A seed of its own for each name (a parameter's), from a job's seed. */
+uint64_t mg_rng_seed_for(uint64_t seed, const char *name);
 /* Fisher-Yates permutation of 0..n-1 seeded by seed. */
 void mg_permutation(uint64_t seed, int32_t *perm, int n);
 

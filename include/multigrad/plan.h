@@ -101,13 +101,19 @@ typedef struct mg_strategy_options {
     /* Components added after those of kind, in this order (component.h):
      * NULL-terminated, or NULL. */
     const struct mg_component_ops *const *components;
+    /* A model made with MG_SEED_DEFERRED: each rank draws the values of
+     * the parameters it holds from this seed (mg_model_init_ranges), the
+     * same bytes as one process's mg_model_create(..., init_seed). */
+    uint64_t init_seed;
 } mg_strategy_options;
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind);
 
 typedef struct mg_strategy mg_strategy;
-/* Collective over the job's group, when there is one: it makes the mesh,
- * and rank 0's parameters reach every rank. The model must outlive the
- * strategy. */
+/* Collective over the job's group, when there is one: it makes the mesh
+ * and every rank starts from the same parameters: a model without values
+ * (MG_SEED_DEFERRED) gets on each rank only those it holds, drawn from
+ * init_seed, so no rank ever holds the whole model; one with values gets
+ * rank 0's. The model must outlive the strategy. */
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out);
 void mg_strategy_destroy(mg_strategy *s);
 const char *mg_strategy_name(const mg_strategy *s);

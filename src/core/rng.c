@@ -33,6 +33,35 @@ float mg_rng_normal(mg_rng *r)
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
 
+float mg_rng_uniform_at(uint64_t seed, uint64_t i)
+{
+    uint32_t w[4];
+    mg__philox(seed, i / 4, w);
+    return (float)(w[i % 4] >> 8) * (1.0f / 16777216.0f);
+}
+
+float mg_rng_normal_at(uint64_t seed, uint64_t i)
+{
+    uint32_t w[4];
+    mg__philox(seed, i / 2, w);
+    const uint32_t *h = w + 2 * (i % 2);
+    double u1 = ((double)(h[0] >> 8) + 1.0) / 16777216.0;
+    double u2 = (double)(h[1] >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+/* FNV-1a of the name, then splitmix64's finaliser over it and the seed. */
+uint64_t mg_rng_seed_for(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 0x100000001b3ull;
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (h | 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 uint32_t mg_rng_below(mg_rng *r, uint32_t n)
 {
     /* Lemire's multiply-shift with rejection: unbiased. */

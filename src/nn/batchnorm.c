@@ -51,15 +51,10 @@ static void bn_backward(mg_layer *l, const mg_ctx *c, const float *x, const floa
                             l->p[0].data, n, b->ch, l->in[1] * l->in[2], c->training);
 }
 
-static void bn_init(mg_layer *l, mg_rng *r)
+static void bn_init(mg_layer *l, const mg_init *c)
 {
-    bn_layer *b = (bn_layer *)l;
-    for (int i = 0; i < b->ch; i++) {
-        l->p[0].data[i] = 1.0f;
-        l->p[1].data[i] = 0.0f;
-        l->p[2].data[i] = 0.0f;
-        l->p[3].data[i] = 1.0f;
-    }
+    static const float value[4] = {1.0f, 0.0f, 0.0f, 1.0f};   /* weight, bias, mean, var */
+    for (int i = 0; i < 4; i++) mg__init_fill(c, &l->p[i], MG__FILL_CONST, value[i]);
 }
 
 static const mg_layer_vt bn_vt = {

@@ -34,7 +34,24 @@ void mg__layer_param(mg_layer *l, const char *suffix, bool is_buffer, int ndim,
     }
 }
 
-void mg__layer_init_default(mg_layer *l, mg_rng *r)
+void mg__init_fill(const mg_init *c, const mg_layer_param *p, mg_fill f, float a)
+{
+    uint64_t key = mg_rng_seed_for(c->seed, p->name);
+    for (int i = 0; i < (c->r && !p->is_buffer ? c->nr : 1); i++) {
+        size_t lo = 0, hi = p->numel;   /* of the parameter's elements */
+        if (c->r && !p->is_buffer) {
+            lo = c->r[i].lo > p->off ? c->r[i].lo - p->off : 0;
+            hi = c->r[i].hi > p->off ? c->r[i].hi - p->off : 0;
+            if (hi > p->numel) hi = p->numel;
+        }
+        for (size_t k = lo; k < hi; k++)
+            p->data[k] = f == MG__FILL_CONST ? a
+                         : f == MG__FILL_UNIFORM ? (2.0f * mg_rng_uniform_at(key, k) - 1.0f) * a
+                                                 : a * mg_rng_normal_at(key, k);
+    }
+}
+
+void mg__layer_init_default(mg_layer *l, const mg_init *c)
 {
     /* fan_in of the first parameter (the weight): numel / out_features. */
     size_t fan_in = 1;
@@ -45,12 +62,9 @@ void mg__layer_init_default(mg_layer *l, mg_rng *r)
         mg_layer_param *p = &l->p[i];
         if (p->is_buffer) continue;
         bool is_bias = strcmp(p->suffix, "bias") == 0;
-        for (size_t k = 0; k < p->numel; k++) {
-            if (l->init_kind == MG_INIT_NORMAL)
-                p->data[k] = is_bias ? 0.0f : l->init_std * mg_rng_normal(r);
-            else
-                p->data[k] = (2.0f * mg_rng_uniform(r) - 1.0f) * bound;
-        }
+        if (l->init_kind != MG_INIT_NORMAL) mg__init_fill(c, p, MG__FILL_UNIFORM, bound);
+        else if (is_bias) mg__init_fill(c, p, MG__FILL_CONST, 0.0f);
+        else mg__init_fill(c, p, MG__FILL_NORMAL, l->init_std);
     }
 }
 

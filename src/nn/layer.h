@@ -42,7 +42,22 @@ typedef struct mg_layer_param {
     bool is_buffer;
     size_t off;           /* into the parameter (or buffer) arena */
     float *data;          /* bound by the model */
+    const char *name;     /* the tensor's whole name (the model's) */
 } mg_layer_param;
+
+/* Initialisation by counter: element k of a parameter named N is value k
+ * of the stream mg_rng_seed_for(seed, N), so any part of the parameters
+ * is drawn alone and equals its part of the whole. Only the elements of
+ * the parameter arena inside ranges r (floats; NULL: all) are written;
+ * buffers always. */
+typedef struct mg_init {
+    uint64_t seed;
+    const mg_range *r;
+    int nr;
+} mg_init;
+typedef enum { MG__FILL_CONST, MG__FILL_UNIFORM, MG__FILL_NORMAL } mg_fill;
+/* p's elements (those c asks for): a constant a, U(-a, a) or N(0, a^2). */
+void mg__init_fill(const mg_init *c, const mg_layer_param *p, mg_fill f, float a);
 
 typedef struct mg_layer_vt {
     const char *kind;
@@ -61,7 +76,7 @@ typedef struct mg_layer_vt {
     void (*backward)(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                      float *dy, float *dx, int n);
     /* Optional: parameter initialisation other than mg__layer_init_default. */
-    void (*init)(mg_layer *l, mg_rng *r);
+    void (*init)(mg_layer *l, const mg_init *c);
     /* Optional: FLOPs of one image's forward (2 per multiply-add; the
      * elementwise work is not counted). */
     double (*flops)(const mg_layer *l);
@@ -122,7 +137,7 @@ void mg__layer_param(mg_layer *l, const char *suffix, bool is_buffer, int ndim,
 /* PyTorch's default (kaiming_uniform(a=sqrt(5)) and the matching bias
  * bound: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for both) or N(0, std^2)
  * weights with zero bias, as l->init_kind says. */
-void mg__layer_init_default(mg_layer *l, mg_rng *r);
+void mg__layer_init_default(mg_layer *l, const mg_init *c);
 bool mg__layer_has_params(const mg_layer *l);   /* this layer or a child */
 size_t mg__per_image(const int s[3]);
 /* Round a byte count up to MG_ALIGN. */

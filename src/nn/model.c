@@ -60,6 +60,7 @@ struct mg_model {
     mg_tape *tape;             /* the mg_model_forward family's */
     mg_device dev;             /* where the arenas are (mg_model_to_device) */
     mg_dk *dk;                 /* its kernels; NULL on the CPU */
+    bool has_values;           /* false until a deferred model is initialised */
 };
 
 struct mg_tape {
@@ -222,6 +223,7 @@ static mg_status build(mg_model *m)
                 memcpy(t->name, names[i], nl);
                 if (nl) t->name[nl++] = '.';
                 memcpy(t->name + nl, p->suffix, sl + 1);
+                p->name = t->name;
                 t->ndim = p->ndim;
                 memcpy(t->shape, p->shape, sizeof t->shape);
                 t->numel = p->numel;
@@ -317,8 +319,9 @@ static mg_status layout(mg_model *m, size_t pad)
                         arena);
     }
     place(m, pad, true);
-    /* p->data still points into the old arena (none at creation). */
-    for (int i = 0; i < m->n_leaves && m->params; i++)
+    /* p->data still points into the old arena (none at creation, and
+     * nothing to copy before a deferred model has values). */
+    for (int i = 0; i < m->n_leaves && m->params && m->has_values; i++)
         for (int j = 0; j < m->leaves[i]->n_params; j++) {
             mg_layer_param *p = &m->leaves[i]->p[j];
             if (!p->is_buffer) memcpy(params + p->off, p->data, p->numel * sizeof(float));
@@ -390,7 +393,7 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
     m->root->need_dx = false;
     m->root->vt->propagate(m->root);
     m->ctx.training = true;
-    mg_model_init_params(m, seed);
+    if (seed != MG_SEED_DEFERRED) mg_model_init_params(m, seed);
     *out = m;
     return MG_OK;
 }
@@ -409,23 +412,27 @@ void mg_model_destroy(mg_model *m)
     free(m);
 }
 
-void mg_model_init_params(mg_model *m, uint64_t seed)
+void mg_model_init_ranges(mg_model *m, uint64_t seed, const mg_range *r, int n)
 {
     if (m->dk) {   /* the layers write host memory: initialise there */
         mg_device dev = m->dev;
         MG_ASSERT(mg_model_to_device(m, (mg_device){MG_DEVICE_CPU, 0}) == MG_OK);
-        mg_model_init_params(m, seed);
+        mg_model_init_ranges(m, seed, r, n);
         MG_ASSERT(mg_model_to_device(m, dev) == MG_OK);
         return;
     }
-    mg_rng r;
-    mg_rng_init(&r, seed);
+    mg_init c = {.seed = seed, .r = r, .nr = n};
     for (int i = 0; i < m->n_leaves; i++) {
         mg_layer *l = m->leaves[i];
-        if (l->vt->init) l->vt->init(l, &r);
-        else mg__layer_init_default(l, &r);
+        if (l->vt->init) l->vt->init(l, &c);
+        else mg__layer_init_default(l, &c);
     }
+    m->has_values = true;
 }
+
+void mg_model_init_params(mg_model *m, uint64_t seed) { mg_model_init_ranges(m, seed, NULL, 0); }
+
+bool mg_model_has_values(const mg_model *m) { return m->has_values; }
 
 /* ---- Devices ---------------------------------------------------------------- */
 

@@ -200,10 +200,10 @@ static void ln_backward(mg_layer *l, const mg_ctx *c, const float *x, const floa
     ln_rows_backward(l, c, dx, dy, x, 0, rows(l->in, n));
 }
 
-static void ln_init(mg_layer *l, mg_rng *r)
+static void ln_init(mg_layer *l, const mg_init *c)
 {
-    for (size_t i = 0; i < l->p[0].numel; i++) l->p[0].data[i] = 1.0f;
-    memset(l->p[1].data, 0, l->p[1].numel * sizeof(float));
+    mg__init_fill(c, &l->p[0], MG__FILL_CONST, 1.0f);
+    mg__init_fill(c, &l->p[1], MG__FILL_CONST, 0.0f);
 }
 
 static const mg_layer_vt ln_vt = {

@@ -163,7 +163,8 @@ static void on_unit_done(void *ud, mg_tape *t, int unit)
 
 static const mg_unit_hooks ddp_hooks = {.post_backward = on_unit_done};
 
-mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out)
+/* DDP over g without the first broadcast (the plan's, or the caller's). */
+static mg_status ddp_setup(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out)
 {
     *out = NULL;
     mg_ddp *d = calloc(1, sizeof *d);
@@ -199,11 +200,6 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
         else d->locked = true;
         st = mg_model_add_hooks(m, &ddp_hooks, d);
         if (!st) d->hooks = &ddp_hooks;
-        /* Every replica starts from rank 0's parameters and buffers
-         * (device memory is staged by the group). */
-        if (!st) st = mg_broadcast(g, mg_model_params(m), d->n, MG_F32, 0);
-        if (!st && mg_model_buffer_size(m))
-            st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
     }
     if (st) {
         mg_ddp_destroy(d);
@@ -211,6 +207,21 @@ mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_
     }
     *out = d;
     return MG_OK;
+}
+
+mg_status mg_ddp_create(mg_group *g, mg_model *m, const mg_ddp_options *opt, mg_ddp **out)
+{
+    MG_TRY(ddp_setup(g, m, opt, out));
+    /* Every replica starts from rank 0's parameters and buffers (device
+     * memory is staged by the group). */
+    mg_status st = mg_broadcast(g, mg_model_params(m), (*out)->n, MG_F32, 0);
+    if (!st && mg_model_buffer_size(m))
+        st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
+    if (st) {
+        mg_ddp_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 void mg_ddp_destroy(mg_ddp *d)
@@ -369,7 +380,7 @@ static mg_status ddp_attach(mg_strategy *s, void **state)
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);
     if (n == 1 && r[0].lo == 0 && r[0].hi == mg_model_arena_size(m))
-        return mg_ddp_create(g, m, &o->ddp, (mg_ddp **)state);
+        return ddp_setup(g, m, &o->ddp, (mg_ddp **)state);   /* the plan starts the values */
     if (mg_group_size(g) == 1) return MG_OK;   /* a part without replicas */
     return create_on_ranges(g, m, &o->ddp, r, n, (mg_ddp **)state);
 }

@@ -27,8 +27,8 @@ extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_comp
 /* MG_EINVAL unless 1 <= stage <= 3. */
 mg_status mg__zero_stage_check(int stage);
 /* Collective: every rank of g with the same model; pads the units to
- * lcm(world, SIMD width) and broadcasts rank 0's parameters. opt: bucket
- * caps (compression is refused). */
+ * lcm(world, SIMD width) (the plan makes the parameters the same on
+ * every rank). opt: bucket caps (compression is refused). */
 mg_status mg__zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_options *opt,
                          mg_zero **out);
 void mg__zero_destroy(mg_zero *z);

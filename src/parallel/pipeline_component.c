@@ -5,9 +5,10 @@
  * its stages. Its stages' replicas (a data-parallel dimension of the
  * mesh) are the next component's: DDP over these ranges.
  *
- * Every rank starts from rank 0's whole initialisation (one process's)
- * and keeps its part. With --offload disk:DIR the optimizer's state of
- * its ranges lives in files (the strategy's, as for DDP). */
+ * Each rank holds only its stages' parameters (the plan gives a model
+ * without values only those, one with values rank 0's). With
+ * --offload disk:DIR the optimizer's state of its ranges lives in files
+ * (the strategy's, as for DDP). */
 #include <stdint.h>
 #include <stdlib.h>
 #include "parallel/internal.h"
@@ -21,7 +22,6 @@ static mg_status pipe_attach(mg_strategy *s, void **state)
     mg_model *m = mg_strategy_model(s);
     mg_mesh *mesh = mg_strategy_mesh(s);
     if (!mesh || mg_mesh_size(mesh, MG_MESH_PP) == 1) return MG_OK;   /* no pipeline */
-    MG_TRY(mg_broadcast(o->group, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
     mg_pipe *p = NULL;
     mg_status st = mg_strategy_agree(s, mg__pipe_create(mg_mesh_group(mesh, MG_MESH_PP), m,
                                                        &o->pipe, o->max_batch, &p));

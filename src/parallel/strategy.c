@@ -111,6 +111,37 @@ static mg_status add_part(mg_strategy *s, const mg_component_ops *ops)
     return st;
 }
 
+static mg_status hold(mg_strategy *s, bool saving);
+static const mg_range *param_ranges(const mg_strategy *s, int *n);
+
+/* Rank 0's parameters, buffers and dropout counter on every rank: the
+ * job's one broadcast of a state (at the start, and mg_strategy_sync). */
+static mg_status from_rank0(mg_strategy *s)
+{
+    mg_model *m = s->m;
+    MG_TRY(mg_broadcast(s->g, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
+    if (mg_model_buffer_size(m))
+        MG_TRY(mg_broadcast(s->g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0));
+    double c = (double)mg_model_rng_counter(m);
+    MG_TRY(mg_broadcast(s->g, &c, 1, MG_F64, 0));
+    mg_model_set_rng_counter(m, (uint64_t)c);
+    return MG_OK;
+}
+
+/* A model without values, once the components have said what each rank
+ * holds: its part drawn by counter from init_seed (no rank holds more,
+ * and the bytes are one process's); offloaded pieces go to their files
+ * (hold, release). */
+static mg_status draw_values(mg_strategy *s)
+{
+    mg_status st = hold(s, true);
+    int n;
+    const mg_range *r = param_ranges(s, &n);
+    if (!st) mg_model_init_ranges(s->m, s->o.init_seed, r, n);
+    mg_status e = mg_strategy_release(s);
+    return mg_strategy_agree(s, st ? st : e);
+}
+
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out)
 {
     *out = NULL;
@@ -126,6 +157,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     int k = 0;
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
+    bool fresh = !mg_model_has_values(m);
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
     s->m = m;
@@ -144,6 +176,9 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     size_t pad = s->mesh ? mg_shard_pad(mg_mesh_size(s->mesh, MG_MESH_DP)) : 1;
     if (!st && mg_model_unit_pad(m) % pad) st = mg_model_set_unit_pad(m, pad);
     s->whole = (mg_range){0, mg_model_arena_size(m)};
+    /* A model with values: rank 0's reach every rank before a component
+     * keeps its part of them. */
+    if (!st && !fresh && s->g) st = from_rank0(s);
     if (o->offload_dir && !(s->offload_dir = strdup(o->offload_dir)))
         st = mg_error(MG_ENOMEM, "strategy: out of memory");
     s->o.offload_dir = s->offload_dir;
@@ -154,6 +189,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         st = add_part(s, o->components[i]);
     s->model_tape = !FIRST(s, run_step) && !FIRST(s, run_micro);
     if (!st && s->model_tape) st = mg_model_reserve(m, o->max_batch);
+    if (!st && fresh) st = draw_values(s);
     s->o.components = NULL;   /* the caller's, read at attach only */
     s->o.pipe.first = NULL;
     s->o.mesh = NULL;
@@ -206,6 +242,22 @@ const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n)
 {
     for (int i = s->n - 1; i >= 0; i--)
         if (s->part[i].ops->ranges) return s->part[i].ops->ranges(s->part[i].c, n);
+    *n = 1;
+    return &s->whole;
+}
+
+/* The parameters this rank holds between steps (component.h). */
+static const mg_range *param_ranges(const mg_strategy *s, int *n)
+{
+    for (int i = s->n - 1; i >= 0; i--) {
+        const part *p = &s->part[i];
+        if (p->ops->param_ranges) {
+            const mg_range *r = p->ops->param_ranges(p->c, n);
+            if (r) return r;
+        } else if (p->ops->ranges) {
+            return p->ops->ranges(p->c, n);
+        }
+    }
     *n = 1;
     return &s->whole;
 }
@@ -303,14 +355,8 @@ static mg_status hold(mg_strategy *s, bool saving)
 mg_status mg_strategy_sync(mg_strategy *s)
 {
     if (!s->g) return MG_OK;
-    mg_model *m = s->m;
     MG_TRY(hold(s, false));
-    MG_TRY(mg_broadcast(s->g, mg_model_params(m), mg_model_arena_size(m), MG_F32, 0));
-    if (mg_model_buffer_size(m))
-        MG_TRY(mg_broadcast(s->g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0));
-    double c = (double)mg_model_rng_counter(m);
-    MG_TRY(mg_broadcast(s->g, &c, 1, MG_F64, 0));
-    mg_model_set_rng_counter(m, (uint64_t)c);
+    MG_TRY(from_rank0(s));
     return mg_strategy_agree(s, mg_strategy_release(s));   /* shards keep their part only */
 }
 

@@ -429,10 +429,6 @@ mg_status mg__zero_create(mg_group *g, mg_model *m, int stage, const mg_ddp_opti
     if (mg_model_unit_pad(m) % pad) st = mg_model_set_unit_pad(m, pad);
     z->n = mg_model_arena_size(m);
     if (!st) st = make_buckets(z, o.first_bucket_bytes, o.bucket_bytes);
-    /* Every rank starts from rank 0's parameters and buffers. */
-    if (!st) st = mg_broadcast(g, mg_model_params(m), z->n, MG_F32, 0);
-    if (!st && mg_model_buffer_size(m))
-        st = mg_broadcast(g, mg_model_buffers(m), mg_model_buffer_size(m), MG_F32, 0);
     size_t longest[2] = {0, 0};   /* of the other buckets, of the borrowed ones */
     for (int i = 0; !st && i < z->nb; i++) {
         size_t *l = &longest[z->b[i].keep];
@@ -679,6 +675,12 @@ static const char *zero_label(void *c)
 }
 
 static const mg_range *zero_ranges(void *c, int *n) { return mg__zero_pieces(c, n); }
+
+/* Stages 1-2 hold every parameter between steps; stage 3 its pieces. */
+static const mg_range *zero_params(void *c, int *n)
+{
+    return ((mg_zero *)c)->stage >= 3 ? mg__zero_pieces(c, n) : NULL;
+}
 static mg_group *zero_group(void *c) { return ((mg_zero *)c)->g; }
 static void zero_zero_grad(void *c) { mg__zero_zero_grad(c); }
 static void zero_begin(void *c, bool last) { mg__zero_begin(c, last); }
@@ -717,7 +719,8 @@ static void zero_memory(void *c, mg_memory_stats *ms)
 
 const mg_component_ops mg__zero_component = {
     .name = "zero", .attach = zero_attach, .destroy = zero_destroy, .label = zero_label,
-    .ranges = zero_ranges, .shards_over = zero_group, .batch_over = zero_group,
+    .ranges = zero_ranges, .param_ranges = zero_params, .shards_over = zero_group,
+    .batch_over = zero_group,
     .zero_grad = zero_zero_grad, .micro_begin = zero_begin, .micro_end = zero_end,
     .grads_elsewhere = zero_grads_elsewhere, .after_update = zero_after,
     .hold = zero_hold, .gather = zero_gather, .release = zero_release,

@@ -156,7 +156,7 @@ static void gather_wait(zpipe *z, int i)
 static void shard(zpipe *z, int i)
 {
     pbucket *b = &z->b[i];
-    gather_wait(z, i);   /* none may be in flight into it */
+    if (b->ag) gather_wait(z, i);   /* none may be in flight into it */
     float *p = mg_model_params(z->m);
     mg_device_discard(z->dev, p + b->lo, (b->plo - b->lo) * sizeof(float));
     mg_device_discard(z->dev, p + b->phi, (b->hi - b->phi) * sizeof(float));
@@ -291,7 +291,7 @@ static mg_status zp_attach(mg_strategy *s, void **state)
     }
     if (!st) st = mg_model_add_hooks(z->m, &hooks, z);
     z->hooked = !st;
-    if (!st) st = zp_release(z);   /* the pipeline gave every rank rank 0's parameters */
+    if (!st) st = zp_release(z);
     if (st) zp_destroy(z);
     else *state = z;
     return st;
@@ -316,6 +316,12 @@ static const mg_range *zp_own(void *c, int *n)
 }
 
 static mg_group *zp_group(void *c) { return ((zpipe *)c)->g; }
+
+/* Stages 1-2 hold the pipeline's ranges between steps; stage 3 the pieces. */
+static const mg_range *zp_params(void *c, int *n)
+{
+    return ((zpipe *)c)->stage >= 3 ? zp_ranges(c, n) : NULL;
+}
 
 static void zp_begin(void *c, bool last) { ((zpipe *)c)->sync = last; }
 
@@ -359,7 +365,8 @@ static mg_status zp_after_update(void *c)
 
 const mg_component_ops mg__zero_pipe_component = {
     .name = "zero", .attach = zp_attach, .destroy = zp_destroy, .label = zp_label,
-    .ranges = zp_ranges, .own_ranges = zp_own, .shards_over = zp_group, .batch_over = zp_group,
+    .ranges = zp_ranges, .own_ranges = zp_own, .param_ranges = zp_params,
+    .shards_over = zp_group, .batch_over = zp_group,
     .micro_begin = zp_begin, .reduce = zp_reduce,
     .after_update = zp_after_update,
     .hold = zp_hold, .gather = zp_gather, .release = zp_release,
