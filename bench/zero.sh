@@ -82,9 +82,9 @@ maxf() { echo "$2" | while read -r l; do field "$1" "$l"; done | sort -g | tail 
 setup_peaks() {
     echo
     echo "## no rank holds the whole model: L=12 d=768 h=12 T=128, global batch 4, AdamW, peak RSS per rank"
-    printf '%-16s %5s %12s %12s %9s %7s\n' config ranks setup_MB peak_MB vs_one bound
+    printf '%-16s %5s %10s %10s %10s %9s %7s\n' config ranks setup_MB steps_MB peak_MB vs_one bound
     local one=0 cfg n args out
-    for cfg in "single 1" "pp=2 2 --mesh pp=2" "zero3 2 --stage 3" \
+    for cfg in "single 1" "pp=2 2 --mesh pp=2" "zero3 2 --stage 3" "zero3 4 --stage 3" \
                "zero3+disk 4 --stage 3 --offload $odir"; do
         set -- $cfg
         name=$1 n=$2
@@ -94,10 +94,12 @@ setup_peaks() {
         out=$(run $n $st --layers 12 --dim 768 --heads 12 --ctx 128 --batch 4 --steps 3 "$@")
         peak=$(maxf peak_rss_mb "$out")
         [ $n = 1 ] && one=$peak
-        bound=$(case $name in pp=2) echo 0.58 ;; zero3) echo 0.60 ;; zero3+disk) echo 0.25 ;;
-                *) echo - ;; esac)
-        printf '%-16s %5d %12.1f %12.1f %9.3f %7s\n' "$name" $n "$(maxf setup_peak_rss_mb "$out")" \
-            "$peak" "$(awk -v a="$peak" -v b="$one" 'BEGIN {print a / b}')" "$bound"
+        bound=-
+        case "$name $n" in "pp=2 2") bound=0.58 ;; "zero3 2") bound=0.60 ;;
+            "zero3+disk 4") bound=0.25 ;; esac
+        printf '%-16s %5d %10.1f %10.1f %10.1f %9.3f %7s\n' "$name" $n \
+            "$(maxf setup_peak_rss_mb "$out")" "$(maxf steps_peak_rss_mb "$out")" "$peak" \
+            "$(awk -v a="$peak" -v b="$one" 'BEGIN {print a / b}')" "$bound"
     done
 }
 if [ $only_setup = 1 ]; then

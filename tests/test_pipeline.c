@@ -235,6 +235,8 @@ TEST_T(pipeline_pp2_dp2_zero_1_2_3_equal_one_process, 400)
         eq_case c = {.model = "lenet5", .stage = stage, .world = 2, .batch = 32,
                      .accumulate = 4, .steps = 4, .pp = 2, .pp_kind = k, .chunks = V};
         check_vs_one_process(c, 1e-5);
+        /* Under a sanitizer gpt-mini's tied head under stage 3 only. */
+        if (mgt_sanitized() && stage < 3) continue;
         char ck[600];
         snprintf(ck, sizeof ck, "%s/zero%d.st", mgt_tmpdir(), stage);
         eq_case g = {.model = "gpt-mini", .stage = stage, .world = 2, .batch = GB / 2,
@@ -259,13 +261,14 @@ TEST_T(pipeline_with_disk_offload_equals_one_process, 300)
     char dir[512];
     snprintf(dir, sizeof dir, "%s/offload", mgt_tmpdir());
     CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
-    eq_case c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = 4, .steps = 20,
-                 .pp = 2, .pp_kind = MG_PIPE_1F1B, .offload = dir, .window = 4096};
+    eq_case c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = 4,
+                 .steps = mgt_reps(20), .pp = 2, .pp_kind = MG_PIPE_1F1B, .offload = dir,
+                 .window = 4096};
     check_vs_one_process(c, 1e-5);
     eq_case g = {.model = "gpt-mini", .world = 1, .batch = GB / 2, .accumulate = 2, .steps = 5,
                  .pp = 2, .pp_kind = MG_PIPE_1F1B, .offload = dir, .window = 4096};
     check_vs_one_process(g, 1e-4);
-    g.steps = 20;
+    g.steps = mgt_reps(20);   /* bit for bit: a quarter under a sanitizer */
     size_t n = num_params(&g);
     float *p[2][2], *l[2][2];
     for (int off = 0; off < 2; off++) {
