@@ -173,13 +173,13 @@ TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
  * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2. */
 TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
 {
-    /* san: run under a sanitizer too (every schedule, 2, 3 and 4 stages,
-     * 1 and 2 chunks still do). */
+    /* san: run under a sanitizer too (the tie across 4 stages and across
+     * 3 of 2 chunks; the other schedules' ties run in the pp=2 tests). */
     static const struct { int P, M, V; mg_pipe_kind k; bool san; } cases[] = {
-        {2, 4, 1, MG_PIPE_1F1B, 1}, {4, 4, 1, MG_PIPE_GPIPE, 1}, {4, 8, 1, MG_PIPE_1F1B, 0},
+        {2, 4, 1, MG_PIPE_1F1B, 0}, {4, 4, 1, MG_PIPE_GPIPE, 1}, {4, 8, 1, MG_PIPE_1F1B, 0},
         {3, 6, 1, MG_PIPE_1F1B, 0}, {2, 4, 2, MG_PIPE_INTERLEAVED, 0},
         {3, 3, 2, MG_PIPE_INTERLEAVED, 1}, {4, 4, 2, MG_PIPE_INTERLEAVED, 0},
-        {4, 8, 2, MG_PIPE_INTERLEAVED, 0}, {2, 1, 1, MG_PIPE_NAIVE, 1},
+        {4, 8, 2, MG_PIPE_INTERLEAVED, 0}, {2, 1, 1, MG_PIPE_NAIVE, 0},
         {4, 2, 1, MG_PIPE_GPIPE, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
