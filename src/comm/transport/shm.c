@@ -41,7 +41,6 @@
  * rank anyway). */
 #define _GNU_SOURCE
 #include "comm/transport/shm.h"
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -208,122 +207,6 @@ static void layout(mg__shm_transport *x)
     x->total = x->slot_off + (x->all_local ? page_up(x->slot_bytes) : 0);
 }
 
-/* ---- names not yet removed ------------------------------------------------ */
-
-#define MAX_NAMED 64
-#define SHM_DIR "/dev/shm"
-static const int guarded[] = {SIGTERM, SIGINT, SIGHUP};
-#define NGUARD (int)(sizeof guarded / sizeof *guarded)
-
-static struct {
-    pthread_mutex_t mu;
-    int count;
-    bool installed[NGUARD];
-    struct sigaction old[NGUARD];
-    _Atomic bool used[MAX_NAMED];
-    char path[MAX_NAMED][96];
-} named = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-/* Remove the names (unlink is async-signal-safe), then the signal's
- * previous disposition: its handler, or the default action (re-raised:
- * it is delivered when this handler returns). */
-static void on_guarded(int sig, siginfo_t *si, void *ctx)
-{
-    int saved = errno;
-    for (int i = 0; i < MAX_NAMED; i++)
-        if (atomic_load(&named.used[i])) unlink(named.path[i]);
-    for (int k = 0; k < NGUARD; k++) {
-        if (guarded[k] != sig) continue;
-        struct sigaction *o = &named.old[k];
-        if (o->sa_flags & SA_SIGINFO) {
-            o->sa_sigaction(sig, si, ctx);
-        } else if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) {
-            o->sa_handler(sig);
-        } else {
-            sigaction(sig, o, NULL);
-            raise(sig);
-        }
-    }
-    errno = saved;
-}
-
-/* The handler is installed while there are names (caller holds mu). */
-static void guard(bool on)
-{
-    for (int k = 0; k < NGUARD; k++) {
-        if (!on) {
-            if (named.installed[k]) sigaction(guarded[k], &named.old[k], NULL);
-            named.installed[k] = false;
-            continue;
-        }
-        struct sigaction *o = &named.old[k];
-        if (sigaction(guarded[k], NULL, o)) continue;
-        if (!(o->sa_flags & SA_SIGINFO) && o->sa_handler == SIG_IGN) continue; /* ends nothing */
-        struct sigaction sa = {.sa_sigaction = on_guarded,
-                               .sa_flags = SA_SIGINFO | (o->sa_flags & SA_RESTART)};
-        sigemptyset(&sa.sa_mask);
-        named.installed[k] = sigaction(guarded[k], &sa, NULL) == 0;
-    }
-}
-
-static void name_keep(const char *name)
-{
-    pthread_mutex_lock(&named.mu);
-    for (int i = 0; i < MAX_NAMED; i++)
-        if (!atomic_load(&named.used[i])) {
-            snprintf(named.path[i], sizeof named.path[i], SHM_DIR "%s", name);
-            atomic_store(&named.used[i], true);
-            if (named.count++ == 0) guard(true);
-            break;
-        }
-    pthread_mutex_unlock(&named.mu);
-}
-
-static void name_drop(const char *name)
-{
-    pthread_mutex_lock(&named.mu);
-    for (int i = 0; i < MAX_NAMED; i++)
-        if (atomic_load(&named.used[i]) && !strcmp(named.path[i] + strlen(SHM_DIR), name)) {
-            atomic_store(&named.used[i], false);
-            if (--named.count == 0) guard(false);
-            break;
-        }
-    pthread_mutex_unlock(&named.mu);
-}
-
-/* Create a segment of its own (fd, or -1 with errno), its name guarded
- * from before it exists: a signal right after creation finds it. */
-static int named_create(const char *name)
-{
-    name_keep(name);
-    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        int e = errno;
-        name_drop(name);
-        errno = e;
-    }
-    return fd;
-}
-
-static void named_unlink(const char *name)
-{
-    shm_unlink(name);
-    name_drop(name);
-}
-
-int mg_shm_remove_tagged(const char *tag)
-{
-    char prefix[MG__SHM_TAG_MAX + 8];
-    int n = snprintf(prefix, sizeof prefix, "mg-%s-", tag), removed = 0;
-    DIR *d = n > 4 && (size_t)n < sizeof prefix ? opendir(SHM_DIR) : NULL;
-    if (!d) return 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, (size_t)n) && !unlinkat(dirfd(d), e->d_name, 0)) removed++;
-    closedir(d);
-    return removed;
-}
-
 /* ---- segments ------------------------------------------------------------ */
 
 /* The name of rank's segment. */
@@ -350,8 +233,8 @@ static void guard_peers(mg__shm_transport *x, long idx, bool keep)
         char name[80];
         if (idx < 0) seg_name(name, sizeof name, x, x->peers[i]);
         else alloc_name(name, sizeof name, x, x->peers[i], (unsigned)idx);
-        if (keep) name_keep(name);
-        else name_drop(name);
+        if (keep) mg__shm_name_keep(name);
+        else mg__shm_name_drop(name);
     }
 }
 
@@ -397,7 +280,7 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     layout(x);
     seg_name(x->name, sizeof x->name, x, x->rank);
     guard_peers(x, -1, true);
-    int fd = named_create(x->name);
+    int fd = mg__shm_named_create(x->name);
     if (fd < 0) {
         mg_status st = mg_error(MG_EIO, "shm_open(%s): %s; is /dev/shm mounted and writable?",
                                 x->name, strerror(errno));
@@ -482,7 +365,7 @@ mg_status mg__shm_transport_attach(mg__shm_transport *x)
 void mg__shm_transport_unlink(mg__shm_transport *x)
 {
     if (x->unlinked) return;
-    named_unlink(x->name);
+    mg__shm_named_unlink(x->name);
     guard_peers(x, -1, false);
     x->unlinked = true;
 }
@@ -924,7 +807,7 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
     alloc_name(name, sizeof name, x, x->rank, idx);
     mg_status st = MG_OK;
     guard_peers(x, idx, true);
-    int fd = named_create(name);
+    int fd = mg__shm_named_create(name);
     if (fd < 0) {
         st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
     } else {
@@ -961,7 +844,7 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
         if (pfd >= 0) close(pfd);
     }
     if (!st) st = v_barrier(&x->view, 1);
-    if (fd >= 0) named_unlink(name);
+    if (fd >= 0) mg__shm_named_unlink(name);
     guard_peers(x, idx, false);
     if (st) {
         galloc_unmap(x, a);

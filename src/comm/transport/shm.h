@@ -32,6 +32,15 @@ typedef struct mg__shm_transport_cfg {
     const mg__names *names; /* the group's, to name ranks in messages */
 } mg__shm_transport_cfg;
 
+/* Names of segments on this host not yet removed (shm_names.c): keep one
+ * in the table the guarded signals unlink, drop it; create a segment of
+ * this process's under a name kept from before it exists (fd, or -1 with
+ * errno); unlink one and drop its name. */
+void mg__shm_name_keep(const char *name);
+void mg__shm_name_drop(const char *name);
+int mg__shm_named_create(const char *name);
+void mg__shm_named_unlink(const char *name);
+
 /* Create and map this rank's segment (named after gid and rank). */
 mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_transport **out);
 /* Map every local peer's segment, checking what it says about itself. */
