@@ -84,6 +84,45 @@ int mg_buckets(const mg_model *m, size_t first_cap, size_t cap, mg_range *out)
     return nb;
 }
 
+mg_status mg__range_buckets(const mg_model *m, size_t first_cap, size_t cap, const mg_range *r,
+                           int n, mg_range **out, int *nb)
+{
+    int nu = mg_model_num_units(m), ncut = 0;
+    mg_range *whole = calloc((size_t)nu + 1, sizeof *whole);
+    size_t *cut = calloc(2 * (size_t)nu + 1, sizeof *cut);
+    *out = calloc(((size_t)nu + 1) * (size_t)(n + 2 * nu + 1), sizeof **out);
+    *nb = 0;
+    if (!whole || !cut || !*out) {
+        free(whole);
+        free(cut);
+        free(*out);
+        *out = NULL;
+        return mg_error(MG_ENOMEM, "buckets: out of memory");
+    }
+    for (int u = 0; u < nu; u++) {
+        int j = mg_model_unit(m, u).borrows;
+        if (j < 0) continue;
+        mg_model_unit_range(m, j, &cut[ncut], &cut[ncut + 1]);
+        ncut += 2;
+    }
+    int nw = mg_buckets(m, first_cap, cap, whole);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < nw; k++) {
+            size_t lo = r[i].lo > whole[k].lo ? r[i].lo : whole[k].lo;
+            size_t hi = r[i].hi < whole[k].hi ? r[i].hi : whole[k].hi;
+            while (hi > lo) {   /* split at the first border inside */
+                size_t end = hi;
+                for (int c = 0; c < ncut; c++)
+                    if (cut[c] > lo && cut[c] < end) end = cut[c];
+                (*out)[(*nb)++] = (mg_range){lo, end};
+                lo = end;
+            }
+        }
+    free(whole);
+    free(cut);
+    return MG_OK;
+}
+
 static mg_status make_buckets(mg_ddp *d)
 {
     mg_range *r = calloc((size_t)mg_model_num_units(d->m) + 1, sizeof *r);
@@ -308,8 +347,8 @@ mg_ddp_stats mg_ddp_get_stats(const mg_ddp *d) { return d->stats; }
  * Over the whole arena: the DDP above. Over the ranges a component before
  * it left this rank (a pipeline's stages): their replicas average those
  * ranges of the model's own gradients. The buckets are DDP's cut to the
- * ranges; the driver says which backward is a stage's last of the step
- * (micro_begin), and a bucket's all-reduce starts once every unit in it
+ * ranges (mg__range_buckets); the driver says which backward is a
+ * stage's last of the step (micro_begin), and a bucket's all-reduce starts once every unit in it
  * has finished that backward, overlapping the rest of it (and the other
  * chunks'); the rest (ranges borrowed from another stage) go at the end. */
 
@@ -331,14 +370,15 @@ static const mg_unit_hooks range_hooks = {.post_backward = on_range_unit_done};
 static mg_status create_on_ranges(mg_group *g, mg_model *m, const mg_ddp_options *opt,
                                   const mg_range *r, int n, mg_ddp **out)
 {
+    mg_range *cut;
+    int nb, nu = mg_model_num_units(m);
+    MG_TRY(mg__range_buckets(m, opt->first_bucket_bytes, opt->bucket_bytes, r, n, &cut, &nb));
     mg_ddp *d = calloc(1, sizeof *d);
-    int nu = mg_model_num_units(m);
-    mg_range *whole = calloc((size_t)nu + 1, sizeof *whole);
-    if (d) d->b = calloc((size_t)(nu + 1) * (size_t)n, sizeof *d->b);
-    if (!d || !whole || !d->b) {
+    if (d) d->b = calloc((size_t)nb + 1, sizeof *d->b);
+    if (!d || !d->b) {
         if (d) free(d->b);
         free(d);
-        free(whole);
+        free(cut);
         return mg_error(MG_ENOMEM, "ddp: out of memory");
     }
     d->g = g;
@@ -346,14 +386,8 @@ static mg_status create_on_ranges(mg_group *g, mg_model *m, const mg_ddp_options
     d->opt = *opt;
     d->n = mg_model_arena_size(m);
     d->replicas_of_ranges = true;   /* sync: not until the driver marks a last backward */
-    int nw = mg_buckets(m, opt->first_bucket_bytes, opt->bucket_bytes, whole);
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < nw; k++) {
-            size_t lo = r[i].lo > whole[k].lo ? r[i].lo : whole[k].lo;
-            size_t hi = r[i].hi < whole[k].hi ? r[i].hi : whole[k].hi;
-            if (hi > lo) d->b[d->nb++] = (bucket){.lo = lo, .hi = hi};
-        }
-    free(whole);
+    for (d->nb = 0; d->nb < nb; d->nb++) d->b[d->nb] = (bucket){.lo = cut[d->nb].lo, .hi = cut[d->nb].hi};
+    free(cut);
     for (int u = 0; u < nu; u++) {
         size_t lo, hi;
         mg_model_unit_range(m, u, &lo, &hi);

@@ -19,6 +19,13 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
 mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
                         mg_ckpt_meta *meta);
 
+/* Buckets over a component's ranges r (ddp.c): mg_buckets' whole-unit
+ * buckets cut to the ranges, and at the borders of every unit another
+ * unit borrows, so a tied range is one bucket on the rank that owns it
+ * and on the one that borrows it. *out (free it) gets *nb ranges. */
+mg_status mg__range_buckets(const mg_model *m, size_t first_cap, size_t cap, const mg_range *r,
+                           int n, mg_range **out, int *nb);
+
 /* The built-in components (component.h), listed by kind in strategy.c. */
 extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_component,
     mg__pipe_component, mg__zero_pipe_component;

@@ -67,42 +67,22 @@ static void keep_err(zpipe *z, mg_status st)
     if (st && !z->err) z->err = st;
 }
 
-/* Buckets: DDP's whole buckets cut to the ranges r, and at the borders of
- * every borrowed unit. */
+/* Buckets: DDP's over the ranges r (mg__range_buckets), each split into
+ * the replicas' pieces. */
 static mg_status make_buckets(zpipe *z, const mg_ddp_options *o, const mg_range *r, int n)
 {
     mg_model *m = z->m;
-    int nu = mg_model_num_units(m);
-    mg_range *whole = calloc((size_t)nu + 1, sizeof *whole);
-    size_t *cut = calloc(2 * (size_t)nu + 1, sizeof *cut);
-    int ncut = 0;
-    z->b = calloc(((size_t)nu + 1) * (size_t)(n + 2 * nu + 1), sizeof *z->b);
+    int nu = mg_model_num_units(m), nb;
+    mg_range *cut;
+    MG_TRY(mg__range_buckets(m, o->first_bucket_bytes, o->bucket_bytes, r, n, &cut, &nb));
+    z->b = calloc((size_t)nb + 1, sizeof *z->b);
     z->ub = malloc(sizeof *z->ub * (size_t)(nu ? nu : 1));
-    if (!whole || !cut || !z->b || !z->ub) {
-        free(whole);
+    if (!z->b || !z->ub) {
         free(cut);
         return mg_error(MG_ENOMEM, "zero: out of memory for buckets");
     }
-    for (int u = 0; u < nu; u++) {
-        int j = mg_model_unit(m, u).borrows;
-        if (j < 0) continue;
-        mg_model_unit_range(m, j, &cut[ncut], &cut[ncut + 1]);
-        ncut += 2;
-    }
-    int nw = mg_buckets(m, o->first_bucket_bytes, o->bucket_bytes, whole);
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < nw; k++) {
-            size_t lo = r[i].lo > whole[k].lo ? r[i].lo : whole[k].lo;
-            size_t hi = r[i].hi < whole[k].hi ? r[i].hi : whole[k].hi;
-            while (hi > lo) {   /* split at the first border inside */
-                size_t end = hi;
-                for (int c = 0; c < ncut; c++)
-                    if (cut[c] > lo && cut[c] < end) end = cut[c];
-                z->b[z->nb++] = (pbucket){.lo = lo, .hi = end};
-                lo = end;
-            }
-        }
-    free(whole);
+    for (z->nb = 0; z->nb < nb; z->nb++)
+        z->b[z->nb] = (pbucket){.lo = cut[z->nb].lo, .hi = cut[z->nb].hi};
     free(cut);
     z->piece = calloc((size_t)z->nb + 1, sizeof *z->piece);
     z->own = calloc((size_t)z->nb + 1, sizeof *z->own);
