@@ -114,7 +114,7 @@ int main(int argc, char **argv)
     double t0 = 0, loss = 0;
     for (int s = 0; s < steps; s++) {
         if (s == 1) t0 = mg_now();
-        mg_text_batch(t, 0, (uint64_t)s, B, T, 0, 1, x, y);
+        mg_text_batch(t, 0, (uint64_t)s, 0, B, T, 0, 1, x, y);
         mg_model_zero_grad(m);
         mg_model_forward_tokens(m, x, B);
         loss = mg_model_loss(m, y, NULL);

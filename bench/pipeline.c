@@ -35,7 +35,7 @@ typedef struct {
 static bool next(void *ud, mg_micro_batch *b)
 {
     src *s = ud;
-    mg_text_batch(s->t, 0, s->draw++, s->S, s->T, 0, 1, s->x, s->y);
+    mg_text_batch(s->t, 0, s->draw++, 0, s->S, s->T, 0, 1, s->x, s->y);
     *b = (mg_micro_batch){.x = s->x, .y = s->y, .n = s->S};
     return true;
 }

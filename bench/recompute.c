@@ -28,7 +28,7 @@ static bool next_batch(void *ud, mg_micro_batch *b)
 {
     feed *f = ud;
     if (f->text) {
-        mg_text_batch(f->text, 0, (uint64_t)f->draw++, f->batch, f->T, 0, 1, (int32_t *)f->x,
+        mg_text_batch(f->text, 0, (uint64_t)f->draw++, 0, f->batch, f->T, 0, 1, (int32_t *)f->x,
                       f->y);
     } else {
         for (int i = 0; i < f->batch; i++)

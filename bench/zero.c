@@ -43,7 +43,7 @@ static bool next(void *ud, mg_micro_batch *b)
     src *s = ud;
     if (s->given == s->parts) return false;
     int n = s->B / s->world / s->parts;
-    if (!s->given) mg_text_batch(s->t, 0, s->draw, s->B, s->T, s->rank, s->world, s->x, s->y);
+    if (!s->given) mg_text_batch(s->t, 0, s->draw, 0, s->B, s->T, s->rank, s->world, s->x, s->y);
     size_t at = (size_t)s->given * n * s->T;
     *b = (mg_micro_batch){.x = s->x + at, .y = s->y + at, .n = n,
                           .last = ++s->given == s->parts};

@@ -264,7 +264,7 @@ static void device_equals_cpu(const char *dev)
      * checkpoint written at step 5 (the model goes through the host and
      * back, the pipeline's tapes are made again). A pipeline's batch of
      * 12 in its 2 micro-batches is one process's --batch 6 --accumulate 2
-     * (whose batches draw other rows than --batch 12). */
+     * (the rows of --batch 12, summed in another order). */
     char acc[512];
     snprintf(acc, sizeof acc, "%s/cpu-acc.st", t);
     cpu_reference(bin, "--batch 6 --accumulate 2 --steps 10 --eval-every 10", acc);
@@ -542,7 +542,8 @@ TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
 
 /* A pipeline trains as one process does (--batch B in M micro-batches is
  * one process's --batch B/M --accumulate M: the same printed losses and
- * sample), and
+ * sample; and both are one process's --batch B, the same rows of text in
+ * one micro-batch, within rounding), and
  * its checkpoints move to and from other strategies: 2 steps on a 2-stage
  * 1F1B pipeline, 2 in one process, 2 on an interleaved pipeline of 2 x 2
  * stages with 2 replicas sharded by ZeRO-3, 2 on a 3-stage GPipe end where
@@ -579,6 +580,15 @@ TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
     }
     free(out);
     free(one);
+    char whole[512];
+    snprintf(whole, sizeof whole, "%s/whole.st", t);
+    rc = mgt_sh(&out, "%s " GPT_SMALL " --batch 24 --steps 8 --eval-every 8 --save %s", bin,
+                whole);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    double worst, dw = ckpt_rel_diff(whole, ref, &worst);
+    printf("--batch 24 against --batch 12 --accumulate 2: %.3g (max entry %.3g)\n", dw, worst);
+    CHECK_MSG(dw <= 1e-4, "--batch 24 differs from --batch 12 --accumulate 2 by %g", dw);
     const char *mode[4] = {"--batch 24 --micro-batches 2 --mesh pp=2",
                            "--batch 12 --accumulate 2",
                            "--batch 24 --micro-batches 2 --mesh pp=2,dp=2 --pp-schedule "

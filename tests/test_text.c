@@ -154,7 +154,7 @@ TEST(text_batch_shift_ranks_and_offsets)
         static int32_t x[13 * T], y[13 * T], xr[13 * T], yr[13 * T];
         for (uint64_t step = 0; step < 5; step++) {
             mg_text_batch_offsets(11, step, mg_text_train_size(t), B, T, off);
-            CHECK_EQ(mg_text_batch(t, 11, step, B, T, 0, 1, x, y), B);
+            CHECK_EQ(mg_text_batch(t, 11, step, 0, B, T, 0, 1, x, y), B);
             for (int i = 0; i < B; i++)
                 for (int j = 0; j < T; j++) {
                     CHECK_EQ(x[i * T + j], b[off[i] + j]);
@@ -169,7 +169,7 @@ TEST(text_batch_shift_ranks_and_offsets)
             for (int W = 2; W <= 3; W++) {
                 int total = 0;
                 for (int r = 0; r < W; r++) {
-                    int rows = mg_text_batch(t, 11, step, B, T, r, W, xr, yr);
+                    int rows = mg_text_batch(t, 11, step, 0, B, T, r, W, xr, yr);
                     CHECK_EQ(rows, (B - r + W - 1) / W);
                     for (int i = 0; i < rows; i++) {
                         int g = r + i * W;
@@ -180,6 +180,19 @@ TEST(text_batch_shift_ranks_and_offsets)
                 }
                 CHECK_EQ(total, B);
             }
+            /* Micro-batch j of m rows is rows [j m, (j + 1) m) of the same
+             * draw, on one rank or split over 2: --accumulate and a
+             * pipeline's micro-batches take the global batch's rows. */
+            for (int m = 1; m <= 4; m++)
+                for (int j = 0; j * m + m <= B; j++)
+                    for (int W = 1; W <= 2; W++)
+                        for (int r = 0; r < W; r++) {
+                            int rows = mg_text_batch(t, 11, step, j * m, m, T, r, W, xr, yr);
+                            CHECK_EQ(rows, (m - r + W - 1) / W);
+                            for (int i = 0; i < rows; i++)
+                                CHECK(memcmp(xr + i * T, x + (j * m + r + i * W) * T,
+                                             sizeof(int32_t) * T) == 0);
+                        }
         }
     }
     /* The last allowed offset reaches the training split's last byte. */

@@ -100,12 +100,15 @@ int mg_text_num_files(const mg_text *t);
  * depends only on (seed, step). */
 void mg_text_batch_offsets(uint64_t seed, uint64_t step, size_t n_train, int B, int T,
                            int64_t *offsets);
-/* Rank `rank` of `world`'s rows of the global batch of B sequences (rows
- * rank, rank + world, ...: B/world when divisible; returns the count) as
- * int32 tokens x [rows, T] = train[o : o+T] and targets y [rows, T] =
- * train[o+1 : o+T+1]. */
-int mg_text_batch(const mg_text *t, uint64_t seed, uint64_t step, int B, int T, int rank,
-                  int world, int32_t *x, int32_t *y);
+/* Rows [first, first + B) of step `step`'s global batch (the stream's
+ * draws first .. first + B - 1), rank `rank` of `world`'s share of them
+ * (rows first + rank, first + rank + world, ...: B/world when divisible;
+ * returns the count) as int32 tokens x [rows, T] = train[o : o+T] and
+ * targets y [rows, T] = train[o+1 : o+T+1]. A step's micro-batch j of B
+ * rows is first = j * B, so a global batch is the same rows however it is
+ * cut into micro-batches (--accumulate, a pipeline's) and ranks. */
+int mg_text_batch(const mg_text *t, uint64_t seed, uint64_t step, int first, int B, int T,
+                  int rank, int world, int32_t *x, int32_t *y);
 /* Same from explicit offsets (the reference file gives PyTorch's
  * offsets): n sequences. */
 void mg_text_batch_at(const mg_text *t, const int64_t *offsets, int n, int T, int32_t *x,

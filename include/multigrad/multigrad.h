@@ -17,4 +17,5 @@
 #include "component.h"
 #include "plot.h"
 #include "trace.h"
+#include "train.h"
 #endif

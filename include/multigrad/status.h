@@ -27,7 +27,8 @@ enum {
     MG_EUNSUPPORTED /* not available in this build or configuration */
 };
 
-/* Record an error message (printf-style) for this thread; returns code. */
+/* Record an error message (printf-style) for this thread; returns code.
+ * The arguments may include mg_last_error() (wrapping it in context). */
 mg_status mg_error(mg_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The last message recorded on this thread ("" if none). */

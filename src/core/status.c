@@ -9,10 +9,12 @@ static _Thread_local char last_error[1024];
 
 mg_status mg_error(mg_status code, const char *fmt, ...)
 {
+    char msg[sizeof last_error];   /* the arguments may be the last message */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return code;
 }
 

@@ -332,15 +332,17 @@ static void window(const uint8_t *src, int T, int32_t *x, int32_t *y)
     }
 }
 
-int mg_text_batch(const mg_text *t, uint64_t seed, uint64_t step, int B, int T, int rank,
-                  int world, int32_t *x, int32_t *y)
+int mg_text_batch(const mg_text *t, uint64_t seed, uint64_t step, int first, int B, int T,
+                  int rank, int world, int32_t *x, int32_t *y)
 {
-    MG_ASSERT(B >= 0 && world >= 1 && rank >= 0 && rank < world);
+    MG_ASSERT(first >= 0 && B >= 0 && world >= 1 && rank >= 0 && rank < world);
     mg_rng r;
     step_rng(&r, seed, step, t->n_train, T);
+    uint32_t span = (uint32_t)(t->n_train - (size_t)T);
+    for (int i = 0; i < first; i++) mg_rng_below(&r, span);   /* earlier micro-batches' rows */
     int rows = 0;
     for (int i = 0; i < B; i++) {
-        uint32_t o = mg_rng_below(&r, (uint32_t)(t->n_train - (size_t)T));
+        uint32_t o = mg_rng_below(&r, span);
         if (i % world != rank) continue;
         window(t->data + o, T, x + (size_t)rows * T, y + (size_t)rows * T);
         rows++;

@@ -1,0 +1,195 @@
+/* The trainer's metrics log and plot: a table of rows (mg_train_row), one
+ * per epoch (image models) or evaluation (language models), written whole
+ * and atomically after each row as CSV (a path ending in .csv) or JSON
+ * lines, with its SVG plot beside it (loss | accuracy per epoch, or loss |
+ * perplexity per step). A missing figure (the train loss before the first
+ * step) is "nan" in CSV and null in JSON. On resume the rows the
+ * checkpoint covers are read back, so the log goes on as one run's. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/train.h"
+#include "multigrad/plot.h"
+#include "train_internal.h"
+
+typedef struct {
+    const char *name, *fmt;
+    size_t at;   /* offset of the double in mg_train_row (epoch, step: longs) */
+} log_col;
+
+#define ROW(f) offsetof(mg_train_row, f)
+static const log_col image_cols[] = {
+    {"epoch", "%.0f", ROW(epoch)}, {"step", "%.0f", ROW(step)},
+    {"train_loss", "%.6f", ROW(train_loss)}, {"train_acc", "%.6f", ROW(train_acc)},
+    {"test_loss", "%.6f", ROW(test_loss)}, {"test_acc", "%.6f", ROW(test_acc)},
+    {"seconds", "%.3f", ROW(seconds)}, {"images_per_s", "%.1f", ROW(per_s)},
+    {"lr", "%.6g", ROW(lr)}};
+static const log_col text_cols[] = {
+    {"step", "%.0f", ROW(step)}, {"train_loss", "%.6f", ROW(train_loss)},
+    {"val_loss", "%.6f", ROW(val_loss)}, {"val_ppl", "%.4f", ROW(val_ppl)},
+    {"seconds", "%.3f", ROW(seconds)}, {"tokens_per_s", "%.1f", ROW(per_s)},
+    {"lr", "%.6g", ROW(lr)}};
+
+static const log_col *columns(bool text, int *n)
+{
+    *n = text ? (int)(sizeof text_cols / sizeof *text_cols)
+              : (int)(sizeof image_cols / sizeof *image_cols);
+    return text ? text_cols : image_cols;
+}
+
+static bool is_count(size_t at) { return at == ROW(epoch) || at == ROW(step); }
+
+static double get(const mg_train_row *r, size_t at)
+{
+    const char *p = (const char *)r + at;
+    return is_count(at) ? (double)*(const long *)p : *(const double *)p;
+}
+
+static void set(mg_train_row *r, size_t at, double v)
+{
+    char *p = (char *)r + at;
+    if (is_count(at)) *(long *)p = (long)v;
+    else *(double *)p = v;
+}
+
+mg_train_row mg__train_row_empty(void)
+{
+    return (mg_train_row){0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+}
+
+mg_status mg__metrics_add(mg__metrics *mt, const mg_train_row *r)
+{
+    if (mt->n == mt->cap) {
+        int cap = mt->cap ? 2 * mt->cap : 16;
+        mg_train_row *rows = realloc(mt->rows, sizeof *rows * (size_t)cap);
+        if (!rows) return mg_error(MG_ENOMEM, "out of memory for the metrics log");
+        mt->rows = rows;
+        mt->cap = cap;
+    }
+    mt->rows[mt->n++] = *r;
+    return MG_OK;
+}
+
+static bool is_csv(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 4 && strcmp(path + n - 4, ".csv") == 0;
+}
+
+void mg__log_plot_path(const char *log, char *out, size_t cap)
+{
+    const char *dot = strrchr(log, '.'), *slash = strrchr(log, '/');
+    size_t stem = dot && (!slash || dot > slash) ? (size_t)(dot - log) : strlen(log);
+    snprintf(out, cap, "%.*s.svg", (int)stem, log);
+}
+
+static mg_status write_log(const char *path, const mg__metrics *mt)
+{
+    int nc;
+    const log_col *cols = columns(mt->text, &nc);
+    size_t cap = 256 + (size_t)(mt->n + 1) * (size_t)nc * 48, len = 0;
+    char *s = malloc(cap);
+    if (!s) return mg_error(MG_ENOMEM, "log: out of memory");
+    bool csv = is_csv(path);
+    for (int c = 0; csv && c < nc; c++)
+        len += (size_t)snprintf(s + len, cap - len, "%s%c", cols[c].name, c + 1 < nc ? ',' : '\n');
+    for (int i = 0; i < mt->n; i++)
+        for (int c = 0; c < nc; c++) {
+            double v = get(&mt->rows[i], cols[c].at);
+            if (!csv)
+                len += (size_t)snprintf(s + len, cap - len, "%s\"%s\":", c ? "," : "{",
+                                        cols[c].name);
+            if (isnan(v)) len += (size_t)snprintf(s + len, cap - len, csv ? "nan" : "null");
+            else len += (size_t)snprintf(s + len, cap - len, cols[c].fmt, v);
+            if (c + 1 == nc) len += (size_t)snprintf(s + len, cap - len, csv ? "\n" : "}\n");
+            else if (csv) len += (size_t)snprintf(s + len, cap - len, ",");
+        }
+    mg_status st = mg_write_file_atomic(path, s, len);
+    free(s);
+    return st;
+}
+
+/* A logged number: a decimal, nan (CSV) or null (JSON). */
+static bool parse_value(const char *p, double *v, const char **end)
+{
+    if (!strncmp(p, "null", 4)) {
+        *v = NAN;
+        *end = p + 4;
+        return true;
+    }
+    char *e;
+    *v = strtod(p, &e);
+    *end = e;
+    return e != p;
+}
+
+mg_status mg__log_read(const char *path, mg__metrics *mt, double upto)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return MG_OK;   /* no log yet: the run starts one */
+    int nc;
+    const log_col *cols = columns(mt->text, &nc);
+    char line[2048];
+    bool csv = is_csv(path);
+    mg_status st = MG_OK;
+    while (!st && fgets(line, sizeof line, f)) {
+        mg_train_row r = mg__train_row_empty();
+        double first = NAN, last = mt->n ? get(&mt->rows[mt->n - 1], cols[0].at) : NAN;
+        const char *p = line, *end;
+        int c = 0;
+        for (; c < nc; c++) {
+            if (!csv) {
+                char key[64];
+                snprintf(key, sizeof key, "\"%s\":", cols[c].name);
+                if (!(p = strstr(line, key))) break;
+                p += strlen(key);
+            }
+            double v;
+            if (!parse_value(p, &v, &end)) break;
+            if (csv && *end != (c + 1 < nc ? ',' : '\n') && !(c + 1 == nc && !*end)) break;
+            set(&r, cols[c].at, v);
+            if (c == 0) first = v;
+            p = end + 1;
+        }
+        /* Lines that do not parse (the CSV header, a damaged one) are
+         * skipped; the rows kept increase and end at upto. */
+        if (c < nc || !(first <= upto) || (mt->n && !(first > last))) continue;
+        st = mg__metrics_add(mt, &r);
+    }
+    fclose(f);
+    return st;
+}
+
+static mg_status write_plot(const char *log, const char *model, const mg__metrics *mt)
+{
+    char path[4096], title[128];
+    mg__log_plot_path(log, path, sizeof path);
+    int n = mt->n;
+    double *v = malloc(sizeof(double) * 4 * (size_t)(n + 1));
+    if (!v) return mg_error(MG_ENOMEM, "plot: out of memory");
+    for (int i = 0; i < n; i++) {
+        const mg_train_row *r = &mt->rows[i];
+        v[i] = (double)(mt->text ? r->step : r->epoch);
+        v[n + i] = r->train_loss;
+        v[2 * n + i] = mt->text ? r->val_loss : r->train_acc;
+        v[3 * n + i] = mt->text ? r->val_ppl : r->test_acc;
+    }
+    mg_plot_series img[3] = {{"train loss", v + n, 0}, {"train accuracy", v + 2 * n, 1},
+                             {"test accuracy", v + 3 * n, 1}};
+    mg_plot_series txt[3] = {{"train loss", v + n, 0}, {"validation loss", v + 2 * n, 0},
+                             {"validation perplexity", v + 3 * n, 1}};
+    const char *img_titles[2] = {"loss", "accuracy"}, *txt_titles[2] = {"loss", "perplexity"};
+    snprintf(title, sizeof title, "mgtrain %s", model);
+    mg_status st = mt->text ? mg_plot_svg_xy(path, title, txt_titles, "step", v, txt, 3, n)
+                            : mg_plot_svg(path, title, img_titles, img, 3, n);
+    free(v);
+    return st;
+}
+
+mg_status mg__log_write(const char *path, const char *model, const mg__metrics *mt)
+{
+    MG_TRY(write_log(path, mt));
+    return write_plot(path, model, mt);
+}

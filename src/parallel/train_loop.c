@@ -1,0 +1,305 @@
+/* The trainer's loop (train.h): image models by epochs (each rank its
+ * share perm[r::k] of every epoch's permutation), language models by steps
+ * (each step's rows drawn once, micro-batch j and rank r taking theirs);
+ * each step through mg_train_step, whatever the plan. After an epoch, or
+ * every eval_every steps, the figures summed over the data-parallel
+ * replicas, the evaluation (one copy for both kinds: the test set, or the
+ * validation windows), the row handed to on_row, the log and its plot
+ * (rank 0, every rank learning whether it worked) and the checkpoint. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "multigrad/sampler.h"
+#include "multigrad/train.h"
+#include "train_internal.h"
+
+mg_status mg__train_step_error(const mg_trainer *t)
+{
+    const char *e = mg_last_error();
+    if (!t->g) return mg_error(MG_EINVAL, "%s", e);
+    char me[96];   /* "rank 3", or with its mesh coordinates "rank 3 (pp 1, dp 1)" */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", mg_error_past_rank(e, t->info.rank));
+    return mg_error(MG_EPEER, "%s: %s", mg_group_rank_name(t->g, t->info.rank, me, sizeof me),
+                    msg);
+}
+
+/* ---- batches --------------------------------------------------------------- */
+
+typedef struct {
+    mg_loader *loader;
+    long left;               /* images of this rank's epoch not yet drawn */
+    const mg_text *text;     /* or text */
+    uint64_t seed, step;
+    int micro, batch, T, rank, world;
+    int32_t *x, *y;
+} source;
+
+static bool next_images(void *ud, mg_micro_batch *b)
+{
+    source *s = ud;
+    const float *x;
+    const int32_t *y;
+    int n = mg_loader_next(s->loader, &x, &y);
+    if (n <= 0) return false;
+    s->left -= n;
+    *b = (mg_micro_batch){x, y, n, s->left <= 0};
+    return true;
+}
+
+/* Micro-batch j of step s: rows [j B, (j + 1) B) of step s's draw, so a
+ * global batch is the same rows however accumulation, a pipeline's
+ * micro-batches and the data-parallel ranks cut it. */
+static bool next_text(void *ud, mg_micro_batch *b)
+{
+    source *s = ud;
+    int rows = mg_text_batch(s->text, s->seed, s->step, s->micro++ * s->batch, s->batch, s->T,
+                             s->rank, s->world, s->x, s->y);
+    *b = (mg_micro_batch){s->x, s->y, rows, false};
+    return true;
+}
+
+/* One optimizer step through the strategy; this rank's figures in r. */
+static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source next,
+                          mg_step_result *r)
+{
+    mg_step_options so = {.accumulate = t->c.accumulate, .lr = (float)lr,
+                          .clip_grad = t->c.clip_grad};
+    mg_traffic a = mg_strategy_traffic(t->s);
+    if (mg_train_step(t->s, t->opt, &so, next, src, r)) return mg__train_step_error(t);
+    mg_traffic b = mg_strategy_traffic(t->s);
+    t->info.step_sent += b.sent - a.sent;
+    t->info.step_received += b.received - a.received;
+    t->info.steps_run++;
+    return MG_OK;
+}
+
+static mg_status sum_over_replicas(mg_trainer *t, double *v, int n)
+{
+    return mg_strategy_sum(t->s, v, n) ? mg__train_step_error(t) : MG_OK;
+}
+
+/* ---- evaluation ------------------------------------------------------------ */
+
+/* The test images [at, end) in batches. */
+typedef struct {
+    const mg_dataset *test;
+    int at, end, batch;
+    mg_scaling sc;
+    float *x;
+    int32_t *y, *idx;
+    size_t x_len;
+} test_source;
+
+static bool next_test(void *ud, mg_micro_batch *b)
+{
+    test_source *s = ud;
+    if (s->at >= s->end) return false;
+    int n = s->end - s->at < s->batch ? s->end - s->at : s->batch;
+    for (int k = 0; k < n; k++) s->idx[k] = s->at + k;
+    if (mg_dataset_gather(s->test, s->idx, n, s->sc, s->x, s->x_len, s->y)) return false;
+    s->at += n;
+    *b = (mg_micro_batch){s->x, s->y, n, false};
+    return true;
+}
+
+/* Test loss and accuracy through the strategy: each data-parallel replica
+ * takes a contiguous shard of the test set and the sums are added, so the
+ * figures are exact. */
+static mg_status evaluate_images(mg_trainer *t, mg_train_row *r)
+{
+    int ch, h, w, batch = t->info.local;
+    mg_model_input_shape(t->m, &ch, &h, &w);
+    size_t in = (size_t)ch * h * w;
+    if (!t->xb) {
+        t->xb = mg_alloc(sizeof(float) * in * (size_t)batch);
+        t->yb = mg_alloc(sizeof(int32_t) * (size_t)batch);
+        t->ib = mg_alloc(sizeof(int32_t) * (size_t)batch);
+        if (!t->xb || !t->yb || !t->ib)
+            return mg_error(MG_ENOMEM, "out of memory for a batch of %d", batch);
+    }
+    test_source src = {.test = t->test, .batch = batch, .x = t->xb, .y = t->yb, .idx = t->ib,
+                       .sc = t->c.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT,
+                       .x_len = in * (size_t)batch};
+    mg_shard_range(t->test->n, t->info.dp_rank, t->info.dp_size, &src.at, &src.end);
+    mg_step_result sr;
+    if (mg_strategy_evaluate(t->s, next_test, &src, &sr) || src.at < src.end)
+        return mg__train_step_error(t);
+    double v[3] = {sr.loss_sum, (double)sr.correct, (double)sr.samples};
+    MG_TRY(sum_over_replicas(t, v, 3));
+    r->test_loss = v[0] / v[2];
+    r->test_acc = v[1] / v[2];
+    return MG_OK;
+}
+
+mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
+{
+    if (!t->c.text) return evaluate_images(t, r);
+    if (mg_strategy_lm_val_loss(t->s, t->text, t->info.local, t->info.dp_rank, t->info.dp_size,
+                                t->c.eval_windows, &r->val_loss))
+        return mg__train_step_error(t);
+    r->val_ppl = exp(r->val_loss);
+    return MG_OK;
+}
+
+/* ---- after an epoch or evaluation ------------------------------------------ */
+
+/* The row to the callback and the log (rank 0 writes it and its plot;
+ * every rank learns whether it worked: also the barrier before a save),
+ * then the checkpoint. */
+static mg_status record(mg_trainer *t, const mg_train_row *r, bool save)
+{
+    const mg_train_config *c = &t->c;
+    MG_TRY(mg__metrics_add(&t->log, r));
+    if (c->on_row) c->on_row(r, c->ud);
+    mg_status st = MG_OK;
+    if (t->info.rank == 0 && c->log) st = mg__log_write(c->log, c->model, &t->log);
+    MG_TRY(mg_trainer_agree(t, st));
+    if (!save || !c->save) return MG_OK;
+    mg_ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
+    snprintf(meta.model, sizeof meta.model, "%s", c->model);
+    meta.step = r->step;
+    meta.epoch = r->epoch;
+    meta.seed = c->seed;
+    snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
+    if (mg_strategy_save(t->s, c->save, t->opt, &meta))
+        return mg_error(MG_EIO, "--save: %s (the previous checkpoint, if any, is intact)",
+                        mg_last_error());
+    return MG_OK;
+}
+
+static void progress(mg_trainer *t, mg_train_progress *p)
+{
+    if (t->c.on_progress) t->c.on_progress(p, t->c.ud);
+}
+
+/* ---- the loops ----------------------------------------------------------- */
+
+static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
+{
+    const mg_train_config *c = &t->c;
+    long step = t->info.start_step;
+    t->sched.total_steps = t->steps_per_epoch * c->epochs;
+    mg_sampler sampler = {0};
+    mg_loader *loader = NULL;
+    mg_status st = mg_sampler_init(&sampler, t->train->n, t->info.dp_rank, t->info.dp_size, true,
+                                   c->seed, false);
+    if (!st)
+        st = mg_loader_create(t->train, t->info.local,
+                              c->normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT, &loader);
+    for (int e = (int)t->info.start_epoch; !st && e < c->epochs; e++) {
+        int n_local;
+        mg_sampler_set_epoch(&sampler, e);
+        const int32_t *order = mg_sampler_indices(&sampler, &n_local);
+        mg_loader_start(loader, order, n_local, t->info.local, 0);
+        double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
+        double t0 = mg_now(), lr = c->lr;
+        mg_train_progress p = {.epoch = e, .epochs = c->epochs, .total = t->train->n,
+                               .per_item = 1, .unit = "img", .started = t0};
+        source src = {.loader = loader, .left = n_local};
+        for (;;) {
+            mg_step_result sr;
+            lr = mg_schedule_lr(&t->sched, step);
+            if ((st = step_run(t, lr, &src, next_images, &sr)) || sr.micro == 0) break;
+            v[0] += sr.loss_sum;
+            v[1] += (double)sr.correct;
+            v[2] += (double)sr.samples;
+            step++;
+            p.step = step;
+            p.done = (long)v[2] * t->info.dp_size;
+            p.loss = v[0] / v[2];
+            progress(t, &p);
+        }
+        if (st) break;
+        double secs = mg_now() - t0;
+        if ((st = sum_over_replicas(t, v, 3))) break;
+        sum->seconds += secs;
+        mg_train_row r = mg__train_row_empty();
+        r.epoch = e + 1;
+        r.step = step;
+        r.train_loss = v[0] / v[2];
+        r.train_acc = v[1] / v[2];
+        r.seconds = secs;
+        r.per_s = v[2] / secs;
+        r.lr = lr;
+        sum->per_s += v[2];   /* images, divided below */
+        if ((st = evaluate_images(t, &r)) || (st = record(t, &r, true))) break;
+    }
+    mg_loader_destroy(loader);
+    mg_sampler_free(&sampler);
+    return st;
+}
+
+static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
+{
+    const mg_train_config *c = &t->c;
+    long step = t->info.start_step, first = step;
+    int T = c->gpt.ctx, local = t->info.local;
+    t->sched.total_steps = c->steps;
+    mg_status st = MG_OK;
+    if (step == 0 && !c->no_eval_on_start) {   /* the curve starts at initialisation */
+        mg_train_row r = mg__train_row_empty();
+        MG_TRY(mg_trainer_evaluate(t, &r));
+        MG_TRY(record(t, &r, false));
+    }
+    int32_t *x = malloc(sizeof(int32_t) * (size_t)local * T);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)local * T);
+    if (!x || !y) st = mg_error(MG_ENOMEM, "out of memory for a batch of %d sequences", local);
+    double tokens_per_step = (double)c->batch * T * c->accumulate;
+    mg_train_progress p = {.steps = c->steps, .total = c->steps - first,
+                           .per_item = tokens_per_step, .unit = "tok", .started = mg_now()};
+    double v[2] = {0, 0};   /* loss sum, steps since the last evaluation (this rank) */
+    double t0 = mg_now(), lr = c->lr;
+    while (!st && step < c->steps) {
+        source src = {.text = t->text, .seed = c->seed, .step = (uint64_t)step,
+                      .batch = c->batch, .T = T, .rank = t->info.dp_rank,
+                      .world = t->info.dp_size, .x = x, .y = y};
+        mg_step_result sr;
+        lr = mg_schedule_lr(&t->sched, step);
+        if ((st = step_run(t, lr, &src, next_text, &sr))) break;
+        step++;
+        v[0] += sr.loss_sum / (double)sr.samples;
+        v[1] += 1;
+        p.step = step;
+        p.done = step - first;
+        p.loss = v[0] / v[1];
+        progress(t, &p);
+        if (step % c->eval_every && step < c->steps) continue;
+        double secs = mg_now() - t0;
+        sum->seconds += secs;
+        if ((st = sum_over_replicas(t, v, 2))) break;
+        mg_train_row r = mg__train_row_empty();
+        r.step = step;
+        r.train_loss = v[0] / v[1];
+        r.seconds = secs;
+        r.per_s = v[1] / t->info.dp_size * tokens_per_step / secs;
+        r.lr = lr;
+        sum->per_s += v[1] / t->info.dp_size * tokens_per_step;   /* tokens, divided below */
+        if ((st = mg_trainer_evaluate(t, &r)) || (st = record(t, &r, true))) break;
+        v[0] = v[1] = 0;
+        t0 = mg_now();
+    }
+    free(x);
+    free(y);
+    return st;
+}
+
+mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
+{
+    mg_train_summary mine;
+    if (!s) s = &mine;
+    memset(s, 0, sizeof *s);
+    if (t->c.plan_only || t->c.eval_only)
+        return mg_error(MG_EINVAL, "mg_trainer_run: this trainer was made with %s: it has no "
+                        "training to run", t->c.plan_only ? "plan_only" : "eval_only");
+    long before = t->info.steps_run;
+    mg_status st = MG_OK;
+    if (t->c.text ? t->info.start_step < t->c.steps : t->info.start_epoch < t->c.epochs)
+        st = t->c.text ? run_text(t, s) : run_images(t, s);
+    s->steps_run = t->info.steps_run - before;
+    s->per_s = s->seconds > 0 ? s->per_s / s->seconds : 0;
+    s->last = t->log.n ? t->log.rows[t->log.n - 1] : mg__train_row_empty();
+    return st;
+}

@@ -1,0 +1,469 @@
+/* The trainer's set-up (train.h): the config checked before any work,
+ * joining the job (the launcher, the group, the device, the mesh, the
+ * pipeline's micro-batches, a restart), the outputs checked writable, the
+ * data loaded and agreed on, the model and the plan (each rank draws only
+ * its part), the optimizer and the starting state. Messages name mgtrain's
+ * flags, which the config's fields mirror. The loop is train_loop.c. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "multigrad/trace.h"
+#include "multigrad/train.h"
+#include "train_internal.h"
+
+
+mg_status mg_train_config_defaults(const char *model, mg_train_config *c)
+{
+    mg_zoo_defaults d;
+    MG_TRY(mg_zoo_defaults_of(model, &d));
+    *c = (mg_train_config){
+        .model = model, .gpt = mg_gpt_defaults(), .text = d.language_model,
+        .normalized_input = d.normalized_input, .batch = d.batch, .accumulate = 1,
+        .epochs = d.epochs, .steps = d.steps, .optimizer = mg_optim_kind_name(d.optimizer),
+        .lr = d.lr, .momentum = d.momentum, .beta2 = d.beta2, .weight_decay = -1,
+        .clip_grad = -1, .schedule = "constant", .workers = 2, .bucket_mb = 25,
+        .compress = "none", .eval_every = d.eval_every};
+    return MG_OK;
+}
+
+/* The strategy the flags ask for, and every mistake in them that needs no
+ * rank (one line each; every rank finds the same). */
+static mg_status check_config(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    /* Fields a program may leave zero. */
+    if (!c->schedule) c->schedule = "constant";
+    if (!c->compress) c->compress = "none";
+    if (!c->accumulate) c->accumulate = 1;
+    if (!c->workers) c->workers = 2;
+    if (!c->bucket_mb) c->bucket_mb = 25;
+    if (!c->eval_every) c->eval_every = (int)(c->steps < INT32_MAX ? c->steps : INT32_MAX);
+    if (c->batch < 1 || c->accumulate < 1 || (c->text ? c->steps < 1 : c->epochs < 1) ||
+        !(c->lr > 0) || !c->optimizer)
+        return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
+                        "learning rate and %s of at least 1 (mg_train_config_defaults gives "
+                        "a zoo model's)", c->text ? "steps" : "epochs");
+    if (c->mesh && c->strategy == MG_STRATEGY_DP)
+        return mg_error(MG_EINVAL, "--mesh lays out the ranks of a job; --parallel dp is "
+                        "threads in one process: give one of them");
+    if (c->mesh) c->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
+    if ((c->pp_schedule || c->micro_batches || c->chunks || c->split) && !c->mesh)
+        return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split shape "
+                        "a pipeline: give --mesh pp=P");
+    if (c->zero) {
+        if (c->strategy != MG_STRATEGY_DDP)
+            return mg_error(MG_EINVAL, "--zero %d shards the state of a data-parallel job: give "
+                            "it with --parallel ddp or --mesh dp=N", c->zero);
+        c->strategy = MG_STRATEGY_ZERO;
+    }
+    mg_zoo_defaults d;
+    bool zoo = !c->make && !mg_zoo_defaults_of(c->model, &d);
+    if (!c->make && !zoo) return mg_error(MG_EINVAL, "%s", mg_last_error());
+    if (mg_optim_parse(c->optimizer, &t->optim))
+        return mg_error(MG_EINVAL, "--optimizer: %s", mg_last_error());
+    if (c->weight_decay < 0)
+        c->weight_decay = zoo && t->optim == d.optimizer ? d.weight_decay
+                        : t->optim == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
+    if (c->clip_grad < 0) c->clip_grad = zoo ? d.clip_grad : 0;
+    mg_pipe_kind pk;
+    if (!mg_pipe_parse(c->schedule, &pk))
+        return mg_error(MG_EINVAL, "--schedule %s: --schedule is the learning-rate schedule; "
+                        "the pipeline's is --pp-schedule %s", c->schedule, c->schedule);
+    if (mg_schedule_parse(c->schedule, c->lr, &t->sched))
+        return mg_error(MG_EINVAL, "--schedule: %s", mg_last_error());
+    if (mg_compress_parse(c->compress, &t->compress))
+        return mg_error(MG_EINVAL, "--compress: %s", mg_last_error());
+    if (t->compress != MG_COMPRESS_NONE && c->strategy != MG_STRATEGY_DDP)
+        return mg_error(MG_EINVAL, "--compress %s applies to --parallel ddp without --zero "
+                        "(ZeRO reduce-scatters full-precision gradients)", c->compress);
+    if (c->resume && c->init) return mg_error(MG_EINVAL, "--resume and --init both set: give one of them");
+    if (c->init_partial && !c->init)
+        return mg_error(MG_EINVAL, "--init-partial shapes --init: give --init FILE");
+    mg_device dev;
+    if (c->offload_dir && c->device && !mg_device_parse(c->device, &dev) &&
+        dev.kind != MG_DEVICE_CPU)
+        return mg_error(MG_EINVAL, "--offload disk:DIR keeps the optimizer's state in files for "
+                        "a model on the CPU; with --device %s give --offload cpu (the state in "
+                        "host memory)", c->device);
+    if (c->eval_only && !c->resume && !c->init)
+        return mg_error(MG_EINVAL, "--eval-only needs weights: give --init FILE or --resume FILE");
+    if (c->strategy == MG_STRATEGY_DP && c->batch < c->workers)
+        return mg_error(MG_EINVAL, "--batch %d is smaller than --workers %d: give each worker "
+                        "at least one sample", c->batch, c->workers);
+    if (c->text && c->gpt.dim % c->gpt.heads)
+        return mg_error(MG_EINVAL, "--dim %d does not divide into --heads %d: give a multiple "
+                        "of %d", c->gpt.dim, c->gpt.heads, c->gpt.heads);
+    /* --device: cuda without an index is the local rank's GPU. */
+    t->dev = (mg_device){MG_DEVICE_CPU, 0};
+    if (c->device) {
+        if (mg_device_parse(c->device, &t->dev))
+            return mg_error(MG_EINVAL, "--device: %s", mg_last_error());
+        if (mg_device_check(t->dev))
+            return mg_error(MG_EINVAL, "--device %s: %s", c->device, mg_last_error());
+        if (t->dev.kind == MG_DEVICE_CUDA && !strcmp(c->device, "cuda"))
+            t->dev.index = mg_device_cuda_local();
+    }
+    if (c->tf32 && t->dev.kind != MG_DEVICE_CUDA)
+        return mg_error(MG_EINVAL, "--tf32 is for GPUs: give --device cuda");
+    if (c->bf16 && t->dev.kind == MG_DEVICE_CPU)
+        return mg_error(MG_EINVAL, "--bf16 is for devices: give --device cuda (or emu)");
+    if (c->bf16 && c->tf32)
+        return mg_error(MG_EINVAL, "--bf16 and --tf32 are two precisions of the GEMMs: give one");
+    return MG_OK;
+}
+
+/* --mesh pp=P: --batch B is split into its M micro-batches, so from here
+ * the run is one process's --batch B/M --accumulate M (the same rows,
+ * logs and checkpoints). */
+static mg_status pipeline_config(mg_train_config *c, int P)
+{
+    if (c->zero && c->offload_dir)
+        return mg_error(MG_EINVAL, "--offload disk with --zero on a pipeline (--mesh pp=%d) is "
+                        "not built: leave out --zero (its replicas then average as DDP does) or "
+                        "--offload", P);
+    if (strcmp(c->compress, "none"))
+        return mg_error(MG_EINVAL, "--compress %s applies to --parallel ddp: a pipeline's "
+                        "data-parallel replicas average full-precision gradients", c->compress);
+    if (c->accumulate > 1)
+        return mg_error(MG_EINVAL, "--accumulate %d with a pipeline: its micro-batches are the "
+                        "accumulation; give --micro-batches %d", c->accumulate, c->accumulate);
+    mg_pipe_kind k = MG_PIPE_1F1B;
+    if (c->pp_schedule && mg_pipe_parse(c->pp_schedule, &k))
+        return mg_error(MG_EINVAL, "--pp-schedule: %s", mg_last_error());
+    if (!c->chunks) c->chunks = k == MG_PIPE_INTERLEAVED ? 2 : 1;
+    bool given = c->micro_batches > 0;
+    if (!given) c->micro_batches = P;
+    MG_TRY(mg_pipe_check(k, P, c->micro_batches, c->chunks));
+    if (c->batch % c->micro_batches)
+        return mg_error(MG_EINVAL, "--batch %d does not split into --micro-batches %d%s: give a "
+                        "multiple of %d", c->batch, c->micro_batches,
+                        given ? "" : " (one per stage unless given)", c->micro_batches);
+    c->batch /= c->micro_batches;
+    c->accumulate = c->micro_batches;
+    return MG_OK;
+}
+
+/* One rank of a job: the launcher's group, the settings agreed before any
+ * other collective, collectives on the device, the mesh's shape. */
+static mg_status join_job(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    mg_trainer_info *in = &t->info;
+    if (!mg_launch_detect().by)
+        return mg_error(MG_EINVAL, "%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' "
+                        "(or under mpirun)", c->mesh ? "--mesh" : "--parallel ddp",
+                        c->mesh ? "--mesh dp=N" : "--parallel ddp");
+    MG_TRY(mg_group_init(NULL, &t->g));
+    in->distributed = true;
+    in->rank = mg_group_rank(t->g);
+    in->world = mg_group_size(t->g);
+    /* Ranks that disagree on a setting that shapes the collectives or the
+     * numbers are told which, instead of failing later. */
+    char settings[2048];
+    MG_TRY(mg__train_settings(t, settings, sizeof settings));
+    MG_TRY(mg__train_same_on_every_rank(t, settings));
+    /* On GPUs the group's collectives go through NCCL when every rank has
+     * its own, else through the host; the mesh's groups follow. */
+    if (t->dev.kind == MG_DEVICE_CUDA) {
+        if (mg_group_use_device(t->g, t->dev))
+            return mg_error(MG_EINVAL, "--device %s: %s", c->device, mg_last_error());
+        const char *why, *path = mg_group_device_path(t->g, &why);
+        snprintf(in->collectives, sizeof in->collectives, "%s (%s)",
+                 strcmp(path, "nccl") ? "staged through the host" : "NCCL", why);
+    }
+    /* The mesh itself is the strategy's; every rank has the same spec, so
+     * every rank finds the same mistakes in it here. */
+    char spec[32];
+    int size[MG_MESH_DIMS];
+    snprintf(spec, sizeof spec, "dp=%d", in->world);
+    if (mg_mesh_parse(c->mesh ? c->mesh : spec, in->world, size))
+        return mg_error(MG_EINVAL, "--mesh: %s", mg_last_error());
+    if (size[MG_MESH_PP] == 1 && (c->pp_schedule || c->micro_batches || c->chunks || c->split))
+        return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split plan a "
+                        "pipeline, and --mesh %s has none: give pp=P", c->mesh);
+    if (size[MG_MESH_TP] > 1)
+        return mg_error(MG_EINVAL, "--mesh %s: tensor parallelism (tp) is not built yet; give dp "
+                        "and pp only, e.g. --mesh dp=%d", c->mesh, in->world);
+    in->dp_size = size[MG_MESH_DP];
+    in->pp = size[MG_MESH_PP];
+    if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp));
+    mg_status st = c->batch % in->dp_size
+        ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks: use a "
+                   "multiple of %d (--batch is the global batch)", c->batch * c->accumulate,
+                   in->dp_size, in->dp_size * c->accumulate)
+        : MG_OK;
+    return mg_trainer_agree(t, st);
+}
+
+mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
+{
+    if (!t->g) return st;
+    int rank = t->info.rank;
+    double who = st ? rank + 1 : 0;   /* the last failing rank, + 1 */
+    char mine[1024];
+    snprintf(mine, sizeof mine, "%s", st ? mg_last_error() : "");
+    if (mg_all_reduce(t->g, &who, &who, 1, MG_F64, MG_MAX)) return mg__train_step_error(t);
+    if (st) return mg_error(st, "%s", mine);
+    if (who > 0) {
+        /* The failing rank says why and leaves first, so that a launcher
+         * names it as the cause; this one waits until it is gone. */
+        mg_barrier(t->g);
+        return mg_error(MG_EPEER, "rank %d: stopping because rank %d failed (its message says "
+                        "why)", rank, (int)who - 1);
+    }
+    return MG_OK;
+}
+
+/* The files rank 0 writes (the checkpoint, the log and the plot beside
+ * it) can be written: found before any work, not after the first epoch. */
+static mg_status check_outputs(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    char plot[4096] = "";
+    if (c->log) mg__log_plot_path(c->log, plot, sizeof plot);
+    const char *flag[3] = {"--save", "--log", "--log (its plot)"};
+    const char *path[3] = {c->save, c->log, c->log ? plot : NULL};
+    mg_status st = MG_OK;
+    for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)
+        if (path[i] && mg_check_writable(path[i]))
+            st = mg_error(MG_EINVAL, "%s: %s", flag[i], mg_last_error());
+    return mg_trainer_agree(t, st);
+}
+
+/* The data: text is open already; images are loaded, and both are the
+ * same on every rank. */
+static mg_status load_data(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    char data[128];
+    if (c->text) {
+        snprintf(data, sizeof data, "data=with %zu bytes", mg_text_size(t->text));
+        t->info.text_bytes = mg_text_size(t->text);
+        t->info.text_train_bytes = mg_text_train_size(t->text);
+    } else {
+        if (!c->eval_only) MG_TRY(mg_dataset_load(c->data, true, &t->train));
+        MG_TRY(mg_dataset_load(c->data, false, &t->test));
+        t->info.train_samples = t->train ? t->train->n : 0;
+        t->info.test_samples = t->test->n;
+        snprintf(data, sizeof data, "data=with %ld+%ld images of %dx%d", t->info.train_samples,
+                 t->info.test_samples, t->test->h, t->test->w);
+    }
+    return mg__train_same_on_every_rank(t, data);
+}
+
+/* The model without values (each rank draws its part), on its device. */
+static mg_status make_model(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
+    else if (c->text) MG_TRY(mg_model_create_gpt(&c->gpt, MG_SEED_DEFERRED, &t->m));
+    else MG_TRY(mg_model_create(c->model, MG_SEED_DEFERRED, &t->m));
+    mg_model_set_recompute(t->m, c->recompute);
+    if (mg_model_to_device(t->m, t->dev))
+        return mg_error(MG_EINVAL, "--device %s: %s", c->device, mg_last_error());
+    if (c->tf32 && mg_device_set_tf32(t->dev, true))
+        return mg_error(MG_EINVAL, "--tf32: %s", mg_last_error());
+    if (c->bf16 && mg_device_set_bf16(t->dev, true))
+        return mg_error(MG_EINVAL, "--bf16: %s", mg_last_error());
+    return MG_OK;
+}
+
+/* The strategy over the model: its mesh, buckets, ZeRO stage, offload and
+ * the pipeline's schedule and cut. */
+static mg_status make_plan(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    mg_strategy_options so = mg_strategy_defaults(c->strategy);
+    so.max_batch = c->strategy == MG_STRATEGY_DP ? c->batch : t->info.local;
+    so.workers = c->workers;
+    so.group = t->g;
+    so.mesh = c->mesh;
+    so.ddp.bucket_bytes = (size_t)(c->bucket_mb * (1 << 20));
+    if (so.ddp.first_bucket_bytes > so.ddp.bucket_bytes)
+        so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
+    so.ddp.compress = t->compress;
+    so.zero_stage = c->zero;
+    so.init_seed = c->seed;
+    so.offload_dir = c->offload_dir;
+    so.offload_cpu = c->offload_cpu;
+    if (t->info.pp > 1) {
+        so.pipe.kind = MG_PIPE_1F1B;
+        if (c->pp_schedule) mg_pipe_parse(c->pp_schedule, &so.pipe.kind);   /* checked */
+        so.pipe.micro_batches = c->micro_batches;
+        so.pipe.chunks = c->chunks;
+        if (c->split) {
+            int nu = mg_model_num_units(t->m), S = t->info.pp * c->chunks;
+            const char **names = malloc(sizeof *names * (size_t)nu);
+            if (!names) return mg_error(MG_ENOMEM, "out of memory");
+            for (int u = 0; u < nu; u++) names[u] = mg_model_unit(t->m, u).name;
+            mg_status st = mg_pipe_split_parse(c->split, names, nu, S, t->first);
+            free(names);
+            MG_TRY(st);
+            so.pipe.first = t->first;
+        }
+    }
+    MG_TRY(mg_strategy_create(t->m, &so, &t->s));
+    if ((t->mesh = mg_strategy_mesh(t->s))) t->info.dp_rank = mg_mesh_coord(t->mesh, MG_MESH_DP);
+    return MG_OK;
+}
+
+/* The optimizer over the strategy's ranges; a language model decays only
+ * its 2-D parameters (models.md D). */
+static mg_status make_optimizer(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    mg_optim_config oc = mg_optim_defaults(t->optim, c->lr);
+    oc.momentum = c->momentum;
+    oc.weight_decay = c->weight_decay;
+    if (t->optim != MG_OPTIM_SGD && c->beta2 > 0) oc.beta2 = c->beta2;
+    MG_TRY(mg_strategy_optim(t->s, &oc, &t->opt));
+    if (!c->text) return MG_OK;
+    int n = mg_model_decay_groups(t->m, c->weight_decay, NULL, 0);
+    mg_optim_group *g = malloc(sizeof *g * (size_t)n);
+    if (!g) return mg_error(MG_ENOMEM, "out of memory");
+    mg_model_decay_groups(t->m, c->weight_decay, g, n);
+    mg_status st = mg_optim_set_groups(t->opt, g, n);
+    free(g);
+    return st;
+}
+
+/* The starting state: --resume (the strategy gives every rank its state)
+ * or --init (rank 0 reads the weights, every rank gets them). */
+static mg_status start_state(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    mg_ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
+    if (c->resume) {
+        if (mg_strategy_load(t->s, c->resume, t->opt, &meta))
+            return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
+        MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume));
+    } else if (c->init) {
+        mg_status st = MG_OK;
+        if (t->info.rank == 0 && mg_model_load_weights(c->init, t->m, c->init_prefix,
+                                                       c->init_partial ? &t->info.init_left : NULL))
+            st = mg_error(MG_EINVAL, "--init: %s%s", mg_last_error(),
+                          strstr(mg_last_error(), "no place") ? "; give --init-partial to start "
+                          "from the tensors that fit" : "");
+        MG_TRY(mg_trainer_agree(t, st));
+        MG_TRY(mg_strategy_sync(t->s));
+    }
+    t->info.start_step = meta.step;
+    t->info.start_epoch = meta.epoch;
+    return MG_OK;
+}
+
+/* Image models: the data sets' images and labels fit the model (others
+ * would overrun its batches), and a checkpoint ends an epoch of this
+ * batch. */
+static mg_status check_images(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    int ch, h, w;
+    mg_model_input_shape(t->m, &ch, &h, &w);
+    const mg_dataset *sets[2] = {t->train, t->test};
+    mg_status st = MG_OK;
+    for (int i = 0; i < 2 && !st; i++)
+        if (sets[i]) st = mg_dataset_check_input(sets[i], mg_model_name(t->m), ch, h, w,
+                                                 mg_model_classes(t->m));
+    MG_TRY(mg_trainer_agree(t, st));
+    if (!t->train || t->info.start_epoch >= c->epochs) return MG_OK;
+    long n_local = (t->train->n - t->info.dp_rank + t->info.dp_size - 1) / t->info.dp_size;
+    long micro = (n_local + t->info.local - 1) / t->info.local;
+    t->steps_per_epoch = (micro + c->accumulate - 1) / c->accumulate;
+    if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)
+        return mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with --batch %d "
+                        "--accumulate %d", c->resume, t->info.start_step, t->info.start_epoch,
+                        c->batch, c->accumulate);
+    return MG_OK;
+}
+
+static mg_status create(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    MG_TRY(check_config(t));
+    if (c->text) {
+        MG_TRY(mg_text_open(c->data, c->gpt.ctx, &t->text));
+    } else {
+        if (!c->data) c->data = mg_env_str("MG_DATA", "/usr/share/datasets/fashion-mnist");
+        struct stat sb;
+        if (stat(c->data, &sb) || !S_ISDIR(sb.st_mode))
+            return mg_error(MG_EIO, "data directory '%s' not found: install the "
+                            "dataset-fashion-mnist package (scripts/install-deps.sh) or pass "
+                            "--data DIR (or set MG_DATA)", c->data);
+    }
+    t->info.world = t->info.dp_size = t->info.pp = 1;
+    bool job = c->strategy == MG_STRATEGY_DDP || c->strategy == MG_STRATEGY_ZERO ||
+               c->strategy == MG_STRATEGY_PIPELINE;
+    if (job) MG_TRY(join_job(t));
+    mg_trace_open(NULL, t->info.rank, t->info.world);
+    mg_set_threads(c->threads ? c->threads : (int)mg_env_long("MG_THREADS", 1));
+    /* After mgrun restarted the job: resume from the last save. Rank 0's
+     * file decides (the other nodes may not see it). */
+    int32_t restart = !c->resume && c->save && mg_env_long("MG_RESTART_COUNT", 0) > 0 &&
+                      t->info.rank == 0 && access(c->save, R_OK) == 0;
+    if (t->g && mg_broadcast(t->g, &restart, 1, MG_I32, 0)) return mg__train_step_error(t);
+    if (restart) c->resume = c->save;
+    t->info.restarted = restart;
+    MG_TRY(check_outputs(t));
+    MG_TRY(load_data(t));
+    t->info.local = c->batch / t->info.dp_size;   /* samples per rank and micro-batch */
+    MG_TRY(make_model(t));
+    MG_TRY(make_plan(t));
+    if (c->plan_only) return MG_OK;
+    MG_TRY(make_optimizer(t));
+    mg__train_hparams(c, t->hp, sizeof t->hp);
+    MG_TRY(start_state(t));
+    if (c->text) t->info.val_windows = mg_lm_val_windows(t->text, c->gpt.ctx, c->eval_windows);
+    else MG_TRY(check_images(t));
+    t->log.text = c->text;
+    if (c->log && c->resume && t->info.rank == 0)
+        MG_TRY(mg__log_read(c->log, &t->log,
+                            (double)(c->text ? t->info.start_step : t->info.start_epoch)));
+    return MG_OK;
+}
+
+mg_status mg_trainer_create(const mg_train_config *c, mg_trainer **out)
+{
+    *out = NULL;
+    mg_trainer *t = calloc(1, sizeof *t);
+    if (!t) return mg_error(MG_ENOMEM, "out of memory for the trainer");
+    t->c = *c;
+    mg_status st = create(t);
+    if (st) {
+        mg_trainer_destroy(t);
+        return st;
+    }
+    *out = t;
+    return MG_OK;
+}
+
+void mg_trainer_destroy(mg_trainer *t)
+{
+    if (!t) return;
+    mg_optim_destroy(t->opt);
+    mg_strategy_destroy(t->s);
+    mg_model_destroy(t->m);
+    mg_dataset_destroy(t->train);
+    mg_dataset_destroy(t->test);
+    mg_text_close(t->text);
+    free(t->log.rows);
+    mg_free(t->xb);
+    mg_free(t->yb);
+    mg_free(t->ib);
+    if (mg_trace_close()) mg_log("trace: %s", mg_last_error());
+    mg_group_destroy(t->g);
+    free(t);
+}
+
+mg_trainer_info mg_trainer_get_info(const mg_trainer *t) { return t->info; }
+const mg_train_config *mg_trainer_config(const mg_trainer *t) { return &t->c; }
+mg_model *mg_trainer_model(const mg_trainer *t) { return t->m; }
+mg_strategy *mg_trainer_strategy(const mg_trainer *t) { return t->s; }
+mg_optim *mg_trainer_optim(const mg_trainer *t) { return t->opt; }
+mg_group *mg_trainer_group(const mg_trainer *t) { return t->g; }

@@ -1,0 +1,155 @@
+/* The trainer as a library (train.h, issue 31 item 5): in this process, a
+ * language model's loop calls back per step and per evaluation, writes
+ * its log and checkpoint and resumes from them as one run; a config
+ * missing what it needs comes back as one line, not an exit; and the
+ * example program trains a model of its own under a pipeline with ZeRO-2
+ * replicas as one process does. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include "harness.h"
+#include "multigrad/multigrad.h"
+
+typedef struct {
+    int progress, rows;
+    long last_step;
+    double last_val;
+} seen;
+
+static void on_progress(const mg_train_progress *p, void *ud)
+{
+    seen *s = ud;
+    s->progress++;
+    CHECK_EQ(p->done, p->step - (p->step > 4 ? 4 : 0));
+    CHECK(strcmp(p->unit, "tok") == 0 && isfinite(p->loss));
+}
+
+static void on_row(const mg_train_row *r, void *ud)
+{
+    seen *s = ud;
+    s->rows++;
+    s->last_step = r->step;
+    s->last_val = r->val_loss;
+    CHECK(isfinite(r->val_loss) && fabs(r->val_ppl - exp(r->val_loss)) < 1e-9 * r->val_ppl);
+    CHECK(r->step == 0 ? isnan(r->train_loss) : isfinite(r->train_loss) && r->per_s > 0);
+}
+
+static mg_train_config small_gpt(seen *s, const char *dir, char *ck, char *log)
+{
+    mg_train_config c;
+    CHECK_OK(mg_train_config_defaults("gpt-mini", &c));
+    c.gpt.layers = 2;
+    c.gpt.dim = 64;
+    c.gpt.ctx = 64;
+    c.batch = 12;
+    c.eval_windows = 16;
+    c.steps = 4;
+    c.eval_every = 2;
+    snprintf(ck, 512, "%s/t.st", dir);
+    snprintf(log, 512, "%s/t.csv", dir);
+    c.save = ck;
+    c.log = log;
+    c.on_progress = on_progress;
+    c.on_row = on_row;
+    c.ud = s;
+    return c;
+}
+
+TEST_T(trainer_loop_calls_back_logs_and_resumes, 120)
+{
+    const char *dir = mgt_tmpdir();
+    char ck[512], log[512];
+    seen s = {0};
+    mg_train_config c = small_gpt(&s, dir, ck, log);
+    mg_trainer *t;
+    mg_train_summary sum;
+    CHECK_OK(mg_trainer_create(&c, &t));
+    CHECK_OK(mg_trainer_run(t, &sum));
+    /* Evaluations at steps 0, 2 and 4; a progress call per step. */
+    CHECK_EQ(s.rows, 3);
+    CHECK_EQ(s.progress, 4);
+    CHECK_EQ(sum.steps_run, 4);
+    CHECK(sum.last.step == 4 && sum.last.val_loss == s.last_val && sum.per_s > 0);
+    mg_trainer_destroy(t);
+    /* Resumed to 6 steps: one more evaluation, the log goes on. */
+    c.resume = ck;
+    c.steps = 6;
+    s = (seen){0};
+    CHECK_OK(mg_trainer_create(&c, &t));
+    CHECK_EQ(mg_trainer_get_info(t).start_step, 4);
+    CHECK_OK(mg_trainer_run(t, &sum));
+    CHECK(s.rows == 1 && s.last_step == 6 && sum.steps_run == 2);
+    mg_trainer_destroy(t);
+    char text[4096] = "";
+    FILE *f = fopen(log, "r");
+    CHECK(f != NULL);
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += text[i] == '\n';
+    CHECK_MSG(lines == 5 && !strncmp(text, "step,train_loss,val_loss", 24) &&
+              strstr(text, "\n6,"), "%s", text);
+    /* A checkpoint of another global batch is refused, one line. */
+    c.batch = 24;
+    CHECK(mg_trainer_create(&c, &t) == MG_EMISMATCH);
+    CHECK_MSG(strstr(mg_last_error(), "global batch of 12"), "%s", mg_last_error());
+}
+
+TEST(trainer_config_mistakes_come_back_as_one_line)
+{
+    static const struct { const char *what, *msg; } cases[] = {
+        {"no batch", "needs a batch"},
+        {"optimizer", "--optimizer"},
+        {"resume and init", "--resume and --init both set"},
+        {"pipeline flags", "give --mesh pp=P"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mg_train_config c;
+        CHECK_OK(mg_train_config_defaults("mlp", &c));
+        if (i == 0) c.batch = 0;
+        if (i == 1) c.optimizer = "adagrad";
+        if (i == 2) c.resume = c.init = "x.st";
+        if (i == 3) c.micro_batches = 2;
+        mg_trainer *t = (mg_trainer *)1;
+        mg_status st = mg_trainer_create(&c, &t);
+        CHECK_MSG(st == MG_EINVAL && t == NULL && strstr(mg_last_error(), cases[i].msg) &&
+                  !strchr(mg_last_error(), '\n'), "%s: %s", cases[i].what, mg_last_error());
+    }
+    mg_train_config c;
+    CHECK(mg_train_config_defaults("resnet", &c) == MG_EINVAL);
+}
+
+/* examples/train_mesh.c: one process and a 2-stage pipeline of ZeRO-2
+ * replicas on 4 ranks train the same epoch. Over 900 steps of momentum
+ * SGD the two orders of summation part by rounding, so their figures
+ * agree within a point of accuracy, not bit for bit (the plans' exact
+ * equivalence is test_pipeline.c's and test_zero.c's). Its checkpoint
+ * goes on under another plan. */
+TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
+{
+    char ex[PATH_MAX], run[PATH_MAX];   /* absolute: the runs start in the test's directory */
+    CHECK(realpath(mgt_tool("../examples/train_mesh"), ex) && realpath(mgt_tool("mgrun"), run));
+    char *one, *four;
+    double acc[2] = {0, 0}, loss[2] = {0, 0};
+    int rc = mgt_sh(&one, "cd %s && %s", mgt_tmpdir(), ex);
+    CHECK_MSG(rc == 0, "%s", one);
+    rc = mgt_sh(&four, "cd %s && %s -n 4 %s pp=2,dp=2 2 1 ck.st", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc == 0 && strstr(four, "pipeline+zero2: "), "%s", four);
+    const char *out[2] = {one, four};
+    for (int k = 0; k < 2; k++) {
+        const char *p = strstr(out[k], "test loss ");
+        CHECK_MSG(p && sscanf(p, "test loss %lf, test accuracy %lf", &loss[k], &acc[k]) == 2,
+                  "%s", out[k]);
+    }
+    printf("one process: test loss %.4f, accuracy %.2f%%; pp=2,dp=2 ZeRO-2: %.4f, %.2f%%\n",
+           loss[0], acc[0], loss[1], acc[1]);
+    CHECK_MSG(acc[0] > 80 && fabs(acc[0] - acc[1]) < 1 && fabs(loss[0] - loss[1]) < 0.05 * loss[0],
+              "one process:\n%s\n4 ranks:\n%s", one, four);
+    free(one);
+    free(four);
+    /* Its checkpoint goes on under ZeRO-3 on 2 ranks: epoch 2 only. */
+    rc = mgt_sh(&one, "cd %s && %s -n 2 %s dp=2 3 2 ck.st", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc == 0 && strstr(one, "epoch 2: ") && !strstr(one, "epoch 1: ") &&
+              strstr(one, "zero3: "), "%s", one);
+    free(one);
+}
