@@ -425,7 +425,8 @@ static void print_header(const options *o)
                c->micro_batches, in.local, in.pp * c->chunks,
                c->pp_schedule ? c->pp_schedule : "1f1b", mesh, mg_strategy_name(s));
     }
-    if (c->strategy == MG_STRATEGY_DP) printf(" (%d DataParallel workers)", c->workers);
+    if (mg_strategy_kind_traits(c->strategy).threads)
+        printf(" (%d DataParallel workers)", c->workers);
     if (c->accumulate > 1 && in.pp == 1) printf(" x %d accumulated", c->accumulate);
     if (c->text)
         printf(", %s lr %g, %ld steps; %zu bytes of text (%zu train)\n", c->optimizer, c->lr,

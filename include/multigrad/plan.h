@@ -73,6 +73,14 @@ typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
                MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE } mg_strategy_kind;
 /* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" */
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
+/* What a caller needs to know of a kind, so that it never asks which
+ * kind it holds: its components talk over a job's ranks (a group is
+ * needed); threads of one process split each micro-batch (max_batch is
+ * the whole batch); DDP's gradient compression applies. */
+typedef struct mg_strategy_traits {
+    bool ranks, threads, compresses;
+} mg_strategy_traits;
+mg_strategy_traits mg_strategy_kind_traits(mg_strategy_kind k);
 
 typedef struct mg_strategy_options {
     mg_strategy_kind kind;

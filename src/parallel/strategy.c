@@ -26,21 +26,24 @@
 #include "multigrad/trace.h"
 #include "parallel/internal.h"
 
-/* The kinds: a name and the components it is made of, in order (each
- * drops itself where the mesh gives it nothing to do: the pipeline
- * without pp, DDP over replicas of one, ZeRO over the whole arena with a
- * pipeline and ZeRO over a pipeline's replicas without one). */
+/* The kinds: a name, what a caller needs to know of it (mg_strategy_traits)
+ * and the components it is made of, in order (each drops itself where the
+ * mesh gives it nothing to do: the pipeline without pp, DDP over replicas
+ * of one, ZeRO over the whole arena with a pipeline and ZeRO over a
+ * pipeline's replicas without one). */
 static const struct {
     const char *name;
     mg_strategy_kind kind;
+    mg_strategy_traits traits;   /* ranks, threads, compresses */
     const mg_component_ops *parts[3];
 } kinds[] = {
-    {"none", MG_STRATEGY_SINGLE, {&mg__pipe_component}},
-    {"dp", MG_STRATEGY_DP, {&mg__dp_component}},
-    {"ddp", MG_STRATEGY_DDP, {&mg__pipe_component, &mg__ddp_component}},
-    {"zero", MG_STRATEGY_ZERO,
+    {"none", MG_STRATEGY_SINGLE, {false, false, false}, {&mg__pipe_component}},
+    {"dp", MG_STRATEGY_DP, {false, true, false}, {&mg__dp_component}},
+    {"ddp", MG_STRATEGY_DDP, {true, false, true}, {&mg__pipe_component, &mg__ddp_component}},
+    {"zero", MG_STRATEGY_ZERO, {true, false, false},
      {&mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
-    {"pipeline", MG_STRATEGY_PIPELINE, {&mg__pipe_component, &mg__ddp_component}},
+    {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
+     {&mg__pipe_component, &mg__ddp_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
 
@@ -86,6 +89,13 @@ mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 {
     return (mg_strategy_options){.kind = kind, .max_batch = 1, .workers = 1,
                                  .ddp = mg_ddp_defaults()};
+}
+
+mg_strategy_traits mg_strategy_kind_traits(mg_strategy_kind k)
+{
+    for (int i = 0; i < N_KINDS; i++)
+        if (kinds[i].kind == k) return kinds[i].traits;
+    return (mg_strategy_traits){false, false, false};
 }
 
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out)

@@ -48,19 +48,22 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
                         "learning rate and %s of at least 1 (mg_train_config_defaults gives "
                         "a zoo model's)", c->text ? "steps" : "epochs");
-    if (c->mesh && c->strategy == MG_STRATEGY_DP)
+    /* The flags' kinds: --mesh lays out a job's ranks (its dp dimension
+     * DDP's), --zero shards that job's state. */
+    if (c->mesh && mg_strategy_kind_traits(c->strategy).threads)
         return mg_error(MG_EINVAL, "--mesh lays out the ranks of a job; --parallel dp is "
                         "threads in one process: give one of them");
-    if (c->mesh) c->strategy = MG_STRATEGY_DDP;   /* the mesh's dp dimension runs DDP */
+    if (c->mesh && !mg_strategy_kind_traits(c->strategy).ranks) c->strategy = MG_STRATEGY_DDP;
     if ((c->pp_schedule || c->micro_batches || c->chunks || c->split) && !c->mesh)
         return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split shape "
                         "a pipeline: give --mesh pp=P");
     if (c->zero) {
-        if (c->strategy != MG_STRATEGY_DDP)
+        if (!mg_strategy_kind_traits(c->strategy).ranks)
             return mg_error(MG_EINVAL, "--zero %d shards the state of a data-parallel job: give "
                             "it with --parallel ddp or --mesh dp=N", c->zero);
         c->strategy = MG_STRATEGY_ZERO;
     }
+    mg_strategy_traits kind = mg_strategy_kind_traits(c->strategy);
     mg_zoo_defaults d;
     bool zoo = !c->make && !mg_zoo_defaults_of(c->model, &d);
     if (!c->make && !zoo) return mg_error(MG_EINVAL, "%s", mg_last_error());
@@ -78,7 +81,7 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "--schedule: %s", mg_last_error());
     if (mg_compress_parse(c->compress, &t->compress))
         return mg_error(MG_EINVAL, "--compress: %s", mg_last_error());
-    if (t->compress != MG_COMPRESS_NONE && c->strategy != MG_STRATEGY_DDP)
+    if (t->compress != MG_COMPRESS_NONE && !kind.compresses)
         return mg_error(MG_EINVAL, "--compress %s applies to --parallel ddp without --zero "
                         "(ZeRO reduce-scatters full-precision gradients)", c->compress);
     if (c->resume && c->init) return mg_error(MG_EINVAL, "--resume and --init both set: give one of them");
@@ -92,7 +95,7 @@ static mg_status check_config(mg_trainer *t)
                         "host memory)", c->device);
     if (c->eval_only && !c->resume && !c->init)
         return mg_error(MG_EINVAL, "--eval-only needs weights: give --init FILE or --resume FILE");
-    if (c->strategy == MG_STRATEGY_DP && c->batch < c->workers)
+    if (kind.threads && c->batch < c->workers)
         return mg_error(MG_EINVAL, "--batch %d is smaller than --workers %d: give each worker "
                         "at least one sample", c->batch, c->workers);
     if (c->text && c->gpt.dim % c->gpt.heads)
@@ -279,7 +282,7 @@ static mg_status make_plan(mg_trainer *t)
 {
     const mg_train_config *c = &t->c;
     mg_strategy_options so = mg_strategy_defaults(c->strategy);
-    so.max_batch = c->strategy == MG_STRATEGY_DP ? c->batch : t->info.local;
+    so.max_batch = mg_strategy_kind_traits(c->strategy).threads ? c->batch : t->info.local;
     so.workers = c->workers;
     so.group = t->g;
     so.mesh = c->mesh;
@@ -398,9 +401,7 @@ static mg_status create(mg_trainer *t)
                             "--data DIR (or set MG_DATA)", c->data);
     }
     t->info.world = t->info.dp_size = t->info.pp = 1;
-    bool job = c->strategy == MG_STRATEGY_DDP || c->strategy == MG_STRATEGY_ZERO ||
-               c->strategy == MG_STRATEGY_PIPELINE;
-    if (job) MG_TRY(join_job(t));
+    if (mg_strategy_kind_traits(c->strategy).ranks) MG_TRY(join_job(t));
     mg_trace_open(NULL, t->info.rank, t->info.world);
     mg_set_threads(c->threads ? c->threads : (int)mg_env_long("MG_THREADS", 1));
     /* After mgrun restarted the job: resume from the last save. Rank 0's
