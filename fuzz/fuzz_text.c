@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int64_t off[B];
     FUZZ_CHECK(x && y);
     for (uint64_t step = 0; step < 3; step++) {
-        int rows = mg_text_batch(t, data[0], step, B, T, (int)step % 2, 2, x, y);
+        int rows = mg_text_batch(t, data[0], step, (int)step * B, B, T, (int)step % 2, 2, x, y);
         FUZZ_CHECK(rows == B / 2);
         mg_text_batch_offsets(data[0], step, ntr, B, T, off);
         for (int i = 0; i < B; i++) FUZZ_CHECK(off[i] >= 0 && (size_t)off[i] + (size_t)T < ntr);

@@ -185,10 +185,7 @@ mg_group *mg_trainer_group(const mg_trainer *t);   /* NULL in one process */
 mg_status mg_trainer_print_plan(const mg_trainer *t, FILE *f);
 void mg_trainer_print_counters(const mg_trainer *t, const char *prefix, FILE *f);
 
-/* Collective: every rank learns whether st failed on any. The rank that
- * failed keeps its status and message; the others wait until it has left
- * the job (destroyed its group or exited) and fail with "rank R: stopping
- * because rank F failed (its message says why)". One process: st. */
+/* mg_group_agree(MG_AGREE_LEAVE_FIRST) over the job (one process: st). */
 mg_status mg_trainer_agree(mg_trainer *t, mg_status st);
 
 #ifdef __cplusplus

@@ -301,3 +301,22 @@ void mg_group_free(mg_group *g, void *p)
     mg__req r = {.kind = MG__REQ_FREE, .ptr = p};
     if (mg__run_req(g, &r)) mg_debug("mg_group_free: %s", mg_last_error());
 }
+
+mg_status mg_group_agree(mg_group *g, mg_status st, mg_agree_mode mode)
+{
+    if (!g) return st;
+    int rank = mg_group_rank(g);
+    int32_t bad = st ? rank : INT32_MAX;   /* the first failing rank */
+    MG_TRY(mg_all_reduce(g, &bad, &bad, 1, MG_I32, MG_MIN));
+    if (bad == INT32_MAX) return MG_OK;
+    if (mode == MG_AGREE_LEAVE_FIRST) {
+        if (st) return st;
+        mg_barrier(g);   /* fails once rank bad has left */
+        return mg_error(MG_EPEER, "rank %d: stopping because rank %d failed (its message says "
+                        "why)", rank, bad);
+    }
+    struct { int32_t st; char msg[500]; } w = {st, ""};
+    if (st) snprintf(w.msg, sizeof w.msg, "%s", mg_last_error());
+    MG_TRY(mg_broadcast(g, &w, sizeof w, MG_U8, bad));
+    return rank != bad ? mg_error(w.st, "%s", w.msg) : st;
+}

@@ -20,7 +20,7 @@
  * Limits: relayed bytes cross rank 0's links one rank after another, and
  * a rank waiting for its turn waits under the group's deadline
  * (MG_TIMEOUT); a rank whose relayed read fails part-way has a partial
- * state, which is why every rank learns the outcome (mg__agree) and the
+ * state, which is why every rank learns the outcome (mg_group_agree) and the
  * job stops on any failure. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -185,7 +185,7 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
                           strerror(errno));
         if (!st && !absolute(tmp, p.path, sizeof p.path)) p.path[0] = 0;   /* all relay */
     }
-    st = mg__agree(g, st);
+    st = mg_group_agree(g, st, MG_AGREE_SHARE);
     if (!st) st = mg_broadcast(g, &p, sizeof p, MG_U8, 0);
     uint8_t mine = rank == 0 ? DIRECT : NONE;
     if (!st && rank != 0) mine = see_save(&p, nr > 0 || buffers, &fd);
@@ -221,7 +221,7 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
         }
     free(buf);
     free(modes);
-    st = mg__agree(g, st);
+    st = mg_group_agree(g, st, MG_AGREE_SHARE);
     /* Rank 0 gets every rank's pieces: the counts, then as many as the
      * most any rank has; writes the header and renames. */
     int32_t most = np;
@@ -246,7 +246,7 @@ mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const 
     free(all);
     if (rank == 0 && fd >= 0) st = st ? (mg_atomic_abort(tmp, fd), st)
                                       : mg_atomic_commit(path, tmp, fd);
-    return mg__agree(g, st);
+    return mg_group_agree(g, st, MG_AGREE_SHARE);
 }
 
 /* ---- loading --------------------------------------------------------------- */
@@ -325,12 +325,12 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
             if (!absolute(path, d.path, sizeof d.path)) d.path[0] = 0;
         }
     }
-    st = mg__agree(g, st);
+    st = mg_group_agree(g, st, MG_AGREE_SHARE);
     if (!st) st = mg_broadcast(g, &d, sizeof d, MG_U8, 0);
     uint8_t *head = NULL, *modes = calloc((size_t)world, 1);
     if (!st && (!modes || !(head = malloc(d.head))))
         st = mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
-    st = mg__agree(g, st);
+    st = mg_group_agree(g, st, MG_AGREE_SHARE);
     if (!st && rank == 0) memcpy(head, mg_st_head(f, &(size_t){0}), d.head);
     if (!st) st = mg_broadcast(g, head, d.head, MG_U8, 0);
     uint8_t mine = DIRECT;
@@ -352,5 +352,5 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
     mg_st_close(f);
     free(head);
     free(modes);
-    return mg__agree(g, st);
+    return mg_group_agree(g, st, MG_AGREE_SHARE);
 }

@@ -5,10 +5,6 @@
 
 #include "multigrad/component.h"
 
-/* Every rank of g gets the outcome: the first failing rank's status and
- * message, or MG_OK when none failed. Collective. */
-mg_status mg__agree(mg_group *g, mg_status st);
-
 /* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
  * its ranges r (and the buffers where `buffers`) of the one file w lays
  * out at path, directly or through rank 0, which commits it; every rank

@@ -337,21 +337,10 @@ mg_status mg_strategy_sum(mg_strategy *s, double *v, int n)
     return MG_OK;
 }
 
-mg_status mg__agree(mg_group *g, mg_status st)
+mg_status mg_strategy_agree(mg_strategy *s, mg_status st)
 {
-    if (!g) return st;
-    int rank = mg_group_rank(g);
-    int32_t bad = st ? rank : INT32_MAX;
-    MG_TRY(mg_all_reduce(g, &bad, &bad, 1, MG_I32, MG_MIN));
-    if (bad == INT32_MAX) return MG_OK;
-    struct { int32_t st; char msg[500]; } w = {st, ""};
-    if (st) snprintf(w.msg, sizeof w.msg, "%s", mg_last_error());
-    MG_TRY(mg_broadcast(g, &w, sizeof w, MG_U8, bad));
-    if (rank != bad) return mg_error(w.st, "%s", w.msg);
-    return st;
+    return mg_group_agree(s->g, st, MG_AGREE_SHARE);
 }
-
-mg_status mg_strategy_agree(mg_strategy *s, mg_status st) { return mg__agree(s->g, st); }
 
 /* Every component's own ranges in the arena (and, saving, what else a
  * checkpoint needs), agreed over the job. */

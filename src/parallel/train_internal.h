@@ -18,6 +18,9 @@ mg_status mg__log_write(const char *path, const char *model, const mg__metrics *
 /* On resume: the rows of path whose first figure (epoch, or step) is at
  * most upto, increasing; a missing file adds none. */
 mg_status mg__log_read(const char *path, mg__metrics *mt, double upto);
+/* The same from n bytes of a log (CSV, or JSON lines): what the fuzz
+ * target feeds. */
+mg_status mg__log_parse(const char *s, size_t n, bool csv, mg__metrics *mt, double upto);
 /* The plot beside a log: its path with .svg for the extension. */
 void mg__log_plot_path(const char *log, char *out, size_t cap);
 

@@ -125,40 +125,75 @@ static bool parse_value(const char *p, double *v, const char **end)
     return e != p;
 }
 
+/* One line of a log (ending in '\n'): its row, or false when it does not
+ * parse (the CSV header, a damaged line). */
+static bool parse_line(const char *line, bool csv, const log_col *cols, int nc, mg_train_row *r)
+{
+    *r = mg__train_row_empty();
+    const char *p = line, *end;
+    for (int c = 0; c < nc; c++) {
+        if (!csv) {
+            char key[64];
+            snprintf(key, sizeof key, "\"%s\":", cols[c].name);
+            if (!(p = strstr(line, key))) return false;
+            p += strlen(key);
+        }
+        double v;
+        if (!parse_value(p, &v, &end)) return false;
+        if (csv && *end != (c + 1 < nc ? ',' : '\n')) return false;
+        if (is_count(cols[c].at) && !(fabs(v) < 9e15)) return false;   /* a long holds it */
+        set(r, cols[c].at, v);
+        p = end + 1;
+    }
+    return true;
+}
+
+mg_status mg__log_parse(const char *s, size_t n, bool csv, mg__metrics *mt, double upto)
+{
+    int nc;
+    const log_col *cols = columns(mt->text, &nc);
+    char line[2048];
+    for (size_t at = 0; at < n;) {
+        const char *nl = memchr(s + at, '\n', n - at);
+        size_t len = nl ? (size_t)(nl - (s + at)) : n - at;
+        size_t next = at + len + 1;
+        if (len + 2 > sizeof line) {   /* longer than any line a log has */
+            at = next;
+            continue;
+        }
+        memcpy(line, s + at, len);
+        line[len] = '\n';
+        line[len + 1] = 0;
+        at = next;
+        if (memchr(line, 0, len)) continue;
+        mg_train_row r;
+        if (!parse_line(line, csv, cols, nc, &r)) continue;
+        /* The rows kept increase and end at upto. */
+        double first = get(&r, cols[0].at);
+        if (!(first <= upto) || (mt->n && !(first > get(&mt->rows[mt->n - 1], cols[0].at))))
+            continue;
+        MG_TRY(mg__metrics_add(mt, &r));
+    }
+    return MG_OK;
+}
+
 mg_status mg__log_read(const char *path, mg__metrics *mt, double upto)
 {
     FILE *f = fopen(path, "r");
     if (!f) return MG_OK;   /* no log yet: the run starts one */
-    int nc;
-    const log_col *cols = columns(mt->text, &nc);
-    char line[2048];
-    bool csv = is_csv(path);
-    mg_status st = MG_OK;
-    while (!st && fgets(line, sizeof line, f)) {
-        mg_train_row r = mg__train_row_empty();
-        double first = NAN, last = mt->n ? get(&mt->rows[mt->n - 1], cols[0].at) : NAN;
-        const char *p = line, *end;
-        int c = 0;
-        for (; c < nc; c++) {
-            if (!csv) {
-                char key[64];
-                snprintf(key, sizeof key, "\"%s\":", cols[c].name);
-                if (!(p = strstr(line, key))) break;
-                p += strlen(key);
-            }
-            double v;
-            if (!parse_value(p, &v, &end)) break;
-            if (csv && *end != (c + 1 < nc ? ',' : '\n') && !(c + 1 == nc && !*end)) break;
-            set(&r, cols[c].at, v);
-            if (c == 0) first = v;
-            p = end + 1;
-        }
-        /* Lines that do not parse (the CSV header, a damaged one) are
-         * skipped; the rows kept increase and end at upto. */
-        if (c < nc || !(first <= upto) || (mt->n && !(first > last))) continue;
-        st = mg__metrics_add(mt, &r);
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    while (s) {
+        n += fread(s + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *t = realloc(s, cap *= 2);
+        if (!t) free(s);
+        s = t;
     }
     fclose(f);
+    if (!s) return mg_error(MG_ENOMEM, "%s: out of memory to read the log", path);
+    mg_status st = mg__log_parse(s, n, is_csv(path), mt, upto);
+    free(s);
     return st;
 }
 

@@ -205,21 +205,7 @@ static mg_status join_job(mg_trainer *t)
 
 mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
 {
-    if (!t->g) return st;
-    int rank = t->info.rank;
-    double who = st ? rank + 1 : 0;   /* the last failing rank, + 1 */
-    char mine[1024];
-    snprintf(mine, sizeof mine, "%s", st ? mg_last_error() : "");
-    if (mg_all_reduce(t->g, &who, &who, 1, MG_F64, MG_MAX)) return mg__train_step_error(t);
-    if (st) return mg_error(st, "%s", mine);
-    if (who > 0) {
-        /* The failing rank says why and leaves first, so that a launcher
-         * names it as the cause; this one waits until it is gone. */
-        mg_barrier(t->g);
-        return mg_error(MG_EPEER, "rank %d: stopping because rank %d failed (its message says "
-                        "why)", rank, (int)who - 1);
-    }
-    return MG_OK;
+    return mg_group_agree(t->g, st, MG_AGREE_LEAVE_FIRST);
 }
 
 /* The files rank 0 writes (the checkpoint, the log and the plot beside
