@@ -168,6 +168,9 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
 
 /* y += a;  y = a * b (elementwise);  y = x (n floats, not overlapping). */
 void mg_add_into(float *y, const float *a, size_t n);
+/* mg_add_into with device d's kernels (memory of d), from any thread: the
+ * current device is d meanwhile and then what it was. */
+mg_status mg_add_into_on(mg_device d, float *y, const float *a, size_t n);
 void mg_copy_floats(float *y, const float *x, size_t n);
 void mg_mul(float *y, const float *a, const float *b, size_t n);
 

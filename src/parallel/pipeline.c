@@ -353,7 +353,7 @@ mg_status mg__pipe_gather_buffers(mg_pipe *p) { return gather(p, false); }
 mg_status mg__pipe_sum_ties(mg_pipe *p)
 {
     float *g = mg_model_grads(p->m);
-    mg_device dev = mg_model_device(p->m), was = mg_device_current();
+    mg_device dev = mg_model_device(p->m);
     for (int i = 0; i < p->n_ties; i++) {
         tie *t = &p->ties[i];
         size_t n = t->hi - t->lo;
@@ -369,9 +369,7 @@ mg_status mg__pipe_sum_ties(mg_pipe *p)
                             "across %s and %s: %s", mg_group_rank_name(p->g, p->rank, a, sizeof a),
                             mg_group_rank_name(p->g, t->peer, b, sizeof b), why);
         }
-        st = mg_device_set_current(dev);
-        if (!st) mg_add_into(g + t->lo, other, n);
-        mg_device_set_current(was);
+        st = mg_add_into_on(dev, g + t->lo, other, n);
         mg_device_free(dev, other);
         MG_TRY(st);
     }

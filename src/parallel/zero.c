@@ -301,11 +301,8 @@ static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
 /* g += r, n floats of the model's device. */
 static void add_into(mg_zero *z, float *g, const float *r, size_t n)
 {
-    mg_device was = mg_device_current();
-    mg_status st = mg_device_set_current(z->dev);
-    if (!st) mg_add_into(g, r, n);
-    else if (!z->err) z->err = st;
-    mg_device_set_current(was);
+    mg_status st = mg_add_into_on(z->dev, g, r, n);
+    if (st && !z->err) z->err = st;
 }
 
 /* Wait for bucket b's reduce-scatter; with a pool buffer, add its piece

@@ -43,6 +43,14 @@ void mg_add_into(float *restrict y, const float *restrict a, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += a[i];
 }
 
+mg_status mg_add_into_on(mg_device d, float *y, const float *a, size_t n)
+{
+    mg_device was = mg_device_current();
+    MG_TRY(mg_device_set_current(d));
+    mg_add_into(y, a, n);
+    return mg_device_set_current(was);
+}
+
 void mg_mul(float *restrict y, const float *restrict a, const float *restrict b, size_t n)
 {
     if (mg__dk_cur) {
