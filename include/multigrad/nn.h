@@ -29,15 +29,46 @@ extern "C" {
 
 typedef struct mg_model mg_model;
 
+/* How a parameter's local tensor lies in its logical one (PyTorch
+ * DTensor's placement, Megatron-LM's partition_dim and partition_stride):
+ * whole (dim -1: replicated wherever it is held), or part `index` of
+ * `parts` along dimension `dim`, taken in `stride` blocks: the logical
+ * dimension is cut into stride equal blocks (a fused tensor's: qkv's q, k
+ * and v), each block into parts pieces, and the local tensor is piece
+ * `index` of every block, in block order. So the local dimension is the
+ * logical one / parts, and a whole tensor is {-1, 1, 0, 1}. */
+typedef struct mg_placement {
+    int dim, parts, index, stride;
+} mg_placement;
+#define MG_WHOLE ((mg_placement){-1, 1, 0, 1})
+/* Pure. The logical shape of a local one (shape[dim] * parts). */
+void mg_placement_global_shape(const mg_placement *pl, int ndim, const int *local_shape,
+                               int *global_shape);
+/* Pure. The run of the logical tensor from local element `local` on: the
+ * logical element it is, *global, and how many local elements from it
+ * follow one another in the logical tensor too (row-major both). A local
+ * range maps to the logical one run by run. */
+size_t mg_placement_run(const mg_placement *pl, int ndim, const int *local_shape, size_t local,
+                        size_t *global);
+/* Pure: MG_EINVAL, one line, unless pl fits a local tensor of this shape
+ * (dim < ndim, 1 <= parts, 0 <= index < parts, stride divides the local
+ * dimension). */
+mg_status mg_placement_check(const mg_placement *pl, int ndim, const int *local_shape);
+
 /* A named tensor of a model: a parameter (with a gradient) or a buffer
  * (e.g. batch-norm running statistics). Names, shapes and order follow
  * ../shared/models.md and PyTorch's state_dict ("conv1.weight",
- * [out, in, kh, kw]). */
+ * [out, in, kh, kw]). shape is the local tensor's, which this process
+ * holds; place says where it lies in the logical tensor of gshape
+ * (checkpoints and initial values are the logical tensor's). */
 typedef struct mg_param {
     char name[64];
     int ndim;
     int shape[MG_MAX_DIMS];
     size_t numel;
+    int gshape[MG_MAX_DIMS];
+    size_t gnumel;
+    mg_placement place;
     size_t offset;   /* in floats, into the parameter arena (or the buffer arena) */
     float *data;     /* view into the arena */
     float *grad;     /* view into the gradient arena; NULL for buffers */
@@ -141,6 +172,12 @@ float *mg_model_buffers(mg_model *m);
 int mg_model_num_tensors(const mg_model *m);
 const mg_param *mg_model_tensor(const mg_model *m, int i);
 const mg_param *mg_model_find(const mg_model *m, const char *name);
+/* Parameter `name`'s local tensor is its part pl of the logical one (a
+ * tensor-parallel layer's shard): before it has values (a model made with
+ * MG_SEED_DEFERRED), so that they are drawn by logical element index.
+ * MG_EINVAL for an unknown name, a buffer, a model with values or a pl
+ * that does not fit. */
+mg_status mg_model_place(mg_model *m, const char *name, mg_placement pl);
 
 /* Move the gradient arena to caller-owned storage of arena_size floats
  * (e.g. group shared memory for DDP); current gradients are copied. The

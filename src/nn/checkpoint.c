@@ -114,8 +114,8 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
             }
             x->dtype = MG_ST_F32;
             x->ndim = p->ndim;
-            for (int d = 0; d < p->ndim; d++) x->shape[d] = p->shape[d];
-            x->nbytes = p->numel * sizeof(float);
+            for (int d = 0; d < p->ndim; d++) x->shape[d] = p->gshape[d];   /* logical */
+            x->nbytes = p->gnumel * sizeof(float);
             w->p[n] = p;
             w->state[n] = s;
             n++;
@@ -209,42 +209,76 @@ static mg_status put_offloaded(mg_ckpt_writer *w, const mg_ckpt_sink *out, int i
     return st;
 }
 
+/* A growing list of pieces. */
+typedef struct {
+    mg_ckpt_piece *pc;
+    int n, cap;
+} piece_list;
+
+static mg_ckpt_piece *next_piece(piece_list *l, const char *path)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        mg_ckpt_piece *pc = realloc(l->pc, sizeof *pc * (size_t)cap);
+        if (!pc) {
+            mg_error(MG_ENOMEM, "checkpoint %s: out of memory", path);
+            return NULL;
+        }
+        l->pc = pc;
+        l->cap = cap;
+    }
+    return &l->pc[l->n++];
+}
+
+/* Arena floats [a, b) of tensor i (its parameter, or its optimizer
+ * state), one piece per run of the logical tensor they are part of. */
+static mg_status put_range(mg_ckpt_writer *w, const mg_ckpt_sink *out, int i, size_t a, size_t b,
+                           piece_list *l)
+{
+    const mg_param *p = w->p[i];
+    bool offloaded = w->state[i] >= 0 && mg_optim_offloaded(w->o);
+    for (size_t k = a - p->offset; k < b - p->offset;) {
+        size_t g, n = mg_placement_run(&p->place, p->ndim, p->shape, k, &g);
+        if (n > b - p->offset - k) n = b - p->offset - k;
+        size_t x = p->offset + k;   /* in the arena */
+        mg_ckpt_piece *pc = next_piece(l, out->path);
+        if (!pc) return MG_ENOMEM;
+        if (offloaded) MG_TRY(put_offloaded(w, out, i, x, x + n, g, pc));
+        else MG_TRY(put_piece(w, out, i, w->state[i] < 0 ? p->data + k
+                                          : mg_optim_state_at(w->o, w->state[i], x, x + n),
+                              g, n, pc));
+        k += n;
+    }
+    return MG_OK;
+}
+
 mg_status mg_ckpt_write_part(mg_ckpt_writer *w, const mg_ckpt_sink *out, const mg_range *r,
                              int nr, bool buffers, mg_ckpt_piece **pieces, int *np)
 {
     *pieces = NULL;
     *np = 0;
-    int cap = 0, n = 0;
-    for (int i = 0; i < w->n; i++) cap += w->p[i]->is_buffer ? 1 : nr;
-    mg_ckpt_piece *pc = calloc((size_t)cap + 1, sizeof *pc);
-    if (!pc) return mg_error(MG_ENOMEM, "checkpoint %s: out of memory", out->path);
+    piece_list l = {0};
     mg_status st = MG_OK;
     for (int i = 0; i < w->n && !st; i++) {
         const mg_param *p = w->p[i];
         if (p->is_buffer) {
-            if (buffers) st = put_piece(w, out, i, p->data, 0, p->numel, &pc[n++]);
+            mg_ckpt_piece *pc = buffers ? next_piece(&l, out->path) : NULL;
+            if (buffers) st = pc ? put_piece(w, out, i, p->data, 0, p->numel, pc) : MG_ENOMEM;
             continue;
         }
         size_t lo = p->offset, hi = p->offset + p->numel;
         for (int k = 0; k < nr && !st; k++) {
             size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
-            if (a >= b) continue;
-            if (w->state[i] < 0 || !mg_optim_offloaded(w->o))
-                st = put_piece(w, out, i,
-                               w->state[i] < 0 ? p->data + (a - lo)
-                                               : mg_optim_state_at(w->o, w->state[i], a, b),
-                               a - lo, b - a, &pc[n++]);
-            else
-                st = put_offloaded(w, out, i, a, b, a - lo, &pc[n++]);
+            if (a < b) st = put_range(w, out, i, a, b, &l);
         }
     }
     if (st) {
-        free(pc);
+        free(l.pc);
         return st;
     }
-    *pieces = pc;
-    *np = n;
-    return MG_OK;
+    *pieces = l.pc ? l.pc : calloc(1, sizeof *l.pc);
+    *np = l.n;
+    return *pieces ? MG_OK : mg_error(MG_ENOMEM, "checkpoint %s: out of memory", out->path);
 }
 
 static int by_tensor_off(const void *a, const void *b)
@@ -345,7 +379,7 @@ static bool same_shape(const mg_st_tensor *x, const mg_param *p)
 {
     if (x->ndim != p->ndim) return false;
     for (int d = 0; d < p->ndim; d++)
-        if (x->shape[d] != p->shape[d]) return false;
+        if (x->shape[d] != p->gshape[d]) return false;   /* the logical tensor's */
     return true;
 }
 
@@ -376,7 +410,7 @@ static mg_status check_tensor(const char *path, const mg_st_file *f, const char 
     if (!same_shape(x, p)) {
         char a[96], b[96];
         shape_str(a, sizeof a, x->ndim, x->shape, NULL);
-        shape_str(b, sizeof b, p->ndim, NULL, p->shape);
+        shape_str(b, sizeof b, p->ndim, NULL, p->gshape);
         return mg_error(MG_EMISMATCH, "%s: tensor '%s' has shape %s, the model's is %s: the "
                         "file is of another model", path, name, a, b);
     }
@@ -427,6 +461,20 @@ static mg_status copy_part(float *dst, const mg_st_file *f, const mg_st_tensor *
     return MG_OK;
 }
 
+/* Local elements [from, from + n) of p from the logical tensor x of f,
+ * run by run (p's placement). */
+static mg_status copy_local(float *dst, const mg_st_file *f, const mg_st_tensor *x,
+                            const mg_param *p, size_t from, size_t n)
+{
+    for (size_t k = from; k < from + n;) {
+        size_t g, len = mg_placement_run(&p->place, p->ndim, p->shape, k, &g);
+        if (len > from + n - k) len = from + n - k;
+        MG_TRY(copy_part(dst + (k - from), f, x, g, len));
+        k += len;
+    }
+    return MG_OK;
+}
+
 /* Values a model or optimizer cannot hold: each element of a local file's
  * tensor x must be finite (and not below 0 where nonneg). */
 static mg_status check_values(const char *path, const mg_st_file *f, const mg_st_tensor *x,
@@ -466,10 +514,10 @@ static mg_status copy_state(mg_optim *o, int s, const mg_param *p, const mg_st_f
     for (int k = 0; k < mg_optim_num_ranges(o) && !st; k++) {
         mg_range r = mg_optim_range_at(o, k);
         size_t a = r.lo > lo ? r.lo : lo, b = r.hi < hi ? r.hi : hi;
-        if (a < b && !off) st = copy_part(mg_optim_state_at(o, s, a, b), f, x, a - lo, b - a);
+        if (a < b && !off) st = copy_local(mg_optim_state_at(o, s, a, b), f, x, p, a - lo, b - a);
         for (size_t c = a; c < b && off && !st; c += CHUNK) {
             size_t n = b - c < CHUNK ? b - c : CHUNK;
-            st = copy_part(buf, f, x, c - lo, n);
+            st = copy_local(buf, f, x, p, c - lo, n);
             if (!st) st = mg_optim_write_state(o, s, c, c + n, buf);
         }
     }
@@ -635,7 +683,7 @@ mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model 
     mg_status st = MG_OK;
     for (int i = 0; i < nt && !st; i++) {
         const mg_param *p = mg_model_tensor(m, i);
-        st = copy_part(p->data, f, mg_st_find(f, p->name), 0, p->numel);
+        st = copy_local(p->data, f, mg_st_find(f, p->name), p, 0, p->numel);
     }
     for (int s = 0; o && s < mg_optim_num_states(o); s++) {
         const char *sname;
@@ -714,12 +762,12 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         if (!(x = mg_st_find(f, name))) continue;
         if (dev.kind == MG_DEVICE_CPU) {
-            st = copy_part(p->data, f, x, 0, p->numel);
+            st = copy_local(p->data, f, x, p, 0, p->numel);
             continue;
         }
         float *h = malloc(p->numel * sizeof(float));
         if (!h) st = mg_error(MG_ENOMEM, "%s: out of memory", path);
-        if (h) st = copy_part(h, f, x, 0, p->numel);
+        if (h) st = copy_local(h, f, x, p, 0, p->numel);
         if (h && !st) st = mg_device_copy(dev, p->data, cpu, h, p->numel * sizeof(float));
         free(h);
     }

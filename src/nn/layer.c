@@ -26,6 +26,7 @@ void mg__layer_param(mg_layer *l, const char *suffix, bool is_buffer, int ndim,
     mg_layer_param *p = &l->p[l->n_params++];
     p->suffix = suffix;
     p->is_buffer = is_buffer;
+    p->place = MG_WHOLE;
     p->ndim = ndim;
     p->numel = 1;
     for (int i = 0; i < ndim; i++) {
@@ -44,10 +45,15 @@ void mg__init_fill(const mg_init *c, const mg_layer_param *p, mg_fill f, float a
             hi = c->r[i].hi > p->off ? c->r[i].hi - p->off : 0;
             if (hi > p->numel) hi = p->numel;
         }
-        for (size_t k = lo; k < hi; k++)
-            p->data[k] = f == MG__FILL_CONST ? a
-                         : f == MG__FILL_UNIFORM ? (2.0f * mg_rng_uniform_at(key, k) - 1.0f) * a
-                                                 : a * mg_rng_normal_at(key, k);
+        for (size_t k = lo; k < hi;) {   /* by logical index, run by run */
+            size_t g, n = mg_placement_run(&p->place, p->ndim, p->shape, k, &g);
+            if (n > hi - k) n = hi - k;
+            for (size_t j = 0; j < n; j++, g++)
+                p->data[k + j] = f == MG__FILL_CONST ? a
+                               : f == MG__FILL_UNIFORM ? (2.0f * mg_rng_uniform_at(key, g) - 1.0f) * a
+                                                       : a * mg_rng_normal_at(key, g);
+            k += n;
+        }
     }
 }
 
@@ -55,8 +61,12 @@ void mg__layer_init_default(mg_layer *l, const mg_init *c)
 {
     /* fan_in of the first parameter (the weight): numel / out_features. */
     size_t fan_in = 1;
-    if (l->n_params > 0 && l->p[0].shape[0] > 0)
-        fan_in = l->p[0].numel / (size_t)l->p[0].shape[0];
+    if (l->n_params > 0 && l->p[0].shape[0] > 0) {   /* of the logical weight */
+        int gs[MG_MAX_DIMS];
+        mg_placement_global_shape(&l->p[0].place, l->p[0].ndim, l->p[0].shape, gs);
+        fan_in = 1;
+        for (int d = 1; d < l->p[0].ndim; d++) fan_in *= (size_t)gs[d];
+    }
     float bound = 1.0f / sqrtf((float)(fan_in ? fan_in : 1));
     for (int i = 0; i < l->n_params; i++) {
         mg_layer_param *p = &l->p[i];

@@ -43,10 +43,11 @@ typedef struct mg_layer_param {
     size_t off;           /* into the parameter (or buffer) arena */
     float *data;          /* bound by the model */
     const char *name;     /* the tensor's whole name (the model's) */
+    mg_placement place;   /* where it lies in the logical tensor (MG_WHOLE) */
 } mg_layer_param;
 
-/* Initialisation by counter: element k of a parameter named N is value k
- * of the stream mg_rng_seed_for(seed, N), so any part of the parameters
+/* Initialisation by counter: logical element k of a parameter named N is
+ * value k of the stream mg_rng_seed_for(seed, N), so any part of the parameters
  * is drawn alone and equals its part of the whole. Only the elements of
  * the parameter arena inside ranges r (floats; NULL: all) are written;
  * buffers always. */

@@ -96,6 +96,15 @@ static void assign_slots(mg_layer *l, int *next)
     for (int i = 0; i < l->n_child; i++) assign_slots(l->child[i], next);
 }
 
+/* t is part pl of its logical tensor. */
+static void set_placement(mg_param *t, mg_placement pl)
+{
+    t->place = pl;
+    mg_placement_global_shape(&pl, t->ndim, t->shape, t->gshape);
+    t->gnumel = 1;
+    for (int d = 0; d < t->ndim; d++) t->gnumel *= (size_t)t->gshape[d];
+}
+
 /* Names the tensors and the units, then replaces the root by a Sequential
  * of the units. */
 static mg_status build(mg_model *m)
@@ -159,6 +168,7 @@ static mg_status build(mg_model *m)
                 memcpy(t->shape, p->shape, sizeof t->shape);
                 t->numel = p->numel;
                 t->is_buffer = p->is_buffer;
+                set_placement(t, p->place);
             }
         }
     free(names);
@@ -586,6 +596,25 @@ void mg_model_flops(const mg_model *m, double *forward, double *train)
 const mg_param *mg_model_tensor(const mg_model *m, int i)
 {
     return i >= 0 && i < m->n_tensors ? &m->tensors[i] : NULL;
+}
+
+mg_status mg_model_place(mg_model *m, const char *name, mg_placement pl)
+{
+    for (int i = 0; i < m->n_leaves; i++)
+        for (int j = 0; j < m->leaves[i]->n_params; j++) {
+            mg_layer_param *p = &m->leaves[i]->p[j];
+            if (strcmp(p->name, name)) continue;
+            if (p->is_buffer || m->has_values)
+                return mg_error(MG_EINVAL, "model '%s': %s is %s: place a parameter of a model "
+                                "made without values (MG_SEED_DEFERRED)", m->name, name,
+                                p->is_buffer ? "a buffer" : "drawn already");
+            MG_TRY(mg_placement_check(&pl, p->ndim, p->shape));
+            p->place = pl;
+            for (int k = 0; k < m->n_tensors; k++)
+                if (!strcmp(m->tensors[k].name, name)) set_placement(&m->tensors[k], pl);
+            return MG_OK;
+        }
+    return mg_error(MG_EINVAL, "model '%s' has no parameter '%s'", m->name, name);
 }
 
 const mg_param *mg_model_find(const mg_model *m, const char *name)
