@@ -167,9 +167,11 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
                              mg_ckpt_meta *meta);
 /* mg_checkpoint_load from a file already open (mg_st_open, or
  * mg_st_open_remote: one only another process can reach); path names it
- * in messages. The model and optimizer are in host memory. */
+ * in messages. The model and optimizer are in host memory. Only the
+ * parameters inside the arena ranges r are read (a rank's part: its
+ * stages, its ZeRO-3 pieces; r NULL: all), and the buffers. */
 mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model *m, mg_optim *o,
-                                mg_ckpt_meta *meta);
+                                const mg_range *r, int nr, mg_ckpt_meta *meta);
 /* Load only parameters (and buffers if present) from any safetensors file
  * named as PyTorch's state_dict (e.g. exported from PyTorch); `prefix`
  * (may be NULL) is prepended to each name looked up ("init."). Values

@@ -657,7 +657,7 @@ static mg_status load_host(const char *path, mg_model *m, mg_optim *o, mg_ckpt_m
 {
     mg_st_file *f;
     MG_TRY(mg_st_open(path, &f));
-    mg_status st = mg_checkpoint_load_st(f, path, m, o, meta);
+    mg_status st = mg_checkpoint_load_st(f, path, m, o, NULL, 0, meta);
     mg_st_close(f);
     return st;
 }
@@ -673,7 +673,7 @@ mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o, mg_ckpt
  * read failing part-way (its holder died) leaves a partial state, which
  * the caller must not train from. */
 mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model *m, mg_optim *o,
-                                mg_ckpt_meta *meta)
+                                const mg_range *r, int nr, mg_ckpt_meta *meta)
 {
     mg_ckpt_meta got;
     long osteps = 0;
@@ -683,7 +683,16 @@ mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model 
     mg_status st = MG_OK;
     for (int i = 0; i < nt && !st; i++) {
         const mg_param *p = mg_model_tensor(m, i);
-        st = copy_local(p->data, f, mg_st_find(f, p->name), p, 0, p->numel);
+        const mg_st_tensor *x = mg_st_find(f, p->name);
+        if (!r || p->is_buffer) {
+            st = copy_local(p->data, f, x, p, 0, p->numel);
+            continue;
+        }
+        size_t lo = p->offset, hi = p->offset + p->numel;
+        for (int k = 0; k < nr && !st; k++) {   /* this rank's part of it */
+            size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
+            if (a < b) st = copy_local(p->data + (a - lo), f, x, p, a - lo, b - a);
+        }
     }
     for (int s = 0; o && s < mg_optim_num_states(o); s++) {
         const char *sname;

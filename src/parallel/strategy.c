@@ -387,13 +387,16 @@ static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
     return st ? st : e;
 }
 
-/* Every rank reads the parameters and the optimizer state of its own
- * ranges: the file is logical, so any world size and stage reads it. */
+/* Every rank reads the parameters it holds and the optimizer state of its
+ * own ranges: the file is logical, so any world size and stage reads it,
+ * and no rank touches more of the model than its part. */
 static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               mg_ckpt_meta *meta)
 {
     mg_status st = hold(s, false);
-    if (!st) st = s->g ? mg__ckpt_load(s->g, path, s->m, o, meta)
+    int nr;
+    const mg_range *r = param_ranges(s, &nr);
+    if (!st) st = s->g ? mg__ckpt_load(s->g, path, s->m, o, r, nr, meta)
                        : mg_checkpoint_load(path, s->m, o, meta);
     mg_status e = mg_strategy_agree(s, mg_strategy_release(s));
     return st ? st : e;
