@@ -293,6 +293,9 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     mg_status st = MG_OK;
     if (s->offload_dir) {
         st = mg_optim_offload(*out, s->offload_dir, s->o.offload_window, ps, gs);
+        if (!st)
+            mg_debug("rank %d: the optimizer's state of %d range(s)%s in files in %s", s->rank, n,
+                   ps ? ", and the parameter pieces," : "", s->offload_dir);
     } else if (s->offload_cpu) {   /* the optimizer stays on the host */
         size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
         if (!s->host_p) s->host_p = mg_map_zero(bytes);

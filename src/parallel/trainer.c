@@ -125,10 +125,6 @@ static mg_status check_config(mg_trainer *t)
  * logs and checkpoints). */
 static mg_status pipeline_config(mg_train_config *c, int P)
 {
-    if (c->zero && c->offload_dir)
-        return mg_error(MG_EINVAL, "--offload disk with --zero on a pipeline (--mesh pp=%d) is "
-                        "not built: leave out --zero (its replicas then average as DDP does) or "
-                        "--offload", P);
     if (strcmp(c->compress, "none"))
         return mg_error(MG_EINVAL, "--compress %s applies to --parallel ddp: a pipeline's "
                         "data-parallel replicas average full-precision gradients", c->compress);

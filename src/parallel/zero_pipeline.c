@@ -244,10 +244,6 @@ static mg_status zp_attach(mg_strategy *s, void **state)
     MG_TRY(mg__zero_stage_check(o->zero_stage));
     if (o->ddp.compress != MG_COMPRESS_NONE)
         return mg_error(MG_EINVAL, "ZeRO does not compress gradients: leave out --compress");
-    if (o->offload_dir)
-        return mg_error(MG_EUNSUPPORTED, "--offload disk with ZeRO over a pipeline's replicas "
-                        "is not built: leave out --zero (the replicas then average as DDP "
-                        "does, and the optimizer's state goes to the files) or --offload");
     zpipe *z = calloc(1, sizeof *z);
     if (!z) return mg_error(MG_ENOMEM, "zero: out of memory");
     z->g = g;
