@@ -779,8 +779,22 @@ TEST_T(mgtrain_gpt_resume_log_eval_and_sample, 180)
     rc = mgt_sh(&again, "%s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
                 "--temperature 0 --prompt 'Q: '", bin, t);
     CHECK(rc == 0 && strcmp(out, again) == 0);
-    free(out);
     free(again);
+    /* Under plans where each rank reads only the weights it holds (a
+     * pipeline's stages, ZeRO-3's pieces): the same figures and sample. */
+    static const char *plans[] = {"--mesh pp=2", "--parallel ddp --zero 3"};
+    char train[512], run[512];
+    snprintf(train, sizeof train, "%s", bin);
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is bin's */
+    for (int k = 0; k < 2; k++) {
+        rc = mgt_sh(&again, "%s -n 2 %s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
+                    "--temperature 0 --prompt 'Q: ' %s", run, train, t, plans[k]);
+        const char *a = strstr(out, "gpt-mini: validation"), *b = strstr(again, "gpt-mini: validation");
+        CHECK_MSG(rc == 0 && a && b && !strcmp(a, b), "%s:\n%s\none process:\n%s", plans[k],
+                  again, out);
+        free(again);
+    }
+    free(out);
 }
 
 TEST_T(mgtrain_gpt_bad_input_one_line, 120)

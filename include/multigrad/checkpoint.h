@@ -183,6 +183,12 @@ mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model 
  * through host copies. */
 mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
                                 int *n_left_out);
+/* The same from a file already open (mg_st_open, mg_st_open_remote),
+ * reading only the parameters inside the arena ranges r (NULL: all), and
+ * the buffers; every tensor is checked whatever r. */
+mg_status mg_model_load_weights_st(const mg_st_file *f, const char *path, mg_model *m,
+                                   const char *prefix, const mg_range *r, int nr,
+                                   int *n_left_out);
 
 #ifdef __cplusplus
 }

@@ -156,15 +156,20 @@ mg_traffic mg_strategy_traffic(const mg_strategy *s);
 /* Sum n values over the data-parallel ranks (metrics); nothing in one
  * process. Collective. */
 mg_status mg_strategy_sum(mg_strategy *s, double *v, int n);
-/* Rank 0's parameters, buffers and dropout position on every rank (after
- * rank 0 changed them, e.g. loaded weights). Collective. */
-mg_status mg_strategy_sync(mg_strategy *s);
-/* Checkpoints (checkpoint.h): rank 0 writes or reads, and every rank gets
- * the outcome (rank 0's error message), the state and the metadata.
- * Collective. */
+/* Checkpoints (checkpoint.h): one logical file, every rank writing and
+ * reading its part (the parameters it holds, its optimizer ranges),
+ * directly or through rank 0, which commits the file or checks it first;
+ * every rank gets the outcome, its state and the metadata. Collective. */
 mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta);
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta);
+/* Weights (mg_model_load_weights: a state_dict, e.g. PyTorch's, names
+ * looked up as prefix<name>; n_left_out NULL refuses tensors the model has
+ * no place for, else counts them): rank 0 checks the whole file, every
+ * rank reads the parameters it holds, directly or through rank 0.
+ * Collective. */
+mg_status mg_strategy_load_weights(mg_strategy *s, const char *path, const char *prefix,
+                                   int *n_left_out);
 
 /* One micro-batch as the model takes it (images as floats, a language
  * model's int32 tokens; y one label per position); last: the last of the

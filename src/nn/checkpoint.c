@@ -736,11 +736,25 @@ static int left_out(const mg_st_file *f, mg_model *m, const char *prefix, char *
     return n;
 }
 
-mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
-                                int *n_left_out)
+/* Local elements [from, from + n) of p from x, into p's memory wherever
+ * it is (a device's through a host copy). */
+static mg_status copy_into(const mg_param *p, const mg_st_file *f, const mg_st_tensor *x,
+                           size_t from, size_t n, mg_device dev, const char *path)
 {
-    mg_st_file *f;
-    MG_TRY(mg_st_open(path, &f));
+    if (dev.kind == MG_DEVICE_CPU) return copy_local(p->data + from, f, x, p, from, n);
+    float *h = malloc(n * sizeof(float));
+    if (!h) return mg_error(MG_ENOMEM, "%s: out of memory", path);
+    mg_status st = copy_local(h, f, x, p, from, n);
+    if (!st) st = mg_device_copy(dev, p->data + from, (mg_device){MG_DEVICE_CPU, 0}, h,
+                                 n * sizeof(float));
+    free(h);
+    return st;
+}
+
+mg_status mg_model_load_weights_st(const mg_st_file *f, const char *path, mg_model *m,
+                                   const char *prefix, const mg_range *r, int nr,
+                                   int *n_left_out)
+{
     if (!prefix) prefix = "";
     char name[NAME_MAX_];
     mg_status st = MG_OK;
@@ -763,23 +777,30 @@ mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefi
         st = mg_error(MG_EMISMATCH, "%s holds %d tensor%s that model %s has no place for (%s): "
                       "it is of a larger or another model", path, extra, extra > 1 ? "s" : "",
                       mg_model_name(m), list);
-    if (st) { mg_st_close(f); return st; }
-    /* A model on a device gets each tensor through a host copy. */
-    mg_device dev = mg_model_device(m), cpu = {MG_DEVICE_CPU, 0};
+    mg_device dev = mg_model_device(m);
     for (int i = 0; i < nt && !st; i++) {
         const mg_param *p = mg_model_tensor(m, i);
         snprintf(name, sizeof name, "%s%s", prefix, p->name);
         if (!(x = mg_st_find(f, name))) continue;
-        if (dev.kind == MG_DEVICE_CPU) {
-            st = copy_local(p->data, f, x, p, 0, p->numel);
+        if (!r || p->is_buffer) {
+            st = copy_into(p, f, x, 0, p->numel, dev, path);
             continue;
         }
-        float *h = malloc(p->numel * sizeof(float));
-        if (!h) st = mg_error(MG_ENOMEM, "%s: out of memory", path);
-        if (h) st = copy_local(h, f, x, p, 0, p->numel);
-        if (h && !st) st = mg_device_copy(dev, p->data, cpu, h, p->numel * sizeof(float));
-        free(h);
+        size_t lo = p->offset, hi = p->offset + p->numel;
+        for (int k = 0; k < nr && !st; k++) {   /* this rank's part of it */
+            size_t a = r[k].lo > lo ? r[k].lo : lo, b = r[k].hi < hi ? r[k].hi : hi;
+            if (a < b) st = copy_into(p, f, x, a - lo, b - a, dev, path);
+        }
     }
+    return st;
+}
+
+mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
+                                int *n_left_out)
+{
+    mg_st_file *f;
+    MG_TRY(mg_st_open(path, &f));
+    mg_status st = mg_model_load_weights_st(f, path, m, prefix, NULL, 0, n_left_out);
     mg_st_close(f);
     return st;
 }

@@ -306,8 +306,7 @@ static mg_st_file *see_load(const described *d, const uint8_t *head)
     return f;
 }
 
-mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
-                        const mg_range *r, int nr, mg_ckpt_meta *meta)
+mg_status mg__ckpt_load(mg_group *g, const char *path, mg__ckpt_reader read, void *ud)
 {
     int rank = mg_group_rank(g), world = mg_group_size(g);
     described d = {{0}};
@@ -317,7 +316,7 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
      * checks of what they fetch). */
     if (rank == 0) {
         st = mg_st_open(path, &f);
-        if (!st) st = mg_checkpoint_load_st(f, path, m, o, r, nr, meta);
+        if (!st) st = read(f, path, ud);
         if (!st) {
             size_t hl;
             mg_st_head(f, &hl);
@@ -340,7 +339,7 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
     if (!st && rank != 0) {
         if (mine == RELAY)
             st = mg_st_open_remote(path, head, d.head, d.size, d.verified, relay_read, g, &mf);
-        if (!st) st = mg_checkpoint_load_st(mf, path, m, o, r, nr, meta);
+        if (!st) st = read(mf, path, ud);
         if (mine == RELAY) {   /* the end, whatever happened */
             mg_status e = relay_end(g, TAG_READ);
             st = st ? st : e;

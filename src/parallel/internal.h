@@ -8,12 +8,13 @@
 /* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
  * its ranges r (and the buffers where `buffers`) of the one file w lays
  * out at path, directly or through rank 0, which commits it; every rank
- * reads the parameters inside its ranges r (what it holds) and o's ranges
- * of the file at rank 0's path. Collective; every rank gets the outcome. */
+ * reads the file at rank 0's path with read (its part: the parameters it
+ * holds, its optimizer ranges), directly or through rank 0, which reads
+ * and checks it first. Collective; every rank gets the outcome. */
 mg_status mg__ckpt_save(mg_group *g, mg_ckpt_writer *w, const char *path, const mg_range *r,
                         int nr, bool buffers);
-mg_status mg__ckpt_load(mg_group *g, const char *path, mg_model *m, mg_optim *o,
-                        const mg_range *r, int nr, mg_ckpt_meta *meta);
+typedef mg_status (*mg__ckpt_reader)(const mg_st_file *f, const char *path, void *ud);
+mg_status mg__ckpt_load(mg_group *g, const char *path, mg__ckpt_reader read, void *ud);
 
 /* Buckets over a component's ranges r (ddp.c): mg_buckets' whole-unit
  * buckets cut to the ranges, and at the borders of every unit another

@@ -125,7 +125,8 @@ static mg_status hold(mg_strategy *s, bool saving);
 static const mg_range *param_ranges(const mg_strategy *s, int *n);
 
 /* Rank 0's parameters, buffers and dropout counter on every rank: the
- * job's one broadcast of a state (at the start, and mg_strategy_sync). */
+ * job's one broadcast of a state, at the start, before any component
+ * narrows what a rank holds. */
 static mg_status from_rank0(mg_strategy *s)
 {
     mg_model *m = s->m;
@@ -354,14 +355,6 @@ static mg_status hold(mg_strategy *s, bool saving)
     return mg_strategy_agree(s, st);
 }
 
-mg_status mg_strategy_sync(mg_strategy *s)
-{
-    if (!s->g) return MG_OK;
-    MG_TRY(hold(s, false));
-    MG_TRY(from_rank0(s));
-    return mg_strategy_agree(s, mg_strategy_release(s));   /* shards keep their part only */
-}
-
 /* Does this rank write its own ranges? Only the first of each set of
  * copies. */
 static bool writes_its_ranges(mg_strategy *s)
@@ -390,19 +383,60 @@ static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
     return st ? st : e;
 }
 
-/* Every rank reads the parameters it holds and the optimizer state of its
- * own ranges: the file is logical, so any world size and stage reads it,
- * and no rank touches more of the model than its part. */
+/* What a rank reads of a file: its part (the parameters it holds, its
+ * optimizer ranges) of a checkpoint, or of weights (--init). */
+typedef struct {
+    mg_model *m;
+    mg_optim *o;
+    const mg_range *r;
+    int nr;
+    mg_ckpt_meta *meta;
+    const char *prefix;   /* weights */
+    int *left;
+} part_reader;
+
+static mg_status read_checkpoint(const mg_st_file *f, const char *path, void *ud)
+{
+    part_reader *p = ud;
+    return mg_checkpoint_load_st(f, path, p->m, p->o, p->r, p->nr, p->meta);
+}
+
+static mg_status read_weights(const mg_st_file *f, const char *path, void *ud)
+{
+    part_reader *p = ud;
+    return mg_model_load_weights_st(f, path, p->m, p->prefix, p->r, p->nr, p->left);
+}
+
+/* Every rank reads its part: the file is logical, so any world size and
+ * stage reads it, and no rank touches more of the model than it holds. */
+static mg_status load_part(mg_strategy *s, const char *path, mg__ckpt_reader read,
+                           part_reader *p)
+{
+    mg_status st = hold(s, false);
+    p->m = s->m;
+    p->r = param_ranges(s, &p->nr);
+    if (!st) st = s->g ? mg__ckpt_load(s->g, path, read, p) : MG_OK;
+    if (!st && !s->g) {   /* one process: the whole file is its part */
+        mg_st_file *f;
+        st = mg_st_open(path, &f);
+        if (!st) st = read(f, path, p);
+        mg_st_close(f);
+    }
+    mg_status e = mg_strategy_agree(s, mg_strategy_release(s));
+    return st ? st : e;
+}
+
 static mg_status load_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               mg_ckpt_meta *meta)
 {
-    mg_status st = hold(s, false);
-    int nr;
-    const mg_range *r = param_ranges(s, &nr);
-    if (!st) st = s->g ? mg__ckpt_load(s->g, path, s->m, o, r, nr, meta)
-                       : mg_checkpoint_load(path, s->m, o, meta);
-    mg_status e = mg_strategy_agree(s, mg_strategy_release(s));
-    return st ? st : e;
+    return load_part(s, path, read_checkpoint, &(part_reader){.o = o, .meta = meta});
+}
+
+mg_status mg_strategy_load_weights(mg_strategy *s, const char *path, const char *prefix,
+                                   int *n_left_out)
+{
+    if (n_left_out) *n_left_out = 0;
+    return load_part(s, path, read_weights, &(part_reader){.prefix = prefix, .left = n_left_out});
 }
 
 /* Checkpoints are written from and read into host memory: a model on a

@@ -317,8 +317,7 @@ static mg_status make_optimizer(mg_trainer *t)
     return st;
 }
 
-/* The starting state: --resume (the strategy gives every rank its state)
- * or --init (rank 0 reads the weights, every rank gets them). */
+/* The starting state: --resume or --init, every rank reading its part. */
 static mg_status start_state(mg_trainer *t)
 {
     const mg_train_config *c = &t->c;
@@ -328,15 +327,12 @@ static mg_status start_state(mg_trainer *t)
         if (mg_strategy_load(t->s, c->resume, t->opt, &meta))
             return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
         MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume));
-    } else if (c->init) {
-        mg_status st = MG_OK;
-        if (t->info.rank == 0 && mg_model_load_weights(c->init, t->m, c->init_prefix,
-                                                       c->init_partial ? &t->info.init_left : NULL))
-            st = mg_error(MG_EINVAL, "--init: %s%s", mg_last_error(),
-                          strstr(mg_last_error(), "no place") ? "; give --init-partial to start "
-                          "from the tensors that fit" : "");
-        MG_TRY(mg_trainer_agree(t, st));
-        MG_TRY(mg_strategy_sync(t->s));
+    } else if (c->init) {   /* every rank reads the weights it holds */
+        if (mg_strategy_load_weights(t->s, c->init, c->init_prefix,
+                                     c->init_partial ? &t->info.init_left : NULL))
+            return mg_error(MG_EINVAL, "--init: %s%s", mg_last_error(),
+                            strstr(mg_last_error(), "no place") ? "; give --init-partial to "
+                            "start from the tensors that fit" : "");
     }
     t->info.start_step = meta.step;
     t->info.start_epoch = meta.epoch;
