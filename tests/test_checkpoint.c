@@ -506,7 +506,7 @@ TEST(ckpt_round_trip_lenet5_sgd_bit_exact)
     CHECK_OK(mg_checkpoint_load(tpath("noopt.ckpt"), c, NULL, &got));
     CHECK(same_as(c, NULL, &sa2) && got.step == 0 && got.hparams[0] == 0);
     /* A checkpoint is also a state_dict for --init (optimizer state ignored). */
-    mg_model_init_params(c, 4);
+    CHECK_OK(mg_model_init_params(c, 4));
     CHECK(!same_as(c, NULL, &sa2));
     CHECK_OK(mg_model_load_weights(tpath("noopt.ckpt"), c, NULL, NULL));
     CHECK(same_as(c, NULL, &sa2));

@@ -171,9 +171,9 @@ TEST(models_initialisation)
         CHECK_OK(mg_model_create(names[z], 0, &m2));
         size_t n = mg_model_arena_size(m);
         CHECK(memcmp(mg_model_params(m), mg_model_params(m2), n * 4) == 0);
-        mg_model_init_params(m2, 1);
+        CHECK_OK(mg_model_init_params(m2, 1));
         CHECK(memcmp(mg_model_params(m), mg_model_params(m2), n * 4) != 0);
-        mg_model_init_params(m2, 0);
+        CHECK_OK(mg_model_init_params(m2, 0));
         CHECK(memcmp(mg_model_params(m), mg_model_params(m2), n * 4) == 0);
         mg_model_destroy(m);
         mg_model_destroy(m2);

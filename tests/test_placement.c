@@ -92,7 +92,7 @@ static mg_model *model(int kind, int parts, int index)
         CHECK_OK(mg_model_place(m, "out.weight", (mg_placement){0, p, index, 1}));
         CHECK_OK(mg_model_place(m, "out.bias", (mg_placement){0, p, index, 1}));
     }
-    mg_model_init_ranges(m, 7, NULL, 0);
+    CHECK_OK(mg_model_init_ranges(m, 7, NULL, 0));
     return m;
 }
 

@@ -117,14 +117,16 @@ int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int 
  * drawn by counter: element k of the parameter named N is value k of the
  * stream mg_rng_seed_for(seed, N), so a part drawn alone equals its part
  * of the whole, whatever the arena's layout. */
-void mg_model_init_params(mg_model *m, uint64_t seed);
+mg_status mg_model_init_params(mg_model *m, uint64_t seed);
 /* The seed that makes a model without values (as torchtitan builds on the
  * meta device): its arenas are mapped but untouched, costing no memory,
  * until mg_model_init_params or mg_model_init_ranges writes them, or a
  * plan (mg_strategy_create) writes each rank's part from its init_seed. */
 #define MG_SEED_DEFERRED UINT64_MAX
-/* Only the parameters in the arena ranges r (floats), and every buffer. */
-void mg_model_init_ranges(mg_model *m, uint64_t seed, const mg_range *r, int n);
+/* Only the parameters in the arena ranges r (floats), and every buffer.
+ * On a device they are drawn in host memory as large as the part and
+ * copied in (MG_ENOMEM, or the copy's error, when that fails). */
+mg_status mg_model_init_ranges(mg_model *m, uint64_t seed, const mg_range *r, int n);
 /* False while a model made with MG_SEED_DEFERRED has no values yet. */
 bool mg_model_has_values(const mg_model *m);
 

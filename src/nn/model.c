@@ -334,7 +334,7 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
     m->root->need_dx = false;
     m->root->vt->propagate(m->root);
     m->ctx.training = true;
-    if (seed != MG_SEED_DEFERRED) mg_model_init_params(m, seed);
+    if (seed != MG_SEED_DEFERRED) mg_model_init_params(m, seed);   /* on the CPU: no failure */
     *out = m;
     return MG_OK;
 }
@@ -353,25 +353,58 @@ void mg_model_destroy(mg_model *m)
     free(m);
 }
 
-void mg_model_init_ranges(mg_model *m, uint64_t seed, const mg_range *r, int n)
+/* The layers draw into the arenas their tensors point at. */
+static void draw(mg_model *m, uint64_t seed, const mg_range *r, int n)
 {
-    if (m->dk) {   /* the layers write host memory: initialise there */
-        mg_device dev = m->dev;
-        MG_ASSERT(mg_model_to_device(m, (mg_device){MG_DEVICE_CPU, 0}) == MG_OK);
-        mg_model_init_ranges(m, seed, r, n);
-        MG_ASSERT(mg_model_to_device(m, dev) == MG_OK);
-        return;
-    }
     mg_init c = {.seed = seed, .r = r, .nr = n};
     for (int i = 0; i < m->n_leaves; i++) {
         mg_layer *l = m->leaves[i];
         if (l->vt->init) l->vt->init(l, &c);
         else mg__layer_init_default(l, &c);
     }
-    m->has_values = true;
 }
 
-void mg_model_init_params(mg_model *m, uint64_t seed) { mg_model_init_ranges(m, seed, NULL, 0); }
+/* On a device the layers draw into host mappings the size of the arenas,
+ * of which only the ranges are touched, and those ranges are copied in:
+ * the host never holds more than the part. */
+static mg_status draw_on_device(mg_model *m, uint64_t seed, const mg_range *r, int n)
+{
+    size_t pb = m->arena_size * sizeof(float), bb = m->buf_size * sizeof(float);
+    float *hp = mg_map_zero(pb ? pb : 1), *hb = mg_map_zero(bb ? bb : 1);
+    mg_status st = hp && hb ? MG_OK : mg_error(MG_ENOMEM, "model '%s': out of host memory "
+                                               "to draw its parameters", m->name);
+    for (int i = 0; i < m->n_leaves && !st; i++)
+        for (int j = 0; j < m->leaves[i]->n_params; j++) {
+            mg_layer_param *p = &m->leaves[i]->p[j];
+            p->data = (p->is_buffer ? hb : hp) + p->off;
+        }
+    if (!st) draw(m, seed, r, n);
+    mg_device cpu = {MG_DEVICE_CPU, 0};
+    mg_range whole = {0, m->arena_size};
+    if (!r) r = &whole, n = 1;
+    for (int k = 0; k < n && !st; k++)
+        if (r[k].hi > r[k].lo)
+            st = mg_device_copy(m->dev, m->params + r[k].lo, cpu, hp + r[k].lo,
+                                (r[k].hi - r[k].lo) * sizeof(float));
+    if (!st && bb) st = mg_device_copy(m->dev, m->buffers, cpu, hb, bb);
+    bind_tensors(m);   /* back to the device's arenas */
+    if (hp) mg_unmap(hp, pb ? pb : 1);
+    if (hb) mg_unmap(hb, bb ? bb : 1);
+    return st;
+}
+
+mg_status mg_model_init_ranges(mg_model *m, uint64_t seed, const mg_range *r, int n)
+{
+    if (m->dk) MG_TRY(draw_on_device(m, seed, r, n));
+    else draw(m, seed, r, n);
+    m->has_values = true;
+    return MG_OK;
+}
+
+mg_status mg_model_init_params(mg_model *m, uint64_t seed)
+{
+    return mg_model_init_ranges(m, seed, NULL, 0);
+}
 
 bool mg_model_has_values(const mg_model *m) { return m->has_values; }
 

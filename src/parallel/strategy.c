@@ -148,7 +148,7 @@ static mg_status draw_values(mg_strategy *s)
     mg_status st = hold(s, true);
     int n;
     const mg_range *r = param_ranges(s, &n);
-    if (!st) mg_model_init_ranges(s->m, s->o.init_seed, r, n);
+    if (!st) st = mg_model_init_ranges(s->m, s->o.init_seed, r, n);
     mg_status e = mg_strategy_release(s);
     return mg_strategy_agree(s, st ? st : e);
 }
