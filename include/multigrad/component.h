@@ -48,12 +48,6 @@ typedef struct mg_component_ops {
      * hold (ZeRO 1-2 shard only the optimizer's state). A model made
      * without values (MG_SEED_DEFERRED) gets values there only. */
     const mg_range *(*param_ranges)(void *c, int *n);
-    /* Optional, for the component whose ranges (or param_ranges) decide
-     * what a rank holds: draw the values of a model made without them
-     * there itself (mg_model_init_ranges of its parts from seed), e.g.
-     * into files a piece at a time. NULL: the plan draws them in memory
-     * between hold and release. */
-    mg_status (*draw)(void *c, uint64_t seed);
     /* The ranks across which this component splits the parameters (each
      * holds its part: the norm's sum of squares is summed over them), the
      * ranks that hold copies of the same part (only the first of them

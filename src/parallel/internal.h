@@ -53,9 +53,6 @@ mg_status mg__zero_after_step(mg_zero *z);
  * saving weights) until mg__zero_release gives back all but the pieces.
  * Collective; nothing for stages 1-2. */
 mg_status mg__zero_gather(mg_zero *z);
-/* Stage 3: this rank's pieces drawn by counter from seed, a bucket at a
- * time; offloaded, each written to the file and given back. */
-mg_status mg__zero_draw(mg_zero *z, uint64_t seed);
 /* Offloaded parameters: written back to the file from the arena's pieces
  * (which may have been changed since gather or pieces_in), then given back. */
 mg_status mg__zero_release(mg_zero *z);

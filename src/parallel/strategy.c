@@ -122,7 +122,6 @@ static mg_status add_part(mg_strategy *s, const mg_component_ops *ops)
 }
 
 static mg_status hold(mg_strategy *s, bool saving);
-static const mg_range *param_ranges_of(const mg_strategy *s, int *n, const part **who);
 static const mg_range *param_ranges(const mg_strategy *s, int *n);
 
 /* Rank 0's parameters, buffers and dropout counter on every rank: the
@@ -142,18 +141,13 @@ static mg_status from_rank0(mg_strategy *s)
 
 /* A model without values, once the components have said what each rank
  * holds: its part drawn by counter from init_seed (no rank holds more,
- * and the bytes are one process's), by the component that decides it
- * where it has a draw slot (ZeRO-3's offloaded pieces go to their file a
- * bucket at a time), else here; offloaded pieces go to their files
+ * and the bytes are one process's); offloaded pieces go to their files
  * (hold, release). */
 static mg_status draw_values(mg_strategy *s)
 {
-    int n;
-    const part *who;
-    const mg_range *r = param_ranges_of(s, &n, &who);
-    if (who && who->ops->draw)   /* it draws its part itself (into its files) */
-        return mg_strategy_agree(s, who->ops->draw(who->c, s->o.init_seed));
     mg_status st = hold(s, true);
+    int n;
+    const mg_range *r = param_ranges(s, &n);
     if (!st) st = mg_model_init_ranges(s->m, s->o.init_seed, r, n);
     mg_status e = mg_strategy_release(s);
     return mg_strategy_agree(s, st ? st : e);
@@ -264,28 +258,19 @@ const mg_range *mg_strategy_ranges(const mg_strategy *s, int *n)
 }
 
 /* The parameters this rank holds between steps (component.h). */
-/* The parameters this rank holds between steps (component.h), and the
- * component that decides them (NULL: none, the whole arena). */
-static const mg_range *param_ranges_of(const mg_strategy *s, int *n, const part **who)
+static const mg_range *param_ranges(const mg_strategy *s, int *n)
 {
     for (int i = s->n - 1; i >= 0; i--) {
         const part *p = &s->part[i];
-        const mg_range *r = p->ops->param_ranges ? p->ops->param_ranges(p->c, n)
-                          : p->ops->ranges ? p->ops->ranges(p->c, n) : NULL;
-        if (r) {
-            *who = p;
-            return r;
+        if (p->ops->param_ranges) {
+            const mg_range *r = p->ops->param_ranges(p->c, n);
+            if (r) return r;
+        } else if (p->ops->ranges) {
+            return p->ops->ranges(p->c, n);
         }
     }
-    *who = NULL;
     *n = 1;
     return &s->whole;
-}
-
-static const mg_range *param_ranges(const mg_strategy *s, int *n)
-{
-    const part *who;
-    return param_ranges_of(s, n, &who);
 }
 
 static const mg_range *own_ranges(const mg_strategy *s, int *n)
@@ -310,8 +295,8 @@ mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim
     if (s->offload_dir) {
         st = mg_optim_offload(*out, s->offload_dir, s->o.offload_window, ps, gs);
         if (!st)
-            mg_debug("rank %d: the optimizer's state of %d range(s)%s in files in %s", s->rank, n,
-                   ps ? ", and the parameter pieces," : "", s->offload_dir);
+            mg_debug("rank %d: the optimizer's state of %d range(s)%s in files in %s", s->rank,
+                     n, ps ? ", and the parameter pieces," : "", s->offload_dir);
     } else if (s->offload_cpu) {   /* the optimizer stays on the host */
         size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
         if (!s->host_p) s->host_p = mg_map_zero(bytes);

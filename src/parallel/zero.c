@@ -626,20 +626,6 @@ mg_status mg__zero_offload(mg_zero *z, const char *dir)
     return MG_OK;
 }
 
-mg_status mg__zero_draw(mg_zero *z, uint64_t seed)
-{
-    float *p = mg_model_params(z->m);
-    for (int i = 0; i < z->nb; i++) {   /* a bucket's piece at a time */
-        zbucket *b = &z->b[i];
-        mg_range piece = {b->plo, b->phi};
-        MG_TRY(mg_model_init_ranges(z->m, seed, &piece, 1));
-        if (!z->ps) continue;
-        MG_TRY(mg_scratch_write(z->ps, p + b->plo, (b->phi - b->plo) * sizeof(float), b->at));
-        mg_mem_discard(p + b->plo, (b->phi - b->plo) * sizeof(float));
-    }
-    return MG_OK;
-}
-
 mg_scratch *mg__zero_param_store(const mg_zero *z) { return z->ps; }
 mg_scratch *mg__zero_grad_store(const mg_zero *z) { return z->gs; }
 
@@ -700,9 +686,6 @@ static mg_status zero_after(void *c) { return mg__zero_after_step(c); }
 static mg_status zero_gather(void *c) { return mg__zero_gather(c); }
 static mg_status zero_release(void *c) { return mg__zero_release(c); }
 
-/* Stage 3 draws its pieces itself (the zero_params above decide them). */
-static mg_status zero_draw(void *c, uint64_t seed) { return mg__zero_draw(c, seed); }
-
 static mg_status zero_hold(void *c, bool saving)
 {
     (void)saving;
@@ -737,6 +720,6 @@ const mg_component_ops mg__zero_component = {
     .batch_over = zero_group,
     .zero_grad = zero_zero_grad, .micro_begin = zero_begin, .micro_end = zero_end,
     .grads_elsewhere = zero_grads_elsewhere, .after_update = zero_after,
-    .hold = zero_hold, .gather = zero_gather, .release = zero_release, .draw = zero_draw,
+    .hold = zero_hold, .gather = zero_gather, .release = zero_release,
     .offload = zero_offload, .memory = zero_memory,
 };
