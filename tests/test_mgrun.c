@@ -575,7 +575,8 @@ TEST_T(mgrun_summary_names_stopped_worker_as_cause, 30)
     const char *script =
         "echo $$ > \"$1/pid.$RANK\"; "
         "if [ $RANK = 1 ]; then kill -STOP $$; fi; "
-        "if [ $RANK = 0 ]; then while [ ! -s \"$1/pid.1\" ]; do sleep 0.01; done; "
+        "if [ $RANK = 0 ]; then while [ ! -s \"$1/pid.1\" ] || [ ! -s \"$1/pid.2\" ]; do "
+        "  sleep 0.01; done; "   /* every worker has started (a loaded machine is slow to) */
         "  while ! grep -q '^State:.*stopped' /proc/$(cat \"$1/pid.1\")/status; do sleep 0.01; "
         "  done; exit 1; fi; "
         "exec sleep 30";

@@ -492,7 +492,7 @@ static void print_start(const options *o)
                 "for\n", prog, in.init_left, c->init, c->model);
 }
 
-/* Training (or evaluation alone), then the summary; 0 when done. */
+/* Training (or evaluation alone), then the summary. */
 static void train(options *o)
 {
     const mg_train_config *c = mg_trainer_config(o->t);
