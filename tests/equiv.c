@@ -244,14 +244,11 @@ double eq_max_rel(const float *a, const float *b, size_t n)
     return err / mx;
 }
 
-void eq_match_pytorch(int procs, const char *what)
+void eq_match_pytorch_losses(int procs, const char *what)
 {
     mg_st_file *f;
     CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
     const float *want = mg_st_find(f, "losses")->data;
-    eq_case c = {.model = "gpt-mini"};
-    mg_model *m = eq_make_model(&c, NULL, 0);
-    size_t n = mg_model_num_params(m);
     float sum[20] = {0};
     for (int r = 0; r < procs; r++) {
         float *l = eq_read_floats("losses", r, 20);
@@ -261,6 +258,17 @@ void eq_match_pytorch(int procs, const char *what)
     for (int i = 0; i < 20; i++)
         CHECK_MSG(fabs(sum[i] - want[i]) <= 1e-4 * want[i], "%s step %d: loss %.7g vs PyTorch "
                   "%.7g", what, i, sum[i], want[i]);
+    mg_st_close(f);
+}
+
+void eq_match_pytorch(int procs, const char *what)
+{
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(mgt_data("gpt-mini.safetensors"), &f));
+    eq_case c = {.model = "gpt-mini"};
+    mg_model *m = eq_make_model(&c, NULL, 0);
+    size_t n = mg_model_num_params(m);
+    eq_match_pytorch_losses(procs, what);
     for (int r = 0; r < procs; r++) {
         float *p = eq_read_floats("params", r, n);
         size_t at = 0;

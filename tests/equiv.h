@@ -66,6 +66,8 @@ float *eq_one_process(const eq_case *c, float *losses);
  * global mean, and "params") against PyTorch's values within the
  * one-process test's bounds (test_gpt.c); what names the run. */
 void eq_match_pytorch(int procs, const char *what);
+/* Only the losses, of the files "losses" 0 .. procs-1. */
+void eq_match_pytorch_losses(int procs, const char *what);
 /* A rank's end: each of them destroyed (any may be NULL). */
 void eq_end_rank(mg_strategy *s, mg_model *m, eq_source *src, mg_st_file *ref, mg_group *g);
 /* The two files exist and hold the same bytes. */

@@ -439,9 +439,19 @@ TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
               strstr(out, "gpt_block") && strstr(out, "A tape for a micro-batch of 2"),
               "%s", out);
     free(out);
-    rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh tp=2", run, bin);
-    CHECK_MSG(rc != 0 && strstr(out, "--mesh tp=2: tensor parallelism (tp) is not built yet"),
-              "%s", out);
+    /* Tensor parallelism: a tp that does not divide the heads, and
+     * --sequence-parallel without tp, are one line each before any work. */
+    rc = mgt_sh(&out, "%s -n 3 %s " GPT_SMALL " --mesh tp=3", run, bin);
+    CHECK_MSG(rc != 0 && strstr(out, "--heads 4 does not split over 3 tensor-parallel ranks") &&
+              !strstr(out, "step "), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --sequence-parallel", run, bin);
+    CHECK_MSG(rc != 0 && strstr(out, "--sequence-parallel splits the positions") &&
+              !strstr(out, "step "), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh tp=2 --sequence-parallel --print-plan",
+                run, bin);
+    CHECK_MSG(rc == 0 && strstr(out, "mesh dp=1,pp=1,tp=2") && strstr(out, "tp2"), "%s", out);
     free(out);
     rc = mgt_sh(&out, "%s -n 3 %s " GPT_SMALL " --batch 6 --mesh dp=2", run, bin);
     CHECK_MSG(rc != 0 && strstr(out, "has dp*tp*pp = 2 ranks but the job has 3"), "%s", out);

@@ -102,7 +102,13 @@ static void usage(FILE *f)
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
 "                      --parallel ddp is --mesh dp=<ranks>; pp=P cuts the\n"
 "                      model into a pipeline of P stages (with dp=D: D\n"
-"                      replicas of it); tp is not built yet\n"
+"                      replicas of it); tp=T splits every layer over T ranks\n"
+"                      (Megatron-LM's tensor parallelism: gpt's attention by\n"
+"                      heads, its MLP, its embedding and head by vocabulary;\n"
+"                      an image model's fc1/fc2 pair), e.g. dp=2,pp=2,tp=2\n"
+"  --sequence-parallel with tp=T, a gpt's activations between its attention\n"
+"                      and MLP split over the positions too (Megatron-LM's\n"
+"                      sequence parallelism: LayerNorms on 1/T of them)\n"
 "  --pp-schedule S     pipeline schedule: naive | gpipe | 1f1b | interleaved\n"
 "                      (default 1f1b; --schedule is the learning rate's)\n"
 "  --micro-batches M   pipeline micro-batches per step (default: the stages):\n"
@@ -212,7 +218,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
-           O_EVAL_WINDOWS, O_NO_EVAL_START };
+           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -234,7 +240,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
         {"init-partial", 0, 0, O_INIT_PARTIAL}, {"eval-windows", 1, 0, O_EVAL_WINDOWS},
-        {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {0, 0, 0, 0}};
+        {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {"sequence-parallel", 0, 0, O_SEQ_PAR},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     mg_train_config *c = &o->c;
     *c = (mg_train_config){.model = "lenet-d2l", .gpt = mg_gpt_defaults(), .momentum = -1,
@@ -277,6 +284,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_VERSION: mg_print_version("mgtrain"); exit(0);
         case O_PARAMS: print_params(); exit(0);
         case O_RECOMPUTE: c->recompute = true; break;
+        case O_SEQ_PAR: c->sequence_parallel = true; break;
         case O_PLAN: o->print_plan = 1; break;
         case O_SCHEDULE: c->pp_schedule = optarg; break;
         case O_MICRO: c->micro_batches = (int)int_flag("--micro-batches", 1, 1 << 20); break;
@@ -415,8 +423,18 @@ static void print_header(const options *o)
                c->gpt.layers, c->gpt.dim, c->gpt.heads, c->gpt.ctx);
     else
         printf("mgtrain: %s, ", c->model);
-    printf("%zu parameters, batch %d", mg_model_num_params(m), c->batch);
-    if (in.distributed && in.pp == 1) {
+    size_t logical = 0;
+    for (int i = 0; i < mg_model_num_tensors(m); i++)
+        if (!mg_model_tensor(m, i)->is_buffer) logical += mg_model_tensor(m, i)->gnumel;
+    printf("%zu parameters", logical);
+    if (in.tp.size > 1)
+        printf(" (%zu on each of %d tensor-parallel ranks)", mg_model_num_params(m), in.tp.size);
+    printf(", batch %d", c->batch);
+    if (in.distributed && in.pp == 1 && in.tp.size > 1) {
+        char mesh[64];
+        mg_mesh_describe(mg_strategy_mesh(s), mesh, sizeof mesh);
+        printf(" (%d per data-parallel rank, mesh %s, %s)", in.local, mesh, mg_strategy_name(s));
+    } else if (in.distributed && in.pp == 1) {
         printf(" (%d per rank on %d ranks, %s)", in.local, in.world, mg_strategy_name(s));
     } else if (in.distributed) {
         char mesh[64];

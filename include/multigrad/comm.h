@@ -120,8 +120,14 @@ const char *mg_group_backend(const mg_group *g);
  * broadcast and reduce, flat gather and scatter, pairwise all_to_all). */
 typedef struct mg_traffic {
     uint64_t sent, received;
+    double seconds;   /* this rank's operations of g executing, peers awaited included */
 } mg_traffic;
 mg_traffic mg_group_traffic(const mg_group *g);
+/* A short name of g for traces (e.g. a mesh dimension's "tp"; at most 15
+ * characters, NULL or "": none): with MG_TRACE each operation of g is an
+ * event "<name> <operation>" on the communication track (tid 3), from
+ * when it began executing to when it ended. Local. */
+void mg_group_set_name(mg_group *g, const char *name);
 
 /* As MPI_Comm_split: ranks with the same color form a group, ordered by
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */

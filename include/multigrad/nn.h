@@ -55,6 +55,44 @@ size_t mg_placement_run(const mg_placement *pl, int ndim, const int *local_shape
  * dimension). */
 mg_status mg_placement_check(const mg_placement *pl, int ndim, const int *local_shape);
 
+/* ---- Tensor parallelism (Megatron-LM) -------------------------------------
+ * A model split over the `size` ranks of a tensor-parallel group, this
+ * process building part `rank`: a column-parallel linear holds its
+ * weight's rows `rank` (its outputs are split), a row-parallel one its
+ * columns (its inputs are split; the outputs are summed over the group,
+ * then the bias and ReLU are applied), a vocabulary-parallel embedding and
+ * tied head their rows of wte, and the cross-entropy of split logits is
+ * computed without gathering them. Split layers place their parameters
+ * (mg_placement), so initial values and checkpoints are the logical
+ * tensors'. Their collectives go through callbacks a plan gives the model
+ * (mg_model_set_tp_comm), so nn includes no comm.
+ *
+ * Sequence parallelism (Megatron-LM's, `sequence`): between the split
+ * regions the activations are split too, each rank holding 1/size of a
+ * batch's rows (its contiguous part of the n x T positions), so
+ * LayerNorms run on a part and keep 1/size of their statistics; a
+ * column-parallel linear all-gathers its input (again in backward) and
+ * reduce-scatters its input gradient, a row-parallel one reduce-scatters
+ * its output and all-gathers its output gradient. The whole tensors the
+ * parts run through (LayerNorms, row-parallel biases) then get partial
+ * gradients (mg_param.grad_partial), which the plan sums over the group. */
+typedef struct mg_tp_split {
+    int size, rank;   /* size <= 1: whole */
+    bool sequence;    /* sequence parallelism (a language model's, size | T) */
+} mg_tp_split;
+#define MG_TP_NONE ((mg_tp_split){1, 0, false})
+typedef enum { MG_TP_COLUMN, MG_TP_ROW } mg_tp_role;
+typedef struct mg_tp_comm {
+    /* x [n] = its sum (max: its maximum) over the group's ranks, in place,
+     * on every rank (pointers of the model's device, here and below). */
+    mg_status (*all_reduce)(void *ud, float *x, size_t n, bool max);
+    /* out [size n] = every rank's in [n], in rank order. */
+    mg_status (*all_gather)(void *ud, const float *in, float *out, size_t n);
+    /* out [n] = part `rank` of the sum over the ranks of in [size n]. */
+    mg_status (*reduce_scatter)(void *ud, const float *in, float *out, size_t n);
+    void *ud;
+} mg_tp_comm;
+
 /* A named tensor of a model: a parameter (with a gradient) or a buffer
  * (e.g. batch-norm running statistics). Names, shapes and order follow
  * ../shared/models.md and PyTorch's state_dict ("conv1.weight",
@@ -69,6 +107,10 @@ typedef struct mg_param {
     int gshape[MG_MAX_DIMS];
     size_t gnumel;
     mg_placement place;
+    /* Its gradient is a partial sum over the tensor-parallel group (a
+     * whole tensor that sequence parallelism runs on a part of the rows):
+     * the plan sums it there. */
+    bool grad_partial;
     size_t offset;   /* in floats, into the parameter arena (or the buffer arena) */
     float *data;     /* view into the arena */
     float *grad;     /* view into the gradient arena; NULL for buffers */
@@ -82,6 +124,12 @@ typedef struct mg_tape mg_tape;
  * mg_model_create_gpt). Parameters initialised as models.md says, from
  * seed. */
 mg_status mg_model_create(const char *name, uint64_t seed, mg_model **out);
+/* The same model split for tensor parallelism (mg_tp_split): gpt-mini as
+ * mg_gpt_config.tp says; an image model's fully connected layers in
+ * column-then-row pairs (mlp and lenet5: fc1 column, fc2 row, fc3 whole;
+ * lenet-d2l: fc1 column, fc2 row), the convolutions whole. MG_EINVAL, one
+ * line, when tp.size does not divide a split dimension. */
+mg_status mg_model_create_split(const char *name, uint64_t seed, mg_tp_split tp, mg_model **out);
 void mg_model_destroy(mg_model *m);
 /* NULL-terminated list of zoo names. */
 const char *const *mg_model_names(void);
@@ -180,6 +228,15 @@ const mg_param *mg_model_find(const mg_model *m, const char *name);
  * MG_EINVAL for an unknown name, a buffer, a model with values or a pl
  * that does not fit. */
 mg_status mg_model_place(mg_model *m, const char *name, mg_placement pl);
+
+/* The tensor-parallel split the model was built with (MG_TP_NONE: whole),
+ * the callbacks its split layers call (copied; NULL: none, and a split
+ * model's forward then fails), and the first failure of a callback since
+ * the last call of mg_model_tp_failure (MG_OK: none; a forward during
+ * which one failed returns NULL). */
+mg_tp_split mg_model_tp(const mg_model *m);
+void mg_model_set_tp_comm(mg_model *m, const mg_tp_comm *c);
+mg_status mg_model_tp_failure(mg_model *m);
 
 /* Move the gradient arena to caller-owned storage of arena_size floats
  * (e.g. group shared memory for DDP); current gradients are copied. The
@@ -299,7 +356,9 @@ void mg_tape_backward_from(mg_tape *t, const float *dout);
 const float *mg_tape_input_grad(const mg_tape *t);
 const float *mg_tape_logits(const mg_tape *t);
 /* The last forward's output, batch * outputs per sample floats, into
- * host memory dst (from the device for a model on one). */
+ * host memory dst (from the device for a model on one). Logits split over
+ * the vocabulary come whole (batch * positions * mg_model_classes floats,
+ * gathered: collective over the tensor-parallel group). */
 void mg_tape_logits_to_host(const mg_tape *t, float *dst);
 
 /* ---- The model's own tape ----------------------------------------------
@@ -371,6 +430,11 @@ typedef enum { MG_INIT_TORCH_DEFAULT, MG_INIT_NORMAL } mg_init_kind;
 
 /* y = x W^T + b (input [c,h,w] flattened channel-major), then ReLU if relu. */
 mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu);
+/* mg_layer_linear of logical sizes in -> out, split over tp as role says
+ * (column: out / tp.size outputs; row: in / tp.size inputs, outputs summed
+ * over the group); both sizes must divide (checked by the caller). */
+mg_layer *mg_layer_linear_split(const char *name, int in, int out, bool relu, mg_tp_role role,
+                                mg_tp_split tp);
 /* k x k convolution, then ReLU if relu, then a 2x2/2 pool if pool is not
  * MG_POOL_NONE: one layer so the pre-pool map never goes to memory. */
 mg_layer *mg_layer_conv2d(const char *name, int in_ch, int out_ch, int k, int stride,
@@ -414,6 +478,10 @@ mg_layer *mg_layer_gpt_block(const char *name, int d, int heads);
 /* gpt-mini (models.md section D) at any size. */
 typedef struct mg_gpt_config {
     int layers, dim, heads, ctx, vocab;
+    /* Tensor parallelism: this process's part (c_attn and mlp.c_fc
+     * column-parallel, with whole heads per rank; both c_proj row-parallel;
+     * wte split over the vocabulary); heads and vocab must divide. */
+    mg_tp_split tp;
 } mg_gpt_config;
 /* models.md's defaults: 4 layers, dim 128, 4 heads, context 128, vocab 256. */
 mg_gpt_config mg_gpt_defaults(void);

@@ -71,6 +71,7 @@ typedef struct mg_train_config {
      * dp dimension; a pipeline when pp > 1. */
     mg_strategy_kind strategy;
     const char *mesh;
+    bool sequence_parallel;            /* with tp > 1 in mesh: Megatron's, a gpt's */
     int zero;
     const char *pp_schedule, *split;   /* NULL: 1f1b, the balanced cut */
     int micro_batches, chunks;         /* 0: the stages; 1 (interleaved 2) */
@@ -154,6 +155,7 @@ mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r);
 typedef struct mg_trainer_info {
     int rank, world;          /* in the job (0, 1 in one process) */
     int dp_rank, dp_size, pp; /* the data-parallel coordinate and ranks; stages */
+    mg_tp_split tp;           /* this rank's tensor-parallel part (the mesh's tp) */
     int local;                /* samples per rank and micro-batch */
     bool distributed;         /* one rank of a job */
     bool restarted;           /* resuming after mgrun restarted the job */
@@ -163,6 +165,9 @@ typedef struct mg_trainer_info {
     size_t text_bytes, text_train_bytes; /* text */
     int val_windows;          /* text: windows one evaluation takes */
     uint64_t step_sent, step_received;  /* bytes the steps moved, this rank */
+    /* ... of them on each dimension of the mesh (tp, dp, pp; mg_mesh_dim),
+     * with the time its operations took there */
+    mg_traffic step_by_dim[MG_MESH_DIMS];
     long steps_run;           /* by this trainer */
     char collectives[128];    /* on GPUs: "NCCL (why)" or "staged through the host (why)" */
 } mg_trainer_info;

@@ -106,8 +106,10 @@ struct mg_group {
     pthread_t thread;
     uint64_t seq;               /* collectives issued */
     uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
-    /* payload bytes moved to and from other ranks (traffic.h) */
+    /* payload bytes moved to and from other ranks, and the time its
+     * operations took (traffic.h); its name in traces (mg_group_set_name) */
     mg__traffic traffic;
+    char trace_name[16];
     /* how messages name the ranks (names.h): set by a backend's split for
      * its sub-groups, labels by mg_group_set_label */
     mg__names names;

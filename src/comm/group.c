@@ -197,7 +197,13 @@ mg_traffic mg_group_traffic(const mg_group *g)
      * through a const group does not modify them. */
     mg__traffic *t = (mg__traffic *)&g->traffic;
     return (mg_traffic){atomic_load_explicit(&t->sent, memory_order_relaxed),
-                        atomic_load_explicit(&t->received, memory_order_relaxed)};
+                        atomic_load_explicit(&t->received, memory_order_relaxed),
+                        atomic_load_explicit(&t->busy_ns, memory_order_relaxed) / 1e9};
+}
+
+void mg_group_set_name(mg_group *g, const char *name)
+{
+    snprintf(g->trace_name, sizeof g->trace_name, "%s", name ? name : "");
 }
 
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)

@@ -12,6 +12,9 @@
  * write into its own (shm_direct.c, shm_copy.c); the MPI backend counts the
  * standard (ring) volume of each call, since MPI hides its transport.
  *
+ * Besides the bytes, the time this rank's operations of the group took
+ * executing (waiting for the peers included): work.c adds each one's.
+ *
  * Relaxed atomics: the executing thread adds while any thread may read.
  * The two counters are read apart, not as one snapshot. */
 #ifndef MG_COMM_TRAFFIC_H
@@ -22,6 +25,7 @@
 
 typedef struct mg__traffic {
     _Atomic uint64_t sent, received;
+    _Atomic uint64_t busy_ns;   /* this rank's operations executing (work.c) */
 } mg__traffic;
 
 /* t may be NULL (nothing counted). */

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include "comm/backend.h"
+#include "multigrad/trace.h"
 #include "comm/call.h"
 #include "comm/nccl.h"
 #include "multigrad/core.h"
@@ -144,14 +145,30 @@ static mg_status unstage(mg__req *r, bool copy)
     return st;
 }
 
+/* The time an operation took, in the group's counters and (tracing,
+ * a named group) the trace. */
+static void account(mg_group *g, const mg__req *r, double t0, double t1)
+{
+    uint64_t ns = t1 > t0 ? (uint64_t)((t1 - t0) * 1e9) : 0;
+    atomic_fetch_add_explicit(&g->traffic.busy_ns, ns, memory_order_relaxed);
+    if (!g->trace_name[0] || !mg_trace_on() || r->kind == MG__REQ_FREE) return;
+    char name[48];
+    snprintf(name, sizeof name, "%s %s", g->trace_name,
+             r->kind == MG__REQ_CALL ? mg_coll_name(r->c.coll)
+             : r->kind == MG__REQ_BATCH ? "send/recv batch" : "set-up");
+    mg_trace_event(name, g->trace_name, 3, mg_trace_at(t0), mg_trace_at(t1));
+}
+
 static mg_status exec(mg_group *g, mg__req *r)
 {
     /* Freeing is local and must work even on a failed group. */
     bool dead = atomic_load(&g->failed) && r->kind != MG__REQ_FREE;
+    double t0 = mg_now();
     mg_status st = dead ? failed_error(g)
                    : r->kind == MG__REQ_BATCH ? run_batch(g, r)
                    : r->nccl                  ? mg__nccl_run(g, r)
                                               : g->be->run(g, r);
+    account(g, r, t0, mg_now());
     /* A copy to a device that fails is this rank's error alone. */
     mg_status out = unstage(r, !st);
     if (!st && out) {

@@ -66,7 +66,7 @@ static const float *model_forward(void *ud, const int32_t *ctx)
     const float *l = mg_model_forward_tokens(f->m, ctx, 1);
     if (!l || !f->host) return l;
     mg_tape_logits_to_host(mg_model_tape(f->m), f->host);
-    return f->host;
+    return mg_model_tp_failure(f->m) ? NULL : f->host;
 }
 
 mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
@@ -77,7 +77,8 @@ mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, in
         return mg_error(MG_EINVAL, "generate: model %s is not a language model",
                         mg_model_name(m));
     own_forward o = {m, NULL};
-    if (mg_model_device(m).kind != MG_DEVICE_CPU &&
+    /* On a device, or split over the vocabulary, the logits are gathered. */
+    if ((mg_model_device(m).kind != MG_DEVICE_CPU || mg_model_tp(m).size > 1) &&
         !(o.host = malloc(sizeof(float) * (size_t)T * V)))
         return mg_error(MG_ENOMEM, "generate: out of memory");
     mg_lm_forward f = {model_forward, NULL, &o, m, T, V};

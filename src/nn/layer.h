@@ -22,7 +22,17 @@
 
 #define MG__MAX_LAYER_PARAMS 4
 
+/* A split model's tensor-parallel group, as its layers see it: its part,
+ * the plan's callbacks, and the first failure of one (later calls then do
+ * nothing: the step fails as a whole, mg_model_tp_failure). */
+typedef struct mg__tp {
+    mg_tp_split split;
+    mg_tp_comm comm;
+    mg_status failed;
+} mg__tp;
+
 typedef struct mg_ctx {
+    mg__tp *tp;           /* the model's group (NULL: a whole model) */
     bool training;
     bool recompute;       /* a forward run again before its backward: updates no state */
     uint64_t dropout_seed;
@@ -44,6 +54,7 @@ typedef struct mg_layer_param {
     float *data;          /* bound by the model */
     const char *name;     /* the tensor's whole name (the model's) */
     mg_placement place;   /* where it lies in the logical tensor (MG_WHOLE) */
+    bool grad_partial;    /* mg_param.grad_partial */
 } mg_layer_param;
 
 /* Initialisation by counter: logical element k of a parameter named N is
@@ -105,6 +116,7 @@ struct mg_layer {
     mg_layer **child;
     mg_init_kind init_kind;
     float init_std;
+    mg_tp_split tp;             /* a split layer's part (size 0 or 1: whole) */
 };
 
 /* A layer's memory in the call's tape, its k-th slot, the gradient of its
@@ -128,6 +140,31 @@ static inline float *mg__buffer(const mg_layer *l, const mg_ctx *c, int i)
 {
     return c->buffers + l->p[i].off;
 }
+
+/* Tensor parallelism (tensor_parallel.c). The sum (max: the maximum) of
+ * x [n] over the group, in place; nothing after a failure, which it
+ * records. */
+void mg__tp_all_reduce(const mg_ctx *c, float *x, size_t n, bool max);
+/* out [size n] = every rank's in [n]; out [n] = this rank's part of the
+ * sum of in [size n] (sequence parallelism). */
+void mg__tp_all_gather(const mg_ctx *c, const float *in, float *out, size_t n);
+void mg__tp_reduce_scatter(const mg_ctx *c, const float *in, float *out, size_t n);
+/* Sequence parallelism: the layer's activations outside the split
+ * regions are 1/size of the rows. */
+static inline bool mg__seq_split(const mg_layer *l) { return l->tp.size > 1 && l->tp.sequence; }
+/* Whether a layer's split makes it communicate. */
+static inline bool mg__split(const mg_layer *l) { return l->tp.size > 1; }
+/* mg_softmax_xent of logits split over the vocabulary: n rows of `classes`
+ * of them here, this rank's columns [lo, lo + classes) of each; labels
+ * are logical. Three all-reduces of n floats (the maxima, the sums of
+ * exponentials with the label's logits, and, with correct, the argmax);
+ * ws holds 4 n floats. */
+float mg__tp_softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
+                          int classes, int lo, float *dlogits, int *correct, float *ws);
+/* Linear layers split over tp (linear.c), with parameters placed: stride
+ * blocks of a column-parallel weight (qkv's three) split each. */
+mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, bool rows,
+                                 mg_tp_role role, mg_tp_split tp, int stride);
 
 /* Allocates a zeroed layer of `size` bytes (a struct starting with
  * mg_layer); NULL on allocation failure. */
@@ -156,6 +193,10 @@ char *mg__bind_children(mg_layer *l, int n, char **slot);
 char *mg__bind_child(mg_layer *ch, int n, char *p, char **slot);
 /* The aligned bytes a layer keeps for n images. */
 size_t mg__saved_bytes(const mg_layer *l, int n);
+
+/* A model whose logits are split over the vocabulary (its tied head's
+ * part of a tensor-parallel split): its loss is the parallel one. */
+void mg__model_set_vocab_split(mg_model *m);
 
 /* A sequence model's output per sample is `positions` rows of logits
  * (the language model's [T, vocab]); labels are per position. */

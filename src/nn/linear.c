@@ -2,7 +2,20 @@
  * ReLU. Any input shape is accepted and read flattened channel-major, so
  * no flatten layer (and no copy) is needed after a convolution. The
  * per-position form (mg_layer_linear_tokens) maps the last dimension of
- * a [c, T, in] input: every position is a row of one GEMM. */
+ * a [c, T, in] input: every position is a row of one GEMM.
+ *
+ * Split for tensor parallelism (Megatron-LM's ColumnParallelLinear and
+ * RowParallelLinear): a column-parallel layer holds out/T of the outputs
+ * (weight and bias rows) and sums its input gradient over the group; a
+ * row-parallel one holds in/T of the inputs (weight columns), sums its
+ * output over the group and then adds the whole bias and the ReLU. With
+ * sequence parallelism (per-position form only) a column-parallel layer
+ * takes 1/T of the positions, all-gathers them (again in its backward,
+ * rather than keep them) and reduce-scatters its input gradient; a
+ * row-parallel one reduce-scatters its output to 1/T of the positions and
+ * all-gathers their gradient, and its bias gradient is partial. The
+ * gathered and reduced blocks live in the layer's scratch. */
+#include <string.h>
 #include "nn/layer.h"
 
 typedef struct {
@@ -10,12 +23,25 @@ typedef struct {
     int in_f, out_f;
     bool relu;
     bool rows;     /* per position of the last dimension */
+    mg_tp_role role;   /* split (base.tp): in_f or out_f are this rank's part */
 } linear_layer;
 
-/* Rows of the GEMM per input. */
+static bool column_seq(const mg_layer *l)
+{
+    return mg__seq_split(l) && ((const linear_layer *)l)->role == MG_TP_COLUMN;
+}
+
+static bool row_parallel(const mg_layer *l)
+{
+    return mg__split(l) && ((const linear_layer *)l)->role == MG_TP_ROW;
+}
+
+/* Rows of the GEMM per input: its positions (a column-parallel layer's
+ * gathered ones under sequence parallelism), or 1. */
 static int rows_of(const mg_layer *l)
 {
-    return ((const linear_layer *)l)->rows ? l->in[0] * l->in[1] : 1;
+    if (!((const linear_layer *)l)->rows) return 1;
+    return column_seq(l) ? l->out[0] * l->out[1] : l->in[0] * l->in[1];
 }
 
 static mg_status linear_setup(mg_layer *l, const int in[3], int out[3])
@@ -25,8 +51,12 @@ static mg_status linear_setup(mg_layer *l, const int in[3], int out[3])
         if (in[2] != f->in_f)
             return mg_error(MG_EINVAL, "linear '%s' expects %d features per position but gets "
                             "%dx%dx%d", l->name, f->in_f, in[0], in[1], in[2]);
+        int T = l->tp.size;
+        if (mg__seq_split(l) && f->role == MG_TP_ROW && in[1] % T)
+            return mg_error(MG_EINVAL, "linear '%s': %d positions do not split over %d ranks "
+                            "(sequence parallelism)", l->name, in[1], T);
         out[0] = in[0];
-        out[1] = in[1];
+        out[1] = !mg__seq_split(l) ? in[1] : f->role == MG_TP_COLUMN ? in[1] * T : in[1] / T;
         out[2] = f->out_f;
         return MG_OK;
     }
@@ -38,25 +68,87 @@ static mg_status linear_setup(mg_layer *l, const int in[3], int out[3])
     return MG_OK;
 }
 
+/* Sequence parallelism's blocks of all positions: a column-parallel
+ * layer's gathered input and its input gradient before the reduction, a
+ * row-parallel one's output before it and its gathered gradient. */
 static void linear_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
+    const linear_layer *f = (const linear_layer *)l;
+    size_t r = (size_t)n * rows_of(l);
     *saved = 0;
-    *scratch = 0;
+    *scratch = !mg__seq_split(l) ? 0 : f->role == MG_TP_COLUMN ? 2 * r * f->in_f : r * f->out_f;
+}
+
+static void bias_relu(const linear_layer *f, float *y, size_t r)
+{
+    const float *b = f->base.p[1].data;
+    for (size_t i = 0; i < r; i++) {
+        float *yi = y + i * f->out_f;
+        for (int j = 0; j < f->out_f; j++) {
+            float v = yi[j] + b[j];
+            yi[j] = f->relu && v < 0.0f ? 0.0f : v;
+        }
+    }
 }
 
 static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     linear_layer *f = (linear_layer *)l;
-    mg_linear_forward(y, x, l->p[0].data, l->p[1].data, n * rows_of(l), f->in_f, f->out_f,
-                      f->relu);
+    size_t r = (size_t)n * rows_of(l), T = (size_t)l->tp.size;
+    if (column_seq(l)) {   /* this rank's positions, gathered */
+        mg__tp_all_gather(c, x, c->scratch, r / T * f->in_f);
+        x = c->scratch;
+    }
+    if (!row_parallel(l)) {
+        mg_linear_forward(y, x, l->p[0].data, l->p[1].data, (int)r, f->in_f, f->out_f, f->relu);
+        return;
+    }
+    /* The partial products summed over the group (sequence parallelism:
+     * this rank's positions of the sum), then bias and ReLU. */
+    if (!mg__seq_split(l)) {
+        mg_linear_forward(y, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
+        mg__tp_all_reduce(c, y, r * f->out_f, false);
+        bias_relu(f, y, r);
+        return;
+    }
+    mg_linear_forward(c->scratch, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
+    mg__tp_reduce_scatter(c, c->scratch, y, r / T * f->out_f);
+    bias_relu(f, y, r / T);
 }
 
 static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                             float *dy, float *dx, int n)
 {
     linear_layer *f = (linear_layer *)l;
-    mg_linear_backward(dx, mg__grad(l, c, 0), mg__grad(l, c, 1), dy, y, x, l->p[0].data,
-                       n * rows_of(l), f->in_f, f->out_f, f->relu);
+    size_t r = (size_t)n * rows_of(l), T = (size_t)l->tp.size;
+    float *dw = mg__grad(l, c, 0), *db = mg__grad(l, c, 1);
+    if (column_seq(l)) {   /* gathered again; the input gradient reduce-scattered */
+        float *xg = c->scratch, *dxg = dx ? c->scratch + r * f->in_f : NULL;
+        mg__tp_all_gather(c, x, xg, r / T * f->in_f);
+        mg_linear_backward(dxg, dw, db, dy, y, xg, l->p[0].data, (int)r, f->in_f, f->out_f,
+                           f->relu);
+        if (dx) mg__tp_reduce_scatter(c, dxg, dx, r / T * f->in_f);
+        return;
+    }
+    if (row_parallel(l) && mg__seq_split(l)) {
+        /* This rank's positions: the ReLU's mask and the (partial) bias
+         * gradient; then all of them for the weight and input gradients. */
+        size_t rl = r / T;
+        for (size_t i = 0; i < rl; i++) {
+            float *g = dy + i * f->out_f;
+            for (int j = 0; j < f->out_f; j++) {
+                if (f->relu && y[i * f->out_f + j] <= 0.0f) g[j] = 0.0f;
+                db[j] += g[j];
+            }
+        }
+        mg__tp_all_gather(c, dy, c->scratch, rl * f->out_f);
+        mg_linear_backward(dx, dw, NULL, c->scratch, NULL, x, l->p[0].data, (int)r, f->in_f,
+                           f->out_f, false);
+        return;
+    }
+    mg_linear_backward(dx, dw, db, dy, y, x, l->p[0].data, (int)r, f->in_f, f->out_f, f->relu);
+    if (dx && mg__split(l) && f->role == MG_TP_COLUMN)
+        mg__tp_all_reduce(c, dx, r * f->in_f, false);
 }
 
 static double linear_flops(const mg_layer *l)
@@ -85,7 +177,33 @@ mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)
 
 mg_layer *mg_layer_linear_tokens(const char *name, int in, int out)
 {
-    mg_layer *l = mg_layer_linear(name, in, out, false);
-    if (l) ((linear_layer *)l)->rows = true;
+    return mg__layer_linear_split(name, in, out, false, true, MG_TP_COLUMN, MG_TP_NONE, 1);
+}
+
+mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, bool rows,
+                                 mg_tp_role role, mg_tp_split tp, int stride)
+{
+    bool split = tp.size > 1, col = role == MG_TP_COLUMN;
+    MG_ASSERT(!split || (col ? out : in) % (tp.size * stride) == 0);
+    int li = split && !col ? in / tp.size : in, lo = split && col ? out / tp.size : out;
+    mg_layer *l = mg_layer_linear(name, li, lo, relu);
+    if (!l) return NULL;
+    linear_layer *f = (linear_layer *)l;
+    f->rows = rows;
+    f->role = role;
+    if (split) {
+        l->tp = tp;
+        l->tp.sequence = tp.sequence && rows;
+        mg_placement pl = {col ? 0 : 1, tp.size, tp.rank, col ? stride : 1};
+        l->p[0].place = pl;
+        if (col) l->p[1].place = (mg_placement){0, tp.size, tp.rank, stride};
+        else l->p[1].grad_partial = l->tp.sequence;
+    }
     return l;
+}
+
+mg_layer *mg_layer_linear_split(const char *name, int in, int out, bool relu, mg_tp_role role,
+                                mg_tp_split tp)
+{
+    return mg__layer_linear_split(name, in, out, relu, false, role, tp, 1);
 }

@@ -169,6 +169,7 @@ static mg_status build(mg_model *m)
                 t->numel = p->numel;
                 t->is_buffer = p->is_buffer;
                 set_placement(t, p->place);
+                t->grad_partial = p->grad_partial;
             }
         }
     free(names);
@@ -297,6 +298,24 @@ mg_status mg_model_set_unit_pad(mg_model *m, size_t pad)
 
 size_t mg_model_unit_pad(const mg_model *m) { return m->pad; }
 
+/* The tensor-parallel split of the model's split layers: one for all. */
+static mg_status find_split(mg_model *m)
+{
+    for (int i = 0; i < m->n_leaves; i++) {
+        mg_tp_split t = m->leaves[i]->tp;
+        if (t.size <= 1) continue;
+        if (m->ctx.tp && (m->tp.split.size != t.size || m->tp.split.rank != t.rank ||
+                          m->tp.split.sequence != t.sequence))
+            return mg_error(MG_EINVAL, "model '%s': its layers are split over %d and %d "
+                            "tensor-parallel ranks (parts %d and %d): build every split layer "
+                            "with the same mg_tp_split", m->name, m->tp.split.size, t.size,
+                            m->tp.split.rank, t.rank);
+        m->tp.split = t;
+        m->ctx.tp = &m->tp;
+    }
+    return MG_OK;
+}
+
 mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, int w,
                                uint64_t seed, mg_model **out)
 {
@@ -324,6 +343,11 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
     mg_status st = root->vt->setup(root, m->in, root->out);
     if (st == MG_OK) st = build(m);
     if (st == MG_OK) st = layout(m, MG_SIMD_FLOATS);
+    if (st) {
+        mg_model_destroy(m);
+        return st;
+    }
+    if (!st) st = find_split(m);
     if (st) {
         mg_model_destroy(m);
         return st;
@@ -432,6 +456,10 @@ mg_status mg_model_to_device(mg_model *m, mg_device dev)
         return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: layer '%s' (%s) has no device "
                         "kernels (every layer of the library has them); use --device cpu",
                         m->name, name, bad->name, bad->vt->kind);
+    if (m->ctx.tp && dev.kind != MG_DEVICE_CPU)
+        return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: it is split for tensor parallelism "
+                        "(part %d of %d), whose layers run on the CPU in this version; use "
+                        "--device cpu", m->name, name, m->tp.split.rank, m->tp.split.size);
     if (m->grads != m->own_grads)
         return mg_error(MG_EUNSUPPORTED, "model '%s': move it to %s before a strategy takes "
                         "its gradients", m->name, name);
@@ -544,7 +572,8 @@ void mg_model_input_shape(const mg_model *m, int *c, int *h, int *w)
     if (w) *w = m->in[2];
 }
 
-int mg_model_classes(const mg_model *m) { return m->classes; }
+/* Logical: a vocabulary split over tp ranks is all of it. */
+int mg_model_classes(const mg_model *m) { return m->classes * (m->vocab_split ? m->tp.split.size : 1); }
 int mg_model_positions(const mg_model *m) { return m->positions; }
 
 int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int cap)

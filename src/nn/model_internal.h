@@ -32,7 +32,9 @@ struct mg_model {
     int n_slots;               /* slots of a tape */
     struct { const mg_unit_hooks *h; void *ud; } hooks[MG_MAX_UNIT_HOOKS];
     int n_hooks;
-    mg_ctx ctx;                /* training, dropout seed and counter */
+    mg_ctx ctx;                /* training, dropout seed and counter; ctx.tp: &tp or NULL */
+    mg__tp tp;                 /* its layers' tensor-parallel split (tensor_parallel.c) */
+    bool vocab_split;          /* its logits are split over the vocabulary */
     bool input_grad, recompute;
     unsigned layout;           /* changes when tapes must be made again */
     mg_tape *tape;             /* the mg_model_forward family's */

@@ -24,12 +24,20 @@ static size_t fbytes(size_t n) { return mg__align(n * sizeof(float)); }
  * counts; else fills the slots and the tape's pointers. */
 static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t);
 
+/* The parallel cross-entropy of split logits works in the scratch. */
+static size_t loss_scratch(const mg_model *m, int n, size_t scratch)
+{
+    size_t need = m->vocab_split ? 4 * (size_t)n * (size_t)m->positions : 0;
+    return scratch > need ? scratch : need;
+}
+
 static size_t tape_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t)
 {
     if (a != 0 || b != m->n_units) return range_layout(m, n, a, b, mem, t);
     mg_layer *root = m->root;
     size_t saved, scratch, off = 0;
     root->vt->sizes(root, n, &saved, &scratch);
+    scratch = loss_scratch(m, n, scratch);
     if (!m->recompute) {
         if (mem) {
             t->slot[root->slot] = mem;
@@ -87,6 +95,7 @@ static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg
         size_t o = mg__per_image(m->units[u].l->out);
         if (u + 1 < b && o > between) between = o;
     }
+    if (b == m->n_units) scratch = loss_scratch(m, n, scratch);
     if (m->recompute) off = shared;
     int last = -1;
     for (int u = a; u < b; u++) {
@@ -277,6 +286,7 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
         x = mg_dk_feed_in(t->feed, x, (size_t)batch * t->in_per * sizeof(float));
     mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
     mg__dk_leave(prev);
+    if (m->tp.failed) return NULL;   /* a collective of a split layer failed (mg_last_error) */
     t->x = x;
     t->batch = batch;
     t->have_fwd = true;
@@ -301,7 +311,11 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
         mg_dk_copy_in(t->dev_labels, labels, (size_t)n * sizeof(int32_t));
         labels = t->dev_labels;
     }
-    float loss = mg_softmax_xent(t->logits, labels, n, m->classes, t->dlogits, correct);
+    mg_ctx c = tape_ctx(t);
+    float loss = m->vocab_split
+        ? mg__tp_softmax_xent(&c, t->logits, labels, n, m->classes,
+                              m->tp.split.rank * m->classes, t->dlogits, correct, t->scratch)
+        : mg_softmax_xent(t->logits, labels, n, m->classes, t->dlogits, correct);
     mg__dk_leave(prev);
     return loss;
 }
@@ -351,9 +365,27 @@ void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
 }
 const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
 
+/* Split over the vocabulary: each rank's columns in place, zeros
+ * elsewhere, summed over the group (exact: one term is not zero). */
+static void gather_logits(const mg_tape *t, float *dst)
+{
+    const mg_model *m = t->m;
+    size_t rows = (size_t)t->batch * m->positions, vl = (size_t)m->classes;
+    size_t v = vl * (size_t)m->tp.split.size, lo = vl * (size_t)m->tp.split.rank;
+    memset(dst, 0, rows * v * sizeof(float));
+    for (size_t i = 0; i < rows; i++)
+        memcpy(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
+    mg_ctx c = tape_ctx(t);
+    mg__tp_all_reduce(&c, dst, rows * v, false);
+}
+
 void mg_tape_logits_to_host(const mg_tape *t, float *dst)
 {
     MG_ASSERT(t->have_fwd);
+    if (t->m->vocab_split) {
+        gather_logits(t, dst);
+        return;
+    }
     size_t bytes = (size_t)t->batch * t->out_per * sizeof(float);
     if (!t->dk) {
         memcpy(dst, t->logits, bytes);

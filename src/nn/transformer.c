@@ -6,7 +6,18 @@
  * Shapes: a sequence is one sample [1, T, d]; every layer works on the
  * n*T rows of the batch, so the per-position linear maps are one GEMM.
  * The embedding reads its input as int32 tokens (mg_model_forward_tokens
- * passes them through the float input pointer unchanged). */
+ * passes them through the float input pointer unchanged).
+ *
+ * Split for tensor parallelism (mg_gpt_config.tp, Megatron-LM's layout):
+ * wte by vocabulary rows (the embedding sums its rows' lookups over the
+ * group; the tied head gives this rank's columns of the logits), c_attn
+ * and c_fc column-parallel (q, k and v each split, so a rank holds whole
+ * heads), both c_proj row-parallel; LayerNorms, wpe and the row-parallel
+ * biases whole. With sequence parallelism (tp.sequence) the activations
+ * between blocks are 1/T of the positions: the embedding reduce-scatters
+ * its sum, the head all-gathers its input, the LayerNorms run on a part
+ * (their gradients partial) and the blocks' linears gather and scatter
+ * (linear.c). The CPU only (the split embedding's loops). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +33,7 @@ static size_t rows(const int s[3], int n) { return (size_t)n * s[0] * s[1]; }
 typedef struct {
     mg_layer base;
     int vocab, ctx, d;
+    int lo, nv;        /* its rows of wte: tokens [lo, lo + nv) (split: a part) */
 } embed_layer;
 
 static mg_status embed_setup(mg_layer *l, const int in[3], int out[3])
@@ -31,46 +43,100 @@ static mg_status embed_setup(mg_layer *l, const int in[3], int out[3])
         return mg_error(MG_EINVAL, "embedding expects %d tokens per sequence but gets %dx%dx%d",
                         e->ctx, in[0], in[1], in[2]);
     out[0] = 1;
-    out[1] = e->ctx;
+    out[1] = mg__seq_split(l) ? e->ctx / l->tp.size : e->ctx;
     out[2] = e->d;
     return MG_OK;
 }
 
+/* Sequence parallelism: the sum of all positions before its scatter,
+ * their gradient gathered. */
+static void embed_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    const embed_layer *e = (const embed_layer *)l;
+    *saved = 0;
+    *scratch = mg__seq_split(l) ? (size_t)n * e->ctx * e->d : 0;
+}
+
+/* Split: each rank looks up the tokens in its rows (zeros for the
+ * others) and rank 0 adds the positions; the sum over the group is one
+ * process's wte[tok] + wpe[t], bit for bit (the other terms are zeros). */
 static void embed_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     embed_layer *e = (embed_layer *)l;
     const int32_t *tok = (const int32_t *)(const void *)x;
     if (!mg__dk_cur)   /* on a device the tape checked the tokens as it copied them */
         for (size_t i = 0; i < (size_t)n * e->ctx; i++) MG_ASSERT(tok[i] >= 0 && tok[i] < e->vocab);
-    mg_embedding_forward(y, tok, l->p[0].data, l->p[1].data, n, e->ctx, e->d);
+    if (!mg__split(l)) {
+        mg_embedding_forward(y, tok, l->p[0].data, l->p[1].data, n, e->ctx, e->d);
+        return;
+    }
+    size_t d = (size_t)e->d, r = (size_t)n * e->ctx;
+    float *sum = mg__seq_split(l) ? c->scratch : y;
+    for (size_t i = 0; i < r; i++) {
+        float *yi = sum + i * d;
+        int t = tok[i] - e->lo;
+        if (t >= 0 && t < e->nv) memcpy(yi, l->p[0].data + (size_t)t * d, d * sizeof(float));
+        else memset(yi, 0, d * sizeof(float));
+        if (l->tp.rank == 0) mg_add_into(yi, l->p[1].data + (i % (size_t)e->ctx) * d, d);
+    }
+    if (mg__seq_split(l)) mg__tp_reduce_scatter(c, sum, y, r / (size_t)l->tp.size * d);
+    else mg__tp_all_reduce(c, y, r * d, false);
 }
 
 static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                            float *dy, float *dx, int n)
 {
     embed_layer *e = (embed_layer *)l;
-    mg_embedding_backward(mg__grad(l, c, 0), mg__grad(l, c, 1), dy,
-                          (const int32_t *)(const void *)x, n, e->ctx, e->d, e->vocab);
+    const int32_t *tok = (const int32_t *)(const void *)x;
+    if (!mg__split(l)) {
+        mg_embedding_backward(mg__grad(l, c, 0), mg__grad(l, c, 1), dy, tok, n, e->ctx, e->d,
+                              e->vocab);
+        return;
+    }
+    float *gte = mg__grad(l, c, 0), *gpe = mg__grad(l, c, 1);
+    size_t d = (size_t)e->d, r = (size_t)n * e->ctx;
+    if (mg__seq_split(l)) {   /* every position's gradient, as without it */
+        mg__tp_all_gather(c, dy, c->scratch, r / (size_t)l->tp.size * d);
+        dy = c->scratch;
+    }
+    for (size_t i = 0; i < r; i++) {
+        int t = tok[i] - e->lo;
+        if (t >= 0 && t < e->nv) mg_add_into(gte + (size_t)t * d, dy + i * d, d);
+        mg_add_into(gpe + (i % (size_t)e->ctx) * d, dy + i * d, d);
+    }
 }
 
 static const mg_layer_vt embed_vt = {
-    .kind = "embedding", .on_device = true, .setup = embed_setup, .sizes = mg__no_sizes,
+    .kind = "embedding", .on_device = true, .setup = embed_setup, .sizes = embed_sizes,
     .forward = embed_forward, .backward = embed_backward,
 };
 
-mg_layer *mg_layer_embedding(int vocab, int ctx, int d)
+/* tp: this rank's rows of wte (vocab must divide). */
+static mg_layer *embedding(int vocab, int ctx, int d, mg_tp_split tp)
 {
-    MG_ASSERT(vocab > 0 && ctx > 0 && d > 0);
+    MG_ASSERT(vocab > 0 && ctx > 0 && d > 0 && (tp.size <= 1 || vocab % tp.size == 0));
     embed_layer *e = (embed_layer *)mg__layer_alloc(sizeof *e, &embed_vt, NULL);
     if (!e) return NULL;
+    bool split = tp.size > 1;
     e->vocab = vocab;
     e->ctx = ctx;
     e->d = d;
+    e->nv = split ? vocab / tp.size : vocab;
+    e->lo = split ? tp.rank * e->nv : 0;
     e->base.anonymous = true;
     e->base.need_dx = false;
-    mg__layer_param(&e->base, "wte.weight", false, 2, (int[]){vocab, d});
+    mg__layer_param(&e->base, "wte.weight", false, 2, (int[]){e->nv, d});
     mg__layer_param(&e->base, "wpe.weight", false, 2, (int[]){ctx, d});
+    if (split) {
+        e->base.tp = tp;
+        e->base.p[0].place = (mg_placement){0, tp.size, tp.rank, 1};
+    }
     return &e->base;
+}
+
+mg_layer *mg_layer_embedding(int vocab, int ctx, int d)
+{
+    return embedding(vocab, ctx, d, MG_TP_NONE);
 }
 
 /* ---- The tied head ------------------------------------------------------- */
@@ -87,34 +153,60 @@ static mg_status head_setup(mg_layer *l, const int in[3], int out[3])
         return mg_error(MG_EINVAL, "tied head expects %d features per position but gets %d",
                         e->d, in[2]);
     out[0] = in[0];
-    out[1] = in[1];
-    out[2] = e->vocab;
+    out[1] = mg__seq_split(&e->base) ? in[1] * e->base.tp.size : in[1];
+    out[2] = e->nv;
     return MG_OK;
 }
 
+/* Sequence parallelism: all positions of its input, gathered (again in
+ * the backward), and their gradient before its scatter. */
+static void head_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
+{
+    const embed_layer *e = (const embed_layer *)((const head_layer *)l)->embed;
+    *saved = 0;
+    *scratch = mg__seq_split(&e->base) ? 2 * rows(l->out, n) * e->d : 0;
+}
+
+/* Its input, all positions of it. */
+static const float *head_input(const mg_layer *l, const mg_ctx *c, const float *x, int n)
+{
+    const embed_layer *e = (const embed_layer *)((const head_layer *)l)->embed;
+    if (!mg__seq_split(&e->base)) return x;
+    mg__tp_all_gather(c, x, c->scratch, rows(l->in, n) * e->d);
+    return c->scratch;
+}
+
+/* Split: this rank's columns of the logits (its rows of wte); the input
+ * gradient is summed over the group. */
 static void head_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
-    mg_gemm(false, true, (int)rows(l->in, n), e->vocab, e->d, 1.0f, x, e->d, e->base.p[0].data,
-            e->d, 0.0f, y, e->vocab);
+    x = head_input(l, c, x, n);
+    mg_gemm(false, true, (int)rows(l->out, n), e->nv, e->d, 1.0f, x, e->d, e->base.p[0].data,
+            e->d, 0.0f, y, e->nv);
 }
 
 static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                           float *dy, float *dx, int n)
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
-    int r = (int)rows(l->in, n);
-    mg_gemm(true, false, e->vocab, e->d, r, 1.0f, dy, e->vocab, x, e->d, 1.0f,
+    int r = (int)rows(l->out, n);
+    x = head_input(l, c, x, n);
+    mg_gemm(true, false, e->nv, e->d, r, 1.0f, dy, e->nv, x, e->d, 1.0f,
             mg__grad(&e->base, c, 0), e->d);
-    if (dx)
-        mg_gemm(false, false, r, e->d, e->vocab, 1.0f, dy, e->vocab, e->base.p[0].data, e->d,
-                0.0f, dx, e->d);
+    if (!dx) return;
+    bool seq = mg__seq_split(&e->base);
+    float *dxs = seq ? c->scratch + (size_t)r * e->d : dx;
+    mg_gemm(false, false, r, e->d, e->nv, 1.0f, dy, e->nv, e->base.p[0].data, e->d, 0.0f, dxs,
+            e->d);
+    if (seq) mg__tp_reduce_scatter(c, dxs, dx, (size_t)r / (size_t)e->base.tp.size * e->d);
+    else if (mg__split(&e->base)) mg__tp_all_reduce(c, dx, (size_t)r * e->d, false);
 }
 
 static double head_flops(const mg_layer *l)
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
-    return 2.0 * e->d * e->vocab * rows(l->in, 1);
+    return 2.0 * e->d * e->nv * rows(l->out, 1);
 }
 
 static const mg_layer *head_borrows(const mg_layer *l) { return ((const head_layer *)l)->embed; }
@@ -122,7 +214,7 @@ static const mg_layer *head_borrows(const mg_layer *l) { return ((const head_lay
 /* The model counts the training cost of a layer with need_dx as 3
  * forwards: the head's wte gradient and input gradient are two of them. */
 static const mg_layer_vt head_vt = {
-    .kind = "tied_head", .on_device = true, .setup = head_setup, .sizes = mg__no_sizes,
+    .kind = "tied_head", .on_device = true, .setup = head_setup, .sizes = head_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,
     .borrows = head_borrows,
 };
@@ -328,6 +420,15 @@ mg_layer *mg_layer_attention(const char *name, int d, int heads)
 
 /* ---- The pre-LayerNorm block --------------------------------------------- */
 
+/* A LayerNorm run on 1/T of the positions (sequence parallelism): its
+ * gradients are partial sums over the group. */
+static mg_layer *mark_partial(mg_layer *ln)
+{
+    if (ln)
+        for (int i = 0; i < ln->n_params; i++) ln->p[i].grad_partial = true;
+    return ln;
+}
+
 /* x1 = x + attn(ln_1(x)); y = x1 + mlp(ln_2(x1)). The children are ln_1,
  * attn (a Sequential of c_attn, the attention core and c_proj), ln_2 and
  * mlp (c_fc, GELU, c_proj), as PyTorch's module tree names them; the block
@@ -354,15 +455,21 @@ mg_layer *mg_layer_attention(const char *name, int d, int heads)
 enum { L_LN1, L_QKV, L_ATT, L_PROJ, L_LN2, L_FC, L_GELU, L_FCPROJ, L_N };   /* layers run */
 enum { K_QKV, K_ATT, K_X1, K_FC, K_N };                                      /* kept */
 enum { S_A, S_G, S_D, S_P, S_N };                                            /* per slice */
-static const int keep_width[K_N] = {3, 1, 1, 4};   /* times d, per position */
-/* A: a LayerNorm output or a d-wide gradient; G, D, P: the GELU output,
- * its derivative and the 4d-wide gradients (dqkv fits in G). */
-static const int tmp_width[S_N] = {1, 4, 4, 4};
 
+/* Split over T tensor-parallel ranks, a rank keeps qkv, the attention
+ * output and c_fc's output of its heads and columns only (3d/T, d/T,
+ * 4d/T) and the whole x1 (d); the whole batch is one slice, so the block
+ * makes exactly two all-reduces in forward and two in backward. */
 typedef struct {
     mg_layer base;
     mg_layer *leaf[L_N];   /* the children's layers, in forward order */
     int slice_max;         /* sequences per slice, from MG_BLOCK_ROWS */
+    int tp;                /* tensor-parallel ranks (1: whole) */
+    /* Floats per position of each kept tensor and slice temporary (A: a
+     * LayerNorm output or a d-wide gradient; G, D, P: the GELU output, its
+     * derivative and the 4d/T-wide gradients; dqkv fits in G, c_fc's
+     * input gradient in D). */
+    size_t keep_w[K_N], tmp_w[S_N];
 } block_layer;
 
 static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
@@ -386,21 +493,21 @@ static mg_status block_setup(mg_layer *l, const int in[3], int out[3])
 /* Bytes of kept tensor k at batch n, aligned. */
 static size_t keep_bytes(const mg_layer *l, int n, int k)
 {
-    return mg__align(rows(l->in, n) * keep_width[k] * l->in[2] * sizeof(float));
+    return mg__align(rows(l->in, n) * ((const block_layer *)l)->keep_w[k] * sizeof(float));
 }
 
 /* Floats of temporary k for slices of `seqs` sequences, aligned. */
 static size_t tmp_floats(const mg_layer *l, int seqs, int k)
 {
-    size_t w = (size_t)tmp_width[k] * l->in[2];
+    size_t w = ((const block_layer *)l)->tmp_w[k];
     return mg__align(rows(l->in, seqs) * w * sizeof(float)) / sizeof(float);
 }
 
 /* On a device the whole batch is one slice: its kernels want large GEMMs
- * rather than cache-sized ones. */
+ * rather than cache-sized ones; split, each slice would communicate. */
 static int slice_at(const block_layer *b, int n)
 {
-    return !mg__dk_cur && b->slice_max < n ? b->slice_max : n;
+    return !mg__dk_cur && b->tp == 1 && b->slice_max < n ? b->slice_max : n;
 }
 
 static void block_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
@@ -462,7 +569,7 @@ static int block_slice(const block_layer *b, const mg_ctx *c, int i0, int n, int
     *r0 = (size_t)i0 * T;
     *nr = (size_t)k * T;
     for (int j = 0; j < K_N; j++)
-        kp[j] = (float *)mg__slot(&b->base, c, 1 + j) + *r0 * keep_width[j] * (size_t)b->base.in[2];
+        kp[j] = (float *)mg__slot(&b->base, c, 1 + j) + *r0 * b->keep_w[j];
     return k;
 }
 
@@ -506,15 +613,16 @@ static void block_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
     float *A = t[S_A], *G = t[S_G], *D = t[S_D], *P = t[S_P];
     mg_layer **f = b->leaf;
     int T = l->in[1], d = l->in[2];
+    size_t fc = b->keep_w[K_FC];
     for (int i0 = 0, k; i0 < n; i0 += k) {
         size_t r0, nr;
         k = block_slice(b, c, i0, n, T, &r0, &nr, kp);
         const float *xs = x + r0 * d;
         float *dys = dy + r0 * d, *dxs = dx ? dx + r0 * d : NULL;
         /* y = x1 + c_proj(gelu(c_fc(ln_2(x1)))). */
-        mg_gelu_forward_deriv(G, P, kp[K_FC], nr * 4 * d);         /* G = gelu, P = gelu' */
+        mg_gelu_forward_deriv(G, P, kp[K_FC], nr * fc);            /* G = gelu, P = gelu' */
         f[L_FCPROJ]->vt->backward(f[L_FCPROJ], &cc, G, NULL, dys, D, k);
-        mg_mul(G, D, P, nr * 4 * d);                                   /* d c_fc output */
+        mg_mul(G, D, P, nr * fc);                                      /* d c_fc output */
         ln_rows_forward(f[L_LN2], c, A, kp[K_X1], r0, nr);              /* ln_2(x1) again */
         f[L_FC]->vt->backward(f[L_FC], &cc, A, NULL, G, D, k);
         ln_rows_backward(f[L_LN2], c, A, D, kp[K_X1], r0, nr);
@@ -534,13 +642,17 @@ static const mg_layer_vt block_vt = {
     .propagate = block_propagate, .forward = block_forward, .backward = block_backward,
 };
 
-mg_layer *mg_layer_gpt_block(const char *name, int d, int heads)
+/* tp: this rank's heads and columns (heads must divide). */
+static mg_layer *gpt_block(const char *name, int d, int heads, mg_tp_split tp)
 {
-    mg_layer *attn[] = {mg_layer_linear_tokens("c_attn", d, 3 * d),
-                        mg_layer_attention("core", d, heads),
-                        mg_layer_linear_tokens("c_proj", d, d)};
-    mg_layer *mlp[] = {mg_layer_linear_tokens("c_fc", d, 4 * d), mg_layer_gelu("gelu"),
-                       mg_layer_linear_tokens("c_proj", 4 * d, d)};
+    int T = tp.size > 1 ? tp.size : 1;
+    MG_ASSERT(heads % T == 0 && d % heads == 0);
+    mg_layer *attn[] = {mg__layer_linear_split("c_attn", d, 3 * d, false, true, MG_TP_COLUMN, tp, 3),
+                        mg_layer_attention("core", d / T, heads / T),
+                        mg__layer_linear_split("c_proj", d, d, false, true, MG_TP_ROW, tp, 1)};
+    mg_layer *mlp[] = {mg__layer_linear_split("c_fc", d, 4 * d, false, true, MG_TP_COLUMN, tp, 1),
+                       mg_layer_gelu("gelu"),
+                       mg__layer_linear_split("c_proj", 4 * d, d, false, true, MG_TP_ROW, tp, 1)};
     mg_layer *kids[] = {mg_layer_layernorm("ln_1", d, 1e-5f), mg_layer_sequential("attn", attn, 3),
                         mg_layer_layernorm("ln_2", d, 1e-5f), mg_layer_sequential("mlp", mlp, 3)};
     block_layer *b = (block_layer *)mg__layer_alloc(sizeof *b, &block_vt, name);
@@ -559,14 +671,29 @@ mg_layer *mg_layer_gpt_block(const char *name, int d, int heads)
     b->base.n_slots = 1 + K_N;
     mg_layer *leaf[L_N] = {kids[0], attn[0], attn[1], attn[2], kids[2], mlp[0], mlp[1], mlp[2]};
     memcpy(b->leaf, leaf, sizeof leaf);
+    b->tp = T;
+    /* Per input position: with sequence parallelism a rank has 1/T of
+     * the block's positions but all of them inside attention and MLP. */
+    size_t part = (size_t)(d / T) * (tp.sequence ? (size_t)T : 1), dw = (size_t)d;
+    size_t keep[K_N] = {3 * part, part, dw, 4 * part};
+    size_t tmp[S_N] = {dw, 4 * part, 4 * part > dw ? 4 * part : dw, 4 * part};
+    for (int i = 0; tp.sequence && i < 4; i += 2) mark_partial(kids[i]);
+    memcpy(b->keep_w, keep, sizeof keep);
+    memcpy(b->tmp_w, tmp, sizeof tmp);
     return &b->base;
+}
+
+mg_layer *mg_layer_gpt_block(const char *name, int d, int heads)
+{
+    return gpt_block(name, d, heads, MG_TP_NONE);
 }
 
 /* ---- gpt-mini -------------------------------------------------------------- */
 
 mg_gpt_config mg_gpt_defaults(void)
 {
-    return (mg_gpt_config){.layers = 4, .dim = 128, .heads = 4, .ctx = 128, .vocab = 256};
+    return (mg_gpt_config){.layers = 4, .dim = 128, .heads = 4, .ctx = 128, .vocab = 256,
+                           .tp = MG_TP_NONE};
 }
 
 mg_status mg_model_create_gpt(const mg_gpt_config *g, uint64_t seed, mg_model **out)
@@ -579,10 +706,24 @@ mg_status mg_model_create_gpt(const mg_gpt_config *g, uint64_t seed, mg_model **
     if (g->dim % g->heads)
         return mg_error(MG_EINVAL, "gpt-mini: --dim %d is not divisible by --heads %d; choose "
                         "a head count that divides the width", g->dim, g->heads);
+    mg_tp_split tp = g->tp.size > 1 ? g->tp : MG_TP_NONE;
+    if (tp.rank < 0 || tp.rank >= tp.size)
+        return mg_error(MG_EINVAL, "gpt-mini: tensor-parallel part %d of %d does not exist",
+                        tp.rank, tp.size);
+    if (tp.sequence && g->ctx % tp.size)
+        return mg_error(MG_EINVAL, "gpt-mini: sequence parallelism splits the %d positions of "
+                        "a sequence over %d tensor-parallel ranks: give a tp that divides the "
+                        "context", g->ctx, tp.size);
+    if (g->heads % tp.size || g->vocab % tp.size)
+        return mg_error(MG_EINVAL, "gpt-mini: %s %d does not split over %d tensor-parallel "
+                        "ranks: each holds whole heads and an equal part of the vocabulary, so "
+                        "give a tp that divides both --heads %d and the vocabulary %d",
+                        g->heads % tp.size ? "--heads" : "the vocabulary",
+                        g->heads % tp.size ? g->heads : g->vocab, tp.size, g->heads, g->vocab);
     mg_layer **blocks = calloc((size_t)g->layers, sizeof *blocks);
     if (!blocks) return mg_error(MG_ENOMEM, "gpt-mini: out of memory");
     for (int i = 0; i < g->layers; i++) {
-        blocks[i] = mg_layer_gpt_block(NULL, g->dim, g->heads);
+        blocks[i] = gpt_block(NULL, g->dim, g->heads, tp);
         if (blocks[i]) {
             /* GPT-2: the residual projections get std 0.02/sqrt(2L). */
             float std = 0.02f / sqrtf(2.0f * g->layers);
@@ -591,14 +732,16 @@ mg_status mg_model_create_gpt(const mg_gpt_config *g, uint64_t seed, mg_model **
             mg_layer_set_init(blocks[i]->child[3]->child[2], MG_INIT_NORMAL, std);
         }
     }
-    mg_layer *embed = mg_layer_embedding(g->vocab, g->ctx, g->dim);
+    mg_layer *embed = embedding(g->vocab, g->ctx, g->dim, tp);
     if (embed) mg_layer_set_init(embed, MG_INIT_NORMAL, 0.02f);
     mg_layer *top[] = {embed, mg_layer_sequential("h", blocks, g->layers),
-                       mg_layer_layernorm("ln_f", g->dim, 1e-5f),
+                       tp.sequence ? mark_partial(mg_layer_layernorm("ln_f", g->dim, 1e-5f))
+                                   : mg_layer_layernorm("ln_f", g->dim, 1e-5f),
                        embed ? mg_layer_tied_head(embed) : NULL};
     free(blocks);
     mg_layer *root = mg_layer_sequential(NULL, top, 4);
     MG_TRY(mg_model_create_from("gpt-mini", root, 1, 1, g->ctx, seed, out));
     mg__model_set_positions(*out, g->ctx);
+    mg__model_set_vocab_split(*out);
     return MG_OK;
 }

@@ -413,6 +413,10 @@ static mg_status ddp_attach(mg_strategy *s, void **state)
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);
+    /* Replicas of one: nothing to average (a mesh of tp only, or a part
+     * of a pipeline); a job of one rank keeps its DDP. */
+    if (mg_group_size(g) == 1 && mg_group_size(mg_strategy_options_of(s)->group) > 1)
+        return MG_OK;
     if (n == 1 && r[0].lo == 0 && r[0].hi == mg_model_arena_size(m))
         return ddp_setup(g, m, &o->ddp, (mg_ddp **)state);   /* the plan starts the values */
     if (mg_group_size(g) == 1) return MG_OK;   /* a part without replicas */

@@ -23,9 +23,13 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg__ckpt_reader read, voi
 mg_status mg__range_buckets(const mg_model *m, size_t first_cap, size_t cap, const mg_range *r,
                            int n, mg_range **out, int *nb);
 
+/* out (room for na + nb) = the ranges in both a and b (each ascending
+ * and disjoint), ascending; returns how many (strategy.c). */
+int mg__ranges_intersect(const mg_range *a, int na, const mg_range *b, int nb, mg_range *out);
+
 /* The built-in components (component.h), listed by kind in strategy.c. */
-extern const mg_component_ops mg__dp_component, mg__ddp_component, mg__zero_component,
-    mg__pipe_component, mg__zero_pipe_component;
+extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_component,
+    mg__zero_component, mg__pipe_component, mg__zero_pipe_component;
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */

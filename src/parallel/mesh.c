@@ -171,6 +171,7 @@ mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out)
             mg_mesh_destroy(m);
             return st;
         }
+        mg_group_set_name(m->group[d], dim_names[d]);   /* its operations in traces */
         stride *= sizes[d];
     }
     *out = m;

@@ -572,13 +572,16 @@ mg_status mg__pipe_forward(mg_pipe *p, mg_batch_source next, void *ud, int max_m
     return run(p, next, ud, max_micro, true, r);
 }
 
+/* On a device, or split over a tensor-parallel group (whose ranks
+ * gather them), a copy in host memory. */
 const float *mg__pipe_logits(mg_pipe *p)
 {
-    if (!p->logits || mg_model_device(p->m).kind == MG_DEVICE_CPU)
+    int split = mg_model_tp(p->m).size;
+    if (!p->logits || (mg_model_device(p->m).kind == MG_DEVICE_CPU && split == 1))
         return p->logits ? mg_tape_logits(p->logits) : NULL;
     if (!p->host_logits) {
         chunk *ck = &p->ch[(p->S - 1) / p->P];
-        if (!(p->host_logits = mg_alloc(fl((size_t)p->max_batch * ck->out_per)))) {
+        if (!(p->host_logits = mg_alloc(fl((size_t)p->max_batch * ck->out_per * split)))) {
             mg_error(MG_ENOMEM, "pipeline: out of memory for the logits");
             return NULL;
         }

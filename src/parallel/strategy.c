@@ -2,7 +2,8 @@
  * and the one training step every tool and example runs.
  *
  * A kind (--parallel, --zero, --mesh pp=P) names a list of components
- * (the table below): none for one process; DataParallel threads; DDP;
+ * (the table below), each after tensor parallelism (which drops itself
+ * without tp > 1): none for one process; DataParallel threads; DDP;
  * ZeRO; a pipeline and, over its stages' replicas, DDP. The caller may
  * add its own after them. This file never asks which component it holds:
  * it calls their slots, and where every slot is empty does what one
@@ -35,15 +36,16 @@ static const struct {
     const char *name;
     mg_strategy_kind kind;
     mg_strategy_traits traits;   /* ranks, threads, compresses */
-    const mg_component_ops *parts[3];
+    const mg_component_ops *parts[4];
 } kinds[] = {
-    {"none", MG_STRATEGY_SINGLE, {false, false, false}, {&mg__pipe_component}},
-    {"dp", MG_STRATEGY_DP, {false, true, false}, {&mg__dp_component}},
-    {"ddp", MG_STRATEGY_DDP, {true, false, true}, {&mg__pipe_component, &mg__ddp_component}},
+    {"none", MG_STRATEGY_SINGLE, {false, false, false}, {&mg__tp_component, &mg__pipe_component}},
+    {"dp", MG_STRATEGY_DP, {false, true, false}, {&mg__tp_component, &mg__dp_component}},
+    {"ddp", MG_STRATEGY_DDP, {true, false, true},
+     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
     {"zero", MG_STRATEGY_ZERO, {true, false, false},
-     {&mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
+     {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
-     {&mg__pipe_component, &mg__ddp_component}},
+     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
 
@@ -70,6 +72,8 @@ struct mg_strategy {
      * (arena-sized mappings: only the ranges are ever touched) */
     bool offload_cpu;
     float *host_p, *host_g;
+    mg_range *own;      /* own_ranges: what every component counts as this rank's */
+    int n_own;
 };
 
 /* Each component with slot f, in list order (for) or reverse (back). */
@@ -123,6 +127,7 @@ static mg_status add_part(mg_strategy *s, const mg_component_ops *ops)
 
 static mg_status hold(mg_strategy *s, bool saving);
 static const mg_range *param_ranges(const mg_strategy *s, int *n);
+static mg_status find_own_ranges(mg_strategy *s);
 
 /* Rank 0's parameters, buffers and dropout counter on every rank: the
  * job's one broadcast of a state, at the start, before any component
@@ -195,9 +200,10 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     s->o.offload_dir = s->offload_dir;
     if (!s->o.offload_window)
         s->o.offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
-    for (int i = 0; i < 3 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
+    for (int i = 0; i < 4 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
     for (int i = 0; o->components && o->components[i] && !st; i++)
         st = add_part(s, o->components[i]);
+    if (!st) st = find_own_ranges(s);
     s->model_tape = !FIRST(s, run_step) && !FIRST(s, run_micro);
     if (!st && s->model_tape) st = mg_model_reserve(m, o->max_batch);
     if (!st && fresh) st = draw_values(s);
@@ -229,6 +235,7 @@ void mg_strategy_destroy(mg_strategy *s)
     size_t bytes = mg_model_arena_size(s->m) * sizeof(float);
     mg_unmap(s->host_p, bytes);
     mg_unmap(s->host_g, bytes);
+    free(s->own);
     free(s);
 }
 
@@ -275,13 +282,47 @@ static const mg_range *param_ranges(const mg_strategy *s, int *n)
 
 static const mg_range *own_ranges(const mg_strategy *s, int *n)
 {
-    for (int i = s->n - 1; i >= 0; i--) {
+    *n = s->n_own;
+    return s->own;
+}
+
+/* The ranges every component counts as this rank's (its own_ranges, else
+ * its ranges): their intersection, e.g. a tp rank's split tensors within
+ * a ZeRO rank's pieces of a pipeline stage. Ascending lists, so one merge
+ * per component. */
+static mg_status find_own_ranges(mg_strategy *s)
+{
+    s->own = malloc(sizeof *s->own);
+    if (!s->own) return mg_error(MG_ENOMEM, "strategy: out of memory");
+    s->own[0] = s->whole;
+    s->n_own = 1;
+    for (int i = 0; i < s->n; i++) {
         const part *p = &s->part[i];
-        if (p->ops->own_ranges) return p->ops->own_ranges(p->c, n);
-        if (p->ops->ranges) return p->ops->ranges(p->c, n);
+        int nb;
+        const mg_range *b = p->ops->own_ranges ? p->ops->own_ranges(p->c, &nb)
+                          : p->ops->ranges ? p->ops->ranges(p->c, &nb) : NULL;
+        if (!b) continue;
+        mg_range *r = malloc(sizeof *r * (size_t)(s->n_own + nb + 1));
+        if (!r) return mg_error(MG_ENOMEM, "strategy: out of memory");
+        int n = mg__ranges_intersect(s->own, s->n_own, b, nb, r);
+        free(s->own);
+        s->own = r;
+        s->n_own = n;
     }
-    *n = 1;
-    return &s->whole;
+    return MG_OK;
+}
+
+int mg__ranges_intersect(const mg_range *a, int na, const mg_range *b, int nb, mg_range *out)
+{
+    int n = 0;
+    for (int x = 0, y = 0; x < na && y < nb;) {
+        size_t lo = a[x].lo > b[y].lo ? a[x].lo : b[y].lo;
+        size_t hi = a[x].hi < b[y].hi ? a[x].hi : b[y].hi;
+        if (lo < hi) out[n++] = (mg_range){lo, hi};
+        if (a[x].hi < b[y].hi) x++;
+        else y++;
+    }
+    return n;
 }
 
 mg_status mg_strategy_optim(mg_strategy *s, const mg_optim_config *cfg, mg_optim **out)
@@ -459,6 +500,14 @@ mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckp
 
 /* ---- evaluation and generation ------------------------------------------ */
 
+/* A forward that returned NULL: a tensor-parallel layer's collective
+ * failed (its status), or the tape could not be made. */
+static mg_status forward_failed(mg_model *m)
+{
+    mg_status st = mg_model_tp_failure(m);
+    return st ? st : MG_ENOMEM;
+}
+
 mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
                                mg_step_result *r)
 {
@@ -474,7 +523,7 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
     mg_micro_batch b;
     while (!p && !st && next(ud, &b)) {
         int c = 0;
-        if (!mg_model_forward(m, (const float *)b.x, b.n)) st = MG_ENOMEM;
+        if (!mg_model_forward(m, (const float *)b.x, b.n)) st = forward_failed(m);
         else r->loss_sum += (double)mg_model_loss(m, b.y, &c) * b.n;
         r->micro++;
         r->correct += c;
@@ -537,7 +586,7 @@ static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int
     if (p) {
         st = p->ops->run_micro(p->c, b, loss, correct);
     } else if (!mg_model_forward(s->m, (const float *)b->x, b->n)) {
-        st = MG_ENOMEM;
+        st = forward_failed(s->m);
     } else {
         *loss = mg_model_loss(s->m, b->y, correct);
         mg_model_backward(s->m);

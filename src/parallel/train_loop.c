@@ -66,11 +66,20 @@ static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source
 {
     mg_step_options so = {.accumulate = t->c.accumulate, .lr = (float)lr,
                           .clip_grad = t->c.clip_grad};
-    mg_traffic a = mg_strategy_traffic(t->s);
+    mg_traffic a = mg_strategy_traffic(t->s), ad[MG_MESH_DIMS];
+    for (int d = 0; d < MG_MESH_DIMS && t->mesh; d++)
+        ad[d] = mg_group_traffic(mg_mesh_group(t->mesh, (mg_mesh_dim)d));
     if (mg_train_step(t->s, t->opt, &so, next, src, r)) return mg__train_step_error(t);
     mg_traffic b = mg_strategy_traffic(t->s);
     t->info.step_sent += b.sent - a.sent;
     t->info.step_received += b.received - a.received;
+    for (int d = 0; d < MG_MESH_DIMS && t->mesh; d++) {
+        mg_traffic bd = mg_group_traffic(mg_mesh_group(t->mesh, (mg_mesh_dim)d));
+        mg_traffic *by = &t->info.step_by_dim[d];
+        by->sent += bd.sent - ad[d].sent;
+        by->received += bd.received - ad[d].received;
+        by->seconds += bd.seconds - ad[d].seconds;
+    }
     t->info.steps_run++;
     return MG_OK;
 }

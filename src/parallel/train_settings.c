@@ -66,12 +66,13 @@ mg_status mg__train_settings(const mg_trainer *t, char *out, size_t cap)
     const char *dev = t->dev.kind == MG_DEVICE_CUDA ? "cuda"
                     : t->dev.kind == MG_DEVICE_EMU ? "emu" : "cpu";
     int n = snprintf(out, cap, "%s;compress=%s;bucket_mb=%g;eval_every=%d;eval_only=%s;"
-                     "resume=%s;init=%s;zero=%d;mesh=%s;pp_schedule=%s;micro_batches=%d;"
+                     "resume=%s;init=%s;zero=%d;mesh=%s;sequence_parallel=%d;pp_schedule=%s;micro_batches=%d;"
                      "chunks=%d;split=%s;device=%s;tf32=%d;bf16=%d;offload=%s;"
                      "eval_windows=%d;no_eval_on_start=%d;save=%s;%s", hp, c->compress,
                      c->bucket_mb, c->eval_every, c->eval_only ? "yes" : "no",
                      c->resume ? "given" : "none", c->init ? "given" : "none", c->zero,
-                     c->mesh ? c->mesh : "none", c->pp_schedule ? c->pp_schedule : "1f1b",
+                     c->mesh ? c->mesh : "none", c->sequence_parallel,
+                     c->pp_schedule ? c->pp_schedule : "1f1b",
                      c->micro_batches, c->chunks, c->split ? c->split : "none", dev, c->tf32,
                      c->bf16, c->offload_dir ? "disk" : c->offload_cpu ? "cpu" : "none",
                      c->eval_windows, c->no_eval_on_start, c->save ? "given" : "none",

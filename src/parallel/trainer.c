@@ -54,6 +54,9 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "--mesh lays out the ranks of a job; --parallel dp is "
                         "threads in one process: give one of them");
     if (c->mesh && !mg_strategy_kind_traits(c->strategy).ranks) c->strategy = MG_STRATEGY_DDP;
+    if (c->sequence_parallel && !c->mesh)
+        return mg_error(MG_EINVAL, "--sequence-parallel splits the positions over the "
+                        "tensor-parallel ranks: give --mesh tp=T with T > 1");
     if ((c->pp_schedule || c->micro_batches || c->chunks || c->split) && !c->mesh)
         return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split shape "
                         "a pipeline: give --mesh pp=P");
@@ -185,9 +188,16 @@ static mg_status join_job(mg_trainer *t)
     if (size[MG_MESH_PP] == 1 && (c->pp_schedule || c->micro_batches || c->chunks || c->split))
         return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split plan a "
                         "pipeline, and --mesh %s has none: give pp=P", c->mesh);
-    if (size[MG_MESH_TP] > 1)
-        return mg_error(MG_EINVAL, "--mesh %s: tensor parallelism (tp) is not built yet; give dp "
-                        "and pp only, e.g. --mesh dp=%d", c->mesh, in->world);
+    /* The mesh's layout (mesh.h): tp varies fastest. */
+    in->tp = (mg_tp_split){size[MG_MESH_TP], in->rank % size[MG_MESH_TP], c->sequence_parallel};
+    if (c->sequence_parallel && in->tp.size == 1)
+        return mg_error(MG_EINVAL, "--sequence-parallel splits the positions over the "
+                        "tensor-parallel ranks, and --mesh %s has none: give tp=T with T > 1",
+                        c->mesh);
+    if (in->tp.size > 1 && c->make)
+        return mg_error(MG_EINVAL, "--mesh %s: tensor parallelism splits the zoo's models; a "
+                        "model of your own (make) would have to be built split, which the "
+                        "trainer cannot ask of it yet: give tp=1", c->mesh);
     in->dp_size = size[MG_MESH_DP];
     in->pp = size[MG_MESH_PP];
     if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp));
@@ -245,9 +255,11 @@ static mg_status load_data(mg_trainer *t)
 static mg_status make_model(mg_trainer *t)
 {
     const mg_train_config *c = &t->c;
+    mg_gpt_config g = c->gpt;
+    g.tp = t->info.tp;
     if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
-    else if (c->text) MG_TRY(mg_model_create_gpt(&c->gpt, MG_SEED_DEFERRED, &t->m));
-    else MG_TRY(mg_model_create(c->model, MG_SEED_DEFERRED, &t->m));
+    else if (c->text) MG_TRY(mg_model_create_gpt(&g, MG_SEED_DEFERRED, &t->m));
+    else MG_TRY(mg_model_create_split(c->model, MG_SEED_DEFERRED, t->info.tp, &t->m));
     mg_model_set_recompute(t->m, c->recompute);
     if (mg_model_to_device(t->m, t->dev))
         return mg_error(MG_EINVAL, "--device %s: %s", c->device, mg_last_error());
