@@ -243,8 +243,9 @@ TEST_T(tp_checkpoint_moves_between_dp2pp2tp2_one_process_and_tp4, 600)
     same_tensors(a, d, "-> dp=2,pp=2,tp=2");
 }
 
-/* lenet5 and mlp: fc1 column-parallel, fc2 row-parallel, on 2 and 4
- * ranks; SGD with momentum over the same micro-batches as one process.
+/* lenet5 and mlp: fc1 column-parallel, fc2 row-parallel, on 2, 3 (lenet5:
+ * mlp's 512 do not split in three) and 4 ranks; SGD with momentum over the
+ * same micro-batches as one process.
  * The row-parallel sums add the ranks' partial products in another order
  * than one GEMM does: the bound is a few float32 roundings, grown over the
  * steps. */
@@ -252,8 +253,8 @@ TEST_T(tp_image_models_equal_one_process, 300)
 {
     const char *models[] = {"lenet5", "mlp"};
     for (int i = 0; i < 2; i++)
-        for (int tp = 2; tp <= 4; tp += 2) {
-            if (mgt_sanitized() && tp != 2 + 2 * i) continue;
+        for (int tp = 2; tp <= 4; tp++) {
+            if ((i == 1 && tp == 3) || (mgt_sanitized() && tp != 2 + 2 * i)) continue;
             char mesh[16], ck[1024];
             snprintf(mesh, sizeof mesh, "tp=%d", tp);
             snprintf(ck, sizeof ck, "%s/tp-%s.safetensors", mgt_tmpdir(), models[i]);
