@@ -16,8 +16,10 @@
 #      kept bytes per sequence with and without sequence parallelism, and
 #      the peak RSS of the process;
 #   3. communication per step and rank (mgtrain --verbose): what the tp
-#      dimension moved and the time its operations took, beside what four
-#      ring all-reduces per block of its activations move in theory.
+#      dimension moved and the time its operations took, beside what the
+#      ring algorithms move in theory for the collectives the layers make
+#      (4 all-reduces per block; with sequence parallelism 6 all-gathers
+#      and 4 reduce-scatters).
 #
 #   bench/tp.sh [--repeat N] [--steps S] [--batch B] [--skip SECTIONS]
 #                                      (SECTIONS: any of speed,memory,comm)
@@ -136,7 +138,7 @@ fi
 if runs comm; then
     echo
     echo "## communication per step and rank: gpt-mini, batch $batch x 128, tp dimension (rank 0)"
-    echo "| mesh | MB sent | in ms | ring all-reduces' theory, MB |"
+    echo "| mesh | MB sent | in ms | ring algorithms' theory, MB |"
     echo "|---|---|---|---|"
     for spec in "2" "2 sp" "4" "4 sp"; do
         set -- $spec
@@ -147,9 +149,13 @@ if runs comm; then
                "${extra[@]}" 2>&1 | grep '^mgtrain: rank 0 per step on tp:')
         sent=$(sed -n 's/.*tp: MB sent \([0-9.]*\).*/\1/p' <<<"$line")
         ms=$(sed -n 's/.*tp: MB sent [0-9.]* received [0-9.]* in \([0-9.]*\) ms.*/\1/p' <<<"$line")
-        # 4 per block + the embedding's and head's: 10 all-reduces of B x 128 x 128 floats,
-        # each 2(T-1)/T of it sent by a rank; the loss's few floats per position left out
-        theory=$(awk -v T="$T" -v B="$batch" 'BEGIN { n = B*128*128*4; printf "%.3f", 10 * n * 2*(T-1)/T / 1e6 }')
+        # Of B x 128 x 128 floats (n bytes), a ring all-reduce sends 2(T-1)/T n per rank, an
+        # all-gather or reduce-scatter (T-1)/T n. Without sequence parallelism: 4 all-reduces
+        # per block (4 blocks) and the embedding's and head's, 18; with it, per block 6
+        # all-gathers and 4 reduce-scatters, and 5 for the embedding (1 + 1) and head (1 + 2),
+        # 45. The loss's few floats per position are left out.
+        theory=$(awk -v T="$T" -v B="$batch" -v sp="${2:-}" 'BEGIN { n = B*128*128*4;
+            printf "%.3f", (sp == "sp" ? 45 * (T-1)/T : 18 * 2*(T-1)/T) * n / 1e6 }')
         echo "| $name | $sent | $ms | $theory |"
     done
 fi

@@ -106,14 +106,16 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
             ms.activations / 1e6, (double)t->info.step_sent / n / 1e6,
             (double)t->info.step_received / n / 1e6, mg_peak_rss() / 1e6);
     if (t->mesh) {   /* what each dimension moved, and the time its operations took */
-        fprintf(f, "%s: rank %d per step on", me, rank);
+        char line[512];   /* one write: the ranks' lines must not interleave */
+        int len = 0;
         for (int k = 0; k < MG_MESH_DIMS; k++) {
             const mg_traffic *by = &t->info.step_by_dim[k];
-            fprintf(f, " %s: MB sent %.3f received %.3f in %.2f ms%s",
-                    mg_mesh_dim_name((mg_mesh_dim)k), (double)by->sent / n / 1e6,
-                    (double)by->received / n / 1e6, by->seconds / n * 1e3,
-                    k + 1 < MG_MESH_DIMS ? ";" : "\n");
+            len += snprintf(line + len, sizeof line - (size_t)len,
+                            "%s %s: MB sent %.3f received %.3f in %.2f ms", k ? ";" : "",
+                            mg_mesh_dim_name((mg_mesh_dim)k), (double)by->sent / n / 1e6,
+                            (double)by->received / n / 1e6, by->seconds / n * 1e3);
         }
+        fprintf(f, "%s: rank %d per step on%s\n", me, rank, line);
     }
     mg_model *m = t->m;
     mg_device d = mg_model_device(m);
