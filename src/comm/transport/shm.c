@@ -40,7 +40,7 @@
  * cannot have its fingerprint checked (it cannot get there without this
  * rank anyway). */
 #define _GNU_SOURCE
-#include "comm/transport/shm.h"
+#include "comm/transport/shm_internal.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -113,47 +113,8 @@ _Static_assert(sizeof(sleep_line) <= OFF_BEAT - OFF_SLEEP, "sleep line fits");
 _Static_assert(OFF_ABORT + sizeof(abort_area) <= OFF_HIST, "abort area fits");
 _Static_assert(OFF_HIST + HIST * sizeof(hist_rec) <= OFF_RINGS, "history fits");
 
-typedef struct galloc {
-    struct galloc *next;
-    size_t bytes;       /* as asked (ranges are checked against it) */
-    size_t mapped;      /* page-rounded */
-    unsigned idx;       /* the same on every rank: allocations are collective */
-    uint8_t **base;   /* per rank */
-} galloc;
-
-struct mg__shm_transport {
-    int rank, size;
-    uint64_t gid;
-    char (*tags)[MG__SHM_TAG_MAX + 1]; /* per rank: its MG_SHM_TAG, in its names */
-    bool all_local;
-    bool *local;
-    pid_t *pid;
-    uint64_t *start;
-    int *peers, npeers;        /* local peers, self excluded */
-    uint8_t **seg;
-    size_t total, ring_bytes, slot_bytes, ring_off, slot_off;
-    char name[64];
-    bool unlinked;
-    mg__spin_cfg spin;
-    /* the current operation */
-    mg__fp fp;
-    uint64_t seq, nbar;
-    uint64_t *checked;         /* per rank: seq whose fingerprint matched */
-    double deadline, started, next_live;
-    double peer_timeout;       /* MG_PEER_TIMEOUT; 0: off */
-    const mg__names *names;    /* the group's, for messages */
-    uint64_t *beat_seen;       /* per rank: its heartbeat counter, last read... */
-    double *beat_at;           /* ...and when it was seen to change */
-    mg__shm_view view;
-    galloc *allocs;
-    unsigned nalloc;
-};
-
 /* The mg__shm_view's operations (defined below). */
 static void *v_slot(mg__shm_view *s, int rank);
-static void *v_peer_ptr(mg__shm_view *s, int peer, const void *ptr);
-static uint64_t v_gaddr(mg__shm_view *s, const void *ptr, size_t bytes);
-static void *v_gptr(mg__shm_view *s, int rank, uint64_t ga);
 static mg_status v_barrier(mg__shm_view *s, int phase);
 static void v_post(mg__shm_view *s, uint64_t v);
 static mg_status v_wait(mg__shm_view *s, int rank, uint64_t v);
@@ -191,7 +152,7 @@ static uint8_t *ring_data(mg__shm_transport *x, int owner, int sender)
     return x->seg[owner] + x->ring_off + (size_t)idx * x->ring_bytes;
 }
 
-static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
+size_t mg__shm_page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
 
 static long futex(_Atomic uint32_t *a, int op, uint32_t v, const struct timespec *ts)
 {
@@ -202,9 +163,9 @@ static void layout(mg__shm_transport *x)
 {
     int nl = 0;
     for (int r = 0; r < x->size; r++) nl += x->local[r];
-    x->ring_off = page_up(OFF_RINGS + sizeof(mg__ring) * (size_t)x->size);
-    x->slot_off = page_up(x->ring_off + (size_t)(nl - 1) * x->ring_bytes);
-    x->total = x->slot_off + (x->all_local ? page_up(x->slot_bytes) : 0);
+    x->ring_off = mg__shm_page_up(OFF_RINGS + sizeof(mg__ring) * (size_t)x->size);
+    x->slot_off = mg__shm_page_up(x->ring_off + (size_t)(nl - 1) * x->ring_bytes);
+    x->total = x->slot_off + (x->all_local ? mg__shm_page_up(x->slot_bytes) : 0);
 }
 
 /* ---- segments ------------------------------------------------------------ */
@@ -218,7 +179,7 @@ static void seg_name(char *buf, size_t n, const mg__shm_transport *x, int rank)
 }
 
 /* Group memory: allocation idx of rank. */
-static void alloc_name(char *buf, size_t n, const mg__shm_transport *x, int rank, unsigned idx)
+void mg__shm_alloc_name(char *buf, size_t n, const mg__shm_transport *x, int rank, unsigned idx)
 {
     seg_name(buf, n, x, rank);
     size_t k = strlen(buf);
@@ -227,12 +188,12 @@ static void alloc_name(char *buf, size_t n, const mg__shm_transport *x, int rank
 
 /* Guard (or stop guarding) the names of the local peers' segments
  * (idx < 0) or allocations idx: see the top of this file. */
-static void guard_peers(mg__shm_transport *x, long idx, bool keep)
+void mg__shm_guard_peers(mg__shm_transport *x, long idx, bool keep)
 {
     for (int i = 0; i < x->npeers; i++) {
         char name[80];
         if (idx < 0) seg_name(name, sizeof name, x, x->peers[i]);
-        else alloc_name(name, sizeof name, x, x->peers[i], (unsigned)idx);
+        else mg__shm_alloc_name(name, sizeof name, x, x->peers[i], (unsigned)idx);
         if (keep) mg__shm_name_keep(name);
         else mg__shm_name_drop(name);
     }
@@ -279,12 +240,12 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     }
     layout(x);
     seg_name(x->name, sizeof x->name, x, x->rank);
-    guard_peers(x, -1, true);
+    mg__shm_guard_peers(x, -1, true);
     int fd = mg__shm_named_create(x->name);
     if (fd < 0) {
         mg_status st = mg_error(MG_EIO, "shm_open(%s): %s; is /dev/shm mounted and writable?",
                                 x->name, strerror(errno));
-        guard_peers(x, -1, false);
+        mg__shm_guard_peers(x, -1, false);
         mg__shm_transport_destroy(x);
         return st;
     }
@@ -311,8 +272,8 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     for (uint64_t i = 0; i < HIST; i++) atomic_store(&hist(x, x->rank, i)->seq, UINT64_MAX);
     atomic_store(&hot(x, x->rank)->fp_seq, UINT64_MAX);
     /* Made once: the algorithms keep state (coll_seq) in the view. */
-    x->view = (mg__shm_view){.slot_bytes = x->slot_bytes, .slot = v_slot, .peer_ptr = v_peer_ptr,
-                             .gaddr = v_gaddr, .gptr = v_gptr, .barrier = v_barrier,
+    x->view = (mg__shm_view){.slot_bytes = x->slot_bytes, .slot = v_slot, .peer_ptr = mg__shm_peer_ptr,
+                             .gaddr = mg__shm_gaddr, .gptr = mg__shm_gptr, .barrier = v_barrier,
                              .post = v_post, .wait = v_wait, .ctx = x};
     *out = x;
     return MG_OK;
@@ -366,7 +327,7 @@ void mg__shm_transport_unlink(mg__shm_transport *x)
 {
     if (x->unlinked) return;
     mg__shm_named_unlink(x->name);
-    guard_peers(x, -1, false);
+    mg__shm_guard_peers(x, -1, false);
     x->unlinked = true;
 }
 
@@ -702,47 +663,6 @@ static void *v_slot(mg__shm_view *s, int rank)
     return x->seg[rank] + x->slot_off;
 }
 
-static void *v_peer_ptr(mg__shm_view *s, int peer, const void *ptr)
-{
-    mg__shm_transport *x = s->ctx;
-    const uint8_t *p = ptr;
-    for (galloc *a = x->allocs; a; a = a->next) {
-        const uint8_t *mine = a->base[x->rank];
-        if (p >= mine && p < mine + a->bytes) return a->base[peer] + (p - mine);
-    }
-    return NULL;
-}
-
-/* Group-memory addresses: (allocation index + 1) << 40 | offset. */
-#define GA_SHIFT 40
-
-static uint64_t v_gaddr(mg__shm_view *s, const void *ptr, size_t bytes)
-{
-    mg__shm_transport *x = s->ctx;
-    const uint8_t *p = ptr;
-    for (galloc *a = x->allocs; a; a = a->next) {
-        const uint8_t *mine = a->base[x->rank];
-        if (p >= mine && p < mine + a->bytes && bytes <= (size_t)(mine + a->bytes - p))
-            return ((uint64_t)a->idx + 1) << GA_SHIFT | (uint64_t)(p - mine);
-    }
-    return 0;
-}
-
-static void *v_gptr(mg__shm_view *s, int rank, uint64_t ga)
-{
-    mg__shm_transport *x = s->ctx;
-    MG_ASSERT(ga && rank >= 0 && rank < x->size);
-    unsigned idx = (unsigned)(ga >> GA_SHIFT) - 1;
-    size_t off = (size_t)(ga & (((uint64_t)1 << GA_SHIFT) - 1));
-    for (galloc *a = x->allocs; a; a = a->next)
-        if (a->idx == idx) {
-            MG_ASSERT(off < a->mapped);
-            return a->base[rank] + off;
-        }
-    MG_ASSERT(!"group-memory address of no live allocation");
-    return NULL;
-}
-
 static mg_status v_barrier(mg__shm_view *s, int phase)
 {
     mg__shm_transport *x = s->ctx;
@@ -776,94 +696,4 @@ static mg_status v_wait(mg__shm_view *s, int rank, uint64_t v)
 mg__shm_view *mg__shm_transport_view(mg__shm_transport *x)
 {
     return x && x->all_local ? &x->view : NULL;
-}
-
-/* ---- group memory ------------------------------------------------------------ */
-
-
-
-static void galloc_unmap(mg__shm_transport *x, galloc *a)
-{
-    for (int r = 0; r < x->size; r++)
-        if (a->base[r]) munmap(a->base[r], a->mapped);
-    free(a->base);
-    free(a);
-}
-
-mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out)
-{
-    MG_ASSERT(x->all_local);
-    *out = NULL;
-    galloc *a = calloc(1, sizeof *a);
-    if (a) a->base = calloc((size_t)x->size, sizeof *a->base);
-    if (!a || !a->base) {
-        free(a);
-        return mg_error(MG_ENOMEM, "mg_group_alloc: out of memory");
-    }
-    a->bytes = bytes;
-    a->mapped = page_up(bytes ? bytes : 1);
-    unsigned idx = a->idx = x->nalloc++;
-    char name[80];
-    alloc_name(name, sizeof name, x, x->rank, idx);
-    mg_status st = MG_OK;
-    guard_peers(x, idx, true);
-    int fd = mg__shm_named_create(name);
-    if (fd < 0) {
-        st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
-    } else {
-        if (ftruncate(fd, (off_t)a->mapped) < 0)
-            st = mg_error(MG_ENOMEM, "mg_group_alloc: cannot size %zu bytes of shared memory: %s "
-                          "(is /dev/shm full?)", a->mapped, strerror(errno));
-        void *p = st ? MAP_FAILED : mmap(NULL, a->mapped, PROT_READ | PROT_WRITE,
-                                         MAP_SHARED | MAP_POPULATE, fd, 0);
-        close(fd);
-        if (!st && p == MAP_FAILED)
-            st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap of %zu bytes: %s", a->mapped,
-                          strerror(errno));
-        if (!st) a->base[x->rank] = p;
-    }
-    /* Every rank has created its segment (and agrees on the size: the
-     * barrier checks the fingerprint) before anyone maps its peers'. */
-    if (!st) st = v_barrier(&x->view, 0);
-    for (int i = 0; !st && i < x->npeers; i++) {
-        int r = x->peers[i];
-        char pn[80];
-        alloc_name(pn, sizeof pn, x, r, idx);
-        int pfd = shm_open(pn, O_RDWR, 0);
-        struct stat sb;
-        if (pfd < 0 || fstat(pfd, &sb) < 0 || (size_t)sb.st_size != a->mapped) {
-            char who[128];
-            st = mg_error(MG_EMISMATCH, "mg_group_alloc: %s's allocation %s is missing or of "
-                          "another size", mg__rank_name(x->names, r, NULL, who, sizeof who), pn);
-        } else {
-            void *p = mmap(NULL, a->mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                           pfd, 0);
-            if (p == MAP_FAILED) st = mg_error(MG_ENOMEM, "mg_group_alloc: mmap: %s", strerror(errno));
-            else a->base[r] = p;
-        }
-        if (pfd >= 0) close(pfd);
-    }
-    if (!st) st = v_barrier(&x->view, 1);
-    if (fd >= 0) mg__shm_named_unlink(name);
-    guard_peers(x, idx, false);
-    if (st) {
-        galloc_unmap(x, a);
-        return st;
-    }
-    a->next = x->allocs;
-    x->allocs = a;
-    *out = a->base[x->rank];
-    return MG_OK;
-}
-
-int mg__shm_transport_free(mg__shm_transport *x, void *p)
-{
-    for (galloc **pp = &x->allocs; *pp; pp = &(*pp)->next)
-        if ((*pp)->base[x->rank] == p) {
-            galloc *a = *pp;
-            *pp = a->next;
-            galloc_unmap(x, a);
-            return 1;
-        }
-    return 0;
 }
