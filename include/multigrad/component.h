@@ -1,8 +1,10 @@
 /* multigrad — the components a parallel strategy is made of.
  *
  * A strategy (mg_strategy, parallel.h) is an ordered list of components
- * over one model: the pipeline (which drives the step when there is one),
- * then the data-parallel sharding or replication (DataParallel threads,
+ * over one model: tensor parallelism (with tp > 1 in the mesh: the
+ * group's collectives for a model built split), the pipeline (which
+ * drives the step when there is one), then the data-parallel sharding or
+ * replication (DataParallel threads,
  * DDP, ZeRO 1-3), then any the caller adds (mg_strategy_options
  * .components). The strategy never asks which component it holds: it
  * calls each one's slots below, in list order (reductions and releases in
@@ -40,7 +42,9 @@ typedef struct mg_component_ops {
      * ranges: the arena ranges this rank keeps and steps, ascending (the
      * last component with the slot decides; without any, the whole arena).
      * own_ranges: those of them it counts in the gradient norm and writes
-     * to a checkpoint (default: ranges). */
+     * to a checkpoint (default: ranges); a rank's own are the intersection
+     * of every component's (a tp rank's split tensors within its ZeRO
+     * pieces). */
     const mg_range *(*ranges)(void *c, int *n);
     const mg_range *(*own_ranges)(void *c, int *n);
     /* The ranges whose parameters this rank holds between steps, when

@@ -63,7 +63,9 @@ void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
  * forward/backward work and communication, which ranges of the arena
  * this process's optimizer updates (its state arenas are exactly those),
  * and how checkpoints are written and read. It is an ordered list of
- * components (component.h): with pp > 1 in the mesh, the pipeline; then
+ * components (component.h): with tp > 1 in the mesh, tensor parallelism
+ * (the model must be built as this rank's part: mg_tp_split); with pp > 1,
+ * the pipeline; then
  * the kind's over the data-parallel dimension — none: one process (or a
  * pipeline without replicas); dp: DataParallel threads on one model; ddp:
  * DistributedDataParallel (its units padded to lcm(dp size, SIMD
