@@ -42,9 +42,9 @@ typedef struct mg_component_ops {
      * ranges: the arena ranges this rank keeps and steps, ascending (the
      * last component with the slot decides; without any, the whole arena).
      * own_ranges: those of them it counts in the gradient norm and writes
-     * to a checkpoint (default: ranges); a rank's own are the intersection
-     * of every component's (a tp rank's split tensors within its ZeRO
-     * pieces). */
+     * to a checkpoint (default: ranges; NULL: all of them); a rank's own
+     * are the intersection of every component's (a tp rank's split tensors
+     * within its ZeRO pieces). */
     const mg_range *(*ranges)(void *c, int *n);
     const mg_range *(*own_ranges)(void *c, int *n);
     /* The ranges whose parameters this rank holds between steps, when

@@ -214,12 +214,16 @@ void mg_attention_backward(float *dqkv, const float *dy, const float *y, const f
                            const float *qkv, int n, int T, int d, int heads, float *ws);
 
 /* Token and position embedding of n sequences of T tokens: y [n, T, d] =
- * wte[tok] + wpe[t]. The backward adds dy into the rows of gte its tokens
- * chose and into gpe. */
-void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
-                          int n, int T, int d);
-void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int n,
-                           int T, int d, int vocab);
+ * wte[tok] + wpe[t], where wte holds the rows of tokens [lo, lo + rows)
+ * only (the whole vocabulary: 0, vocab; a part of it split over
+ * tensor-parallel ranks), a token outside them adding 0, and wpe may be
+ * NULL (adding 0). The backward adds dy into the rows of gte its tokens
+ * chose (those within the rows) and into gpe. On a device: the whole
+ * table and wpe. */
+void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo, int rows,
+                          const float *wpe, int n, int T, int d);
+void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int lo,
+                           int rows, int n, int T, int d);
 
 /* ---- batch normalisation (per channel over n, h, w) ------------------- */
 

@@ -145,10 +145,17 @@ static inline float *mg__buffer(const mg_layer *l, const mg_ctx *c, int i)
  * x [n] over the group, in place; nothing after a failure, which it
  * records. */
 void mg__tp_all_reduce(const mg_ctx *c, float *x, size_t n, bool max);
-/* out [size n] = every rank's in [n]; out [n] = this rank's part of the
- * sum of in [size n] (sequence parallelism). */
-void mg__tp_all_gather(const mg_ctx *c, const float *in, float *out, size_t n);
-void mg__tp_reduce_scatter(const mg_ctx *c, const float *in, float *out, size_t n);
+/* The region mappings of a split layer l, over the `rows` positions
+ * (rows of w floats) it computes on. all_rows: all of them from this
+ * rank's x: gathered into buf with sequence parallelism (x holds 1/size
+ * of them), else x itself. sum_rows: the sum over the group of every
+ * rank's partial part: with sequence parallelism this rank's 1/size of
+ * the positions into out, else all of them in place (part == out);
+ * returns the rows out holds. Nothing for a layer that is not split. */
+const float *mg__tp_all_rows(const mg_layer *l, const mg_ctx *c, const float *x, size_t rows,
+                             size_t w, float *buf);
+size_t mg__tp_sum_rows(const mg_layer *l, const mg_ctx *c, float *part, float *out, size_t rows,
+                       size_t w);
 /* Sequence parallelism: the layer's activations outside the split
  * regions are 1/size of the rows. */
 static inline bool mg__seq_split(const mg_layer *l) { return l->tp.size > 1 && l->tp.sequence; }

@@ -26,11 +26,6 @@ typedef struct {
     mg_tp_role role;   /* split (base.tp): in_f or out_f are this rank's part */
 } linear_layer;
 
-static bool column_seq(const mg_layer *l)
-{
-    return mg__seq_split(l) && ((const linear_layer *)l)->role == MG_TP_COLUMN;
-}
-
 static bool row_parallel(const mg_layer *l)
 {
     return mg__split(l) && ((const linear_layer *)l)->role == MG_TP_ROW;
@@ -41,7 +36,8 @@ static bool row_parallel(const mg_layer *l)
 static int rows_of(const mg_layer *l)
 {
     if (!((const linear_layer *)l)->rows) return 1;
-    return column_seq(l) ? l->out[0] * l->out[1] : l->in[0] * l->in[1];
+    bool gathers = mg__seq_split(l) && ((const linear_layer *)l)->role == MG_TP_COLUMN;
+    return gathers ? l->out[0] * l->out[1] : l->in[0] * l->in[1];
 }
 
 static mg_status linear_setup(mg_layer *l, const int in[3], int out[3])
@@ -94,61 +90,47 @@ static void bias_relu(const linear_layer *f, float *y, size_t r)
 static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     linear_layer *f = (linear_layer *)l;
-    size_t r = (size_t)n * rows_of(l), T = (size_t)l->tp.size;
-    if (column_seq(l)) {   /* this rank's positions, gathered */
-        mg__tp_all_gather(c, x, c->scratch, r / T * f->in_f);
-        x = c->scratch;
-    }
-    if (!row_parallel(l)) {
+    size_t r = (size_t)n * rows_of(l);
+    if (!row_parallel(l)) {   /* whole, or column-parallel: on every position */
+        x = mg__tp_all_rows(l, c, x, r, (size_t)f->in_f, c->scratch);
         mg_linear_forward(y, x, l->p[0].data, l->p[1].data, (int)r, f->in_f, f->out_f, f->relu);
         return;
     }
-    /* The partial products summed over the group (sequence parallelism:
-     * this rank's positions of the sum), then bias and ReLU. */
-    if (!mg__seq_split(l)) {
-        mg_linear_forward(y, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
-        mg__tp_all_reduce(c, y, r * f->out_f, false);
-        bias_relu(f, y, r);
-        return;
-    }
-    mg_linear_forward(c->scratch, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
-    mg__tp_reduce_scatter(c, c->scratch, y, r / T * f->out_f);
-    bias_relu(f, y, r / T);
+    /* The partial products summed over the group, then bias and ReLU. */
+    float *part = mg__seq_split(l) ? c->scratch : y;
+    mg_linear_forward(part, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
+    bias_relu(f, y, mg__tp_sum_rows(l, c, part, y, r, (size_t)f->out_f));
 }
 
 static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                             float *dy, float *dx, int n)
 {
     linear_layer *f = (linear_layer *)l;
-    size_t r = (size_t)n * rows_of(l), T = (size_t)l->tp.size;
+    size_t r = (size_t)n * rows_of(l), in = (size_t)f->in_f;
     float *dw = mg__grad(l, c, 0), *db = mg__grad(l, c, 1);
-    if (column_seq(l)) {   /* gathered again; the input gradient reduce-scattered */
-        float *xg = c->scratch, *dxg = dx ? c->scratch + r * f->in_f : NULL;
-        mg__tp_all_gather(c, x, xg, r / T * f->in_f);
-        mg_linear_backward(dxg, dw, db, dy, y, xg, l->p[0].data, (int)r, f->in_f, f->out_f,
+    if (!row_parallel(l)) {   /* column-parallel: the input gathered again, its gradient summed */
+        x = mg__tp_all_rows(l, c, x, r, in, c->scratch);
+        float *dxs = dx && mg__seq_split(l) ? c->scratch + r * in : dx;
+        mg_linear_backward(dxs, dw, db, dy, y, x, l->p[0].data, (int)r, f->in_f, f->out_f,
                            f->relu);
-        if (dx) mg__tp_reduce_scatter(c, dxg, dx, r / T * f->in_f);
+        if (dx) mg__tp_sum_rows(l, c, dxs, dx, r, in);
         return;
     }
-    if (row_parallel(l) && mg__seq_split(l)) {
-        /* This rank's positions: the ReLU's mask and the (partial) bias
-         * gradient; then all of them for the weight and input gradients. */
-        size_t rl = r / T;
-        for (size_t i = 0; i < rl; i++) {
-            float *g = dy + i * f->out_f;
-            for (int j = 0; j < f->out_f; j++) {
-                if (f->relu && y[i * f->out_f + j] <= 0.0f) g[j] = 0.0f;
-                db[j] += g[j];
-            }
+    /* Row-parallel: this rank's positions (all of them but with sequence
+     * parallelism) give the ReLU's mask and the bias gradient; all
+     * positions the weight and input gradients. */
+    size_t here = mg__seq_split(l) ? r / (size_t)l->tp.size : r;
+    for (size_t i = 0; i < here; i++) {
+        float *g = dy + i * f->out_f;
+        for (int j = 0; j < f->out_f; j++) {
+            if (f->relu && y[i * f->out_f + j] <= 0.0f) g[j] = 0.0f;
+            db[j] += g[j];
         }
-        mg__tp_all_gather(c, dy, c->scratch, rl * f->out_f);
-        mg_linear_backward(dx, dw, NULL, c->scratch, NULL, x, l->p[0].data, (int)r, f->in_f,
-                           f->out_f, false);
-        return;
     }
-    mg_linear_backward(dx, dw, db, dy, y, x, l->p[0].data, (int)r, f->in_f, f->out_f, f->relu);
-    if (dx && mg__split(l) && f->role == MG_TP_COLUMN)
-        mg__tp_all_reduce(c, dx, r * f->in_f, false);
+    /* (mg_linear_backward writes dy only to mask it, which relu false skips) */
+    float *dya = (float *)mg__tp_all_rows(l, c, dy, r, (size_t)f->out_f, c->scratch);
+    mg_linear_backward(dx, dw, NULL, dya, NULL, x, l->p[0].data, (int)r, f->in_f, f->out_f,
+                       false);
 }
 
 static double linear_flops(const mg_layer *l)

@@ -343,11 +343,7 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
     mg_status st = root->vt->setup(root, m->in, root->out);
     if (st == MG_OK) st = build(m);
     if (st == MG_OK) st = layout(m, MG_SIMD_FLOATS);
-    if (st) {
-        mg_model_destroy(m);
-        return st;
-    }
-    if (!st) st = find_split(m);
+    if (st == MG_OK) st = find_split(m);
     if (st) {
         mg_model_destroy(m);
         return st;

@@ -3,12 +3,16 @@
  * cross-entropy of logits split over the vocabulary, and the model's
  * tensor-parallel settings.
  *
- * Where the collectives are (the layers call mg__tp_all_reduce):
+ * Where the collectives are (the layers call the region mappings,
+ * mg__tp_all_rows and mg__tp_sum_rows):
  *   column-parallel linear   backward: the input gradient is summed
  *   row-parallel linear      forward: the output is summed, then the bias
  *   vocabulary embedding     forward: each rank's rows of wte, summed
  *   tied head                backward: the input gradient is summed
  *   cross-entropy            three sums or maxima of one float per row
+ * (with sequence parallelism each sum is a reduce-scatter over the
+ * positions, and the gathers before the column-parallel layers and the
+ * head are all-gathers),
  * so a transformer block costs two all-reduces in forward and two in
  * backward. Limits: on the CPU (a device's kernels are issue 36's); the
  * collectives are synchronous. */
@@ -37,16 +41,32 @@ void mg__tp_all_reduce(const mg_ctx *c, float *x, size_t n, bool max)
     if (tp) tp->failed = tp->comm.all_reduce(tp->comm.ud, x, n, max);
 }
 
-void mg__tp_all_gather(const mg_ctx *c, const float *in, float *out, size_t n)
+/* Megatron's region mappings: entering a split region every rank needs
+ * all positions (with sequence parallelism gathered, else each rank has
+ * them), and leaving it the ranks' partial values are summed (with
+ * sequence parallelism each rank keeping its part of the positions). The
+ * backward of each is the other. */
+const float *mg__tp_all_rows(const mg_layer *l, const mg_ctx *c, const float *x, size_t rows,
+                             size_t w, float *buf)
 {
+    if (!mg__seq_split(l)) return x;
     mg__tp *tp = group(c, c->tp && c->tp->comm.all_gather);
-    if (tp) tp->failed = tp->comm.all_gather(tp->comm.ud, in, out, n);
+    if (tp) tp->failed = tp->comm.all_gather(tp->comm.ud, x, buf, rows / (size_t)l->tp.size * w);
+    return buf;
 }
 
-void mg__tp_reduce_scatter(const mg_ctx *c, const float *in, float *out, size_t n)
+size_t mg__tp_sum_rows(const mg_layer *l, const mg_ctx *c, float *part, float *out, size_t rows,
+                       size_t w)
 {
+    if (!mg__seq_split(l)) {
+        MG_ASSERT(part == out);
+        if (mg__split(l)) mg__tp_all_reduce(c, out, rows * w, false);
+        return rows;
+    }
+    size_t here = rows / (size_t)l->tp.size;
     mg__tp *tp = group(c, c->tp && c->tp->comm.reduce_scatter);
-    if (tp) tp->failed = tp->comm.reduce_scatter(tp->comm.ud, in, out, n);
+    if (tp) tp->failed = tp->comm.reduce_scatter(tp->comm.ud, part, out, here * w);
+    return here;
 }
 
 /* Per row: the maximum over every rank's columns, then the sum of

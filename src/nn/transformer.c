@@ -66,44 +66,20 @@ static void embed_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y
     const int32_t *tok = (const int32_t *)(const void *)x;
     if (!mg__dk_cur)   /* on a device the tape checked the tokens as it copied them */
         for (size_t i = 0; i < (size_t)n * e->ctx; i++) MG_ASSERT(tok[i] >= 0 && tok[i] < e->vocab);
-    if (!mg__split(l)) {
-        mg_embedding_forward(y, tok, l->p[0].data, l->p[1].data, n, e->ctx, e->d);
-        return;
-    }
-    size_t d = (size_t)e->d, r = (size_t)n * e->ctx;
-    float *sum = mg__seq_split(l) ? c->scratch : y;
-    for (size_t i = 0; i < r; i++) {
-        float *yi = sum + i * d;
-        int t = tok[i] - e->lo;
-        if (t >= 0 && t < e->nv) memcpy(yi, l->p[0].data + (size_t)t * d, d * sizeof(float));
-        else memset(yi, 0, d * sizeof(float));
-        if (l->tp.rank == 0) mg_add_into(yi, l->p[1].data + (i % (size_t)e->ctx) * d, d);
-    }
-    if (mg__seq_split(l)) mg__tp_reduce_scatter(c, sum, y, r / (size_t)l->tp.size * d);
-    else mg__tp_all_reduce(c, y, r * d, false);
+    float *part = mg__seq_split(l) ? c->scratch : y;
+    mg_embedding_forward(part, tok, l->p[0].data, e->lo, e->nv,
+                         l->tp.rank == 0 ? l->p[1].data : NULL, n, e->ctx, e->d);
+    mg__tp_sum_rows(l, c, part, y, (size_t)n * e->ctx, (size_t)e->d);
 }
 
 static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                            float *dy, float *dx, int n)
 {
     embed_layer *e = (embed_layer *)l;
-    const int32_t *tok = (const int32_t *)(const void *)x;
-    if (!mg__split(l)) {
-        mg_embedding_backward(mg__grad(l, c, 0), mg__grad(l, c, 1), dy, tok, n, e->ctx, e->d,
-                              e->vocab);
-        return;
-    }
-    float *gte = mg__grad(l, c, 0), *gpe = mg__grad(l, c, 1);
-    size_t d = (size_t)e->d, r = (size_t)n * e->ctx;
-    if (mg__seq_split(l)) {   /* every position's gradient, as without it */
-        mg__tp_all_gather(c, dy, c->scratch, r / (size_t)l->tp.size * d);
-        dy = c->scratch;
-    }
-    for (size_t i = 0; i < r; i++) {
-        int t = tok[i] - e->lo;
-        if (t >= 0 && t < e->nv) mg_add_into(gte + (size_t)t * d, dy + i * d, d);
-        mg_add_into(gpe + (i % (size_t)e->ctx) * d, dy + i * d, d);
-    }
+    size_t r = (size_t)n * e->ctx;
+    const float *g = mg__tp_all_rows(l, c, dy, r, (size_t)e->d, c->scratch);   /* every position's */
+    mg_embedding_backward(mg__grad(l, c, 0), mg__grad(l, c, 1), g,
+                          (const int32_t *)(const void *)x, e->lo, e->nv, n, e->ctx, e->d);
 }
 
 static const mg_layer_vt embed_vt = {
@@ -167,23 +143,15 @@ static void head_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
     *scratch = mg__seq_split(&e->base) ? 2 * rows(l->out, n) * e->d : 0;
 }
 
-/* Its input, all positions of it. */
-static const float *head_input(const mg_layer *l, const mg_ctx *c, const float *x, int n)
-{
-    const embed_layer *e = (const embed_layer *)((const head_layer *)l)->embed;
-    if (!mg__seq_split(&e->base)) return x;
-    mg__tp_all_gather(c, x, c->scratch, rows(l->in, n) * e->d);
-    return c->scratch;
-}
-
 /* Split: this rank's columns of the logits (its rows of wte); the input
  * gradient is summed over the group. */
 static void head_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
-    x = head_input(l, c, x, n);
-    mg_gemm(false, true, (int)rows(l->out, n), e->nv, e->d, 1.0f, x, e->d, e->base.p[0].data,
-            e->d, 0.0f, y, e->nv);
+    size_t r = rows(l->out, n);
+    x = mg__tp_all_rows(&e->base, c, x, r, (size_t)e->d, c->scratch);
+    mg_gemm(false, true, (int)r, e->nv, e->d, 1.0f, x, e->d, e->base.p[0].data, e->d, 0.0f, y,
+            e->nv);
 }
 
 static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
@@ -191,16 +159,14 @@ static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
 {
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
     int r = (int)rows(l->out, n);
-    x = head_input(l, c, x, n);
+    x = mg__tp_all_rows(&e->base, c, x, (size_t)r, (size_t)e->d, c->scratch);
     mg_gemm(true, false, e->nv, e->d, r, 1.0f, dy, e->nv, x, e->d, 1.0f,
             mg__grad(&e->base, c, 0), e->d);
     if (!dx) return;
-    bool seq = mg__seq_split(&e->base);
-    float *dxs = seq ? c->scratch + (size_t)r * e->d : dx;
+    float *dxs = mg__seq_split(&e->base) ? c->scratch + (size_t)r * e->d : dx;
     mg_gemm(false, false, r, e->d, e->nv, 1.0f, dy, e->nv, e->base.p[0].data, e->d, 0.0f, dxs,
             e->d);
-    if (seq) mg__tp_reduce_scatter(c, dxs, dx, (size_t)r / (size_t)e->base.tp.size * e->d);
-    else if (mg__split(&e->base)) mg__tp_all_reduce(c, dx, (size_t)r * e->d, false);
+    mg__tp_sum_rows(&e->base, c, dxs, dx, (size_t)r, (size_t)e->d);
 }
 
 static double head_flops(const mg_layer *l)

@@ -32,7 +32,7 @@ typedef struct {
     mg_strategy *s;
     mg_model *m;
     mg_group *g;        /* the mesh's tp group */
-    mg_range *own;      /* tp rank 0: the arena; others: the split tensors */
+    mg_range *own;      /* tp rank 0: NULL (all it holds); others: the split tensors */
     int n_own;
     mg_range *partial;  /* the partial gradients within this rank's ranges */
     int n_partial;
@@ -114,14 +114,7 @@ static mg_status tp_attach(mg_strategy *s, void **state)
     t->g = mg_mesh_group(mesh, MG_MESH_TP);
     snprintf(t->label, sizeof t->label, "tp%d", size);
     *state = t;
-    if (coord == 0) {
-        t->own = malloc(sizeof *t->own);
-        if (t->own) t->own[0] = (mg_range){0, mg_model_arena_size(m)};
-        t->n_own = 1;
-        st = t->own ? MG_OK : mg_error(MG_ENOMEM, "tensor parallelism: out of memory");
-    } else {
-        st = tensor_ranges(m, is_split, NULL, 0, &t->own, &t->n_own);
-    }
+    if (coord > 0) st = tensor_ranges(m, is_split, NULL, 0, &t->own, &t->n_own);
     /* The partial gradients this rank steps: its ranges are the
      * components' before it (none: the whole arena; the data-parallel
      * sharding comes after and narrows them later, reduce). */

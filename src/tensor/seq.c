@@ -68,36 +68,45 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
 
 /* ---- Embedding ------------------------------------------------------------- */
 
-void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
-                          int n, int T, int d)
+void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo, int rows,
+                          const float *wpe, int n, int T, int d)
 {
     if (mg__dk_cur) {
+        MG_ASSERT(lo == 0 && wpe);
         mg_dk_embedding_forward(y, tok, wte, wpe, n, T, d);
         return;
     }
+    size_t dd = (size_t)d;
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) {
-            const float *a = wte + (size_t)tok[(size_t)i * T + t] * d, *b = wpe + (size_t)t * d;
-            float *o = y + ((size_t)i * T + t) * d;
-            for (int j = 0; j < d; j++) o[j] = a[j] + b[j];
+            int k = tok[(size_t)i * T + t] - lo;
+            const float *a = k >= 0 && k < rows ? wte + (size_t)k * dd : NULL;
+            const float *b = wpe ? wpe + (size_t)t * dd : NULL;
+            float *o = y + ((size_t)i * T + t) * dd;
+            if (a && b)
+                for (size_t j = 0; j < dd; j++) o[j] = a[j] + b[j];
+            else if (a || b)
+                memcpy(o, a ? a : b, dd * sizeof(float));
+            else
+                memset(o, 0, dd * sizeof(float));
         }
 }
 
-void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int n,
-                           int T, int d, int vocab)
+void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int lo,
+                           int rows, int n, int T, int d)
 {
     if (mg__dk_cur) {
-        mg_dk_embedding_backward(gte, gpe, dy, tok, n, T, d, vocab);
+        MG_ASSERT(lo == 0);
+        mg_dk_embedding_backward(gte, gpe, dy, tok, n, T, d, rows);
         return;
     }
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) {
             const float *g = dy + ((size_t)i * T + t) * d;
-            float *a = gte + (size_t)tok[(size_t)i * T + t] * d, *b = gpe + (size_t)t * d;
-            for (int j = 0; j < d; j++) {
-                a[j] += g[j];
-                b[j] += g[j];
-            }
+            int k = tok[(size_t)i * T + t] - lo;
+            float *a = k >= 0 && k < rows ? gte + (size_t)k * d : NULL, *b = gpe + (size_t)t * d;
+            for (int j = 0; j < d; j++) b[j] += g[j];
+            for (int j = 0; a && j < d; j++) a[j] += g[j];
         }
 }
 
