@@ -60,25 +60,36 @@ static bool next_text(void *ud, mg_micro_batch *b)
     return true;
 }
 
-/* One optimizer step through the strategy; this rank's figures in r. */
+/* The traffic counters of the job's group (tr[MG_MESH_DIMS]) and of each
+ * dimension of its mesh, now (zeros in one process). */
+static void traffic_now(const mg_trainer *t, mg_traffic tr[MG_MESH_DIMS + 1])
+{
+    for (int d = 0; d <= MG_MESH_DIMS; d++)
+        tr[d] = d == MG_MESH_DIMS ? (t->g ? mg_group_traffic(t->g) : (mg_traffic){0})
+              : t->mesh ? mg_group_traffic(mg_mesh_group(t->mesh, (mg_mesh_dim)d))
+                        : (mg_traffic){0};
+}
+
+/* One optimizer step through the strategy; this rank's figures in r,
+ * what it moved in the trainer's counters (each mesh dimension's, and
+ * all of it). */
 static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source next,
                           mg_step_result *r)
 {
     mg_step_options so = {.accumulate = t->c.accumulate, .lr = (float)lr,
                           .clip_grad = t->c.clip_grad};
-    mg_traffic a = mg_strategy_traffic(t->s), ad[MG_MESH_DIMS];
-    for (int d = 0; d < MG_MESH_DIMS && t->mesh; d++)
-        ad[d] = mg_group_traffic(mg_mesh_group(t->mesh, (mg_mesh_dim)d));
+    mg_traffic a[MG_MESH_DIMS + 1], b[MG_MESH_DIMS + 1];
+    traffic_now(t, a);
     if (mg_train_step(t->s, t->opt, &so, next, src, r)) return mg__train_step_error(t);
-    mg_traffic b = mg_strategy_traffic(t->s);
-    t->info.step_sent += b.sent - a.sent;
-    t->info.step_received += b.received - a.received;
-    for (int d = 0; d < MG_MESH_DIMS && t->mesh; d++) {
-        mg_traffic bd = mg_group_traffic(mg_mesh_group(t->mesh, (mg_mesh_dim)d));
+    traffic_now(t, b);
+    for (int d = 0; d <= MG_MESH_DIMS; d++) {
+        t->info.step_sent += b[d].sent - a[d].sent;
+        t->info.step_received += b[d].received - a[d].received;
+        if (d == MG_MESH_DIMS) continue;
         mg_traffic *by = &t->info.step_by_dim[d];
-        by->sent += bd.sent - ad[d].sent;
-        by->received += bd.received - ad[d].received;
-        by->seconds += bd.seconds - ad[d].seconds;
+        by->sent += b[d].sent - a[d].sent;
+        by->received += b[d].received - a[d].received;
+        by->seconds += b[d].seconds - a[d].seconds;
     }
     t->info.steps_run++;
     return MG_OK;
