@@ -4,6 +4,8 @@
 #define MGT_DEVICES_H
 
 #include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +53,18 @@ static inline bool mgt_nccl_loads(void)
     int status;
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
     return WEXITSTATUS(status) == 0;
+}
+
+/* In a forked rank: NCCL refuses two ranks on one GPU of one host; told
+ * they are on hosts of their own, it runs them (through its network
+ * transport over loopback), so one GPU tests the NCCL path. MG_NCCL=on:
+ * NCCL or an error. */
+static inline void mgt_nccl_host_of_its_own(int r)
+{
+    char host[32];
+    snprintf(host, sizeof host, "mgtest-host-%d", r);
+    setenv("NCCL_HOSTID", host, 1);
+    setenv("MG_NCCL", "on", 1);
 }
 
 /* n floats of d's memory at p in a host copy to free. */

@@ -2,6 +2,7 @@
  * saying why not, and memory round trips. Without a GPU (CI has none) the
  * GPU's part skips, saying why; the CPU's part always runs. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -483,23 +484,11 @@ static void check_gathered(mg_device d, const float *p, int W)
     free(h);
 }
 
-/* In a forked rank: NCCL refuses two ranks on one GPU of one host; told
- * they are on hosts of their own, it runs them (through its network
- * transport over loopback), so one GPU tests the NCCL path. MG_NCCL=on:
- * NCCL or an error. */
-static void nccl_host_of_its_own(int r)
-{
-    char host[32];
-    snprintf(host, sizeof host, "mgtest-host-%d", r);
-    setenv("NCCL_HOSTID", host, 1);
-    setenv("MG_NCCL", "on", 1);
-}
-
 static int coll_rank(int r, int W, void *arg)
 {
     const coll_case *c = arg;
     mg_device d = c->d;
-    if (c->nccl) nccl_host_of_its_own(r);
+    if (c->nccl) mgt_nccl_host_of_its_own(r);
     mg_group *g = mgt_join(r, W, c->port, NULL, 60);
     CHECK(g);
     const char *why, *path;
@@ -667,7 +656,7 @@ TEST_T(device_gpu_collectives_through_nccl, 180)
  * call, and the group can be destroyed (the communicator aborted). */
 static int nccl_dead_peer_rank(int r, int W, void *arg)
 {
-    nccl_host_of_its_own(r);
+    mgt_nccl_host_of_its_own(r);
     mg_device d = {MG_DEVICE_CUDA, 0};
     mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 8);
     CHECK(g);
@@ -694,6 +683,47 @@ TEST_T(device_gpu_nccl_survives_a_dead_peer_with_an_error, 90)
     if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
     int port = mgt_free_port(), st[2];
     CHECK_EQ(mgt_fork_ranks(2, nccl_dead_peer_rank, &port, 80, st), 0);
+}
+
+/* A rank that stops (SIGSTOP) with NCCL's communicator set up: NCCL
+ * alone would wait for it until MG_TIMEOUT (60 s here); the host path's
+ * watch names it, stopped, within MG_PEER_TIMEOUT (3 s) and 2 s. Rank 0
+ * then ends it. */
+static int nccl_stopped_peer_rank(int r, int W, void *arg)
+{
+    mgt_nccl_host_of_its_own(r);
+    setenv("MG_PEER_TIMEOUT", "3", 1);
+    mg_device d = {MG_DEVICE_CUDA, 0};
+    mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 60);
+    CHECK(g);
+    int pid[2] = {getpid(), getpid()};
+    CHECK_OK(mg_all_gather(g, &pid[r], pid, 1, MG_I32));
+    CHECK_OK(mg_group_use_device(g, d));
+    float *x = dev_fill(d, r, CN);
+    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    if (r == 1) raise(SIGSTOP);
+    double t0 = mg_now();
+    mg_status st = mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM);
+    double took = mg_now() - t0;
+    kill(pid[1], SIGKILL);
+    printf("rank 0 after %.1f s: %s\n", took, mg_last_error());
+    CHECK(st != MG_OK);
+    CHECK_MSG(took < 3 + 2, "the stopped rank was found after %.1f s", took);
+    CHECK_MSG(strstr(mg_last_error(), "rank 1") && strstr(mg_last_error(), "stopped") &&
+              strstr(mg_last_error(), "through NCCL"), "%s", mg_last_error());
+    mg_group_destroy(g);
+    mg_device_free(d, x);
+    return 0;
+}
+
+TEST_T(device_gpu_nccl_names_a_stopped_peer_within_the_peer_timeout, 90)
+{
+    mgt_device(MG_DEVICE_CUDA);
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    int port = mgt_free_port(), st[2];
+    CHECK_EQ(mgt_fork_ranks(2, nccl_stopped_peer_rank, &port, 80, st), 1);
+    CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0);
+    CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
 }
 
 /* ---- the path of collectives on device memory (mg_group_use_device) ------ */

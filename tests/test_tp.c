@@ -9,6 +9,7 @@
  * mgtrain trains. */
 #include <math.h>
 #include <unistd.h>
+#include "devices.h"
 #include "equiv.h"
 
 typedef struct {
@@ -17,6 +18,7 @@ typedef struct {
     int tp;
     bool seq;             /* sequence parallelism */
     const char *load;     /* a checkpoint to start from instead (then no training) */
+    bool nccl;            /* on a GPU: each rank an NCCL host of its own */
 } tp_case;
 
 static int procs_of(const tp_case *k) { return k->c.world * k->tp * (k->c.pp ? k->c.pp : 1); }
@@ -39,12 +41,17 @@ static int tp_rank(int rank, int procs, void *arg)
 {
     const tp_case *k = arg;
     const eq_case *c = &k->c;
+    if (k->nccl) mgt_nccl_host_of_its_own(rank);
     mg_group *g = mgt_join(rank, procs, c->port, NULL, 60);
     CHECK(g);
     eq_source src = {.c = c, .world = c->world, .parts = c->accumulate};
     mg_st_file *ref;
     eq_open_data(c, &src, &ref);
     mg_model *m = split_model(c, (mg_tp_split){k->tp, rank % k->tp, k->seq});
+    if (c->dev.kind != MG_DEVICE_CPU) {   /* collectives on its memory: NCCL or the host */
+        CHECK_OK(mg_model_to_device(m, c->dev));
+        CHECK_OK(mg_group_use_device(g, c->dev));
+    }
     mg_strategy_options so = mg_strategy_defaults(
         c->stage ? MG_STRATEGY_ZERO : c->pp > 1 ? MG_STRATEGY_PIPELINE : MG_STRATEGY_DDP);
     so.group = g;
@@ -202,6 +209,35 @@ TEST_T(tp_gpt_mini_matches_pytorch_under_tp_and_every_mesh, 900)
         snprintf(ck, sizeof ck, "%s/tp-%zu.safetensors", mgt_tmpdir(), i);
         match_pytorch(&k, ck);
     }
+}
+
+/* On a device (emu here; a GPU on a machine with one, its ranks sharing
+ * it, their collectives through NCCL as hosts of their own): the same 20
+ * steps as PyTorch under tp alone, with sequence parallelism, and with dp
+ * and ZeRO-3. */
+static void tp_on_device(mg_device dev, bool nccl)
+{
+    struct { const char *mesh; int dp, tp, stage; bool seq; } cases[] = {
+        {"tp=2", 1, 2, 0, false}, {"tp=2", 1, 2, 0, true}, {"dp=2,tp=2", 2, 2, 3, true},
+    };
+    char ck[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tp_case k = gpt_case(cases[i].mesh, cases[i].dp, 1, cases[i].tp, cases[i].stage,
+                             cases[i].seq);
+        k.c.dev = dev;
+        k.nccl = nccl;
+        snprintf(ck, sizeof ck, "%s/tp-dev-%zu.safetensors", mgt_tmpdir(), i);
+        match_pytorch(&k, ck);
+    }
+}
+
+TEST_T(tp_emu_matches_pytorch, 600) { tp_on_device((mg_device){MG_DEVICE_EMU, 0}, false); }
+
+TEST_T(tp_gpu_matches_pytorch_through_nccl, 600)
+{
+    mg_device d = mgt_device(MG_DEVICE_CUDA);
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    tp_on_device(d, true);
 }
 
 /* Checkpoints are logical: dp=2,pp=2,tp=2's (with ZeRO-1's optimizer

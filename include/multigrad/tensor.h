@@ -166,6 +166,13 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu);
 
+/* y [n, out] += b (b may be NULL), then ReLU if relu: mg_linear_forward's
+ * end, for a product summed elsewhere first (a row-parallel layer's). */
+void mg_bias_relu(float *y, const float *b, int n, int out, bool relu);
+/* Its backward: dy masked in place by y > 0 if relu, then db += the
+ * column sums of dy (db may be NULL). */
+void mg_bias_relu_backward(float *dy, float *db, const float *y, int n, int out, bool relu);
+
 /* y += a;  y = a * b (elementwise);  y = x (n floats, not overlapping). */
 void mg_add_into(float *y, const float *a, size_t n);
 /* mg_add_into with device d's kernels (memory of d), from any thread: the
@@ -198,14 +205,14 @@ void mg_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
 /* Causal multi-head self-attention of n sequences of T positions: qkv
  * [n, T, 3d] holds q, k, v side by side (head j: columns j*d/heads of
  * each), y [n, T, d] the heads' outputs side by side; softmax scaled by
- * 1/sqrt(d/heads). lse, mg_attention_saved(n, T, heads) floats, keeps
- * what the backward needs: on the CPU each softmax row's log-sum-exp
- * [n, heads, T], from which the backward recomputes the probabilities; on
- * a device the probabilities [n, heads, T, T] themselves (as PyTorch's
- * eager attention keeps them). ws holds mg_attention_scratch(n, T, d,
- * heads) floats (on a device, its kernels' need, which grows with n; on
- * the CPU one sequence's). */
-size_t mg_attention_saved(int n, int T, int heads);
+ * 1/sqrt(d/heads). lse, mg_attention_saved(n, T, d, heads) floats, keeps
+ * what the backward needs: each softmax row's log-sum-exp [n, heads, T],
+ * from which the backward recomputes the probabilities (on a device with
+ * heads over 128 wide, or MG_ATTENTION=gemm, the probabilities
+ * [n, heads, T, T] themselves, as PyTorch's eager attention keeps them).
+ * ws holds mg_attention_scratch(n, T, d, heads) floats (on a device, its
+ * kernels' need, which grows with n; on the CPU one sequence's). */
+size_t mg_attention_saved(int n, int T, int d, int heads);
 size_t mg_attention_scratch(int n, int T, int d, int heads);
 void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
                           int heads, float *ws);
@@ -218,8 +225,7 @@ void mg_attention_backward(float *dqkv, const float *dy, const float *y, const f
  * only (the whole vocabulary: 0, vocab; a part of it split over
  * tensor-parallel ranks), a token outside them adding 0, and wpe may be
  * NULL (adding 0). The backward adds dy into the rows of gte its tokens
- * chose (those within the rows) and into gpe. On a device: the whole
- * table and wpe. */
+ * chose (those within the rows) and into gpe. */
 void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo, int rows,
                           const float *wpe, int n, int T, int d);
 void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int lo,

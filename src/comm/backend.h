@@ -85,6 +85,12 @@ typedef struct mg__backend {
      * the backend can show its peers that this rank lives while the
      * caller computes. */
     void (*tick)(mg_group *g);
+    /* Optional: called about once a second while this rank waits on work
+     * the backend does not run (an NCCL call, begun at `since`, which
+     * `what` names): beats for this rank, and fails naming the peer when
+     * one died, stopped, or showed no sign of life for the peer timeout
+     * since then, as the backend's own waits do. */
+    mg_status (*watch)(mg_group *g, double since, const char *what);
     /* Release everything; the progress thread has stopped and the queue
      * is empty. */
     void (*destroy)(mg_group *g);

@@ -580,7 +580,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     }
     if (r->c.coll != MG_COLL_SEND && r->c.coll != MG_COLL_RECV) return run_coll(b, r);
     b->deadline = mg_now() + g->timeout;
-    if (b->shm_transport) mg__shm_transport_set_deadline(b->shm_transport, b->deadline);
+    if (b->shm_transport) mg__shm_transport_set_deadline(b->shm_transport, mg_now(), b->deadline);
     mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
     if (st && !r->rejected) {
         char d[320];
@@ -652,5 +652,6 @@ static void bi_destroy(mg_group *g)
 
 const mg__backend mg__backend_builtin = {
     .name = "builtin", .init = bi_init, .run = bi_run, .abort = bi_abort, .tick = bi_tick,
+    .watch = mg__bi_watch,
     .destroy = bi_destroy,
 };

@@ -87,5 +87,9 @@ void mg__bi_free_unexpected(mg__bi *b);
  * frames on quiet TCP channels, the shared-memory counter). Called by
  * the thread that holds the group: often, it costs a clock read. */
 void mg__bi_beat(mg__bi *b);
+/* The backend's watch (backend.h): every peer checked, local ones through
+ * the shared-memory transport's beats and /proc, TCP ones by what they
+ * sent, from `since` on (p2p.c). */
+mg_status mg__bi_watch(mg_group *g, double since, const char *what);
 
 #endif

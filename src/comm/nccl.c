@@ -7,7 +7,9 @@
  * - The communicator is non-blocking (ncclConfig_t.blocking = 0): its
  *   set-up and every call are polled against the group's deadline, and a
  *   rank that never joins, or dies, ends in ncclCommAbort and an error
- *   naming the call, not a hang.
+ *   naming the call, not a hang. While a call waits, the group's host
+ *   backend watches the peers once a second (backend.h's watch): one
+ *   stopped or silent is named within MG_PEER_TIMEOUT.
  * - Calls go on a stream of NCCL's own (non-blocking) that first waits
  *   for an event recorded at issue on the legacy default stream, which
  *   follows every blocking stream's work queued before: the kernels that
@@ -550,7 +552,7 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
     snprintf(what, sizeof what, "%s #%llu (%zu x %s) on %s through NCCL",
              mg_coll_name(c->coll), (unsigned long long)r->seq, c->count,
              mg_dtype_name(c->dtype), mg__rank_name(&g->names, g->rank, NULL, me, sizeof me));
-    double deadline = mg_now() + g->timeout;
+    double since = mg_now(), deadline = since + g->timeout, watch = since + 1;
     cudaError_t e = cudaSetDevice(n->dev.index);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, (cudaEvent_t)r->nccl, 0);
     if (e != cudaSuccess)
@@ -564,10 +566,20 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
         if (e != cudaErrorNotReady)
             return mg_error(MG_EIO, "%s: cuda:%d: %s", what, n->dev.index, cudaGetErrorString(e));
         if (nc.async_error(n->comm, &rc) != ncclSuccess) rc = ncclInternalError;
-        if (rc == ncclSuccess && mg_now() > deadline)
+        double now = mg_now();
+        if (rc == ncclSuccess && now > deadline)
             return mg_error(MG_ETIMEOUT, "%s did not finish within %g s (MG_TIMEOUT): a rank "
                             "did not issue it, or died (NCCL does not say which)", what,
                             g->timeout);
+        /* NCCL cannot tell a stopped peer from a slow one: the host path's
+         * beats and /proc can, within MG_PEER_TIMEOUT. */
+        if (rc == ncclSuccess && g->be->watch && now >= watch) {
+            char waiting[280];
+            snprintf(waiting, sizeof waiting, "waiting for %s", what);
+            mg_status st = g->be->watch(g, since, waiting);
+            if (st) return st;
+            watch = now + 1;
+        }
     }
     if (rc != ncclSuccess) return mg_error(MG_EPEER, "%s: %s", what, nc_error(n, rc));
     uint64_t sent, received;

@@ -421,6 +421,25 @@ static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *w
     return MG_OK;
 }
 
+mg_status mg__bi_watch(mg_group *g, double since, const char *what)
+{
+    mg__bi *b = g->impl;
+    mg__bi_beat(b);
+    int *peers = malloc(sizeof(int) * (size_t)g->size), n = 0;
+    if (!peers) return MG_OK;   /* checked again in a second */
+    for (int p = 0; p < g->size; p++)
+        if (p != g->rank) peers[n++] = p;
+    b->deadline = since + g->timeout;
+    mg_status st = MG_OK;
+    if (b->shm_transport) {
+        mg__shm_transport_set_deadline(b->shm_transport, since, b->deadline);
+        st = mg__shm_transport_check(b->shm_transport, peers, n, what);
+    }
+    if (!st) st = check_silence(b, peers, n, what);
+    free(peers);
+    return st;
+}
+
 /* Nothing moved: wait a little (spin, then block) and check for failures. */
 static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const char *what)
 {

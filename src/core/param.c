@@ -42,6 +42,8 @@ static const mg_tunable params[] = {
     {"MG_OFFLOAD_WINDOW_MB", I, "1", 1, 1 << 16, NULL, "--offload: MiB of each array (parameters, each optimizer state) in one streamed window; three windows are in memory (one read ahead, one updated, one written back)"},
     {"MG_BLOCK_ROWS", I, "512", 1, 1 << 30, NULL, "transformer block: positions per slice of the batch"},
     {"MG_TRACE", S, NULL, 0, 4000, NULL, "write a Chrome trace per rank to this file (trace.rankN.json)"},
+    {"MG_ATTENTION", C, "auto", 0, 0, "auto|fused|gemm", "GPU: causal attention by the fused kernel (no T x T matrix; heads up to 128 wide) or by batched GEMMs that keep the T x T probabilities; auto: GEMMs up to 512 positions, fused above"},
+    {"MG_ATTENTION_ROWS", I, "4", 4, 8, NULL, "GPU: query rows of the fused attention kernel a thread computes, 4 (256 threads a block) or 8 (128)"},
     {"MG_DK_PROFILE", B, "0", 0, 1, NULL, "GPU: print each device kernel entry's GPU time (and the GEMMs' within it), summed per name, to stderr at exit"},
     {"MG_BACKEND", C, NULL, 0, 0, "builtin|mpi", "process groups: default mpi under mpirun or another PMI launcher (when built with MPI), else builtin"},
     {"MG_NCCL", C, "auto", 0, 0, "auto|on|off", "collectives on GPU memory (mg_group_use_device): NCCL when every rank has a GPU of its own (auto), NCCL or an error (on), or always staged through the host (off)"},

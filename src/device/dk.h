@@ -12,7 +12,8 @@
  * lane per row where the GPU has a warp: every device code path is tested
  * where there is no GPU (CI), and a GPU run checks only what the hardware
  * adds. kernels.cu is compiled by nvcc when the CUDA toolkit is there
- * (then both kinds work) and as C++ by the host compiler otherwise. */
+ * (then both kinds work) and as C++ by the host compiler otherwise;
+ * attention.cu holds attention's, dk_internal.h what the files share. */
 #ifndef MG_DEVICE_DK_H
 #define MG_DEVICE_DK_H
 
@@ -87,6 +88,8 @@ void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float
                           int in, int out, bool relu);
 void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
                            const float *x, const float *wt, int n, int in, int out, bool relu);
+void mg_dk_bias_relu(float *y, const float *b, int n, int out, bool relu);
+void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, int n, int out, bool relu);
 void mg_dk_add_into(float *y, const float *a, size_t n);
 void mg_dk_copy_floats(float *y, const float *x, size_t n);
 void mg_dk_dropout_mask(uint8_t *keep, size_t n, float p, uint64_t seed, uint64_t counter);
@@ -113,6 +116,7 @@ void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const float *dy, 
 void mg_dk_gelu_forward(float *y, const float *x, size_t n);
 void mg_dk_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
 void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
+size_t mg_dk_attention_saved(int n, int T, int d, int heads);
 size_t mg_dk_attention_scratch(int n, int T, int d, int heads);
 void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T, int d,
                              int heads, float *ws);
@@ -125,12 +129,19 @@ void mg_dk_conv2d_forward(float *y, uint8_t *saved, const float *x, const float 
 void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *y,
                            const uint8_t *saved, const float *x, const float *wt,
                            const mg_conv2d_shape *s, int n, float *ws);
-void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, const float *wpe,
-                             int n, int T, int d);
-void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok,
-                              int n, int T, int d, int vocab);
+void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo, int rows,
+                             const float *wpe, int n, int T, int d);
+void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int lo,
+                              int rows, int n, int T, int d);
 float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n, int classes,
                          float *dlogits, int *correct);
+/* The cross-entropy of logits split over the vocabulary, per row
+ * (nn/tensor_parallel.c's, which says what they are). */
+void mg_dk_xent_max(float *mx, const float *logits, int n, int classes);
+void mg_dk_xent_sums(float *sum, float *zy, float *arg, const float *logits,
+                     const int32_t *labels, const float *mx, int n, int classes, int lo);
+void mg_dk_xent_grad(float *dlogits, const float *logits, const int32_t *labels, const float *mx,
+                     const float *sum, int n, int classes, int lo);
 double mg_dk_sumsq(const float *g, size_t n);
 void mg_dk_scale(float *g, size_t n, float s);
 struct mg__adam_coef;

@@ -14,51 +14,15 @@
  * back to the host as per-row and per-lane partials and are added there
  * in order.
  *
- * Attention runs the score and output products as batched GEMMs over
- * sequences x heads, each on its head's columns of the q, k, v rows and
- * writing its columns of the output in place (no permutes to a
- * heads-first layout, as llm.c's CUDA trainer makes); the forward keeps
- * the probabilities for the backward, as PyTorch's eager attention does
- * (the CPU kernel keeps only each row's log-sum-exp and recomputes). */
+ * Attention is attention.cu's (a fused kernel). */
 #include <limits.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <pthread.h>
-#include "multigrad/tensor.h"
 #include "core/bf16.h"
-#include "device/dk.h"
+#include "device/dk_internal.h"
 #include "optim/optim_impl.h"
-
-#include "core/elem.h"
 #ifdef __CUDACC__
 #include <dlfcn.h>
-#include <cuda_runtime.h>
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
 #endif
-#define HD MG_HD
-
-struct mg_dk {
-    mg_device dev;
-    bool emu;
-    void *ws;              /* the kernels' workspace (device memory), grown on demand */
-    size_t ws_bytes;
-    float *ones;           /* ones_n floats of 1: column sums as GEMMs */
-    size_t ones_n;
-    bool bf16;             /* GEMMs with bfloat16 operands (mg_device_set_bf16) */
-    void *bf[2];           /* a GEMM's operands in bfloat16 (a GPU's), grown on demand */
-    size_t bf_n[2];
-    void **ptrs;           /* a batched GEMM's operands' addresses (a GPU's), grown on demand */
-    size_t ptrs_n;
-#ifdef __CUDACC__
-    cudaStream_t stream;
-    cudaStream_t copy;     /* the feeds' copies to the GPU, beside the kernels */
-    cublasHandle_t blas;
-#endif
-};
 
 __thread mg_dk *mg__dk_cur;
 
@@ -67,22 +31,8 @@ static mg_dk contexts[MAX_GPUS + 1];   /* [0]: emu; [1 + i]: cuda:i */
 static bool ready[MAX_GPUS + 1];
 static pthread_mutex_t contexts_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static mg_dk *DK(void)
-{
-    MG_ASSERT(mg__dk_cur);
-    return mg__dk_cur;
-}
 
 #ifdef __CUDACC__
-/* A GPU failing in the middle of a step (an illegal address, a lost
- * device) leaves nothing to recover: say what failed and stop. */
-static void ck(cudaError_t e, const char *what)
-{
-    if (e == cudaSuccess) return;
-    fprintf(stderr, "multigrad: cuda: %s: %s (%s)\n", what, cudaGetErrorString(e),
-            cudaGetErrorName(e));
-    abort();
-}
 
 static void ckb(cublasStatus_t e, const char *what)
 {
@@ -251,7 +201,7 @@ static void dev_free(void *p)
 }
 
 /* The workspace, at least `bytes` (previous contents are not kept). */
-static void *ws(size_t bytes)
+void *dk_ws(size_t bytes)
 {
     mg_dk *k = DK();
     if (bytes <= k->ws_bytes) return k->ws;
@@ -260,8 +210,6 @@ static void *ws(size_t bytes)
     k->ws = dev_alloc(k->ws_bytes);
     return k->ws;
 }
-
-template <class F> static void each(size_t n, F f);
 
 /* n floats of 1. */
 static const float *ones(size_t n)
@@ -416,100 +364,6 @@ void mg_dk_zero(void *p, size_t bytes)
     memset(p, 0, bytes);
 }
 
-/* ---- Launching -------------------------------------------------------------- */
-
-#ifdef __CUDACC__
-template <class F> __global__ void k_each(size_t n, F f)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        f(i);
-}
-
-/* A warp per row: every lane of a warp has the same row, so a warp is
- * either all in or all out and the shuffles see 32 lanes. */
-template <class F> __global__ void k_rows(size_t rows, F f)
-{
-    size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (r < rows) f(r, (int)(threadIdx.x & 31), 32);
-}
-#endif
-
-#ifdef __CUDACC__
-/* f(i) for i < n on a GPU, queued on stream s; the launch's error. */
-template <class F> static cudaError_t each_on(cudaStream_t s, size_t n, F f)
-{
-    size_t b = (n + 255) / 256;
-    if (b > 65536) b = 65536;
-    k_each<<<(unsigned)b, 256, 0, s>>>(n, f);
-    return cudaGetLastError();
-}
-#endif
-
-/* f(i) for i < n. */
-template <class F> static void each(size_t n, F f)
-{
-    if (!n) return;
-#ifdef __CUDACC__
-    if (!DK()->emu) {
-        ck(each_on(DK()->stream, n, f), "launching a kernel");
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) f(i);
-}
-
-/* f(row, lane, lanes) for each row: the lanes of a row split its columns
- * (j = lane, lane + lanes, ...) and combine through lane_sum/max/min. */
-template <class F> static void rows(size_t r, F f)
-{
-    if (!r) return;
-#ifdef __CUDACC__
-    if (!DK()->emu) {
-        size_t b = (r + 7) / 8;
-        k_rows<<<(unsigned)b, 256, 0, DK()->stream>>>(r, f);
-        ck(cudaGetLastError(), "launching a kernel");
-        return;
-    }
-#endif
-    for (size_t i = 0; i < r; i++) f(i, 0, 1);
-}
-
-static HD inline float lane_sum(float v)
-{
-#ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-#endif
-    return v;
-}
-
-static HD inline double lane_sum_d(double v)
-{
-#ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-#endif
-    return v;
-}
-
-static HD inline float lane_max(float v)
-{
-#ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-#endif
-    return v;
-}
-
-static HD inline int lane_min(int v)
-{
-#ifdef __CUDA_ARCH__
-    for (int o = 16; o > 0; o >>= 1) {
-        int w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
-#endif
-    return v;
-}
-
 /* ---- Profile ------------------------------------------------------------------- *
  * MG_DK_PROFILE=1 in the environment: the GPU time of every kernel entry
  * (mg_dk_*, and the GEMMs within each), measured by events on the
@@ -557,65 +411,38 @@ static void prof_report(void)
     free(r);
 }
 
-struct prof_scope {
-    size_t rec;   /* its record's index (the records move when they grow); 0: none */
-    const char *was;
-    explicit prof_scope(const char *name) : rec(0), was(prof_outer)
-    {
-        if (prof_on < 0) {
-            prof_on = mg_env_long("MG_DK_PROFILE", 0) != 0;
-            if (prof_on) atexit(prof_report);
-        }
-        if (!prof_on || DK()->emu || prof_n == (1u << 20)) return;
-        if (prof_n == prof_cap) {
-            size_t cap = prof_cap ? 2 * prof_cap : 4096;
-            prof_rec *v = (prof_rec *)realloc(prof_v, cap * sizeof *v);
-            if (!v) return;
-            prof_v = v;
-            prof_cap = cap;
-        }
-        prof_rec *r = &prof_v[prof_n++];
-        rec = prof_n;
-        r->name = name;
-        r->in = was;
-        cudaEventCreate(&r->a);
-        cudaEventCreate(&r->b);
-        cudaEventRecord(r->a, DK()->stream);
-        if (!was) prof_outer = name;
+prof_scope::prof_scope(const char *name) : rec(0), was(prof_outer)
+{
+    if (prof_on < 0) {
+        prof_on = mg_env_long("MG_DK_PROFILE", 0) != 0;
+        if (prof_on) atexit(prof_report);
     }
-    ~prof_scope()
-    {
-        if (!rec) return;
-        cudaEventRecord(prof_v[rec - 1].b, DK()->stream);
-        prof_outer = was;
+    if (!prof_on || DK()->emu || prof_n == (1u << 20)) return;
+    if (prof_n == prof_cap) {
+        size_t cap = prof_cap ? 2 * prof_cap : 4096;
+        prof_rec *v = (prof_rec *)realloc(prof_v, cap * sizeof *v);
+        if (!v) return;
+        prof_v = v;
+        prof_cap = cap;
     }
-};
-#define PROFILE(name) prof_scope prof_scope_(name)
-#else
-#define PROFILE(name) (void)0
+    prof_rec *r = &prof_v[prof_n++];
+    rec = prof_n;
+    r->name = name;
+    r->in = was;
+    cudaEventCreate(&r->a);
+    cudaEventCreate(&r->b);
+    cudaEventRecord(r->a, DK()->stream);
+    if (!was) prof_outer = name;
+}
+
+prof_scope::~prof_scope()
+{
+    if (!rec) return;
+    cudaEventRecord(prof_v[rec - 1].b, DK()->stream);
+    prof_outer = was;
+}
 #endif
 
-/* ---- GEMM ---------------------------------------------------------------------- */
-
-/* Where the operands of a batch of GEMMs lie: the i-th of `outer` x
- * `inner` at X + (i / inner) outer + (i % inner) inner elements (a batch
- * of sequences x heads, each head's columns inside its sequence's rows). */
-typedef struct {
-    long long outer, inner;
-} bstride;
-
-/* The elements of the rows x cols matrices (leading dimension ld) of a
- * batch that an operand spans. */
-static size_t span(int rows, int cols, int ld, bstride s, int outer, int inner)
-{
-    return (size_t)s.outer * (size_t)(outer - 1) + (size_t)s.inner * (size_t)(inner - 1) +
-           (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
-}
-
-static HD inline long long at(bstride s, int inner, long long i)
-{
-    return i / inner * s.outer + i % inner * s.inner;
-}
 
 /* emu's bfloat16 operand: a host copy of the n elements at p, each rounded
  * to bfloat16 (to nearest, ties to even) as the GPU's conversion does;
@@ -679,7 +506,7 @@ static void **operand_ptrs(const void *A, bstride sa, const void *B, bstride sb,
  * and round as it likes for others, so the numbers would depend on the
  * shape and the library. A batch whose strides are one stride is one
  * strided-batched call; others give cuBLAS each GEMM's addresses. */
-static void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+void dk_gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                          int lda, bstride sa, const float *B, int ldb, bstride sb, float beta,
                          float *C, int ldc, bstride sc, int outer, int inner)
 {
@@ -764,7 +591,7 @@ static const bstride one_matrix = {0, 0};
 extern "C" void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                            int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    gemm_batched(ta, tb, M, N, K, alpha, A, lda, one_matrix, B, ldb, one_matrix, beta, C, ldc,
+    dk_gemm_batched(ta, tb, M, N, K, alpha, A, lda, one_matrix, B, ldb, one_matrix, beta, C, ldc,
                  one_matrix, 1, 1);
 }
 
@@ -990,6 +817,12 @@ extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, 
 {
     PROFILE(__func__);
     mg_dk_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    mg_dk_bias_relu(y, b, n, out, relu);
+}
+
+extern "C" void mg_dk_bias_relu(float *y, const float *b, int n, int out, bool relu)
+{
+    PROFILE(__func__);
     if (!b && !relu) return;
     /* a warp per row: no division per element */
     rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
@@ -1001,14 +834,21 @@ extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, 
     });
 }
 
-extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
-                                      const float *x, const float *wt, int n, int in, int out,
-                                      bool relu)
+extern "C" void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, int n, int out,
+                                         bool relu)
 {
     PROFILE(__func__);
     if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
     /* db += dy^T 1 */
     if (db) mg_dk_gemm(true, false, out, 1, n, 1.0f, dy, out, ones((size_t)n), 1, 1.0f, db, 1);
+}
+
+extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                                      const float *x, const float *wt, int n, int in, int out,
+                                      bool relu)
+{
+    PROFILE(__func__);
+    mg_dk_bias_relu_backward(dy, db, y, n, out, relu);
     mg_dk_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) mg_dk_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
 }
@@ -1049,7 +889,7 @@ extern "C" void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const 
      * of rows (a thread per column and block, neighbours reading
      * neighbouring columns), then over the blocks, in a fixed order. */
     size_t nb = nrows < 64 ? nrows : 64, per = (nrows + nb - 1) / nb;
-    float *part = (float *)ws(2 * nb * d * sizeof(float));
+    float *part = (float *)dk_ws(2 * nb * d * sizeof(float));
     int D = d;
     each(nb * D, [=] HD(size_t i) {
         size_t blk = i / D, r1 = (blk + 1) * per < nrows ? (blk + 1) * per : nrows;
@@ -1111,80 +951,6 @@ extern "C" void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, 
         y[i] = v * s;
         dydx[i] = mg__gelu_deriv(v, s);
     });
-}
-
-/* ---- Attention ------------------------------------------------------------------- */
-
-/* Workspace: the scores' gradient [n, heads, T, T] in the backward (the
- * forward needs none: each head's GEMMs read its columns of qkv and write
- * its columns of y in place, as batches of sequences x heads). The
- * forward keeps the probabilities P [n, heads, T, T] (in `saved`). */
-extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
-{
-    (void)d;
-    return (size_t)n * heads * T * T;
-}
-
-/* The strides of sequence b's head h: its T x hd block of [n, T, W] rows
- * starts b T W + h hd past the part's first column (Q, K and V are qkv,
- * qkv + d and qkv + 2d, W = 3d; y and dy have W = d), and its T x T
- * scores b H T T + h T T into [n, H, T, T]. */
-static bstride head_cols(int T, int W, int hd) { return (bstride){(long long)T * W, hd}; }
-static bstride head_scores(int T, int H) { return (bstride){(long long)H * T * T, (long long)T * T}; }
-
-extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T,
-                                        int d, int heads, float *w)
-{
-    PROFILE(__func__);
-    (void)w;
-    int H = heads, hd = d / H, W = 3 * d;
-    float *P = saved;
-    float scale = 1.0f / sqrtf((float)hd);
-    bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
-    /* S = Q K^T scale; P = softmax(S) over the causal part, zeros after */
-    gemm_batched(false, true, T, T, hd, scale, qkv, W, sx, qkv + d, W, sx, 0.0f, P, T, sp, n, H);
-    rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
-        int t = (int)(r % T);
-        float *s = P + r * T;
-        float mx = -INFINITY;
-        for (int j = lane; j <= t; j += nl) mx = fmaxf(mx, s[j]);
-        mx = lane_max(mx);
-        float sum = 0.0f;
-        for (int j = lane; j <= t; j += nl) sum += expf(s[j] - mx);
-        sum = lane_sum(sum);
-        float inv = 1.0f / sum;
-        for (int j = lane; j < T; j += nl) s[j] = j <= t ? expf(s[j] - mx) * inv : 0.0f;
-    });
-    /* y = P V */
-    gemm_batched(false, false, T, hd, T, 1.0f, P, T, sp, qkv + 2 * d, W, sx, 0.0f, y, d, sy, n, H);
-}
-
-extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y,
-                                         const float *saved, const float *qkv, int n, int T,
-                                         int d, int heads, float *w)
-{
-    PROFILE(__func__);
-    (void)y;
-    int H = heads, hd = d / H, W = 3 * d;
-    const float *P = saved, *Q = qkv, *K = qkv + d, *V = qkv + 2 * d;
-    float *dP = w, *dQ = dqkv, *dK = dqkv + d, *dV = dqkv + 2 * d;
-    float scale = 1.0f / sqrtf((float)hd);
-    bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
-    /* dP = dy V^T, dV = P^T dy */
-    gemm_batched(false, true, T, T, hd, 1.0f, dy, d, sy, V, W, sx, 0.0f, dP, T, sp, n, H);
-    gemm_batched(true, false, T, hd, T, 1.0f, P, T, sp, dy, d, sy, 0.0f, dV, W, sx, n, H);
-    /* dS = P (dP - sum_k P dP) scale, in dP. */
-    rows((size_t)n * H * T, [=] HD(size_t r, int lane, int nl) {
-        const float *p = P + r * T;
-        float *g = dP + r * T, s = 0.0f;
-        int t = (int)(r % T);   /* P is zero after the causal part */
-        for (int j = lane; j <= t; j += nl) s += p[j] * g[j];
-        s = lane_sum(s);
-        for (int j = lane; j < T; j += nl) g[j] = j <= t ? p[j] * (g[j] - s) * scale : 0.0f;
-    });
-    /* dQ = dS K, dK = dS^T Q */
-    gemm_batched(false, false, T, hd, T, 1.0f, dP, T, sp, K, W, sx, 0.0f, dQ, W, sx, n, H);
-    gemm_batched(true, false, T, hd, T, 1.0f, dP, T, sp, Q, W, sx, 0.0f, dK, W, sx, n, H);
 }
 
 /* ---- Convolution with the fused ReLU and 2x2 pool ------------------------------------ */
@@ -1320,21 +1086,26 @@ extern "C" void mg_dk_conv2d_backward(float *dx, float *dw, float *db, const flo
 
 /* ---- Embedding ---------------------------------------------------------------------- */
 
-extern "C" void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte,
-                                        const float *wpe, int n, int T, int d)
+/* wte holds the rows of tokens [lo, lo + vocab): other tokens add 0, as
+ * a NULL wpe does (the CPU's kernel, src/tensor/seq.c). */
+extern "C" void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo,
+                                        int vocab, const float *wpe, int n, int T, int d)
 {
     PROFILE(__func__);
     size_t D = (size_t)d;
     each((size_t)n * T * d, [=] HD(size_t i) {
         size_t p = i / D, j = i % D, t = p % T;
-        y[i] = wte[(size_t)tok[p] * D + j] + wpe[t * D + j];
+        int k = tok[p] - lo;
+        float a = k >= 0 && k < vocab ? wte[(size_t)k * D + j] : 0.0f;
+        y[i] = wpe ? a + wpe[t * D + j] : a;
     });
 }
 
-/* gpe[t] += the sequences' dy at t; gte += onehot(tokens)^T dy, a GEMM
- * over chunks of positions (the one-hot matrix at most 16M floats). */
+/* gpe[t] += the sequences' dy at t; gte += onehot(tokens - lo)^T dy, a
+ * GEMM over chunks of positions (the one-hot matrix at most 16M floats). */
 extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy,
-                                         const int32_t *tok, int n, int T, int d, int vocab)
+                                         const int32_t *tok, int lo, int vocab, int n, int T,
+                                         int d)
 {
     PROFILE(__func__);
     size_t D = (size_t)d, N = (size_t)n * T, TD = (size_t)T * D;
@@ -1348,10 +1119,10 @@ extern "C" void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy
     if (chunk > N) chunk = N;
     for (size_t p0 = 0; p0 < N; p0 += chunk) {
         size_t c = N - p0 < chunk ? N - p0 : chunk;
-        float *oh = (float *)ws((size_t)vocab * c * sizeof(float));
+        float *oh = (float *)dk_ws((size_t)vocab * c * sizeof(float));
         each((size_t)vocab * c, [=] HD(size_t i) {
             size_t v = i / c, p = i % c;
-            oh[i] = tok[p0 + p] == (int32_t)v ? 1.0f : 0.0f;
+            oh[i] = tok[p0 + p] - lo == (int32_t)v ? 1.0f : 0.0f;
         });
         mg_dk_gemm(false, false, vocab, d, (int)c, 1.0f, oh, (int)c, dy + p0 * D, d, 1.0f, gte, d);
     }
@@ -1367,7 +1138,7 @@ extern "C" float mg_dk_softmax_xent(const float *logits, const int32_t *labels, 
         if (correct) *correct = 0;
         return 0.0f;
     }
-    float *part = (float *)ws(2 * (size_t)n * sizeof(float));
+    float *part = (float *)dk_ws(2 * (size_t)n * sizeof(float));
     float inv_n = 1.0f / (float)n;
     int C = classes;
     rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
@@ -1412,6 +1183,63 @@ extern "C" float mg_dk_softmax_xent(const float *logits, const int32_t *labels, 
     return (float)(total / n);
 }
 
+/* Split over the vocabulary (nn/tensor_parallel.c): the rows' maxima; the
+ * sums of exp(z - max), the label's logit (if in these columns) and
+ * -(the first column holding the maximum); the gradient. */
+extern "C" void mg_dk_xent_max(float *mx, const float *logits, int n, int classes)
+{
+    PROFILE(__func__);
+    int C = classes;
+    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
+        const float *z = logits + r * C;
+        float m = -INFINITY;
+        for (int j = lane; j < C; j += nl) m = fmaxf(m, z[j]);
+        m = lane_max(m);
+        if (lane == 0) mx[r] = m;
+    });
+}
+
+extern "C" void mg_dk_xent_sums(float *sum, float *zy, float *arg, const float *logits,
+                                const int32_t *labels, const float *mx, int n, int classes,
+                                int lo)
+{
+    PROFILE(__func__);
+    int C = classes;
+    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
+        const float *z = logits + r * C;
+        float s = 0.0f;
+        int first = INT_MAX;
+        for (int j = lane; j < C; j += nl) {
+            s += expf(z[j] - mx[r]);
+            if (z[j] == mx[r] && j < first) first = j;
+        }
+        s = lane_sum(s);
+        first = lane_min(first);
+        if (lane) return;
+        int y = labels[r] - lo;
+        sum[r] = s;
+        zy[r] = y >= 0 && y < C ? z[y] : 0.0f;
+        arg[r] = first == INT_MAX ? -INFINITY : -(float)(lo + first);
+    });
+}
+
+extern "C" void mg_dk_xent_grad(float *dlogits, const float *logits, const int32_t *labels,
+                                const float *mx, const float *sum, int n, int classes, int lo)
+{
+    PROFILE(__func__);
+    int C = classes;
+    float inv_n = n > 0 ? 1.0f / (float)n : 0.0f;
+    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
+        const float *z = logits + r * C;
+        float *g = dlogits + r * C, inv = 1.0f / sum[r];
+        int y = labels[r] - lo;
+        for (int j = lane; j < C; j += nl) {
+            float v = expf(z[j] - mx[r]) * inv * inv_n;
+            g[j] = j == y ? v - inv_n : v;
+        }
+    });
+}
+
 /* ---- Optimizers and clipping -------------------------------------------------------------- */
 
 /* Two passes: 2^18 lanes each sum every 2^18-th square (enough loads in
@@ -1424,7 +1252,7 @@ extern "C" double mg_dk_sumsq(const float *g, size_t n)
     PROFILE(__func__);
     if (!n) return 0.0;
     size_t L = n < SUMSQ_LANES ? n : SUMSQ_LANES, O = L < SUMSQ_OUT ? L : SUMSQ_OUT;
-    double *part = (double *)ws((L + O) * sizeof(double)), *out = part + L;
+    double *part = (double *)dk_ws((L + O) * sizeof(double)), *out = part + L;
     each(L, [=] HD(size_t p) {
         double s = 0.0;
         for (size_t i = p; i < n; i += L) s += (double)g[i] * g[i];

@@ -75,18 +75,6 @@ static void linear_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratc
     *scratch = !mg__seq_split(l) ? 0 : f->role == MG_TP_COLUMN ? 2 * r * f->in_f : r * f->out_f;
 }
 
-static void bias_relu(const linear_layer *f, float *y, size_t r)
-{
-    const float *b = f->base.p[1].data;
-    for (size_t i = 0; i < r; i++) {
-        float *yi = y + i * f->out_f;
-        for (int j = 0; j < f->out_f; j++) {
-            float v = yi[j] + b[j];
-            yi[j] = f->relu && v < 0.0f ? 0.0f : v;
-        }
-    }
-}
-
 static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     linear_layer *f = (linear_layer *)l;
@@ -99,7 +87,8 @@ static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *
     /* The partial products summed over the group, then bias and ReLU. */
     float *part = mg__seq_split(l) ? c->scratch : y;
     mg_linear_forward(part, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
-    bias_relu(f, y, mg__tp_sum_rows(l, c, part, y, r, (size_t)f->out_f));
+    size_t here = mg__tp_sum_rows(l, c, part, y, r, (size_t)f->out_f);
+    mg_bias_relu(y, l->p[1].data, (int)here, f->out_f, f->relu);
 }
 
 static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
@@ -120,13 +109,7 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
      * parallelism) give the ReLU's mask and the bias gradient; all
      * positions the weight and input gradients. */
     size_t here = mg__seq_split(l) ? r / (size_t)l->tp.size : r;
-    for (size_t i = 0; i < here; i++) {
-        float *g = dy + i * f->out_f;
-        for (int j = 0; j < f->out_f; j++) {
-            if (f->relu && y[i * f->out_f + j] <= 0.0f) g[j] = 0.0f;
-            db[j] += g[j];
-        }
-    }
+    mg_bias_relu_backward(dy, db, y, (int)here, f->out_f, f->relu);
     /* (mg_linear_backward writes dy only to mask it, which relu false skips) */
     float *dya = (float *)mg__tp_all_rows(l, c, dy, r, (size_t)f->out_f, c->scratch);
     mg_linear_backward(dx, dw, NULL, dya, NULL, x, l->p[0].data, (int)r, f->in_f, f->out_f,

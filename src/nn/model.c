@@ -452,10 +452,6 @@ mg_status mg_model_to_device(mg_model *m, mg_device dev)
         return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: layer '%s' (%s) has no device "
                         "kernels (every layer of the library has them); use --device cpu",
                         m->name, name, bad->name, bad->vt->kind);
-    if (m->ctx.tp && dev.kind != MG_DEVICE_CPU)
-        return mg_error(MG_EUNSUPPORTED, "model '%s' on %s: it is split for tensor parallelism "
-                        "(part %d of %d), whose layers run on the CPU in this version; use "
-                        "--device cpu", m->name, name, m->tp.split.rank, m->tp.split.size);
     if (m->grads != m->own_grads)
         return mg_error(MG_EUNSUPPORTED, "model '%s': move it to %s before a strategy takes "
                         "its gradients", m->name, name);

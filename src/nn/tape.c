@@ -366,15 +366,22 @@ void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
 const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
 
 /* Split over the vocabulary: each rank's columns in place, zeros
- * elsewhere, summed over the group (exact: one term is not zero). */
+ * elsewhere, summed over the group in host memory (exact: one term is
+ * not zero). */
 static void gather_logits(const mg_tape *t, float *dst)
 {
     const mg_model *m = t->m;
     size_t rows = (size_t)t->batch * m->positions, vl = (size_t)m->classes;
     size_t v = vl * (size_t)m->tp.split.size, lo = vl * (size_t)m->tp.split.rank;
     memset(dst, 0, rows * v * sizeof(float));
-    for (size_t i = 0; i < rows; i++)
-        memcpy(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
+    mg_dk *prev = mg__dk_enter(t->dk);
+    for (size_t i = 0; i < rows; i++) {
+        if (t->dk)
+            mg_dk_copy_out(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
+        else
+            memcpy(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
+    }
+    mg__dk_leave(prev);
     mg_ctx c = tape_ctx(t);
     mg__tp_all_reduce(&c, dst, rows * v, false);
 }

@@ -17,7 +17,7 @@
  * between blocks are 1/T of the positions: the embedding reduce-scatters
  * its sum, the head all-gathers its input, the LayerNorms run on a part
  * (their gradients partial) and the blocks' linears gather and scatter
- * (linear.c). The CPU only (the split embedding's loops). */
+ * (linear.c). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -324,7 +324,7 @@ static mg_status attn_setup(mg_layer *l, const int in[3], int out[3])
 static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 {
     const attn_layer *a = (const attn_layer *)l;
-    *saved = mg_attention_saved(n, l->in[1], a->heads) * sizeof(float);
+    *saved = mg_attention_saved(n, l->in[1], a->d, a->heads) * sizeof(float);
     *scratch = mg_attention_scratch(n, l->in[1], a->d, a->heads);
 }
 
@@ -333,7 +333,7 @@ static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 static float *attn_lse(mg_layer *l, const mg_ctx *c, int i0)
 {
     const attn_layer *a = (const attn_layer *)l;
-    return (float *)mg__saved(l, c) + mg_attention_saved(i0, l->in[1], a->heads);
+    return (float *)mg__saved(l, c) + mg_attention_saved(i0, l->in[1], a->d, a->heads);
 }
 
 static void attn_seqs_forward(mg_layer *l, const mg_ctx *c, float *y, const float *x, int i0,

@@ -20,9 +20,8 @@
  * pipeline and the data-parallel sharding over each tp rank's arena (all
  * tp ranks have the same layout, so their dp and pp groups line up).
  *
- * Limits: a model on the CPU (mg_model_to_device refuses a split one);
- * sequence parallelism keeps its gradients in the arena (not with
- * --offload disk). */
+ * Limits: sequence parallelism keeps its gradients in the arena (not with
+ * --offload disk), and sums them in host memory. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,12 +139,15 @@ static mg_status sum_partial(tp_part *t, mg_strategy *s)
     }
     if (!t->sum_len) return MG_OK;
     float *g = mg_model_grads(t->m), *p = t->sum;
+    mg_device dev = mg_model_device(t->m), host = {MG_DEVICE_CPU, 0};
     for (int k = 0; k < t->n_partial; p += t->partial[k].hi - t->partial[k].lo, k++)
-        memcpy(p, g + t->partial[k].lo, (t->partial[k].hi - t->partial[k].lo) * sizeof(float));
+        MG_TRY(mg_device_copy(host, p, dev, g + t->partial[k].lo,
+                              (t->partial[k].hi - t->partial[k].lo) * sizeof(float)));
     MG_TRY(mg_all_reduce(t->g, t->sum, t->sum, t->sum_len, MG_F32, MG_SUM));
     p = t->sum;
     for (int k = 0; k < t->n_partial; p += t->partial[k].hi - t->partial[k].lo, k++)
-        memcpy(g + t->partial[k].lo, p, (t->partial[k].hi - t->partial[k].lo) * sizeof(float));
+        MG_TRY(mg_device_copy(dev, g + t->partial[k].lo, host, p,
+                              (t->partial[k].hi - t->partial[k].lo) * sizeof(float)));
     return MG_OK;
 }
 

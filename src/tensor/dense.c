@@ -68,6 +68,15 @@ void mg_linear_forward(float *y, const float *x, const float *wt, const float *b
         return;
     }
     mg_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    mg_bias_relu(y, b, n, out, relu);
+}
+
+void mg_bias_relu(float *y, const float *b, int n, int out, bool relu)
+{
+    if (mg__dk_cur) {
+        mg_dk_bias_relu(y, b, n, out, relu);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         float *yi = y + (size_t)i * out;
         if (relu) {
@@ -81,12 +90,10 @@ void mg_linear_forward(float *y, const float *x, const float *wt, const float *b
     }
 }
 
-void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
-                        const float *x, const float *wt, int n, int in, int out,
-                        bool relu)
+void mg_bias_relu_backward(float *dy, float *db, const float *y, int n, int out, bool relu)
 {
     if (mg__dk_cur) {
-        mg_dk_linear_backward(dx, dw, db, dy, y, x, wt, n, in, out, relu);
+        mg_dk_bias_relu_backward(dy, db, y, n, out, relu);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -98,6 +105,17 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
         if (db)
             for (int j = 0; j < out; j++) db[j] += g[j];
     }
+}
+
+void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
+                        const float *x, const float *wt, int n, int in, int out,
+                        bool relu)
+{
+    if (mg__dk_cur) {
+        mg_dk_linear_backward(dx, dw, db, dy, y, x, wt, n, in, out, relu);
+        return;
+    }
+    mg_bias_relu_backward(dy, db, y, n, out, relu);
     mg_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) mg_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
 }

@@ -72,8 +72,7 @@ void mg_embedding_forward(float *y, const int32_t *tok, const float *wte, int lo
                           const float *wpe, int n, int T, int d)
 {
     if (mg__dk_cur) {
-        MG_ASSERT(lo == 0 && wpe);
-        mg_dk_embedding_forward(y, tok, wte, wpe, n, T, d);
+        mg_dk_embedding_forward(y, tok, wte, lo, rows, wpe, n, T, d);
         return;
     }
     size_t dd = (size_t)d;
@@ -96,8 +95,7 @@ void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_
                            int rows, int n, int T, int d)
 {
     if (mg__dk_cur) {
-        MG_ASSERT(lo == 0);
-        mg_dk_embedding_backward(gte, gpe, dy, tok, n, T, d, rows);
+        mg_dk_embedding_backward(gte, gpe, dy, tok, lo, rows, n, T, d);
         return;
     }
     for (int i = 0; i < n; i++)
@@ -115,9 +113,10 @@ void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_
 /* Query rows per block: the keys a block needs end at its last row. */
 #define ATT_BLOCK 32
 
-size_t mg_attention_saved(int n, int T, int heads)
+size_t mg_attention_saved(int n, int T, int d, int heads)
 {
-    return (size_t)n * heads * T * (mg__dk_cur ? (size_t)T : 1);
+    if (mg__dk_cur) return mg_dk_attention_saved(n, T, d, heads);
+    return (size_t)n * heads * T;
 }
 
 size_t mg_attention_scratch(int n, int T, int d, int heads)

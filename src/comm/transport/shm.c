@@ -574,10 +574,10 @@ void mg__shm_transport_begin(mg__shm_transport *x, const mg__fp *fp, double dead
     atomic_store_explicit(&m->fp_seq, fp->seq, memory_order_release);
 }
 
-void mg__shm_transport_set_deadline(mg__shm_transport *x, double deadline)
+void mg__shm_transport_set_deadline(mg__shm_transport *x, double started, double deadline)
 {
     x->deadline = deadline;
-    x->started = mg_now();
+    x->started = started;
 }
 
 /* Peer r has reached this operation (or passed it): check that it is the

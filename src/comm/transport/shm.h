@@ -64,7 +64,7 @@ void mg__shm_transport_wake(mg__shm_transport *x, int peer);
 void mg__shm_transport_begin(mg__shm_transport *x, const mg__fp *fp, double deadline);
 /* For requests that are not collectives (point-to-point): the deadline
  * waits honour. */
-void mg__shm_transport_set_deadline(mg__shm_transport *x, double deadline);
+void mg__shm_transport_set_deadline(mg__shm_transport *x, double started, double deadline);
 /* The mg__shm_view for algorithms (only when all ranks are local). */
 mg__shm_view *mg__shm_transport_view(mg__shm_transport *x);
 
