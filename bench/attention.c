@@ -7,10 +7,10 @@
  *   attention [--device cuda[:N]|emu] [--T T] [--batch B] [--heads H] [--hd D]
  *             [--bf16] [--gemm] [--iters N]
  *
- * --gemm: the batched GEMMs' path (MG_ATTENTION=gemm) instead of the fused
- * kernel; --bf16: bfloat16 operands. After 3 warm-up rounds, N rounds of
- * forward then backward, timed with the device synchronised at both ends,
- * and N forwards alone. Prints one line:
+ * The fused kernel (MG_ATTENTION=fused; MG_ATTENTION_ROWS as set), or with
+ * --gemm the batched GEMMs' path; --bf16: bfloat16 operands. After 3
+ * warm-up rounds, N rounds of forward then backward, timed with the
+ * device synchronised at both ends, and N forwards alone. Prints one line:
  *
  *   attention T B H hd precision path fwd+bwd_ms fwd_ms TFLOP/s
  *
@@ -71,7 +71,7 @@ int main(int argc, char **argv)
                         "device (--device cuda or emu)\n");
         return 2;
     }
-    if (gemm) setenv("MG_ATTENTION", "gemm", 1);
+    setenv("MG_ATTENTION", gemm ? "gemm" : "fused", 1);
     if ((bf16 && mg_device_set_bf16(dev, true)) || mg_device_set_current(dev)) {
         fprintf(stderr, "attention: %s\n", mg_last_error());
         return 1;

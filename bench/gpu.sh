@@ -22,6 +22,10 @@
 #    --offload cpu and a 2-stage pipeline on the same 2 ranks, and --bf16.
 # 4. mgbench all_reduce and all_gather on 2 ranks with the buffers on the
 #    GPU (staged through the host) beside the same in host memory.
+# 5. Attention alone (issue 36): `bench/attention` with the fused kernel
+#    and with the batched GEMMs against bench/attention_torch.py (SDPA),
+#    4096 tokens of 12 heads of 64 at T = 256, 1024 and 4096, float32 and
+#    bfloat16.
 #
 #   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]
 #     --bin DIR holds gpt, train, mgtrain and mgrun (default build/bench and
@@ -84,5 +88,13 @@ echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cu
 for where in "--device cuda" ""; do
     echo "== mgbench, buffers ${where:-in host memory}"
     "$tools/mgbench" -n 2 all_reduce all_gather -b 1M -e 256M -f 4 -i 10 $where | grep -v "^#  "
+done
+for T in 256 1024 4096; do
+    for p in "" "--bf16"; do
+        echo "== attention alone, T $T ${p:-float32}: fused, gemm, torch sdpa"
+        "$bench/attention" --T "$T" --batch $((4096 / T)) $p
+        "$bench/attention" --T "$T" --batch $((4096 / T)) $p --gemm
+        python3 bench/attention_torch.py --T "$T" --batch $((4096 / T)) $p
+    done
 done
 bash bench/gpu_nccl.sh --bin "$tools" --data "$data"

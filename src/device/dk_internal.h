@@ -59,6 +59,8 @@ static inline void ck(cudaError_t e, const char *what)
 
 /* The workspace, at least `bytes` (previous contents are not kept). */
 void *dk_ws(size_t bytes);
+/* n floats of 1 (kernels.cu): column sums as GEMMs. */
+const float *dk_ones(size_t n);
 
 /* ---- Launching -------------------------------------------------------------- */
 
