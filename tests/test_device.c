@@ -11,6 +11,7 @@
 #include "multigrad/multigrad.h"
 #include "nn/layer.h"
 #include "comm/nccl.h"
+#include "device/dk.h"
 
 TEST(device_names_parse_and_print)
 {
@@ -847,6 +848,69 @@ static void bf16_gemm(mg_device d)
     }
     mg_device_free(d, da);
     mg_device_free(d, db);
+}
+
+/* A linear's backward with bf16 on rounds dY once for its three GEMMs
+ * (bias, weight and input gradients), and X, W and the ones once each:
+ * the gradients equal the CPU's on rounded operands (exactly on emu). */
+static void bf16_linear_backward(mg_device d)
+{
+    enum { N = 29, IN = 71, OUT = 45 };
+    mg_rng r;
+    mg_rng_init(&r, 9);
+    static float x[N * IN], w[OUT * IN], dy[N * OUT], y[N * OUT];
+    static float rx[N * IN], rw[OUT * IN], rdy[N * OUT];
+    float *h[] = {x, w, dy, y}, *rh[] = {rx, rw, rdy, NULL};
+    size_t len[] = {N * IN, OUT * IN, N * OUT, N * OUT};
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < len[k]; i++) {
+            h[k][i] = mg_rng_uniform(&r) * 2 - 1;
+            if (rh[k]) rh[k][i] = mg_bf16_to_f32(mg_f32_to_bf16(h[k][i]));
+        }
+    /* the CPU on rounded operands, ReLU's mask from y applied first */
+    float wdw[OUT * IN] = {0}, wdb[OUT] = {0}, wdx[N * IN];
+    for (int i = 0; i < N * OUT; i++) rdy[i] = y[i] > 0.0f ? rdy[i] : 0.0f;
+    float ones[N], rones[N];
+    for (int i = 0; i < N; i++) ones[i] = rones[i] = 1.0f;
+    mg_gemm(true, false, OUT, 1, N, 1.0f, rdy, OUT, rones, 1, 1.0f, wdb, 1);
+    mg_gemm(true, false, OUT, IN, N, 1.0f, rdy, OUT, rx, IN, 1.0f, wdw, IN);
+    mg_gemm(false, false, N, IN, OUT, 1.0f, rdy, OUT, rw, IN, 0.0f, wdx, IN);
+    (void)ones;
+    float *dx_ = mgt_on_device(d, x, N * IN), *dw_ = mgt_on_device(d, w, OUT * IN);
+    float *ddy = mgt_on_device(d, dy, N * OUT), *dyv = mgt_on_device(d, y, N * OUT);
+    float *gx = mgt_on_device(d, NULL, N * IN), *gw = mgt_on_device(d, NULL, OUT * IN);
+    float *gb = mgt_on_device(d, NULL, OUT);
+    CHECK_OK(mg_device_set_bf16(d, true));
+    mg_device host = mg_device_current();
+    CHECK_OK(mg_device_set_current(d));
+    size_t before = mg__dk_bf16_rounded();
+    mg_linear_backward(gx, gw, gb, ddy, dyv, dx_, dw_, N, IN, OUT, true);
+    size_t rounded = mg__dk_bf16_rounded() - before;
+    mg_device_set_current(host);
+    CHECK_OK(mg_device_set_bf16(d, false));
+    CHECK_MSG(rounded == (size_t)N * OUT + N + N * IN + OUT * IN,
+              "rounded %zu elements: dY once (%d), the ones, X and W", rounded, N * OUT);
+    float *got[] = {mgt_device_floats(d, gb, OUT), mgt_device_floats(d, gw, OUT * IN),
+                    mgt_device_floats(d, gx, N * IN)};
+    const float *want[] = {wdb, wdw, wdx};
+    const char *what[] = {"bias gradient", "weight gradient", "input gradient"};
+    size_t n[] = {OUT, OUT * IN, N * IN};
+    for (int k = 0; k < 3; k++) {
+        mgt_check_scaled(what[k], got[k], want[k], n[k], d.kind == MG_DEVICE_EMU ? 0 : 1e-5,
+                         "the CPU's on rounded operands");
+        free(got[k]);
+    }
+    float *own[] = {dx_, dw_, ddy, dyv, gx, gw, gb};
+    for (int k = 0; k < 7; k++) mg_device_free(d, own[k]);
+}
+
+TEST(device_emu_bf16_linear_backward_rounds_dy_once)
+{
+    bf16_linear_backward(mgt_device(MG_DEVICE_EMU));
+}
+TEST(device_gpu_bf16_linear_backward_rounds_dy_once)
+{
+    bf16_linear_backward(mgt_device(MG_DEVICE_CUDA));
 }
 
 TEST(device_emu_bf16_gemms_round_their_operands) { bf16_gemm(mgt_device(MG_DEVICE_EMU)); }

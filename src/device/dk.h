@@ -75,6 +75,10 @@ const void *mg_dk_feed_in(mg_dk_feed *f, const void *src, size_t n);
  * not compiled for GPUs. */
 int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream);
 
+/* Elements the current context has rounded to bfloat16 for GEMMs so far
+ * (tests: an operand used again is not rounded again). */
+size_t mg__dk_bf16_rounded(void);
+
 /* The CPU's GEMM, which the device kind emu uses (src/tensor/tensor.c). */
 void mg__gemm_host(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
                    const float *B, int ldb, float beta, float *C, int ldc);

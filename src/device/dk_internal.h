@@ -28,8 +28,14 @@ struct mg_dk {
     float *ones;           /* ones_n floats of 1: column sums as GEMMs */
     size_t ones_n;
     bool bf16;             /* GEMMs with bfloat16 operands (mg_device_set_bf16) */
-    void *bf[2];           /* a GEMM's operands in bfloat16 (a GPU's), grown on demand */
+    void *bf[2];           /* a GEMM's operands rounded to bfloat16 (a GPU's: bfloat16;
+                              emu's: floats holding the rounded values), grown on demand */
     size_t bf_n[2];
+    const float *bf0_of;   /* whose n floats bf[0] holds rounded ... */
+    size_t bf0_n;
+    const float *reuse;    /* ... and may give again while dk_bf16_reuse names them */
+    size_t reuse_n;
+    size_t rounded;        /* elements rounded so far (mg__dk_bf16_rounded) */
     void **ptrs;           /* a batched GEMM's operands' addresses (a GPU's), grown on demand */
     size_t ptrs_n;
 #ifdef __CUDACC__
@@ -61,6 +67,11 @@ static inline void ck(cudaError_t e, const char *what)
 void *dk_ws(size_t bytes);
 /* n floats of 1 (kernels.cu): column sums as GEMMs. */
 const float *dk_ones(size_t n);
+/* With bf16 on: the n floats at p do not change until the next call (p
+ * NULL: none), so the GEMMs that take them as their first operand round
+ * them once, the first time (a linear's backward: dY feeds the bias,
+ * weight and input gradients' GEMMs). */
+void dk_bf16_reuse(const float *p, size_t n);
 
 /* ---- Launching -------------------------------------------------------------- */
 

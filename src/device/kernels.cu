@@ -445,33 +445,47 @@ prof_scope::~prof_scope()
 #endif
 
 
-/* emu's bfloat16 operand: a host copy of the n elements at p, each rounded
- * to bfloat16 (to nearest, ties to even) as the GPU's conversion does;
- * NULL when it cannot be had. */
-static float *bf16_copy(const float *p, size_t n)
-{
-    float *c = (float *)malloc(n * sizeof(float));
-    for (size_t i = 0; c && i < n; i++) c[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
-    return c;
-}
-
-#ifdef __CUDACC__
-/* A GPU's bfloat16 operand: the n elements at p rounded to bfloat16 (to
- * nearest, ties to even) into the context's buffer `which`, at the same
- * leading dimension and strides. */
-static const void *bf16_dev(int which, const float *p, size_t n)
+void dk_bf16_reuse(const float *p, size_t n)
 {
     mg_dk *k = DK();
+    k->reuse = p;
+    k->reuse_n = n;
+    k->bf0_of = NULL;   /* p's floats may have changed since bf[0] was made */
+}
+
+extern "C" size_t mg__dk_bf16_rounded(void) { return DK()->rounded; }
+
+/* A GEMM's operand `which`: the n elements at p rounded to bfloat16 (to
+ * nearest, ties to even) into the context's buffer, at the same leading
+ * dimension and strides: on a GPU bfloat16 by a kernel, on emu floats
+ * holding the rounded values. Operand 0 comes again without rounding
+ * while dk_bf16_reuse names p and n. */
+static const void *bf16_operand(int which, const float *p, size_t n)
+{
+    mg_dk *k = DK();
+    if (which == 0 && p == k->reuse && n == k->reuse_n && p == k->bf0_of && n == k->bf0_n)
+        return k->bf[0];
+    size_t es = k->emu ? sizeof(float) : 2;
     if (n > k->bf_n[which]) {
         dev_free(k->bf[which]);
         k->bf_n[which] = n + n / 4 + 1024;
-        k->bf[which] = dev_alloc(k->bf_n[which] * sizeof(__nv_bfloat16));
+        k->bf[which] = dev_alloc(k->bf_n[which] * es);
     }
-    __nv_bfloat16 *o = (__nv_bfloat16 *)k->bf[which];
-    each(n, [=] HD(size_t i) { o[i] = __float2bfloat16_rn(p[i]); });
+    if (which == 0) k->bf0_of = p, k->bf0_n = n;
+    k->rounded += n;
+#ifdef __CUDACC__
+    if (!k->emu) {
+        __nv_bfloat16 *o = (__nv_bfloat16 *)k->bf[which];
+        each(n, [=] HD(size_t i) { o[i] = __float2bfloat16_rn(p[i]); });
+        return o;
+    }
+#endif
+    float *o = (float *)k->bf[which];
+    for (size_t i = 0; i < n; i++) o[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
     return o;
 }
 
+#ifdef __CUDACC__
 /* The addresses of a batch's operands (elements of `size` bytes) in
  * device memory, for cuBLAS's pointer-array GEMMs: A's count, then B's,
  * then C's. Written by a kernel on the stream, so the next batch's
@@ -539,8 +553,8 @@ void dk_gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const f
         cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasHandle_t h = DK()->blas;
         if (bf16) {
-            const __nv_bfloat16 *r = (const __nv_bfloat16 *)bf16_dev(0, lo, n);
-            const void *a = r + (A - lo), *b = joint ? r + (B - lo) : bf16_dev(1, B, nb);
+            const __nv_bfloat16 *r = (const __nv_bfloat16 *)bf16_operand(0, lo, n);
+            const void *a = r + (A - lo), *b = joint ? r + (B - lo) : bf16_operand(1, B, nb);
             if (one) {
                 ckb(blas.gemm_strided_ex(h, ob, oa, N, M, K, &alpha, b, CUDA_R_16BF, ldb, rb, a,
                                          CUDA_R_16BF, lda, ra, &beta, C, CUDA_R_32F, ldc, rc,
@@ -569,22 +583,14 @@ void dk_gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const f
         return;
     }
 #endif
-    float *ra = NULL, *rb = NULL;
     if (bf16) {
-        ra = bf16_copy(lo, n);
-        rb = joint ? NULL : bf16_copy(B, nb);
-        if (!ra || (!joint && !rb)) {
-            fprintf(stderr, "multigrad: emu: out of memory for a bfloat16 GEMM's operands\n");
-            abort();
-        }
-        B = joint ? ra + (B - lo) : rb;
-        A = ra + (A - lo);
+        const float *r = (const float *)bf16_operand(0, lo, n);
+        B = joint ? r + (B - lo) : (const float *)bf16_operand(1, B, nb);
+        A = r + (A - lo);
     }
     for (int i = 0; i < count; i++)
         mg__gemm_host(ta, tb, M, N, K, alpha, A + at(sa, inner, i), lda, B + at(sb, inner, i), ldb,
                       beta, C + at(sc, inner, i), ldc);
-    free(ra);
-    free(rb);
 }
 
 static const bstride one_matrix = {0, 0};
