@@ -543,6 +543,17 @@ TEST_T(tp_mgtrain_trains_and_samples_as_one_process, 180)
               one, four);
     CHECK_MSG(strstr(four, "per step on tp: MB sent") && strstr(four, "; pp: MB sent"), "%s",
               four);
+    free(four);
+    /* On a device (emu): the split logits come to the host for sampling */
+    rc = mgt_sh(&four, "%s -n 2 %s %s --mesh tp=2 --device emu", run, bin, flags);
+    CHECK_MSG(rc == 0, "%s", four);
+    a = strstr(one, "final: validation loss"), b = strstr(four, "final: validation loss");
+    CHECK_MSG(a && b && !strncmp(a, b, strlen("final: validation loss 9.9999")), "%s\n%s", one,
+              four);
+    a = strstr(one, "top-k 200):\n");
+    b = strstr(four, "top-k 200):\n");
+    CHECK_MSG(a && b && !strncmp(a, b, strlen("top-k 200):\n") + 40),
+              "samples differ on emu:\n%s\n%s", one, four);
     free(one);
     free(four);
 }

@@ -367,21 +367,27 @@ const float *mg_tape_logits(const mg_tape *t) { return t->logits; }
 
 /* Split over the vocabulary: each rank's columns in place, zeros
  * elsewhere, summed over the group in host memory (exact: one term is
- * not zero). */
+ * not zero). On a device the rank's columns come to the host in one copy,
+ * into the end of dst, and spread from there in place, first row first:
+ * row i's place ends before the rows after it lie. */
 static void gather_logits(const mg_tape *t, float *dst)
 {
     const mg_model *m = t->m;
     size_t rows = (size_t)t->batch * m->positions, vl = (size_t)m->classes;
     size_t v = vl * (size_t)m->tp.split.size, lo = vl * (size_t)m->tp.split.rank;
-    memset(dst, 0, rows * v * sizeof(float));
-    mg_dk *prev = mg__dk_enter(t->dk);
-    for (size_t i = 0; i < rows; i++) {
-        if (t->dk)
-            mg_dk_copy_out(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
-        else
-            memcpy(dst + i * v + lo, t->logits + i * vl, vl * sizeof(float));
+    const float *mine = t->logits;
+    if (t->dk) {
+        float *tail = dst + rows * (v - vl);
+        mg_dk *prev = mg__dk_enter(t->dk);
+        mg_dk_copy_out(tail, t->logits, rows * vl * sizeof(float));
+        mg__dk_leave(prev);
+        mine = tail;
     }
-    mg__dk_leave(prev);
+    for (size_t i = 0; i < rows; i++) {
+        memmove(dst + i * v + lo, mine + i * vl, vl * sizeof(float));
+        memset(dst + i * v, 0, lo * sizeof(float));
+        memset(dst + i * v + lo + vl, 0, (v - lo - vl) * sizeof(float));
+    }
     mg_ctx c = tape_ctx(t);
     mg__tp_all_reduce(&c, dst, rows * v, false);
 }
