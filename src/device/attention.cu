@@ -652,7 +652,9 @@ static void gemm_backward(float *dqkv, const float *dy, const float *P, const fl
         s = lane_sum(s);
         for (int j = lane; j < T; j += nl) g[j] = j <= t ? p[j] * (g[j] - s) * scale : 0.0f;
     });
-    /* dQ = dS K, dK = dS^T Q */
+    /* dQ = dS K, dK = dS^T Q (with bf16, dS rounded once for both) */
+    dk_bf16_reuse(dP, (size_t)n * H * T * T);
     dk_gemm_batched(false, false, T, hd, T, 1.0f, dP, T, sp, K, W, sx, 0.0f, dQ, W, sx, n, H);
     dk_gemm_batched(true, false, T, hd, T, 1.0f, dP, T, sp, Q, W, sx, 0.0f, dK, W, sx, n, H);
+    dk_bf16_reuse(NULL, 0);
 }
