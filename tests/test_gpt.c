@@ -231,6 +231,18 @@ TEST_T(gpt_on_gpu_matches_pytorch_after_20_adamw_steps, 120)
 {
     matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_CUDA));
 }
+/* The same with the fused attention kernel, which auto keeps for
+ * sequences over 512 positions (src/device/attention.cu). */
+TEST_T(gpt_on_emu_device_with_fused_attention_matches_pytorch, 240)
+{
+    setenv("MG_ATTENTION", "fused", 1);
+    matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_EMU));
+}
+TEST_T(gpt_on_gpu_with_fused_attention_matches_pytorch, 120)
+{
+    setenv("MG_ATTENTION", "fused", 1);
+    matches_pytorch_after_20_steps(mgt_device(MG_DEVICE_CUDA));
+}
 
 /* Generation: at temperature 0 each token is the argmax of the last
  * position's logits of the context so far (checked by forwarding the
