@@ -27,10 +27,14 @@
 #    4096 tokens of 12 heads of 64 at T = 256, 1024 and 4096, float32 and
 #    bfloat16.
 #
-#   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]
-#     --bin DIR holds gpt, train, mgtrain and mgrun (default build/bench and
-#     build/bin); --data is the Fashion-MNIST directory (default
-#     /usr/share/datasets/fashion-mnist)
+# 6. bench/gpu_nccl.sh: collectives and DDP through NCCL.
+#
+#   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST]
+#     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
+#     build/bench and build/bin); --data is the Fashion-MNIST directory
+#     (default /usr/share/datasets/fashion-mnist); --only runs the sections
+#     named in LIST (comma-separated: gpt, bf16, images, mgtrain, mgbench,
+#     attention, nccl), for a GPU lent for minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,18 +42,22 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
+only=gpt,bf16,images,mgtrain,mgbench,attention,nccl
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat=$2; shift 2 ;;
     --bin) bench=$2; tools=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
-    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR]" >&2; exit 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST]" >&2
+       exit 2 ;;
     esac
 done
+want() { case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv || exit 1
 lscpu | grep "Model name"
 big="--layers 12 --dim 768 --heads 12 --ctx 256 --batch 16 --steps 20"
-for r in $(seq "$repeat"); do
+want gpt && for r in $(seq "$repeat"); do
     echo "== run $r: gpt-mini, multigrad"; "$bench/gpt" --device cuda --steps 50 --no-eval | grep -v -E "^# (cpu|gemm|conv|threads):"
     for a in manual sdpa; do
         echo "== run $r: gpt-mini, torch ($a)"; python3 bench/gpu_gpt_torch.py --steps 50 --attn $a | tail -1
@@ -59,7 +67,7 @@ for r in $(seq "$repeat"); do
         echo "== run $r: 85M, torch ($a)"; python3 bench/gpu_gpt_torch.py $big --attn $a | tail -1
     done
 done
-for r in $(seq "$repeat"); do
+want bf16 && for r in $(seq "$repeat"); do
     for shape in "--steps 50" "$big"; do
         echo "== run $r: bf16 $shape, multigrad"
         "$bench/gpt" --device cuda --bf16 $shape --no-eval | grep -E "^# device|^gpt-mini"
@@ -69,27 +77,29 @@ for r in $(seq "$repeat"); do
         done
     done
 done
-for r in $(seq "$repeat"); do
+want images && for r in $(seq "$repeat"); do
     echo "== run $r: image models, multigrad"
     "$bench/train" --device cuda --data "$data" | grep -v -E "^# (cpu|gemm|conv|threads):"
     echo "== run $r: image models, torch"; python3 bench/train_torch.py --device cuda --data "$data"
 done
-g="--model gpt-mini --steps 200 --eval-every 200"
-echo "== mgtrain gpt-mini, one process"; "$tools/mgtrain" $g --device cuda | tail -1
-echo "== mgtrain gpt-mini, DDP on 2 ranks sharing the GPU"
-"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp | tail -1
-echo "== mgtrain gpt-mini, ZeRO-3 on 2 ranks sharing the GPU"
-"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 3 | tail -1
-echo "== mgtrain gpt-mini, ZeRO-2 on 2 ranks sharing the GPU, the optimizer on the host"
-"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 2 --offload cpu | tail -1
-echo "== mgtrain gpt-mini, a pipeline of 2 stages sharing the GPU"
-"$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --mesh pp=2 | tail -1
-echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cuda --bf16 | tail -1
-for where in "--device cuda" ""; do
+if want mgtrain; then
+    g="--model gpt-mini --steps 200 --eval-every 200"
+    echo "== mgtrain gpt-mini, one process"; "$tools/mgtrain" $g --device cuda | tail -1
+    echo "== mgtrain gpt-mini, DDP on 2 ranks sharing the GPU"
+    "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp | tail -1
+    echo "== mgtrain gpt-mini, ZeRO-3 on 2 ranks sharing the GPU"
+    "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 3 | tail -1
+    echo "== mgtrain gpt-mini, ZeRO-2 on 2 ranks sharing the GPU, the optimizer on the host"
+    "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 2 --offload cpu | tail -1
+    echo "== mgtrain gpt-mini, a pipeline of 2 stages sharing the GPU"
+    "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --mesh pp=2 | tail -1
+    echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cuda --bf16 | tail -1
+fi
+want mgbench && for where in "--device cuda" ""; do
     echo "== mgbench, buffers ${where:-in host memory}"
     "$tools/mgbench" -n 2 all_reduce all_gather -b 1M -e 256M -f 4 -i 10 $where | grep -v "^#  "
 done
-for T in 256 1024 4096; do
+want attention && for T in 256 1024 4096; do
     for p in "" "--bf16"; do
         echo "== attention alone, T $T ${p:-float32}: fused, gemm, torch sdpa"
         "$bench/attention" --T "$T" --batch $((4096 / T)) $p
@@ -97,4 +107,4 @@ for T in 256 1024 4096; do
         python3 bench/attention_torch.py --T "$T" --batch $((4096 / T)) $p
     done
 done
-bash bench/gpu_nccl.sh --bin "$tools" --data "$data"
+want nccl && bash bench/gpu_nccl.sh --bin "$tools" --data "$data"
