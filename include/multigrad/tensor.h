@@ -207,11 +207,13 @@ void mg_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
  * each), y [n, T, d] the heads' outputs side by side; softmax scaled by
  * 1/sqrt(d/heads). lse, mg_attention_saved(n, T, d, heads) floats, keeps
  * what the backward needs: each softmax row's log-sum-exp [n, heads, T],
- * from which the backward recomputes the probabilities (on a device with
- * heads over 128 wide, or MG_ATTENTION=gemm, the probabilities
- * [n, heads, T, T] themselves, as PyTorch's eager attention keeps them).
- * ws holds mg_attention_scratch(n, T, d, heads) floats (on a device, its
- * kernels' need, which grows with n; on the CPU one sequence's). */
+ * from which the backward recomputes the probabilities; on a device
+ * where the batched GEMMs run (MG_ATTENTION: by default up to 512
+ * positions, and heads over 128 wide), the probabilities [n, heads, T, T]
+ * themselves, as PyTorch's eager attention keeps them. MG_ATTENTION is
+ * read at each call: keep it the same from sizing to backward. ws holds
+ * mg_attention_scratch(n, T, d, heads) floats (on a device, its kernels'
+ * need, which grows with n; on the CPU one sequence's). */
 size_t mg_attention_saved(int n, int T, int d, int heads);
 size_t mg_attention_scratch(int n, int T, int d, int heads);
 void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
