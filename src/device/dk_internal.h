@@ -1,7 +1,8 @@
-/* Internal to the device kernels (the .cu files of src/device): what their files share,
- * the context of a device (struct mg_dk), the launch helpers that run a
- * function of an element, a row or a block on a GPU or on the host (emu),
- * the lanes' reductions, the profile scope and the batched GEMM. C++ only. */
+/* Internal to the device kernels (the .cu files of src/device): what
+ * their files share, the context of a device (struct mg_dk), the launch
+ * helpers that run a function of an element or a row on a GPU or on the
+ * host (emu), the lanes' reductions, the profile scope and the batched
+ * GEMM. C++ only. */
 #ifndef MG_DEVICE_DK_INTERNAL_H
 #define MG_DEVICE_DK_INTERNAL_H
 
