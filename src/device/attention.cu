@@ -236,6 +236,21 @@ static HD AINL void accumulate(float acc[RT][CJ], const float (*At)[APAD], int t
     }
 }
 
+/* A thread's RT x CJ results into rows r0 + RT ty + i, columns col0 +
+ * tx + 16 j of the [n, T, w]-wide array x (head bh's columns), each
+ * times scale[i] (NULL: 1); none past T or hd. */
+template <int RT, int CJ>
+static HD AINL void store_tile(const float (*acc)[CJ], const float *scale, const att_args &a,
+                               float *x, int w, int col0, int bh, int r0, int ty, int tx)
+{
+    for (int i = 0; i < RT; i++) {
+        if (r0 + RT * ty + i >= a.T) continue;
+        float *row = x + row_at(a, bh, r0 + RT * ty + i, w, col0), s = scale ? scale[i] : 1.0f;
+        for (int j = 0; j < CJ; j++)
+            if (tx + 16 * j < a.hd) row[tx + 16 * j] = acc[i][j] * s;
+    }
+}
+
 /* Query q0 + RT ty + i sees key k0 + tx + 16 j. */
 template <int RT>
 static HD inline bool visible(const att_args &a, int q0, int k0, int ty, int tx, int i, int j)
@@ -332,14 +347,13 @@ template <int HDM, int RT> struct att_fwd {
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), ty = tid / 16, tx = tid % 16;
+        float inv[RT];
         for (int i = 0; i < RT; i++) {
-            int q = q0 + RT * ty + i;
-            if (q >= a.T) continue;
-            float inv = 1.0f / t.l[i], *y = a.out + row_at(a, bh, q, a.d, 0);
-            for (int j = 0; j < CJ; j++)
-                if (tx + 16 * j < a.hd) y[tx + 16 * j] = t.o[i][j] * inv;
-            if (tx == 0) a.lse[(size_t)bh * a.T + q] = t.m[i] + logf(t.l[i]);
+            inv[i] = 1.0f / t.l[i];
+            if (tx == 0 && q0 + RT * ty + i < a.T)
+                a.lse[(size_t)bh * a.T + q0 + RT * ty + i] = t.m[i] + logf(t.l[i]);
         }
+        store_tile<RT, CJ>(t.o, inv, a, a.out, a.d, 0, bh, q0, ty, tx);
     }
 };
 
@@ -367,6 +381,25 @@ static HD AINL void grad_tile(const att_args &a, float p[RT][4], float ds[RT][4]
         }
 }
 
+/* The backward kernels' tiles (S: their shared memory): a query tile's
+ * q and dO transposed with its rows' log-sum-exp and D, and a key tile's
+ * k and v transposed. */
+template <int HDM, int threads, class S>
+static HD AINL void load_queries(S &sh, const att_args &a, int bh, int q0, int tid)
+{
+    load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh, q0, tid, a.bf16);
+    load_tile<HDM, threads, true>(sh.dot, a, a.dy, a.d, 0, bh, q0, tid, a.bf16);
+    load_rows<threads>(sh.lse, a.lse, a, bh, q0, tid);
+    load_rows<threads>(sh.D, a.D, a, bh, q0, tid);
+}
+
+template <int HDM, int threads, class S>
+static HD AINL void load_keys(S &sh, const att_args &a, int bh, int k0, int tid)
+{
+    load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid, a.bf16);
+    load_tile<HDM, threads, true>(sh.vt, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid, a.bf16);
+}
+
 /* dK and dV of a key tile: over the query tiles from its own on. */
 template <int HDM, int RT> struct att_dkv {
     static constexpr int threads = 16 * (AB / RT), phases = 3, CJ = HDM / 16;
@@ -386,9 +419,7 @@ template <int HDM, int RT> struct att_dkv {
 
     HD AINL void init(int blk, int tid, thread &t, shared &sh) const
     {
-        int bh = bh_of(a, blk), k0 = AB * tile_of(a, blk);
-        load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid, a.bf16);
-        load_tile<HDM, threads, true>(sh.vt, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid, a.bf16);
+        load_keys<HDM, threads>(sh, a, bh_of(a, blk), AB * tile_of(a, blk), tid);
         for (int i = 0; i < RT; i++)
             for (int j = 0; j < CJ; j++) t.dk[i][j] = t.dv[i][j] = 0.0f;
     }
@@ -398,10 +429,7 @@ template <int HDM, int RT> struct att_dkv {
         int bh = bh_of(a, blk), k0 = AB * tile_of(a, blk), q0 = AB * tile;
         int ty = tid / 16, tx = tid % 16;
         if (p == 0) {
-            load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh, q0, tid, a.bf16);
-            load_tile<HDM, threads, true>(sh.dot, a, a.dy, a.d, 0, bh, q0, tid, a.bf16);
-            load_rows<threads>(sh.lse, a.lse, a, bh, q0, tid);
-            load_rows<threads>(sh.D, a.D, a, bh, q0, tid);
+            load_queries<HDM, threads>(sh, a, bh, q0, tid);
         } else if (p == 1) {
             float pr[RT][4], ds[RT][4];
             grad_tile<HDM, RT>(a, pr, ds, sh.qt, sh.kt, sh.dot, sh.vt, sh.lse, sh.D, q0, k0, ty,
@@ -424,17 +452,8 @@ template <int HDM, int RT> struct att_dkv {
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), k0 = AB * tile_of(a, blk), ty = tid / 16, tx = tid % 16;
-        for (int i = 0; i < RT; i++) {
-            int k = k0 + RT * ty + i;
-            if (k >= a.T) continue;
-            float *row = a.out + row_at(a, bh, k, 3 * a.d, 0);
-            for (int j = 0; j < CJ; j++) {
-                int e = tx + 16 * j;
-                if (e >= a.hd) continue;
-                row[a.d + e] = t.dk[i][j];
-                row[2 * a.d + e] = t.dv[i][j];
-            }
-        }
+        store_tile<RT, CJ>(t.dk, NULL, a, a.out, 3 * a.d, a.d, bh, k0, ty, tx);
+        store_tile<RT, CJ>(t.dv, NULL, a, a.out, 3 * a.d, 2 * a.d, bh, k0, ty, tx);
     }
 };
 
@@ -457,11 +476,7 @@ template <int HDM, int RT> struct att_dq {
 
     HD AINL void init(int blk, int tid, thread &t, shared &sh) const
     {
-        int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk);
-        load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh, q0, tid, a.bf16);
-        load_tile<HDM, threads, true>(sh.dot, a, a.dy, a.d, 0, bh, q0, tid, a.bf16);
-        load_rows<threads>(sh.lse, a.lse, a, bh, q0, tid);
-        load_rows<threads>(sh.D, a.D, a, bh, q0, tid);
+        load_queries<HDM, threads>(sh, a, bh_of(a, blk), AB * tile_of(a, blk), tid);
         for (int i = 0; i < RT; i++)
             for (int j = 0; j < CJ; j++) t.dq[i][j] = 0.0f;
     }
@@ -471,8 +486,7 @@ template <int HDM, int RT> struct att_dq {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), k0 = AB * tile;
         int ty = tid / 16, tx = tid % 16;
         if (p == 0) {
-            load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid, a.bf16);
-            load_tile<HDM, threads, true>(sh.vt, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid, a.bf16);
+            load_keys<HDM, threads>(sh, a, bh, k0, tid);
         } else if (p == 1) {
             float pr[RT][4], ds[RT][4];
             grad_tile<HDM, RT>(a, pr, ds, sh.qt, sh.kt, sh.dot, sh.vt, sh.lse, sh.D, q0, k0, ty,
@@ -494,13 +508,7 @@ template <int HDM, int RT> struct att_dq {
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), ty = tid / 16, tx = tid % 16;
-        for (int i = 0; i < RT; i++) {
-            int q = q0 + RT * ty + i;
-            if (q >= a.T) continue;
-            float *row = a.out + row_at(a, bh, q, 3 * a.d, 0);
-            for (int j = 0; j < CJ; j++)
-                if (tx + 16 * j < a.hd) row[tx + 16 * j] = t.dq[i][j];
-        }
+        store_tile<RT, CJ>(t.dq, NULL, a, a.out, 3 * a.d, 0, bh, q0, ty, tx);
     }
 };
 
