@@ -55,6 +55,15 @@ static inline bool mgt_nccl_loads(void)
     return WEXITSTATUS(status) == 0;
 }
 
+/* cuda:0 for a test of NCCL's path: skips, saying why, without a GPU or
+ * without NCCL. */
+static inline mg_device mgt_nccl_gpu(void)
+{
+    mg_device d = mgt_device(MG_DEVICE_CUDA);
+    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    return d;
+}
+
 /* In a forked rank: NCCL refuses two ranks on one GPU of one host; told
  * they are on hosts of their own, it runs them (through its network
  * transport over loopback), so one GPU tests the NCCL path. MG_NCCL=on:

@@ -647,31 +647,48 @@ TEST_T(device_gpu_collectives_stage_through_the_host, 120)
 }
 TEST_T(device_gpu_collectives_through_nccl, 180)
 {
-    mg_device d = mgt_device(MG_DEVICE_CUDA);
-    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    mg_device d = mgt_nccl_gpu();
     collectives_on_device(d, true);
 }
 
-/* A rank that dies with NCCL's communicator set up: the survivor's next
- * collective through NCCL fails within the group's deadline, naming the
- * call, and the group can be destroyed (the communicator aborted). */
-static int nccl_dead_peer_rank(int r, int W, void *arg)
+/* A rank lost with NCCL's communicator set up: the survivor's next
+ * collective through NCCL fails, naming the call, and the group can be
+ * destroyed (the communicator aborted).
+ * - A rank that exits: within the group's deadline (NCCL's own error).
+ * - A rank that stops (SIGSTOP): NCCL alone would wait for it until
+ *   MG_TIMEOUT (60 s here); the host path's watch names it, stopped,
+ *   within MG_PEER_TIMEOUT (3 s) and 2 s. Rank 0 then ends it. */
+typedef struct {
+    int port;
+    bool stop;
+} lost_peer;
+
+static int nccl_lost_peer_rank(int r, int W, void *arg)
 {
+    const lost_peer *lp = arg;
     mgt_nccl_host_of_its_own(r);
+    if (lp->stop) setenv("MG_PEER_TIMEOUT", "3", 1);
     mg_device d = {MG_DEVICE_CUDA, 0};
-    mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 8);
+    mg_group *g = mgt_join(r, W, lp->port, NULL, lp->stop ? 60 : 8);
     CHECK(g);
+    int pid[2] = {getpid(), getpid()};
+    CHECK_OK(mg_all_gather(g, &pid[r], pid, 1, MG_I32));
     CHECK_OK(mg_group_use_device(g, d));
     float *x = dev_fill(d, r, CN);
     CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
+    if (r == 1 && lp->stop) raise(SIGSTOP);
     if (r == 1) _exit(0);
     double t0 = mg_now();
     mg_status st = mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM);
     double took = mg_now() - t0;
+    if (lp->stop) kill(pid[1], SIGKILL);
     printf("rank 0 after %.1f s: %s\n", took, mg_last_error());
-    CHECK(st != MG_OK && took < 30);
+    CHECK(st != MG_OK);
+    CHECK_MSG(took < (lp->stop ? 3 + 2 : 30), "the lost rank was found after %.1f s", took);
     CHECK_MSG(strstr(mg_last_error(), "all_reduce #") && strstr(mg_last_error(), "through NCCL"),
               "%s", mg_last_error());
+    bool named = strstr(mg_last_error(), "rank 1") && strstr(mg_last_error(), "stopped");
+    CHECK_MSG(!lp->stop || named, "%s", mg_last_error());
     CHECK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM) != MG_OK);   /* the group failed */
     mg_group_destroy(g);
     mg_device_free(d, x);
@@ -680,49 +697,18 @@ static int nccl_dead_peer_rank(int r, int W, void *arg)
 
 TEST_T(device_gpu_nccl_survives_a_dead_peer_with_an_error, 90)
 {
-    mgt_device(MG_DEVICE_CUDA);
-    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
-    int port = mgt_free_port(), st[2];
-    CHECK_EQ(mgt_fork_ranks(2, nccl_dead_peer_rank, &port, 80, st), 0);
-}
-
-/* A rank that stops (SIGSTOP) with NCCL's communicator set up: NCCL
- * alone would wait for it until MG_TIMEOUT (60 s here); the host path's
- * watch names it, stopped, within MG_PEER_TIMEOUT (3 s) and 2 s. Rank 0
- * then ends it. */
-static int nccl_stopped_peer_rank(int r, int W, void *arg)
-{
-    mgt_nccl_host_of_its_own(r);
-    setenv("MG_PEER_TIMEOUT", "3", 1);
-    mg_device d = {MG_DEVICE_CUDA, 0};
-    mg_group *g = mgt_join(r, W, *(int *)arg, NULL, 60);
-    CHECK(g);
-    int pid[2] = {getpid(), getpid()};
-    CHECK_OK(mg_all_gather(g, &pid[r], pid, 1, MG_I32));
-    CHECK_OK(mg_group_use_device(g, d));
-    float *x = dev_fill(d, r, CN);
-    CHECK_OK(mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM));
-    if (r == 1) raise(SIGSTOP);
-    double t0 = mg_now();
-    mg_status st = mg_all_reduce(g, x, x, CN, MG_F32, MG_SUM);
-    double took = mg_now() - t0;
-    kill(pid[1], SIGKILL);
-    printf("rank 0 after %.1f s: %s\n", took, mg_last_error());
-    CHECK(st != MG_OK);
-    CHECK_MSG(took < 3 + 2, "the stopped rank was found after %.1f s", took);
-    CHECK_MSG(strstr(mg_last_error(), "rank 1") && strstr(mg_last_error(), "stopped") &&
-              strstr(mg_last_error(), "through NCCL"), "%s", mg_last_error());
-    mg_group_destroy(g);
-    mg_device_free(d, x);
-    return 0;
+    mgt_nccl_gpu();
+    lost_peer lp = {mgt_free_port(), false};
+    int st[2];
+    CHECK_EQ(mgt_fork_ranks(2, nccl_lost_peer_rank, &lp, 80, st), 0);
 }
 
 TEST_T(device_gpu_nccl_names_a_stopped_peer_within_the_peer_timeout, 90)
 {
-    mgt_device(MG_DEVICE_CUDA);
-    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
-    int port = mgt_free_port(), st[2];
-    CHECK_EQ(mgt_fork_ranks(2, nccl_stopped_peer_rank, &port, 80, st), 1);
+    mgt_nccl_gpu();
+    lost_peer lp = {mgt_free_port(), true};
+    int st[2];
+    CHECK_EQ(mgt_fork_ranks(2, nccl_lost_peer_rank, &lp, 80, st), 1);
     CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0);
     CHECK(WIFSIGNALED(st[1]) && WTERMSIG(st[1]) == SIGKILL);
 }

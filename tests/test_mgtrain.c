@@ -349,8 +349,7 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
  * pipeline's 2 micro-batches: one process's --batch 6 --accumulate 2). */
 TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
 {
-    mgt_device(MG_DEVICE_CUDA);
-    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    mgt_nccl_gpu();
     const char *t = mgt_tmpdir();
     char *out, ref[512], acc[512], other[512], bin[512], run[512];
     snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));

@@ -235,8 +235,7 @@ TEST_T(tp_emu_matches_pytorch, 600) { tp_on_device((mg_device){MG_DEVICE_EMU, 0}
 
 TEST_T(tp_gpu_matches_pytorch_through_nccl, 600)
 {
-    mg_device d = mgt_device(MG_DEVICE_CUDA);
-    if (!mgt_nccl_loads()) mgt_skip("no NCCL here (libnccl.so.2 does not load)");
+    mg_device d = mgt_nccl_gpu();
     tp_on_device(d, true);
 }
 
