@@ -236,50 +236,35 @@ def _reduce_scatter_seq(x):
     return recv.sum(0)
 
 
-class CopyToTP(torch.autograd.Function):
-    """Into a region: identity; backward sums the ranks' partial input gradients."""
-    @staticmethod
-    def forward(ctx, x):
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return _all_reduce(g.contiguous())
+def _mapping(name, forward, backward, doc):
+    """A region mapping: an autograd function whose forward and backward are
+    the two given collectives (or the identity)."""
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": doc,
+        "forward": staticmethod(lambda ctx, x: forward(x)),
+        "backward": staticmethod(lambda ctx, g: backward(g))})
 
 
-class ReduceFromTP(torch.autograd.Function):
-    """Out of a region: sums the ranks' partial outputs; backward is identity."""
-    @staticmethod
-    def forward(ctx, x):
-        return _all_reduce(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
+def _identity(x):
+    return x
 
 
-class GatherFromSP(torch.autograd.Function):
-    """Into a region with --sp: all-gathers the sequence; backward reduce-scatters
-    (sums the ranks' partial gradients, keeping this rank's positions)."""
-    @staticmethod
-    def forward(ctx, x):
-        return _gather_seq(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _reduce_scatter_seq(g)
-
-
-class ReduceScatterToSP(torch.autograd.Function):
-    """Out of a region with --sp: sums the ranks' partial outputs, keeping this
-    rank's positions; backward all-gathers the sequence."""
-    @staticmethod
-    def forward(ctx, x):
-        return _reduce_scatter_seq(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _gather_seq(g)
+# Megatron-LM's four mappings: into and out of a split region, without and
+# with sequence parallelism.
+CopyToTP = _mapping("CopyToTP", _identity, lambda g: _all_reduce(g.contiguous()),
+                    "Into a region: identity; backward sums the ranks' partial input "
+                    "gradients.")
+ReduceFromTP = _mapping("ReduceFromTP", _all_reduce, _identity,
+                        "Out of a region: sums the ranks' partial outputs; backward is "
+                        "identity.")
+GatherFromSP = _mapping("GatherFromSP", _gather_seq, _reduce_scatter_seq,
+                        "Into a region with --sp: all-gathers the sequence; backward "
+                        "reduce-scatters (sums the ranks' partial gradients, keeping this "
+                        "rank's positions).")
+ReduceScatterToSP = _mapping("ReduceScatterToSP", _reduce_scatter_seq, _gather_seq,
+                             "Out of a region with --sp: sums the ranks' partial outputs, "
+                             "keeping this rank's positions; backward all-gathers the "
+                             "sequence.")
 
 
 def into_region(x):
