@@ -68,10 +68,11 @@ static inline void ck(cudaError_t e, const char *what)
 void *dk_ws(size_t bytes);
 /* n floats of 1 (kernels.cu): column sums as GEMMs. */
 const float *dk_ones(size_t n);
-/* With bf16 on: the n floats at p do not change until the next call (p
- * NULL: none), so the GEMMs that take them as their first operand round
- * them once, the first time (a linear's backward: dY feeds the bias,
- * weight and input gradients' GEMMs). */
+/* With bf16 on: the n floats at p do not change, once a GEMM has rounded
+ * them, until the next call (p NULL: none), so the GEMMs that take them
+ * as their first operand round them once, the first time (a linear's
+ * backward: dY, once masked, feeds the bias, weight and input gradients'
+ * GEMMs). */
 void dk_bf16_reuse(const float *p, size_t n);
 
 /* ---- Launching -------------------------------------------------------------- */

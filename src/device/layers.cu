@@ -260,10 +260,9 @@ extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy
                                       bool relu)
 {
     PROFILE(__func__);
-    if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
-    /* dY (masked) feeds three GEMMs: with bf16, rounded once for them */
+    /* dY, once masked, feeds three GEMMs: with bf16, rounded once for them */
     dk_bf16_reuse(dy, (size_t)n * out);
-    mg_dk_bias_relu_backward(dy, db, y, n, out, false);
+    mg_dk_bias_relu_backward(dy, db, y, n, out, relu);
     mg_dk_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) mg_dk_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
     dk_bf16_reuse(NULL, 0);
