@@ -499,8 +499,10 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
                                uint64_t seed, mg_model **out);
 
 /* Softmax cross-entropy (mean over n rows of `classes` logits). dlogits
- * (may be NULL) gets d(loss)/d(logits). Returns the loss; *correct (may be
- * NULL) the number of rows whose argmax equals the label. */
+ * (may be NULL) gets d(loss)/d(logits). Returns the loss (NaN when a
+ * label lies outside [0, classes)); *correct (may be NULL) the number of
+ * rows whose argmax equals the label. On the current device (device.h)
+ * when one is set. */
 float mg_softmax_xent(const float *logits, const int32_t *labels, int n,
                       int classes, float *dlogits, int *correct);
 

@@ -68,6 +68,10 @@ mg_dk_feed *mg_dk_feed_create(size_t bytes);
 void mg_dk_feed_destroy(mg_dk_feed *f);
 const void *mg_dk_feed_in(mg_dk_feed *f, const void *src, size_t n);
 
+/* The current context's workspace, at least `bytes` of its memory, until
+ * the next kernel that uses it (the cross-entropy's rows, nn/loss.c). */
+void *mg_dk_workspace(size_t bytes);
+
 /* MG_AVG's division after NCCL's sum (comm/nccl.c), as comm/coll/reduce.c
  * divides: the n elements of type t at p (a GPU's memory) divided by
  * `by`, queued on `stream` (a cudaStream_t); f16 and bf16 through float,
@@ -137,10 +141,8 @@ void mg_dk_embedding_forward(float *y, const int32_t *tok, const float *wte, int
                              const float *wpe, int n, int T, int d);
 void mg_dk_embedding_backward(float *gte, float *gpe, const float *dy, const int32_t *tok, int lo,
                               int rows, int n, int T, int d);
-float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n, int classes,
-                         float *dlogits, int *correct);
-/* The cross-entropy of logits split over the vocabulary, per row
- * (nn/tensor_parallel.c's, which says what they are). */
+/* The cross-entropy's per-row pieces (nn/loss.c's, which says what
+ * they are). */
 void mg_dk_xent_max(float *mx, const float *logits, int n, int classes);
 void mg_dk_xent_sums(float *sum, float *zy, float *arg, const float *logits,
                      const int32_t *labels, const float *mx, int n, int classes, int lo);

@@ -213,6 +213,8 @@ void *dk_ws(size_t bytes)
     return k->ws;
 }
 
+extern "C" void *mg_dk_workspace(size_t bytes) { return dk_ws(bytes); }
+
 const float *dk_ones(size_t n)
 {
     mg_dk *k = DK();

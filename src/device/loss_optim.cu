@@ -1,70 +1,18 @@
 /* The device kernels of the loss, gradient clipping and optimizers
- * (dk.h): softmax cross-entropy whole and split over the vocabulary, the
- * gradient's sum of squares and scaling, AdamW and SGD. The loss and the
- * norm come back to the host as per-row and per-lane partials, added
- * there in order. */
+ * (dk.h): softmax cross-entropy's per-row pieces (nn/loss.c), the
+ * gradient's sum of squares and scaling, AdamW and SGD. The loss's rows
+ * and the norm's per-lane partials come back to the host, added there in
+ * order. */
 #include <limits.h>
 #include "device/dk_internal.h"
 #include "optim/optim_impl.h"
 
 /* ---- Loss ----------------------------------------------------------------------------- */
 
-extern "C" float mg_dk_softmax_xent(const float *logits, const int32_t *labels, int n,
-                                    int classes, float *dlogits, int *correct)
-{
-    PROFILE(__func__);
-    if (n <= 0) {
-        if (correct) *correct = 0;
-        return 0.0f;
-    }
-    float *part = (float *)dk_ws(2 * (size_t)n * sizeof(float));
-    float inv_n = 1.0f / (float)n;
-    int C = classes;
-    rows((size_t)n, [=] HD(size_t r, int lane, int nl) {
-        const float *z = logits + r * C;
-        int y = labels[r];
-        float mx = -INFINITY;
-        int arg = INT_MAX;
-        for (int j = lane; j < C; j += nl)
-            if (arg == INT_MAX || z[j] > mx) {
-                mx = z[j];
-                arg = j;
-            }
-        float gmx = lane_max(mx);
-        int garg = lane_min(mx == gmx ? arg : INT_MAX);
-        float sum = 0.0f;
-        for (int j = lane; j < C; j += nl) sum += expf(z[j] - gmx);
-        sum = lane_sum(sum);
-        bool ok = y >= 0 && y < C;
-        if (lane == 0) {
-            part[2 * r] = ok ? (gmx - z[y]) + logf(sum) : NAN;
-            part[2 * r + 1] = garg == y ? 1.0f : 0.0f;
-        }
-        if (dlogits) {
-            float inv = 1.0f / sum, *g = dlogits + r * C;
-            for (int j = lane; j < C; j += nl) {
-                float v = expf(z[j] - gmx) * inv * inv_n;
-                g[j] = j == y ? v - inv_n : v;
-            }
-        }
-    });
-    float *h = (float *)malloc(2 * (size_t)n * sizeof(float));
-    MG_ASSERT(h);
-    mg_dk_copy_out(h, part, 2 * (size_t)n * sizeof(float));
-    double total = 0.0;
-    int hits = 0;
-    for (int i = 0; i < n; i++) {
-        total += (double)h[2 * i];
-        hits += h[2 * i + 1] != 0.0f;
-    }
-    free(h);
-    if (correct) *correct = hits;
-    return (float)(total / n);
-}
-
-/* Split over the vocabulary (nn/tensor_parallel.c): the rows' maxima; the
- * sums of exp(z - max), the label's logit (if in these columns) and
- * -(the first column holding the maximum); the gradient. */
+/* The rows of logits (this rank's columns [lo, lo + classes) when split
+ * over the vocabulary; nn/loss.c): their maxima; the sums of
+ * exp(z - max), the label's logit (if in these columns) and -(the first
+ * column holding the maximum); the gradient. */
 extern "C" void mg_dk_xent_max(float *mx, const float *logits, int n, int classes)
 {
     PROFILE(__func__);

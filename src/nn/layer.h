@@ -161,13 +161,14 @@ size_t mg__tp_sum_rows(const mg_layer *l, const mg_ctx *c, float *part, float *o
 static inline bool mg__seq_split(const mg_layer *l) { return l->tp.size > 1 && l->tp.sequence; }
 /* Whether a layer's split makes it communicate. */
 static inline bool mg__split(const mg_layer *l) { return l->tp.size > 1; }
-/* mg_softmax_xent of logits split over the vocabulary: n rows of `classes`
- * of them here, this rank's columns [lo, lo + classes) of each; labels
- * are logical. Three all-reduces of n floats (the maxima, the sums of
- * exponentials with the label's logits, and, with correct, the argmax);
- * ws holds 4 n floats. */
-float mg__tp_softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
-                          int classes, int lo, float *dlogits, int *correct, float *ws);
+/* mg_softmax_xent (loss.c) of n rows of `classes` logits that are this
+ * rank's columns [lo, lo + classes) of logits split over the vocabulary
+ * (labels logical): three all-reduces of n floats over c's group (the
+ * maxima, the sums of exponentials with the label's logits, and, with
+ * correct, the argmax). c NULL: whole logits (lo 0). ws holds 4 n floats
+ * of the current device. */
+float mg__softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
+                       int classes, int lo, float *dlogits, int *correct, float *ws);
 /* Linear layers split over tp (linear.c), with parameters placed: stride
  * blocks of a column-parallel weight (qkv's three) split each. */
 mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, bool rows,

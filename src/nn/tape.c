@@ -24,10 +24,10 @@ static size_t fbytes(size_t n) { return mg__align(n * sizeof(float)); }
  * counts; else fills the slots and the tape's pointers. */
 static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t);
 
-/* The parallel cross-entropy of split logits works in the scratch. */
+/* The cross-entropy works in the scratch: 4 floats a row (loss.c). */
 static size_t loss_scratch(const mg_model *m, int n, size_t scratch)
 {
-    size_t need = m->vocab_split ? 4 * (size_t)n * (size_t)m->positions : 0;
+    size_t need = 4 * (size_t)n * (size_t)m->positions;
     return scratch > need ? scratch : need;
 }
 
@@ -312,10 +312,9 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
         labels = t->dev_labels;
     }
     mg_ctx c = tape_ctx(t);
-    float loss = m->vocab_split
-        ? mg__tp_softmax_xent(&c, t->logits, labels, n, m->classes,
-                              m->tp.split.rank * m->classes, t->dlogits, correct, t->scratch)
-        : mg_softmax_xent(t->logits, labels, n, m->classes, t->dlogits, correct);
+    float loss = mg__softmax_xent(m->vocab_split ? &c : NULL, t->logits, labels, n, m->classes,
+                                  m->vocab_split ? m->tp.split.rank * m->classes : 0, t->dlogits,
+                                  correct, t->scratch);
     mg__dk_leave(prev);
     return loss;
 }
