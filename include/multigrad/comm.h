@@ -253,6 +253,27 @@ typedef enum {
 } mg_coll;
 const char *mg_coll_name(mg_coll c);
 
+/* The cost model the builtin backend chooses its algorithms by
+ * (src/comm/coll/select.c, docs/algorithms.md): a message costs latency
+ * plus its bytes over bandwidth, and reducing costs bytes over reduce.
+ * shared_memory: the ranks share a host, so the one-copy shared-memory
+ * family is open to them. */
+typedef struct mg_link {
+    double latency;        /* seconds per message */
+    double bandwidth;      /* bytes per second, one direction */
+    double reduce;         /* bytes per second summed */
+    bool shared_memory;
+} mg_link;
+/* The figures select.c assumes: "tcp" (loopback or a LAN), "shm" (ranks
+ * on one host); NULL for another name. */
+const mg_link *mg_link_builtin(const char *transport);
+/* Estimated seconds of collective c over p ranks on link l, by the
+ * cheapest algorithm (the one the builtin backend would choose): bytes is
+ * the whole vector (count x element size for broadcast, reduce and
+ * all_reduce; the gathered vector for all_gather and reduce_scatter);
+ * MG_COLL_SEND is one message of bytes. 0 for p = 1. */
+double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l);
+
 #define MG_IN_PLACE ((const void *)1)
 
 /* One operation, as every rank describes it. The caller's file:line is part

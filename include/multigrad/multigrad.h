@@ -18,4 +18,5 @@
 #include "plot.h"
 #include "trace.h"
 #include "train.h"
+#include "planner.h"
 #endif

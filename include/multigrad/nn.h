@@ -253,7 +253,10 @@ void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
  * for an unnamed layer), its padded parameter range [lo, hi) of the
  * arena (lo == hi: no parameters), the parameters in it, its forward
  * FLOPs per sample and the bytes it keeps for backward (saved) and
- * outputs per sample; borrows: the unit whose parameters it also reads
+ * outputs per sample; what its split layers move through the
+ * tensor-parallel group per sample in forward and backward (floats of
+ * all-reduces of the whole vector; an all-gather or reduce-scatter counts
+ * half; 0 when whole); borrows: the unit whose parameters it also reads
  * (a head tied to the embedding), or -1; and its buffers (running
  * statistics), one range of the buffer arena (empty: buf_lo == buf_hi). */
 typedef struct mg_unit_info {
@@ -261,6 +264,7 @@ typedef struct mg_unit_info {
     size_t lo, hi, numel;
     double flops;
     size_t saved_bytes, out_bytes;
+    double tp_fwd_floats, tp_bwd_floats;
     int borrows;
     size_t buf_lo, buf_hi;   /* its buffers' range of the buffer arena */
 } mg_unit_info;
@@ -326,6 +330,10 @@ void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
                    size_t *out_floats);
 void mg_tape_destroy(mg_tape *t);
 size_t mg_tape_bytes(const mg_tape *t);   /* activation memory */
+/* What mg_tape_create_range(m, max_batch, first, last) would hold, with
+ * the model's recomputation setting, without making it (a planner's
+ * figure: exact). */
+size_t mg_tape_bytes_for(const mg_model *m, int max_batch, int first, int last);
 /* Whether t's model has changed its layout since t was made (moved to
  * another device, input gradients or recomputation switched): a stale
  * tape cannot run; make a new one. True for NULL. */

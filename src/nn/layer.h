@@ -97,6 +97,11 @@ typedef struct mg_layer_vt {
     /* Optional: the layer whose parameters this one also reads (a head
      * tied to an embedding), so a strategy keeps them at hand for both. */
     const mg_layer *(*borrows)(const mg_layer *l);
+    /* Optional, split layers: what one image's forward and backward move
+     * through the tensor-parallel group, in floats of all-reduces of the
+     * whole vector (an all-gather or a reduce-scatter of it counts half:
+     * a ring moves that much), for the planner's cost model. */
+    void (*tp_floats)(const mg_layer *l, double *fwd, double *bwd);
     /* Its forward and backward call only kernels of tensor.h that have
      * device versions (src/device/kernels.cu), so it runs on a device. */
     bool on_device;

@@ -116,6 +116,25 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
                        false);
 }
 
+/* Megatron's regions: a column-parallel layer's input gradient is summed
+ * (sequence parallelism: its input gathered in forward and again in
+ * backward, its gradient reduce-scattered); a row-parallel layer's output
+ * is summed (reduce-scattered, its gradient gathered). */
+static void linear_tp_floats(const mg_layer *l, double *fwd, double *bwd)
+{
+    const linear_layer *f = (const linear_layer *)l;
+    if (!mg__split(l)) return;
+    double rows = rows_of(l), in = rows * f->in_f, out = rows * f->out_f;
+    bool seq = mg__seq_split(l);
+    if (f->role == MG_TP_COLUMN) {
+        *fwd = seq ? in / 2 : 0;
+        *bwd = (l->need_dx ? (seq ? in / 2 : in) : 0) + (seq ? in / 2 : 0);
+    } else {
+        *fwd = seq ? out / 2 : out;
+        *bwd = seq ? out / 2 : 0;
+    }
+}
+
 static double linear_flops(const mg_layer *l)
 {
     const linear_layer *f = (const linear_layer *)l;
@@ -125,6 +144,7 @@ static double linear_flops(const mg_layer *l)
 static const mg_layer_vt linear_vt = {
     .kind = "linear", .on_device = true, .setup = linear_setup, .sizes = linear_sizes,
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
+    .tp_floats = linear_tp_floats,
 };
 
 mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)

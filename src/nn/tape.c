@@ -196,6 +196,15 @@ void mg_tape_destroy(mg_tape *t)
 }
 
 size_t mg_tape_bytes(const mg_tape *t) { return t->bytes; }
+
+size_t mg_tape_bytes_for(const mg_model *m, int max_batch, int first, int last)
+{
+    MG_ASSERT(max_batch > 0 && 0 <= first && first < last && last <= m->n_units);
+    mg_dk *prev = mg__dk_enter(m->dk);
+    size_t b = tape_layout(m, max_batch, first, last, NULL, NULL);
+    mg__dk_leave(prev);
+    return b;
+}
 bool mg_tape_stale(const mg_tape *t) { return !t || t->layout != t->m->layout; }
 int mg_tape_capacity(const mg_tape *t) { return t->cap; }
 void mg_tape_set_grads(mg_tape *t, float *grads) { t->grads = grads; }

@@ -82,9 +82,20 @@ static void embed_backward(mg_layer *l, const mg_ctx *c, const float *x, const f
                           (const int32_t *)(const void *)x, e->lo, e->nv, n, e->ctx, e->d);
 }
 
+/* Split: the lookups summed (sequence parallelism: reduce-scattered, the
+ * gradient gathered). */
+static void embed_tp_floats(const mg_layer *l, double *fwd, double *bwd)
+{
+    const embed_layer *e = (const embed_layer *)l;
+    if (l->tp.size <= 1) return;
+    double v = (double)e->ctx * e->d;
+    *fwd = mg__seq_split(l) ? v / 2 : v;
+    *bwd = mg__seq_split(l) ? v / 2 : 0;
+}
+
 static const mg_layer_vt embed_vt = {
     .kind = "embedding", .on_device = true, .setup = embed_setup, .sizes = embed_sizes,
-    .forward = embed_forward, .backward = embed_backward,
+    .forward = embed_forward, .backward = embed_backward, .tp_floats = embed_tp_floats,
 };
 
 /* tp: this rank's rows of wte (vocab must divide). */
@@ -177,12 +188,25 @@ static double head_flops(const mg_layer *l)
 
 static const mg_layer *head_borrows(const mg_layer *l) { return ((const head_layer *)l)->embed; }
 
+/* Split: the input gradient summed (sequence parallelism: the input
+ * gathered in forward and again in backward, the gradient
+ * reduce-scattered). */
+static void head_tp_floats(const mg_layer *l, double *fwd, double *bwd)
+{
+    const embed_layer *e = (const embed_layer *)((const head_layer *)l)->embed;
+    if (e->base.tp.size <= 1) return;
+    double v = (double)rows(l->out, 1) * e->d, dx = l->need_dx ? v : 0;
+    bool seq = mg__seq_split(&e->base);
+    *fwd = seq ? v / 2 : 0;
+    *bwd = seq ? dx / 2 + v / 2 : dx;
+}
+
 /* The model counts the training cost of a layer with need_dx as 3
  * forwards: the head's wte gradient and input gradient are two of them. */
 static const mg_layer_vt head_vt = {
     .kind = "tied_head", .on_device = true, .setup = head_setup, .sizes = head_sizes,
     .forward = head_forward, .backward = head_backward, .flops = head_flops,
-    .borrows = head_borrows,
+    .borrows = head_borrows, .tp_floats = head_tp_floats,
 };
 
 mg_layer *mg_layer_tied_head(mg_layer *embedding)

@@ -24,6 +24,10 @@ typedef struct {
 static const model TCP = {25e-6, 1.0 / 1.2e9, 1.0 / 8e9};
 static const model SHM_P2P = {2e-6, 1.0 / 6e9, 1.0 / 8e9};
 static const model SHM_DIRECT = {0.4e-6, 1.0 / 8e9, 1.0 / 8e9};
+/* The same as links: the shared-memory one is the point-to-point
+ * transport's; the direct family's constants scale with it. */
+static const mg_link TCP_LINK = {25e-6, 1.2e9, 8e9, false};
+static const mg_link SHM_LINK = {2e-6, 6e9, 8e9, true};
 
 static int ceil_log2(int p)
 {
@@ -130,6 +134,34 @@ static double cost(mg__algo f, mg_coll c, double n, int p, const model *m)
     default:
         return 1e30;
     }
+}
+
+const mg_link *mg_link_builtin(const char *transport)
+{
+    if (transport && !strcmp(transport, "tcp")) return &TCP_LINK;
+    if (transport && !strcmp(transport, "shm")) return &SHM_LINK;
+    return NULL;
+}
+
+double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l)
+{
+    if (p <= 1) return 0;
+    model m = {l->latency, 1 / l->bandwidth, 1 / l->reduce};
+    if (c == MG_COLL_SEND || c == MG_COLL_RECV) return m.a + bytes * m.b;
+    double best = 1e300;
+    for (int f = MG_ALGO_RING; f < MG_ALGO_COUNT; f++) {
+        model use = m;
+        if (f == MG_ALGO_SHM) {
+            if (!l->shared_memory) continue;
+            /* One copy instead of the transport's two, a fifth of its
+             * synchronisation (SHM_DIRECT against SHM_P2P). */
+            use.a = m.a * SHM_DIRECT.a / SHM_P2P.a;
+            use.b = m.b * SHM_DIRECT.b / SHM_P2P.b;
+        }
+        double t = cost((mg__algo)f, c, bytes, p, &use);
+        if (t < best) best = t;
+    }
+    return best;
 }
 
 mg__algo mg__coll_select(const mg__p2p *p, const mg_call *c)

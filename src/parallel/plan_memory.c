@@ -1,0 +1,323 @@
+/* The planner's memory side: what one rank of a plan holds, computed from
+ * the strategies' own rules instead of counted. The model is built as the
+ * rank's tensor-parallel part without values (MG_SEED_DEFERRED: address
+ * space only), padded as the strategy pads it (mg_shard_pad of the dp
+ * size) and cut as the pipeline cuts it (mg_pipe_balance of
+ * mg_pipe_unit_cost); then
+ *   - parameters and gradients: the arena (one process, DDP, tp), the
+ *     rank's stage ranges (a pipeline, with or without ZeRO over its
+ *     replicas: they are whole during a step), or ZeRO's peaks, found by
+ *     walking its buckets through a step as zero.c's hooks move them
+ *     (walk() below: the same rules, in the same order);
+ *   - the optimizer: its states (Adam 2, SGD with momentum 1) over the
+ *     ranges it steps (the arena, the stage's ranges, or ZeRO's pieces:
+ *     1/dp of them);
+ *   - activations: the tapes the run makes (mg_tape_bytes_for), a
+ *     pipeline's as many per chunk as its schedule holds in flight, with
+ *     their input buffers.
+ * The test (test_planner.c) compares every figure but the activations with
+ * mg_strategy_memory after real steps; a change to zero.c's bucket rules
+ * that walk() does not follow fails it.
+ *
+ * Limits: no offload; ZeRO-3's evaluation gathers every parameter (counted
+ * when the job evaluates); a reduction that completes before the next
+ * bucket's backward begins would lower ZeRO-2's peak below the walk's
+ * (the walk assumes none does, as on every run measured). */
+#include <stdlib.h>
+#include <string.h>
+#include "parallel/planner_internal.h"
+
+mg_status mg__plan_model(const mg_plan_job *job, const mg_plan *p, int tp_rank, mg_model **out)
+{
+    *out = NULL;
+    mg_tp_split split = {p->tp, tp_rank, p->sequence_parallel};
+    mg_model *m;
+    if (!strcmp(job->model, "gpt-mini")) {
+        mg_gpt_config g = job->gpt;
+        g.tp = split;
+        MG_TRY(mg_model_create_gpt(&g, MG_SEED_DEFERRED, &m));
+    } else {
+        MG_TRY(mg_model_create_split(job->model, MG_SEED_DEFERRED, split, &m));
+    }
+    mg_model_set_recompute(m, p->recompute);
+    size_t pad = mg_shard_pad(p->dp);
+    mg_status st = mg_model_unit_pad(m) % pad ? mg_model_set_unit_pad(m, pad) : MG_OK;
+    if (st) mg_model_destroy(m);
+    else *out = m;
+    return st;
+}
+
+mg_status mg__plan_cut(const mg_model *m, const mg_plan *p, int *first)
+{
+    int nu = mg_model_num_units(m), S = p->pp * p->chunks;
+    if (S > nu)
+        return mg_error(MG_EINVAL, "%d stages for %s's %d units", S, mg_model_name(m), nu);
+    double *cost = malloc(sizeof *cost * (size_t)nu);
+    if (!cost) return mg_error(MG_ENOMEM, "planner: out of memory");
+    for (int u = 0; u < nu; u++) cost[u] = mg_pipe_unit_cost(m, u);
+    mg_status st = mg_pipe_balance(cost, nu, S, first);
+    free(cost);
+    return st;
+}
+
+/* ---- ZeRO 1-3 without a pipeline: zero.c's buckets through a step ----- */
+
+enum { SHARDED, GATHERED };
+#define GENERAL 2   /* zero.c's pool: two buffers, and one for borrowed buckets */
+
+typedef struct {
+    size_t lo, hi, piece;
+    int first, last, state, buf;
+    bool keep, reducing;
+} wbucket;
+
+typedef struct {
+    wbucket *b;
+    int nb, nu, stage, next;
+    int *ub, *borrow;
+    size_t *uhi;            /* each unit's range's end */
+    int owner[GENERAL + 1];
+    size_t params, grads, peak_params, peak_grads, ready;
+} walker;
+
+static void note(walker *w)
+{
+    if (w->params > w->peak_params) w->peak_params = w->params;
+    if (w->grads > w->peak_grads) w->peak_grads = w->grads;
+}
+
+static void gather(walker *w, int i)
+{
+    if (i < 0 || i >= w->nb || w->b[i].state == GATHERED) return;
+    w->b[i].state = GATHERED;
+    w->params += (w->b[i].hi - w->b[i].lo - w->b[i].piece) * sizeof(float);
+    note(w);
+}
+
+static void shard(walker *w, int i)
+{
+    if (w->b[i].state == SHARDED) return;
+    w->b[i].state = SHARDED;
+    w->params -= (w->b[i].hi - w->b[i].lo - w->b[i].piece) * sizeof(float);
+}
+
+static void reduce_end(walker *w, int i)
+{
+    wbucket *b = &w->b[i];
+    b->reducing = false;
+    if (b->buf < 0) return;
+    w->owner[b->buf] = -1;
+    b->buf = -1;
+    w->grads -= (b->hi - b->lo) * sizeof(float);
+}
+
+/* A pool buffer for bucket i's gradients; when its kind's are all taken,
+ * the reduction launched first is finished. */
+static void acquire(walker *w, int i)
+{
+    if (i < 0 || w->stage < 2 || w->b[i].buf >= 0) return;
+    wbucket *b = &w->b[i];
+    int k0 = b->keep ? GENERAL : 0, k1 = b->keep ? GENERAL + 1 : GENERAL;
+    for (;;) {
+        for (int k = k0; k < k1; k++)
+            if (w->owner[k] < 0) {
+                w->owner[k] = i;
+                b->buf = k;
+                w->grads += (b->hi - b->lo) * sizeof(float);
+                note(w);
+                return;
+            }
+        int oldest = -1;
+        for (int k = 0; k < w->next && oldest < 0; k++)
+            if (w->b[k].buf >= k0 && w->b[k].buf < k1) oldest = k;
+        if (oldest < 0) return;   /* cannot happen: zero.c asserts it */
+        reduce_end(w, oldest);
+    }
+}
+
+static void pre(walker *w, int u, int dir)
+{
+    if (w->stage < 3) return;
+    int i = w->ub[u];
+    gather(w, w->borrow[u]);
+    if (i < 0) return;
+    gather(w, i);
+    if (u == (dir < 0 ? w->b[i].first : w->b[i].last)) gather(w, i + dir);
+}
+
+/* One micro-batch: forward, backward (the reductions of ready buckets
+ * launched, stage 3 resharding them), the end. */
+static void micro(walker *w, bool last)
+{
+    bool sync = w->stage >= 2 || last;
+    w->ready = 0;
+    w->next = 0;
+    for (int u = 0; u < w->nu; u++) {
+        pre(w, u, -1);
+        int i = w->ub[u];
+        if (w->stage >= 3 && i > 0 && u == w->b[i].last && !w->b[i].keep) shard(w, i);
+    }
+    for (int u = w->nu - 1; u >= 0; u--) {
+        acquire(w, w->borrow[u]);
+        acquire(w, w->ub[u]);
+        pre(w, u, +1);
+        if (!sync) continue;
+        if (w->uhi[u] > w->ready) w->ready = w->uhi[u];
+        while (w->next < w->nb && w->b[w->next].hi <= w->ready) {
+            w->b[w->next].reducing = true;
+            if (w->stage >= 3) shard(w, w->next);
+            w->next++;
+        }
+    }
+    if (sync) {
+        while (w->next < w->nb) {
+            acquire(w, w->next);
+            w->b[w->next++].reducing = true;
+        }
+        for (int i = 0; i < w->nb; i++) reduce_end(w, i);
+    }
+    for (int i = 0; i < w->nb && w->stage >= 3; i++) shard(w, i);
+}
+
+/* ZeRO's peaks of parameters and gradients on a model padded for dp
+ * ranks, over a step of `micro_batches`. */
+static mg_status walk(const mg_model *m, int stage, int dp, size_t first_cap, size_t cap,
+                      int micro_batches, bool evaluates, mg_memory_stats *ms)
+{
+    int nu = mg_model_num_units(m);
+    walker w = {.nu = nu, .stage = stage};
+    mg_range *r = calloc((size_t)nu + 1, sizeof *r);
+    w.b = calloc((size_t)nu + 1, sizeof *w.b);
+    w.ub = malloc(sizeof *w.ub * (size_t)(nu ? nu : 1));
+    w.borrow = malloc(sizeof *w.borrow * (size_t)(nu ? nu : 1));
+    w.uhi = malloc(sizeof *w.uhi * (size_t)(nu ? nu : 1));
+    mg_status st = !r || !w.b || !w.ub || !w.borrow || !w.uhi
+                       ? mg_error(MG_ENOMEM, "planner: out of memory") : MG_OK;
+    if (!st) {
+        w.nb = mg_buckets(m, first_cap, cap, r);
+        size_t n = mg_model_arena_size(m), pieces = 0;
+        for (int i = 0; i < w.nb; i++) {
+            w.b[i] = (wbucket){.lo = r[i].lo, .hi = r[i].hi, .piece = (r[i].hi - r[i].lo) / (size_t)dp,
+                               .first = nu, .last = -1, .state = GATHERED, .buf = -1};
+            pieces += w.b[i].piece;
+        }
+        for (int u = 0; u < nu; u++) {
+            size_t lo, hi;
+            mg_model_unit_range(m, u, &lo, &hi);
+            w.uhi[u] = hi;
+            w.ub[u] = -1;
+            for (int i = 0; i < w.nb && hi > lo; i++)
+                if (w.b[i].lo <= lo && hi <= w.b[i].hi) {
+                    w.ub[u] = i;
+                    if (u < w.b[i].first) w.b[i].first = u;
+                    if (u > w.b[i].last) w.b[i].last = u;
+                }
+        }
+        for (int u = 0; u < nu; u++) {
+            int v = mg_model_unit(m, u).borrows;
+            w.borrow[u] = v >= 0 ? w.ub[v] : -1;
+            if (w.borrow[u] >= 0) w.b[w.borrow[u]].keep = true;
+        }
+        for (int k = 0; k <= GENERAL; k++) w.owner[k] = -1;
+        w.params = n * sizeof(float);
+        w.grads = (stage == 1 ? n : pieces) * sizeof(float);
+        for (int i = 0; i < w.nb && stage == 3; i++) shard(&w, i);
+        note(&w);
+        for (int k = 0; k < micro_batches; k++) micro(&w, k == micro_batches - 1);
+        ms->params = w.peak_params;
+        ms->grads = w.peak_grads;
+        if (stage == 3 && evaluates && n * sizeof(float) > ms->params)
+            ms->params = n * sizeof(float);
+    }
+    free(r);
+    free(w.b);
+    free(w.ub);
+    free(w.borrow);
+    free(w.uhi);
+    return st;
+}
+
+/* ---- a pipeline stage ------------------------------------------------------ */
+
+/* The floats of units [a, b). */
+static size_t units_floats(const mg_model *m, int a, int b)
+{
+    size_t lo, hi, l2, h2;
+    mg_model_unit_range(m, b - 1, &lo, &hi);
+    mg_model_unit_range(m, a, &l2, &h2);
+    return h2 - lo;
+}
+
+/* The tapes a chunk of rank `rank` holds at most: its forwards not yet
+ * backwarded, over the schedule. */
+static mg_status in_flight(const mg_plan *p, int rank, int *per_chunk)
+{
+    int cap = 2 * p->micro * p->chunks;
+    mg_pipe_action *a = malloc(sizeof *a * (size_t)cap);
+    if (!a) return mg_error(MG_ENOMEM, "planner: out of memory");
+    int n = mg_pipe_compute(p->schedule, p->pp, p->micro, p->chunks, rank, a, cap);
+    for (int k = 0; k < p->chunks; k++) {
+        int now = 0, most = 0;
+        for (int i = 0; i < n; i++) {
+            if (a[i].stage / p->pp != k) continue;
+            now += a[i].op == MG_PIPE_F ? 1 : -1;
+            if (now > most) most = now;
+        }
+        per_chunk[k] = most;
+    }
+    free(a);
+    return MG_OK;
+}
+
+static mg_status pipeline_memory(const mg_model *m, const mg_plan *p, int rank,
+                                 mg_memory_stats *ms)
+{
+    int S = p->pp * p->chunks, nu = mg_model_num_units(m);
+    int *first = malloc(sizeof *first * ((size_t)S + 1)), held[64];
+    if (!first) return mg_error(MG_ENOMEM, "planner: out of memory");
+    mg_status st = mg__plan_cut(m, p, first);
+    if (!st) st = in_flight(p, rank, held);
+    size_t floats = 0, act = 0;
+    for (int k = 0; k < p->chunks && !st; k++) {
+        int s = k * p->pp + rank, u0 = first[s], u1 = first[s + 1];
+        floats += units_floats(m, u0, u1);
+        size_t in = s ? mg_model_unit(m, u0 - 1).out_bytes * (size_t)p->local : 0;
+        act += (size_t)held[k] * (mg_tape_bytes_for(m, p->local, u0, u1) + in);
+    }
+    /* Parameters a unit of this rank reads from another rank's stage. */
+    for (int u = 0; u < nu && !st; u++) {
+        int j = mg_model_unit(m, u).borrows, su = 0, sj = 0;
+        if (j < 0) continue;
+        for (int s = 0; s < S; s++) {
+            if (first[s] <= u && u < first[s + 1]) su = s % p->pp;
+            if (first[s] <= j && j < first[s + 1]) sj = s % p->pp;
+        }
+        if (su == rank && sj != rank) floats += units_floats(m, j, j + 1);
+    }
+    free(first);
+    ms->params = ms->grads = floats * sizeof(float);
+    ms->activations = act;
+    return st;
+}
+
+mg_status mg__plan_memory(const mg_plan_job *job, const mg_plan *p, const mg_model *m,
+                          int pp_rank, mg_memory_stats *ms)
+{
+    memset(ms, 0, sizeof *ms);
+    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
+    size_t cap = (size_t)((job->bucket_mb > 0 ? job->bucket_mb : 25) * (1 << 20));
+    size_t first_cap = cap < (1 << 20) ? cap : (1 << 20);
+    size_t optim_floats;
+    if (p->pp > 1) {
+        MG_TRY(pipeline_memory(m, p, pp_rank, ms));
+        optim_floats = ms->params / sizeof(float) / (size_t)(p->zero ? p->dp : 1);
+    } else {
+        size_t n = mg_model_arena_size(m);
+        ms->params = ms->grads = n * sizeof(float);
+        ms->activations = mg_tape_bytes_for(m, p->local, 0, mg_model_num_units(m));
+        optim_floats = p->zero ? n / (size_t)p->dp : n;
+        if (p->zero) MG_TRY(walk(m, p->zero, p->dp, first_cap, cap, p->micro, job->evaluates, ms));
+    }
+    ms->optim = optim_floats * (size_t)states * sizeof(float);
+    return MG_OK;
+}

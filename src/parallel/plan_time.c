@@ -1,0 +1,186 @@
+/* The planner's time side: a model of one step of a plan, from the
+ * figures the units give (forward FLOPs per sample, bytes out, what their
+ * split layers move through the tensor-parallel group) and the cluster's
+ * rates.
+ *   - Compute: a forward's FLOPs, a backward twice them, recomputation a
+ *     forward again, at the rank's rate; ranks beyond a node's cores
+ *     share them.
+ *   - Tensor parallelism: each unit's collectives as all-reduces over the
+ *     tp group (mg_coll_time), on the critical path, and the parallel
+ *     cross-entropy's three floats a position.
+ *   - A pipeline: a micro-batch's forward and backward on the slowest
+ *     chunk, with its activation's send to the next stage, run through
+ *     the schedule's simulation (mg_pipe_simulate): the bubble is what
+ *     the makespan adds to the work.
+ *   - Data parallelism: the gradients' collectives over the dp group
+ *     (DDP: an all-reduce; ZeRO: reduce-scatters, all-gathers), in
+ *     buckets of the cap, on the link the group spans (within a node when
+ *     it fits in one: the mesh puts tp, then dp, fastest). What DDP and
+ *     ZeRO launch during backward hides behind it in the cluster's
+ *     overlap share of it, always but the last bucket; the all-gathers
+ *     after the optimizer never hide.
+ *   - The optimizer: a pass reading and writing its state, the
+ *     parameters and the gradients at the rank's memory rate.
+ * Limits: every GEMM at one rate (a split's smaller GEMMs run slower); no
+ * contention between the dimensions' collectives; one link per group
+ * (its slowest). */
+#include <math.h>
+#include <stdlib.h>
+#include "parallel/planner_internal.h"
+
+/* The link a group of `size` ranks spaced `stride` apart spans. */
+static const mg_link *link_of(const mg_plan_cluster *cl, int size, int stride)
+{
+    return (size_t)size * (size_t)stride <= (size_t)cl->ranks_per_node &&
+                   cl->ranks_per_node % (size * stride) == 0
+               ? &cl->intra : &cl->inter;
+}
+
+/* Seconds of the collective over the group, its bytes in buckets of cap. */
+static double bucketed(mg_coll c, double bytes, int p, const mg_link *l, double cap,
+                       double *last)
+{
+    double n = bytes > cap ? ceil(bytes / cap) : 1;
+    double one = mg_coll_time(c, bytes / n, p, l);
+    if (last) *last = one;
+    return n * one;
+}
+
+/* Units [a, b) of m: forward FLOPs, tp floats forward and backward per
+ * sample, and the tp all-reduces' seconds for a micro-batch. */
+typedef struct {
+    double flops, tp_s_fwd, tp_s_bwd;
+} span;
+
+static span span_of(const mg_model *m, int a, int b, const mg_plan *p, const mg_link *tpl)
+{
+    span s = {0, 0, 0};
+    double local = p->local;
+    for (int u = a; u < b; u++) {
+        mg_unit_info ui = mg_model_unit(m, u);
+        s.flops += ui.flops * local;
+        if (p->tp > 1 && ui.tp_fwd_floats > 0)
+            s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_fwd_floats * 4 * local, p->tp, tpl);
+        if (p->tp > 1 && ui.tp_bwd_floats > 0)
+            s.tp_s_bwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_bwd_floats * 4 * local, p->tp, tpl);
+    }
+    /* The parallel cross-entropy: the rows' maxima, then sums and labels. */
+    if (p->tp > 1 && b == mg_model_num_units(m)) {
+        double rows = local * mg_model_positions(m);
+        s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, rows * 4, p->tp, tpl) +
+                      mg_coll_time(MG_COLL_ALL_REDUCE, rows * 8, p->tp, tpl);
+    }
+    return s;
+}
+
+mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const mg_model *m,
+                        const size_t *stage_floats, mg_plan *p)
+{
+    double whole;   /* a sample's forward FLOPs of the whole model */
+    mg_model_flops(m, &whole, NULL);
+    whole *= p->tp;
+    int nu = mg_model_num_units(m), S = p->pp * p->chunks;
+    double share = cl->cores > 0 && cl->cores < cl->ranks_per_node
+                       ? (double)cl->ranks_per_node / cl->cores : 1.0;
+    double rate = cl->flops / share;
+    const mg_link *tpl = link_of(cl, p->tp, 1), *dpl = link_of(cl, p->dp, p->tp);
+    const mg_link *ppl = link_of(cl, p->pp, p->tp * p->dp);
+    double rc = p->recompute ? 1 : 0;
+    /* Per micro-batch, on the slowest rank: compute, tp, pp seconds. */
+    double fwd = 0, bwd = 0, tpf = 0, tpb = 0, send = 0, dp_floats = 0;
+    int *first = malloc(sizeof *first * ((size_t)S + 1));
+    if (!first) return mg_error(MG_ENOMEM, "planner: out of memory");
+    mg_status st = p->pp > 1 ? mg__plan_cut(m, p, first) : MG_OK;
+    if (p->pp == 1) {
+        first[0] = 0;
+        first[1] = nu;
+    }
+    double worst = -1;
+    for (int r = 0; r < p->pp && !st; r++) {
+        double f = 0, b = 0, tf = 0, tb = 0, sd = 0;
+        for (int k = 0; k < p->chunks; k++) {
+            int s = k * p->pp + r;
+            span sp = span_of(m, first[s], first[s + 1], p, tpl);
+            /* The overhead, a third forward and two thirds backward. */
+            double over = whole > 0 ? cl->overhead * share * sp.flops / p->local / whole : 0;
+            f += sp.flops / rate + over / 3;
+            b += (2 + rc) * sp.flops / rate + (2 + rc) * over / 3;
+            tf += sp.tp_s_fwd;
+            tb += sp.tp_s_bwd + rc * sp.tp_s_fwd;
+            if (s + 1 < S) {
+                double bytes = (double)mg_model_unit(m, first[s + 1] - 1).out_bytes * p->local;
+                sd += 2 * mg_coll_time(MG_COLL_SEND, bytes, 2, ppl);
+            }
+        }
+        double all = f + b + tf + tb + sd;
+        if (all > worst) {
+            worst = all;
+            fwd = f;
+            bwd = b;
+            tpf = tf;
+            tpb = tb;
+            send = sd;
+            dp_floats = (double)stage_floats[r];
+        }
+    }
+    free(first);
+    if (st) return st;
+    double M = p->micro;
+    p->compute = M * (fwd + bwd);
+    p->tp_comm = M * (tpf + tpb);
+    p->pp_comm = M * send;
+    p->bubble = 0;
+    double work = p->compute + p->tp_comm + p->pp_comm, makespan = work;
+    if (p->pp > 1) {
+        mg_pipe_sim sim;
+        double V = p->chunks;
+        MG_TRY(mg_pipe_simulate(p->schedule, p->pp, p->micro, p->chunks,
+                                (fwd + tpf + send / 2) / V, (bwd + tpb + send / 2) / V, &sim));
+        makespan = sim.makespan > work ? sim.makespan : work;
+        p->bubble = makespan - work;
+    }
+    /* The data-parallel collectives of the gradients (floats of the arena
+     * or the stage's ranges). */
+    double G = dp_floats * 4, cap = (job->bucket_mb > 0 ? job->bucket_mb : 25) * (1 << 20);
+    double backward = bwd + tpb;   /* of one micro-batch, on this rank */
+    double hide = cl->overlap * backward, last = 0, launched = 0, after = 0;
+    if (p->dp > 1) {
+        int D = p->dp;
+        switch (p->zero) {
+        case 0:
+            launched = bucketed(MG_COLL_ALL_REDUCE, G, D, dpl, cap, &last);
+            break;
+        case 1:
+            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            break;
+        case 2:
+            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            if (p->pp == 1) {   /* a reduce-scatter every micro-batch */
+                launched *= M;
+                hide *= M;
+            }
+            break;
+        default:
+            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            if (p->pp == 1) {   /* gathered for forward and backward, every micro-batch */
+                double ag = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+                launched = M * (launched + 2 * ag);
+                hide = cl->overlap * M * (fwd + tpf + backward);
+            } else {            /* gathered once a step */
+                after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            }
+        }
+    }
+    double exposed = launched - hide;
+    if (exposed < last) exposed = launched < last ? launched : last;
+    p->dp_comm = launched + after;
+    p->dp_exposed = exposed + after;
+    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
+    double stepped = (double)p->memory.optim / sizeof(float) / (states ? states : 1);
+    if (!states) stepped = dp_floats / (p->zero ? p->dp : 1);
+    p->optimizer = stepped * 4 * (3 + 2 * states) / cl->bytes_per_s * share;
+    p->step = makespan + p->dp_exposed + p->optimizer;
+    return MG_OK;
+}

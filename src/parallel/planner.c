@@ -1,0 +1,454 @@
+/* The planner's search (planner.h): every plan of a job on a cluster —
+ * the meshes dp x pp x tp of the world, ZeRO 0-3, the pipeline schedules
+ * with their micro-batch counts (or accumulation without a pipeline),
+ * recomputation and sequence parallelism — its memory per rank
+ * (plan_memory.c) and time per step (plan_time.c), ranked; why the first
+ * is the one; its mgtrain flags; this machine's rates.
+ *
+ * The search tries micro-batch counts of 1, 2, 4 and 8 per pipeline stage
+ * (or accumulation steps), tp up to the model's heads (or its split
+ * layer's width), pp up to its units, interleaving with 2 chunks. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "parallel/planner_internal.h"
+
+mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
+{
+    mg_zoo_defaults z;
+    MG_TRY(mg_zoo_defaults_of(model, &z));
+    *out = (mg_plan_job){.model = model, .gpt = mg_gpt_defaults(), .batch = z.batch,
+                         .optimizer = z.optimizer, .momentum = z.momentum, .bucket_mb = 25,
+                         .evaluates = z.language_model};
+    return MG_OK;
+}
+
+/* ---- one plan ---------------------------------------------------------------- */
+
+/* Its figures: memory of every pipeline rank (the largest kept), time. */
+static mg_status cost(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan *p)
+{
+    mg_model *m;
+    MG_TRY(mg__plan_model(job, p, 0, &m));
+    size_t floats[1024];
+    mg_status st = p->pp > 1024 ? mg_error(MG_EINVAL, "planner: at most 1024 stages") : MG_OK;
+    p->bytes = 0;
+    for (int r = 0; r < p->pp && !st; r++) {
+        mg_memory_stats ms;
+        st = mg__plan_memory(job, p, m, r, &ms);
+        size_t all = ms.params + ms.grads + ms.optim + ms.activations;
+        floats[r] = p->pp > 1 ? ms.params / sizeof(float) : mg_model_arena_size(m);
+        if (!st && all > p->bytes) {
+            p->bytes = all;
+            p->memory = ms;
+        }
+    }
+    if (!st) st = mg__plan_time(job, cl, m, floats, p);
+    p->fits = cl->memory <= 0 || (double)p->bytes <= cl->memory;
+    mg_model_destroy(m);
+    return st;
+}
+
+mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
+                              mg_memory_stats *out)
+{
+    mg_model *m;
+    MG_TRY(mg__plan_model(job, p, rank % p->tp, &m));
+    mg_status st = mg__plan_memory(job, p, m, rank / (p->tp * p->dp), out);
+    mg_model_destroy(m);
+    return st;
+}
+
+/* ---- the search ------------------------------------------------------------- */
+
+typedef struct {
+    mg_plan *all;
+    int n, cap;
+} list;
+
+static mg_status add(list *l, const mg_plan *p)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 256;
+        mg_plan *a = realloc(l->all, sizeof *a * (size_t)cap);
+        if (!a) return mg_error(MG_ENOMEM, "planner: out of memory");
+        l->all = a;
+        l->cap = cap;
+    }
+    l->all[l->n++] = *p;
+    return MG_OK;
+}
+
+static bool is_gpt(const mg_plan_job *job) { return !strcmp(job->model, "gpt-mini"); }
+
+/* Whether the model splits over tp ranks (its layers say, by building). */
+static bool splits(const mg_plan_job *job, int tp, bool seq)
+{
+    mg_plan p = {.dp = 1, .pp = 1, .tp = tp, .chunks = 1, .sequence_parallel = seq};
+    mg_model *m;
+    mg_status st = mg__plan_model(job, &p, 0, &m);
+    if (!st) mg_model_destroy(m);
+    return !st;
+}
+
+/* Those that fit by time, the others by bytes; equal ones by bytes, then
+ * the simpler first (a lower ZeRO stage, no recomputation, fewer
+ * micro-batches). */
+static int cmp_plans(const void *a, const void *b)
+{
+    const mg_plan *x = a, *y = b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    double u = x->fits ? x->step : (double)x->bytes, v = y->fits ? y->step : (double)y->bytes;
+    if (fabs(u - v) > 1e-9 * fmax(u, v)) return u < v ? -1 : 1;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? -1 : 1;
+    int d[] = {x->zero - y->zero, x->recompute - y->recompute, x->micro - y->micro,
+               x->sequence_parallel - y->sequence_parallel, x->tp - y->tp, x->pp - y->pp};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (d[i]) return d[i];
+    return (int)x->schedule - (int)y->schedule;
+}
+
+/* The pipeline schedules and micro-batch counts of a mesh, or the
+ * accumulation steps without a pipeline. */
+static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan p,
+                               int units, list *out)
+{
+    static const mg_pipe_kind kinds[] = {MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED};
+    int nk = p.pp > 1 ? 3 : 1;
+    for (int k = 0; k < nk; k++) {
+        p.schedule = p.pp > 1 ? kinds[k] : MG_PIPE_1F1B;
+        p.chunks = p.schedule == MG_PIPE_INTERLEAVED ? 2 : 1;
+        if (p.pp * p.chunks > units) continue;
+        for (int f = 1; f <= 8; f *= 2) {
+            p.micro = p.pp > 1 ? f * p.pp : f;
+            if (job->batch % p.micro || (job->batch / p.micro) % p.dp) continue;
+            if (p.pp > 1 && mg_pipe_check(p.schedule, p.pp, p.micro, p.chunks)) continue;
+            p.local = job->batch / p.micro / p.dp;
+            MG_TRY(cost(job, cl, &p));
+            MG_TRY(add(out, &p));
+        }
+    }
+    return MG_OK;
+}
+
+static mg_status check_inputs(const mg_plan_job *job, const mg_plan_cluster *cl)
+{
+    if (!job->model || (!is_gpt(job) && mg_zoo_defaults_of(job->model, &(mg_zoo_defaults){0})))
+        return mg_error(MG_EINVAL, "unknown model '%s': give one of the zoo's (mgtrain --help "
+                        "lists them)", job->model ? job->model : "(none)");
+    if (job->batch < 1)
+        return mg_error(MG_EINVAL, "batch %d: give the samples of a step, at least 1", job->batch);
+    if (cl->ranks_per_node < 1 || cl->nodes < 1)
+        return mg_error(MG_EINVAL, "%d ranks per node on %d nodes: give at least one of each",
+                        cl->ranks_per_node, cl->nodes);
+    if (!(cl->flops > 0) || !(cl->bytes_per_s > 0))
+        return mg_error(MG_EINVAL, "the planner needs a rank's FLOP/s and optimizer bytes/s "
+                        "(measure them with mg_plan_measure, or give them)");
+    const mg_link *l[2] = {&cl->intra, &cl->inter};
+    for (int i = 0; i < 2; i++)
+        if (!(l[i]->bandwidth > 0) || !(l[i]->reduce > 0) || l[i]->latency < 0)
+            return mg_error(MG_EINVAL, "the %s link needs a positive bandwidth and a latency of "
+                            "0 or more", i ? "between-node" : "within-node");
+    return MG_OK;
+}
+
+mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan **out,
+                         int *n)
+{
+    *out = NULL;
+    *n = 0;
+    MG_TRY(check_inputs(job, cl));
+    int world = cl->ranks_per_node * cl->nodes;
+    mg_model *whole;
+    mg_plan one = {.dp = 1, .pp = 1, .tp = 1, .chunks = 1};
+    MG_TRY(mg__plan_model(job, &one, 0, &whole));
+    int units = mg_model_num_units(whole);
+    mg_model_destroy(whole);
+    list l = {0};
+    mg_status st = MG_OK;
+    for (int tp = 1; tp <= world && !st; tp++) {
+        if (world % tp || (tp > 1 && job->no_tp)) continue;
+        for (int seq = 0; seq <= (tp > 1 && is_gpt(job) && !job->no_sequence_parallel) && !st;
+             seq++) {
+            if (!splits(job, tp, seq)) continue;
+            for (int pp = 1; pp <= world / tp && !st; pp++) {
+                if ((world / tp) % pp || (pp > 1 && job->no_pipeline) || pp > units) continue;
+                int dp = world / tp / pp;
+                for (int zero = 0; zero <= (dp > 1 && !job->no_zero ? 3 : 0) && !st; zero++)
+                    for (int rc = 0; rc <= !job->no_recompute && !st; rc++) {
+                        mg_plan p = {.dp = dp, .pp = pp, .tp = tp, .zero = zero,
+                                     .recompute = rc, .sequence_parallel = seq};
+                        st = micro_batches(job, cl, p, units, &l);
+                    }
+            }
+        }
+    }
+    if (!st && !l.n)
+        st = mg_error(MG_EINVAL, "no mesh of %d ranks divides the batch of %d: give a batch "
+                      "that a data-parallel size divides (a multiple of %d runs every mesh)",
+                      world, job->batch, world);
+    if (st) {
+        free(l.all);
+        return st;
+    }
+    qsort(l.all, (size_t)l.n, sizeof *l.all, cmp_plans);
+    *out = l.all;
+    *n = l.n;
+    return MG_OK;
+}
+
+/* ---- what to tell the user --------------------------------------------------- */
+
+static void describe(const mg_plan *p, char *buf, size_t cap)
+{
+    int len = snprintf(buf, cap, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
+    if (p->zero) len += snprintf(buf + len, cap - (size_t)len, " zero%d", p->zero);
+    else if (p->dp > 1) len += snprintf(buf + len, cap - (size_t)len, " ddp");
+    if (p->pp > 1)
+        len += snprintf(buf + len, cap - (size_t)len, " %s M=%d", mg_pipe_name(p->schedule),
+                        p->micro);
+    else if (p->micro > 1)
+        len += snprintf(buf + len, cap - (size_t)len, " accumulate %d", p->micro);
+    if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " recompute");
+    if (p->sequence_parallel) snprintf(buf + len, cap - (size_t)len, " sp");
+}
+
+void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, char *buf,
+                    size_t cap)
+{
+    const mg_plan *best = &ranked[0], *ddp = NULL, *tp1 = NULL;
+    for (int i = 0; i < n; i++) {
+        const mg_plan *p = &ranked[i];
+        bool plain = p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute;
+        if (plain && (!ddp || p->micro < ddp->micro)) ddp = p;
+        if (p->tp == 1 && p->fits && !tp1) tp1 = p;
+    }
+    char b[128], d[128];
+    describe(best, b, sizeof b);
+    double mb = 1e6;
+    if (!best->fits) {
+        snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank; the smallest plan (%s) "
+                 "needs %.0f MB: give more ranks or memory", cl->memory / mb, b, best->bytes / mb);
+        return;
+    }
+    if (!tp1 && best->tp > 1) {
+        snprintf(buf, cap, "memory: only tensor parallelism fits (%s, %.0f of %.0f MB): without "
+                 "it one rank holds too much of a layer", b, best->bytes / mb, cl->memory / mb);
+        return;
+    }
+    if (ddp && ddp == best) {
+        snprintf(buf, cap, "time: plain data parallelism fits (%.0f MB a rank) and nothing is "
+                 "faster (%.1f ms a step, %.1f ms of it exposed all-reduce)", best->bytes / mb,
+                 best->step * 1e3, best->dp_exposed * 1e3);
+        return;
+    }
+    if (ddp && !ddp->fits) {
+        snprintf(buf, cap, "memory: plain data parallelism needs %.0f MB a rank, over the %.0f "
+                 "MB; the fastest plan that fits is %s (%.0f MB, %.1f ms a step)",
+                 ddp->bytes / mb, cl->memory / mb, b, best->bytes / mb, best->step * 1e3);
+        return;
+    }
+    if (!ddp) {
+        snprintf(buf, cap, "time: %s is the fastest plan (%.1f ms a step)", b, best->step * 1e3);
+        return;
+    }
+    describe(ddp, d, sizeof d);
+    const char *why = ddp->dp_exposed > ddp->compute * 0.25
+                          ? "its gradients' all-reduce over the data-parallel links"
+                          : ddp->optimizer > ddp->compute * 0.25 ? "its optimizer's whole pass"
+                                                                 : "its compute";
+    snprintf(buf, cap, "time: %s takes %.1f ms a step against plain data parallelism's %.1f ms "
+             "(%s, %.1f ms exposed communication), which loses on %s", b, best->step * 1e3,
+             ddp->step * 1e3, d, ddp->dp_exposed * 1e3, why);
+}
+
+/* The fastest fitting plan with kind k (below), or -1. */
+enum { PLAIN, ZERO_STAGE, NO_TP, ANY };
+static int fastest(const mg_plan *r, int n, int k, int arg)
+{
+    for (int i = 0; i < n; i++) {
+        const mg_plan *p = &r[i];
+        if (!p->fits) continue;
+        bool whole = p->tp == 1 && p->pp == 1;
+        if ((k == PLAIN && whole && !p->zero && !p->recompute) ||
+            (k == ZERO_STAGE && whole && p->zero == arg) || (k == NO_TP && p->tp == 1) ||
+            k == ANY)
+            return i;
+    }
+    return -1;
+}
+
+int mg_plan_rule_of_thumb(const mg_plan *ranked, int n, const mg_plan_cluster *cl)
+{
+    if (cl->nodes > 1 && cl->inter.bandwidth < 100e9 / 8) {
+        int tp = 0;   /* the largest tp a node holds that some plan has */
+        for (int i = 0; i < n; i++)
+            if (ranked[i].tp <= cl->ranks_per_node && ranked[i].tp > tp) tp = ranked[i].tp;
+        int best = -1;   /* the fewest stages, then the fastest */
+        for (int i = 0; i < n; i++)
+            if (ranked[i].fits && ranked[i].tp == tp && ranked[i].pp > 1 && ranked[i].zero <= 1 &&
+                (best < 0 || ranked[i].pp < ranked[best].pp))
+                best = i;
+        return best;
+    }
+    int i = fastest(ranked, n, PLAIN, 0);
+    for (int z = 1; z <= 3 && i < 0; z++) i = fastest(ranked, n, ZERO_STAGE, z);
+    if (i < 0) i = fastest(ranked, n, NO_TP, 0);
+    return i >= 0 ? i : fastest(ranked, n, ANY, 0);
+}
+
+void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t cap)
+{
+    int world = p->dp * p->pp * p->tp, len = 0;
+    if (world > 1) len += snprintf(buf + len, cap - (size_t)len, "mgrun -n %d ", world);
+    len += snprintf(buf + len, cap - (size_t)len, "mgtrain --model %s", job->model);
+    if (is_gpt(job))
+        len += snprintf(buf + len, cap - (size_t)len, " --layers %d --dim %d --heads %d --ctx %d",
+                        job->gpt.layers, job->gpt.dim, job->gpt.heads, job->gpt.ctx);
+    if (world > 1)
+        len += snprintf(buf + len, cap - (size_t)len, " --mesh dp=%d,pp=%d,tp=%d", p->dp, p->pp,
+                        p->tp);
+    if (p->zero) len += snprintf(buf + len, cap - (size_t)len, " --zero %d", p->zero);
+    if (p->pp > 1) {
+        len += snprintf(buf + len, cap - (size_t)len, " --batch %d --pp-schedule %s "
+                        "--micro-batches %d", job->batch, mg_pipe_name(p->schedule), p->micro);
+    } else {
+        len += snprintf(buf + len, cap - (size_t)len, " --batch %d", job->batch / p->micro);
+        if (p->micro > 1)
+            len += snprintf(buf + len, cap - (size_t)len, " --accumulate %d", p->micro);
+    }
+    if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " --recompute");
+    if (p->sequence_parallel) snprintf(buf + len, cap - (size_t)len, " --sequence-parallel");
+}
+
+void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_config *c)
+{
+    int world = p->dp * p->pp * p->tp, batch = c->batch * c->accumulate;
+    snprintf(mesh, mesh_cap, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
+    c->strategy = world > 1 ? MG_STRATEGY_DDP : MG_STRATEGY_SINGLE;
+    c->mesh = world > 1 ? mesh : NULL;
+    c->zero = p->zero;
+    c->recompute = p->recompute;
+    c->sequence_parallel = p->sequence_parallel;
+    c->pp_schedule = p->pp > 1 ? mg_pipe_name(p->schedule) : NULL;
+    c->micro_batches = p->pp > 1 ? p->micro : 0;
+    c->chunks = p->pp > 1 ? p->chunks : 0;
+    c->batch = p->pp > 1 ? batch : batch / p->micro;
+    c->accumulate = p->pp > 1 ? 1 : p->micro;
+}
+
+/* ---- this machine's rates ---------------------------------------------------- */
+
+typedef struct {
+    const mg_plan_job *job;
+    int local;
+    double flops, per_sample, overhead, bytes_per_s;
+    mg_status st;
+    char err[256];
+} rates;
+
+/* Seconds of a training step of the model on n samples (after one to
+ * warm up), over at least `secs`. */
+static double step_seconds(mg_model *m, const float *x, const int32_t *y, int n, double secs,
+                           mg_status *st)
+{
+    double t0 = 0, t = 0;
+    for (int k = 0, steps = 0; !*st && k < 50 && (k < 3 || t * steps < secs); k++) {
+        if (k == 1) t0 = mg_now();
+        if (!mg_model_forward(m, x, n)) *st = mg_error(MG_EINVAL, "planner: %s", mg_last_error());
+        if (!*st) {
+            mg_model_loss(m, y, NULL);
+            mg_model_backward(m);
+        }
+        if (k >= 1) t = (mg_now() - t0) / ++steps;
+    }
+    return t;
+}
+
+static void *measure_one(void *arg)
+{
+    rates *r = arg;
+    const mg_plan_job *job = r->job;
+    mg_model *m;
+    r->st = !strcmp(job->model, "gpt-mini") ? mg_model_create_gpt(&job->gpt, 1, &m)
+                                            : mg_model_create_split(job->model, 1, MG_TP_NONE, &m);
+    if (r->st) {
+        snprintf(r->err, sizeof r->err, "%s", mg_last_error());
+        return NULL;
+    }
+    int c, h, w, T = mg_model_positions(m), V = mg_model_classes(m), local = r->local;
+    mg_model_input_shape(m, &c, &h, &w);
+    size_t in = (size_t)local * c * h * w;
+    float *x = calloc(in, sizeof *x);
+    int32_t *y = calloc((size_t)local * T, sizeof *y);
+    mg_status st = !x || !y ? mg_error(MG_ENOMEM, "planner: out of memory for a batch of %d",
+                                       local) : MG_OK;
+    for (size_t i = 0; x && i < in; i++) {   /* tokens (as floats' bits) or pixels */
+        if (T > 1) ((int32_t *)(void *)x)[i] = (int32_t)(i * 7 % (size_t)V);
+        else x[i] = (float)(i % 13) / 13.0f;
+    }
+    for (size_t i = 0; y && i < (size_t)local * T; i++) y[i] = (int32_t)(i * 5 % (size_t)V);
+    /* time = overhead + samples x per_sample, from two sizes. */
+    int small = local >= 4 ? local / 4 : local;
+    double flops, big_t = step_seconds(m, x, y, local, 1.0, &st);
+    double small_t = small < local ? step_seconds(m, x, y, small, 0.5, &st) : 0;
+    mg_model_flops(m, NULL, &flops);
+    double per = small < local ? (big_t - small_t) / (local - small) : big_t / local;
+    if (!(per > 0)) per = big_t / local;   /* noise: no overhead seen */
+    r->per_sample = per;
+    r->flops = flops / per;
+    r->overhead = big_t > per * local ? big_t - per * local : 0;
+    /* The optimizer over the whole arena. */
+    mg_optim *o = NULL;
+    mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
+    oc.momentum = job->momentum;
+    size_t n = mg_model_arena_size(m);
+    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
+    if (!st) st = mg_optim_create(&oc, n, &o);
+    double t0 = mg_now();
+    for (int k = 0, done = 0; !st && k < 50 && (k < 3 || mg_now() - t0 < 0.3); k++) {
+        if (k == 1) t0 = mg_now();
+        st = mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-4f);
+        if (k >= 1) r->bytes_per_s = (double)n * 4 * (3 + 2 * states) * ++done / (mg_now() - t0);
+    }
+    if (st) snprintf(r->err, sizeof r->err, "%s", mg_last_error());
+    r->st = st;
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+    free(x);
+    free(y);
+    return NULL;
+}
+
+mg_status mg_plan_measure(const mg_plan_job *job, int local, int ranks, mg_plan_cluster *cl)
+{
+    enum { MOST = 64 };
+    ranks = ranks < 1 ? 1 : ranks > MOST ? MOST : ranks;
+    rates r[MOST];
+    pthread_t th[MOST];
+    bool made[MOST] = {false};
+    mg_set_threads(1);
+    /* The others as threads beside this one, each with its own model. */
+    for (int i = 0; i < ranks; i++) {
+        r[i] = (rates){.job = job, .local = local};
+        if (i > 0) made[i] = !pthread_create(&th[i], NULL, measure_one, &r[i]);
+    }
+    measure_one(&r[0]);
+    int n = 0;
+    double per = 0, over = 0, bw = 0;
+    for (int i = 0; i < ranks; i++) {
+        if (i > 0 && !made[i]) continue;
+        if (i > 0) pthread_join(th[i], NULL);
+        if (r[i].st) return mg_error(r[i].st, "%s", r[i].err);
+        per += r[i].per_sample;
+        over += r[i].overhead;
+        bw += r[i].bytes_per_s;
+        n++;
+    }
+    cl->flops = r[0].flops * r[0].per_sample / (per / n);
+    cl->overhead = over / n;
+    cl->bytes_per_s = bw / n;
+    return MG_OK;
+}

@@ -1,0 +1,258 @@
+/* The planner (planner.h, mgplan; issue 33): its memory per rank equals
+ * what the strategies count (mg_strategy_memory) after real steps of real
+ * ranks, for one process, DDP, ZeRO 1-3, pipelines of each schedule, tp
+ * (with sequence parallelism) and meshes of 4 ranks; the seed's rules of
+ * thumb come out of its computation on the inputs they speak of; bad
+ * input is one line. */
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+#include "multigrad/multigrad.h"
+
+static mg_plan_job small_job(void)
+{
+    mg_plan_job job;
+    CHECK_OK(mg_plan_job_defaults("gpt-mini", &job));
+    job.gpt.layers = 2;
+    job.gpt.dim = 64;
+    job.gpt.ctx = 32;
+    job.batch = 8;
+    job.bucket_mb = 0.04;   /* buckets of about 3 units: ZeRO's walk has work */
+    return job;
+}
+
+typedef struct {
+    mg_plan plan;
+    mg_plan_job job;
+} memory_case;
+
+/* What the strategy counted against what the planner computes for this
+ * rank (evaluating: ZeRO-3's gather for it counted). */
+static void compare(const memory_case *mc, mg_trainer *t, int rank, bool evaluated)
+{
+    mg_memory_stats got = mg_strategy_memory(mg_trainer_strategy(t), mg_trainer_optim(t)), want;
+    mg_plan_job job = mc->job;
+    job.evaluates = evaluated;
+    CHECK_OK(mg_plan_rank_memory(&job, &mc->plan, rank, &want));
+    CHECK_MSG(got.params == want.params && got.grads == want.grads && got.optim == want.optim,
+              "rank %d of dp=%d,pp=%d,tp=%d zero %d M=%d%s: counted %zu %zu %zu, planned %zu "
+              "%zu %zu (params, grads, optimizer)", rank, mc->plan.dp, mc->plan.pp, mc->plan.tp,
+              mc->plan.zero, mc->plan.micro, evaluated ? " after evaluating" : "", got.params,
+              got.grads, got.optim, want.params, want.grads, want.optim);
+    /* The tapes: exact without a pipeline; a pipeline's evaluation may
+     * hold more than its schedule does. */
+    CHECK_MSG(mc->plan.pp > 1 ? got.activations >= want.activations
+                              : got.activations == want.activations,
+              "rank %d: activations counted %zu, planned %zu", rank, got.activations,
+              want.activations);
+}
+
+typedef struct {
+    const memory_case *mc;
+    mg_trainer *t;
+    int rank;
+} watch;
+
+/* After the last step, before the evaluation that ends the run. */
+static void on_progress(const mg_train_progress *p, void *ud)
+{
+    watch *w = ud;
+    if (p->step == p->steps) compare(w->mc, w->t, w->rank, false);
+}
+
+/* A rank of the plan: two training steps through the trainer, compared
+ * after them and after the evaluation that ends the run. */
+static int rank_memory(int rank, int n, void *arg)
+{
+    const memory_case *mc = arg;
+    if (n > 1) mgt_rank_env(rank, n, atoi(getenv("MGT_PLAN_PORT")));
+    mg_train_config c;
+    CHECK_OK(mg_train_config_defaults("gpt-mini", &c));
+    c.gpt = mc->job.gpt;
+    c.batch = mc->job.batch;
+    c.bucket_mb = mc->job.bucket_mb;
+    c.steps = 2;
+    c.eval_every = 2;
+    c.eval_windows = 4;
+    c.no_eval_on_start = true;
+    watch w = {mc, NULL, rank};
+    c.on_progress = on_progress;
+    c.ud = &w;
+    char mesh[48];
+    mg_plan_apply(&mc->plan, mesh, sizeof mesh, &c);
+    CHECK_OK(mg_trainer_create(&c, &w.t));
+    CHECK_OK(mg_trainer_run(w.t, NULL));
+    compare(mc, w.t, rank, true);
+    mg_trainer_destroy(w.t);
+    return 0;
+}
+
+TEST_T(planner_memory_equals_the_strategies_counters, 300)
+{
+    static const struct {
+        int dp, pp, tp, zero, micro;
+        mg_pipe_kind kind;
+        bool rc, sp;
+    } cases[] = {
+        {1, 1, 1, 0, 1, MG_PIPE_1F1B, false, false},
+        {2, 1, 1, 0, 1, MG_PIPE_1F1B, false, false},
+        {2, 1, 1, 1, 2, MG_PIPE_1F1B, false, false},
+        {2, 1, 1, 2, 2, MG_PIPE_1F1B, true, false},
+        {2, 1, 1, 3, 1, MG_PIPE_1F1B, false, false},
+        {2, 1, 1, 3, 2, MG_PIPE_1F1B, false, false},
+        {1, 2, 1, 0, 2, MG_PIPE_1F1B, false, false},
+        {1, 2, 1, 0, 4, MG_PIPE_GPIPE, false, false},
+        {1, 2, 1, 0, 4, MG_PIPE_INTERLEAVED, false, false},
+        {1, 1, 2, 0, 1, MG_PIPE_1F1B, false, true},
+        {4, 1, 1, 3, 1, MG_PIPE_1F1B, false, false},
+        {2, 2, 1, 1, 2, MG_PIPE_1F1B, false, false},
+        {2, 1, 2, 2, 1, MG_PIPE_1F1B, true, false},
+        {1, 2, 2, 0, 2, MG_PIPE_1F1B, false, false},
+    };
+    int n = (int)(sizeof cases / sizeof *cases);
+    for (int i = 0; i < n; i++) {
+        if (mgt_sanitized() && i % 3) continue;
+        memory_case mc = {.job = small_job()};
+        mg_plan *p = &mc.plan;
+        *p = (mg_plan){.dp = cases[i].dp, .pp = cases[i].pp, .tp = cases[i].tp,
+                       .zero = cases[i].zero, .micro = cases[i].micro, .schedule = cases[i].kind,
+                       .chunks = cases[i].kind == MG_PIPE_INTERLEAVED ? 2 : 1,
+                       .recompute = cases[i].rc, .sequence_parallel = cases[i].sp};
+        p->local = mc.job.batch / p->micro / p->dp;
+        int world = p->dp * p->pp * p->tp;
+        char port[16];
+        snprintf(port, sizeof port, "%d", mgt_free_port());
+        setenv("MGT_PLAN_PORT", port, 1);
+        int failed = mgt_fork_ranks(world, rank_memory, &mc, 120, NULL);
+        CHECK_MSG(!failed, "case %d (dp=%d,pp=%d,tp=%d zero %d): %d rank(s) failed", i, p->dp,
+                  p->pp, p->tp, p->zero, failed);
+    }
+}
+
+/* ---- the seed's rules of thumb, computed ---------------------------------- */
+
+/* A GPU cluster of r ranks a node and k nodes: a rank 100 TFLOP/s and 1
+ * TB/s, NVLink-class 150 GB/s within a node, gb Gb/s between nodes. */
+static mg_plan_cluster gpus(int r, int k, double gb, double memory)
+{
+    mg_plan_cluster cl = {.ranks_per_node = r, .nodes = k, .memory = memory, .flops = 100e12,
+                          .bytes_per_s = 1e12, .overlap = 1,
+                          .intra = {5e-6, 150e9, 1e12, false}, .inter = {5e-6, gb * 1e9 / 8, 1e12, false}};
+    return cl;
+}
+
+static mg_plan_job gpt_shape(int layers, int dim, int heads, int ctx, int vocab, int batch)
+{
+    mg_plan_job job;
+    CHECK_OK(mg_plan_job_defaults("gpt-mini", &job));
+    job.gpt = (mg_gpt_config){.layers = layers, .dim = dim, .heads = heads, .ctx = ctx,
+                              .vocab = vocab};
+    job.batch = batch;
+    return job;
+}
+
+static mg_plan best_of(const mg_plan_job *job, const mg_plan_cluster *cl, int *rule)
+{
+    mg_plan *all;
+    int n;
+    CHECK_OK(mg_plan_search(job, cl, &all, &n));
+    CHECK(n > 0 && all[0].fits);
+    mg_plan b = all[0];
+    if (rule) *rule = mg_plan_rule_of_thumb(all, n, cl);
+    /* Plain data parallelism: the fastest of its plans does not fit. */
+    free(all);
+    return b;
+}
+
+/* The 85M shape on 4 nodes of 4 with 2 GB a rank, which plain DDP's 16
+ * bytes a parameter and its activations exceed: over fast links (400
+ * Gb/s) ZeRO over all 16 ranks. */
+TEST_T(planner_fast_links_choose_zero, 60)
+{
+    mg_plan_job job = gpt_shape(12, 768, 12, 1024, 256, 64);
+    mg_plan_cluster cl = gpus(4, 4, 400, 2e9);
+    int rule;
+    mg_plan b = best_of(&job, &cl, &rule);
+    CHECK_MSG(b.tp == 1 && b.pp == 1 && b.dp == 16 && b.zero >= 1, "dp=%d,pp=%d,tp=%d zero %d",
+              b.dp, b.pp, b.tp, b.zero);
+    CHECK(rule >= 0);
+    /* DDP does not fit there. */
+    mg_plan_job ddp_only = job;
+    ddp_only.no_zero = ddp_only.no_pipeline = ddp_only.no_tp = ddp_only.no_recompute = true;
+    mg_plan *all;
+    int n;
+    CHECK_OK(mg_plan_search(&ddp_only, &cl, &all, &n));
+    for (int i = 0; i < n; i++) CHECK(!all[i].fits || all[i].micro > 1);
+    free(all);
+}
+
+/* A 7B shape on 16 nodes of 8 with 14.5 GB a rank: between slow nodes (25
+ * Gb/s) tensor parallelism within a node, a pipeline over the nodes and
+ * ZeRO-1 over the replicas (Megatron-LM's layout); fast links take fewer
+ * stages. */
+TEST_T(planner_slow_links_choose_pp_tp_dp_with_zero1, 120)
+{
+    mg_plan_job job = gpt_shape(32, 4096, 32, 2048, 32000, 256);
+    job.optimizer = MG_OPTIM_ADAM;
+    mg_plan_cluster slow = gpus(8, 16, 25, 14.5e9), fast = gpus(8, 16, 400, 14.5e9);
+    mg_plan s = best_of(&job, &slow, NULL), f = best_of(&job, &fast, NULL);
+    CHECK_MSG(s.tp > 1 && s.tp <= 8 && s.pp > 1 && s.dp > 1 && s.zero == 1,
+              "slow: dp=%d,pp=%d,tp=%d zero %d", s.dp, s.pp, s.tp, s.zero);
+    CHECK_MSG(f.pp < s.pp, "fast: pp=%d, slow: pp=%d", f.pp, s.pp);
+}
+
+/* Two layers of width 4096 on 8 ranks of 1.5 GB: one block's parameters,
+ * gradients and state exceed what ZeRO-3 or a pipeline leaves a rank, so
+ * only tensor parallelism fits, and the reason says so. */
+TEST(planner_one_layer_too_big_chooses_tp)
+{
+    mg_plan_job job = gpt_shape(2, 4096, 32, 512, 256, 16);
+    mg_plan_cluster cl = gpus(8, 1, 400, 1.5e9);
+    mg_plan *all;
+    int n;
+    CHECK_OK(mg_plan_search(&job, &cl, &all, &n));
+    CHECK(all[0].fits && all[0].tp > 1);
+    for (int i = 0; i < n; i++) CHECK(!all[i].fits || all[i].tp > 1);
+    char why[512];
+    mg_plan_reason(all, n, &cl, why, sizeof why);
+    CHECK_MSG(strstr(why, "only tensor parallelism fits"), "%s", why);
+    free(all);
+}
+
+/* ---- mgplan -------------------------------------------------------------- */
+
+static const char *sim = "--flops 1e12 --mem-bw 1e11";
+
+TEST(mgplan_recommends_a_command_that_mgtrain_takes)
+{
+    char *out = NULL;
+    int rc = mgt_sh(&out, "%s --model gpt-mini -n 2 %s --flags", mgt_tool("mgplan"), sim);
+    CHECK_MSG(rc == 0 && strstr(out, "mgrun -n 2 mgtrain --model gpt-mini") &&
+              strstr(out, "--mesh dp="), "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "%s --model lenet-d2l -n 4 %s --memory 1G --top 3", mgt_tool("mgplan"), sim);
+    CHECK_MSG(rc == 0 && strstr(out, "recommended: mgrun -n 4 mgtrain --model lenet-d2l") &&
+              strstr(out, "because "), "%s", out);
+    free(out);
+}
+
+TEST(mgplan_bad_input_is_one_line)
+{
+    static const struct { const char *args, *says; } cases[] = {
+        {"--model resnet -n 2", "unknown model 'resnet'"},
+        {"--model gpt-mini -n 2 --memory 1M", "nothing fits in 1 MB"},
+        {"--model gpt-mini", "give the ranks"},
+        {"--model gpt-mini -n 0", "-n 0 is out of range"},
+        {"--model gpt-mini -n 2 --memory lots", "is not a size"},
+        {"--model gpt-mini -n 2 --batch 3 --no-tp --no-pipeline --no-zero", "divides"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out = NULL;
+        int rc = mgt_sh(&out, "%s %s %s", mgt_tool("mgplan"), cases[i].args, sim);
+        int lines = 0;
+        for (char *c = out; *c; c++) lines += *c == '\n';
+        CHECK_MSG(rc == 2 && strstr(out, cases[i].says) && lines == 1, "%s: rc %d: %s",
+                  cases[i].args, rc, out);
+        free(out);
+    }
+}

@@ -1,0 +1,271 @@
+/* mgplan — which plan to train a model with: every mesh (dp, pp, tp), ZeRO
+ * stage, pipeline schedule and micro-batch count, recomputation and
+ * sequence parallelism on a cluster of ranks, with each plan's memory per
+ * rank and time per step (planner.h), ranked among those that fit; the
+ * recommendation with the constraint that decided it, and its mgtrain
+ * command line.
+ *
+ * The cluster is this machine (its cores; a rank's FLOP/s and optimizer
+ * rate measured on the model; the builtin backend's shared-memory link
+ * within the node and TCP's between nodes) unless flags describe another:
+ * --flops, --mem-bw and the links' --intra-... and --inter-... figures, for
+ * shapes and clusters that do not exist here.
+ *
+ * Bad input (unknown model, a number out of range, nothing that fits, a
+ * world size no mesh divides the batch by) gives one line saying what is
+ * wrong and what would do, and exit status 2. */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "multigrad/multigrad.h"
+
+static const char *prog = "mgplan";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mg_veprintf(prog, fmt, ap);
+    va_end(ap);
+    exit(2);
+}
+
+#define TRY(call) do { if (call) die("%s", mg_last_error()); } while (0)
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: mgplan --model NAME -n RANKS [options]\n"
+"Rank every plan that trains the model on the ranks by its time per step\n"
+"among those that fit in --memory, recommend one and print its mgtrain\n"
+"command line.\n"
+"  --model NAME        a zoo model (mlp, lenet-d2l, lenet5, gpt-mini)\n"
+"  --layers N --dim D --heads H --ctx T --vocab V\n"
+"                      gpt-mini's sizes (default 4, 128, 4, 128, 256; vocab\n"
+"                      other than 256 is for simulation: mgtrain's text is bytes)\n"
+"  --batch B           samples per optimizer step, all ranks (default: the\n"
+"                      model's)\n"
+"  --optimizer O       sgd | adam | adamw (default: the model's)\n"
+"  -n N                ranks, all on this node (as mgrun -n N)\n"
+"  --ranks-per-node R --nodes K\n"
+"                      a cluster of K nodes of R ranks each\n"
+"  --memory SIZE       what a rank may hold, e.g. 900M, 2G, 80G (default: no\n"
+"                      limit)\n"
+"  --cores C           cores per node (default: this machine's when the\n"
+"                      rates are measured, else one per rank)\n"
+"  --flops X           a rank's sustained FLOP/s on the training step, e.g.\n"
+"                      2.5e10 or 300e12 (default: measured on this machine)\n"
+"  --mem-bw X          a rank's memory rate in bytes/s: its optimizer pass and the\n"
+"                      collectives' sums (default: measured)\n"
+"  --intra-bw GBPS --intra-latency US\n"
+"                      the link within a node in GB/s and microseconds\n"
+"                      (default: the shared-memory transport's, 6 and 2)\n"
+"  --inter-bw GBITS --inter-latency US\n"
+"                      between nodes in Gb/s and microseconds (default: TCP's,\n"
+"                      9.6 and 25)\n"
+"  --overlap F         the share of backward that hides collectives, 0-1\n"
+"                      (default: 1 with --flops, else what cores beyond the\n"
+"                      ranks leave: min(1, cores/ranks - 1))\n"
+"  --no-zero --no-pipeline --no-tp --no-recompute --no-sequence-parallel\n"
+"                      leave those out of the search\n"
+"  --top K             print the K best plans (default 10; 0: all)\n"
+"  --flags             print only the recommended command line\n"
+"  --help              this text\n");
+}
+
+static double num(const char *flag, double lo, double hi)
+{
+    double v;
+    TRY(mg_parse_double(flag, optarg, lo, hi, 0, &v));
+    return v;
+}
+
+static int inum(const char *flag, long lo, long hi)
+{
+    long v;
+    TRY(mg_parse_long(flag, optarg, lo, hi, &v));
+    return (int)v;
+}
+
+/* "900M", "2G", "2.5GB", "1500000000": bytes (decimal units). */
+static double size_arg(const char *flag)
+{
+    char num_part[64];
+    size_t n = strlen(optarg);
+    double mult = 1;
+    snprintf(num_part, sizeof num_part, "%s", optarg);
+    if (n && (num_part[n - 1] == 'B' || num_part[n - 1] == 'b')) num_part[--n] = 0;
+    if (n) {
+        char u = num_part[n - 1];
+        mult = u == 'K' || u == 'k' ? 1e3 : u == 'M' || u == 'm' ? 1e6 : u == 'G' || u == 'g' ? 1e9
+               : u == 'T' || u == 't' ? 1e12 : 1;
+        if (mult > 1) num_part[--n] = 0;
+    }
+    double v;
+    if (mg_parse_double(flag, num_part, 0, 1e18, MG_OPEN_LO, &v))
+        die("%s %s is not a size: give bytes with K, M, G or T, e.g. 900M or 2G", flag, optarg);
+    return v * mult;
+}
+
+enum { O_LAYERS = 256, O_DIM, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_OPT, O_RPN, O_NODES, O_MEM,
+       O_CORES, O_FLOPS, O_MEMBW, O_IBW, O_ILAT, O_XBW, O_XLAT, O_OVERLAP, O_NOZERO, O_NOPP,
+       O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL };
+
+static void print_table(const mg_plan *all, int n, int top)
+{
+    printf("%3s %-15s %-5s %-11s %4s %5s %3s %3s %8s %8s %8s %8s %9s %9s %8s %7s %7s %7s %8s %7s\n",
+           "#", "mesh", "zero", "schedule", "M", "local", "rc", "sp", "params", "grads",
+           "optim", "activ", "total MB", "step ms", "compute", "bubble", "tp", "pp",
+           "dp (exp)", "optim");
+    for (int i = 0; i < n && (top <= 0 || i < top); i++) {
+        const mg_plan *p = &all[i];
+        char mesh[48], zero[8];
+        snprintf(mesh, sizeof mesh, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
+        snprintf(zero, sizeof zero, p->zero ? "%d" : "-", p->zero);
+        printf("%3d %-15s %-5s %-11s %4d %5d %3s %3s %8.1f %8.1f %8.1f %8.1f %9.1f%s %9.2f "
+               "%8.2f %7.2f %7.2f %7.2f %8.2f %7.2f\n", i + 1, mesh, zero,
+               p->pp > 1 ? mg_pipe_name(p->schedule) : p->micro > 1 ? "accumulate" : "-",
+               p->micro, p->local, p->recompute ? "y" : "-", p->sequence_parallel ? "y" : "-",
+               p->memory.params / 1e6, p->memory.grads / 1e6, p->memory.optim / 1e6,
+               p->memory.activations / 1e6, p->bytes / 1e6, p->fits ? " " : "!",
+               p->step * 1e3, p->compute * 1e3, p->bubble * 1e3, p->tp_comm * 1e3,
+               p->pp_comm * 1e3, p->dp_exposed * 1e3, p->optimizer * 1e3);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL}, {"layers", required_argument, 0, O_LAYERS},
+        {"dim", required_argument, 0, O_DIM}, {"heads", required_argument, 0, O_HEADS},
+        {"ctx", required_argument, 0, O_CTX}, {"vocab", required_argument, 0, O_VOCAB},
+        {"batch", required_argument, 0, O_BATCH}, {"optimizer", required_argument, 0, O_OPT},
+        {"ranks-per-node", required_argument, 0, O_RPN},
+        {"nodes", required_argument, 0, O_NODES}, {"memory", required_argument, 0, O_MEM},
+        {"cores", required_argument, 0, O_CORES}, {"flops", required_argument, 0, O_FLOPS},
+        {"mem-bw", required_argument, 0, O_MEMBW}, {"intra-bw", required_argument, 0, O_IBW},
+        {"intra-latency", required_argument, 0, O_ILAT},
+        {"inter-bw", required_argument, 0, O_XBW},
+        {"inter-latency", required_argument, 0, O_XLAT},
+        {"overlap", required_argument, 0, O_OVERLAP}, {"no-zero", no_argument, 0, O_NOZERO},
+        {"no-pipeline", no_argument, 0, O_NOPP}, {"no-tp", no_argument, 0, O_NOTP},
+        {"no-recompute", no_argument, 0, O_NORC},
+        {"no-sequence-parallel", no_argument, 0, O_NOSP}, {"top", required_argument, 0, O_TOP},
+        {"flags", no_argument, 0, O_FLAGS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *model = NULL;
+    mg_gpt_config gpt = mg_gpt_defaults();
+    int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0;
+    const char *optimizer = NULL;
+    bool nos[5] = {false};
+    mg_plan_cluster cl = {.ranks_per_node = 0, .nodes = 1, .overlap = -1,
+                          .intra = *mg_link_builtin("shm"), .inter = *mg_link_builtin("tcp")};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_LAYERS: gpt.layers = inum("--layers", 1, 1000); break;
+        case O_DIM: gpt.dim = inum("--dim", 1, 1 << 20); break;
+        case O_HEADS: gpt.heads = inum("--heads", 1, 4096); break;
+        case O_CTX: gpt.ctx = inum("--ctx", 2, 1 << 20); break;
+        case O_VOCAB: gpt.vocab = inum("--vocab", 2, 1 << 24); break;
+        case O_BATCH: batch = inum("--batch", 1, 1 << 24); break;
+        case O_OPT: optimizer = optarg; break;
+        case 'n': n = inum("-n", 1, 1 << 20); break;
+        case O_RPN: cl.ranks_per_node = inum("--ranks-per-node", 1, 4096); break;
+        case O_NODES: cl.nodes = inum("--nodes", 1, 1 << 20); break;
+        case O_MEM: cl.memory = size_arg("--memory"); break;
+        case O_CORES: cores = inum("--cores", 1, 1 << 16); break;
+        case O_FLOPS: cl.flops = num("--flops", 1e3, 1e18); break;
+        case O_MEMBW: cl.bytes_per_s = num("--mem-bw", 1e3, 1e16); break;
+        case O_IBW: cl.intra.bandwidth = num("--intra-bw", 1e-3, 1e5) * 1e9; break;
+        case O_ILAT: cl.intra.latency = num("--intra-latency", 0, 1e6) * 1e-6; break;
+        case O_XBW: cl.inter.bandwidth = num("--inter-bw", 1e-3, 1e5) * 1e9 / 8; break;
+        case O_XLAT: cl.inter.latency = num("--inter-latency", 0, 1e6) * 1e-6; break;
+        case O_OVERLAP: cl.overlap = num("--overlap", 0, 1); break;
+        case O_NOZERO: case O_NOPP: case O_NOTP: case O_NORC: case O_NOSP:
+            nos[c - O_NOZERO] = true;
+            break;
+        case O_TOP: top = inum("--top", 0, 1 << 20); break;
+        case O_FLAGS: flags_only = 1; break;
+        case 'h': usage(stdout); return 0;
+        default:
+            die("unknown or incomplete option '%s': see mgplan --help", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) die("unexpected argument '%s': see mgplan --help", argv[optind]);
+    if (!model) die("give the model: --model NAME (mgplan --help)");
+    if (n && cl.ranks_per_node) die("give -n N (one node) or --ranks-per-node R --nodes K, not both");
+    if (!n && !cl.ranks_per_node) die("give the ranks: -n N, or --ranks-per-node R --nodes K");
+    if (n) cl.ranks_per_node = n;
+    mg_plan_job job;
+    if (mg_plan_job_defaults(model, &job))
+        die("unknown model '%s': give mlp, lenet-d2l, lenet5 or gpt-mini", model);
+    job.gpt = gpt;
+    if (batch) job.batch = batch;
+    if (optimizer) TRY(mg_optim_parse(optimizer, &job.optimizer));
+    job.no_zero = nos[0];
+    job.no_pipeline = nos[1];
+    job.no_tp = nos[2];
+    job.no_recompute = nos[3];
+    job.no_sequence_parallel = nos[4];
+    bool measured = !(cl.flops > 0 && cl.bytes_per_s > 0);
+    /* Collectives sum at the rank's memory rate when it is given. */
+    if (cl.bytes_per_s > 0) cl.intra.reduce = cl.inter.reduce = cl.bytes_per_s;
+    long here = sysconf(_SC_NPROCESSORS_ONLN);
+    cl.cores = cores ? cores : measured ? (int)(here > 0 ? here : 1) : 0;
+    if (cl.overlap < 0) {
+        double spare = cl.cores ? (double)cl.cores / cl.ranks_per_node - 1 : 1;
+        cl.overlap = !measured ? 1 : spare < 0 ? 0 : spare > 1 ? 1 : spare;
+    }
+    if (measured) {
+        mg_plan_cluster m = cl;
+        int world = cl.ranks_per_node * cl.nodes, local = job.batch / world;
+        if (!flags_only)
+            fprintf(stderr, "%s: measuring a rank's rates on this machine with %s (give --flops "
+                    "and --mem-bw to skip)\n", prog, model);
+        int at_once = cl.ranks_per_node < cl.cores ? cl.ranks_per_node : cl.cores;
+        TRY(mg_plan_measure(&job, local < 1 ? 1 : local > 16 ? 16 : local, at_once, &m));
+        if (!(cl.flops > 0)) {
+            cl.flops = m.flops;
+            cl.overhead = m.overhead;
+        }
+        if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
+    }
+    mg_plan *all;
+    int np;
+    TRY(mg_plan_search(&job, &cl, &all, &np));
+    char line[1024];
+    if (!all[0].fits) {
+        mg_plan_reason(all, np, &cl, line, sizeof line);
+        free(all);
+        die("%s", line);
+    }
+    mg_plan_flags(&job, &all[0], line, sizeof line);
+    if (flags_only) {
+        printf("%s\n", line);
+        free(all);
+        return 0;
+    }
+    int fit = 0;
+    for (int i = 0; i < np; i++) fit += all[i].fits;
+    char cap[32] = "no limit";
+    if (cl.memory > 0) snprintf(cap, sizeof cap, "%.0f MB", cl.memory / 1e6);
+    printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %.3g "
+           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s%s\n", prog, model,
+           job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap, cl.flops,
+           cl.overhead * 1e3, cl.bytes_per_s, measured ? " (measured)" : "");
+    printf("%d plans, %d fit; the best %d (MB are a rank's most; ms a step; ! does not fit):\n",
+           np, fit, top && top < np ? top : np);
+    print_table(all, np, top);
+    char why[512];
+    mg_plan_reason(all, np, &cl, why, sizeof why);
+    printf("recommended: %s\n  because %s\n", line, why);
+    free(all);
+    return 0;
+}
