@@ -256,3 +256,36 @@ TEST(mgplan_bad_input_is_one_line)
         free(out);
     }
 }
+
+/* --verify runs the plans it predicts for and prints both figures. */
+TEST_T(mgplan_verify_runs_the_plans, 240)
+{
+    char *out = NULL;
+    int rc = mgt_sh(&out, "%s --model gpt-mini --layers 2 --dim 64 --ctx 32 --batch 8 -n 2 "
+                    "--verify --verify-top 2 --verify-steps 3", mgt_tool("mgplan"));
+    const char *v = strstr(out, "\nverify: ");
+    int rows = 0;
+    for (const char *c = v ? strchr(v + 1, '\n') : NULL; c && (c = strchr(c + 1, '\n'));)
+        rows += c[1] != 0;
+    CHECK_MSG(rc == 0 && v && !strstr(out, "failed") && rows >= 3, "rc %d, %d rows: %s", rc,
+              rows, out);
+    free(out);
+}
+
+/* mgtrain --plan auto asks the planner, says what it chose and trains
+ * with it; with the plan's flags given too it refuses, one line. */
+TEST_T(mgtrain_plan_auto_takes_the_planners_choice, 240)
+{
+    char *out = NULL, run[4096];
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is reused */
+    int rc = mgt_sh(&out, "%s -n 2 %s --model gpt-mini --layers 2 --dim 64 --ctx 32 --batch 8 "
+                    "--plan auto --plan-memory 2 --steps 2 --eval-every 2 --eval-windows 2",
+                    run, mgt_tool("mgtrain"));
+    CHECK_MSG(rc == 0 && strstr(out, "plan auto: mgrun -n 2 mgtrain --model gpt-mini") &&
+              strstr(out, "because ") && strstr(out, "final: validation loss"), "rc %d: %s",
+              rc, out);
+    free(out);
+    rc = mgt_sh(&out, "%s --model gpt-mini --plan auto --zero 1 --steps 2", mgt_tool("mgtrain"));
+    CHECK_MSG(rc == 2 && strstr(out, "--plan auto chooses"), "rc %d: %s", rc, out);
+    free(out);
+}

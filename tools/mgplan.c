@@ -71,9 +71,17 @@ static void usage(FILE *f)
 "  --overlap F         the share of backward that hides collectives, 0-1\n"
 "                      (default: 1 with --flops, else what cores beyond the\n"
 "                      ranks leave: min(1, cores/ranks - 1))\n"
+"  --mesh SPEC --zero K --pp-schedule S\n"
+"                      only plans of this mesh (mgtrain's syntax, e.g. dp=2,pp=2),\n"
+"                      ZeRO stage (0: none) or pipeline schedule\n"
 "  --no-zero --no-pipeline --no-tp --no-recompute --no-sequence-parallel\n"
 "                      leave those out of the search\n"
 "  --top K             print the K best plans (default 10; 0: all)\n"
+"  --verify            run the best plans (--verify-top, default 3), the rules of\n"
+"                      thumb's and plain data parallelism's through mgrun and\n"
+"                      mgtrain for --verify-steps steps (default 10) on this\n"
+"                      machine and print predicted against measured step time\n"
+"                      and memory (gpt-mini; this machine's cluster only)\n"
 "  --flags             print only the recommended command line\n"
 "  --help              this text\n");
 }
@@ -114,7 +122,8 @@ static double size_arg(const char *flag)
 
 enum { O_LAYERS = 256, O_DIM, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_OPT, O_RPN, O_NODES, O_MEM,
        O_CORES, O_FLOPS, O_MEMBW, O_IBW, O_ILAT, O_XBW, O_XLAT, O_OVERLAP, O_NOZERO, O_NOPP,
-       O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL };
+       O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL, O_VERIFY, O_VTOP, O_VSTEPS, O_MESH, O_ZERO,
+       O_SCHED };
 
 static void print_table(const mg_plan *all, int n, int top)
 {
@@ -138,6 +147,115 @@ static void print_table(const mg_plan *all, int n, int top)
     }
 }
 
+/* ---- --verify ------------------------------------------------------------ */
+
+typedef struct {
+    double step_s, wall_s;          /* steady step (from tokens/s), the whole run */
+    double state, activations, rss; /* the largest rank's MB */
+    int ranks;
+} measured;
+
+/* Runs the plan's command for `steps` steps, its ranks printing their
+ * counters; false (with the output's last line) when it fails. */
+static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measured *m,
+                     char *err, size_t cap)
+{
+    char dir[4096], flags[1024], cmd[6144];
+    ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    dir[len > 0 ? len : 0] = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    mg_plan_flags(job, p, flags, sizeof flags);
+    const char *rest = strstr(flags, "mgtrain ") + strlen("mgtrain ");
+    int world = p->dp * p->pp * p->tp;
+    int at = world > 1 ? snprintf(cmd, sizeof cmd, "'%s/mgrun' -n %d ", dir, world) : 0;
+    snprintf(cmd + at, sizeof cmd - (size_t)at, "'%s/mgtrain' %s --steps %d --eval-every %d "
+             "--no-eval-on-start --eval-windows 1 --quiet --verbose 2>&1", dir, rest, steps, steps);
+    memset(m, 0, sizeof *m);
+    double t0 = mg_now();
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(err, cap, "cannot run mgrun and mgtrain from %.300s", dir);
+        return false;
+    }
+    char line[2048], last[2048] = "";
+    double per_s = 0;
+    while (fgets(line, sizeof line, f)) {
+        double a, b, c, d, r;
+        const char *pk = strstr(line, ": peak MB parameters");
+        if (pk && sscanf(pk, ": peak MB parameters %lf gradients %lf optimizer %lf activations %lf",
+                         &a, &b, &c, &d) == 4) {
+            m->ranks++;
+            if (a + b + c > m->state) m->state = a + b + c;
+            if (d > m->activations) m->activations = d;
+            const char *rs = strstr(line, "peak RSS ");
+            if (rs && sscanf(rs, "peak RSS %lf", &r) == 1 && r > m->rss) m->rss = r;
+        }
+        const char *tk = strstr(line, " s training, ");
+        if (!strncmp(line, "final:", 6) && tk) sscanf(tk, " s training, %lf", &per_s);
+        if (*line != '\n') snprintf(last, sizeof last, "%s", line);
+    }
+    int st = pclose(f);
+    m->wall_s = mg_now() - t0;
+    if (st || per_s <= 0 || m->ranks != world) {
+        last[strcspn(last, "\n")] = 0;
+        snprintf(err, cap, "%s", *last ? last : "no figures");
+        return false;
+    }
+    m->step_s = (double)job->batch * job->gpt.ctx / per_s;
+    return true;
+}
+
+/* The best `top` plans, the rules of thumb's and the fastest plain data
+ * parallelism that fits, run; predicted against measured. */
+static void verify_plans(const mg_plan_job *job, const mg_plan_cluster *cl, const mg_plan *all,
+                         int n, int top, int steps)
+{
+    int pick[128], np = 0, rule = mg_plan_rule_of_thumb(all, n, cl), plain = -1;
+    for (int i = 0; i < n && plain < 0; i++)
+        if (all[i].fits && all[i].tp == 1 && all[i].pp == 1 && !all[i].zero && !all[i].recompute)
+            plain = i;
+    for (int i = 0; i < n && np < top; i++)
+        if (all[i].fits) pick[np++] = i;
+    int extra[2] = {rule, plain};
+    for (int k = 0; k < 2; k++) {
+        bool have = extra[k] < 0;
+        for (int i = 0; i < np; i++) have |= pick[i] == extra[k];
+        if (!have) pick[np++] = extra[k];
+    }
+    printf("\nverify: %d steps of each on this machine (%s, %d cores), predicted against "
+           "measured; state: parameters, gradients and optimizer of the largest rank\n",
+           steps, mg_cpu()->model, cl->cores);
+    printf("%3s %-34s %9s %9s %6s %9s %9s %6s %9s %9s %8s %8s\n", "#", "plan", "step ms",
+           "measured", "ratio", "state MB", "measured", "ratio", "activ MB", "measured",
+           "RSS MB", "whole s");
+    for (int k = 0; k < np; k++) {
+        const mg_plan *p = &all[pick[k]];
+        char name[128], err[512];
+        int len = snprintf(name, sizeof name, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
+        if (p->zero) len += snprintf(name + len, sizeof name - (size_t)len, " z%d", p->zero);
+        if (p->pp > 1)
+            len += snprintf(name + len, sizeof name - (size_t)len, " %s M%d",
+                            mg_pipe_name(p->schedule), p->micro);
+        else if (p->micro > 1)
+            len += snprintf(name + len, sizeof name - (size_t)len, " acc%d", p->micro);
+        if (p->recompute) len += snprintf(name + len, sizeof name - (size_t)len, " rc");
+        if (p->sequence_parallel) len += snprintf(name + len, sizeof name - (size_t)len, " sp");
+        if (pick[k] == rule) snprintf(name + len, sizeof name - (size_t)len, " (rule)");
+        fflush(stdout);
+        measured m;
+        double state = (p->memory.params + p->memory.grads + p->memory.optim) / 1e6;
+        if (!run_plan(job, p, steps, &m, err, sizeof err)) {
+            printf("%3d %-34s %9.1f failed: %s\n", pick[k] + 1, name, p->step * 1e3, err);
+            continue;
+        }
+        printf("%3d %-34s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f %9.1f %9.1f %8.1f %8.1f\n",
+               pick[k] + 1, name, p->step * 1e3, m.step_s * 1e3, m.step_s / p->step, state,
+               m.state, m.state / state, p->memory.activations / 1e6, m.activations, m.rss,
+               m.wall_s);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -156,11 +274,17 @@ int main(int argc, char **argv)
         {"no-pipeline", no_argument, 0, O_NOPP}, {"no-tp", no_argument, 0, O_NOTP},
         {"no-recompute", no_argument, 0, O_NORC},
         {"no-sequence-parallel", no_argument, 0, O_NOSP}, {"top", required_argument, 0, O_TOP},
-        {"flags", no_argument, 0, O_FLAGS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"flags", no_argument, 0, O_FLAGS}, {"verify", no_argument, 0, O_VERIFY},
+        {"verify-top", required_argument, 0, O_VTOP},
+        {"verify-steps", required_argument, 0, O_VSTEPS}, {"mesh", required_argument, 0, O_MESH},
+        {"zero", required_argument, 0, O_ZERO}, {"pp-schedule", required_argument, 0, O_SCHED},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     const char *model = NULL;
     mg_gpt_config gpt = mg_gpt_defaults();
-    int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0;
-    const char *optimizer = NULL;
+    int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0, verify = 0, vtop = 3, vsteps = 10;
+    const char *optimizer = NULL, *mesh = NULL, *schedule = NULL;
+    int zero = -1;
     bool nos[5] = {false};
     mg_plan_cluster cl = {.ranks_per_node = 0, .nodes = 1, .overlap = -1,
                           .intra = *mg_link_builtin("shm"), .inter = *mg_link_builtin("tcp")};
@@ -193,6 +317,12 @@ int main(int argc, char **argv)
             break;
         case O_TOP: top = inum("--top", 0, 1 << 20); break;
         case O_FLAGS: flags_only = 1; break;
+        case O_MESH: mesh = optarg; break;
+        case O_ZERO: zero = inum("--zero", 0, 3); break;
+        case O_SCHED: schedule = optarg; break;
+        case O_VERIFY: verify = 1; break;
+        case O_VTOP: vtop = inum("--verify-top", 1, 100); break;
+        case O_VSTEPS: vsteps = inum("--verify-steps", 2, 100000); break;
         case 'h': usage(stdout); return 0;
         default:
             die("unknown or incomplete option '%s': see mgplan --help", argv[optind - 1]);
@@ -203,12 +333,32 @@ int main(int argc, char **argv)
     if (n && cl.ranks_per_node) die("give -n N (one node) or --ranks-per-node R --nodes K, not both");
     if (!n && !cl.ranks_per_node) die("give the ranks: -n N, or --ranks-per-node R --nodes K");
     if (n) cl.ranks_per_node = n;
+    if (verify && (cl.nodes > 1 || cl.flops > 0 || cl.bytes_per_s > 0))
+        die("--verify runs the plans on this machine: leave out --nodes, --flops and --mem-bw");
+    if (verify && strcmp(model, "gpt-mini"))
+        die("--verify runs gpt-mini (trained by steps); %s trains by epochs: plan it without "
+            "--verify", model);
+    if (verify && gpt.vocab != 256)
+        die("--verify trains on bytes: leave out --vocab");
     mg_plan_job job;
     if (mg_plan_job_defaults(model, &job))
         die("unknown model '%s': give mlp, lenet-d2l, lenet5 or gpt-mini", model);
     job.gpt = gpt;
     if (batch) job.batch = batch;
     if (optimizer) TRY(mg_optim_parse(optimizer, &job.optimizer));
+    if (mesh) {
+        int size[MG_MESH_DIMS];
+        if (mg_mesh_parse(mesh, cl.ranks_per_node * cl.nodes, size)) die("--mesh: %s", mg_last_error());
+        job.dp = size[MG_MESH_DP];
+        job.pp = size[MG_MESH_PP];
+        job.tp = size[MG_MESH_TP];
+    }
+    job.zero = zero;
+    if (schedule) {
+        mg_pipe_kind k;
+        if (mg_pipe_parse(schedule, &k)) die("--pp-schedule: %s", mg_last_error());
+        job.schedule = (int)k;
+    }
     job.no_zero = nos[0];
     job.no_pipeline = nos[1];
     job.no_tp = nos[2];
@@ -266,6 +416,7 @@ int main(int argc, char **argv)
     char why[512];
     mg_plan_reason(all, np, &cl, why, sizeof why);
     printf("recommended: %s\n  because %s\n", line, why);
+    if (verify) verify_plans(&job, &cl, all, np, vtop, vsteps);
     free(all);
     return 0;
 }

@@ -151,6 +151,13 @@ static void usage(FILE *f)
 "                      step there (ZeRO-Offload); the gradients of the rank's\n"
 "                      ranges come to the host each step, the parameters go\n"
 "                      back. On the CPU, where the state is already, a no-op\n"
+"  --plan auto         let the planner (mgplan) choose the mesh, --zero, the\n"
+"                      pipeline's schedule and micro-batches, --accumulate,\n"
+"                      --recompute and --sequence-parallel for the global batch\n"
+"                      (--batch x --accumulate) on the job's ranks, measuring\n"
+"                      this machine first; it prints its choice and why\n"
+"  --plan-memory MB    with --plan auto, what a rank may hold (default: the\n"
+"                      node's available memory over its ranks)\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
 "gpt-mini only:\n"
@@ -218,7 +225,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
-           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR };
+           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -241,7 +248,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
         {"init-partial", 0, 0, O_INIT_PARTIAL}, {"eval-windows", 1, 0, O_EVAL_WINDOWS},
         {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {"sequence-parallel", 0, 0, O_SEQ_PAR},
-        {0, 0, 0, 0}};
+        {"plan", 1, 0, O_PLAN_AUTO}, {"plan-memory", 1, 0, O_PLAN_MEM}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     mg_train_config *c = &o->c;
     *c = (mg_train_config){.model = "lenet-d2l", .gpt = mg_gpt_defaults(), .momentum = -1,
@@ -294,6 +301,11 @@ static void parse_args(int argc, char **argv, options *o)
         case O_TF32: c->tf32 = true; break;
         case O_BF16: c->bf16 = true; break;
         case O_MESH: c->mesh = optarg; break;
+        case O_PLAN_AUTO:
+            if (strcmp(optarg, "auto")) die("--plan %s: the one plan it takes is auto", optarg);
+            c->plan_auto = true;
+            break;
+        case O_PLAN_MEM: c->plan_memory = real_flag("--plan-memory", 0, 1e9, 1) * 1e6; break;
         case O_ZERO: c->zero = (int)int_flag("--zero", 1, 3); break;
         case O_OFFLOAD:
             if (!strncmp(optarg, "disk:", 5) && optarg[5]) c->offload_dir = optarg + 5;
@@ -493,6 +505,7 @@ static void print_start(const options *o)
     if (in.restarted && in.rank == 0)
         fprintf(stderr, "%s: restarted: resuming from %s\n", prog, c->save);
     if (*in.collectives && !o->quiet) printf("collectives on GPU memory: %s\n", in.collectives);
+    if (*in.plan && in.rank == 0 && !o->quiet) printf("plan auto: %s\n", in.plan);
     mg_device dev = mg_model_device(mg_trainer_model(o->t));
     if (dev.kind != MG_DEVICE_CPU && !o->quiet) {
         char name[128], d[16];

@@ -64,9 +64,11 @@ typedef struct mg_plan_job {
     bool evaluates;          /* the run evaluates: ZeRO-3 gathers every parameter for it */
     /* The search (false: tried): */
     bool no_recompute, no_sequence_parallel, no_zero, no_pipeline, no_tp;
+    /* Only plans of these (0, or -1 for the last two: any): */
+    int dp, pp, tp, zero, schedule;
 } mg_plan_job;
-/* The zoo model's batch and optimizer, the defaults above; a language
- * model evaluates. */
+/* The zoo model's batch and optimizer, the defaults above, any plan; a
+ * language model evaluates. */
 mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out);
 
 /* One plan and what it costs a rank: the largest figures any rank has. */
@@ -119,6 +121,22 @@ void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t c
  * batch and accumulation, recomputation, sequence parallelism, strategy);
  * mesh points into storage of at least 48 bytes the caller keeps. */
 void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_config *c);
+
+/* This machine as a cluster of ranks_per_node x nodes ranks: its cores
+ * (mg_local_cpus), the builtin backend's links (shared memory within the
+ * node, TCP between nodes), the share of backward that hides collectives
+ * (what cores beyond the ranks leave: min(1, cores / ranks - 1)), memory
+ * as given (bytes a rank; 0: no limit); the rates are left to
+ * mg_plan_measure. */
+mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory);
+/* The plan of mgtrain --plan auto: the job of a trainer's config (its
+ * model, global batch = batch x accumulate, optimizer, buckets) on this
+ * machine's ranks_per_node x nodes ranks, rates measured with as many
+ * ranks at once as the node's cores hold, memory a rank may hold (0: what
+ * the node has available, shared by its ranks): the fastest that fits in
+ * *out and why in buf. MG_EINVAL, one line, when nothing fits. */
+mg_status mg_plan_for(const mg_train_config *c, int ranks_per_node, int nodes, double memory,
+                      mg_plan *out, char *why, size_t cap);
 
 /* This machine's rates for the job's model: a rank's FLOP/s and the
  * overhead of a micro-batch, from training steps of micro-batches of

@@ -81,6 +81,13 @@ typedef struct mg_train_config {
     bool recompute;
     const char *offload_dir;           /* --offload disk:DIR */
     bool offload_cpu;
+    /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
+     * schedule, micro-batches, recomputation and sequence parallelism for
+     * the global batch (batch x accumulate) on the job's ranks, a rank
+     * holding at most plan_memory bytes (0: the node's available memory
+     * over its ranks); info.plan says which and why. */
+    bool plan_auto;
+    double plan_memory;
     const char *device;                /* NULL: cpu; cuda, cuda:N, emu */
     bool tf32, bf16;
     /* Evaluation: text every eval_every steps on eval_windows windows
@@ -170,6 +177,7 @@ typedef struct mg_trainer_info {
     mg_traffic step_by_dim[MG_MESH_DIMS];
     long steps_run;           /* by this trainer */
     char collectives[128];    /* on GPUs: "NCCL (why)" or "staged through the host (why)" */
+    char plan[1024];          /* --plan auto: its mgtrain flags, and on rank 0 why */
 } mg_trainer_info;
 mg_trainer_info mg_trainer_get_info(const mg_trainer *t);
 /* The config as resolved (defaults, a pipeline's batch split into its

@@ -8,6 +8,7 @@
  * The search tries micro-batch counts of 1, 2, 4 and 8 per pipeline stage
  * (or accumulation steps), tp up to the model's heads (or its split
  * layer's width), pp up to its units, interleaving with 2 chunks. */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -21,7 +22,7 @@ mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
     MG_TRY(mg_zoo_defaults_of(model, &z));
     *out = (mg_plan_job){.model = model, .gpt = mg_gpt_defaults(), .batch = z.batch,
                          .optimizer = z.optimizer, .momentum = z.momentum, .bucket_mb = 25,
-                         .evaluates = z.language_model};
+                         .evaluates = z.language_model, .zero = -1, .schedule = -1};
     return MG_OK;
 }
 
@@ -93,21 +94,25 @@ static bool splits(const mg_plan_job *job, int tp, bool seq)
     return !st;
 }
 
-/* Those that fit by time, the others by bytes; equal ones by bytes, then
- * the simpler first (a lower ZeRO stage, no recomputation, fewer
- * micro-batches). */
+/* Those that fit by time, the others by bytes. Times within the same 1%
+ * are one (the model is no finer): the simpler plan first (a lower ZeRO
+ * stage, no recomputation, fewer micro-batches, no sequence parallelism,
+ * less tp, fewer stages), then the smaller. */
+static long bucket(double t) { return t > 0 ? lround(floor(log(t) / log(1.01))) : LONG_MIN; }
+
 static int cmp_plans(const void *a, const void *b)
 {
     const mg_plan *x = a, *y = b;
     if (x->fits != y->fits) return x->fits ? -1 : 1;
-    double u = x->fits ? x->step : (double)x->bytes, v = y->fits ? y->step : (double)y->bytes;
-    if (fabs(u - v) > 1e-9 * fmax(u, v)) return u < v ? -1 : 1;
-    if (x->bytes != y->bytes) return x->bytes < y->bytes ? -1 : 1;
+    if (!x->fits) return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
+    long u = bucket(x->step), v = bucket(y->step);
+    if (u != v) return u < v ? -1 : 1;
     int d[] = {x->zero - y->zero, x->recompute - y->recompute, x->micro - y->micro,
-               x->sequence_parallel - y->sequence_parallel, x->tp - y->tp, x->pp - y->pp};
+               x->sequence_parallel - y->sequence_parallel, x->tp - y->tp, x->pp - y->pp,
+               (int)x->schedule - (int)y->schedule};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i]) return d[i];
-    return (int)x->schedule - (int)y->schedule;
+    return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
 }
 
 /* The pipeline schedules and micro-batch counts of a mesh, or the
@@ -121,6 +126,7 @@ static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl
         p.schedule = p.pp > 1 ? kinds[k] : MG_PIPE_1F1B;
         p.chunks = p.schedule == MG_PIPE_INTERLEAVED ? 2 : 1;
         if (p.pp * p.chunks > units) continue;
+        if (job->schedule >= 0 && p.pp > 1 && (int)p.schedule != job->schedule) continue;
         for (int f = 1; f <= 8; f *= 2) {
             p.micro = p.pp > 1 ? f * p.pp : f;
             if (job->batch % p.micro || (job->batch / p.micro) % p.dp) continue;
@@ -169,15 +175,19 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
     list l = {0};
     mg_status st = MG_OK;
     for (int tp = 1; tp <= world && !st; tp++) {
-        if (world % tp || (tp > 1 && job->no_tp)) continue;
+        if (world % tp || (tp > 1 && job->no_tp) || (job->tp && tp != job->tp)) continue;
         for (int seq = 0; seq <= (tp > 1 && is_gpt(job) && !job->no_sequence_parallel) && !st;
              seq++) {
             if (!splits(job, tp, seq)) continue;
             for (int pp = 1; pp <= world / tp && !st; pp++) {
-                if ((world / tp) % pp || (pp > 1 && job->no_pipeline) || pp > units) continue;
+                if ((world / tp) % pp || (pp > 1 && job->no_pipeline) || pp > units ||
+                    (job->pp && pp != job->pp))
+                    continue;
                 int dp = world / tp / pp;
+                if (job->dp && dp != job->dp) continue;
                 for (int zero = 0; zero <= (dp > 1 && !job->no_zero ? 3 : 0) && !st; zero++)
                     for (int rc = 0; rc <= !job->no_recompute && !st; rc++) {
+                        if (job->zero >= 0 && zero != job->zero) continue;
                         mg_plan p = {.dp = dp, .pp = pp, .tp = tp, .zero = zero,
                                      .recompute = rc, .sequence_parallel = seq};
                         st = micro_batches(job, cl, p, units, &l);
@@ -186,9 +196,11 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
         }
     }
     if (!st && !l.n)
-        st = mg_error(MG_EINVAL, "no mesh of %d ranks divides the batch of %d: give a batch "
-                      "that a data-parallel size divides (a multiple of %d runs every mesh)",
-                      world, job->batch, world);
+        st = mg_error(MG_EINVAL, "no plan of %d ranks%s takes the batch of %d: give a batch "
+                      "that a data-parallel size divides (a multiple of %d runs every mesh)%s",
+                      world, job->dp || job->pp || job->tp || job->zero >= 0 ? " as asked" : "",
+                      job->batch, world, job->dp || job->pp || job->tp || job->zero >= 0
+                      ? ", or ask for less (--mesh, --zero, --pp-schedule)" : "");
     if (st) {
         free(l.all);
         return st;
@@ -255,6 +267,12 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         return;
     }
     describe(ddp, d, sizeof d);
+    if (ddp->step <= best->step * 1.02) {
+        snprintf(buf, cap, "time: %s and plain data parallelism (%s) are as fast within the "
+                 "model's 2%% (%.1f and %.1f ms a step); %s holds %.0f MB a rank against %.0f",
+                 b, d, best->step * 1e3, ddp->step * 1e3, b, best->bytes / mb, ddp->bytes / mb);
+        return;
+    }
     const char *why = ddp->dp_exposed > ddp->compute * 0.25
                           ? "its gradients' all-reduce over the data-parallel links"
                           : ddp->optimizer > ddp->compute * 0.25 ? "its optimizer's whole pass"
@@ -451,4 +469,54 @@ mg_status mg_plan_measure(const mg_plan_job *job, int local, int ranks, mg_plan_
     cl->overhead = over / n;
     cl->bytes_per_s = bw / n;
     return MG_OK;
+}
+
+/* ---- this machine, and mgtrain --plan auto ------------------------------------ */
+
+mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory)
+{
+    mg_plan_cluster cl = {.ranks_per_node = ranks_per_node, .nodes = nodes, .memory = memory,
+                          .cores = mg_local_cpus(), .intra = *mg_link_builtin("shm"),
+                          .inter = *mg_link_builtin("tcp")};
+    double spare = (double)cl.cores / ranks_per_node - 1;
+    cl.overlap = spare < 0 ? 0 : spare > 1 ? 1 : spare;
+    return cl;
+}
+
+/* What the node has available (MemAvailable), in bytes; 0 if unknown. */
+static double available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+mg_status mg_plan_for(const mg_train_config *c, int ranks_per_node, int nodes, double memory,
+                      mg_plan *out, char *why, size_t cap)
+{
+    mg_plan_job job;
+    MG_TRY(mg_plan_job_defaults(c->model, &job));
+    job.gpt = c->gpt;
+    job.batch = c->batch * c->accumulate;
+    MG_TRY(mg_optim_parse(c->optimizer, &job.optimizer));
+    job.momentum = c->momentum;
+    job.bucket_mb = c->bucket_mb;
+    job.evaluates = true;
+    if (memory <= 0) memory = available() / ranks_per_node;
+    mg_plan_cluster cl = mg_plan_cluster_here(ranks_per_node, nodes, memory);
+    int world = ranks_per_node * nodes, local = job.batch / world;
+    int at_once = ranks_per_node < cl.cores ? ranks_per_node : cl.cores;
+    MG_TRY(mg_plan_measure(&job, local < 1 ? 1 : local > 16 ? 16 : local, at_once, &cl));
+    mg_plan *all;
+    int n;
+    MG_TRY(mg_plan_search(&job, &cl, &all, &n));
+    mg_plan_reason(all, n, &cl, why, cap);
+    mg_status st = all[0].fits ? MG_OK : mg_error(MG_EINVAL, "--plan auto: %s", why);
+    *out = all[0];
+    free(all);
+    return st;
 }

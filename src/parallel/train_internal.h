@@ -38,6 +38,7 @@ struct mg_trainer {
     mg_trainer_info info;
     char hp[512];             /* the hyper-parameters a resume must share */
     int first[64 * 64 + 1];   /* --split's cut */
+    char plan_mesh[48];       /* --plan auto's mesh */
     /* data */
     mg_dataset *train, *test;
     mg_text *text;

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "multigrad/trace.h"
+#include "multigrad/planner.h"
 #include "multigrad/train.h"
 #include "train_internal.h"
 
@@ -53,6 +54,13 @@ static mg_status check_config(mg_trainer *t)
     if (c->mesh && mg_strategy_kind_traits(c->strategy).threads)
         return mg_error(MG_EINVAL, "--mesh lays out the ranks of a job; --parallel dp is "
                         "threads in one process: give one of them");
+    if (c->plan_auto && (c->mesh || c->zero || c->pp_schedule || c->micro_batches || c->chunks ||
+                         c->split || c->recompute || c->sequence_parallel || c->accumulate > 1 ||
+                         mg_strategy_kind_traits(c->strategy).threads))
+        return mg_error(MG_EINVAL, "--plan auto chooses the mesh, --zero, the pipeline's flags, "
+                        "--accumulate, --recompute and --sequence-parallel: leave them out, or "
+                        "give them and leave out --plan auto");
+    if (c->plan_auto && mg_launch_detect().by) c->strategy = MG_STRATEGY_DDP;
     if (c->mesh && !mg_strategy_kind_traits(c->strategy).ranks) c->strategy = MG_STRATEGY_DDP;
     if (c->sequence_parallel && !c->mesh)
         return mg_error(MG_EINVAL, "--sequence-parallel splits the positions over the "
@@ -150,6 +158,36 @@ static mg_status pipeline_config(mg_train_config *c, int P)
     return MG_OK;
 }
 
+/* --plan auto: rank 0 asks the planner (its rates measured with as many
+ * copies of the model at once as the node's ranks), every rank takes its
+ * answer into the config. */
+static mg_status choose_plan(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    int world = t->g ? mg_group_size(t->g) : 1, local = t->g ? mg_group_local_size(t->g) : 1;
+    int32_t v[9] = {0};
+    char why[512] = "";
+    mg_plan p;
+    mg_status st = MG_OK;
+    if (t->info.rank == 0) {
+        st = mg_plan_for(c, local, world / local, c->plan_memory, &p, why, sizeof why);
+        int32_t w[9] = {p.dp, p.pp, p.tp, p.zero, (int32_t)p.schedule, p.micro, p.chunks,
+                        p.recompute, p.sequence_parallel};
+        memcpy(v, w, sizeof v);
+    }
+    MG_TRY(t->g ? mg_trainer_agree(t, st) : st);
+    if (t->g && mg_broadcast(t->g, v, 9, MG_I32, 0)) return mg__train_step_error(t);
+    p = (mg_plan){.dp = v[0], .pp = v[1], .tp = v[2], .zero = v[3],
+                  .schedule = (mg_pipe_kind)v[4], .micro = v[5], .chunks = v[6],
+                  .recompute = v[7], .sequence_parallel = v[8]};
+    mg_plan_job job = {.model = c->model, .gpt = c->gpt, .batch = c->batch * c->accumulate};
+    char flags[512];
+    mg_plan_flags(&job, &p, flags, sizeof flags);
+    snprintf(t->info.plan, sizeof t->info.plan, "%s%s%s", flags, *why ? "; because " : "", why);
+    mg_plan_apply(&p, t->plan_mesh, sizeof t->plan_mesh, c);
+    return MG_OK;
+}
+
 /* One rank of a job: the launcher's group, the settings agreed before any
  * other collective, collectives on the device, the mesh's shape. */
 static mg_status join_job(mg_trainer *t)
@@ -169,6 +207,7 @@ static mg_status join_job(mg_trainer *t)
     char settings[2048];
     MG_TRY(mg__train_settings(t, settings, sizeof settings));
     MG_TRY(mg__train_same_on_every_rank(t, settings));
+    if (c->plan_auto) MG_TRY(choose_plan(t));
     /* On GPUs the group's collectives go through NCCL when every rank has
      * its own, else through the host; the mesh's groups follow. */
     if (t->dev.kind == MG_DEVICE_CUDA) {
@@ -392,6 +431,7 @@ static mg_status create(mg_trainer *t)
     }
     t->info.world = t->info.dp_size = t->info.pp = 1;
     if (mg_strategy_kind_traits(c->strategy).ranks) MG_TRY(join_job(t));
+    else if (c->plan_auto) MG_TRY(choose_plan(t));
     mg_trace_open(NULL, t->info.rank, t->info.world);
     mg_set_threads(c->threads ? c->threads : (int)mg_env_long("MG_THREADS", 1));
     /* After mgrun restarted the job: resume from the last save. Rank 0's
