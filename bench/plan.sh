@@ -22,7 +22,7 @@ make -s tools >/dev/null
 P=build/bin/mgplan
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-echo "# $(date -u +%Y-%m-%d) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+echo "# $(date -u +%Y-%m-%d) $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed "s/^ //") (family $(grep -m1 "cpu family" /proc/cpuinfo | cut -d: -f2 | tr -d " ") model $(grep -m1 "^model\s" /proc/cpuinfo | cut -d: -f2 | tr -d " ")), $(nproc) cores"
 run() {
     echo "## mgplan --model gpt-mini $*"
     $P --model gpt-mini "$@" --top 0 --verify --verify-top 1 --verify-steps "${STEPS:-20}" \

@@ -64,10 +64,13 @@ static void usage(FILE *f)
 "                      collectives' sums (default: measured)\n"
 "  --intra-bw GBPS --intra-latency US\n"
 "                      the link within a node in GB/s and microseconds\n"
-"                      (default: the shared-memory transport's, 6 and 2)\n"
+"                      (default: measured with mgbench's all-reduce on this\n"
+"                      host's ranks when the rates are, else the shared-memory\n"
+"                      transport's, 6 and 2)\n"
 "  --inter-bw GBITS --inter-latency US\n"
-"                      between nodes in Gb/s and microseconds (default: TCP's,\n"
-"                      9.6 and 25)\n"
+"                      between nodes in Gb/s and microseconds (default:\n"
+"                      measured through TCP on this host when the rates are,\n"
+"                      else TCP's, 9.6 and 25)\n"
 "  --overlap F         the share of backward that hides collectives, 0-1\n"
 "                      (default: 1 with --flops, else what cores beyond the\n"
 "                      ranks leave: min(1, cores/ranks - 1))\n"
@@ -83,6 +86,9 @@ static void usage(FILE *f)
 "                      machine and print predicted against measured step time\n"
 "                      and memory (gpt-mini; this machine's cluster only)\n"
 "  --flags             print only the recommended command line\n"
+"  --probe, --probe-links\n"
+"                      (run by mgplan under mgrun) measure the rates and the\n"
+"                      link with this job's ranks at once, or the link only\n"
 "  --help              this text\n");
 }
 
@@ -123,7 +129,7 @@ static double size_arg(const char *flag)
 enum { O_LAYERS = 256, O_DIM, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_OPT, O_RPN, O_NODES, O_MEM,
        O_CORES, O_FLOPS, O_MEMBW, O_IBW, O_ILAT, O_XBW, O_XLAT, O_OVERLAP, O_NOZERO, O_NOPP,
        O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL, O_VERIFY, O_VTOP, O_VSTEPS, O_MESH, O_ZERO,
-       O_SCHED };
+       O_SCHED, O_PROBE, O_PROBE_LINKS };
 
 static void print_table(const mg_plan *all, int n, int top)
 {
@@ -147,6 +153,73 @@ static void print_table(const mg_plan *all, int n, int top)
     }
 }
 
+/* The directory mgplan runs from, where mgrun, mgtrain and mgbench are. */
+static void tool_dir(char *dir, size_t cap)
+{
+    ssize_t len = readlink("/proc/self/exe", dir, cap - 1);
+    dir[len > 0 ? len : 0] = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+}
+
+/* --probe, run by mgrun from measure(): every rank measures its copy of
+ * the model at once and the job's link (mg_plan_measure_job); rank 0
+ * prints the figures on one line. --probe-links: the link only. */
+static int probe(const mg_plan_job *job, int local, bool links_only)
+{
+    mg_group *g;
+    TRY(mg_group_init(NULL, &g));
+    mg_plan_cluster cl = mg_plan_cluster_here(mg_group_size(g), 1, 1);
+    mg_status st = links_only ? mg_plan_measure_links(g, &cl)
+                              : mg_plan_measure_job(g, job, local, &cl);
+    if (!st && mg_group_rank(g) == 0) {
+        printf("probe: %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead, cl.bytes_per_s,
+               cl.intra.latency, cl.intra.bandwidth);
+        for (int i = 0; i <= MG_PLAN_MEASURED_TP; i++)
+            for (int k = 0; k < MG_PLAN_SIZES; k++) printf(" %.9g", cl.micro_s[i][k]);
+        printf("\n");
+    }
+    mg_group_destroy(g);
+    if (st) die("%s", mg_last_error());
+    return 0;
+}
+
+/* Runs this tool's probe under mgrun on `ranks` ranks of this host
+ * (through TCP: as between nodes) with the given arguments; reads its
+ * figures into *cl (the link into *l). False when it gives none. */
+static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, mg_link *l)
+{
+    char dir[4096], cmd[16384];
+    static char line[1 << 16];
+    tool_dir(dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "%s'%s/mgrun' -n %d '%s/mgplan' %s 2>&1",
+             tcp ? "MG_TRANSPORT=tcp " : "", dir, ranks, dir, args);
+    FILE *f = popen(cmd, "r");
+    bool got = false;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "probe: ", 7)) continue;
+        char *at = line + 7, *end;
+        double v[5 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
+        int n = 0;
+        for (; n < (int)(sizeof v / sizeof *v); n++, at = end) {
+            v[n] = strtod(at, &end);
+            if (end == at) break;
+        }
+        if (n < 5) continue;
+        got = true;
+        l->latency = v[3];
+        l->bandwidth = v[4];
+        if (n < (int)(sizeof v / sizeof *v)) continue;   /* the link only */
+        cl->flops = v[0];
+        cl->overhead = v[1];
+        cl->bytes_per_s = v[2];
+        memcpy(cl->micro_s, v + 5, sizeof cl->micro_s);
+        cl->micro_with_tp = true;   /* mg_plan_measure_job's */
+    }
+    if (f && pclose(f)) got = false;
+    return got;
+}
+
 /* ---- --verify ------------------------------------------------------------ */
 
 typedef struct {
@@ -161,10 +234,7 @@ static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measur
                      char *err, size_t cap)
 {
     char dir[4096], flags[1024], cmd[6144];
-    ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
-    dir[len > 0 ? len : 0] = 0;
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
+    tool_dir(dir, sizeof dir);
     mg_plan_flags(job, p, flags, sizeof flags);
     const char *rest = strstr(flags, "mgtrain ") + strlen("mgtrain ");
     int world = p->dp * p->pp * p->tp;
@@ -278,14 +348,15 @@ int main(int argc, char **argv)
         {"verify-top", required_argument, 0, O_VTOP},
         {"verify-steps", required_argument, 0, O_VSTEPS}, {"mesh", required_argument, 0, O_MESH},
         {"zero", required_argument, 0, O_ZERO}, {"pp-schedule", required_argument, 0, O_SCHED},
+        {"probe", no_argument, 0, O_PROBE}, {"probe-links", no_argument, 0, O_PROBE_LINKS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *model = NULL;
     mg_gpt_config gpt = mg_gpt_defaults();
     int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0, verify = 0, vtop = 3, vsteps = 10;
     const char *optimizer = NULL, *mesh = NULL, *schedule = NULL;
-    int zero = -1;
-    bool nos[5] = {false};
+    int zero = -1, probing = 0;
+    bool nos[5] = {false}, links_given[2] = {false, false};
     mg_plan_cluster cl = {.ranks_per_node = 0, .nodes = 1, .overlap = -1,
                           .intra = *mg_link_builtin("shm"), .inter = *mg_link_builtin("tcp")};
     int c;
@@ -307,10 +378,10 @@ int main(int argc, char **argv)
         case O_CORES: cores = inum("--cores", 1, 1 << 16); break;
         case O_FLOPS: cl.flops = num("--flops", 1e3, 1e18); break;
         case O_MEMBW: cl.bytes_per_s = num("--mem-bw", 1e3, 1e16); break;
-        case O_IBW: cl.intra.bandwidth = num("--intra-bw", 1e-3, 1e5) * 1e9; break;
-        case O_ILAT: cl.intra.latency = num("--intra-latency", 0, 1e6) * 1e-6; break;
-        case O_XBW: cl.inter.bandwidth = num("--inter-bw", 1e-3, 1e5) * 1e9 / 8; break;
-        case O_XLAT: cl.inter.latency = num("--inter-latency", 0, 1e6) * 1e-6; break;
+        case O_IBW: cl.intra.bandwidth = num("--intra-bw", 1e-3, 1e5) * 1e9; links_given[0] = true; break;
+        case O_ILAT: cl.intra.latency = num("--intra-latency", 0, 1e6) * 1e-6; links_given[0] = true; break;
+        case O_XBW: cl.inter.bandwidth = num("--inter-bw", 1e-3, 1e5) * 1e9 / 8; links_given[1] = true; break;
+        case O_XLAT: cl.inter.latency = num("--inter-latency", 0, 1e6) * 1e-6; links_given[1] = true; break;
         case O_OVERLAP: cl.overlap = num("--overlap", 0, 1); break;
         case O_NOZERO: case O_NOPP: case O_NOTP: case O_NORC: case O_NOSP:
             nos[c - O_NOZERO] = true;
@@ -324,6 +395,8 @@ int main(int argc, char **argv)
         case O_VTOP: vtop = inum("--verify-top", 1, 100); break;
         case O_VSTEPS: vsteps = inum("--verify-steps", 2, 100000); break;
         case 'h': usage(stdout); return 0;
+        case O_PROBE: probing = 1; break;
+        case O_PROBE_LINKS: probing = 2; break;
         default:
             die("unknown or incomplete option '%s': see mgplan --help", argv[optind - 1]);
         }
@@ -373,19 +446,40 @@ int main(int argc, char **argv)
         double spare = cl.cores ? (double)cl.cores / cl.ranks_per_node - 1 : 1;
         cl.overlap = !measured ? 1 : spare < 0 ? 0 : spare > 1 ? 1 : spare;
     }
+    int local = job.batch / (cl.ranks_per_node * cl.nodes);
+    local = local < 1 ? 1 : local > 16 ? 16 : local;
+    if (probing) return probe(&job, local, probing == 2);
     if (measured) {
-        mg_plan_cluster m = cl;
-        int world = cl.ranks_per_node * cl.nodes, local = job.batch / world;
         if (!flags_only)
-            fprintf(stderr, "%s: measuring a rank's rates on this machine with %s (give --flops "
-                    "and --mem-bw to skip)\n", prog, model);
-        int at_once = cl.ranks_per_node < cl.cores ? cl.ranks_per_node : cl.cores;
-        TRY(mg_plan_measure(&job, local < 1 ? 1 : local > 16 ? 16 : local, at_once, &m));
+            fprintf(stderr, "%s: measuring a rank's rates on this machine with %s, %d rank(s) "
+                    "at once (give --flops and --mem-bw to skip)\n", prog, model,
+                    cl.ranks_per_node);
+        mg_plan_cluster m = cl;
+        mg_link intra = cl.intra;
+        char args[8192];
+        int len = 0;
+        for (int i = 1; i < argc; i++)
+            len += snprintf(args + len, sizeof args - (size_t)len, "'%s' ", argv[i]);
+        snprintf(args + len, sizeof args - (size_t)len, "--probe");
+        if (cl.ranks_per_node > 1) {
+            if (!measure(cl.ranks_per_node, false, args, &m, &intra))
+                die("cannot measure this machine (mgrun -n %d mgplan ... --probe): give "
+                    "--flops, --mem-bw and the links", cl.ranks_per_node);
+        } else {
+            TRY(mg_plan_measure(&job, local, &m));
+        }
         if (!(cl.flops > 0)) {
             cl.flops = m.flops;
             cl.overhead = m.overhead;
+            memcpy(cl.micro_s, m.micro_s, sizeof cl.micro_s);
+            cl.micro_with_tp = m.micro_with_tp;
         }
         if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
+        if (!links_given[0]) cl.intra = intra;
+        if (!links_given[1] && cl.nodes > 1 &&
+            !measure(cl.nodes, true, "--probe-links", &m, &cl.inter))
+            die("cannot measure the link between nodes (through TCP on this host): give "
+                "--inter-bw and --inter-latency");
     }
     mg_plan *all;
     int np;
@@ -407,9 +501,12 @@ int main(int argc, char **argv)
     char cap[32] = "no limit";
     if (cl.memory > 0) snprintf(cap, sizeof cap, "%.0f MB", cl.memory / 1e6);
     printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %.3g "
-           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s%s\n", prog, model,
+           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s%s; links: within a node "
+           "%.1f us and %.2f GB/s, between nodes %.1f us and %.2f GB/s\n", prog, model,
            job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap, cl.flops,
-           cl.overhead * 1e3, cl.bytes_per_s, measured ? " (measured)" : "");
+           cl.overhead * 1e3, cl.bytes_per_s, measured ? " (measured)" : "",
+           cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9, cl.inter.latency * 1e6,
+           cl.inter.bandwidth / 1e9);
     printf("%d plans, %d fit; the best %d (MB are a rank's most; ms a step; ! does not fit):\n",
            np, fit, top && top < np ? top : np);
     print_table(all, np, top);

@@ -273,6 +273,11 @@ const mg_link *mg_link_builtin(const char *transport);
  * all_reduce; the gathered vector for all_gather and reduce_scatter);
  * MG_COLL_SEND is one message of bytes. 0 for p = 1. */
 double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l);
+/* The latency and bandwidth that make mg_coll_time(c, ., p, l) give the
+ * times measured for a small and a large message (t1 seconds for n1
+ * bytes, t2 for n2 > n1), fitted into *l (its reduce rate and
+ * shared_memory kept). */
+void mg_link_fit(mg_coll c, int p, double n1, double t1, double n2, double t2, mg_link *l);
 
 #define MG_IN_PLACE ((const void *)1)
 

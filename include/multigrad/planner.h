@@ -1,5 +1,5 @@
 /* multigrad — the planner (src/parallel/planner.c, plan_memory.c,
- * plan_time.c; the tool is mgplan): for a model, a global batch and a
+ * plan_time.c, plan_measure.c; the tool is mgplan): for a model, a global batch and a
  * cluster (ranks per node x nodes, memory per rank, the links within a
  * node and between nodes, a rank's compute rate), every plan mgtrain can
  * run — mesh (dp, pp, tp), ZeRO stage, pipeline schedule and
@@ -14,17 +14,19 @@
  * and optimizer state equal the counters of a real run; activations are
  * the tapes the run makes.
  *
- * Time is a model: compute from the units' FLOPs at the rank's rate
- * (measured, or given), the collectives from the builtin backend's cost
- * model (mg_coll_time) on the link each dimension's group spans, the
- * pipeline's bubble from its schedule's simulation (mg_pipe_simulate),
- * DDP's all-reduce hidden behind backward where the cores allow, the
- * optimizer's pass over its state at the rank's memory rate.
+ * Time is a model (plan_time.c): a micro-batch's compute as measured on
+ * this machine for its size and tensor-parallel part (plan_measure.c,
+ * the part's collectives included), or from a rank's FLOP/s when the
+ * cluster is given as figures; the collectives from the builtin
+ * backend's cost model (mg_coll_time) on the link each dimension's group
+ * spans; the pipeline's bubble from its schedule's simulation
+ * (mg_pipe_simulate); what backward hides of DDP's and ZeRO's reductions;
+ * the optimizer's pass over its state at the rank's memory rate.
  *
  * Limits: one model and one dtype (float32) per search; offload to files
  * and DataParallel threads are not searched; tensor parallelism only
- * within the zoo's split layers (gpt, mlp, lenet5, lenet-d2l); the time
- * model knows nothing of kernels slowing as a split makes GEMMs small. */
+ * within the zoo's split layers (gpt, mlp, lenet5, lenet-d2l); from
+ * figures, every GEMM runs at one rate. */
 #ifndef MULTIGRAD_PLANNER_H
 #define MULTIGRAD_PLANNER_H
 
@@ -41,6 +43,8 @@
 extern "C" {
 #endif
 
+#define MG_PLAN_MEASURED_TP 16
+#define MG_PLAN_SIZES 8     /* micro-batches of 1, 2, 4 ... 128 samples */
 typedef struct mg_plan_cluster {
     int ranks_per_node, nodes;
     int cores;               /* per node; ranks beyond share them (0: one each) */
@@ -49,6 +53,12 @@ typedef struct mg_plan_cluster {
     double overhead;         /* seconds a micro-batch's forward and backward of the
                                 whole model costs beyond its FLOPs (a rank's
                                 stage: its share of the FLOPs of it) */
+    /* Measured: seconds of a training micro-batch (forward and backward)
+     * of 2^k samples on a rank's part under tp = i <= MG_PLAN_MEASURED_TP
+     * (0: not measured; between sizes the time is interpolated, beyond
+     * them it grows in proportion; without any, flops and overhead). */
+    double micro_s[MG_PLAN_MEASURED_TP + 1][MG_PLAN_SIZES];
+    bool micro_with_tp;      /* a tp part's times include its collectives */
     double bytes_per_s;      /* a rank's optimizer pass: bytes of state read and written */
     double overlap;          /* the share of backward that hides collectives (0-1) */
     mg_link intra, inter;    /* within a node, between nodes */
@@ -126,26 +136,39 @@ void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_confi
  * (mg_local_cpus), the builtin backend's links (shared memory within the
  * node, TCP between nodes), the share of backward that hides collectives
  * (what cores beyond the ranks leave: min(1, cores / ranks - 1)), memory
- * as given (bytes a rank; 0: no limit); the rates are left to
- * mg_plan_measure. */
+ * a rank may hold (0: what the node has available over its ranks); the
+ * rates are left to mg_plan_measure, the links to mg_plan_measure_links. */
 mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory);
-/* The plan of mgtrain --plan auto: the job of a trainer's config (its
- * model, global batch = batch x accumulate, optimizer, buckets) on this
- * machine's ranks_per_node x nodes ranks, rates measured with as many
- * ranks at once as the node's cores hold, memory a rank may hold (0: what
- * the node has available, shared by its ranks): the fastest that fits in
- * *out and why in buf. MG_EINVAL, one line, when nothing fits. */
-mg_status mg_plan_for(const mg_train_config *c, int ranks_per_node, int nodes, double memory,
-                      mg_plan *out, char *why, size_t cap);
+/* The job's link, measured: all-reduces of 4 KiB and 4 MiB over g (the
+ * slowest rank's mean of 20), fitted (mg_link_fit) into cl's link within
+ * the node, or between nodes when cl has several. Collective. */
+mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl);
+/* The job of a trainer's config: its model, global batch (batch x
+ * accumulate), optimizer and buckets; it evaluates. */
+mg_status mg_plan_job_of(const mg_train_config *c, mg_plan_job *out);
+/* The fastest plan that fits (mgtrain --plan auto's), and why in buf;
+ * MG_EINVAL with the reason as the message when nothing fits. */
+mg_status mg_plan_choose(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan *out,
+                         char *why, size_t cap);
 
-/* This machine's rates for the job's model: a rank's FLOP/s and the
- * overhead of a micro-batch, from training steps of micro-batches of
- * `local` samples and of a quarter of them (single-threaded, as mgtrain
- * runs a rank: time = overhead + samples x FLOPs / rate), and its
- * optimizer's bytes per second, with `ranks` of them running at once (as
- * many as a node's ranks share its cores and memory; each its own model,
- * at most 64); *cl's flops, overhead and bytes_per_s are set. */
-mg_status mg_plan_measure(const mg_plan_job *job, int local, int ranks, mg_plan_cluster *cl);
+/* This machine's rates for the job's model (plan_measure.c), in this
+ * process: the seconds of a training micro-batch of 1, 2, 4 ... samples
+ * (single-threaded, as mgtrain runs a rank) up to the most a rank's
+ * micro-batch holds (local x tp, at most 128; smaller sizes while a part
+ * has taken under 10 s), for the whole model and each tensor-parallel
+ * part of up to MG_PLAN_MEASURED_TP ranks the search may take on cl's
+ * ranks (its collectives replaced by local stand-ins); the whole model's
+ * FLOP/s and overhead (time = overhead + samples x FLOPs / rate, from its
+ * two largest sizes); its optimizer's bytes per second. */
+mg_status mg_plan_measure(const mg_plan_job *job, int local, mg_plan_cluster *cl);
+/* The same on every rank of g at once (as the node's ranks will share its
+ * cores and memory in training), each tp part with the ranks of its tp
+ * group and its collectives real (micro_with_tp: their time, waits for
+ * the slowest rank included, is in micro_s), the means of their figures,
+ * and the job's link (mg_plan_measure_links): every rank gets them.
+ * Collective. */
+mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, int local,
+                              mg_plan_cluster *cl);
 
 #ifdef __cplusplus
 }

@@ -499,15 +499,16 @@ static double flops_of(const mg_layer *l)
     return f;
 }
 
-static void tp_floats_of(const mg_layer *l, double *fwd, double *bwd)
+static void tp_floats_of(const mg_layer *l, mg_unit_info *r)
 {
     if (l->vt->tp_floats) {
         double f = 0, b = 0;
         l->vt->tp_floats(l, &f, &b);
-        *fwd += f;
-        *bwd += b;
+        r->tp_fwd_floats += f;
+        r->tp_bwd_floats += b;
+        r->tp_collectives += (f > 0) + (b > 0);
     }
-    for (int i = 0; i < l->n_child; i++) tp_floats_of(l->child[i], fwd, bwd);
+    for (int i = 0; i < l->n_child; i++) tp_floats_of(l->child[i], r);
 }
 
 void mg_model_unit_range(const mg_model *m, int i, size_t *lo, size_t *hi)
@@ -538,7 +539,7 @@ mg_unit_info mg_model_unit(const mg_model *m, int i)
     u->l->vt->sizes(u->l, 1, &a, &b);
     r.saved_bytes = a;
     r.out_bytes = mg__per_image(u->l->out) * sizeof(float);
-    tp_floats_of(u->l, &r.tp_fwd_floats, &r.tp_bwd_floats);
+    tp_floats_of(u->l, &r);
     return r;
 }
 

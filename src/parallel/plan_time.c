@@ -2,11 +2,17 @@
  * figures the units give (forward FLOPs per sample, bytes out, what their
  * split layers move through the tensor-parallel group) and the cluster's
  * rates.
- *   - Compute: a forward's FLOPs, a backward twice them, recomputation a
- *     forward again, at the rank's rate; ranks beyond a node's cores
- *     share them.
- *   - Tensor parallelism: each unit's collectives as all-reduces over the
- *     tp group (mg_coll_time), on the critical path, and the parallel
+ *   - Compute: a training micro-batch of the rank's part as measured for
+ *     its size (or from the FLOPs at the rank's rate plus an overhead),
+ *     split over the stages by their FLOPs, a third forward and two
+ *     thirds backward, recomputation a forward again. Measured, it is
+ *     what the node's ranks running at once each take; from figures,
+ *     ranks beyond a node's cores share them. The collectives' copies are
+ *     the cores' work too: on a node whose ranks outnumber its cores
+ *     their links slow by that ratio.
+ *   - Tensor parallelism: measured with its group's ranks, within the
+ *     compute; from figures, each unit's collectives as all-reduces over
+ *     the tp group (mg_coll_time), on the critical path, and the parallel
  *     cross-entropy's three floats a position.
  *   - A pipeline: a micro-batch's forward and backward on the slowest
  *     chunk, with its activation's send to the next stage, run through
@@ -21,19 +27,21 @@
  *     after the optimizer never hide.
  *   - The optimizer: a pass reading and writing its state, the
  *     parameters and the gradients at the rank's memory rate.
- * Limits: every GEMM at one rate (a split's smaller GEMMs run slower); no
+ * Limits: given figures (--flops) run every GEMM at one rate; no
  * contention between the dimensions' collectives; one link per group
  * (its slowest). */
 #include <math.h>
 #include <stdlib.h>
 #include "parallel/planner_internal.h"
 
-/* The link a group of `size` ranks spaced `stride` apart spans. */
-static const mg_link *link_of(const mg_plan_cluster *cl, int size, int stride)
+/* The link a group of `size` ranks spaced `stride` apart spans: in[0]
+ * within a node, in[1] between nodes. */
+static const mg_link *link_of(const mg_plan_cluster *cl, const mg_link in[2], int size,
+                              int stride)
 {
     return (size_t)size * (size_t)stride <= (size_t)cl->ranks_per_node &&
                    cl->ranks_per_node % (size * stride) == 0
-               ? &cl->intra : &cl->inter;
+               ? &in[0] : &in[1];
 }
 
 /* Seconds of the collective over the group, its bytes in buckets of cap. */
@@ -46,26 +54,47 @@ static double bucketed(mg_coll c, double bytes, int p, const mg_link *l, double 
     return n * one;
 }
 
+/* Seconds of a training micro-batch of n samples on a rank's part under
+ * tp, from the measured sizes (0: none measured). */
+static double micro_seconds(const mg_plan_cluster *cl, int tp, int n)
+{
+    if (tp > MG_PLAN_MEASURED_TP) return 0;
+    const double *t = cl->micro_s[tp];
+    int lo = -1, hi = -1;   /* the measured sizes around n */
+    for (int k = 0; k < MG_PLAN_SIZES; k++) {
+        if (t[k] <= 0) continue;
+        if ((1 << k) <= n) lo = k;
+        if ((1 << k) >= n && hi < 0) hi = k;
+    }
+    if (lo < 0 && hi < 0) return 0;
+    if (lo < 0) return t[hi] * n / (1 << hi);   /* below the smallest */
+    if (hi < 0 || hi == lo) return t[lo] * n / (1 << lo);   /* beyond the largest */
+    double a = 1 << lo, b = 1 << hi;
+    return t[lo] + (t[hi] - t[lo]) * (n - a) / (b - a);
+}
+
 /* Units [a, b) of m: forward FLOPs, tp floats forward and backward per
  * sample, and the tp all-reduces' seconds for a micro-batch. */
 typedef struct {
     double flops, tp_s_fwd, tp_s_bwd;
 } span;
 
-static span span_of(const mg_model *m, int a, int b, const mg_plan *p, const mg_link *tpl)
+static span span_of(const mg_model *m, int a, int b, const mg_plan *p, const mg_link *tpl,
+                    bool in_compute)
 {
     span s = {0, 0, 0};
     double local = p->local;
     for (int u = a; u < b; u++) {
         mg_unit_info ui = mg_model_unit(m, u);
         s.flops += ui.flops * local;
+        if (in_compute) continue;
         if (p->tp > 1 && ui.tp_fwd_floats > 0)
             s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_fwd_floats * 4 * local, p->tp, tpl);
         if (p->tp > 1 && ui.tp_bwd_floats > 0)
             s.tp_s_bwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_bwd_floats * 4 * local, p->tp, tpl);
     }
     /* The parallel cross-entropy: the rows' maxima, then sums and labels. */
-    if (p->tp > 1 && b == mg_model_num_units(m)) {
+    if (p->tp > 1 && !in_compute && b == mg_model_num_units(m)) {
         double rows = local * mg_model_positions(m);
         s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, rows * 4, p->tp, tpl) +
                       mg_coll_time(MG_COLL_ALL_REDUCE, rows * 8, p->tp, tpl);
@@ -76,15 +105,28 @@ static span span_of(const mg_model *m, int a, int b, const mg_plan *p, const mg_
 mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const mg_model *m,
                         const size_t *stage_floats, mg_plan *p)
 {
-    double whole;   /* a sample's forward FLOPs of the whole model */
-    mg_model_flops(m, &whole, NULL);
-    whole *= p->tp;
+    double part;    /* a sample's forward FLOPs of the rank's tp part */
+    mg_model_flops(m, &part, NULL);
+    /* A micro-batch's forward and backward of the whole part: measured,
+     * or from the rate and overhead. */
+    double whole = micro_seconds(cl, p->tp, p->local);
+    bool measured = whole > 0;   /* by the node's ranks at once: sharing its cores */
+    if (!measured) whole = cl->overhead / p->tp + 3 * part * p->local / cl->flops;
     int nu = mg_model_num_units(m), S = p->pp * p->chunks;
+    /* Ranks beyond the node's cores share them, computing and copying
+     * (the builtin transports' collectives are the CPU's work; the links
+     * were measured with nothing else running). */
     double share = cl->cores > 0 && cl->cores < cl->ranks_per_node
                        ? (double)cl->ranks_per_node / cl->cores : 1.0;
-    double rate = cl->flops / share;
-    const mg_link *tpl = link_of(cl, p->tp, 1), *dpl = link_of(cl, p->dp, p->tp);
-    const mg_link *ppl = link_of(cl, p->pp, p->tp * p->dp);
+    double cshare = measured ? 1.0 : share;
+    mg_link links[2] = {cl->intra, cl->inter};
+    for (int i = 0; i < 2; i++) {
+        links[i].latency *= share;
+        links[i].bandwidth /= share;
+        links[i].reduce /= share;
+    }
+    const mg_link *tpl = link_of(cl, links, p->tp, 1), *dpl = link_of(cl, links, p->dp, p->tp);
+    const mg_link *ppl = link_of(cl, links, p->pp, p->tp * p->dp);
     double rc = p->recompute ? 1 : 0;
     /* Per micro-batch, on the slowest rank: compute, tp, pp seconds. */
     double fwd = 0, bwd = 0, tpf = 0, tpb = 0, send = 0, dp_floats = 0;
@@ -100,11 +142,12 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
         double f = 0, b = 0, tf = 0, tb = 0, sd = 0;
         for (int k = 0; k < p->chunks; k++) {
             int s = k * p->pp + r;
-            span sp = span_of(m, first[s], first[s + 1], p, tpl);
-            /* The overhead, a third forward and two thirds backward. */
-            double over = whole > 0 ? cl->overhead * share * sp.flops / p->local / whole : 0;
-            f += sp.flops / rate + over / 3;
-            b += (2 + rc) * sp.flops / rate + (2 + rc) * over / 3;
+            span sp = span_of(m, first[s], first[s + 1], p, tpl, measured && cl->micro_with_tp);
+            /* The stage's share of the part's FLOPs: a third forward, two
+             * thirds backward. */
+            double t = part > 0 ? whole * cshare * sp.flops / p->local / part : 0;
+            f += t / 3;
+            b += (2 + rc) * t / 3;
             tf += sp.tp_s_fwd;
             tb += sp.tp_s_bwd + rc * sp.tp_s_fwd;
             if (s + 1 < S) {
@@ -180,7 +223,7 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
     int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
     double stepped = (double)p->memory.optim / sizeof(float) / (states ? states : 1);
     if (!states) stepped = dp_floats / (p->zero ? p->dp : 1);
-    p->optimizer = stepped * 4 * (3 + 2 * states) / cl->bytes_per_s * share;
+    p->optimizer = stepped * 4 * (3 + 2 * states) / cl->bytes_per_s * cshare;
     p->step = makespan + p->dp_exposed + p->optimizer;
     return MG_OK;
 }

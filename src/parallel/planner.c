@@ -6,7 +6,8 @@
  * is the one; its mgtrain flags; this machine's rates.
  *
  * The search tries micro-batch counts of 1, 2, 4 and 8 per pipeline stage
- * (or accumulation steps), tp up to the model's heads (or its split
+ * (or accumulation steps) and those that give a rank 1, 2, 4 or 8
+ * samples a micro-batch, tp up to the model's heads (or its split
  * layer's width), pp up to its units, interleaving with 2 chunks. */
 #include <limits.h>
 #include <math.h>
@@ -127,9 +128,19 @@ static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl
         p.chunks = p.schedule == MG_PIPE_INTERLEAVED ? 2 : 1;
         if (p.pp * p.chunks > units) continue;
         if (job->schedule >= 0 && p.pp > 1 && (int)p.schedule != job->schedule) continue;
+        /* 1, 2, 4 or 8 micro-batches a stage, and those that give a rank
+         * 1, 2, 4 or 8 samples (Megatron's micro-batch size). */
+        int m[8], nm = 0;
         for (int f = 1; f <= 8; f *= 2) {
-            p.micro = p.pp > 1 ? f * p.pp : f;
-            if (job->batch % p.micro || (job->batch / p.micro) % p.dp) continue;
+            m[nm++] = f * p.pp;
+            m[nm++] = job->batch % (p.dp * f) ? 0 : job->batch / (p.dp * f);
+        }
+        for (int i = 0; i < nm; i++) {
+            bool again = false;
+            for (int j = 0; j < i; j++) again |= m[j] == m[i];
+            p.micro = m[i];
+            if (again || p.micro < 1 || job->batch % p.micro || (job->batch / p.micro) % p.dp)
+                continue;
             if (p.pp > 1 && mg_pipe_check(p.schedule, p.pp, p.micro, p.chunks)) continue;
             p.local = job->batch / p.micro / p.dp;
             MG_TRY(cost(job, cl, &p));
@@ -231,11 +242,13 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
                     size_t cap)
 {
     const mg_plan *best = &ranked[0], *ddp = NULL, *tp1 = NULL;
+    bool untried = true;   /* no plan without tp was searched */
     for (int i = 0; i < n; i++) {
         const mg_plan *p = &ranked[i];
         bool plain = p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute;
         if (plain && (!ddp || p->micro < ddp->micro)) ddp = p;
         if (p->tp == 1 && p->fits && !tp1) tp1 = p;
+        untried &= p->tp > 1;
     }
     char b[128], d[128];
     describe(best, b, sizeof b);
@@ -245,9 +258,10 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
                  "needs %.0f MB: give more ranks or memory", cl->memory / mb, b, best->bytes / mb);
         return;
     }
-    if (!tp1 && best->tp > 1) {
+    if (!tp1 && !untried && best->tp > 1) {
         snprintf(buf, cap, "memory: only tensor parallelism fits (%s, %.0f of %.0f MB): without "
-                 "it one rank holds too much of a layer", b, best->bytes / mb, cl->memory / mb);
+                 "it a rank holds too much of a layer (its parameters, or its activations)", b,
+                 best->bytes / mb, cl->memory / mb);
         return;
     }
     if (ddp && ddp == best) {
@@ -355,168 +369,4 @@ void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_confi
     c->chunks = p->pp > 1 ? p->chunks : 0;
     c->batch = p->pp > 1 ? batch : batch / p->micro;
     c->accumulate = p->pp > 1 ? 1 : p->micro;
-}
-
-/* ---- this machine's rates ---------------------------------------------------- */
-
-typedef struct {
-    const mg_plan_job *job;
-    int local;
-    double flops, per_sample, overhead, bytes_per_s;
-    mg_status st;
-    char err[256];
-} rates;
-
-/* Seconds of a training step of the model on n samples (after one to
- * warm up), over at least `secs`. */
-static double step_seconds(mg_model *m, const float *x, const int32_t *y, int n, double secs,
-                           mg_status *st)
-{
-    double t0 = 0, t = 0;
-    for (int k = 0, steps = 0; !*st && k < 50 && (k < 3 || t * steps < secs); k++) {
-        if (k == 1) t0 = mg_now();
-        if (!mg_model_forward(m, x, n)) *st = mg_error(MG_EINVAL, "planner: %s", mg_last_error());
-        if (!*st) {
-            mg_model_loss(m, y, NULL);
-            mg_model_backward(m);
-        }
-        if (k >= 1) t = (mg_now() - t0) / ++steps;
-    }
-    return t;
-}
-
-static void *measure_one(void *arg)
-{
-    rates *r = arg;
-    const mg_plan_job *job = r->job;
-    mg_model *m;
-    r->st = !strcmp(job->model, "gpt-mini") ? mg_model_create_gpt(&job->gpt, 1, &m)
-                                            : mg_model_create_split(job->model, 1, MG_TP_NONE, &m);
-    if (r->st) {
-        snprintf(r->err, sizeof r->err, "%s", mg_last_error());
-        return NULL;
-    }
-    int c, h, w, T = mg_model_positions(m), V = mg_model_classes(m), local = r->local;
-    mg_model_input_shape(m, &c, &h, &w);
-    size_t in = (size_t)local * c * h * w;
-    float *x = calloc(in, sizeof *x);
-    int32_t *y = calloc((size_t)local * T, sizeof *y);
-    mg_status st = !x || !y ? mg_error(MG_ENOMEM, "planner: out of memory for a batch of %d",
-                                       local) : MG_OK;
-    for (size_t i = 0; x && i < in; i++) {   /* tokens (as floats' bits) or pixels */
-        if (T > 1) ((int32_t *)(void *)x)[i] = (int32_t)(i * 7 % (size_t)V);
-        else x[i] = (float)(i % 13) / 13.0f;
-    }
-    for (size_t i = 0; y && i < (size_t)local * T; i++) y[i] = (int32_t)(i * 5 % (size_t)V);
-    /* time = overhead + samples x per_sample, from two sizes. */
-    int small = local >= 4 ? local / 4 : local;
-    double flops, big_t = step_seconds(m, x, y, local, 1.0, &st);
-    double small_t = small < local ? step_seconds(m, x, y, small, 0.5, &st) : 0;
-    mg_model_flops(m, NULL, &flops);
-    double per = small < local ? (big_t - small_t) / (local - small) : big_t / local;
-    if (!(per > 0)) per = big_t / local;   /* noise: no overhead seen */
-    r->per_sample = per;
-    r->flops = flops / per;
-    r->overhead = big_t > per * local ? big_t - per * local : 0;
-    /* The optimizer over the whole arena. */
-    mg_optim *o = NULL;
-    mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
-    oc.momentum = job->momentum;
-    size_t n = mg_model_arena_size(m);
-    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
-    if (!st) st = mg_optim_create(&oc, n, &o);
-    double t0 = mg_now();
-    for (int k = 0, done = 0; !st && k < 50 && (k < 3 || mg_now() - t0 < 0.3); k++) {
-        if (k == 1) t0 = mg_now();
-        st = mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-4f);
-        if (k >= 1) r->bytes_per_s = (double)n * 4 * (3 + 2 * states) * ++done / (mg_now() - t0);
-    }
-    if (st) snprintf(r->err, sizeof r->err, "%s", mg_last_error());
-    r->st = st;
-    mg_optim_destroy(o);
-    mg_model_destroy(m);
-    free(x);
-    free(y);
-    return NULL;
-}
-
-mg_status mg_plan_measure(const mg_plan_job *job, int local, int ranks, mg_plan_cluster *cl)
-{
-    enum { MOST = 64 };
-    ranks = ranks < 1 ? 1 : ranks > MOST ? MOST : ranks;
-    rates r[MOST];
-    pthread_t th[MOST];
-    bool made[MOST] = {false};
-    mg_set_threads(1);
-    /* The others as threads beside this one, each with its own model. */
-    for (int i = 0; i < ranks; i++) {
-        r[i] = (rates){.job = job, .local = local};
-        if (i > 0) made[i] = !pthread_create(&th[i], NULL, measure_one, &r[i]);
-    }
-    measure_one(&r[0]);
-    int n = 0;
-    double per = 0, over = 0, bw = 0;
-    for (int i = 0; i < ranks; i++) {
-        if (i > 0 && !made[i]) continue;
-        if (i > 0) pthread_join(th[i], NULL);
-        if (r[i].st) return mg_error(r[i].st, "%s", r[i].err);
-        per += r[i].per_sample;
-        over += r[i].overhead;
-        bw += r[i].bytes_per_s;
-        n++;
-    }
-    cl->flops = r[0].flops * r[0].per_sample / (per / n);
-    cl->overhead = over / n;
-    cl->bytes_per_s = bw / n;
-    return MG_OK;
-}
-
-/* ---- this machine, and mgtrain --plan auto ------------------------------------ */
-
-mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory)
-{
-    mg_plan_cluster cl = {.ranks_per_node = ranks_per_node, .nodes = nodes, .memory = memory,
-                          .cores = mg_local_cpus(), .intra = *mg_link_builtin("shm"),
-                          .inter = *mg_link_builtin("tcp")};
-    double spare = (double)cl.cores / ranks_per_node - 1;
-    cl.overlap = spare < 0 ? 0 : spare > 1 ? 1 : spare;
-    return cl;
-}
-
-/* What the node has available (MemAvailable), in bytes; 0 if unknown. */
-static double available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
-}
-
-mg_status mg_plan_for(const mg_train_config *c, int ranks_per_node, int nodes, double memory,
-                      mg_plan *out, char *why, size_t cap)
-{
-    mg_plan_job job;
-    MG_TRY(mg_plan_job_defaults(c->model, &job));
-    job.gpt = c->gpt;
-    job.batch = c->batch * c->accumulate;
-    MG_TRY(mg_optim_parse(c->optimizer, &job.optimizer));
-    job.momentum = c->momentum;
-    job.bucket_mb = c->bucket_mb;
-    job.evaluates = true;
-    if (memory <= 0) memory = available() / ranks_per_node;
-    mg_plan_cluster cl = mg_plan_cluster_here(ranks_per_node, nodes, memory);
-    int world = ranks_per_node * nodes, local = job.batch / world;
-    int at_once = ranks_per_node < cl.cores ? ranks_per_node : cl.cores;
-    MG_TRY(mg_plan_measure(&job, local < 1 ? 1 : local > 16 ? 16 : local, at_once, &cl));
-    mg_plan *all;
-    int n;
-    MG_TRY(mg_plan_search(&job, &cl, &all, &n));
-    mg_plan_reason(all, n, &cl, why, cap);
-    mg_status st = all[0].fits ? MG_OK : mg_error(MG_EINVAL, "--plan auto: %s", why);
-    *out = all[0];
-    free(all);
-    return st;
 }

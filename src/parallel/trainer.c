@@ -158,29 +158,34 @@ static mg_status pipeline_config(mg_train_config *c, int P)
     return MG_OK;
 }
 
-/* --plan auto: rank 0 asks the planner (its rates measured with as many
- * copies of the model at once as the node's ranks), every rank takes its
- * answer into the config. */
+/* --plan auto: every rank measures its copy of the model at once (as
+ * the node's ranks will run) and the link (mg_plan_measure_job), rank 0
+ * chooses and every rank takes its choice. */
 static mg_status choose_plan(mg_trainer *t)
 {
     mg_train_config *c = &t->c;
     int world = t->g ? mg_group_size(t->g) : 1, local = t->g ? mg_group_local_size(t->g) : 1;
-    int32_t v[9] = {0};
+    mg_plan_job job;
+    MG_TRY(mg_plan_job_of(c, &job));
+    mg_plan_cluster cl = mg_plan_cluster_here(local, world / local, c->plan_memory);
+    int lb = job.batch / world < 1 ? 1 : job.batch / world > 16 ? 16 : job.batch / world;
+    mg_status st = t->g ? mg_plan_measure_job(t->g, &job, lb, &cl) : mg_plan_measure(&job, lb, &cl);
+    if (st && t->g) return mg__train_step_error(t);
+    int32_t w[9] = {0};
     char why[512] = "";
     mg_plan p;
-    mg_status st = MG_OK;
-    if (t->info.rank == 0) {
-        st = mg_plan_for(c, local, world / local, c->plan_memory, &p, why, sizeof why);
-        int32_t w[9] = {p.dp, p.pp, p.tp, p.zero, (int32_t)p.schedule, p.micro, p.chunks,
+    if (!st && t->info.rank == 0) {
+        st = mg_plan_choose(&job, &cl, &p, why, sizeof why);
+        if (st) st = mg_error(st, "--plan auto: %s", mg_last_error());
+        int32_t q[9] = {p.dp, p.pp, p.tp, p.zero, (int32_t)p.schedule, p.micro, p.chunks,
                         p.recompute, p.sequence_parallel};
-        memcpy(v, w, sizeof v);
+        memcpy(w, q, sizeof w);
     }
     MG_TRY(t->g ? mg_trainer_agree(t, st) : st);
-    if (t->g && mg_broadcast(t->g, v, 9, MG_I32, 0)) return mg__train_step_error(t);
-    p = (mg_plan){.dp = v[0], .pp = v[1], .tp = v[2], .zero = v[3],
-                  .schedule = (mg_pipe_kind)v[4], .micro = v[5], .chunks = v[6],
-                  .recompute = v[7], .sequence_parallel = v[8]};
-    mg_plan_job job = {.model = c->model, .gpt = c->gpt, .batch = c->batch * c->accumulate};
+    if (t->g && mg_broadcast(t->g, w, 9, MG_I32, 0)) return mg__train_step_error(t);
+    p = (mg_plan){.dp = w[0], .pp = w[1], .tp = w[2], .zero = w[3],
+                  .schedule = (mg_pipe_kind)w[4], .micro = w[5], .chunks = w[6],
+                  .recompute = w[7], .sequence_parallel = w[8]};
     char flags[512];
     mg_plan_flags(&job, &p, flags, sizeof flags);
     snprintf(t->info.plan, sizeof t->info.plan, "%s%s%s", flags, *why ? "; because " : "", why);

@@ -15,6 +15,7 @@
  * Limits: the model ignores oversubscription (more ranks than cores),
  * where every synchronisation costs a context switch; the shared-memory
  * family, which needs the fewest, wins there as well. */
+#include <math.h>
 #include "comm/coll/algos.h"
 
 typedef struct {
@@ -162,6 +163,19 @@ double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l)
         if (t < best) best = t;
     }
     return best;
+}
+
+void mg_link_fit(mg_coll c, int p, double n1, double t1, double n2, double t2, mg_link *l)
+{
+    if (p <= 1 || !(t1 > 0) || !(t2 > t1) || !(n2 > n1)) return;
+    /* The latency sets the small time, the bandwidth the large one: each
+     * scaled in turn to its measurement. */
+    for (int k = 0; k < 40; k++) {
+        l->latency *= t1 / mg_coll_time(c, n1, p, l);
+        double bw = l->bandwidth;
+        l->bandwidth *= mg_coll_time(c, n2, p, l) / t2;
+        if (!(l->bandwidth > 0) || !isfinite(l->bandwidth)) l->bandwidth = bw;
+    }
 }
 
 mg__algo mg__coll_select(const mg__p2p *p, const mg_call *c)

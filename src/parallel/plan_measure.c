@@ -1,0 +1,327 @@
+/* The planner on this machine (planner.h): a rank's rates measured on the
+ * job's model — the FLOP/s of its training step and a micro-batch's
+ * overhead (time = overhead + samples x FLOPs / rate, from two batch
+ * sizes), for the whole model and for each tensor-parallel part the
+ * search may take (a split model's smaller GEMMs run slower), and the
+ * optimizer's memory rate — with as many copies running at once as the
+ * node's ranks share its cores and memory; this machine as a cluster;
+ * and mgtrain --plan auto's choice.
+ *
+ * A tensor-parallel part runs with local stand-ins for its collectives
+ * (a sum leaves its part, a gather copies it into every slot), so its
+ * compute is measured apart from the communication, which the time model
+ * adds from the links. Each figure is the median of a rank's steps over
+ * a second or more, against a virtual machine's noise.
+ *
+ * Limits: the rates are the CPU's; a GPU's come as figures (--flops). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "parallel/planner_internal.h"
+
+/* ---- local stand-ins for the tensor-parallel collectives ------------------ */
+
+typedef struct {
+    int size, rank;
+} stand_in;
+
+static mg_status local_all_reduce(void *ud, float *x, size_t n, bool max)
+{
+    (void)ud, (void)x, (void)n, (void)max;
+    return MG_OK;
+}
+
+static mg_status local_all_gather(void *ud, const float *in, float *out, size_t n)
+{
+    const stand_in *s = ud;
+    for (int r = 0; r < s->size; r++) memmove(out + (size_t)r * n, in, n * sizeof(float));
+    return MG_OK;
+}
+
+static mg_status local_reduce_scatter(void *ud, const float *in, float *out, size_t n)
+{
+    const stand_in *s = ud;
+    memmove(out, in + (size_t)s->rank * n, n * sizeof(float));
+    return MG_OK;
+}
+
+/* ---- one rank's figures ------------------------------------------------------ */
+
+typedef struct {
+    const mg_plan_job *job;
+    int local, tp;                 /* the largest micro-batch measured; the part */
+    mg_group *g;                   /* the part's tp group (its collectives real), or NULL */
+    int tp_rank;
+    double micro_s[MG_PLAN_SIZES]; /* seconds of a micro-batch of 2^k samples */
+    double bytes_per_s;            /* the optimizer's */
+    mg_status st;
+    char err[256];
+} rates;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The largest of x over g (x alone without g): so the ranks of a tp
+ * group decide alike. */
+static double agreed(mg_group *g, double x, mg_status *st)
+{
+    if (g && !*st) *st = mg_all_reduce(g, &x, &x, 1, MG_F64, MG_MAX);
+    return x;
+}
+
+/* The median seconds of a training step on n samples: one to warm up,
+ * then as many as take about secs by its time (2 to 64; the same count on
+ * every rank of g). */
+static double step_seconds(mg_model *m, mg_group *g, const float *x, const int32_t *y, int n,
+                           double secs, mg_status *st)
+{
+    double t[64];
+    int steps = 0;
+    for (int i = 0; !*st && i <= steps; i++) {
+        double t0 = mg_now();
+        if (!mg_model_forward(m, x, n)) *st = mg_error(MG_EINVAL, "planner: %s", mg_last_error());
+        if (!*st) {
+            mg_model_loss(m, y, NULL);
+            mg_model_backward(m);
+        }
+        if (!*st) *st = mg_model_tp_failure(m);
+        double dt = mg_now() - t0;
+        if (i == 0) {
+            double want = agreed(g, secs / (dt > 1e-6 ? dt : 1e-6), st);
+            steps = want < 2 ? 2 : want > 64 ? 64 : (int)want;
+        } else {
+            t[i - 1] = dt;
+        }
+    }
+    if (*st) return 0;
+    qsort(t, (size_t)steps, sizeof *t, cmp_double);
+    return t[steps / 2];
+}
+
+/* The collectives of a tp part measured with its group's ranks. */
+static mg_status group_all_reduce(void *ud, float *x, size_t n, bool max)
+{
+    return mg_all_reduce(ud, x, x, n, MG_F32, max ? MG_MAX : MG_SUM);
+}
+
+static mg_status group_all_gather(void *ud, const float *in, float *out, size_t n)
+{
+    return mg_all_gather(ud, in, out, n, MG_F32);
+}
+
+static mg_status group_reduce_scatter(void *ud, const float *in, float *out, size_t n)
+{
+    return mg_reduce_scatter(ud, in, out, n, MG_F32, MG_SUM);
+}
+
+static void measure_one(rates *r)
+{
+    const mg_plan_job *job = r->job;
+    mg_plan whole = {.dp = 1, .pp = 1, .tp = r->tp, .chunks = 1};
+    mg_model *m = NULL;
+    mg_status st = mg__plan_model(job, &whole, r->tp_rank, &m);
+    stand_in si = {r->tp, 0};
+    mg_tp_comm comm = {local_all_reduce, local_all_gather, local_reduce_scatter, &si};
+    if (r->g) comm = (mg_tp_comm){group_all_reduce, group_all_gather, group_reduce_scatter, r->g};
+    if (!st && r->tp > 1) mg_model_set_tp_comm(m, &comm);
+    if (!st) st = mg_model_init_params(m, 1);
+    int c, h, w, T = m ? mg_model_positions(m) : 1;
+    int V = T > 1 ? job->gpt.vocab : m ? mg_model_classes(m) : 1;   /* a split head's too */
+    int local = r->local;
+    if (m) mg_model_input_shape(m, &c, &h, &w);
+    size_t in = m ? (size_t)local * c * h * w : 0;
+    float *x = calloc(in ? in : 1, sizeof *x);
+    int32_t *y = calloc((size_t)local * T, sizeof *y);
+    if (!st && (!x || !y)) st = mg_error(MG_ENOMEM, "planner: out of memory for a batch of %d", local);
+    for (size_t i = 0; !st && i < in; i++) {   /* tokens (as floats' bits) or pixels */
+        if (T > 1) ((int32_t *)(void *)x)[i] = (int32_t)(i * 7 % (size_t)V);
+        else x[i] = (float)(i % 13) / 13.0f;
+    }
+    for (size_t i = 0; !st && i < (size_t)local * T; i++) y[i] = (int32_t)(i * 5 % (size_t)V);
+    /* From the largest size down, so the tape is made once; smaller ones
+     * while the part has taken less than 10 s (a large model's: the time
+     * model scales the smallest measured down). */
+    int top = 0;
+    while (top + 1 < MG_PLAN_SIZES && (1 << (top + 1)) <= local) top++;
+    double began = mg_now();
+    for (int k = top; k >= 0 && !st && (k == top || agreed(r->g, mg_now() - began, &st) < 10); k--)
+        r->micro_s[k] = step_seconds(m, r->g, x, y, 1 << k, k == top ? 1.0 : 0.4, &st);
+    /* The optimizer over the whole arena. */
+    mg_optim *o = NULL;
+    mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
+    oc.momentum = job->momentum;
+    size_t n = m ? mg_model_arena_size(m) : 0;
+    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
+    if (!st && r->tp == 1) st = mg_optim_create(&oc, n, &o);
+    double t0 = mg_now();
+    for (int k = 0, done = 0; !st && o && k < 50 && (k < 3 || mg_now() - t0 < 0.3); k++) {
+        if (k == 1) t0 = mg_now();
+        st = mg_optim_step(o, mg_model_params(m), mg_model_grads(m), 1e-4f);
+        if (k >= 1) r->bytes_per_s = (double)n * 4 * (3 + 2 * states) * ++done / (mg_now() - t0);
+    }
+    if (st) snprintf(r->err, sizeof r->err, "%s", mg_last_error());
+    r->st = st;
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+    free(x);
+    free(y);
+}
+
+/* The whole model's FLOP/s and overhead (for figures and printing), from
+ * its two largest measured sizes. */
+static void rates_of_sizes(const mg_plan_job *job, mg_plan_cluster *cl)
+{
+    const double *t = cl->micro_s[1];
+    mg_plan whole = {.dp = 1, .pp = 1, .tp = 1, .chunks = 1};
+    mg_model *m;
+    int k = MG_PLAN_SIZES - 1;
+    while (k >= 0 && t[k] <= 0) k--;
+    if (k < 0 || mg__plan_model(job, &whole, 0, &m)) return;
+    double flops, n1 = 1 << k, per = t[k] / n1;
+    mg_model_flops(m, NULL, &flops);
+    mg_model_destroy(m);
+    if (k > 0 && t[k - 1] > 0 && t[k] > t[k - 1]) per = (t[k] - t[k - 1]) / (n1 / 2);
+    cl->flops = flops / per;
+    cl->overhead = t[k] > per * n1 ? t[k] - per * n1 : 0;
+}
+
+/* Whether the search may take tp on `world` ranks (the model splits so),
+ * and then the largest micro-batch its part runs: local x tp, at most 128. */
+static bool part_to_measure(const mg_plan_job *job, int world, int tp, int local, int *most)
+{
+    mg_plan split = {.dp = 1, .pp = 1, .tp = tp, .chunks = 1};
+    mg_model *m;
+    if (world % tp || (tp > 1 && job->no_tp) || (job->tp && tp > 1 && tp != job->tp) ||
+        mg__plan_model(job, &split, 0, &m))
+        return false;
+    mg_model_destroy(m);
+    *most = local * tp < 1 << (MG_PLAN_SIZES - 1) ? local * tp : 1 << (MG_PLAN_SIZES - 1);
+    return true;
+}
+
+mg_status mg_plan_measure(const mg_plan_job *job, int local, mg_plan_cluster *cl)
+{
+    mg_set_threads(1);
+    int world = cl->ranks_per_node * cl->nodes, most;
+    for (int tp = 1; tp <= MG_PLAN_MEASURED_TP && tp <= world; tp++) {
+        if (!part_to_measure(job, world, tp, local, &most)) continue;
+        rates r = {.job = job, .local = most, .tp = tp};
+        measure_one(&r);
+        if (r.st) return mg_error(r.st, "%s", r.err);
+        memcpy(cl->micro_s[tp], r.micro_s, sizeof r.micro_s);
+        if (tp == 1) cl->bytes_per_s = r.bytes_per_s;
+    }
+    rates_of_sizes(job, cl);
+    return MG_OK;
+}
+
+/* ---- the job's links ---------------------------------------------------------- */
+
+mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
+{
+    int p = mg_group_size(g);
+    if (p < 2) return MG_OK;
+    static const size_t floats[2] = {1024, 1 << 20};
+    float *buf = calloc(floats[1], sizeof *buf);
+    double t[2] = {0, 0};
+    mg_status st = buf ? MG_OK : mg_error(MG_ENOMEM, "planner: out of memory");
+    for (int k = 0; k < 2 && !st; k++) {
+        for (int i = 0; i < 5 && !st; i++) st = mg_all_reduce(g, buf, buf, floats[k], MG_F32, MG_SUM);
+        double t0 = mg_now();
+        for (int i = 0; i < 20 && !st; i++) st = mg_all_reduce(g, buf, buf, floats[k], MG_F32, MG_SUM);
+        t[k] = (mg_now() - t0) / 20;
+    }
+    /* The slowest rank's, as mgbench reports. */
+    if (!st) st = mg_all_reduce(g, t, t, 2, MG_F64, MG_MAX);
+    free(buf);
+    MG_TRY(st);
+    mg_link *l = cl->nodes > 1 ? &cl->inter : &cl->intra;
+    mg_link_fit(MG_COLL_ALL_REDUCE, p, floats[0] * 4.0, t[0], floats[1] * 4.0, t[1], l);
+    return MG_OK;
+}
+
+mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, int local,
+                              mg_plan_cluster *cl)
+{
+    mg_set_threads(1);
+    int R = mg_group_size(g), rank = mg_group_rank(g), most;
+    mg_status st = MG_OK;
+    /* The whole model alone on every rank; each tp part with its group's
+     * ranks, its collectives real. */
+    for (int tp = 1; tp <= MG_PLAN_MEASURED_TP && tp <= R && !st; tp++) {
+        if (!part_to_measure(job, R, tp, local, &most)) continue;
+        rates r = {.job = job, .local = most, .tp = tp, .tp_rank = rank % tp};
+        if (tp > 1) st = mg_group_split(g, rank / tp, rank % tp, &r.g);
+        if (!st) measure_one(&r);
+        mg_group_destroy(r.g);
+        st = st ? st : r.st ? mg_error(r.st, "%s", r.err) : MG_OK;
+        memcpy(cl->micro_s[tp], r.micro_s, sizeof r.micro_s);
+        if (tp == 1) cl->bytes_per_s = r.bytes_per_s;
+        MG_TRY(mg_group_agree(g, st, MG_AGREE_SHARE));
+    }
+    rates_of_sizes(job, cl);
+    cl->micro_with_tp = true;
+    enum { K = 3 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES };
+    double v[K] = {cl->flops, cl->overhead, cl->bytes_per_s};
+    memcpy(v + 3, cl->micro_s, sizeof cl->micro_s);
+    MG_TRY(mg_all_reduce(g, v, v, K, MG_F64, MG_AVG));
+    cl->flops = v[0];
+    cl->overhead = v[1];
+    cl->bytes_per_s = v[2];
+    memcpy(cl->micro_s, v + 3, sizeof cl->micro_s);
+    return mg_plan_measure_links(g, cl);
+}
+
+/* ---- this machine, and mgtrain --plan auto ------------------------------------ */
+
+/* What the node has available (MemAvailable), in bytes; 0 if unknown. */
+static double available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory)
+{
+    mg_plan_cluster cl = {.ranks_per_node = ranks_per_node, .nodes = nodes,
+                          .memory = memory > 0 ? memory : available() / ranks_per_node,
+                          .cores = mg_local_cpus(), .intra = *mg_link_builtin("shm"),
+                          .inter = *mg_link_builtin("tcp")};
+    double spare = (double)cl.cores / ranks_per_node - 1;
+    cl.overlap = spare < 0 ? 0 : spare > 1 ? 1 : spare;
+    return cl;
+}
+
+mg_status mg_plan_job_of(const mg_train_config *c, mg_plan_job *out)
+{
+    MG_TRY(mg_plan_job_defaults(c->model, out));
+    out->gpt = c->gpt;
+    out->batch = c->batch * c->accumulate;
+    MG_TRY(mg_optim_parse(c->optimizer, &out->optimizer));
+    out->momentum = c->momentum;
+    out->bucket_mb = c->bucket_mb;
+    out->evaluates = true;
+    return MG_OK;
+}
+
+mg_status mg_plan_choose(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan *out,
+                         char *why, size_t cap)
+{
+    mg_plan *all;
+    int n;
+    MG_TRY(mg_plan_search(job, cl, &all, &n));
+    mg_plan_reason(all, n, cl, why, cap);
+    mg_status st = all[0].fits ? MG_OK : mg_error(MG_EINVAL, "%s", why);
+    *out = all[0];
+    free(all);
+    return st;
+}
