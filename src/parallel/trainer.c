@@ -172,7 +172,7 @@ static mg_status choose_plan(mg_trainer *t)
     mg_status st = t->g ? mg_plan_measure_job(t->g, &job, lb, &cl) : mg_plan_measure(&job, lb, &cl);
     if (st && t->g) return mg__train_step_error(t);
     int32_t w[9] = {0};
-    char why[512] = "";
+    char why[480] = "";   /* with the flags, within info.plan */
     mg_plan p;
     if (!st && t->info.rank == 0) {
         st = mg_plan_choose(&job, &cl, &p, why, sizeof why);
