@@ -269,7 +269,7 @@ static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measur
     m->wall_s = mg_now() - t0;
     if (st || per_s <= 0 || m->ranks != world) {
         last[strcspn(last, "\n")] = 0;
-        snprintf(err, cap, "%s", *last ? last : "no figures");
+        snprintf(err, cap, "%.400s", *last ? last : "no figures");
         return false;
     }
     m->step_s = (double)job->batch * job->gpt.ctx / per_s;
