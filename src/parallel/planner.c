@@ -320,8 +320,8 @@ int mg_plan_rule_of_thumb(const mg_plan *ranked, int n, const mg_plan_cluster *c
             if (ranked[i].tp <= cl->ranks_per_node && ranked[i].tp > tp) tp = ranked[i].tp;
         int best = -1;   /* the fewest stages, then the fastest */
         for (int i = 0; i < n; i++)
-            if (ranked[i].fits && ranked[i].tp == tp && ranked[i].pp > 1 && ranked[i].zero <= 1 &&
-                (best < 0 || ranked[i].pp < ranked[best].pp))
+            if (ranked[i].fits && ranked[i].tp == tp && ranked[i].pp > 1 &&
+                ranked[i].zero == (ranked[i].dp > 1) && (best < 0 || ranked[i].pp < ranked[best].pp))
                 best = i;
         return best;
     }
