@@ -256,7 +256,7 @@ void mg_model_set_dropout_seed(mg_model *m, uint64_t seed);
  * outputs per sample; what its split layers move through the
  * tensor-parallel group per sample in forward and backward (floats of
  * all-reduces of the whole vector; an all-gather or reduce-scatter counts
- * half; 0 when whole) in how many collectives; borrows: the unit whose parameters it also reads
+ * half; 0 when whole); borrows: the unit whose parameters it also reads
  * (a head tied to the embedding), or -1; and its buffers (running
  * statistics), one range of the buffer arena (empty: buf_lo == buf_hi). */
 typedef struct mg_unit_info {
@@ -265,7 +265,6 @@ typedef struct mg_unit_info {
     double flops;
     size_t saved_bytes, out_bytes;
     double tp_fwd_floats, tp_bwd_floats;
-    int tp_collectives;      /* of them, forward and backward */
     int borrows;
     size_t buf_lo, buf_hi;   /* its buffers' range of the buffer arena */
 } mg_unit_info;

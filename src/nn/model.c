@@ -506,7 +506,6 @@ static void tp_floats_of(const mg_layer *l, mg_unit_info *r)
         l->vt->tp_floats(l, &f, &b);
         r->tp_fwd_floats += f;
         r->tp_bwd_floats += b;
-        r->tp_collectives += (f > 0) + (b > 0);
     }
     for (int i = 0; i < l->n_child; i++) tp_floats_of(l->child[i], r);
 }
