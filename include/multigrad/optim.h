@@ -27,6 +27,9 @@ typedef struct mg_optim_config {
 
 /* torch.optim defaults for a kind (betas 0.9/0.999, eps 1e-8; AdamW wd 0.01). */
 mg_optim_config mg_optim_defaults(mg_optim_kind kind, float lr);
+/* The state arrays an optimizer of cfg keeps, each as long as its ranges:
+ * Adam/AdamW 2 (exp_avg, exp_avg_sq), SGD 1 with momentum, else 0. */
+int mg_optim_states(const mg_optim_config *cfg);
 /* "sgd" | "adam" | "adamw"; MG_EINVAL with a message otherwise. */
 mg_status mg_optim_parse(const char *name, mg_optim_kind *out);
 const char *mg_optim_kind_name(mg_optim_kind kind);

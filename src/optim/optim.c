@@ -199,12 +199,13 @@ mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, 
     o->lr = cfg->lr;
     o->nseg = 1;
     o->seg[0] = new_seg(o->base, o->end, cfg->weight_decay);
+    o->nstates = mg_optim_states(cfg);
     if (cfg->kind == MG_OPTIM_SGD) {
-        if (cfg->momentum != 0.0f) o->state_names[o->nstates++] = "momentum_buffer";
+        o->state_names[0] = "momentum_buffer";
     } else {
-        o->state_names[o->nstates++] = "exp_avg";
-        o->state_nonneg[o->nstates] = true;
-        o->state_names[o->nstates++] = "exp_avg_sq";
+        o->state_names[0] = "exp_avg";
+        o->state_names[1] = "exp_avg_sq";
+        o->state_nonneg[1] = true;
     }
     for (int i = 0; i < o->nstates; i++) {
         if (n > SIZE_MAX / sizeof(float) || !(o->state[i] = mg_alloc_zero(n * sizeof(float)))) {
@@ -671,6 +672,11 @@ mg_range mg_optim_range_at(const mg_optim *o, int k)
     MG_ASSERT(k >= 0 && k < o->nr);
     return o->r[k];
 }
+int mg_optim_states(const mg_optim_config *cfg)
+{
+    return cfg->kind != MG_OPTIM_SGD ? 2 : cfg->momentum != 0.0f;
+}
+
 size_t mg_optim_size(const mg_optim *o) { return o->n; }
 size_t mg_optim_bytes(const mg_optim *o)
 {

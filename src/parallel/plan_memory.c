@@ -47,17 +47,58 @@ mg_status mg__plan_model(const mg_plan_job *job, const mg_plan *p, int tp_rank, 
     return st;
 }
 
-mg_status mg__plan_cut(const mg_model *m, const mg_plan *p, int *first)
+mg_status mg__plan_shape_make(const mg_plan_job *job, const mg_plan *p, int tp_rank,
+                              mg__plan_shape *out)
 {
-    int nu = mg_model_num_units(m), S = p->pp * p->chunks;
+    *out = (mg__plan_shape){0};
+    MG_TRY(mg__plan_model(job, p, tp_rank, &out->m));
+    out->n = mg_model_num_units(out->m);
+    out->unit = malloc(sizeof *out->unit * (size_t)out->n);
+    if (!out->unit) {
+        mg__plan_shape_free(out);
+        return mg_error(MG_ENOMEM, "planner: out of memory");
+    }
+    for (int u = 0; u < out->n; u++) out->unit[u] = mg_model_unit(out->m, u);
+    return MG_OK;
+}
+
+void mg__plan_shape_free(mg__plan_shape *s)
+{
+    mg_model_destroy(s->m);
+    free(s->unit);
+    *s = (mg__plan_shape){0};
+}
+
+mg_status mg__plan_cut(const mg__plan_shape *s, const mg_plan *p, int *first)
+{
+    int nu = s->n, S = p->pp * p->chunks;
+    if (p->pp == 1) {
+        first[0] = 0;
+        first[1] = nu;
+        return MG_OK;
+    }
     if (S > nu)
-        return mg_error(MG_EINVAL, "%d stages for %s's %d units", S, mg_model_name(m), nu);
+        return mg_error(MG_EINVAL, "%d stages for %s's %d units", S, mg_model_name(s->m), nu);
     double *cost = malloc(sizeof *cost * (size_t)nu);
     if (!cost) return mg_error(MG_ENOMEM, "planner: out of memory");
-    for (int u = 0; u < nu; u++) cost[u] = mg_pipe_unit_cost(m, u);
+    for (int u = 0; u < nu; u++) cost[u] = mg_pipe_unit_cost(s->m, u);
     mg_status st = mg_pipe_balance(cost, nu, S, first);
     free(cost);
     return st;
+}
+
+int mg__plan_states(const mg_plan_job *job)
+{
+    mg_optim_config c = mg_optim_defaults(job->optimizer, 1);
+    c.momentum = job->momentum;
+    return mg_optim_states(&c);
+}
+
+void mg__plan_buckets(const mg_plan_job *job, size_t *first_cap, size_t *cap)
+{
+    mg_ddp_options d = mg_ddp_defaults();
+    *cap = job->bucket_mb > 0 ? (size_t)(job->bucket_mb * (1 << 20)) : d.bucket_bytes;
+    *first_cap = d.first_bucket_bytes < *cap ? d.first_bucket_bytes : *cap;
 }
 
 /* ---- ZeRO 1-3 without a pipeline: zero.c's buckets through a step ----- */
@@ -68,14 +109,14 @@ enum { SHARDED, GATHERED };
 typedef struct {
     size_t lo, hi, piece;
     int first, last, state, buf;
-    bool keep, reducing;
+    bool keep;
 } wbucket;
 
 typedef struct {
+    const mg_unit_info *unit;
     wbucket *b;
     int nb, nu, stage, next;
     int *ub, *borrow;
-    size_t *uhi;            /* each unit's range's end */
     int owner[GENERAL + 1];
     size_t params, grads, peak_params, peak_grads, ready;
 } walker;
@@ -104,7 +145,6 @@ static void shard(walker *w, int i)
 static void reduce_end(walker *w, int i)
 {
     wbucket *b = &w->b[i];
-    b->reducing = false;
     if (b->buf < 0) return;
     w->owner[b->buf] = -1;
     b->buf = -1;
@@ -162,18 +202,14 @@ static void micro(walker *w, bool last)
         acquire(w, w->ub[u]);
         pre(w, u, +1);
         if (!sync) continue;
-        if (w->uhi[u] > w->ready) w->ready = w->uhi[u];
+        if (w->unit[u].hi > w->ready) w->ready = w->unit[u].hi;
         while (w->next < w->nb && w->b[w->next].hi <= w->ready) {
-            w->b[w->next].reducing = true;
             if (w->stage >= 3) shard(w, w->next);
             w->next++;
         }
     }
     if (sync) {
-        while (w->next < w->nb) {
-            acquire(w, w->next);
-            w->b[w->next++].reducing = true;
-        }
+        while (w->next < w->nb) acquire(w, w->next++);
         for (int i = 0; i < w->nb; i++) reduce_end(w, i);
     }
     for (int i = 0; i < w->nb && w->stage >= 3; i++) shard(w, i);
@@ -181,30 +217,27 @@ static void micro(walker *w, bool last)
 
 /* ZeRO's peaks of parameters and gradients on a model padded for dp
  * ranks, over a step of `micro_batches`. */
-static mg_status walk(const mg_model *m, int stage, int dp, size_t first_cap, size_t cap,
+static mg_status walk(const mg__plan_shape *sh, int stage, int dp, size_t first_cap, size_t cap,
                       int micro_batches, bool evaluates, mg_memory_stats *ms)
 {
-    int nu = mg_model_num_units(m);
-    walker w = {.nu = nu, .stage = stage};
+    int nu = sh->n;
+    walker w = {.unit = sh->unit, .nu = nu, .stage = stage};
     mg_range *r = calloc((size_t)nu + 1, sizeof *r);
     w.b = calloc((size_t)nu + 1, sizeof *w.b);
     w.ub = malloc(sizeof *w.ub * (size_t)(nu ? nu : 1));
     w.borrow = malloc(sizeof *w.borrow * (size_t)(nu ? nu : 1));
-    w.uhi = malloc(sizeof *w.uhi * (size_t)(nu ? nu : 1));
-    mg_status st = !r || !w.b || !w.ub || !w.borrow || !w.uhi
+    mg_status st = !r || !w.b || !w.ub || !w.borrow
                        ? mg_error(MG_ENOMEM, "planner: out of memory") : MG_OK;
     if (!st) {
-        w.nb = mg_buckets(m, first_cap, cap, r);
-        size_t n = mg_model_arena_size(m), pieces = 0;
+        w.nb = mg_buckets(sh->m, first_cap, cap, r);
+        size_t n = mg_model_arena_size(sh->m), pieces = 0;
         for (int i = 0; i < w.nb; i++) {
             w.b[i] = (wbucket){.lo = r[i].lo, .hi = r[i].hi, .piece = (r[i].hi - r[i].lo) / (size_t)dp,
                                .first = nu, .last = -1, .state = GATHERED, .buf = -1};
             pieces += w.b[i].piece;
         }
         for (int u = 0; u < nu; u++) {
-            size_t lo, hi;
-            mg_model_unit_range(m, u, &lo, &hi);
-            w.uhi[u] = hi;
+            size_t lo = sh->unit[u].lo, hi = sh->unit[u].hi;
             w.ub[u] = -1;
             for (int i = 0; i < w.nb && hi > lo; i++)
                 if (w.b[i].lo <= lo && hi <= w.b[i].hi) {
@@ -214,7 +247,7 @@ static mg_status walk(const mg_model *m, int stage, int dp, size_t first_cap, si
                 }
         }
         for (int u = 0; u < nu; u++) {
-            int v = mg_model_unit(m, u).borrows;
+            int v = sh->unit[u].borrows;
             w.borrow[u] = v >= 0 ? w.ub[v] : -1;
             if (w.borrow[u] >= 0) w.b[w.borrow[u]].keep = true;
         }
@@ -233,19 +266,15 @@ static mg_status walk(const mg_model *m, int stage, int dp, size_t first_cap, si
     free(w.b);
     free(w.ub);
     free(w.borrow);
-    free(w.uhi);
     return st;
 }
 
 /* ---- a pipeline stage ------------------------------------------------------ */
 
-/* The floats of units [a, b). */
-static size_t units_floats(const mg_model *m, int a, int b)
+/* The floats of units [a, b) (the arena runs the other way). */
+static size_t units_floats(const mg__plan_shape *s, int a, int b)
 {
-    size_t lo, hi, l2, h2;
-    mg_model_unit_range(m, b - 1, &lo, &hi);
-    mg_model_unit_range(m, a, &l2, &h2);
-    return h2 - lo;
+    return s->unit[a].hi - s->unit[b - 1].lo;
 }
 
 /* The tapes a chunk of rank `rank` holds at most: its forwards not yet
@@ -269,55 +298,49 @@ static mg_status in_flight(const mg_plan *p, int rank, int *per_chunk)
     return MG_OK;
 }
 
-static mg_status pipeline_memory(const mg_model *m, const mg_plan *p, int rank,
-                                 mg_memory_stats *ms)
+static mg_status pipeline_memory(const mg__plan_shape *sh, const int *first, const mg_plan *p,
+                                 int rank, mg_memory_stats *ms)
 {
-    int S = p->pp * p->chunks, nu = mg_model_num_units(m);
-    int *first = malloc(sizeof *first * ((size_t)S + 1)), held[64];
-    if (!first) return mg_error(MG_ENOMEM, "planner: out of memory");
-    mg_status st = mg__plan_cut(m, p, first);
-    if (!st) st = in_flight(p, rank, held);
+    int S = p->pp * p->chunks, held[64];
+    MG_TRY(in_flight(p, rank, held));
     size_t floats = 0, act = 0;
-    for (int k = 0; k < p->chunks && !st; k++) {
+    for (int k = 0; k < p->chunks; k++) {
         int s = k * p->pp + rank, u0 = first[s], u1 = first[s + 1];
-        floats += units_floats(m, u0, u1);
-        size_t in = s ? mg_model_unit(m, u0 - 1).out_bytes * (size_t)p->local : 0;
-        act += (size_t)held[k] * (mg_tape_bytes_for(m, p->local, u0, u1) + in);
+        floats += units_floats(sh, u0, u1);
+        size_t in = s ? sh->unit[u0 - 1].out_bytes * (size_t)p->local : 0;
+        act += (size_t)held[k] * (mg_tape_bytes_for(sh->m, p->local, u0, u1) + in);
     }
     /* Parameters a unit of this rank reads from another rank's stage. */
-    for (int u = 0; u < nu && !st; u++) {
-        int j = mg_model_unit(m, u).borrows, su = 0, sj = 0;
+    for (int u = 0; u < sh->n; u++) {
+        int j = sh->unit[u].borrows, su = 0, sj = 0;
         if (j < 0) continue;
         for (int s = 0; s < S; s++) {
             if (first[s] <= u && u < first[s + 1]) su = s % p->pp;
             if (first[s] <= j && j < first[s + 1]) sj = s % p->pp;
         }
-        if (su == rank && sj != rank) floats += units_floats(m, j, j + 1);
+        if (su == rank && sj != rank) floats += units_floats(sh, j, j + 1);
     }
-    free(first);
     ms->params = ms->grads = floats * sizeof(float);
     ms->activations = act;
-    return st;
+    return MG_OK;
 }
 
-mg_status mg__plan_memory(const mg_plan_job *job, const mg_plan *p, const mg_model *m,
-                          int pp_rank, mg_memory_stats *ms)
+mg_status mg__plan_memory(const mg_plan_job *job, const mg_plan *p, const mg__plan_shape *s,
+                          const int *first, int pp_rank, mg_memory_stats *ms)
 {
     memset(ms, 0, sizeof *ms);
-    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
-    size_t cap = (size_t)((job->bucket_mb > 0 ? job->bucket_mb : 25) * (1 << 20));
-    size_t first_cap = cap < (1 << 20) ? cap : (1 << 20);
-    size_t optim_floats;
+    size_t first_cap, cap, optim_floats;
+    mg__plan_buckets(job, &first_cap, &cap);
     if (p->pp > 1) {
-        MG_TRY(pipeline_memory(m, p, pp_rank, ms));
+        MG_TRY(pipeline_memory(s, first, p, pp_rank, ms));
         optim_floats = ms->params / sizeof(float) / (size_t)(p->zero ? p->dp : 1);
     } else {
-        size_t n = mg_model_arena_size(m);
+        size_t n = mg_model_arena_size(s->m);
         ms->params = ms->grads = n * sizeof(float);
-        ms->activations = mg_tape_bytes_for(m, p->local, 0, mg_model_num_units(m));
+        ms->activations = mg_tape_bytes_for(s->m, p->local, 0, s->n);
         optim_floats = p->zero ? n / (size_t)p->dp : n;
-        if (p->zero) MG_TRY(walk(m, p->zero, p->dp, first_cap, cap, p->micro, job->evaluates, ms));
+        if (p->zero) MG_TRY(walk(s, p->zero, p->dp, first_cap, cap, p->micro, job->evaluates, ms));
     }
-    ms->optim = optim_floats * (size_t)states * sizeof(float);
+    ms->optim = optim_floats * (size_t)mg__plan_states(job) * sizeof(float);
     return MG_OK;
 }

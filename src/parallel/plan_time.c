@@ -79,40 +79,41 @@ typedef struct {
     double flops, tp_s_fwd, tp_s_bwd;
 } span;
 
-static span span_of(const mg_model *m, int a, int b, const mg_plan *p, const mg_link *tpl,
-                    bool in_compute)
+static span span_of(const mg__plan_shape *sh, int a, int b, const mg_plan *p,
+                    const mg_link *tpl, bool in_compute)
 {
     span s = {0, 0, 0};
     double local = p->local;
     for (int u = a; u < b; u++) {
-        mg_unit_info ui = mg_model_unit(m, u);
-        s.flops += ui.flops * local;
-        if (in_compute) continue;
-        if (p->tp > 1 && ui.tp_fwd_floats > 0)
-            s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_fwd_floats * 4 * local, p->tp, tpl);
-        if (p->tp > 1 && ui.tp_bwd_floats > 0)
-            s.tp_s_bwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui.tp_bwd_floats * 4 * local, p->tp, tpl);
+        const mg_unit_info *ui = &sh->unit[u];
+        s.flops += ui->flops * local;
+        if (in_compute || p->tp == 1) continue;
+        if (ui->tp_fwd_floats > 0)
+            s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui->tp_fwd_floats * 4 * local, p->tp, tpl);
+        if (ui->tp_bwd_floats > 0)
+            s.tp_s_bwd += mg_coll_time(MG_COLL_ALL_REDUCE, ui->tp_bwd_floats * 4 * local, p->tp, tpl);
     }
     /* The parallel cross-entropy: the rows' maxima, then sums and labels. */
-    if (p->tp > 1 && !in_compute && b == mg_model_num_units(m)) {
-        double rows = local * mg_model_positions(m);
+    if (p->tp > 1 && !in_compute && b == sh->n) {
+        double rows = local * mg_model_positions(sh->m);
         s.tp_s_fwd += mg_coll_time(MG_COLL_ALL_REDUCE, rows * 4, p->tp, tpl) +
                       mg_coll_time(MG_COLL_ALL_REDUCE, rows * 8, p->tp, tpl);
     }
     return s;
 }
 
-mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const mg_model *m,
-                        const size_t *stage_floats, mg_plan *p)
+mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
+                        const mg__plan_shape *sh, const int *first, const size_t *stage_floats,
+                        mg_plan *p)
 {
     double part;    /* a sample's forward FLOPs of the rank's tp part */
-    mg_model_flops(m, &part, NULL);
+    mg_model_flops(sh->m, &part, NULL);
     /* A micro-batch's forward and backward of the whole part: measured,
      * or from the rate and overhead. */
     double whole = micro_seconds(cl, p->tp, p->local);
     bool measured = whole > 0;   /* by the node's ranks at once: sharing its cores */
     if (!measured) whole = cl->overhead / p->tp + 3 * part * p->local / cl->flops;
-    int nu = mg_model_num_units(m), S = p->pp * p->chunks;
+    int S = p->pp * p->chunks;
     /* Ranks beyond the node's cores share them, computing and copying
      * (the builtin transports' collectives are the CPU's work; the links
      * were measured with nothing else running). */
@@ -130,19 +131,12 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
     double rc = p->recompute ? 1 : 0;
     /* Per micro-batch, on the slowest rank: compute, tp, pp seconds. */
     double fwd = 0, bwd = 0, tpf = 0, tpb = 0, send = 0, dp_floats = 0;
-    int *first = malloc(sizeof *first * ((size_t)S + 1));
-    if (!first) return mg_error(MG_ENOMEM, "planner: out of memory");
-    mg_status st = p->pp > 1 ? mg__plan_cut(m, p, first) : MG_OK;
-    if (p->pp == 1) {
-        first[0] = 0;
-        first[1] = nu;
-    }
     double worst = -1;
-    for (int r = 0; r < p->pp && !st; r++) {
+    for (int r = 0; r < p->pp; r++) {
         double f = 0, b = 0, tf = 0, tb = 0, sd = 0;
         for (int k = 0; k < p->chunks; k++) {
             int s = k * p->pp + r;
-            span sp = span_of(m, first[s], first[s + 1], p, tpl, measured && cl->micro_with_tp);
+            span sp = span_of(sh, first[s], first[s + 1], p, tpl, measured && cl->micro_with_tp);
             /* The stage's share of the part's FLOPs: a third forward, two
              * thirds backward. */
             double t = part > 0 ? whole * cshare * sp.flops / p->local / part : 0;
@@ -151,7 +145,7 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
             tf += sp.tp_s_fwd;
             tb += sp.tp_s_bwd + rc * sp.tp_s_fwd;
             if (s + 1 < S) {
-                double bytes = (double)mg_model_unit(m, first[s + 1] - 1).out_bytes * p->local;
+                double bytes = (double)sh->unit[first[s + 1] - 1].out_bytes * p->local;
                 sd += 2 * mg_coll_time(MG_COLL_SEND, bytes, 2, ppl);
             }
         }
@@ -166,8 +160,6 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
             dp_floats = (double)stage_floats[r];
         }
     }
-    free(first);
-    if (st) return st;
     double M = p->micro;
     p->compute = M * (fwd + bwd);
     p->tp_comm = M * (tpf + tpb);
@@ -184,7 +176,9 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
     }
     /* The data-parallel collectives of the gradients (floats of the arena
      * or the stage's ranges). */
-    double G = dp_floats * 4, cap = (job->bucket_mb > 0 ? job->bucket_mb : 25) * (1 << 20);
+    size_t first_cap, caps;
+    mg__plan_buckets(job, &first_cap, &caps);
+    double G = dp_floats * 4, cap = (double)caps;
     double backward = bwd + tpb;   /* of one micro-batch, on this rank */
     double hide = cl->overlap * backward, last = 0, launched = 0, after = 0;
     if (p->dp > 1) {
@@ -220,9 +214,9 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl, const
     if (exposed < last) exposed = launched < last ? launched : last;
     p->dp_comm = launched + after;
     p->dp_exposed = exposed + after;
-    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
-    double stepped = (double)p->memory.optim / sizeof(float) / (states ? states : 1);
-    if (!states) stepped = dp_floats / (p->zero ? p->dp : 1);
+    /* The optimizer steps the rank's ranges, or ZeRO's 1/dp of them. */
+    int states = mg__plan_states(job);
+    double stepped = dp_floats / (p->zero ? p->dp : 1);
     p->optimizer = stepped * 4 * (3 + 2 * states) / cl->bytes_per_s * cshare;
     p->step = makespan + p->dp_exposed + p->optimizer;
     return MG_OK;

@@ -11,7 +11,6 @@
  * layer's width), pp up to its units, interleaving with 2 chunks. */
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,37 +28,45 @@ mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
 
 /* ---- one plan ---------------------------------------------------------------- */
 
-/* Its figures: memory of every pipeline rank (the largest kept), time. */
-static mg_status cost(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan *p)
+/* Its figures on shape s (its model): the memory of every pipeline rank
+ * (the largest kept), the time. */
+static mg_status cost(const mg_plan_job *job, const mg_plan_cluster *cl,
+                      const mg__plan_shape *s, mg_plan *p)
 {
-    mg_model *m;
-    MG_TRY(mg__plan_model(job, p, 0, &m));
-    size_t floats[1024];
-    mg_status st = p->pp > 1024 ? mg_error(MG_EINVAL, "planner: at most 1024 stages") : MG_OK;
+    int S = p->pp * p->chunks;
+    int *first = malloc(sizeof *first * ((size_t)S + 1));
+    size_t *floats = malloc(sizeof *floats * (size_t)p->pp);
+    mg_status st = first && floats ? mg__plan_cut(s, p, first)
+                                   : mg_error(MG_ENOMEM, "planner: out of memory");
     p->bytes = 0;
     for (int r = 0; r < p->pp && !st; r++) {
         mg_memory_stats ms;
-        st = mg__plan_memory(job, p, m, r, &ms);
+        st = mg__plan_memory(job, p, s, first, r, &ms);
         size_t all = ms.params + ms.grads + ms.optim + ms.activations;
-        floats[r] = p->pp > 1 ? ms.params / sizeof(float) : mg_model_arena_size(m);
+        floats[r] = p->pp > 1 ? ms.params / sizeof(float) : mg_model_arena_size(s->m);
         if (!st && all > p->bytes) {
             p->bytes = all;
             p->memory = ms;
         }
     }
-    if (!st) st = mg__plan_time(job, cl, m, floats, p);
+    if (!st) st = mg__plan_time(job, cl, s, first, floats, p);
     p->fits = cl->memory <= 0 || (double)p->bytes <= cl->memory;
-    mg_model_destroy(m);
+    free(first);
+    free(floats);
     return st;
 }
 
 mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
                               mg_memory_stats *out)
 {
-    mg_model *m;
-    MG_TRY(mg__plan_model(job, p, rank % p->tp, &m));
-    mg_status st = mg__plan_memory(job, p, m, rank / (p->tp * p->dp), out);
-    mg_model_destroy(m);
+    mg__plan_shape s;
+    MG_TRY(mg__plan_shape_make(job, p, rank % p->tp, &s));
+    int *first = malloc(sizeof *first * ((size_t)(p->pp * p->chunks) + 1));
+    mg_status st = first ? mg__plan_cut(&s, p, first)
+                         : mg_error(MG_ENOMEM, "planner: out of memory");
+    if (!st) st = mg__plan_memory(job, p, &s, first, rank / (p->tp * p->dp), out);
+    free(first);
+    mg__plan_shape_free(&s);
     return st;
 }
 
@@ -85,16 +92,6 @@ static mg_status add(list *l, const mg_plan *p)
 
 static bool is_gpt(const mg_plan_job *job) { return !strcmp(job->model, "gpt-mini"); }
 
-/* Whether the model splits over tp ranks (its layers say, by building). */
-static bool splits(const mg_plan_job *job, int tp, bool seq)
-{
-    mg_plan p = {.dp = 1, .pp = 1, .tp = tp, .chunks = 1, .sequence_parallel = seq};
-    mg_model *m;
-    mg_status st = mg__plan_model(job, &p, 0, &m);
-    if (!st) mg_model_destroy(m);
-    return !st;
-}
-
 /* Those that fit by time, the others by bytes. Times within the same 1%
  * are one (the model is no finer): the simpler plan first (a lower ZeRO
  * stage, no recomputation, fewer micro-batches, no sequence parallelism,
@@ -117,10 +114,11 @@ static int cmp_plans(const void *a, const void *b)
 }
 
 /* The pipeline schedules and micro-batch counts of a mesh, or the
- * accumulation steps without a pipeline. */
-static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl, mg_plan p,
-                               int units, list *out)
+ * accumulation steps without a pipeline, on its shape. */
+static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl,
+                               const mg__plan_shape *s, mg_plan p, list *out)
 {
+    int units = s->n;
     static const mg_pipe_kind kinds[] = {MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED};
     int nk = p.pp > 1 ? 3 : 1;
     for (int k = 0; k < nk; k++) {
@@ -143,7 +141,7 @@ static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl
                 continue;
             if (p.pp > 1 && mg_pipe_check(p.schedule, p.pp, p.micro, p.chunks)) continue;
             p.local = job->batch / p.micro / p.dp;
-            MG_TRY(cost(job, cl, &p));
+            MG_TRY(cost(job, cl, s, &p));
             MG_TRY(add(out, &p));
         }
     }
@@ -178,33 +176,34 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
     *n = 0;
     MG_TRY(check_inputs(job, cl));
     int world = cl->ranks_per_node * cl->nodes;
-    mg_model *whole;
-    mg_plan one = {.dp = 1, .pp = 1, .tp = 1, .chunks = 1};
-    MG_TRY(mg__plan_model(job, &one, 0, &whole));
-    int units = mg_model_num_units(whole);
-    mg_model_destroy(whole);
     list l = {0};
     mg_status st = MG_OK;
     for (int tp = 1; tp <= world && !st; tp++) {
         if (world % tp || (tp > 1 && job->no_tp) || (job->tp && tp != job->tp)) continue;
         for (int seq = 0; seq <= (tp > 1 && is_gpt(job) && !job->no_sequence_parallel) && !st;
-             seq++) {
-            if (!splits(job, tp, seq)) continue;
+             seq++)
             for (int pp = 1; pp <= world / tp && !st; pp++) {
-                if ((world / tp) % pp || (pp > 1 && job->no_pipeline) || pp > units ||
-                    (job->pp && pp != job->pp))
-                    continue;
                 int dp = world / tp / pp;
-                if (job->dp && dp != job->dp) continue;
-                for (int zero = 0; zero <= (dp > 1 && !job->no_zero ? 3 : 0) && !st; zero++)
-                    for (int rc = 0; rc <= !job->no_recompute && !st; rc++) {
-                        if (job->zero >= 0 && zero != job->zero) continue;
-                        mg_plan p = {.dp = dp, .pp = pp, .tp = tp, .zero = zero,
-                                     .recompute = rc, .sequence_parallel = seq};
-                        st = micro_batches(job, cl, p, units, &l);
+                if ((world / tp) % pp || (pp > 1 && job->no_pipeline) || (job->pp && pp != job->pp) ||
+                    (job->dp && dp != job->dp))
+                    continue;
+                /* The model of this tp, sp, dp and recomputation, once for
+                 * every ZeRO stage, schedule and micro-batch count; a tp the
+                 * model does not split over has none. */
+                for (int rc = 0; rc <= !job->no_recompute && !st; rc++) {
+                    mg_plan p = {.dp = dp, .pp = pp, .tp = tp, .recompute = rc,
+                                 .sequence_parallel = seq};
+                    mg__plan_shape s;
+                    if (mg__plan_shape_make(job, &p, 0, &s)) {
+                        if (tp == 1) st = MG_EINVAL;   /* the whole model: a real error */
+                        break;
                     }
+                    for (p.zero = 0; p.zero <= (dp > 1 && !job->no_zero ? 3 : 0) && !st; p.zero++)
+                        if (pp <= s.n && (job->zero < 0 || p.zero == job->zero))
+                            st = micro_batches(job, cl, &s, p, &l);
+                    mg__plan_shape_free(&s);
+                }
             }
-        }
     }
     if (!st && !l.n)
         st = mg_error(MG_EINVAL, "no plan of %d ranks%s takes the batch of %d: give a batch "
