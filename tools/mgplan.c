@@ -165,13 +165,13 @@ static void tool_dir(char *dir, size_t cap)
 /* --probe, run by mgrun from measure(): every rank measures its copy of
  * the model at once and the job's link (mg_plan_measure_job); rank 0
  * prints the figures on one line. --probe-links: the link only. */
-static int probe(const mg_plan_job *job, int local, bool links_only)
+static int probe(const mg_plan_job *job, int nodes, bool links_only)
 {
     mg_group *g;
     TRY(mg_group_init(NULL, &g));
-    mg_plan_cluster cl = mg_plan_cluster_here(mg_group_size(g), 1, 1);
+    mg_plan_cluster cl = mg_plan_cluster_here(mg_group_size(g), links_only ? 1 : nodes, 0, 1);
     mg_status st = links_only ? mg_plan_measure_links(g, &cl)
-                              : mg_plan_measure_job(g, job, local, &cl);
+                              : mg_plan_measure_job(g, job, &cl);
     if (!st && mg_group_rank(g) == 0) {
         printf("probe: %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead, cl.bytes_per_s,
                cl.intra.latency, cl.intra.bandwidth);
@@ -301,17 +301,9 @@ static void verify_plans(const mg_plan_job *job, const mg_plan_cluster *cl, cons
            "RSS MB", "whole s");
     for (int k = 0; k < np; k++) {
         const mg_plan *p = &all[pick[k]];
-        char name[128], err[512];
-        int len = snprintf(name, sizeof name, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
-        if (p->zero) len += snprintf(name + len, sizeof name - (size_t)len, " z%d", p->zero);
-        if (p->pp > 1)
-            len += snprintf(name + len, sizeof name - (size_t)len, " %s M%d",
-                            mg_pipe_name(p->schedule), p->micro);
-        else if (p->micro > 1)
-            len += snprintf(name + len, sizeof name - (size_t)len, " acc%d", p->micro);
-        if (p->recompute) len += snprintf(name + len, sizeof name - (size_t)len, " rc");
-        if (p->sequence_parallel) len += snprintf(name + len, sizeof name - (size_t)len, " sp");
-        if (pick[k] == rule) snprintf(name + len, sizeof name - (size_t)len, " (rule)");
+        char name[160], err[512];
+        mg_plan_describe(p, name, sizeof name - 8);
+        if (pick[k] == rule) strcat(name, " (rule)");
         fflush(stdout);
         measured m;
         double state = (p->memory.params + p->memory.grads + p->memory.optim) / 1e6;
@@ -440,15 +432,12 @@ int main(int argc, char **argv)
     bool measured = !(cl.flops > 0 && cl.bytes_per_s > 0);
     /* Collectives sum at the rank's memory rate when it is given. */
     if (cl.bytes_per_s > 0) cl.intra.reduce = cl.inter.reduce = cl.bytes_per_s;
-    long here = sysconf(_SC_NPROCESSORS_ONLN);
-    cl.cores = cores ? cores : measured ? (int)(here > 0 ? here : 1) : 0;
-    if (cl.overlap < 0) {
-        double spare = cl.cores ? (double)cl.cores / cl.ranks_per_node - 1 : 1;
-        cl.overlap = !measured ? 1 : spare < 0 ? 0 : spare > 1 ? 1 : spare;
-    }
-    int local = job.batch / (cl.ranks_per_node * cl.nodes);
-    local = local < 1 ? 1 : local > 16 ? 16 : local;
-    if (probing) return probe(&job, local, probing == 2);
+    /* This machine's cores and what they leave backward to hide
+     * collectives; given figures: every rank its own core or GPU. */
+    mg_plan_cluster here = mg_plan_cluster_here(cl.ranks_per_node, cl.nodes, cores, 1);
+    cl.cores = measured || cores ? here.cores : 0;
+    if (cl.overlap < 0) cl.overlap = measured ? here.overlap : 1;
+    if (probing) return probe(&job, cl.nodes, probing == 2);
     if (measured) {
         if (!flags_only)
             fprintf(stderr, "%s: measuring a rank's rates on this machine with %s, %d rank(s) "
@@ -466,7 +455,7 @@ int main(int argc, char **argv)
                 die("cannot measure this machine (mgrun -n %d mgplan ... --probe): give "
                     "--flops, --mem-bw and the links", cl.ranks_per_node);
         } else {
-            TRY(mg_plan_measure(&job, local, &m));
+            TRY(mg_plan_measure(&job, &m));
         }
         if (!(cl.flops > 0)) {
             cl.flops = m.flops;

@@ -111,6 +111,8 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
  * counts it (the test compares them): for checks and --verify. */
 mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
                               mg_memory_stats *out);
+/* "dp=2,pp=2,tp=1 zero1 1f1b M=8 recompute sp": the plan in one phrase. */
+void mg_plan_describe(const mg_plan *p, char *buf, size_t cap);
 /* Why the first plan is the one: a line naming the constraint that
  * decided (memory, the links, the bubble...), given the ranked list. */
 void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, char *buf,
@@ -133,12 +135,12 @@ void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t c
 void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_config *c);
 
 /* This machine as a cluster of ranks_per_node x nodes ranks: its cores
- * (mg_local_cpus), the builtin backend's links (shared memory within the
+ * (0: mg_local_cpus), the builtin backend's links (shared memory within the
  * node, TCP between nodes), the share of backward that hides collectives
  * (what cores beyond the ranks leave: min(1, cores / ranks - 1)), memory
  * a rank may hold (0: what the node has available over its ranks); the
  * rates are left to mg_plan_measure, the links to mg_plan_measure_links. */
-mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory);
+mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, int cores, double memory);
 /* The job's link, measured: all-reduces of 4 KiB and 4 MiB over g (the
  * slowest rank's mean of 20), fitted (mg_link_fit) into cl's link within
  * the node, or between nodes when cl has several. Collective. */
@@ -154,21 +156,21 @@ mg_status mg_plan_choose(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
 /* This machine's rates for the job's model (plan_measure.c), in this
  * process: the seconds of a training micro-batch of 1, 2, 4 ... samples
  * (single-threaded, as mgtrain runs a rank) up to the most a rank's
- * micro-batch holds (local x tp, at most 128; smaller sizes while a part
- * has taken under 10 s), for the whole model and each tensor-parallel
- * part of up to MG_PLAN_MEASURED_TP ranks the search may take on cl's
- * ranks (its collectives replaced by local stand-ins); the whole model's
- * FLOP/s and overhead (time = overhead + samples x FLOPs / rate, from its
- * two largest sizes); its optimizer's bytes per second. */
-mg_status mg_plan_measure(const mg_plan_job *job, int local, mg_plan_cluster *cl);
+ * micro-batch holds (the global batch over cl's ranks, 1 to 16, times tp,
+ * at most 128; smaller sizes while a part has taken under 10 s), for the
+ * whole model and each tensor-parallel part of up to MG_PLAN_MEASURED_TP
+ * ranks the search may take on cl's ranks (its collectives replaced by
+ * local stand-ins); the whole model's FLOP/s and overhead (time =
+ * overhead + samples x FLOPs / rate, from its two largest sizes); its
+ * optimizer's bytes per second. */
+mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl);
 /* The same on every rank of g at once (as the node's ranks will share its
  * cores and memory in training), each tp part with the ranks of its tp
  * group and its collectives real (micro_with_tp: their time, waits for
  * the slowest rank included, is in micro_s), the means of their figures,
  * and the job's link (mg_plan_measure_links): every rank gets them.
  * Collective. */
-mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, int local,
-                              mg_plan_cluster *cl);
+mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl);
 
 #ifdef __cplusplus
 }

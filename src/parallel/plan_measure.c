@@ -54,6 +54,7 @@ typedef struct {
     mg_group *g;                   /* the part's tp group (its collectives real), or NULL */
     int tp_rank;
     double micro_s[MG_PLAN_SIZES]; /* seconds of a micro-batch of 2^k samples */
+    double flops;                  /* of a sample's training step */
     double bytes_per_s;            /* the optimizer's */
     mg_status st;
     char err[256];
@@ -129,6 +130,7 @@ static void measure_one(rates *r)
     if (r->g) comm = (mg_tp_comm){group_all_reduce, group_all_gather, group_reduce_scatter, r->g};
     if (!st && r->tp > 1) mg_model_set_tp_comm(m, &comm);
     if (!st) st = mg_model_init_params(m, 1);
+    if (m) mg_model_flops(m, NULL, &r->flops);
     int c, h, w, T = m ? mg_model_positions(m) : 1;
     int V = T > 1 ? job->gpt.vocab : m ? mg_model_classes(m) : 1;   /* a split head's too */
     int local = r->local;
@@ -155,7 +157,7 @@ static void measure_one(rates *r)
     mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
     oc.momentum = job->momentum;
     size_t n = m ? mg_model_arena_size(m) : 0;
-    int states = job->optimizer != MG_OPTIM_SGD ? 2 : job->momentum != 0;
+    int states = mg_optim_states(&oc);
     if (!st && r->tp == 1) st = mg_optim_create(&oc, n, &o);
     double t0 = mg_now();
     for (int k = 0, done = 0; !st && o && k < 50 && (k < 3 || mg_now() - t0 < 0.3); k++) {
@@ -172,51 +174,60 @@ static void measure_one(rates *r)
 }
 
 /* The whole model's FLOP/s and overhead (for figures and printing), from
- * its two largest measured sizes. */
-static void rates_of_sizes(const mg_plan_job *job, mg_plan_cluster *cl)
+ * its two largest measured sizes (flops: a sample's training step). */
+static void rates_of_sizes(double flops, mg_plan_cluster *cl)
 {
     const double *t = cl->micro_s[1];
-    mg_plan whole = {.dp = 1, .pp = 1, .tp = 1, .chunks = 1};
-    mg_model *m;
     int k = MG_PLAN_SIZES - 1;
     while (k >= 0 && t[k] <= 0) k--;
-    if (k < 0 || mg__plan_model(job, &whole, 0, &m)) return;
-    double flops, n1 = 1 << k, per = t[k] / n1;
-    mg_model_flops(m, NULL, &flops);
-    mg_model_destroy(m);
+    if (k < 0) return;
+    double n1 = 1 << k, per = t[k] / n1;
     if (k > 0 && t[k - 1] > 0 && t[k] > t[k - 1]) per = (t[k] - t[k - 1]) / (n1 / 2);
     cl->flops = flops / per;
     cl->overhead = t[k] > per * n1 ? t[k] - per * n1 : 0;
 }
 
-/* Whether the search may take tp on `world` ranks (the model splits so),
- * and then the largest micro-batch its part runs: local x tp, at most 128. */
-static bool part_to_measure(const mg_plan_job *job, int world, int tp, int local, int *most)
-{
-    mg_plan split = {.dp = 1, .pp = 1, .tp = tp, .chunks = 1};
-    mg_model *m;
-    if (world % tp || (tp > 1 && job->no_tp) || (job->tp && tp > 1 && tp != job->tp) ||
-        mg__plan_model(job, &split, 0, &m))
-        return false;
-    mg_model_destroy(m);
-    *most = local * tp < 1 << (MG_PLAN_SIZES - 1) ? local * tp : 1 << (MG_PLAN_SIZES - 1);
-    return true;
-}
-
-mg_status mg_plan_measure(const mg_plan_job *job, int local, mg_plan_cluster *cl)
+/* Every part the search may take on cl's ranks: the whole model, and each
+ * tp part the model splits into (a rank's micro-batch: the global batch
+ * over the ranks, 1 to 16 samples, times tp, at most 128). With g, on
+ * every rank of g at once, each tp part with the ranks of its tp group
+ * (g split by rank / tp), its collectives real; without, alone, with
+ * local stand-ins. */
+static mg_status measure_parts(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl)
 {
     mg_set_threads(1);
-    int world = cl->ranks_per_node * cl->nodes, most;
-    for (int tp = 1; tp <= MG_PLAN_MEASURED_TP && tp <= world; tp++) {
-        if (!part_to_measure(job, world, tp, local, &most)) continue;
-        rates r = {.job = job, .local = most, .tp = tp};
-        measure_one(&r);
-        if (r.st) return mg_error(r.st, "%s", r.err);
+    int world = cl->ranks_per_node * cl->nodes, rank = g ? mg_group_rank(g) : 0;
+    int local = job->batch / world < 1 ? 1 : job->batch / world > 16 ? 16 : job->batch / world;
+    int ranks = g ? mg_group_size(g) : world;
+    double flops = 0;
+    for (int tp = 1; tp <= MG_PLAN_MEASURED_TP && tp <= ranks; tp++) {
+        mg_plan split = {.dp = 1, .pp = 1, .tp = tp, .chunks = 1};
+        mg_model *m;
+        if (ranks % tp || (tp > 1 && job->no_tp) || (job->tp && tp > 1 && tp != job->tp) ||
+            mg__plan_model(job, &split, 0, &m))
+            continue;   /* the model does not split so */
+        mg_model_destroy(m);
+        int most = local * tp < 1 << (MG_PLAN_SIZES - 1) ? local * tp : 1 << (MG_PLAN_SIZES - 1);
+        rates r = {.job = job, .local = most, .tp = tp, .tp_rank = g ? rank % tp : 0};
+        mg_status st = g && tp > 1 ? mg_group_split(g, rank / tp, rank % tp, &r.g) : MG_OK;
+        if (!st) measure_one(&r);
+        mg_group_destroy(r.g);
+        if (!st && r.st) st = mg_error(r.st, "%s", r.err);
+        if (g) MG_TRY(mg_group_agree(g, st, MG_AGREE_SHARE));
+        MG_TRY(st);
         memcpy(cl->micro_s[tp], r.micro_s, sizeof r.micro_s);
-        if (tp == 1) cl->bytes_per_s = r.bytes_per_s;
+        if (tp == 1) {
+            cl->bytes_per_s = r.bytes_per_s;
+            flops = r.flops;
+        }
     }
-    rates_of_sizes(job, cl);
+    rates_of_sizes(flops, cl);
     return MG_OK;
+}
+
+mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl)
+{
+    return measure_parts(NULL, job, cl);
 }
 
 /* ---- the job's links ---------------------------------------------------------- */
@@ -244,27 +255,11 @@ mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
     return MG_OK;
 }
 
-mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, int local,
-                              mg_plan_cluster *cl)
+mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl)
 {
-    mg_set_threads(1);
-    int R = mg_group_size(g), rank = mg_group_rank(g), most;
-    mg_status st = MG_OK;
-    /* The whole model alone on every rank; each tp part with its group's
-     * ranks, its collectives real. */
-    for (int tp = 1; tp <= MG_PLAN_MEASURED_TP && tp <= R && !st; tp++) {
-        if (!part_to_measure(job, R, tp, local, &most)) continue;
-        rates r = {.job = job, .local = most, .tp = tp, .tp_rank = rank % tp};
-        if (tp > 1) st = mg_group_split(g, rank / tp, rank % tp, &r.g);
-        if (!st) measure_one(&r);
-        mg_group_destroy(r.g);
-        st = st ? st : r.st ? mg_error(r.st, "%s", r.err) : MG_OK;
-        memcpy(cl->micro_s[tp], r.micro_s, sizeof r.micro_s);
-        if (tp == 1) cl->bytes_per_s = r.bytes_per_s;
-        MG_TRY(mg_group_agree(g, st, MG_AGREE_SHARE));
-    }
-    rates_of_sizes(job, cl);
+    MG_TRY(measure_parts(g, job, cl));
     cl->micro_with_tp = true;
+    /* Every rank gets the means. */
     enum { K = 3 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES };
     double v[K] = {cl->flops, cl->overhead, cl->bytes_per_s};
     memcpy(v + 3, cl->micro_s, sizeof cl->micro_s);
@@ -290,11 +285,11 @@ static double available(void)
     return kb * 1024;
 }
 
-mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, double memory)
+mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, int cores, double memory)
 {
     mg_plan_cluster cl = {.ranks_per_node = ranks_per_node, .nodes = nodes,
                           .memory = memory > 0 ? memory : available() / ranks_per_node,
-                          .cores = mg_local_cpus(), .intra = *mg_link_builtin("shm"),
+                          .cores = cores > 0 ? cores : mg_local_cpus(), .intra = *mg_link_builtin("shm"),
                           .inter = *mg_link_builtin("tcp")};
     double spare = (double)cl.cores / ranks_per_node - 1;
     cl.overlap = spare < 0 ? 0 : spare > 1 ? 1 : spare;

@@ -223,7 +223,7 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
 
 /* ---- what to tell the user --------------------------------------------------- */
 
-static void describe(const mg_plan *p, char *buf, size_t cap)
+void mg_plan_describe(const mg_plan *p, char *buf, size_t cap)
 {
     int len = snprintf(buf, cap, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
     if (p->zero) len += snprintf(buf + len, cap - (size_t)len, " zero%d", p->zero);
@@ -250,7 +250,7 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         untried &= p->tp > 1;
     }
     char b[128], d[128];
-    describe(best, b, sizeof b);
+    mg_plan_describe(best, b, sizeof b);
     double mb = 1e6;
     if (!best->fits) {
         snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank; the smallest plan (%s) "
@@ -279,7 +279,7 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         snprintf(buf, cap, "time: %s is the fastest plan (%.1f ms a step)", b, best->step * 1e3);
         return;
     }
-    describe(ddp, d, sizeof d);
+    mg_plan_describe(ddp, d, sizeof d);
     if (ddp->step <= best->step * 1.02) {
         snprintf(buf, cap, "time: %s and plain data parallelism (%s) are as fast within the "
                  "model's 2%% (%.1f and %.1f ms a step); %s holds %.0f MB a rank against %.0f",

@@ -167,9 +167,8 @@ static mg_status choose_plan(mg_trainer *t)
     int world = t->g ? mg_group_size(t->g) : 1, local = t->g ? mg_group_local_size(t->g) : 1;
     mg_plan_job job;
     MG_TRY(mg_plan_job_of(c, &job));
-    mg_plan_cluster cl = mg_plan_cluster_here(local, world / local, c->plan_memory);
-    int lb = job.batch / world < 1 ? 1 : job.batch / world > 16 ? 16 : job.batch / world;
-    mg_status st = t->g ? mg_plan_measure_job(t->g, &job, lb, &cl) : mg_plan_measure(&job, lb, &cl);
+    mg_plan_cluster cl = mg_plan_cluster_here(local, world / local, 0, c->plan_memory);
+    mg_status st = t->g ? mg_plan_measure_job(t->g, &job, &cl) : mg_plan_measure(&job, &cl);
     if (st && t->g) return mg__train_step_error(t);
     int32_t w[9] = {0};
     char why[480] = "";   /* with the flags, within info.plan */
