@@ -35,9 +35,10 @@ static void compare(const memory_case *mc, mg_trainer *t, int rank, bool evaluat
     job.evaluates = evaluated;
     CHECK_OK(mg_plan_rank_memory(&job, &mc->plan, rank, &want));
     CHECK_MSG(got.params == want.params && got.grads == want.grads && got.optim == want.optim,
-              "rank %d of dp=%d,pp=%d,tp=%d zero %d M=%d%s: counted %zu %zu %zu, planned %zu "
+              "rank %d of dp=%d,pp=%d,tp=%d zero %d M=%d%s%s: counted %zu %zu %zu, planned %zu "
               "%zu %zu (params, grads, optimizer)", rank, mc->plan.dp, mc->plan.pp, mc->plan.tp,
-              mc->plan.zero, mc->plan.micro, evaluated ? " after evaluating" : "", got.params,
+              mc->plan.zero, mc->plan.micro, mc->plan.offload ? " offload" : "",
+              evaluated ? " after evaluating" : "", got.params,
               got.grads, got.optim, want.params, want.grads, want.optim);
     /* The tapes: exact without a pipeline; a pipeline's evaluation may
      * hold more than its schedule does. */
@@ -75,6 +76,7 @@ static int rank_memory(int rank, int n, void *arg)
     c.eval_every = 2;
     c.eval_windows = 4;
     c.no_eval_on_start = true;
+    c.offload_dir = mc->plan.offload ? mgt_tmpdir() : NULL;
     watch w = {mc, NULL, rank};
     c.on_progress = on_progress;
     c.ud = &w;
@@ -92,7 +94,7 @@ TEST_T(planner_memory_equals_the_strategies_counters, 300)
     static const struct {
         int dp, pp, tp, zero, micro;
         mg_pipe_kind kind;
-        bool rc, sp;
+        bool rc, sp, offload;
     } cases[] = {
         {1, 1, 1, 0, 1, MG_PIPE_1F1B, false, false},
         {2, 1, 1, 0, 1, MG_PIPE_1F1B, false, false},
@@ -108,6 +110,15 @@ TEST_T(planner_memory_equals_the_strategies_counters, 300)
         {2, 2, 1, 1, 2, MG_PIPE_1F1B, false, false},
         {2, 1, 2, 2, 1, MG_PIPE_1F1B, true, false},
         {1, 2, 2, 0, 2, MG_PIPE_1F1B, false, false},
+        /* --offload disk:DIR: the optimizer's windows; ZeRO 2-3's
+         * gradient pieces and ZeRO-3's parameter pieces in files. */
+        {1, 1, 1, 0, 1, MG_PIPE_1F1B, false, false, true},
+        {2, 1, 1, 1, 2, MG_PIPE_1F1B, false, false, true},
+        {2, 1, 1, 2, 2, MG_PIPE_1F1B, false, false, true},
+        {2, 1, 1, 3, 1, MG_PIPE_1F1B, false, false, true},
+        {2, 1, 1, 3, 2, MG_PIPE_1F1B, true, false, true},
+        {2, 2, 1, 1, 2, MG_PIPE_1F1B, false, false, true},
+        {1, 1, 2, 0, 1, MG_PIPE_1F1B, false, false, true},
     };
     int n = (int)(sizeof cases / sizeof *cases);
     for (int i = 0; i < n; i++) {
@@ -117,7 +128,8 @@ TEST_T(planner_memory_equals_the_strategies_counters, 300)
         *p = (mg_plan){.dp = cases[i].dp, .pp = cases[i].pp, .tp = cases[i].tp,
                        .zero = cases[i].zero, .micro = cases[i].micro, .schedule = cases[i].kind,
                        .chunks = cases[i].kind == MG_PIPE_INTERLEAVED ? 2 : 1,
-                       .recompute = cases[i].rc, .sequence_parallel = cases[i].sp};
+                       .recompute = cases[i].rc, .sequence_parallel = cases[i].sp,
+                       .offload = cases[i].offload};
         p->local = mc.job.batch / p->micro / p->dp;
         int world = p->dp * p->pp * p->tp;
         char port[16];
@@ -219,6 +231,62 @@ TEST(planner_one_layer_too_big_chooses_tp)
     free(all);
 }
 
+/* ---- offload -------------------------------------------------------------- */
+
+/* The 85M shape at context 64 on 2 CPU ranks of 500 MB: nothing fits in
+ * memory, so the plans offload (what they hold is the windows, ZeRO's
+ * pieces in files), each the twin of a plan that does not fit, and they
+ * pay the files' time; without a disk rate or with memory to spare no
+ * plan offloads. */
+TEST(planner_offloads_only_where_nothing_else_fits)
+{
+    mg_plan_job job = gpt_shape(12, 768, 12, 64, 256, 8);
+    mg_plan_cluster cl = {.ranks_per_node = 2, .nodes = 1, .memory = 500e6, .flops = 5e10,
+                          .bytes_per_s = 2e10, .disk_bytes_per_s = 2e9, .overlap = 1,
+                          .intra = *mg_link_builtin("shm"), .inter = *mg_link_builtin("tcp")};
+    mg_plan *all;
+    int n, offloaded = 0;
+    CHECK_OK(mg_plan_search(&job, &cl, &all, &n));
+    CHECK(all[0].fits && all[0].offload && all[0].offload_io > 0);
+    for (int i = 0; i < n; i++) {
+        const mg_plan *p = &all[i];
+        if (!p->offload) {
+            CHECK(!p->fits);
+            continue;
+        }
+        offloaded++;
+        int twin = -1;
+        for (int j = 0; j < n && twin < 0; j++)
+            if (!all[j].offload && all[j].dp == p->dp && all[j].pp == p->pp &&
+                all[j].tp == p->tp && all[j].zero == p->zero && all[j].micro == p->micro &&
+                all[j].schedule == p->schedule && all[j].recompute == p->recompute &&
+                !p->sequence_parallel && !all[j].sequence_parallel)
+                twin = j;
+        CHECK(twin >= 0 && all[twin].bytes > p->bytes && all[twin].step < p->step);
+    }
+    CHECK(offloaded > 0);
+    char why[512], flags[1024];
+    mg_plan_reason(all, n, &cl, why, sizeof why);
+    CHECK_MSG(strstr(why, "without offload"), "%s", why);
+    mg_plan_flags(&job, &all[0], flags, sizeof flags);
+    CHECK_MSG(strstr(flags, " --offload disk:DIR"), "%s", flags);
+    job.offload_dir = "/var/tmp/mg";
+    mg_plan_flags(&job, &all[0], flags, sizeof flags);
+    CHECK_MSG(strstr(flags, " --offload disk:/var/tmp/mg"), "%s", flags);
+    free(all);
+    /* No rate for the files (or --no-offload): nothing fits. */
+    cl.disk_bytes_per_s = 0;
+    CHECK_OK(mg_plan_search(&job, &cl, &all, &n));
+    CHECK(!all[0].fits && !all[0].offload);
+    free(all);
+    /* Memory to spare: no plan offloads. */
+    cl.disk_bytes_per_s = 2e9;
+    cl.memory = 0;
+    CHECK_OK(mg_plan_search(&job, &cl, &all, &n));
+    for (int i = 0; i < n; i++) CHECK(!all[i].offload);
+    free(all);
+}
+
 /* ---- mgplan -------------------------------------------------------------- */
 
 static const char *sim = "--flops 1e12 --mem-bw 1e11";
@@ -287,6 +355,22 @@ TEST_T(mgtrain_plan_auto_takes_the_planners_choice, 240)
     free(out);
     rc = mgt_sh(&out, "%s --model gpt-mini --plan auto --zero 1 --steps 2", mgt_tool("mgtrain"));
     CHECK_MSG(rc == 2 && strstr(out, "--plan auto chooses"), "rc %d: %s", rc, out);
+    free(out);
+}
+
+/* With --offload disk:DIR and a rank's memory that no plan fits in
+ * without offload (12.6M parameters: 100 MB a rank under tp=2 or pp=2,
+ * more under ZeRO with its gathers), --plan auto offloads into DIR. */
+TEST_T(mgtrain_plan_auto_offloads_where_nothing_else_fits, 240)
+{
+    char *out = NULL, run[4096];
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is reused */
+    int rc = mgt_sh(&out, "%s -n 2 %s --model gpt-mini --layers 4 --dim 512 --heads 4 --ctx 32 "
+                    "--batch 2 --plan auto --plan-memory 85 --offload disk:%s --steps 2 "
+                    "--eval-every 2 --eval-windows 2", run, mgt_tool("mgtrain"), mgt_tmpdir());
+    CHECK_MSG(rc == 0 && strstr(out, "plan auto: mgrun -n 2 mgtrain") &&
+              strstr(out, " --offload disk:") && strstr(out, "without offload") &&
+              strstr(out, "final: validation loss"), "rc %d: %s", rc, out);
     free(out);
 }
 

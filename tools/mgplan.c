@@ -1,15 +1,16 @@
 /* mgplan — which plan to train a model with: every mesh (dp, pp, tp), ZeRO
- * stage, pipeline schedule and micro-batch count, recomputation and
- * sequence parallelism on a cluster of ranks, with each plan's memory per
+ * stage, pipeline schedule and micro-batch count, recomputation, sequence
+ * parallelism and offload to files on a cluster of ranks, with each plan's memory per
  * rank and time per step (planner.h), ranked among those that fit; the
  * recommendation with the constraint that decided it, and its mgtrain
  * command line.
  *
  * The cluster is this machine (its cores; a rank's FLOP/s and optimizer
  * rate measured on the model; the builtin backend's shared-memory link
- * within the node and TCP's between nodes) unless flags describe another:
- * --flops, --mem-bw and the links' --intra-... and --inter-... figures, for
- * shapes and clusters that do not exist here.
+ * within the node and TCP's between nodes; the offload files' rate in
+ * the offload directory) unless flags describe another: --flops,
+ * --mem-bw, --disk-bw and the links' --intra-... and --inter-... figures,
+ * for shapes and clusters that do not exist here.
  *
  * Bad input (unknown model, a number out of range, nothing that fits, a
  * world size no mesh divides the batch by) gives one line saying what is
@@ -74,17 +75,27 @@ static void usage(FILE *f)
 "  --overlap F         the share of backward that hides collectives, 0-1\n"
 "                      (default: 1 with --flops, else what cores beyond the\n"
 "                      ranks leave: min(1, cores/ranks - 1))\n"
+"  --offload disk:DIR  where offloaded state would go: its rate is measured\n"
+"                      there and the command line names it (default\n"
+"                      /var/tmp); offload is tried for the plans that do not\n"
+"                      fit without it\n"
+"  --disk-bw GBPS      a rank's offload files' rate in GB/s, read and written\n"
+"                      (default: measured when the rates are; with --flops,\n"
+"                      offload is searched only when this is given)\n"
 "  --mesh SPEC --zero K --pp-schedule S\n"
 "                      only plans of this mesh (mgtrain's syntax, e.g. dp=2,pp=2),\n"
 "                      ZeRO stage (0: none) or pipeline schedule\n"
 "  --no-zero --no-pipeline --no-tp --no-recompute --no-sequence-parallel\n"
+"  --no-offload\n"
 "                      leave those out of the search\n"
 "  --top K             print the K best plans (default 10; 0: all)\n"
 "  --verify            run the best plans (--verify-top, default 3), the rules of\n"
 "                      thumb's and plain data parallelism's through mgrun and\n"
 "                      mgtrain for --verify-steps steps (default 10) on this\n"
 "                      machine and print predicted against measured step time\n"
-"                      and memory (gpt-mini; this machine's cluster only)\n"
+"                      (after the first step; the whole run's beside it) and\n"
+"                      memory (gpt-mini; this machine's cluster only)\n"
+"  --verify-runs R     run each plan R times, the median counts (default 1)\n"
 "  --flags             print only the recommended command line\n"
 "  --probe, --probe-links\n"
 "                      (run by mgplan under mgrun) measure the rates and the\n"
@@ -129,27 +140,28 @@ static double size_arg(const char *flag)
 enum { O_LAYERS = 256, O_DIM, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_OPT, O_RPN, O_NODES, O_MEM,
        O_CORES, O_FLOPS, O_MEMBW, O_IBW, O_ILAT, O_XBW, O_XLAT, O_OVERLAP, O_NOZERO, O_NOPP,
        O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL, O_VERIFY, O_VTOP, O_VSTEPS, O_MESH, O_ZERO,
-       O_SCHED, O_PROBE, O_PROBE_LINKS };
+       O_SCHED, O_PROBE, O_PROBE_LINKS, O_NOOFF, O_OFFLOAD, O_DISKBW, O_VRUNS };
 
 static void print_table(const mg_plan *all, int n, int top)
 {
-    printf("%3s %-15s %-5s %-11s %4s %5s %3s %3s %8s %8s %8s %8s %9s %9s %8s %7s %7s %7s %8s %7s\n",
-           "#", "mesh", "zero", "schedule", "M", "local", "rc", "sp", "params", "grads",
-           "optim", "activ", "total MB", "step ms", "compute", "bubble", "tp", "pp",
-           "dp (exp)", "optim");
+    printf("%3s %-15s %-5s %-11s %4s %5s %3s %3s %3s %8s %8s %8s %8s %9s %9s %8s %7s %7s %7s "
+           "%8s %7s %7s\n", "#", "mesh", "zero", "schedule", "M", "local", "rc", "sp", "off",
+           "params", "grads", "optim", "activ", "total MB", "step ms", "compute", "bubble", "tp",
+           "pp", "dp (exp)", "optim", "files");
     for (int i = 0; i < n && (top <= 0 || i < top); i++) {
         const mg_plan *p = &all[i];
         char mesh[48], zero[8];
         snprintf(mesh, sizeof mesh, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
         snprintf(zero, sizeof zero, p->zero ? "%d" : "-", p->zero);
-        printf("%3d %-15s %-5s %-11s %4d %5d %3s %3s %8.1f %8.1f %8.1f %8.1f %9.1f%s %9.2f "
-               "%8.2f %7.2f %7.2f %7.2f %8.2f %7.2f\n", i + 1, mesh, zero,
+        printf("%3d %-15s %-5s %-11s %4d %5d %3s %3s %3s %8.1f %8.1f %8.1f %8.1f %9.1f%s %9.2f "
+               "%8.2f %7.2f %7.2f %7.2f %8.2f %7.2f %7.2f\n", i + 1, mesh, zero,
                p->pp > 1 ? mg_pipe_name(p->schedule) : p->micro > 1 ? "accumulate" : "-",
                p->micro, p->local, p->recompute ? "y" : "-", p->sequence_parallel ? "y" : "-",
-               p->memory.params / 1e6, p->memory.grads / 1e6, p->memory.optim / 1e6,
-               p->memory.activations / 1e6, p->bytes / 1e6, p->fits ? " " : "!",
-               p->step * 1e3, p->compute * 1e3, p->bubble * 1e3, p->tp_comm * 1e3,
-               p->pp_comm * 1e3, p->dp_exposed * 1e3, p->optimizer * 1e3);
+               p->offload ? "y" : "-", p->memory.params / 1e6, p->memory.grads / 1e6,
+               p->memory.optim / 1e6, p->memory.activations / 1e6, p->bytes / 1e6,
+               p->fits ? " " : "!", p->step * 1e3, p->compute * 1e3, p->bubble * 1e3,
+               p->tp_comm * 1e3, p->pp_comm * 1e3, p->dp_exposed * 1e3, p->optimizer * 1e3,
+               p->offload_io * 1e3);
     }
 }
 
@@ -173,8 +185,8 @@ static int probe(const mg_plan_job *job, int nodes, bool links_only)
     mg_status st = links_only ? mg_plan_measure_links(g, &cl)
                               : mg_plan_measure_job(g, job, &cl);
     if (!st && mg_group_rank(g) == 0) {
-        printf("probe: %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead, cl.bytes_per_s,
-               cl.intra.latency, cl.intra.bandwidth);
+        printf("probe: %.9g %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead, cl.bytes_per_s,
+               cl.intra.latency, cl.intra.bandwidth, cl.disk_bytes_per_s);
         for (int i = 0; i <= MG_PLAN_MEASURED_TP; i++)
             for (int k = 0; k < MG_PLAN_SIZES; k++) printf(" %.9g", cl.micro_s[i][k]);
         printf("\n");
@@ -186,8 +198,10 @@ static int probe(const mg_plan_job *job, int nodes, bool links_only)
 
 /* Runs this tool's probe under mgrun on `ranks` ranks of this host
  * (through TCP: as between nodes) with the given arguments; reads its
- * figures into *cl (the link into *l). False when it gives none. */
-static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, mg_link *l)
+ * figures into *cl (the link into *l). False when it gives none, with
+ * the probe's first error line in err. */
+static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, mg_link *l,
+                    char *err, size_t cap)
 {
     char dir[4096], cmd[16384];
     static char line[1 << 16];
@@ -196,10 +210,17 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
              tcp ? "MG_TRANSPORT=tcp " : "", dir, ranks, dir, args);
     FILE *f = popen(cmd, "r");
     bool got = false;
+    *err = 0;
     while (f && fgets(line, sizeof line, f)) {
-        if (strncmp(line, "probe: ", 7)) continue;
+        if (strncmp(line, "probe: ", 7)) {
+            if (!*err && strstr(line, "mgplan: ")) {
+                line[strcspn(line, "\n")] = 0;
+                snprintf(err, cap, ": %.400s", strstr(line, "mgplan: ") + 8);
+            }
+            continue;
+        }
         char *at = line + 7, *end;
-        double v[5 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
+        double v[6 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
         int n = 0;
         for (; n < (int)(sizeof v / sizeof *v); n++, at = end) {
             v[n] = strtod(at, &end);
@@ -213,7 +234,8 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
         cl->flops = v[0];
         cl->overhead = v[1];
         cl->bytes_per_s = v[2];
-        memcpy(cl->micro_s, v + 5, sizeof cl->micro_s);
+        cl->disk_bytes_per_s = v[5];
+        memcpy(cl->micro_s, v + 6, sizeof cl->micro_s);
         cl->micro_with_tp = true;   /* mg_plan_measure_job's */
     }
     if (f && pclose(f)) got = false;
@@ -223,7 +245,8 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
 /* ---- --verify ------------------------------------------------------------ */
 
 typedef struct {
-    double step_s, wall_s;          /* steady step (from tokens/s), the whole run */
+    double step_s, first_s, wall_s; /* a step after the first, one with the first (from
+                                       tokens/s), the whole run */
     double state, activations, rss; /* the largest rank's MB */
     int ranks;
 } measured;
@@ -249,7 +272,7 @@ static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measur
         return false;
     }
     char line[2048], last[2048] = "";
-    double per_s = 0;
+    double per_s = 0, steady = 0;
     while (fgets(line, sizeof line, f)) {
         double a, b, c, d, r;
         const char *pk = strstr(line, ": peak MB parameters");
@@ -262,7 +285,8 @@ static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measur
             if (rs && sscanf(rs, "peak RSS %lf", &r) == 1 && r > m->rss) m->rss = r;
         }
         const char *tk = strstr(line, " s training, ");
-        if (!strncmp(line, "final:", 6) && tk) sscanf(tk, " s training, %lf", &per_s);
+        if (!strncmp(line, "final:", 6) && tk)
+            sscanf(tk, " s training, %lf tokens/s (%lf after", &per_s, &steady);
         if (*line != '\n') snprintf(last, sizeof last, "%s", line);
     }
     int st = pclose(f);
@@ -272,18 +296,27 @@ static bool run_plan(const mg_plan_job *job, const mg_plan *p, int steps, measur
         snprintf(err, cap, "%.400s", *last ? last : "no figures");
         return false;
     }
-    m->step_s = (double)job->batch * job->gpt.ctx / per_s;
+    m->first_s = (double)job->batch * job->gpt.ctx / per_s;
+    m->step_s = steady > 0 ? (double)job->batch * job->gpt.ctx / steady : m->first_s;
     return true;
 }
 
+static int by_step(const void *a, const void *b)
+{
+    double x = ((const measured *)a)->step_s, y = ((const measured *)b)->step_s;
+    return x < y ? -1 : x > y;
+}
+
 /* The best `top` plans, the rules of thumb's and the fastest plain data
- * parallelism that fits, run; predicted against measured. */
+ * parallelism that fits, run `runs` times each (the median counts);
+ * predicted against measured. */
 static void verify_plans(const mg_plan_job *job, const mg_plan_cluster *cl, const mg_plan *all,
-                         int n, int top, int steps)
+                         int n, int top, int steps, int runs)
 {
     int pick[128], np = 0, rule = mg_plan_rule_of_thumb(all, n, cl), plain = -1;
     for (int i = 0; i < n && plain < 0; i++)
-        if (all[i].fits && all[i].tp == 1 && all[i].pp == 1 && !all[i].zero && !all[i].recompute)
+        if (all[i].fits && all[i].tp == 1 && all[i].pp == 1 && !all[i].zero && !all[i].recompute &&
+            !all[i].offload)
             plain = i;
     for (int i = 0; i < n && np < top; i++)
         if (all[i].fits) pick[np++] = i;
@@ -293,28 +326,33 @@ static void verify_plans(const mg_plan_job *job, const mg_plan_cluster *cl, cons
         for (int i = 0; i < np; i++) have |= pick[i] == extra[k];
         if (!have) pick[np++] = extra[k];
     }
-    printf("\nverify: %d steps of each on this machine (%s, %d cores), predicted against "
-           "measured; state: parameters, gradients and optimizer of the largest rank\n",
-           steps, mg_cpu()->model, cl->cores);
-    printf("%3s %-34s %9s %9s %6s %9s %9s %6s %9s %9s %8s %8s\n", "#", "plan", "step ms",
-           "measured", "ratio", "state MB", "measured", "ratio", "activ MB", "measured",
-           "RSS MB", "whole s");
+    printf("\nverify: %d steps of each on this machine (%s, %d cores)%s, predicted against "
+           "measured (a step after the first; with the first: the whole run's rate); state: "
+           "parameters, gradients and optimizer of the largest rank\n", steps,
+           mg_cpu()->model, cl->cores, runs > 1 ? ", the median of the runs" : "");
+    printf("%3s %-44s %9s %9s %6s %9s %9s %9s %6s %9s %9s %8s %8s\n", "#", "plan", "step ms",
+           "measured", "ratio", "with 1st", "state MB", "measured", "ratio", "activ MB",
+           "measured", "RSS MB", "whole s");
     for (int k = 0; k < np; k++) {
         const mg_plan *p = &all[pick[k]];
         char name[160], err[512];
         mg_plan_describe(p, name, sizeof name - 8);
         if (pick[k] == rule) strcat(name, " (rule)");
         fflush(stdout);
-        measured m;
+        measured m, r[16];
         double state = (p->memory.params + p->memory.grads + p->memory.optim) / 1e6;
-        if (!run_plan(job, p, steps, &m, err, sizeof err)) {
-            printf("%3d %-34s %9.1f failed: %s\n", pick[k] + 1, name, p->step * 1e3, err);
+        bool ok = true;
+        for (int i = 0; i < runs && ok; i++) ok = run_plan(job, p, steps, &r[i], err, sizeof err);
+        if (!ok) {
+            printf("%3d %-44s %9.1f failed: %s\n", pick[k] + 1, name, p->step * 1e3, err);
             continue;
         }
-        printf("%3d %-34s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f %9.1f %9.1f %8.1f %8.1f\n",
-               pick[k] + 1, name, p->step * 1e3, m.step_s * 1e3, m.step_s / p->step, state,
-               m.state, m.state / state, p->memory.activations / 1e6, m.activations, m.rss,
-               m.wall_s);
+        qsort(r, (size_t)runs, sizeof *r, by_step);
+        m = r[runs / 2];
+        printf("%3d %-44s %9.1f %9.1f %6.2f %9.1f %9.1f %9.1f %6.2f %9.1f %9.1f %8.1f %8.1f\n",
+               pick[k] + 1, name, p->step * 1e3, m.step_s * 1e3, m.step_s / p->step,
+               m.first_s * 1e3, state, m.state, m.state / state, p->memory.activations / 1e6,
+               m.activations, m.rss, m.wall_s);
     }
 }
 
@@ -339,14 +377,19 @@ int main(int argc, char **argv)
         {"flags", no_argument, 0, O_FLAGS}, {"verify", no_argument, 0, O_VERIFY},
         {"verify-top", required_argument, 0, O_VTOP},
         {"verify-steps", required_argument, 0, O_VSTEPS}, {"mesh", required_argument, 0, O_MESH},
+        {"verify-runs", required_argument, 0, O_VRUNS},
         {"zero", required_argument, 0, O_ZERO}, {"pp-schedule", required_argument, 0, O_SCHED},
         {"probe", no_argument, 0, O_PROBE}, {"probe-links", no_argument, 0, O_PROBE_LINKS},
+        {"no-offload", no_argument, 0, O_NOOFF}, {"offload", required_argument, 0, O_OFFLOAD},
+        {"disk-bw", required_argument, 0, O_DISKBW},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *model = NULL;
     mg_gpt_config gpt = mg_gpt_defaults();
     int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0, verify = 0, vtop = 3, vsteps = 10;
-    const char *optimizer = NULL, *mesh = NULL, *schedule = NULL;
+    int vruns = 1;
+    const char *optimizer = NULL, *mesh = NULL, *schedule = NULL, *offload_dir = "/var/tmp";
+    bool no_offload = false;
     int zero = -1, probing = 0;
     bool nos[5] = {false}, links_given[2] = {false, false};
     mg_plan_cluster cl = {.ranks_per_node = 0, .nodes = 1, .overlap = -1,
@@ -386,9 +429,18 @@ int main(int argc, char **argv)
         case O_VERIFY: verify = 1; break;
         case O_VTOP: vtop = inum("--verify-top", 1, 100); break;
         case O_VSTEPS: vsteps = inum("--verify-steps", 2, 100000); break;
+        case O_VRUNS: vruns = inum("--verify-runs", 1, 16); break;
         case 'h': usage(stdout); return 0;
         case O_PROBE: probing = 1; break;
         case O_PROBE_LINKS: probing = 2; break;
+        case O_NOOFF: no_offload = true; break;
+        case O_OFFLOAD:
+            if (strncmp(optarg, "disk:", 5) || !optarg[5])
+                die("--offload '%s': give disk:DIR, the directory offloaded state would go to",
+                    optarg);
+            offload_dir = optarg + 5;
+            break;
+        case O_DISKBW: cl.disk_bytes_per_s = num("--disk-bw", 1e-6, 1e6) * 1e9; break;
         default:
             die("unknown or incomplete option '%s': see mgplan --help", argv[optind - 1]);
         }
@@ -429,7 +481,10 @@ int main(int argc, char **argv)
     job.no_tp = nos[2];
     job.no_recompute = nos[3];
     job.no_sequence_parallel = nos[4];
+    job.no_offload = no_offload;
+    job.offload_dir = offload_dir;
     bool measured = !(cl.flops > 0 && cl.bytes_per_s > 0);
+    char line[1024];
     /* Collectives sum at the rank's memory rate when it is given. */
     if (cl.bytes_per_s > 0) cl.intra.reduce = cl.inter.reduce = cl.bytes_per_s;
     /* This machine's cores and what they leave backward to hide
@@ -451,9 +506,10 @@ int main(int argc, char **argv)
             len += snprintf(args + len, sizeof args - (size_t)len, "'%s' ", argv[i]);
         snprintf(args + len, sizeof args - (size_t)len, "--probe");
         if (cl.ranks_per_node > 1) {
-            if (!measure(cl.ranks_per_node, false, args, &m, &intra))
-                die("cannot measure this machine (mgrun -n %d mgplan ... --probe): give "
-                    "--flops, --mem-bw and the links", cl.ranks_per_node);
+            char err[512];
+            if (!measure(cl.ranks_per_node, false, args, &m, &intra, err, sizeof err))
+                die("cannot measure this machine (mgrun -n %d mgplan ... --probe)%s", cl.ranks_per_node,
+                    *err ? err : ": give --flops, --mem-bw and the links");
         } else {
             TRY(mg_plan_measure(&job, &m));
         }
@@ -464,16 +520,16 @@ int main(int argc, char **argv)
             cl.micro_with_tp = m.micro_with_tp;
         }
         if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
+        if (!(cl.disk_bytes_per_s > 0)) cl.disk_bytes_per_s = m.disk_bytes_per_s;
         if (!links_given[0]) cl.intra = intra;
         if (!links_given[1] && cl.nodes > 1 &&
-            !measure(cl.nodes, true, "--probe-links", &m, &cl.inter))
-            die("cannot measure the link between nodes (through TCP on this host): give "
-                "--inter-bw and --inter-latency");
+            !measure(cl.nodes, true, "--probe-links", &m, &cl.inter, line, sizeof line))
+            die("cannot measure the link between nodes (through TCP on this host)%s: give "
+                "--inter-bw and --inter-latency", line);
     }
     mg_plan *all;
     int np;
     TRY(mg_plan_search(&job, &cl, &all, &np));
-    char line[1024];
     if (!all[0].fits) {
         mg_plan_reason(all, np, &cl, line, sizeof line);
         free(all);
@@ -490,10 +546,11 @@ int main(int argc, char **argv)
     char cap[32] = "no limit";
     if (cl.memory > 0) snprintf(cap, sizeof cap, "%.0f MB", cl.memory / 1e6);
     printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %.3g "
-           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s%s; links: within a node "
-           "%.1f us and %.2f GB/s, between nodes %.1f us and %.2f GB/s\n", prog, model,
-           job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap, cl.flops,
-           cl.overhead * 1e3, cl.bytes_per_s, measured ? " (measured)" : "",
+           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s, offload files %.3g B/s%s; "
+           "links: within a node %.1f us and %.2f GB/s, between nodes %.1f us and %.2f GB/s\n",
+           prog, model, job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap,
+           cl.flops, cl.overhead * 1e3, cl.bytes_per_s, cl.disk_bytes_per_s,
+           measured ? " (measured)" : "",
            cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9, cl.inter.latency * 1e6,
            cl.inter.bandwidth / 1e9);
     printf("%d plans, %d fit; the best %d (MB are a rank's most; ms a step; ! does not fit):\n",
@@ -502,7 +559,7 @@ int main(int argc, char **argv)
     char why[512];
     mg_plan_reason(all, np, &cl, why, sizeof why);
     printf("recommended: %s\n  because %s\n", line, why);
-    if (verify) verify_plans(&job, &cl, all, np, vtop, vsteps);
+    if (verify) verify_plans(&job, &cl, all, np, vtop, vsteps, vruns);
     free(all);
     return 0;
 }

@@ -155,7 +155,9 @@ static void usage(FILE *f)
 "                      pipeline's schedule and micro-batches, --accumulate,\n"
 "                      --recompute and --sequence-parallel for the global batch\n"
 "                      (--batch x --accumulate) on the job's ranks, measuring\n"
-"                      this machine first; it prints its choice and why\n"
+"                      this machine first; it prints its choice and why. With\n"
+"                      --offload disk:DIR it may also offload there, where\n"
+"                      nothing fits without\n"
 "  --plan-memory MB    with --plan auto, what a rank may hold (default: the\n"
 "                      node's available memory over its ranks)\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
@@ -557,13 +559,13 @@ static void train(options *o)
     mg_train_summary s;
     TRY(mg_trainer_run(o->t, &s));
     if (in.rank == 0 && c->text)
-        printf("final: validation loss %.4f, perplexity %.2f, %.1f s training, %.0f tokens/s, "
-               "peak memory %.0f MB\n", s.last.val_loss, s.last.val_ppl, s.seconds, s.per_s,
-               mg_peak_rss() / 1e6);
+        printf("final: validation loss %.4f, perplexity %.2f, %.1f s training, %.0f tokens/s "
+               "(%.0f after the first step), peak memory %.0f MB\n", s.last.val_loss,
+               s.last.val_ppl, s.seconds, s.per_s, s.steady_per_s, mg_peak_rss() / 1e6);
     else if (in.rank == 0)
-        printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, peak memory "
-               "%.0f MB\n", 100 * s.last.test_acc, s.last.test_loss, s.seconds,
-               mg_peak_rss() / 1e6);
+        printf("final: test accuracy %.2f%%, test loss %.4f, %.1f s training, %.0f images/s "
+               "(%.0f after the first step), peak memory %.0f MB\n", 100 * s.last.test_acc,
+               s.last.test_loss, s.seconds, s.per_s, s.steady_per_s, mg_peak_rss() / 1e6);
     mg_trainer_print_counters(o->t, prog, stderr);
     print_sample(o);
 }

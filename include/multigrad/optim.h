@@ -107,6 +107,10 @@ mg_device mg_optim_device(const mg_optim *o);
  * it has stepped. dir NULL: the states stay in memory. */
 mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg_scratch *params,
                            mg_scratch *grads);
+/* The bytes an optimizer of cfg over n floats, offloaded with windows of
+ * window_bytes, keeps in memory (mg_optim_bytes once offloaded): what a
+ * planner counts. */
+size_t mg_optim_offload_bytes(const mg_optim_config *cfg, size_t n, size_t window_bytes);
 /* The factor of the next step's gradients from the gradient file
  * (clipping); 1 after each step. */
 void mg_optim_scale_grads(mg_optim *o, float coef);

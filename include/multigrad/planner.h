@@ -3,7 +3,8 @@
  * cluster (ranks per node x nodes, memory per rank, the links within a
  * node and between nodes, a rank's compute rate), every plan mgtrain can
  * run — mesh (dp, pp, tp), ZeRO stage, pipeline schedule and
- * micro-batches (or accumulation), recomputation, sequence parallelism —
+ * micro-batches (or accumulation), recomputation, sequence parallelism,
+ * offload to files —
  * with the memory each rank holds and the time of a step, ranked.
  *
  * Memory comes from the strategies' own accounting (mg_strategy_memory),
@@ -21,10 +22,17 @@
  * backend's cost model (mg_coll_time) on the link each dimension's group
  * spans; the pipeline's bubble from its schedule's simulation
  * (mg_pipe_simulate); what backward hides of DDP's and ZeRO's reductions;
- * the optimizer's pass over its state at the rank's memory rate.
+ * the optimizer's pass over its state at the rank's memory rate; with
+ * offload, the files' reads and writes at the rate measured in the
+ * offload directory.
  *
- * Limits: one model and one dtype (float32) per search; offload to files
- * and DataParallel threads are not searched; tensor parallelism only
+ * Offload (--offload disk:DIR) is tried for every plan that does not fit
+ * without it (it only adds time): the optimizer's state in files, with
+ * ZeRO 2-3 without a pipeline its gradient pieces too, and with ZeRO-3
+ * its parameter pieces.
+ *
+ * Limits: one model and one dtype (float32) per search; DataParallel
+ * threads and --offload cpu (a device's) are not searched; tensor parallelism only
  * within the zoo's split layers (gpt, mlp, lenet5, lenet-d2l); from
  * figures, every GEMM runs at one rate. */
 #ifndef MULTIGRAD_PLANNER_H
@@ -60,6 +68,8 @@ typedef struct mg_plan_cluster {
     double micro_s[MG_PLAN_MEASURED_TP + 1][MG_PLAN_SIZES];
     bool micro_with_tp;      /* a tp part's times include its collectives */
     double bytes_per_s;      /* a rank's optimizer pass: bytes of state read and written */
+    double disk_bytes_per_s; /* a rank's offload files, bytes read and written a second
+                                with the node's ranks at once (0: offload not searched) */
     double overlap;          /* the share of backward that hides collectives (0-1) */
     mg_link intra, inter;    /* within a node, between nodes */
 } mg_plan_cluster;
@@ -72,8 +82,13 @@ typedef struct mg_plan_job {
     float momentum;
     double bucket_mb;        /* DDP and ZeRO bucket cap (0: 25) */
     bool evaluates;          /* the run evaluates: ZeRO-3 gathers every parameter for it */
+    /* Offload: the directory of the files (mgtrain's --offload disk:DIR;
+     * NULL: "DIR" in the flags, not measured) and the bytes of a window
+     * of one array (mg_strategy_defaults': MG_OFFLOAD_WINDOW_MB). */
+    const char *offload_dir;
+    size_t offload_window;
     /* The search (false: tried): */
-    bool no_recompute, no_sequence_parallel, no_zero, no_pipeline, no_tp;
+    bool no_recompute, no_sequence_parallel, no_zero, no_pipeline, no_tp, no_offload;
     /* Only plans of these (0, or -1 for the last two: any): */
     int dp, pp, tp, zero, schedule;
 } mg_plan_job;
@@ -90,13 +105,15 @@ typedef struct mg_plan {
     int micro;               /* micro-batches per step: a pipeline's M, else --accumulate */
     int local;               /* samples per rank and micro-batch */
     bool recompute, sequence_parallel;
+    bool offload;            /* --offload disk:DIR */
     mg_memory_stats memory;  /* parameters, gradients, optimizer, activations */
     size_t bytes;            /* their sum */
     /* Seconds per step: computing (recomputation included), the pipeline's
      * idle time, tensor-parallel and pipeline transfers (on the critical
      * path), the data-parallel collectives and what of them backward does
-     * not hide, the optimizer, and the step. */
-    double compute, bubble, tp_comm, pp_comm, dp_comm, dp_exposed, optimizer, step;
+     * not hide, the optimizer, the offload files' reads and writes that
+     * nothing hides, and the step. */
+    double compute, bubble, tp_comm, pp_comm, dp_comm, dp_exposed, optimizer, offload_io, step;
     bool fits;               /* bytes within the cluster's memory */
 } mg_plan;
 
@@ -111,7 +128,7 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
  * counts it (the test compares them): for checks and --verify. */
 mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
                               mg_memory_stats *out);
-/* "dp=2,pp=2,tp=1 zero1 1f1b M=8 recompute sp": the plan in one phrase. */
+/* "dp=2,pp=2,tp=1 zero1 1f1b M=8 recompute sp offload": the plan in one phrase. */
 void mg_plan_describe(const mg_plan *p, char *buf, size_t cap);
 /* Why the first plan is the one: a line naming the constraint that
  * decided (memory, the links, the bubble...), given the ranked list. */
@@ -127,10 +144,12 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
  * of that kind fits. */
 int mg_plan_rule_of_thumb(const mg_plan *ranked, int n, const mg_plan_cluster *cl);
 /* mgtrain's flags for the plan ("--mesh dp=2,pp=2,tp=1 --zero 1 --batch
- * 32 --micro-batches 4 ..."), the model's size flags included. */
+ * 32 --micro-batches 4 ..."), the model's size flags included; offload
+ * in the job's directory ("DIR" without one). */
 void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t cap);
 /* The same into a trainer's config (mesh, zero, schedule, micro-batches,
- * batch and accumulation, recomputation, sequence parallelism, strategy);
+ * batch and accumulation, recomputation, sequence parallelism, strategy,
+ * offload: the config's offload_dir is kept only when the plan offloads);
  * mesh points into storage of at least 48 bytes the caller keeps. */
 void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_config *c);
 
@@ -146,7 +165,8 @@ mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, int cores, d
  * the node, or between nodes when cl has several. Collective. */
 mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl);
 /* The job of a trainer's config: its model, global batch (batch x
- * accumulate), optimizer and buckets; it evaluates. */
+ * accumulate), optimizer and buckets; it evaluates; offload is searched
+ * when the config gives a directory for it (--offload disk:DIR). */
 mg_status mg_plan_job_of(const mg_train_config *c, mg_plan_job *out);
 /* The fastest plan that fits (mgtrain --plan auto's), and why in buf;
  * MG_EINVAL with the reason as the message when nothing fits. */
@@ -165,12 +185,20 @@ mg_status mg_plan_choose(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
  * optimizer's bytes per second. */
 mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl);
 /* The same on every rank of g at once (as the node's ranks will share its
- * cores and memory in training), each tp part with the ranks of its tp
+ * cores and memory in training; they agree on the sizes and step counts,
+ * so they run each size together), each tp part with the ranks of its tp
  * group and its collectives real (micro_with_tp: their time, waits for
- * the slowest rank included, is in micro_s), the means of their figures,
- * and the job's link (mg_plan_measure_links): every rank gets them.
- * Collective. */
+ * the slowest rank included, is in micro_s), the job's link
+ * (mg_plan_measure_links) and, when the job searches offload in a
+ * directory, the files' rate there (mg_plan_measure_disk, the ranks at
+ * once); every rank gets the slowest rank's figures, which a synchronous
+ * step goes at. Collective. */
 mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl);
+/* The rate offloaded state moves at through files in dir (mg_scratch,
+ * in windows of `window` bytes as the optimizer streams them): a file of
+ * 32 windows (at least 32 MiB) written once, then written and read
+ * again, timed; into cl->disk_bytes_per_s. */
+mg_status mg_plan_measure_disk(const char *dir, size_t window, mg_plan_cluster *cl);
 
 #ifdef __cplusplus
 }

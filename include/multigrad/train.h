@@ -150,6 +150,10 @@ typedef struct mg_train_summary {
     long steps_run;
     double seconds;        /* training only: evaluation and saving left out */
     double per_s;          /* images or tokens per second over them */
+    /* The first step's seconds (its set-up: memory touched and offload
+     * files written for the first time) and the rate over the others
+     * (steady; 0 with one step). */
+    double first_step_s, steady_per_s;
     mg_train_row last;     /* the last row (all NaN if none) */
 } mg_train_summary;
 /* Train from the starting state to the config's epochs or steps

@@ -151,6 +151,20 @@ static mg_status check_config(const mg_optim_config *c)
     return MG_OK;
 }
 
+/* A state array of `bytes` on dev, zeroed: on the CPU mapped pages that
+ * cost nothing until written, so that an optimizer offloaded before its
+ * first step never holds its state in memory. */
+static float *state_alloc(mg_device dev, size_t bytes)
+{
+    return dev.kind == MG_DEVICE_CPU ? mg_map_zero(bytes) : mg_device_alloc(dev, bytes);
+}
+
+static void state_free(mg_device dev, float *p, size_t bytes)
+{
+    if (dev.kind == MG_DEVICE_CPU) mg_unmap(p, bytes);
+    else mg_device_free(dev, p);
+}
+
 static struct seg new_seg(size_t lo, size_t hi, float wd)
 {
     return (struct seg){.lo = lo, .hi = hi, .wd = wd, .wd_dec = dec(wd)};
@@ -208,7 +222,8 @@ mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, 
         o->state_nonneg[1] = true;
     }
     for (int i = 0; i < o->nstates; i++) {
-        if (n > SIZE_MAX / sizeof(float) || !(o->state[i] = mg_alloc_zero(n * sizeof(float)))) {
+        if (n > SIZE_MAX / sizeof(float) ||
+            !(o->state[i] = state_alloc(o->dev, n * sizeof(float)))) {
             mg_optim_destroy(o);
             return mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state",
                             n, o->state_names[i]);
@@ -224,10 +239,7 @@ void mg_optim_destroy(mg_optim *o)
 {
     if (!o) return;
     offload_stop(o->off_);
-    for (int i = 0; i < o->nstates; i++) {
-        if (o->dk) mg_device_free(o->dev, o->state[i]);
-        else mg_free(o->state[i]);
-    }
+    for (int i = 0; i < o->nstates; i++) state_free(o->dev, o->state[i], o->n * sizeof(float));
     free(o->r);
     free(o->off);
     free(o->seg);
@@ -381,14 +393,14 @@ mg_status mg_optim_to_device(mg_optim *o, mg_device dev)
     float *st[MAX_STATES] = {NULL, NULL};
     mg_status e = MG_OK;
     for (int i = 0; i < o->nstates && !e; i++) {
-        st[i] = mg_device_alloc(dev, o->n * sizeof(float));
+        st[i] = state_alloc(dev, o->n * sizeof(float));
         e = st[i] ? mg_device_copy(dev, st[i], o->dev, o->state[i], o->n * sizeof(float))
                   : mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state on "
                              "the device", o->n, o->state_names[i]);
     }
     for (int i = 0; i < o->nstates; i++) {
         float *drop = e ? st[i] : o->state[i];
-        mg_device_free(e ? dev : o->dev, drop);
+        state_free(e ? dev : o->dev, drop, o->n * sizeof(float));
         if (!e) o->state[i] = st[i];
     }
     if (e) return e;
@@ -567,6 +579,28 @@ static void offload_stop(offload *f)
     free(f);
 }
 
+/* Floats of one array in a window of an optimizer of n floats: the
+ * window's bytes in whole SIMD blocks, at most n's. */
+static size_t window_floats(size_t n, size_t window_bytes)
+{
+    size_t win = window_bytes / sizeof(float);
+    win = win < MG_SIMD_FLOATS ? MG_SIMD_FLOATS : win / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
+    win = win < n ? win : (n + MG_SIMD_FLOATS - 1) / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
+    return win ? win : MG_SIMD_FLOATS;
+}
+
+/* The windows' bytes: NBUF buffers of the parameters', the gradients'
+ * and each state's window. */
+static size_t windows_bytes(int states, size_t win)
+{
+    return NBUF * (size_t)(2 + states) * win * sizeof(float);
+}
+
+size_t mg_optim_offload_bytes(const mg_optim_config *cfg, size_t n, size_t window_bytes)
+{
+    return windows_bytes(mg_optim_states(cfg), window_floats(n, window_bytes));
+}
+
 mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg_scratch *params,
                            mg_scratch *grads)
 {
@@ -574,10 +608,7 @@ mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg
     if (!dir && !params && !grads) return MG_OK;
     offload *f = calloc(1, sizeof *f);
     if (!f) return mg_error(MG_ENOMEM, "optimizer offload: out of memory");
-    size_t win = window_bytes / sizeof(float);
-    win = win < MG_SIMD_FLOATS ? MG_SIMD_FLOATS : win / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
-    f->win = win < o->n ? win : (o->n + MG_SIMD_FLOATS - 1) / MG_SIMD_FLOATS * MG_SIMD_FLOATS;
-    if (!f->win) f->win = MG_SIMD_FLOATS;
+    f->win = window_floats(o->n, window_bytes);
     f->ps = params;
     f->gs = grads;
     f->gscale = 1.0f;
@@ -597,10 +628,11 @@ mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg
     for (int s = 0; !st && f->ss && o->steps > 0 && s < o->nstates; s++)
         st = mg_scratch_write(f->ss, o->state[s], o->n * sizeof(float),
                             (uint64_t)s * o->n * sizeof(float));
+    size_t one = windows_bytes(o->nstates, f->win) / NBUF;
     for (int b = 0; !st && b < NBUF; b++)
-        if (!(f->buf[b] = mg_alloc((size_t)(2 + o->nstates) * f->win * sizeof(float))))
+        if (!(f->buf[b] = mg_alloc(one)))
             st = mg_error(MG_ENOMEM, "optimizer offload: cannot allocate a window of %zu bytes",
-                          (size_t)(2 + o->nstates) * f->win * sizeof(float));
+                          one);
     if (!st) {
         pthread_mutex_init(&f->mu, NULL);
         pthread_cond_init(&f->cv, NULL);
@@ -622,7 +654,7 @@ mg_status mg_optim_offload(mg_optim *o, const char *dir, size_t window_bytes, mg
     }
     if (f->ss)
         for (int s = 0; s < o->nstates; s++) {
-            mg_free(o->state[s]);
+            state_free(o->dev, o->state[s], o->n * sizeof(float));
             o->state[s] = NULL;
         }
     return MG_OK;
@@ -682,7 +714,7 @@ size_t mg_optim_bytes(const mg_optim *o)
 {
     if (!o->off_) return o->n * (size_t)o->nstates * sizeof(float);
     /* The windows, and the states the file does not hold. */
-    return NBUF * (size_t)(2 + o->nstates) * o->off_->win * sizeof(float) +
+    return windows_bytes(o->nstates, o->off_->win) +
            (o->off_->ss ? 0 : o->n * (size_t)o->nstates * sizeof(float));
 }
 

@@ -2,10 +2,10 @@
  * job's model — the FLOP/s of its training step and a micro-batch's
  * overhead (time = overhead + samples x FLOPs / rate, from two batch
  * sizes), for the whole model and for each tensor-parallel part the
- * search may take (a split model's smaller GEMMs run slower), and the
- * optimizer's memory rate — with as many copies running at once as the
- * node's ranks share its cores and memory; this machine as a cluster;
- * and mgtrain --plan auto's choice.
+ * search may take (a split model's smaller GEMMs run slower), the
+ * optimizer's memory rate and the offload files' rate — with as many
+ * copies running at once as the node's ranks share its cores, memory and
+ * disk; this machine as a cluster; and mgtrain --plan auto's choice.
  *
  * A tensor-parallel part runs with local stand-ins for its collectives
  * (a sum leaves its part, a gather copies it into every slot), so its
@@ -52,6 +52,8 @@ typedef struct {
     const mg_plan_job *job;
     int local, tp;                 /* the largest micro-batch measured; the part */
     mg_group *g;                   /* the part's tp group (its collectives real), or NULL */
+    mg_group *all;                 /* the ranks measuring at once (they agree on the sizes
+                                      and step counts, so they run together), or NULL */
     int tp_rank;
     double micro_s[MG_PLAN_SIZES]; /* seconds of a micro-batch of 2^k samples */
     double flops;                  /* of a sample's training step */
@@ -66,8 +68,8 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The largest of x over g (x alone without g): so the ranks of a tp
- * group decide alike. */
+/* The largest of x over g (x alone without g): so the ranks measuring at
+ * once decide alike, and start each size together. */
 static double agreed(mg_group *g, double x, mg_status *st)
 {
     if (g && !*st) *st = mg_all_reduce(g, &x, &x, 1, MG_F64, MG_MAX);
@@ -150,8 +152,9 @@ static void measure_one(rates *r)
     int top = 0;
     while (top + 1 < MG_PLAN_SIZES && (1 << (top + 1)) <= local) top++;
     double began = mg_now();
-    for (int k = top; k >= 0 && !st && (k == top || agreed(r->g, mg_now() - began, &st) < 10); k--)
-        r->micro_s[k] = step_seconds(m, r->g, x, y, 1 << k, k == top ? 1.0 : 0.4, &st);
+    for (int k = top; k >= 0 && !st && (k == top || agreed(r->all, mg_now() - began, &st) < 10);
+         k--)
+        r->micro_s[k] = step_seconds(m, r->all, x, y, 1 << k, k == top ? 1.0 : 0.4, &st);
     /* The optimizer over the whole arena. */
     mg_optim *o = NULL;
     mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
@@ -208,7 +211,7 @@ static mg_status measure_parts(mg_group *g, const mg_plan_job *job, mg_plan_clus
             continue;   /* the model does not split so */
         mg_model_destroy(m);
         int most = local * tp < 1 << (MG_PLAN_SIZES - 1) ? local * tp : 1 << (MG_PLAN_SIZES - 1);
-        rates r = {.job = job, .local = most, .tp = tp, .tp_rank = g ? rank % tp : 0};
+        rates r = {.job = job, .local = most, .tp = tp, .tp_rank = g ? rank % tp : 0, .all = g};
         mg_status st = g && tp > 1 ? mg_group_split(g, rank / tp, rank % tp, &r.g) : MG_OK;
         if (!st) measure_one(&r);
         mg_group_destroy(r.g);
@@ -221,13 +224,33 @@ static mg_status measure_parts(mg_group *g, const mg_plan_job *job, mg_plan_clus
             flops = r.flops;
         }
     }
+    /* A synchronous step goes at its slowest rank's pace (ranks sharing
+     * cores measure apart by 40% here): every rank gets the slowest
+     * figures. */
+    if (g) {
+        enum { K = 1 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES };
+        double v[K] = {-cl->bytes_per_s};
+        memcpy(v + 1, cl->micro_s, sizeof cl->micro_s);
+        MG_TRY(mg_all_reduce(g, v, v, K, MG_F64, MG_MAX));
+        cl->bytes_per_s = -v[0];
+        memcpy(cl->micro_s, v + 1, sizeof cl->micro_s);
+    }
     rates_of_sizes(flops, cl);
     return MG_OK;
 }
 
+/* The job searches offload in a directory: its files' rate. */
+static mg_status measure_files(const mg_plan_job *job, mg_plan_cluster *cl)
+{
+    return job->offload_dir && !job->no_offload
+               ? mg_plan_measure_disk(job->offload_dir, job->offload_window, cl)
+               : MG_OK;
+}
+
 mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl)
 {
-    return measure_parts(NULL, job, cl);
+    MG_TRY(measure_parts(NULL, job, cl));
+    return measure_files(job, cl);
 }
 
 /* ---- the job's links ---------------------------------------------------------- */
@@ -255,19 +278,40 @@ mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
     return MG_OK;
 }
 
+/* ---- the offload files ---------------------------------------------------- */
+
+mg_status mg_plan_measure_disk(const char *dir, size_t window, mg_plan_cluster *cl)
+{
+    size_t n = window < (1u << 20) ? (32u << 20) / (window ? window : 1) : 32;
+    if (!window) return mg_error(MG_EINVAL, "planner: an offload window of 0 bytes");
+    mg_scratch *f;
+    MG_TRY(mg_scratch_create(dir, (uint64_t)n * window, "planner's disk probe", &f));
+    char *buf = mg_alloc(window);
+    mg_status st = buf ? MG_OK : mg_error(MG_ENOMEM, "planner: out of memory");
+    if (buf) memset(buf, 1, window);
+    double t0 = 0;
+    /* A pass to write the file once, then one written and read, timed. */
+    for (int pass = 0; pass < 3 && !st; pass++) {
+        if (pass == 1) t0 = mg_now();
+        for (size_t i = 0; i < n && !st; i++)
+            st = pass < 2 ? mg_scratch_write(f, buf, window, (uint64_t)i * window)
+                          : mg_scratch_read(f, buf, window, (uint64_t)i * window);
+    }
+    if (!st) cl->disk_bytes_per_s = 2.0 * (double)n * (double)window / (mg_now() - t0);
+    mg_free(buf);
+    mg_scratch_destroy(f);
+    return st;
+}
+
 mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl)
 {
     MG_TRY(measure_parts(g, job, cl));
     cl->micro_with_tp = true;
-    /* Every rank gets the means. */
-    enum { K = 3 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES };
-    double v[K] = {cl->flops, cl->overhead, cl->bytes_per_s};
-    memcpy(v + 3, cl->micro_s, sizeof cl->micro_s);
-    MG_TRY(mg_all_reduce(g, v, v, K, MG_F64, MG_AVG));
-    cl->flops = v[0];
-    cl->overhead = v[1];
-    cl->bytes_per_s = v[2];
-    memcpy(cl->micro_s, v + 3, sizeof cl->micro_s);
+    /* The files at once, as the node's ranks would stream them. */
+    MG_TRY(mg_group_agree(g, measure_files(job, cl), MG_AGREE_SHARE));
+    double slowest = -cl->disk_bytes_per_s;
+    MG_TRY(mg_all_reduce(g, &slowest, &slowest, 1, MG_F64, MG_MAX));
+    cl->disk_bytes_per_s = -slowest;
     return mg_plan_measure_links(g, cl);
 }
 
@@ -305,6 +349,8 @@ mg_status mg_plan_job_of(const mg_train_config *c, mg_plan_job *out)
     out->momentum = c->momentum;
     out->bucket_mb = c->bucket_mb;
     out->evaluates = true;
+    out->offload_dir = c->offload_dir;
+    out->no_offload = !c->offload_dir;
     return MG_OK;
 }
 

@@ -11,7 +11,10 @@
  *     (walk() below: the same rules, in the same order);
  *   - the optimizer: its states (Adam 2, SGD with momentum 1) over the
  *     ranges it steps (the arena, the stage's ranges, or ZeRO's pieces:
- *     1/dp of them);
+ *     1/dp of them); offloaded, its windows (mg_optim_offload_bytes);
+ *   - offloaded ZeRO 2-3 without a pipeline: the gradient pieces in
+ *     files, and under stage 3 the parameter pieces (a bucket is in
+ *     memory only while gathered);
  *   - activations: the tapes the run makes (mg_tape_bytes_for), a
  *     pipeline's as many per chunk as its schedule holds in flight, with
  *     their input buffers.
@@ -19,7 +22,7 @@
  * mg_strategy_memory after real steps; a change to zero.c's bucket rules
  * that walk() does not follow fails it.
  *
- * Limits: no offload; ZeRO-3's evaluation gathers every parameter (counted
+ * Limits: ZeRO-3's evaluation gathers every parameter (counted
  * when the job evaluates); a reduction that completes before the next
  * bucket's backward begins would lower ZeRO-2's peak below the walk's
  * (the walk assumes none does, as on every run measured). */
@@ -87,10 +90,16 @@ mg_status mg__plan_cut(const mg__plan_shape *s, const mg_plan *p, int *first)
     return st;
 }
 
-int mg__plan_states(const mg_plan_job *job)
+mg_optim_config mg__plan_optim(const mg_plan_job *job)
 {
     mg_optim_config c = mg_optim_defaults(job->optimizer, 1);
     c.momentum = job->momentum;
+    return c;
+}
+
+int mg__plan_states(const mg_plan_job *job)
+{
+    mg_optim_config c = mg__plan_optim(job);
     return mg_optim_states(&c);
 }
 
@@ -107,7 +116,7 @@ enum { SHARDED, GATHERED };
 #define GENERAL 2   /* zero.c's pool: two buffers, and one for borrowed buckets */
 
 typedef struct {
-    size_t lo, hi, piece;
+    size_t lo, hi, piece;   /* piece: the floats it keeps sharded (offloaded: 0) */
     int first, last, state, buf;
     bool keep;
 } wbucket;
@@ -215,12 +224,13 @@ static void micro(walker *w, bool last)
     for (int i = 0; i < w->nb && w->stage >= 3; i++) shard(w, i);
 }
 
-/* ZeRO's peaks of parameters and gradients on a model padded for dp
- * ranks, over a step of `micro_batches`. */
-static mg_status walk(const mg__plan_shape *sh, int stage, int dp, size_t first_cap, size_t cap,
-                      int micro_batches, bool evaluates, mg_memory_stats *ms)
+/* ZeRO's peaks of parameters and gradients of plan p (its stage, dp ranks
+ * and micro-batches); offloaded, the pieces in files are not in memory
+ * when a step starts (zero.c's peaks restart there). */
+static mg_status walk(const mg__plan_shape *sh, const mg_plan *p, size_t first_cap, size_t cap,
+                      bool evaluates, mg_memory_stats *ms)
 {
-    int nu = sh->n;
+    int nu = sh->n, stage = p->zero, dp = p->dp;
     walker w = {.unit = sh->unit, .nu = nu, .stage = stage};
     mg_range *r = calloc((size_t)nu + 1, sizeof *r);
     w.b = calloc((size_t)nu + 1, sizeof *w.b);
@@ -232,9 +242,11 @@ static mg_status walk(const mg__plan_shape *sh, int stage, int dp, size_t first_
         w.nb = mg_buckets(sh->m, first_cap, cap, r);
         size_t n = mg_model_arena_size(sh->m), pieces = 0;
         for (int i = 0; i < w.nb; i++) {
-            w.b[i] = (wbucket){.lo = r[i].lo, .hi = r[i].hi, .piece = (r[i].hi - r[i].lo) / (size_t)dp,
+            size_t piece = (r[i].hi - r[i].lo) / (size_t)dp;
+            w.b[i] = (wbucket){.lo = r[i].lo, .hi = r[i].hi,
+                               .piece = mg__plan_params_in_files(p) ? 0 : piece,
                                .first = nu, .last = -1, .state = GATHERED, .buf = -1};
-            pieces += w.b[i].piece;
+            pieces += piece;
         }
         for (int u = 0; u < nu; u++) {
             size_t lo = sh->unit[u].lo, hi = sh->unit[u].hi;
@@ -253,10 +265,10 @@ static mg_status walk(const mg__plan_shape *sh, int stage, int dp, size_t first_
         }
         for (int k = 0; k <= GENERAL; k++) w.owner[k] = -1;
         w.params = n * sizeof(float);
-        w.grads = (stage == 1 ? n : pieces) * sizeof(float);
+        w.grads = (stage == 1 ? n : mg__plan_grads_in_files(p) ? 0 : pieces) * sizeof(float);
         for (int i = 0; i < w.nb && stage == 3; i++) shard(&w, i);
         note(&w);
-        for (int k = 0; k < micro_batches; k++) micro(&w, k == micro_batches - 1);
+        for (int k = 0; k < p->micro; k++) micro(&w, k == p->micro - 1);
         ms->params = w.peak_params;
         ms->grads = w.peak_grads;
         if (stage == 3 && evaluates && n * sizeof(float) > ms->params)
@@ -339,8 +351,10 @@ mg_status mg__plan_memory(const mg_plan_job *job, const mg_plan *p, const mg__pl
         ms->params = ms->grads = n * sizeof(float);
         ms->activations = mg_tape_bytes_for(s->m, p->local, 0, s->n);
         optim_floats = p->zero ? n / (size_t)p->dp : n;
-        if (p->zero) MG_TRY(walk(s, p->zero, p->dp, first_cap, cap, p->micro, job->evaluates, ms));
+        if (p->zero) MG_TRY(walk(s, p, first_cap, cap, job->evaluates, ms));
     }
-    ms->optim = optim_floats * (size_t)mg__plan_states(job) * sizeof(float);
+    mg_optim_config oc = mg__plan_optim(job);
+    ms->optim = p->offload ? mg_optim_offload_bytes(&oc, optim_floats, job->offload_window)
+                           : optim_floats * (size_t)mg_optim_states(&oc) * sizeof(float);
     return MG_OK;
 }

@@ -27,6 +27,13 @@
  *     after the optimizer never hide.
  *   - The optimizer: a pass reading and writing its state, the
  *     parameters and the gradients at the rank's memory rate.
+ *   - Offload: the optimizer streams its state (and ZeRO-3's parameter
+ *     pieces, ZeRO 2-3's gradient pieces) from the files and back while
+ *     it computes (an I/O thread: the slower of the two counts); ZeRO 2-3
+ *     write each micro-batch's gradient pieces to the file and read the
+ *     sum so far back (all but the first), and ZeRO-3 reads a bucket's
+ *     parameter piece at each gather (forward and backward), inside the
+ *     step. All at the files' measured rate.
  * Limits: given figures (--flops) run every GEMM at one rate; no
  * contention between the dimensions' collectives; one link per group
  * (its slowest). */
@@ -218,6 +225,16 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
     int states = mg__plan_states(job);
     double stepped = dp_floats / (p->zero ? p->dp : 1);
     p->optimizer = stepped * 4 * (3 + 2 * states) / cl->bytes_per_s * cshare;
-    p->step = makespan + p->dp_exposed + p->optimizer;
+    p->offload_io = 0;
+    if (p->offload) {
+        bool grads = mg__plan_grads_in_files(p), params = mg__plan_params_in_files(p);
+        double piece = stepped * 4;
+        double streamed = piece * (2 * states + (params ? 2 : 0) + (grads ? 1 : 0));
+        double in_step = (grads ? (2 * M - 1) * piece : 0) + (params ? 2 * M * piece : 0);
+        double stream_s = streamed / cl->disk_bytes_per_s;
+        p->offload_io = in_step / cl->disk_bytes_per_s +
+                        (stream_s > p->optimizer ? stream_s - p->optimizer : 0);
+    }
+    p->step = makespan + p->dp_exposed + p->optimizer + p->offload_io;
     return MG_OK;
 }

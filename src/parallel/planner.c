@@ -1,7 +1,8 @@
 /* The planner's search (planner.h): every plan of a job on a cluster —
  * the meshes dp x pp x tp of the world, ZeRO 0-3, the pipeline schedules
  * with their micro-batch counts (or accumulation without a pipeline),
- * recomputation and sequence parallelism — its memory per rank
+ * recomputation and sequence parallelism, and offload to files for those
+ * that do not fit without it — its memory per rank
  * (plan_memory.c) and time per step (plan_time.c), ranked; why the first
  * is the one; its mgtrain flags; this machine's rates.
  *
@@ -22,7 +23,8 @@ mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
     MG_TRY(mg_zoo_defaults_of(model, &z));
     *out = (mg_plan_job){.model = model, .gpt = mg_gpt_defaults(), .batch = z.batch,
                          .optimizer = z.optimizer, .momentum = z.momentum, .bucket_mb = 25,
-                         .evaluates = z.language_model, .zero = -1, .schedule = -1};
+                         .evaluates = z.language_model, .zero = -1, .schedule = -1,
+                         .offload_window = mg_strategy_defaults(MG_STRATEGY_DDP).offload_window};
     return MG_OK;
 }
 
@@ -92,10 +94,15 @@ static mg_status add(list *l, const mg_plan *p)
 
 static bool is_gpt(const mg_plan_job *job) { return !strcmp(job->model, "gpt-mini"); }
 
+static bool offloads(const mg_plan_job *job, const mg_plan_cluster *cl)
+{
+    return !job->no_offload && cl->disk_bytes_per_s > 0;
+}
+
 /* Those that fit by time, the others by bytes. Times within the same 1%
- * are one (the model is no finer): the simpler plan first (a lower ZeRO
- * stage, no recomputation, fewer micro-batches, no sequence parallelism,
- * less tp, fewer stages), then the smaller. */
+ * are one (the model is no finer): the simpler plan first (no offload, a
+ * lower ZeRO stage, no recomputation, fewer micro-batches, no sequence
+ * parallelism, less tp, fewer stages), then the smaller. */
 static long bucket(double t) { return t > 0 ? lround(floor(log(t) / log(1.01))) : LONG_MIN; }
 
 static int cmp_plans(const void *a, const void *b)
@@ -105,9 +112,9 @@ static int cmp_plans(const void *a, const void *b)
     if (!x->fits) return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
     long u = bucket(x->step), v = bucket(y->step);
     if (u != v) return u < v ? -1 : 1;
-    int d[] = {x->zero - y->zero, x->recompute - y->recompute, x->micro - y->micro,
-               x->sequence_parallel - y->sequence_parallel, x->tp - y->tp, x->pp - y->pp,
-               (int)x->schedule - (int)y->schedule};
+    int d[] = {x->offload - y->offload, x->zero - y->zero, x->recompute - y->recompute,
+               x->micro - y->micro, x->sequence_parallel - y->sequence_parallel,
+               x->tp - y->tp, x->pp - y->pp, (int)x->schedule - (int)y->schedule};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i]) return d[i];
     return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
@@ -141,8 +148,17 @@ static mg_status micro_batches(const mg_plan_job *job, const mg_plan_cluster *cl
                 continue;
             if (p.pp > 1 && mg_pipe_check(p.schedule, p.pp, p.micro, p.chunks)) continue;
             p.local = job->batch / p.micro / p.dp;
+            p.offload = false;
             MG_TRY(cost(job, cl, s, &p));
             MG_TRY(add(out, &p));
+            /* Offload only adds time: tried where nothing else fits
+             * (not with sequence parallelism, which keeps its partial
+             * gradients in the arena: the trainer refuses the pair). */
+            if (!p.fits && offloads(job, cl) && !p.sequence_parallel) {
+                p.offload = true;
+                MG_TRY(cost(job, cl, s, &p));
+                MG_TRY(add(out, &p));
+            }
         }
     }
     return MG_OK;
@@ -234,7 +250,8 @@ void mg_plan_describe(const mg_plan *p, char *buf, size_t cap)
     else if (p->micro > 1)
         len += snprintf(buf + len, cap - (size_t)len, " accumulate %d", p->micro);
     if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " recompute");
-    if (p->sequence_parallel) snprintf(buf + len, cap - (size_t)len, " sp");
+    if (p->sequence_parallel) len += snprintf(buf + len, cap - (size_t)len, " sp");
+    if (p->offload) snprintf(buf + len, cap - (size_t)len, " offload");
 }
 
 void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, char *buf,
@@ -244,7 +261,7 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
     bool untried = true;   /* no plan without tp was searched */
     for (int i = 0; i < n; i++) {
         const mg_plan *p = &ranked[i];
-        bool plain = p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute;
+        bool plain = p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute && !p->offload;
         if (plain && (!ddp || p->micro < ddp->micro)) ddp = p;
         if (p->tp == 1 && p->fits && !tp1) tp1 = p;
         untried &= p->tp > 1;
@@ -253,11 +270,22 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
     mg_plan_describe(best, b, sizeof b);
     double mb = 1e6;
     if (!best->fits) {
+        bool offloads = false;
+        for (int i = 0; i < n; i++) offloads |= ranked[i].offload;
         snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank; the smallest plan (%s) "
-                 "needs %.0f MB: give more ranks or memory", cl->memory / mb, b, best->bytes / mb);
+                 "needs %.0f MB: give more ranks or memory%s", cl->memory / mb, b,
+                 best->bytes / mb, offloads ? "" : ", or let it offload (--offload disk:DIR)");
         return;
     }
-    if (!tp1 && !untried && best->tp > 1) {
+    bool only_tp = !tp1 && !untried && best->tp > 1;
+    if (best->offload) {
+        snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank without offload%s; %s holds "
+                 "%.0f MB in memory and moves the rest through files (%.1f ms of a %.1f ms "
+                 "step)", cl->memory / mb, only_tp ? " and tensor parallelism" : "", b,
+                 best->bytes / mb, best->offload_io * 1e3, best->step * 1e3);
+        return;
+    }
+    if (only_tp) {
         snprintf(buf, cap, "memory: only tensor parallelism fits (%s, %.0f of %.0f MB): without "
                  "it a rank holds too much of a layer (its parameters, or its activations)", b,
                  best->bytes / mb, cl->memory / mb);
@@ -301,7 +329,7 @@ static int fastest(const mg_plan *r, int n, int k, int arg)
 {
     for (int i = 0; i < n; i++) {
         const mg_plan *p = &r[i];
-        if (!p->fits) continue;
+        if (!p->fits || (p->offload && k != ANY)) continue;
         bool whole = p->tp == 1 && p->pp == 1;
         if ((k == PLAIN && whole && !p->zero && !p->recompute) ||
             (k == ZERO_STAGE && whole && p->zero == arg) || (k == NO_TP && p->tp == 1) ||
@@ -319,7 +347,7 @@ int mg_plan_rule_of_thumb(const mg_plan *ranked, int n, const mg_plan_cluster *c
             if (ranked[i].tp <= cl->ranks_per_node && ranked[i].tp > tp) tp = ranked[i].tp;
         int best = -1;   /* the fewest stages, then the fastest */
         for (int i = 0; i < n; i++)
-            if (ranked[i].fits && ranked[i].tp == tp && ranked[i].pp > 1 &&
+            if (ranked[i].fits && !ranked[i].offload && ranked[i].tp == tp && ranked[i].pp > 1 &&
                 ranked[i].zero == (ranked[i].dp > 1) && (best < 0 || ranked[i].pp < ranked[best].pp))
                 best = i;
         return best;
@@ -351,7 +379,10 @@ void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t c
             len += snprintf(buf + len, cap - (size_t)len, " --accumulate %d", p->micro);
     }
     if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " --recompute");
-    if (p->sequence_parallel) snprintf(buf + len, cap - (size_t)len, " --sequence-parallel");
+    if (p->sequence_parallel) len += snprintf(buf + len, cap - (size_t)len, " --sequence-parallel");
+    if (p->offload)
+        snprintf(buf + len, cap - (size_t)len, " --offload disk:%s",
+                 job->offload_dir ? job->offload_dir : "DIR");
 }
 
 void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_config *c)
@@ -368,4 +399,5 @@ void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_confi
     c->chunks = p->pp > 1 ? p->chunks : 0;
     c->batch = p->pp > 1 ? batch : batch / p->micro;
     c->accumulate = p->pp > 1 ? 1 : p->micro;
+    if (!p->offload) c->offload_dir = NULL;
 }

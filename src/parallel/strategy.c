@@ -92,7 +92,9 @@ struct mg_strategy {
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 {
     return (mg_strategy_options){.kind = kind, .max_batch = 1, .workers = 1,
-                                 .ddp = mg_ddp_defaults()};
+                                 .ddp = mg_ddp_defaults(),
+                                 .offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1)
+                                                   << 20};
 }
 
 mg_strategy_traits mg_strategy_kind_traits(mg_strategy_kind k)
@@ -199,7 +201,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         st = mg_error(MG_ENOMEM, "strategy: out of memory");
     s->o.offload_dir = s->offload_dir;
     if (!s->o.offload_window)
-        s->o.offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1) << 20;
+        s->o.offload_window = mg_strategy_defaults(o->kind).offload_window;
     for (int i = 0; i < 4 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
     for (int i = 0; o->components && o->components[i] && !st; i++)
         st = add_part(s, o->components[i]);

@@ -197,6 +197,15 @@ static void progress(mg_trainer *t, mg_train_progress *p)
 
 /* ---- the loops ----------------------------------------------------------- */
 
+/* After the run's first step, begun at t0, of `items` images or tokens:
+ * its time, apart from the steady rate's. */
+static void first_step(mg_trainer *t, mg_train_summary *sum, double t0, double items)
+{
+    if (sum->first_step_s > 0) return;
+    sum->first_step_s = mg_now() - t0;
+    t->first_items = items;
+}
+
 static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
 {
     const mg_train_config *c = &t->c;
@@ -222,7 +231,9 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         for (;;) {
             mg_step_result sr;
             lr = mg_schedule_lr(&t->sched, step);
+            double began = mg_now();
             if ((st = step_run(t, lr, &src, next_images, &sr)) || sr.micro == 0) break;
+            first_step(t, sum, began, (double)sr.samples * t->info.dp_size);
             v[0] += sr.loss_sum;
             v[1] += (double)sr.correct;
             v[2] += (double)sr.samples;
@@ -278,7 +289,9 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
                       .world = t->info.dp_size, .x = x, .y = y};
         mg_step_result sr;
         lr = mg_schedule_lr(&t->sched, step);
+        double began = mg_now();
         if ((st = step_run(t, lr, &src, next_text, &sr))) break;
+        first_step(t, sum, began, tokens_per_step);
         step++;
         v[0] += sr.loss_sum / (double)sr.samples;
         v[1] += 1;
@@ -319,7 +332,9 @@ mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
     if (t->c.text ? t->info.start_step < t->c.steps : t->info.start_epoch < t->c.epochs)
         st = t->c.text ? run_text(t, s) : run_images(t, s);
     s->steps_run = t->info.steps_run - before;
-    s->per_s = s->seconds > 0 ? s->per_s / s->seconds : 0;
+    double items = s->per_s, rest = s->seconds - s->first_step_s;
+    s->per_s = s->seconds > 0 ? items / s->seconds : 0;
+    s->steady_per_s = s->steps_run > 1 && rest > 0 ? (items - t->first_items) / rest : 0;
     s->last = t->log.n ? t->log.rows[t->log.n - 1] : mg__train_row_empty();
     return st;
 }
