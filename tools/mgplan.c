@@ -185,8 +185,9 @@ static int probe(const mg_plan_job *job, int nodes, bool links_only)
     mg_status st = links_only ? mg_plan_measure_links(g, &cl)
                               : mg_plan_measure_job(g, job, &cl);
     if (!st && mg_group_rank(g) == 0) {
-        printf("probe: %.9g %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead, cl.bytes_per_s,
-               cl.intra.latency, cl.intra.bandwidth, cl.disk_bytes_per_s);
+        printf("probe: %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead,
+               cl.bytes_per_s, cl.intra.latency, cl.intra.bandwidth, cl.disk_bytes_per_s,
+               cl.rs_scale, cl.ag_scale);
         for (int i = 0; i <= MG_PLAN_MEASURED_TP; i++)
             for (int k = 0; k < MG_PLAN_SIZES; k++) printf(" %.9g", cl.micro_s[i][k]);
         printf("\n");
@@ -220,7 +221,7 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
             continue;
         }
         char *at = line + 7, *end;
-        double v[6 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
+        double v[8 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
         int n = 0;
         for (; n < (int)(sizeof v / sizeof *v); n++, at = end) {
             v[n] = strtod(at, &end);
@@ -235,7 +236,9 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
         cl->overhead = v[1];
         cl->bytes_per_s = v[2];
         cl->disk_bytes_per_s = v[5];
-        memcpy(cl->micro_s, v + 6, sizeof cl->micro_s);
+        cl->rs_scale = v[6];
+        cl->ag_scale = v[7];
+        memcpy(cl->micro_s, v + 8, sizeof cl->micro_s);
         cl->micro_with_tp = true;   /* mg_plan_measure_job's */
     }
     if (f && pclose(f)) got = false;
@@ -521,6 +524,10 @@ int main(int argc, char **argv)
         }
         if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
         if (!(cl.disk_bytes_per_s > 0)) cl.disk_bytes_per_s = m.disk_bytes_per_s;
+        if (!links_given[0]) {
+            cl.rs_scale = m.rs_scale;
+            cl.ag_scale = m.ag_scale;
+        }
         if (!links_given[0]) cl.intra = intra;
         if (!links_given[1] && cl.nodes > 1 &&
             !measure(cl.nodes, true, "--probe-links", &m, &cl.inter, line, sizeof line))

@@ -20,7 +20,7 @@
  * the part's collectives included), or from a rank's FLOP/s when the
  * cluster is given as figures; the collectives from the builtin
  * backend's cost model (mg_coll_time) on the link each dimension's group
- * spans; the pipeline's bubble from its schedule's simulation
+ * spans (ZeRO's bucket collectives scaled as measured); the pipeline's bubble from its schedule's simulation
  * (mg_pipe_simulate); what backward hides of DDP's and ZeRO's reductions;
  * the optimizer's pass over its state at the rank's memory rate; with
  * offload, the files' reads and writes at the rate measured in the
@@ -72,6 +72,9 @@ typedef struct mg_plan_cluster {
                                 with the node's ranks at once (0: offload not searched) */
     double overlap;          /* the share of backward that hides collectives (0-1) */
     mg_link intra, inter;    /* within a node, between nodes */
+    /* Measured: ZeRO's reduce-scatter and all-gather of a bucket against
+     * what the links' all-reduce fit gives for them (0: 1, as modelled). */
+    double rs_scale, ag_scale;
 } mg_plan_cluster;
 
 typedef struct mg_plan_job {
@@ -162,7 +165,10 @@ void mg_plan_apply(const mg_plan *p, char *mesh, size_t mesh_cap, mg_train_confi
 mg_plan_cluster mg_plan_cluster_here(int ranks_per_node, int nodes, int cores, double memory);
 /* The job's link, measured: all-reduces of 4 KiB and 4 MiB over g (the
  * slowest rank's mean of 20), fitted (mg_link_fit) into cl's link within
- * the node, or between nodes when cl has several. Collective. */
+ * the node, or between nodes when cl has several; and a reduce-scatter
+ * and an all-gather of a bucket (DDP's default cap) against that fit, into
+ * rs_scale and ag_scale (out of cache, a reduce-scatter of 16 MiB ran 3x
+ * slower a byte than of 4 MiB here). Collective. */
 mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl);
 /* The job of a trainer's config: its model, global batch (batch x
  * accumulate), optimizer and buckets; it evaluates; offload is searched

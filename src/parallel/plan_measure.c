@@ -255,27 +255,53 @@ mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl)
 
 /* ---- the job's links ---------------------------------------------------------- */
 
+/* The slowest rank's mean seconds of 20 runs (after 5) of collective c
+ * of a vector of `floats` over g; reduce-scatter and all-gather in place,
+ * the rank's piece inside the vector, as ZeRO runs them. */
+static double coll_seconds(mg_group *g, mg_coll c, float *buf, size_t floats, mg_status *st)
+{
+    size_t piece = floats / (size_t)mg_group_size(g);
+    float *mine = buf + (size_t)mg_group_rank(g) * piece;
+    double t = 0;
+    for (int i = 0; i < 25 && !*st; i++) {
+        if (i == 5) t = mg_now();
+        switch (c) {
+        case MG_COLL_REDUCE_SCATTER:
+            *st = mg_reduce_scatter(g, buf, mine, piece, MG_F32, MG_AVG);
+            break;
+        case MG_COLL_ALL_GATHER:
+            *st = mg_all_gather(g, mine, buf, piece, MG_F32);
+            break;
+        default:
+            *st = mg_all_reduce(g, buf, buf, floats, MG_F32, MG_SUM);
+        }
+    }
+    t = (mg_now() - t) / 20;
+    if (!*st) *st = mg_all_reduce(g, &t, &t, 1, MG_F64, MG_MAX);
+    return t;
+}
+
 mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
 {
     int p = mg_group_size(g);
     if (p < 2) return MG_OK;
-    static const size_t floats[2] = {1024, 1 << 20};
-    float *buf = calloc(floats[1], sizeof *buf);
-    double t[2] = {0, 0};
+    size_t bucket = mg_ddp_defaults().bucket_bytes / sizeof(float) / (size_t)p * (size_t)p;
+    float *buf = calloc(bucket, sizeof *buf);
     mg_status st = buf ? MG_OK : mg_error(MG_ENOMEM, "planner: out of memory");
-    for (int k = 0; k < 2 && !st; k++) {
-        for (int i = 0; i < 5 && !st; i++) st = mg_all_reduce(g, buf, buf, floats[k], MG_F32, MG_SUM);
-        double t0 = mg_now();
-        for (int i = 0; i < 20 && !st; i++) st = mg_all_reduce(g, buf, buf, floats[k], MG_F32, MG_SUM);
-        t[k] = (mg_now() - t0) / 20;
-    }
-    /* The slowest rank's, as mgbench reports. */
-    if (!st) st = mg_all_reduce(g, t, t, 2, MG_F64, MG_MAX);
-    free(buf);
-    MG_TRY(st);
+    double small = coll_seconds(g, MG_COLL_ALL_REDUCE, buf, 1024, &st);
+    double large = coll_seconds(g, MG_COLL_ALL_REDUCE, buf, 1 << 20, &st);
     mg_link *l = cl->nodes > 1 ? &cl->inter : &cl->intra;
-    mg_link_fit(MG_COLL_ALL_REDUCE, p, floats[0] * 4.0, t[0], floats[1] * 4.0, t[1], l);
-    return MG_OK;
+    if (!st) mg_link_fit(MG_COLL_ALL_REDUCE, p, 4096.0, small, 4.0 * (1 << 20), large, l);
+    /* ZeRO's collectives of a bucket against the fit (their bytes: the
+     * whole bucket, as the time model counts them). */
+    double rs = coll_seconds(g, MG_COLL_REDUCE_SCATTER, buf, bucket, &st);
+    double ag = coll_seconds(g, MG_COLL_ALL_GATHER, buf, bucket, &st);
+    if (!st) {
+        cl->rs_scale = rs / mg_coll_time(MG_COLL_REDUCE_SCATTER, 4.0 * bucket, p, l);
+        cl->ag_scale = ag / mg_coll_time(MG_COLL_ALL_GATHER, 4.0 * bucket, p, l);
+    }
+    free(buf);
+    return st;
 }
 
 /* ---- the offload files ---------------------------------------------------- */

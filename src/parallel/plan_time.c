@@ -51,12 +51,15 @@ static const mg_link *link_of(const mg_plan_cluster *cl, const mg_link in[2], in
                ? &in[0] : &in[1];
 }
 
-/* Seconds of the collective over the group, its bytes in buckets of cap. */
-static double bucketed(mg_coll c, double bytes, int p, const mg_link *l, double cap,
-                       double *last)
+/* Seconds of the collective over the group, its bytes in buckets of cap
+ * (ZeRO's reduce-scatters and all-gathers as measured against the model). */
+static double bucketed(const mg_plan_cluster *cl, mg_coll c, double bytes, int p,
+                       const mg_link *l, double cap, double *last)
 {
     double n = bytes > cap ? ceil(bytes / cap) : 1;
-    double one = mg_coll_time(c, bytes / n, p, l);
+    double scale = c == MG_COLL_REDUCE_SCATTER ? cl->rs_scale
+                   : c == MG_COLL_ALL_GATHER   ? cl->ag_scale : 0;
+    double one = mg_coll_time(c, bytes / n, p, l) * (scale > 0 ? scale : 1);
     if (last) *last = one;
     return n * one;
 }
@@ -192,28 +195,28 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
         int D = p->dp;
         switch (p->zero) {
         case 0:
-            launched = bucketed(MG_COLL_ALL_REDUCE, G, D, dpl, cap, &last);
+            launched = bucketed(cl, MG_COLL_ALL_REDUCE, G, D, dpl, cap, &last);
             break;
         case 1:
-            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
-            after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            launched = bucketed(cl, MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            after = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
             break;
         case 2:
-            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
-            after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            launched = bucketed(cl, MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            after = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
             if (p->pp == 1) {   /* a reduce-scatter every micro-batch */
                 launched *= M;
                 hide *= M;
             }
             break;
         default:
-            launched = bucketed(MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
+            launched = bucketed(cl, MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
             if (p->pp == 1) {   /* gathered for forward and backward, every micro-batch */
-                double ag = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+                double ag = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
                 launched = M * (launched + 2 * ag);
                 hide = cl->overlap * M * (fwd + tpf + backward);
             } else {            /* gathered once a step */
-                after = bucketed(MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+                after = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
             }
         }
     }
