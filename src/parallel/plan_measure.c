@@ -287,7 +287,9 @@ mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
     if (p < 2) return MG_OK;
     size_t bucket = mg_ddp_defaults().bucket_bytes / sizeof(float) / (size_t)p * (size_t)p;
     float *buf = calloc(bucket, sizeof *buf);
-    mg_status st = buf ? MG_OK : mg_error(MG_ENOMEM, "planner: out of memory");
+    /* Every rank runs the collectives, or none does. */
+    mg_status st = mg_group_agree(g, buf ? MG_OK : mg_error(MG_ENOMEM, "planner: out of memory"),
+                                  MG_AGREE_SHARE);
     double small = coll_seconds(g, MG_COLL_ALL_REDUCE, buf, 1024, &st);
     double large = coll_seconds(g, MG_COLL_ALL_REDUCE, buf, 1 << 20, &st);
     mg_link *l = cl->nodes > 1 ? &cl->inter : &cl->intra;
@@ -308,8 +310,8 @@ mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
 
 mg_status mg_plan_measure_disk(const char *dir, size_t window, mg_plan_cluster *cl)
 {
-    size_t n = window < (1u << 20) ? (32u << 20) / (window ? window : 1) : 32;
     if (!window) return mg_error(MG_EINVAL, "planner: an offload window of 0 bytes");
+    size_t n = window < (1u << 20) ? (32u << 20) / window : 32;   /* 32 MiB or 32 windows */
     mg_scratch *f;
     MG_TRY(mg_scratch_create(dir, (uint64_t)n * window, "planner's disk probe", &f));
     char *buf = mg_alloc(window);
