@@ -325,6 +325,18 @@ TEST(mgplan_bad_input_is_one_line)
     }
 }
 
+/* Two nodes of this host: the link between them is measured through TCP
+ * by a probe of its own (which once failed on its arguments). */
+TEST_T(mgplan_measures_the_link_between_nodes, 120)
+{
+    char *out = NULL;
+    int rc = mgt_sh(&out, "%s --model gpt-mini --layers 2 --dim 64 --ctx 32 --batch 8 "
+                    "--ranks-per-node 2 --nodes 2 --top 1", mgt_tool("mgplan"));
+    CHECK_MSG(rc == 0 && strstr(out, "(measured)") && strstr(out, "recommended: "), "rc %d: %s",
+              rc, out);
+    free(out);
+}
+
 /* --verify runs the plans it predicts for and prints both figures. */
 TEST_T(mgplan_verify_runs_the_plans, 240)
 {

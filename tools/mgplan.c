@@ -176,7 +176,9 @@ static void tool_dir(char *dir, size_t cap)
 
 /* --probe, run by mgrun from measure(): every rank measures its copy of
  * the model at once and the job's link (mg_plan_measure_job); rank 0
- * prints the figures on one line. --probe-links: the link only. */
+ * prints the measured cluster on one line, its bytes in hex (the reader
+ * is this same program). --probe-links: the link only, as the cluster's
+ * intra. */
 static int probe(const mg_plan_job *job, int nodes, bool links_only)
 {
     mg_group *g;
@@ -185,11 +187,9 @@ static int probe(const mg_plan_job *job, int nodes, bool links_only)
     mg_status st = links_only ? mg_plan_measure_links(g, &cl)
                               : mg_plan_measure_job(g, job, &cl);
     if (!st && mg_group_rank(g) == 0) {
-        printf("probe: %.9g %.9g %.9g %.9g %.9g %.9g %.9g %.9g", cl.flops, cl.overhead,
-               cl.bytes_per_s, cl.intra.latency, cl.intra.bandwidth, cl.disk_bytes_per_s,
-               cl.rs_scale, cl.ag_scale);
-        for (int i = 0; i <= MG_PLAN_MEASURED_TP; i++)
-            for (int k = 0; k < MG_PLAN_SIZES; k++) printf(" %.9g", cl.micro_s[i][k]);
+        const unsigned char *b = (const unsigned char *)&cl;
+        printf("probe: ");
+        for (size_t i = 0; i < sizeof cl; i++) printf("%02x", b[i]);
         printf("\n");
     }
     mg_group_destroy(g);
@@ -198,11 +198,11 @@ static int probe(const mg_plan_job *job, int nodes, bool links_only)
 }
 
 /* Runs this tool's probe under mgrun on `ranks` ranks of this host
- * (through TCP: as between nodes) with the given arguments; reads its
- * figures into *cl (the link into *l). False when it gives none, with
- * the probe's first error line in err. */
-static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, mg_link *l,
-                    char *err, size_t cap)
+ * (through TCP: as between nodes) with the given arguments; the cluster
+ * it measured into *out. False when it gives none, with the probe's
+ * first error line in err. */
+static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *out, char *err,
+                    size_t cap)
 {
     char dir[4096], cmd[16384];
     static char line[1 << 16];
@@ -220,26 +220,11 @@ static bool measure(int ranks, bool tcp, const char *args, mg_plan_cluster *cl, 
             }
             continue;
         }
-        char *at = line + 7, *end;
-        double v[8 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES];
-        int n = 0;
-        for (; n < (int)(sizeof v / sizeof *v); n++, at = end) {
-            v[n] = strtod(at, &end);
-            if (end == at) break;
-        }
-        if (n < 5) continue;
-        got = true;
-        l->latency = v[3];
-        l->bandwidth = v[4];
-        if (n < (int)(sizeof v / sizeof *v)) continue;   /* the link only */
-        cl->flops = v[0];
-        cl->overhead = v[1];
-        cl->bytes_per_s = v[2];
-        cl->disk_bytes_per_s = v[5];
-        cl->rs_scale = v[6];
-        cl->ag_scale = v[7];
-        memcpy(cl->micro_s, v + 8, sizeof cl->micro_s);
-        cl->micro_with_tp = true;   /* mg_plan_measure_job's */
+        unsigned char *b = (unsigned char *)out;
+        size_t i = 0;
+        for (unsigned x; i < sizeof *out && sscanf(line + 7 + 2 * i, "%2x", &x) == 1; i++)
+            b[i] = (unsigned char)x;
+        got = i == sizeof *out;
     }
     if (f && pclose(f)) got = false;
     return got;
@@ -318,9 +303,7 @@ static void verify_plans(const mg_plan_job *job, const mg_plan_cluster *cl, cons
 {
     int pick[128], np = 0, rule = mg_plan_rule_of_thumb(all, n, cl), plain = -1;
     for (int i = 0; i < n && plain < 0; i++)
-        if (all[i].fits && all[i].tp == 1 && all[i].pp == 1 && !all[i].zero && !all[i].recompute &&
-            !all[i].offload)
-            plain = i;
+        if (all[i].fits && mg_plan_is_plain(&all[i])) plain = i;
     for (int i = 0; i < n && np < top; i++)
         if (all[i].fits) pick[np++] = i;
     int extra[2] = {rule, plain};
@@ -501,19 +484,18 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: measuring a rank's rates on this machine with %s, %d rank(s) "
                     "at once (give --flops and --mem-bw to skip)\n", prog, model,
                     cl.ranks_per_node);
-        mg_plan_cluster m = cl;
-        mg_link intra = cl.intra;
-        char args[8192];
+        mg_plan_cluster m;
+        char args[8192], err[512];
         int len = 0;
         for (int i = 1; i < argc; i++)
             len += snprintf(args + len, sizeof args - (size_t)len, "'%s' ", argv[i]);
         snprintf(args + len, sizeof args - (size_t)len, "--probe");
         if (cl.ranks_per_node > 1) {
-            char err[512];
-            if (!measure(cl.ranks_per_node, false, args, &m, &intra, err, sizeof err))
+            if (!measure(cl.ranks_per_node, false, args, &m, err, sizeof err))
                 die("cannot measure this machine (mgrun -n %d mgplan ... --probe)%s", cl.ranks_per_node,
                     *err ? err : ": give --flops, --mem-bw and the links");
         } else {
+            m = cl;
             TRY(mg_plan_measure(&job, &m));
         }
         if (!(cl.flops > 0)) {
@@ -525,14 +507,17 @@ int main(int argc, char **argv)
         if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
         if (!(cl.disk_bytes_per_s > 0)) cl.disk_bytes_per_s = m.disk_bytes_per_s;
         if (!links_given[0]) {
+            cl.intra = m.intra;
             cl.rs_scale = m.rs_scale;
             cl.ag_scale = m.ag_scale;
         }
-        if (!links_given[0]) cl.intra = intra;
-        if (!links_given[1] && cl.nodes > 1 &&
-            !measure(cl.nodes, true, "--probe-links", &m, &cl.inter, line, sizeof line))
-            die("cannot measure the link between nodes (through TCP on this host)%s: give "
-                "--inter-bw and --inter-latency", line);
+        if (!links_given[1] && cl.nodes > 1) {   /* the probe's one node: its intra */
+            snprintf(args, sizeof args, "--model '%s' -n %d --probe-links", model, cl.nodes);
+            if (!measure(cl.nodes, true, args, &m, err, sizeof err))
+                die("cannot measure the link between nodes (through TCP on this host)%s: give "
+                    "--inter-bw and --inter-latency", err);
+            cl.inter = m.intra;
+        }
     }
     mg_plan *all;
     int np;

@@ -131,6 +131,9 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
  * counts it (the test compares them): for checks and --verify. */
 mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
                               mg_memory_stats *out);
+/* Plain data parallelism (DDP, or one process): the whole model on every
+ * rank, without ZeRO, recomputation or offload. */
+bool mg_plan_is_plain(const mg_plan *p);
 /* "dp=2,pp=2,tp=1 zero1 1f1b M=8 recompute sp offload": the plan in one phrase. */
 void mg_plan_describe(const mg_plan *p, char *buf, size_t cap);
 /* Why the first plan is the one: a line naming the constraint that

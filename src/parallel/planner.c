@@ -239,6 +239,11 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
 
 /* ---- what to tell the user --------------------------------------------------- */
 
+bool mg_plan_is_plain(const mg_plan *p)
+{
+    return p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute && !p->offload;
+}
+
 void mg_plan_describe(const mg_plan *p, char *buf, size_t cap)
 {
     int len = snprintf(buf, cap, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
@@ -261,8 +266,7 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
     bool untried = true;   /* no plan without tp was searched */
     for (int i = 0; i < n; i++) {
         const mg_plan *p = &ranked[i];
-        bool plain = p->tp == 1 && p->pp == 1 && !p->zero && !p->recompute && !p->offload;
-        if (plain && (!ddp || p->micro < ddp->micro)) ddp = p;
+        if (mg_plan_is_plain(p) && (!ddp || p->micro < ddp->micro)) ddp = p;
         if (p->tp == 1 && p->fits && !tp1) tp1 = p;
         untried &= p->tp > 1;
     }
@@ -331,7 +335,7 @@ static int fastest(const mg_plan *r, int n, int k, int arg)
         const mg_plan *p = &r[i];
         if (!p->fits || (p->offload && k != ANY)) continue;
         bool whole = p->tp == 1 && p->pp == 1;
-        if ((k == PLAIN && whole && !p->zero && !p->recompute) ||
+        if ((k == PLAIN && mg_plan_is_plain(p)) ||
             (k == ZERO_STAGE && whole && p->zero == arg) || (k == NO_TP && p->tp == 1) ||
             k == ANY)
             return i;

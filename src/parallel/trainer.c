@@ -170,21 +170,15 @@ static mg_status choose_plan(mg_trainer *t)
     mg_plan_cluster cl = mg_plan_cluster_here(local, world / local, 0, c->plan_memory);
     mg_status st = t->g ? mg_plan_measure_job(t->g, &job, &cl) : mg_plan_measure(&job, &cl);
     if (st && t->g) return mg__train_step_error(t);
-    int32_t w[10] = {0};
     char why[480] = "";   /* with the flags, within info.plan */
-    mg_plan p;
+    mg_plan p = {0};
     if (!st && t->info.rank == 0) {
         st = mg_plan_choose(&job, &cl, &p, why, sizeof why);
         if (st) st = mg_error(st, "--plan auto: %s", mg_last_error());
-        int32_t q[10] = {p.dp, p.pp, p.tp, p.zero, (int32_t)p.schedule, p.micro, p.chunks,
-                         p.recompute, p.sequence_parallel, p.offload};
-        memcpy(w, q, sizeof w);
     }
     MG_TRY(t->g ? mg_trainer_agree(t, st) : st);
-    if (t->g && mg_broadcast(t->g, w, 10, MG_I32, 0)) return mg__train_step_error(t);
-    p = (mg_plan){.dp = w[0], .pp = w[1], .tp = w[2], .zero = w[3],
-                  .schedule = (mg_pipe_kind)w[4], .micro = w[5], .chunks = w[6],
-                  .recompute = w[7], .sequence_parallel = w[8], .offload = w[9]};
+    /* The ranks run one program: the plan goes as its bytes. */
+    if (t->g && mg_broadcast(t->g, &p, sizeof p, MG_U8, 0)) return mg__train_step_error(t);
     char flags[512];
     mg_plan_flags(&job, &p, flags, sizeof flags);
     snprintf(t->info.plan, sizeof t->info.plan, "%s%s%s", flags, *why ? "; because " : "", why);
