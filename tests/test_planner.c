@@ -4,6 +4,7 @@
  * (with sequence parallelism) and meshes of 4 ranks; the seed's rules of
  * thumb come out of its computation on the inputs they speak of; bad
  * input is one line. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "harness.h"
@@ -285,6 +286,67 @@ TEST(planner_offloads_only_where_nothing_else_fits)
     CHECK_OK(mg_plan_search(&job, &cl, &all, &n));
     for (int i = 0; i < n; i++) CHECK(!all[i].offload);
     free(all);
+}
+
+/* ZeRO-3 gathers into pages it gave back, a refill of the bucket's bytes
+ * outside the piece at every gather (offloaded, the piece's too); a
+ * pipeline's ZeRO-2 gives back and rewrites its gradients once a step;
+ * ZeRO-1 and DDP keep their pages. */
+static const mg_plan *find(const mg_plan *all, int n, int pp, int zero, int micro, bool offload)
+{
+    for (int i = 0; i < n; i++)
+        if (all[i].dp == 2 && all[i].pp == pp && all[i].tp == 1 && all[i].zero == zero &&
+            all[i].micro == micro &&
+            all[i].offload == offload && !all[i].recompute && !all[i].sequence_parallel &&
+            (pp == 1 || all[i].schedule == MG_PIPE_1F1B))
+            return &all[i];
+    return NULL;
+}
+
+TEST(planner_counts_zero_refilling_pages_given_back)
+{
+    mg_plan_job job = gpt_shape(12, 768, 12, 64, 256, 16);
+    mg_plan_cluster cl = {.ranks_per_node = 2, .nodes = 1, .flops = 5e10, .bytes_per_s = 2e10,
+                          .disk_bytes_per_s = 2e9, .memory = 500e6, .overlap = 0,
+                          .intra = *mg_link_builtin("shm"), .inter = *mg_link_builtin("tcp")};
+    mg_model *m;
+    CHECK_OK(mg_model_create_gpt(&job.gpt, 1, &m));
+    double G = 4.0 * (double)mg_model_arena_size(m), R = 1e9;
+    mg_model_destroy(m);
+    mg_plan *a, *b;
+    int na, nb;
+    CHECK_OK(mg_plan_search(&job, &cl, &a, &na));
+    cl.refill_bytes_per_s[1] = R;
+    CHECK_OK(mg_plan_search(&job, &cl, &b, &nb));
+    struct { int pp, zero, micro; bool offload; double refilled; } want[] = {
+        {1, 3, 1, false, 2 * G / 2}, {1, 3, 2, false, 4 * G / 2}, {1, 3, 2, true, 4 * G},
+        {1, 1, 1, false, 0},         {1, 0, 2, false, 0},
+    };
+    for (size_t k = 0; k < sizeof want / sizeof *want; k++) {
+        const mg_plan *x = find(a, na, want[k].pp, want[k].zero, want[k].micro, want[k].offload);
+        const mg_plan *y = find(b, nb, want[k].pp, want[k].zero, want[k].micro, want[k].offload);
+        CHECK_MSG(x && y, "case %zu: no such plan", k);
+        if (!x || !y) continue;
+        double added = y->dp_comm - x->dp_comm, expect = want[k].refilled / R;
+        CHECK_MSG(fabs(added - expect) <= 1e-9 * (1 + expect), "case %zu: %.6f s added, %.6f s expected",
+                  k, added, expect);
+        CHECK_MSG(fabs((y->step - x->step) - (y->dp_exposed - x->dp_exposed)) < 1e-9,
+                  "case %zu: the step grows by what is exposed", k);
+    }
+    free(a);
+    free(b);
+    /* A pipeline's stage: its gradients once a step, the stage's floats
+     * outside the piece. */
+    cl.ranks_per_node = 4;
+    cl.memory = 0;
+    cl.refill_bytes_per_s[1] = 0;
+    CHECK_OK(mg_plan_search(&job, &cl, &a, &na));
+    cl.refill_bytes_per_s[1] = R;
+    CHECK_OK(mg_plan_search(&job, &cl, &b, &nb));
+    const mg_plan *x = find(a, na, 2, 2, 4, false), *y = find(b, nb, 2, 2, 4, false);
+    CHECK(x && y && y->dp_comm > x->dp_comm && y->dp_comm - x->dp_comm < G / 2 / R);
+    free(a);
+    free(b);
 }
 
 /* ---- mgplan -------------------------------------------------------------- */

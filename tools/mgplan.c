@@ -504,7 +504,10 @@ int main(int argc, char **argv)
             memcpy(cl.micro_s, m.micro_s, sizeof cl.micro_s);
             cl.micro_with_tp = m.micro_with_tp;
         }
-        if (!(cl.bytes_per_s > 0)) cl.bytes_per_s = m.bytes_per_s;
+        if (!(cl.bytes_per_s > 0)) {
+            cl.bytes_per_s = m.bytes_per_s;
+            memcpy(cl.refill_bytes_per_s, m.refill_bytes_per_s, sizeof cl.refill_bytes_per_s);
+        }
         if (!(cl.disk_bytes_per_s > 0)) cl.disk_bytes_per_s = m.disk_bytes_per_s;
         if (!links_given[0]) {
             cl.intra = m.intra;
@@ -538,10 +541,11 @@ int main(int argc, char **argv)
     char cap[32] = "no limit";
     if (cl.memory > 0) snprintf(cap, sizeof cap, "%.0f MB", cl.memory / 1e6);
     printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %.3g "
-           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s, offload files %.3g B/s%s; "
+           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s, pages given back refilled at "
+           "%.3g B/s, offload files %.3g B/s%s; "
            "links: within a node %.1f us and %.2f GB/s, between nodes %.1f us and %.2f GB/s\n",
            prog, model, job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap,
-           cl.flops, cl.overhead * 1e3, cl.bytes_per_s, cl.disk_bytes_per_s,
+           cl.flops, cl.overhead * 1e3, cl.bytes_per_s, cl.refill_bytes_per_s[1], cl.disk_bytes_per_s,
            measured ? " (measured)" : "",
            cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9, cl.inter.latency * 1e6,
            cl.inter.bandwidth / 1e9);

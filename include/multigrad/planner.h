@@ -68,6 +68,11 @@ typedef struct mg_plan_cluster {
     double micro_s[MG_PLAN_MEASURED_TP + 1][MG_PLAN_SIZES];
     bool micro_with_tp;      /* a tp part's times include its collectives */
     double bytes_per_s;      /* a rank's optimizer pass: bytes of state read and written */
+    /* Measured: bytes a second a rank writes into pages of its part's
+     * parameter arena (under tp = i) that it gave back, a page fault each
+     * (ZeRO-3's gathers, a pipeline's ZeRO 2-3 gradients; 0: free, as a
+     * device's memory). */
+    double refill_bytes_per_s[MG_PLAN_MEASURED_TP + 1];
     double disk_bytes_per_s; /* a rank's offload files, bytes read and written a second
                                 with the node's ranks at once (0: offload not searched) */
     double overlap;          /* the share of backward that hides collectives (0-1) */
@@ -113,8 +118,8 @@ typedef struct mg_plan {
     size_t bytes;            /* their sum */
     /* Seconds per step: computing (recomputation included), the pipeline's
      * idle time, tensor-parallel and pipeline transfers (on the critical
-     * path), the data-parallel collectives and what of them backward does
-     * not hide, the optimizer, the offload files' reads and writes that
+     * path), the data-parallel collectives (with ZeRO's refills of pages
+     * it gave back) and what of them backward does not hide, the optimizer, the offload files' reads and writes that
      * nothing hides, and the step. */
     double compute, bubble, tp_comm, pp_comm, dp_comm, dp_exposed, optimizer, offload_io, step;
     bool fits;               /* bytes within the cluster's memory */
@@ -205,7 +210,7 @@ mg_status mg_plan_measure(const mg_plan_job *job, mg_plan_cluster *cl);
 mg_status mg_plan_measure_job(mg_group *g, const mg_plan_job *job, mg_plan_cluster *cl);
 /* The rate offloaded state moves at through files in dir (mg_scratch,
  * in windows of `window` bytes as the optimizer streams them): a file of
- * 32 windows (at least 32 MiB) written once, then written and read
+ * 128 MiB (at least 32 windows) written once, then written and read
  * again, timed; into cl->disk_bytes_per_s. */
 mg_status mg_plan_measure_disk(const char *dir, size_t window, mg_plan_cluster *cl);
 

@@ -2,7 +2,9 @@
  * job's model — the FLOP/s of its training step and a micro-batch's
  * overhead (time = overhead + samples x FLOPs / rate, from two batch
  * sizes), for the whole model and for each tensor-parallel part the
- * search may take (a split model's smaller GEMMs run slower), the
+ * search may take (a split model's smaller GEMMs run slower), the rate
+ * of writing into the part's arena pages given back (a page fault each:
+ * 1 GB/s under this VM's MMU, against 15 GB/s into pages kept), the
  * optimizer's memory rate and the offload files' rate — with as many
  * copies running at once as the node's ranks share its cores, memory and
  * disk; this machine as a cluster; and mgtrain --plan auto's choice.
@@ -58,6 +60,7 @@ typedef struct {
     double micro_s[MG_PLAN_SIZES]; /* seconds of a micro-batch of 2^k samples */
     double flops;                  /* of a sample's training step */
     double bytes_per_s;            /* the optimizer's */
+    double refill_bytes_per_s;     /* into the part's arena's pages given back */
     mg_status st;
     char err[256];
 } rates;
@@ -103,6 +106,28 @@ static double step_seconds(mg_model *m, mg_group *g, const float *x, const int32
     if (*st) return 0;
     qsort(t, (size_t)steps, sizeof *t, cmp_double);
     return t[steps / 2];
+}
+
+/* Bytes a second written into pages of the parameter arena given back,
+ * a bucket at a time as ZeRO-3 gathers into them: the arena's own pages
+ * (mapped as the model maps it: huge pages where it is large), about
+ * 256 MB in all, the same count on every rank of g. */
+static double refill_rate(mg_model *m, mg_group *g, double bucket_mb, mg_status *st)
+{
+    size_t bytes = mg_model_arena_size(m) * sizeof(float);
+    size_t cap = (size_t)((bucket_mb > 0 ? bucket_mb : 25) * (1 << 20));
+    if (bytes > cap) bytes = cap;
+    int reps = (int)agreed(g, (double)(256u << 20) / (double)(bytes ? bytes : 1), st);
+    reps = reps < 4 ? 4 : reps > 1024 ? 1024 : reps;
+    char *p = (char *)mg_model_params(m);
+    memset(p, 0, bytes);
+    double t0 = mg_now();
+    for (int i = 0; i < reps && !*st; i++) {
+        mg_mem_discard(p, bytes);
+        memset(p, 1 + i % 64, bytes);
+    }
+    double t = mg_now() - t0;
+    return *st || t <= 0 ? 0 : (double)bytes * reps / t;
 }
 
 /* The collectives of a tp part measured with its group's ranks. */
@@ -155,6 +180,7 @@ static void measure_one(rates *r)
     for (int k = top; k >= 0 && !st && (k == top || agreed(r->all, mg_now() - began, &st) < 10);
          k--)
         r->micro_s[k] = step_seconds(m, r->all, x, y, 1 << k, k == top ? 1.0 : 0.4, &st);
+    if (!st) r->refill_bytes_per_s = refill_rate(m, r->all, job->bucket_mb, &st);
     /* The optimizer over the whole arena. */
     mg_optim *o = NULL;
     mg_optim_config oc = mg_optim_defaults(job->optimizer, 1e-4f);
@@ -219,6 +245,7 @@ static mg_status measure_parts(mg_group *g, const mg_plan_job *job, mg_plan_clus
         if (g) MG_TRY(mg_group_agree(g, st, MG_AGREE_SHARE));
         MG_TRY(st);
         memcpy(cl->micro_s[tp], r.micro_s, sizeof r.micro_s);
+        cl->refill_bytes_per_s[tp] = r.refill_bytes_per_s;
         if (tp == 1) {
             cl->bytes_per_s = r.bytes_per_s;
             flops = r.flops;
@@ -228,12 +255,14 @@ static mg_status measure_parts(mg_group *g, const mg_plan_job *job, mg_plan_clus
      * cores measure apart by 40% here): every rank gets the slowest
      * figures. */
     if (g) {
-        enum { K = 1 + (MG_PLAN_MEASURED_TP + 1) * MG_PLAN_SIZES };
+        enum { R = MG_PLAN_MEASURED_TP + 1, K = 1 + R + R * MG_PLAN_SIZES };
         double v[K] = {-cl->bytes_per_s};
-        memcpy(v + 1, cl->micro_s, sizeof cl->micro_s);
+        for (int i = 0; i < R; i++) v[1 + i] = -cl->refill_bytes_per_s[i];
+        memcpy(v + 1 + R, cl->micro_s, sizeof cl->micro_s);
         MG_TRY(mg_all_reduce(g, v, v, K, MG_F64, MG_MAX));
         cl->bytes_per_s = -v[0];
-        memcpy(cl->micro_s, v + 1, sizeof cl->micro_s);
+        for (int i = 0; i < R; i++) cl->refill_bytes_per_s[i] = -v[1 + i];
+        memcpy(cl->micro_s, v + 1 + R, sizeof cl->micro_s);
     }
     rates_of_sizes(flops, cl);
     return MG_OK;
@@ -311,7 +340,10 @@ mg_status mg_plan_measure_links(mg_group *g, mg_plan_cluster *cl)
 mg_status mg_plan_measure_disk(const char *dir, size_t window, mg_plan_cluster *cl)
 {
     if (!window) return mg_error(MG_EINVAL, "planner: an offload window of 0 bytes");
-    size_t n = window < (1u << 20) ? (32u << 20) / window : 32;   /* 32 MiB or 32 windows */
+    /* 128 MiB, beyond any cache (32 MiB, the size of an L3, went 1.6x
+     * faster a byte than the optimizer streams its state), or 32 windows. */
+    size_t n = ((128u << 20) + window - 1) / window;
+    if (n < 32) n = 32;
     mg_scratch *f;
     MG_TRY(mg_scratch_create(dir, (uint64_t)n * window, "planner's disk probe", &f));
     char *buf = mg_alloc(window);

@@ -24,12 +24,17 @@
  *     it fits in one: the mesh puts tp, then dp, fastest). What DDP and
  *     ZeRO launch during backward hides behind it in the cluster's
  *     overlap share of it, always but the last bucket; the all-gathers
- *     after the optimizer never hide.
+ *     after the optimizer never hide. ZeRO-3 gathers into pages it gave
+ *     back (offloaded, its piece too), and a pipeline's ZeRO 2-3 give
+ *     back the gradients outside the piece, written again in backward:
+ *     those bytes at the measured refill rate, with the collectives.
  *   - The optimizer: a pass reading and writing its state, the
  *     parameters and the gradients at the rank's memory rate.
  *   - Offload: the optimizer streams its state (and ZeRO-3's parameter
  *     pieces, ZeRO 2-3's gradient pieces) from the files and back while
- *     it computes (an I/O thread: the slower of the two counts); ZeRO 2-3
+ *     it computes (an I/O thread: the slower of the two counts where
+ *     cores are spare, their sum where the copies share the rank's core,
+ *     in the overlap share between); ZeRO 2-3
  *     write each micro-batch's gradient pieces to the file and read the
  *     sum so far back (all but the first), and ZeRO-3 reads a bucket's
  *     parameter piece at each gather (forward and backward), inside the
@@ -191,8 +196,11 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
     double G = dp_floats * 4, cap = (double)caps;
     double backward = bwd + tpb;   /* of one micro-batch, on this rank */
     double hide = cl->overlap * backward, last = 0, launched = 0, after = 0;
+    double refill = cl->refill_bytes_per_s[p->tp <= MG_PLAN_MEASURED_TP ? p->tp : 1];
     if (p->dp > 1) {
         int D = p->dp;
+        /* Bytes of a gather (or a pipeline's gradients) into pages given back. */
+        double back = refill > 0 ? G * (D - 1) / D / refill : 0;
         switch (p->zero) {
         case 0:
             launched = bucketed(cl, MG_COLL_ALL_REDUCE, G, D, dpl, cap, &last);
@@ -207,16 +215,19 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
             if (p->pp == 1) {   /* a reduce-scatter every micro-batch */
                 launched *= M;
                 hide *= M;
+            } else {            /* the gradients outside the piece given back */
+                after += back;
             }
             break;
         default:
             launched = bucketed(cl, MG_COLL_REDUCE_SCATTER, G, D, dpl, cap, &last);
             if (p->pp == 1) {   /* gathered for forward and backward, every micro-batch */
                 double ag = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
-                launched = M * (launched + 2 * ag);
+                if (p->offload && refill > 0) back = G / refill;   /* the piece too */
+                launched = M * (launched + 2 * (ag + back));
                 hide = cl->overlap * M * (fwd + tpf + backward);
-            } else {            /* gathered once a step */
-                after = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL);
+            } else {            /* gathered once a step; the gradients given back */
+                after = bucketed(cl, MG_COLL_ALL_GATHER, G, D, dpl, cap, NULL) + 2 * back;
             }
         }
     }
@@ -234,9 +245,10 @@ mg_status mg__plan_time(const mg_plan_job *job, const mg_plan_cluster *cl,
         double piece = stepped * 4;
         double streamed = piece * (2 * states + (params ? 2 : 0) + (grads ? 1 : 0));
         double in_step = (grads ? (2 * M - 1) * piece : 0) + (params ? 2 * M * piece : 0);
-        double stream_s = streamed / cl->disk_bytes_per_s;
-        p->offload_io = in_step / cl->disk_bytes_per_s +
-                        (stream_s > p->optimizer ? stream_s - p->optimizer : 0);
+        double stream_s = streamed / cl->disk_bytes_per_s, opt = p->optimizer;
+        double longer = stream_s > opt ? stream_s : opt, shorter = stream_s + opt - longer;
+        p->offload_io = in_step / cl->disk_bytes_per_s + longer - opt +
+                        (1 - cl->overlap) * shorter;
     }
     p->step = makespan + p->dp_exposed + p->optimizer + p->offload_io;
     return MG_OK;
