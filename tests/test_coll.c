@@ -72,6 +72,7 @@ static void sweep(mg__algo algo, int shm, int gmem)
 TEST_T(coll_sweep_ring, 180) { sweep(MG_ALGO_RING, 0, 0); }
 TEST_T(coll_sweep_rd, 180) { sweep(MG_ALGO_RD, 0, 0); }
 TEST_T(coll_sweep_tree, 180) { sweep(MG_ALGO_TREE, 0, 0); }
+TEST_T(coll_sweep_central, 180) { sweep(MG_ALGO_CENTRAL, 0, 0); }
 TEST_T(coll_sweep_shm_staged, 180) { sweep(MG_ALGO_SHM, 1, 0); }
 TEST_T(coll_sweep_shm_direct, 180) { sweep(MG_ALGO_SHM, 1, 1); }
 TEST_T(coll_sweep_auto_shm, 180) { sweep(MG_ALGO_AUTO, 1, 0); }
@@ -282,7 +283,7 @@ TEST_T(coll_all_reduce_bitwise_identical, 120)
     size_t counts[] = {1001, 70001};
     struct { mg__algo a; int shm, gmem; } algos[] = {
         {MG_ALGO_RING, 0, 0}, {MG_ALGO_RD, 0, 0}, {MG_ALGO_TREE, 0, 0},
-        {MG_ALGO_SHM, 1, 0}, {MG_ALGO_SHM, 1, 1}};
+        {MG_ALGO_SHM, 1, 0}, {MG_ALGO_SHM, 1, 1}, {MG_ALGO_CENTRAL, 0, 0}};
     struct { mg_dtype dt; mg_op op; } kinds[] = {
         {MG_F32, MG_SUM}, {MG_BF16, MG_SUM}, {MG_F32, MG_MIN}, {MG_F64, MG_MAX}, {MG_F16, MG_AVG}};
     mg_rng r;
@@ -290,7 +291,7 @@ TEST_T(coll_all_reduce_bitwise_identical, 120)
     for (int si = 0; si < 3; si++)
         for (int ci = 0; ci < 2; ci++)
             for (int ki = 0; ki < 5; ki++)
-                for (int ai = 0; ai < 5; ai++) {
+                for (int ai = 0; ai < 6; ai++) {
                     int P = sizes[si];
                     size_t n = counts[ci], es = ct_dt_size[kinds[ki].dt];
                     ident_job j = {algos[ai].a, algos[ai].gmem, kinds[ki].dt, kinds[ki].op, n,
@@ -333,6 +334,48 @@ TEST_T(coll_all_reduce_bitwise_identical, 120)
                 }
 }
 
+/* The central family adds in rank order, ((x0 + x1) + x2) + ..., as one
+ * process summing the ranks' vectors would: its float all_reduce equals
+ * that sum bit for bit at any world size, and the ring's at two ranks
+ * (where the order of an addition of two is all there is). */
+TEST_T(coll_central_sums_in_rank_order, 60)
+{
+    size_t n = 30001;
+    mg_rng r;
+    mg_rng_init(&r, 5);
+    for (int P = 2; P <= 8; P++) {
+        mg__algo algos[] = {MG_ALGO_CENTRAL, MG_ALGO_RING};
+        float *want = calloc(n, sizeof *want), *got[2] = {NULL, NULL};
+        char *in[8];
+        for (int q = 0; q < P; q++) {
+            in[q] = malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) {
+                float v = mg_rng_normal(&r) * (float)(1 + q * 1000);
+                memcpy(in[q] + i * sizeof v, &v, sizeof v);
+                want[i] = q ? want[i] + v : v;
+            }
+        }
+        for (int a = 0; a < (P == 2 ? 2 : 1); a++) {
+            ident_job j = {algos[a], 0, MG_F32, MG_SUM, n, in, calloc((size_t)P, sizeof(char *))};
+            for (int q = 0; q < P; q++) j.out[q] = malloc(n * sizeof(float));
+            mgt_world *w = mgt_world_create(P, 0, MG__SHM_SLOT_MIN, 0, 30);
+            CHECK_EQ(mgt_world_run(w, ident_rank, &j), 0);
+            mgt_world_destroy(w);
+            got[a] = (float *)(void *)j.out[0];
+            for (int q = 1; q < P; q++) free(j.out[q]);
+            free(j.out);
+        }
+        CHECK_MSG(!memcmp(got[0], want, n * sizeof(float)), "P=%d: central differs from the "
+                  "sum in rank order", P);
+        if (got[1])
+            CHECK_MSG(!memcmp(got[0], got[1], n * sizeof(float)), "central and ring differ at 2");
+        for (int q = 0; q < P; q++) free(in[q]);
+        free(got[0]);
+        free(got[1]);
+        free(want);
+    }
+}
+
 /* ---- large counts ------------------------------------------------------- */
 
 static void run_cases_at(int P, mg__algo algo, int shm, int gmem, const tcase *cs, int ncs,
@@ -355,8 +398,8 @@ TEST_T(coll_large_counts, 180)
     size_t M = (size_t)1 << 20;
     struct { mg__algo a; int shm, gmem; } fam[] = {
         {MG_ALGO_RING, 0, 0}, {MG_ALGO_RD, 0, 0}, {MG_ALGO_TREE, 0, 0},
-        {MG_ALGO_SHM, 1, 0}, {MG_ALGO_SHM, 1, 1}};
-    for (int f = 0; f < 5; f++) {
+        {MG_ALGO_SHM, 1, 0}, {MG_ALGO_SHM, 1, 1}, {MG_ALGO_CENTRAL, 0, 0}};
+    for (int f = 0; f < 6; f++) {
         int P = 2 + f % 3;   /* 2, 3, 4, 2, 3 */
         tcase cs[] = {
             {MG_COLL_ALL_REDUCE, MG_F32, MG_SUM, M + 3, 0, f % 2},
@@ -379,6 +422,29 @@ TEST_T(coll_large_counts, 180)
 }
 
 /* ---- selection ------------------------------------------------------------ */
+
+/* The model prices every family by name, central too (which selection
+ * never takes): its root moves (p - 1) vectors in and out, so against the
+ * ring's 2(p-1)/p it costs about p times as much for large vectors. */
+TEST(coll_time_by_family)
+{
+    const mg_link *l = mg_link_builtin("tcp");
+    double A = l->latency, B = 1 / l->bandwidth, G = 1 / l->reduce, n = 64.0 * (1 << 20);
+    for (int p = 2; p <= 8; p++) {
+        double f1 = (double)(p - 1) / p;
+        double ring = mg_coll_time_by("ring", MG_COLL_ALL_REDUCE, n, p, l);
+        double central = mg_coll_time_by("central", MG_COLL_ALL_REDUCE, n, p, l);
+        CHECK_CLOSE(ring, 2 * (p - 1) * A + 2 * f1 * n * B + f1 * n * G, 1e-12, 0);
+        CHECK_CLOSE(central, 2 * (p - 1) * (A + n * B) + (p - 1) * n * G, 1e-12, 0);
+        CHECK_CLOSE(central / ring, (double)p, 0.01, 0);
+        CHECK(mg_coll_time_by("auto", MG_COLL_ALL_REDUCE, n, p, l) ==
+              mg_coll_time(MG_COLL_ALL_REDUCE, n, p, l));
+        CHECK(mg_coll_time(MG_COLL_ALL_REDUCE, n, p, l) <= ring);
+    }
+    CHECK(mg_coll_time_by("shm", MG_COLL_ALL_REDUCE, n, 4, l) < 0);
+    CHECK(mg_coll_time_by("bogus", MG_COLL_ALL_REDUCE, n, 4, l) < 0);
+    CHECK(mg_coll_time_by("central", MG_COLL_BROADCAST, n, 1, l) == 0);
+}
 
 TEST(coll_select_cost_model)
 {
@@ -494,10 +560,10 @@ TEST(coll_mg_algo_unknown_is_auto)
  * deadline rather than hang, whatever the algorithm. */
 TEST_T(coll_missing_rank_times_out, 60)
 {
-    mg__algo algos[] = {MG_ALGO_RING, MG_ALGO_RD, MG_ALGO_TREE, MG_ALGO_SHM};
-    for (int a = 0; a < 4; a++) {
+    mg__algo algos[] = {MG_ALGO_RING, MG_ALGO_RD, MG_ALGO_TREE, MG_ALGO_SHM, MG_ALGO_CENTRAL};
+    for (int a = 0; a < 5; a++) {
         algo_job j = {.want = MG_ETIMEOUT, .skip_rank = 2, .algo = algos[a]};
-        mgt_world *w = mgt_world_create(3, a == 3, MG__SHM_SLOT_MIN, 0, 0.5);
+        mgt_world *w = mgt_world_create(3, algos[a] == MG_ALGO_SHM, MG__SHM_SLOT_MIN, 0, 0.5);
         double t0 = mg_now();
         CHECK_EQ(mgt_world_run(w, small_all_reduce_rank, &j), 0);
         CHECK(mg_now() - t0 < 5);

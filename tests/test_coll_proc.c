@@ -149,9 +149,9 @@ TEST_T(coll_proc_shm_group_memory, 300)
 
 TEST_T(coll_proc_tcp, 300)
 {
-    const char *algos[] = {NULL, "ring", "rd", "tree"};
+    const char *algos[] = {NULL, "ring", "rd", "tree", "central"};
     int sizes[] = {2, 3, 5, 8};   /* under a sanitizer without 8 */
-    proc_sweep("tcp", algos, 4, sizes, mgt_sanitized() ? 3 : 4, 0);
+    proc_sweep("tcp", algos, 5, sizes, mgt_sanitized() ? 3 : 4, 0);
     const char *autos[] = {NULL};
     int big[] = {13};
     proc_sweep("tcp", autos, 1, big, 1, 0);

@@ -7,11 +7,13 @@
  * Needs build/bin/mgbench (make -j2 all) or MG_BIN. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
 #include "traffic_model.h"
+#include "multigrad/comm.h"
 #include "multigrad/core.h"
 
 typedef mgt_result result;
@@ -210,11 +212,38 @@ TEST_T(mgbench_traffic_columns, 60)
     CHECK_NEAR(v[2], 4.0 / 3 * (4 << 20), 0.5);
 }
 
+/* --model-time: the cost model's time for the row by the algorithm run,
+ * the last column; central's the larger at four ranks over TCP. */
+TEST_T(mgbench_model_time_column, 60)
+{
+    double model[2];
+    const char *algos[] = {"ring", "central"};
+    for (int a = 0; a < 2; a++) {
+        result *r = run_tool(60, (const char *[]){"mgbench", "-n", "4", "all_reduce", "-b", "4M",
+                                                  "-e", "4M", "-i", "2", "-w", "0", "-t", "-a",
+                                                  algos[a], "--model-time", NULL});
+        CHECK_MSG(exit_code(r) == 0, "mgbench exited %d: %s", exit_code(r), r->err);
+        CHECK(strstr(r->out, " model"));
+        const char *row = strstr(r->out, "4194304       1048576");
+        CHECK_MSG(row, "%s", r->out);
+        if (!row) return;
+        const char *eol = strchr(row + 1, '\n'), *last = eol;
+        while (last > row && last[-1] != ' ') last--;
+        model[a] = atof(last);
+        const mg_link *l = mg_link_builtin("tcp");
+        double want = mg_coll_time_by(algos[a], MG_COLL_ALL_REDUCE, 4 << 20, 4, l) * 1e6;
+        CHECK_MSG(fabs(model[a] - want) <= 0.05 + 1e-6 * want, "%s: %.1f us, the model %.1f",
+                  algos[a], model[a], want);
+    }
+    CHECK(model[1] > 3 * model[0]);
+}
+
 TEST_T(mgbench_variants_exact, 90)
 {
     const char *variants[][3] = {
         {"--group-alloc", NULL, NULL}, {"-t", NULL, NULL}, {"-a", "ring", NULL},
         {"-a", "rd", NULL}, {"-a", "tree", NULL}, {"-a", "shm", "--group-alloc"},
+        {"-a", "central", NULL},
     };
     for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
         const char *argv[32] = {"mgbench", "-n", "3", "all_reduce", "all_gather", "reduce_scatter",
@@ -296,10 +325,12 @@ TEST(mgbench_bad_flags)
         {"-n", "2", "broadcast", "-r", "5", NULL},
         {"all_reduce", "--device", "gpu", NULL},
         {"all_reduce", "--device", "emu", "--group-alloc", NULL},
+        {"all_reduce", "--device", "emu", "--model-time", NULL},
     };
     const char *needle[] = {"--bogus", "f17", "mean", "allreduc", "-n", "two", "larger",
                             "12Q", "0.5", "-c", "fast", "nccl", "needs a value",
-                            "no collective", "-r 5", "unknown device 'gpu'", "--group-alloc"};
+                            "no collective", "-r 5", "unknown device 'gpu'", "--group-alloc",
+                            "--model-time"};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *argv[12] = {"mgbench"};
         int k = 1;

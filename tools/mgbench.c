@@ -68,7 +68,9 @@ static void usage(FILE *f)
 "                        int32, int64, uint8 work too)\n"
 "  -o, --op OP           sum prod min max avg, or all (default sum)\n"
 "  -r, --root R          root of broadcast/reduce/gather/scatter (default 0)\n"
-"  -a, --algo A          auto ring rd tree shm (sets MG_ALGO)\n"
+"  -a, --algo A          auto ring rd tree shm central (sets MG_ALGO; central:\n"
+"                        every collective through rank 0, a parameter server's\n"
+"                        aggregation)\n"
 "      --backend B       builtin (default; mpi under mpirun) or mpi\n"
 "      --group-alloc     buffers from mg_group_alloc (shared memory peers\n"
 "                        read directly) instead of malloc\n"
@@ -84,6 +86,9 @@ static void usage(FILE *f)
 "                        place), and the bytes per rank busbw assumes (size\n"
 "                        x the bus factor): 2(n-1)/n x size for a ring\n"
 "                        all_reduce; the mpi backend counts ring volumes\n"
+"      --model-time      one more column: the time the cost model gives the\n"
+"                        row (mg_coll_time_by: the algorithm of -a, auto the\n"
+"                        model's choice) on the transport's builtin figures\n"
 "      --version         version, CPU and kernels of this machine\n"
 "  -h, --help            this help\n"
 "\n"
@@ -99,7 +104,7 @@ static void usage(FILE *f)
 "operation or a wrong value; 2 for bad flags.\n");
 }
 
-enum { OPT_BACKEND = 256, OPT_VERSION, OPT_TRAFFIC, OPT_DEVICE };
+enum { OPT_BACKEND = 256, OPT_VERSION, OPT_TRAFFIC, OPT_DEVICE, OPT_MODEL_TIME };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -113,6 +118,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"traffic", no_argument, NULL, OPT_TRAFFIC},
+        {"model-time", no_argument, NULL, OPT_MODEL_TIME},
         {"device", required_argument, NULL, OPT_DEVICE},
         {0, 0, 0, 0},
     };
@@ -126,8 +132,8 @@ static void parse_args(int argc, char **argv, options *o)
         case 'n': o->nranks = (int)mgb_parse_long("-n", optarg, 1, 4096); break;
         case 'a':
             if (strcmp(optarg, "auto") && strcmp(optarg, "ring") && strcmp(optarg, "rd") &&
-                strcmp(optarg, "tree") && strcmp(optarg, "shm"))
-                mgb_bad_input("-a: unknown algorithm '%s' (auto ring rd tree shm)", optarg);
+                strcmp(optarg, "tree") && strcmp(optarg, "shm") && strcmp(optarg, "central"))
+                mgb_bad_input("-a: unknown algorithm '%s' (auto ring rd tree shm central)", optarg);
             o->algo = optarg;
             break;
         case OPT_BACKEND:
@@ -137,6 +143,7 @@ static void parse_args(int argc, char **argv, options *o)
             break;
         case 't': o->tcp = 1; break;
         case OPT_TRAFFIC: o->c.traffic = 1; break;
+        case OPT_MODEL_TIME: o->c.model_time = 1; break;
         case OPT_DEVICE:
             if (mg_device_parse(optarg, &o->dev)) mgb_bad_input("--device: %s", mg_last_error());
             o->dev_local = !strcmp(optarg, "cuda");
@@ -150,6 +157,9 @@ static void parse_args(int argc, char **argv, options *o)
     mgb_finish_args(&o->c, argc, argv);
     if (o->dev.kind != MG_DEVICE_CPU && o->c.group_alloc)
         mgb_bad_input("--device and --group-alloc: device memory is not group memory; give one");
+    if (o->c.model_time && ((o->backend && !strcmp(o->backend, "mpi")) || o->dev.kind != MG_DEVICE_CPU))
+        mgb_bad_input("--model-time: the cost model is the builtin backend's on the CPU; "
+                      "leave out --backend mpi and --device");
 }
 
 /* ---- one measurement ------------------------------------------------------ */
@@ -279,6 +289,17 @@ static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong, 
     *wrong = bad;
 }
 
+/* --model-time: the cost model's microseconds for the row, by the
+ * algorithm asked for (MG_ALGO; auto: the model's choice) on the
+ * builtin figures of the transport (shared memory unless TCP). */
+static double model_us(const bench *b, int coll, size_t bytes)
+{
+    const char *algo = b->o->algo ? b->o->algo : mg_env_str("MG_ALGO", "auto");
+    bool tcp = b->o->tcp || !strcmp(mg_env_str("MG_TRANSPORT", "auto"), "tcp");
+    mg_coll c = coll == MGB_SENDRECV ? MG_COLL_SEND : (mg_coll)coll;
+    return mg_coll_time_by(algo, c, (double)bytes, b->size, mg_link_builtin(tcp ? "tcp" : "shm")) * 1e6;
+}
+
 static void bench_row(bench *b, int coll, mg_dtype t, mg_op op, size_t req_bytes)
 {
     size_t es = mg_dtype_size(t);
@@ -303,6 +324,7 @@ static void bench_row(bench *b, int coll, mg_dtype t, mg_op op, size_t req_bytes
         if (b->o->c.traffic)
             printf("  %12.0f  %12.0f  %12.0f", tr[0], tr[1],
                    (double)(count * es) * mgb_bus_factor(coll, b->size));
+        if (b->o->c.model_time) printf("  %9.1f", model_us(b, coll, count * es));
         printf("\n");
         fflush(stdout);
     }

@@ -43,6 +43,7 @@ typedef struct {
     int dtypes[MG_DTYPE_COUNT], ndtypes;
     int ops[MG_OP_COUNT], nops;
     int traffic;                /* mgbench --traffic: the bytes columns */
+    int model_time;             /* mgbench --model-time: the cost model's time */
 } mgb_opts;
 
 /* Set by each tool: its name, and whether this process keeps quiet about
@@ -470,10 +471,12 @@ static inline void mgb_print_header(const mgb_opts *o)
            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
            "time", "algbw", "busbw", "#wrong");
     if (o->traffic) printf("  %12s  %12s  %12s", "sent", "received", "bus");
+    if (o->model_time) printf("  %9s", "model");
     printf("\n# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s",
            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
            "(GB/s)", "");
     if (o->traffic) printf("  %12s  %12s  %12s", "(max)", "(max)", "(size*busf)");
+    if (o->model_time) printf("  %9s", "(us)");
     printf("\n");
     fflush(stdout);
 }

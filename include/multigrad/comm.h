@@ -273,6 +273,11 @@ const mg_link *mg_link_builtin(const char *transport);
  * all_reduce; the gathered vector for all_gather and reduce_scatter);
  * MG_COLL_SEND is one message of bytes. 0 for p = 1. */
 double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l);
+/* The same by the family MG_ALGO names ("ring", "rd", "tree", "shm",
+ * "central"; "auto": mg_coll_time): central, every collective through
+ * rank 0, is the one the builtin backend never chooses itself. -1 for an
+ * unknown name, or shm on a link without shared memory. */
+double mg_coll_time_by(const char *algo, mg_coll c, double bytes, int p, const mg_link *l);
 /* The latency and bandwidth that make mg_coll_time(c, ., p, l) give the
  * times measured for a small and a large message (t1 seconds for n1
  * bytes, t2 for n2 > n1), fitted into *l (its reduce rate and

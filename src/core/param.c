@@ -48,7 +48,7 @@ static const mg_tunable params[] = {
     {"MG_BACKEND", C, NULL, 0, 0, "builtin|mpi", "process groups: default mpi under mpirun or another PMI launcher (when built with MPI), else builtin"},
     {"MG_NCCL", C, "auto", 0, 0, "auto|on|off", "collectives on GPU memory (mg_group_use_device): NCCL when every rank has a GPU of its own (auto), NCCL or an error (on), or always staged through the host (off)"},
     {"MG_TRANSPORT", C, "auto", 0, 0, "auto|shm|tcp", "between ranks on one host: shared memory (auto) or tcp"},
-    {"MG_ALGO", C, "auto", 0, 0, "auto|ring|rd|tree|shm", "force a collective algorithm (auto: the cost model's choice)"},
+    {"MG_ALGO", C, "auto", 0, 0, "auto|ring|rd|tree|shm|central", "force a collective algorithm (auto: the cost model's choice; central: every collective through rank 0, the parameter-server baseline, never chosen by the model)"},
     {"MG_TIMEOUT", R, "300", 0.001, 1e7, NULL, "deadline of every wait of a group, seconds"},
     {"MG_PEER_TIMEOUT", R, "15", 0, 1e7, NULL, "seconds a waiting rank hears nothing (data or heartbeat) from a peer before declaring it dead; 0: only MG_TIMEOUT"},
     {"MG_JOB_SECRET", K, NULL, 0, 511, NULL, "the job's shared secret (mgrun sets one); without one only loopback peers"},

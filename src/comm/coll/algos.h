@@ -176,6 +176,14 @@ mg_status mg__shm_scatter(mg__op *o);
 mg_status mg__shm_all_to_all(mg__op *o);
 mg_status mg__shm_barrier(mg__op *o);
 
+/* central.c */
+mg_status mg__central_reduce(mg__op *o);
+mg_status mg__central_all_reduce(mg__op *o);
+mg_status mg__central_broadcast(mg__op *o);
+mg_status mg__central_all_gather(mg__op *o);
+mg_status mg__central_reduce_scatter(mg__op *o);
+mg_status mg__central_barrier(mg__op *o);
+
 /* select.c: whether the rd family treats a message of `bytes` as large
  * (all_reduce: halving-doubling rather than recursive doubling; broadcast:
  * scatter + all-gather rather than a binomial tree; reduce: reduce-scatter

@@ -14,7 +14,8 @@
 #include "comm/call.h"
 #include "comm/coll/algos.h"
 
-static const char *algo_names[MG_ALGO_COUNT] = {"auto", "ring", "rd", "tree", "shm"};
+static const char *algo_names[MG_ALGO_COUNT] = {"auto", "ring", "rd", "tree", "shm",
+                                                   "central"};
 
 const char *mg__algo_name(mg__algo a)
 {
@@ -159,6 +160,12 @@ static const algo_fn table[MG_ALGO_COUNT][MG_COLL_BARRIER + 1] = {
         [MG_COLL_GATHER] = mg__shm_gather, [MG_COLL_SCATTER] = mg__shm_scatter,
         [MG_COLL_REDUCE_SCATTER] = mg__shm_reduce_scatter, [MG_COLL_ALL_TO_ALL] = mg__shm_all_to_all,
         [MG_COLL_BARRIER] = mg__shm_barrier},
+    [MG_ALGO_CENTRAL] = {
+        [MG_COLL_BROADCAST] = mg__central_broadcast, [MG_COLL_REDUCE] = mg__central_reduce,
+        [MG_COLL_ALL_REDUCE] = mg__central_all_reduce, [MG_COLL_ALL_GATHER] = mg__central_all_gather,
+        [MG_COLL_GATHER] = mg__flat_gather, [MG_COLL_SCATTER] = mg__flat_scatter,
+        [MG_COLL_REDUCE_SCATTER] = mg__central_reduce_scatter, [MG_COLL_ALL_TO_ALL] = a2a_shift,
+        [MG_COLL_BARRIER] = mg__central_barrier},
 };
 
 static mg_status run_algo(mg__op *o, mg__algo a)

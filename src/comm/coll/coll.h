@@ -118,11 +118,12 @@ typedef enum {
     MG_ALGO_RD,         /* recursive doubling / halving-doubling */
     MG_ALGO_TREE,       /* binomial trees */
     MG_ALGO_SHM,        /* direct shared memory, all ranks on one host */
+    MG_ALGO_CENTRAL,    /* through rank 0 (the root): only when asked for */
     MG_ALGO_COUNT
 } mg__algo;
 
 const char *mg__algo_name(mg__algo a);
-/* "ring" | "rd" | "tree" | "shm" | "auto"; -1 if unknown. */
+/* "ring" | "rd" | "tree" | "shm" | "central" | "auto"; -1 if unknown. */
 int mg__algo_parse(const char *name);
 /* The algorithm MG_ALGO forces (MG_ALGO_AUTO: none), read once. */
 mg__algo mg__algo_forced(void);

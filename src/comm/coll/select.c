@@ -2,7 +2,9 @@
  * alpha (latency) plus beta per byte on the wire, and reducing costs gamma
  * per byte. Each family's time for a collective is estimated from the
  * bytes its ranks send in sequence (docs/algorithms.md has the formulas)
- * and the cheapest wins; ties go to the lower-numbered family.
+ * and the cheapest wins; ties go to the lower-numbered family. The
+ * central family (every collective through rank 0) is modelled for
+ * mg_coll_time_by but never chosen: its root carries every vector.
  *
  * Constants: TCP (loopback or a LAN) has alpha ~25 us and ~1.2 GB/s per
  * stream; the shared-memory transport carrying point-to-point messages has
@@ -119,6 +121,20 @@ static double cost(mg__algo f, mg_coll c, double n, int p, const model *m)
         case MG_COLL_BARRIER: return 2 * lg * A;
         default: return (p - 1) * A + f1 * n * B;
         }
+    case MG_ALGO_CENTRAL: {
+        /* The root takes the p - 1 vectors in turn (reducing each), then
+         * sends the whole to each; gather and scatter are ring's flat ones. */
+        double in = (p - 1) * (A + n * B), out = (p - 1) * (A + n * B);
+        switch (c) {
+        case MG_COLL_ALL_REDUCE: return in + (p - 1) * n * G + out;
+        case MG_COLL_REDUCE: return in + (p - 1) * n * G;
+        case MG_COLL_BROADCAST: return out;
+        case MG_COLL_ALL_GATHER: return (p - 1) * A + f1 * n * B + out;
+        case MG_COLL_REDUCE_SCATTER: return in + (p - 1) * n * G + (p - 1) * A + f1 * n * B;
+        case MG_COLL_BARRIER: return 2 * (p - 1) * A;
+        default: return (p - 1) * A + f1 * n * B;   /* gather, scatter, all_to_all */
+        }
+    }
     case MG_ALGO_SHM: {
         /* Two synchronisations (plus about two per staged chunk) and the
          * ring's bytes per rank, copied at memory speed. */
@@ -144,25 +160,38 @@ const mg_link *mg_link_builtin(const char *transport)
     return NULL;
 }
 
-double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l)
+/* Seconds of c by family f on link l (-1: shm without shared memory). */
+static double family_time(mg__algo f, mg_coll c, double bytes, int p, const mg_link *l)
 {
     if (p <= 1) return 0;
     model m = {l->latency, 1 / l->bandwidth, 1 / l->reduce};
     if (c == MG_COLL_SEND || c == MG_COLL_RECV) return m.a + bytes * m.b;
+    if (f == MG_ALGO_SHM) {
+        if (!l->shared_memory) return -1;
+        /* One copy instead of the transport's two, a fifth of its
+         * synchronisation (SHM_DIRECT against SHM_P2P). */
+        m.a *= SHM_DIRECT.a / SHM_P2P.a;
+        m.b *= SHM_DIRECT.b / SHM_P2P.b;
+    }
+    return cost(f, c, bytes, p, &m);
+}
+
+double mg_coll_time(mg_coll c, double bytes, int p, const mg_link *l)
+{
     double best = 1e300;
-    for (int f = MG_ALGO_RING; f < MG_ALGO_COUNT; f++) {
-        model use = m;
-        if (f == MG_ALGO_SHM) {
-            if (!l->shared_memory) continue;
-            /* One copy instead of the transport's two, a fifth of its
-             * synchronisation (SHM_DIRECT against SHM_P2P). */
-            use.a = m.a * SHM_DIRECT.a / SHM_P2P.a;
-            use.b = m.b * SHM_DIRECT.b / SHM_P2P.b;
-        }
-        double t = cost((mg__algo)f, c, bytes, p, &use);
-        if (t < best) best = t;
+    for (int f = MG_ALGO_RING; f < MG_ALGO_CENTRAL; f++) {
+        double t = family_time((mg__algo)f, c, bytes, p, l);
+        if (t >= 0 && t < best) best = t;
     }
     return best;
+}
+
+double mg_coll_time_by(const char *algo, mg_coll c, double bytes, int p, const mg_link *l)
+{
+    int f = mg__algo_parse(algo);
+    if (f < 0) return -1;
+    return f == MG_ALGO_AUTO ? mg_coll_time(c, bytes, p, l)
+                             : family_time((mg__algo)f, c, bytes, p, l);
 }
 
 void mg_link_fit(mg_coll c, int p, double n1, double t1, double n2, double t2, mg_link *l)
@@ -187,7 +216,7 @@ mg__algo mg__coll_select(const mg__p2p *p, const mg_call *c)
         n *= P;
     mg__algo best = MG_ALGO_RING;
     double best_t = 1e300;
-    for (int f = MG_ALGO_RING; f < MG_ALGO_COUNT; f++) {
+    for (int f = MG_ALGO_RING; f < MG_ALGO_CENTRAL; f++) {
         if (f == MG_ALGO_SHM && !p->shm) continue;
         double t = cost((mg__algo)f, c->coll, n, P, f == MG_ALGO_SHM ? &SHM_DIRECT : p2p_model(p));
         if (t < best_t) {
