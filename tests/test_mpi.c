@@ -144,6 +144,20 @@ static int w_p2p(mg_group *g)
     W_CHECK(in[7] == (float)7 + peer, "sendrecv: %g", in[7]);
     mg_free(out);
     mg_free(in);
+    /* From any source, or from a set: the sender named. Peer failures are
+     * MPI's to handle: not contained. */
+    int64_t any = 0;
+    int src = -1, set[1] = {1};
+    for (int i = 0; i < 3; i++) {
+        if (r == 1) {
+            any = 70 + i;
+            W_TRY(mg_send(g, &any, 1, MG_I64, 0, 13));
+        } else {
+            W_TRY(mg_recv_any(g, &any, 1, MG_I64, i ? set : NULL, i ? 1 : 0, 13, &src));
+            W_CHECK(src == 1 && any == 70 + i, "any source: %lld from %d", (long long)any, src);
+        }
+    }
+    W_CHECK(mg_group_contain_peer_failures(g) == MG_EUNSUPPORTED, "contain under MPI");
     /* To itself: a message sent first arrives; a receive with nothing sent
      * is refused at once and the group stays usable. */
     int64_t self_out = 42 + r, self_in = 0;

@@ -2,9 +2,12 @@
  * within a tag, receives in another tag order than the sends (unexpected
  * messages), zero-length and large messages, messages to oneself, two
  * ranks (and a ring of ranks) sending each other large messages at once,
- * messages interleaved with collectives, size mismatches, and batches of
- * sends and receives whose receives are listed first. */
+ * messages interleaved with collectives, size mismatches, batches of
+ * sends and receives whose receives are listed first, and receives from
+ * any source (or a set), with a dead peer's failure contained or not. */
 #define _GNU_SOURCE
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
 #include "multigrad/comm.h"
@@ -282,3 +285,139 @@ static int batch_rank(int rank, int n, void *arg)
 
 TEST(p2p_batch_receives_first_shm) { run(2, batch_rank, NULL); run(4, batch_rank, NULL); }
 TEST(p2p_batch_receives_first_tcp) { run(2, batch_rank, "tcp"); run(3, batch_rank, "tcp"); }
+
+/* ---- receives from any source ----------------------------------------------- */
+
+/* Rank 0 takes whatever its peers send with a tag, from anyone or from a
+ * set: every message once, each sender's in its order, the sender named;
+ * a collective's frames from a rank already in the next operation wait
+ * their turn; a message to itself counts; the async form too. */
+static int any_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    enum { R = 6 };
+    int32_t msg[2];
+    if (rank == 0) {
+        int got[8] = {0}, src = -1;
+        for (int i = 0; i < (n - 1) * R; i++) {
+            CHECK_OK(mg_recv_any(g, msg, 2, MG_I32, NULL, 0, 7, &src));
+            CHECK(src >= 1 && src < n && msg[0] == src);
+            CHECK_MSG(msg[1] == got[src], "from %d: message %d where %d was next", src, msg[1],
+                      got[src]);
+            got[src]++;
+        }
+        for (int s = 1; s < n; s++) CHECK_EQ(got[s], R);
+        /* A set, ranks 1 .. n-2: only its ranks' messages are taken (the
+         * last rank's waits for the plain receive after). */
+        int set[8], seen = 0;
+        for (int i = 0; i < n - 2; i++) set[i] = i + 1;
+        for (int i = 0; i < n - 2; i++) {
+            CHECK_OK(mg_recv_any(g, msg, 2, MG_I32, set, n - 2, 8, &src));
+            CHECK(src >= 1 && src <= n - 2);
+            CHECK_EQ(msg[0], 100 + src);
+            seen |= 1 << src;
+        }
+        CHECK_EQ(seen, (1 << (n - 1)) - 2);
+        CHECK_OK(mg_recv(g, msg, 2, MG_I32, n - 1, 8));
+        CHECK_EQ(msg[0], 100 + n - 1);
+        /* The others are in the barrier now: their frames wait. */
+        usleep(100000);
+        int32_t self[2] = {42, 43};
+        CHECK_OK(mg_send(g, self, 2, MG_I32, 0, 9));
+        mg_work *w;
+        CHECK_OK(mg_irecv_any(g, msg, 2, MG_I32, NULL, 0, 9, &src, &w));
+        CHECK_OK(mg_work_wait(w, -1));
+        mg_work_free(w);
+        CHECK(src == 0 && msg[0] == 42 && msg[1] == 43);
+        /* An empty set, a rank outside the group: refused at once. */
+        CHECK_ERR(mg_recv_any(g, msg, 2, MG_I32, set, 0, 9, &src), MG_EINVAL);
+        int far[1] = {n};
+        CHECK_ERR(mg_recv_any(g, msg, 2, MG_I32, far, 1, 9, &src), MG_EINVAL);
+        mg_p2p_op op = {MG_COLL_RECV, msg, 2, MG_I32, MG_ANY_SOURCE, 9};
+        CHECK_ERR(mg_batch_isend_irecv(g, &op, 1, &w), MG_EINVAL);
+    } else {
+        for (int k = 0; k < R; k++) {
+            msg[0] = rank;
+            msg[1] = k;
+            CHECK_OK(mg_send(g, msg, 2, MG_I32, 0, 7));
+            if ((k + rank) % 3 == 0) usleep(2000 * (unsigned)rank);
+        }
+        msg[0] = 100 + rank;
+        CHECK_OK(mg_send(g, msg, 2, MG_I32, 0, 8));
+    }
+    CHECK_OK(mg_barrier(g));
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(p2p_recv_any_shm) { run(4, any_rank, NULL); }
+TEST(p2p_recv_any_tcp) { run(3, any_rank, "tcp"); }
+
+/* A peer of the set killed while rank 0 waits for any of them. With the
+ * failures contained, the receive names it (MG_EPEER, *source) and the
+ * group goes on with the others: a later receive from any of them works,
+ * and a send to the dead one fails at once. Without, the group fails as
+ * it always did. */
+typedef struct {
+    job j;
+    bool contain;
+} contain_job;
+
+static int contain_rank(int rank, int n, void *arg)
+{
+    contain_job *cj = arg;
+    mg_group *g = join_group(rank, n, &cj->j, 5);
+    if (!g) return 2;
+    if (rank == 0 && cj->contain) CHECK_OK(mg_group_contain_peer_failures(g));
+    CHECK_OK(mg_barrier(g));
+    int32_t v = 0;
+    if (rank == 2) raise(SIGKILL);
+    if (rank == 1) {
+        mg_status st = mg_recv(g, &v, 1, MG_I32, 0, 1);   /* "go" */
+        if (cj->contain) {
+            CHECK_OK(st);
+            v = 11;
+            CHECK_OK(mg_send(g, &v, 1, MG_I32, 0, 2));
+        } else {
+            CHECK(st == MG_EPEER);   /* rank 0's group failed and told its peers */
+        }
+    } else {
+        int set[2] = {1, 2}, src = -1;
+        double t0 = mg_now();
+        mg_status st = mg_recv_any(g, &v, 1, MG_I32, set, 2, 2, &src);
+        CHECK_MSG(st == MG_EPEER && src == 2, "status %d, source %d: %s", st, src, mg_last_error());
+        CHECK(strstr(mg_last_error(), "rank 2"));
+        CHECK(mg_now() - t0 < 4);   /* found dead, not timed out */
+        if (cj->contain) {
+            CHECK_OK(mg_send(g, &v, 1, MG_I32, 1, 1));
+            CHECK_OK(mg_recv_any(g, &v, 1, MG_I32, set, 1, 2, &src));
+            CHECK(src == 1 && v == 11);
+            t0 = mg_now();
+            CHECK_ERR(mg_send(g, &v, 1, MG_I32, 2, 3), MG_EPEER);
+            CHECK(mg_now() - t0 < 0.5);
+        } else {
+            CHECK_ERR(mg_send(g, &v, 1, MG_I32, 1, 1), MG_EPEER);   /* the group failed */
+        }
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void expect_contained(const char *transport, bool contain)
+{
+    contain_job cj = {new_job(transport), contain};
+    int st[3];
+    mgt_fork_ranks(3, contain_rank, &cj, 40, st);
+    for (int r = 0; r < 2; r++)
+        CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "rank %d status %d (%s, contain %d)",
+                  r, st[r], transport ? transport : "shm", contain);
+    CHECK(WIFSIGNALED(st[2]) && WTERMSIG(st[2]) == SIGKILL);
+}
+
+TEST_T(p2p_recv_any_contains_a_dead_peer, 120)
+{
+    expect_contained(NULL, true);
+    expect_contained("tcp", true);
+    expect_contained(NULL, false);
+}

@@ -129,6 +129,18 @@ mg_traffic mg_group_traffic(const mg_group *g);
  * when it began executing to when it ended. Local. */
 void mg_group_set_name(mg_group *g, const char *name);
 
+/* From now on, a send to or receive from a peer that fails — its
+ * process gone, its link broken or closed, silent past MG_PEER_TIMEOUT
+ * or the group's deadline — ends that operation alone with MG_EPEER or
+ * MG_ETIMEOUT naming the peer (a receive from MG_ANY_SOURCE writes it to
+ * *source), and the group goes on with its other ranks: later sends and
+ * receives with that peer fail at once, and a collective, which needs
+ * every rank, fails the group as before. A parameter server's group
+ * contains its workers' failures this way, so one dead or stopped worker
+ * neither blocks nor poisons the others. Local; the builtin backend only
+ * (MPI ends the job on a dead peer): MG_EUNSUPPORTED elsewhere. */
+mg_status mg_group_contain_peer_failures(mg_group *g);
+
 /* As MPI_Comm_split: ranks with the same color form a group, ordered by
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */
 #define MG_UNDEFINED (-1)
@@ -295,10 +307,18 @@ typedef struct mg_call {
     size_t count;
     mg_dtype dtype;
     mg_op op;
-    int root;        /* root for rooted collectives; peer for send/recv */
+    int root;        /* root for rooted collectives; peer for send/recv
+                        (a receive: MG_ANY_SOURCE, one of `from`) */
     int tag;         /* send/recv */
     const char *file;
     int line;
+    /* A receive from MG_ANY_SOURCE: the nfrom ranks it takes a message
+     * from (NULL: every rank), and where it writes the rank the message
+     * came from (or, when it fails on one, that peer's rank; NULL: not
+     * written). */
+    const int *from;
+    int nfrom;
+    int *source;
 } mg_call;
 
 /* Start an operation; *work completes it. A bad argument (MG_EINVAL) or a
@@ -306,7 +326,9 @@ typedef struct mg_call {
  * Every wait inside an operation has the group's deadline; a dead peer, a
  * mismatched collective or a timeout fails the operation on every rank
  * with a message naming the rank, the operation and its sequence number,
- * and the group is then unusable (later calls fail fast, same error). */
+ * and the group is then unusable (later calls fail fast, same error) —
+ * except a peer's failure in a send or receive of a group that contains
+ * them (mg_group_contain_peer_failures). */
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **work);
 /* Start and wait (runs on the calling thread when nothing is queued). */
 mg_status mg_run(mg_group *g, const mg_call *c);
@@ -357,6 +379,22 @@ void mg_work_free(mg_work *w);
 #define mg_send(g, buf_, count_, dtype_, peer_, tag_) \
     mg_run(g, MG__CALL(.coll = MG_COLL_SEND, .sendbuf = (buf_), .count = (count_), \
                        .dtype = (dtype_), .root = (peer_), .tag = (tag_)))
+/* Receive the first message with tag from any of the nfrom ranks in
+ * `from` (NULL: any rank), as a parameter server takes whichever worker
+ * pushes first (gloo's recv from a set of ranks, MPI_ANY_SOURCE): the
+ * earliest already arrived, else whichever arrives first; *source (if
+ * not NULL) gets its rank. Counts and dtypes must match as for mg_recv.
+ * Collectives' frames from ranks still in an earlier operation wait
+ * their turn. Not in batches (mg_batch_isend_irecv). */
+#define MG_ANY_SOURCE (-2)
+#define mg_recv_any(g, buf_, count_, dtype_, from_, nfrom_, tag_, source_) \
+    mg_run(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
+                       .dtype = (dtype_), .root = MG_ANY_SOURCE, .tag = (tag_), \
+                       .from = (from_), .nfrom = (nfrom_), .source = (source_)))
+#define mg_irecv_any(g, buf_, count_, dtype_, from_, nfrom_, tag_, source_, w) \
+    mg_start(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
+                         .dtype = (dtype_), .root = MG_ANY_SOURCE, .tag = (tag_), \
+                         .from = (from_), .nfrom = (nfrom_), .source = (source_)), w)
 #define mg_recv(g, buf_, count_, dtype_, peer_, tag_) \
     mg_run(g, MG__CALL(.coll = MG_COLL_RECV, .recvbuf = (buf_), .count = (count_), \
                        .dtype = (dtype_), .root = (peer_), .tag = (tag_)))

@@ -53,6 +53,9 @@ typedef struct mg__req {
      * (e.g. a receive from itself with nothing sent): the error is the
      * caller's alone and the group stays usable. */
     bool rejected;
+    /* Set by run() when a peer's failure ended this send or receive alone
+     * (the group contains them): the group stays usable for its others. */
+    bool contained;
     /* CALL on device memory (stage.c): the host copies the backend uses. */
     struct mg__stage *stage;
     /* CALL through NCCL (nccl.h): the event of the GPU work before it. */
@@ -112,6 +115,8 @@ struct mg_group {
     pthread_t thread;
     uint64_t seq;               /* collectives issued */
     uint64_t *sends, *recvs;    /* per peer: sends / receives issued */
+    uint64_t recvs_any;         /* receives from MG_ANY_SOURCE issued */
+    atomic_bool contain;        /* mg_group_contain_peer_failures */
     /* payload bytes moved to and from other ranks, and the time its
      * operations took (traffic.h); its name in traces (mg_group_set_name) */
     mg__traffic traffic;

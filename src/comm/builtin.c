@@ -581,10 +581,22 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     if (r->c.coll != MG_COLL_SEND && r->c.coll != MG_COLL_RECV) return run_coll(b, r);
     b->deadline = mg_now() + g->timeout;
     if (b->shm_transport) mg__shm_transport_set_deadline(b->shm_transport, mg_now(), b->deadline);
-    mg_status st = r->c.coll == MG_COLL_SEND ? mg__bi_send(b, r) : mg__bi_recv(b, r);
+    int peer = r->c.root;
+    mg_status st = r->c.coll == MG_COLL_SEND        ? mg__bi_send(b, r)
+                   : r->c.root == MG_ANY_SOURCE ? mg__bi_recv_any(b, r, &peer)
+                                                : mg__bi_recv(b, r);
+    if (r->c.root == MG_ANY_SOURCE && r->c.source) *r->c.source = peer;
     if (st && !r->rejected) {
         char d[320];
         mg__call_describe_p2p(&r->c, &g->names, r->seq, d, sizeof d);
+        /* A peer's failure, contained to this operation (and that peer):
+         * a receive from any source that nobody answered in time, or one
+         * peer dead, closed, silent or late. */
+        if (atomic_load(&g->contain) && (st == MG_EPEER || st == MG_ETIMEOUT) &&
+            (peer >= 0 || r->c.root == MG_ANY_SOURCE) && peer != g->rank) {
+            if (peer >= 0) mg__bi_drop_peer(b, peer);
+            r->contained = true;
+        }
         return fail_with(st, d, g);
     }
     return st;

@@ -52,7 +52,18 @@ mg_status mg__call_check(const mg_call *c, const mg__names *nm, int rank, int si
     if ((unsigned)c->op >= MG_OP_COUNT)
         return mg_error(MG_EINVAL, "%s: unknown reduction op %d", name, (int)c->op);
     bool p2p = c->coll == MG_COLL_SEND || c->coll == MG_COLL_RECV;
-    if ((mg__coll_rooted(c->coll) || p2p) && (c->root < 0 || c->root >= size))
+    if (c->coll == MG_COLL_RECV && c->root == MG_ANY_SOURCE) {
+        if (c->nfrom < 0 || (c->nfrom > 0 && !c->from) || (!c->from && c->nfrom))
+            return mg_error(MG_EINVAL, "recv from any source: %d ranks in the set at %p", c->nfrom,
+                            (const void *)c->from);
+        if (c->from && !c->nfrom)
+            return mg_error(MG_EINVAL, "recv from any source: an empty set of ranks would wait "
+                            "forever (NULL for every rank)");
+        for (int i = 0; i < c->nfrom; i++)
+            if (c->from[i] < 0 || c->from[i] >= size)
+                return mg_error(MG_EINVAL, "recv from any source: rank %d of the set is outside "
+                                "[0, %d)", c->from[i], size);
+    } else if ((mg__coll_rooted(c->coll) || p2p) && (c->root < 0 || c->root >= size))
         return mg_error(MG_EINVAL, "%s: %s %d is outside [0, %d)", name, p2p ? "peer" : "root",
                         c->root, size);
     if (c->count > SIZE_MAX / mg_dtype_size(c->dtype) / (size_t)size)
@@ -139,8 +150,10 @@ void mg__call_describe_p2p(const mg_call *c, const mg__names *nm, uint64_t seq, 
     const char *f = c->file ? strrchr(c->file, '/') : NULL;
     f = f ? f + 1 : c->file ? c->file : "?";
     char peer[128];
+    if (c->root == MG_ANY_SOURCE)
+        snprintf(peer, sizeof peer, "%s", c->from ? "any rank of its set" : "any rank");
+    else mg__rank_name(nm, c->root, NULL, peer, sizeof peer);
     snprintf(buf, n, "%s #%llu %s %s (%zu x %s, tag %d) at %s:%d", mg_coll_name(c->coll),
-             (unsigned long long)seq, c->coll == MG_COLL_SEND ? "to" : "from",
-             mg__rank_name(nm, c->root, NULL, peer, sizeof peer), c->count,
+             (unsigned long long)seq, c->coll == MG_COLL_SEND ? "to" : "from", peer, c->count,
              mg_dtype_name(c->dtype), c->tag, f, c->line);
 }

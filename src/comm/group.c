@@ -189,6 +189,15 @@ int mg_group_size(const mg_group *g) { return g->size; }
 int mg_group_local_rank(const mg_group *g) { return g->local_rank; }
 int mg_group_local_size(const mg_group *g) { return g->local_size; }
 double mg_group_timeout(const mg_group *g) { return g->timeout; }
+
+mg_status mg_group_contain_peer_failures(mg_group *g)
+{
+    if (strcmp(g->be->name, "builtin"))
+        return mg_error(MG_EUNSUPPORTED, "mg_group_contain_peer_failures: the %s backend ends "
+                        "the job on a dead peer; only the builtin one contains it", g->be->name);
+    atomic_store(&g->contain, true);
+    return MG_OK;
+}
 const char *mg_group_backend(const mg_group *g) { return g->be->name; }
 
 mg_traffic mg_group_traffic(const mg_group *g)

@@ -43,14 +43,15 @@
 #define SLICE 0.1
 #define MIXED_SLICE_MS 1
 
-enum { WANT_COLL, WANT_P2P };
+enum { WANT_COLL, WANT_P2P, WANT_ANY };   /* WANT_ANY: a receive from any of a set */
 
 typedef struct {
     int kind, tag;
     uint8_t *buf;
     size_t n;
     bool done;
-    const mg__req *req;   /* WANT_P2P: the receive, for messages */
+    int from;             /* done: the peer it came from */
+    const mg__req *req;   /* WANT_P2P, WANT_ANY: the receive, for messages */
 } want;
 
 typedef struct {
@@ -176,7 +177,7 @@ static int claim(mg__bi *b, mg__link *l, want *w)
         return 0;
     }
     if (h->kind == MG__FRAME_P2P) {
-        if (w && w->kind == WANT_P2P && h->root == w->tag) {
+        if (w && w->kind != WANT_COLL && h->root == w->tag) {
             if (h->len != w->n) {
                 describe_frame_p2p(b, h, peer, d1, sizeof d1);
                 mg__call_describe_p2p(&w->req->c, &b->g->names, w->req->seq, d2, sizeof d2);
@@ -207,8 +208,9 @@ static int claim(mg__bi *b, mg__link *l, want *w)
         l->left = h->len;
         return 0;
     }
-    /* A collective's frame. */
-    if (!w) {
+    /* A collective's frame: held for its turn when nothing waits on this
+     * link in particular. */
+    if (!w || w->kind == WANT_ANY) {
         l->mode = MG__RX_HELD;
         return 1;
     }
@@ -282,12 +284,13 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
         if (mode == MG__RX_BEAT) continue;
         if (mode == MG__RX_DIRECT) {
             w->done = true;
+            w->from = l->ch.peer;
             return 1;
         }
         if (mode == MG__RX_UNEXP) {
             /* Drained while we were busy sending, and it is the one we now
              * wait for: the earliest of its tag, since links are FIFO. */
-            if (w && w->kind == WANT_P2P && um->h.root == w->tag) {
+            if (w && w->kind != WANT_COLL && um->h.root == w->tag) {
                 if (um->h.len != w->n) {
                     char d1[320], d2[320];
                     describe_frame_p2p(b, &um->h, l->ch.peer, d1, sizeof d1);
@@ -302,6 +305,7 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
                 b->ubytes -= um->h.len;
                 free(um);
                 w->done = true;
+                w->from = l->ch.peer;
                 return 1;
             }
             unexpected_push(b, um);
@@ -392,7 +396,7 @@ void mg__bi_beat(mg__bi *b)
  * timeout (counted from the start of this request at the earliest) is
  * dead to us. Bytes queued behind a frame this rank cannot take yet count
  * as a sign of life too. Shared-memory peers: mg__shm_transport_check. */
-static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *what)
+static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *what, int *failed)
 {
     if (b->peer_timeout <= 0) return MG_OK;
     double now = mg__now_coarse(), start = b->deadline - b->g->timeout;
@@ -416,6 +420,7 @@ static mg_status check_silence(mg__bi *b, const int *peers, int n, const char *w
             snprintf(extra, sizeof extra, "host %s, %s:%d", it->host, it->addr, (int)it->port);
         }
         mg__rank_name(&b->g->names, peers[i], extra, pn, sizeof pn);
+        if (failed) *failed = peers[i];
         return mg__peer_silent(pn, b->peer_timeout, what, state);
     }
     return MG_OK;
@@ -433,20 +438,31 @@ mg_status mg__bi_watch(mg_group *g, double since, const char *what)
     mg_status st = MG_OK;
     if (b->shm_transport) {
         mg__shm_transport_set_deadline(b->shm_transport, since, b->deadline);
-        st = mg__shm_transport_check(b->shm_transport, peers, n, what);
+        st = mg__shm_transport_check(b->shm_transport, peers, n, what, NULL);
     }
-    if (!st) st = check_silence(b, peers, n, what);
+    if (!st) st = check_silence(b, peers, n, what, NULL);
     free(peers);
     return st;
 }
 
-/* Nothing moved: wait a little (spin, then block) and check for failures. */
-static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const char *what)
+/* Nothing moved: wait a little (spin, then block) and check for failures
+ * of the peers awaited: t's and rl's, or (a receive from any source) the
+ * set's, one at a time so that *failed names the one that failed. */
+static mg_status block(mg__bi *b, txop *t, mg__link *rl, const bool *any, mg__spin *sp,
+                       const char *what, int *failed)
 {
     bool tcp = (t && !t->done && t->l->ch.kind == MG__CH_TCP) || (rl && rl->ch.kind == MG__CH_TCP);
     bool shm = (t && !t->done && t->l->ch.kind == MG__CH_SHM) || (rl && rl->ch.kind == MG__CH_SHM);
+    int n = b->g->size, npeers = 0, peers[n + 2];
+    if (t && !t->done) peers[npeers++] = t->l->ch.peer;
+    if (rl) peers[npeers++] = rl->ch.peer;
+    for (int p = 0; any && p < n; p++) {
+        if (!any[p] || p == b->g->rank) continue;
+        peers[npeers++] = p;
+        tcp = tcp || b->link[p].ch.kind == MG__CH_TCP;
+        shm = shm || b->link[p].ch.kind == MG__CH_SHM;
+    }
     if (shm && !mg__spin_step(sp, &b->spin)) return MG_OK;
-    int n = b->g->size;
     struct pollfd pf[n + 1];
     int np = 0;
     if (tcp || (b->shm_transport == NULL)) {
@@ -469,12 +485,13 @@ static mg_status block(mg__bi *b, txop *t, mg__link *rl, mg__spin *sp, const cha
          * failure of this wait. */
         if (shm_ready(&c)) return MG_OK;
     }
-    int peers[2], npeers = 0;
-    if (t && !t->done) peers[npeers++] = t->l->ch.peer;
-    if (rl) peers[npeers++] = rl->ch.peer;
-    if (b->shm_transport) MG_TRY(mg__shm_transport_check(b->shm_transport, peers, npeers, what));
-    MG_TRY(check_silence(b, peers, npeers, what));
+    if (b->shm_transport)
+        MG_TRY(mg__shm_transport_check(b->shm_transport, peers, npeers, what, failed));
+    MG_TRY(check_silence(b, peers, npeers, what, failed));
     if (mg_now() < b->deadline) return MG_OK;
+    if (any)
+        return mg_error(MG_ETIMEOUT, "timed out after %.1f s %s: none of them sent one; raise "
+                        "MG_TIMEOUT if they are just slow", b->g->timeout, what);
     /* A peer on this host can be asked how it is. */
     int p = peers[npeers - 1];
     const mg__rinfo *me = &b->info[b->g->rank], *it = &b->info[p];
@@ -544,7 +561,7 @@ static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
         }
         if (prog) continue;
         describe_wait(b, t, rl, what, sizeof what);
-        MG_TRY(block(b, t, rl, &sp, what));
+        MG_TRY(block(b, t, rl, NULL, &sp, what, NULL));
     }
 }
 
@@ -658,6 +675,108 @@ mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
     }
     want w = {.kind = WANT_P2P, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .req = r};
     return drive(b, NULL, &b->link[peer], &w);
+}
+
+/* The earliest message with tag from a rank of the set already here, into
+ * buf (n bytes); 1 when there was one (*peer: its sender), -1 on a size
+ * that does not fit, else 0. */
+static int take_unexpected(mg__bi *b, const mg__req *r, const bool *in, size_t n, int *peer)
+{
+    for (mg__umsg **pp = &b->uhead; *pp; pp = &(*pp)->next) {
+        mg__umsg *um = *pp;
+        if (!in[um->peer] || um->h.root != r->c.tag) continue;
+        *peer = um->peer;
+        if (um->h.len != n) {
+            char d1[320], d2[320];
+            describe_frame_p2p(b, &um->h, um->peer, d1, sizeof d1);
+            mg__call_describe_p2p(&r->c, &b->g->names, r->seq, d2, sizeof d2);
+            mg_error(MG_EMISMATCH, "message sizes differ: the %s does not fit this rank's %s; "
+                     "send and receive counts and dtypes must match", d1, d2);
+            return -1;
+        }
+        if (n) memcpy(r->c.recvbuf, um->data, n);
+        *pp = um->next;
+        b->ubytes -= n;
+        free(um);
+        return 1;
+    }
+    return 0;
+}
+
+/* A receive from any rank of the set, in[p]: the earliest message of its
+ * tag already here, else whichever link delivers one first (a link that
+ * starts one is then followed to its end); other links' user messages are
+ * drained meanwhile and collectives' frames held for their turn. *peer:
+ * the sender, or the rank of the set that failed (-1: none). */
+static mg_status recv_any(mg__bi *b, const mg__req *r, const bool *in, size_t n, int *peer)
+{
+    int me = b->g->rank, P = b->g->size, k = take_unexpected(b, r, in, n, peer);
+    if (k) return k > 0 ? MG_OK : MG_EMISMATCH;
+    *peer = -1;
+    bool others = false;
+    for (int p = 0; p < P; p++) others = others || (in[p] && p != me);
+    if (!others) {
+        ((mg__req *)r)->rejected = true;
+        return mg_error(MG_EINVAL, "a receive from this rank itself with tag %d has no matching "
+                        "send issued before it", r->c.tag);
+    }
+    want w = {.kind = WANT_ANY, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .from = -1, .req = r};
+    mg__spin sp = {0};
+    char what[200], pn[128];
+    snprintf(what, sizeof what, "waiting for a message with tag %d from any of %s", r->c.tag,
+             r->c.from ? "a set of ranks" : "the ranks");
+    for (;;) {
+        int prog = 0;
+        mg__bi_beat(b);
+        for (int p = 0; p < P; p++) {
+            mg__link *l = &b->link[p];
+            if (p == me) continue;
+            if (!in[p]) {   /* others' messages: drained, so no sender is kept waiting */
+                if (!drainable(b, l, NULL)) continue;
+                if ((k = rx_step(b, l, NULL)) < 0) return l->err;
+                prog |= k;
+                continue;
+            }
+            *peer = p;
+            if (l->ch.dead)
+                return mg_error(MG_EPEER, "the link to %s failed earlier", who(b, p, pn, sizeof pn));
+            if (l->closed)
+                return mg_error(MG_EPEER, "%s closed its connection: it exited, crashed or "
+                                "aborted", who(b, p, pn, sizeof pn));
+            if (l->mode == MG__RX_HELD) continue;   /* a collective's frame: its turn comes */
+            if ((k = rx_step(b, l, &w)) < 0) return l->err;
+            prog |= k;
+            if (w.done) return MG_OK;
+            if (l->mode == MG__RX_DIRECT) return drive(b, NULL, l, &w);   /* it is this one */
+        }
+        *peer = -1;
+        if (prog) {
+            mg__spin_reset(&sp);
+            continue;
+        }
+        MG_TRY(block(b, NULL, NULL, in, &sp, what, peer));
+    }
+}
+
+mg_status mg__bi_recv_any(mg__bi *b, const mg__req *r, int *peer)
+{
+    int P = b->g->size;
+    bool *in = calloc((size_t)P, sizeof *in);
+    if (!in) {
+        ((mg__req *)r)->rejected = true;
+        return mg_error(MG_ENOMEM, "recv from any source: out of memory");
+    }
+    for (int i = 0; i < (r->c.from ? r->c.nfrom : P); i++) in[r->c.from ? r->c.from[i] : i] = true;
+    mg_status st = recv_any(b, r, in, r->c.count * mg_dtype_size(r->c.dtype), peer);
+    free(in);
+    return st;
+}
+
+void mg__bi_drop_peer(mg__bi *b, int peer)
+{
+    mg__link *l = &b->link[peer];
+    if (l->ch.kind == MG__CH_TCP && !l->ch.dead) shutdown(l->ch.fd, SHUT_RDWR);
+    l->ch.dead = true;
 }
 
 void mg__bi_free_unexpected(mg__bi *b)

@@ -180,7 +180,7 @@ static mg_status exec(mg_group *g, mg__req *r)
         r->sub = NULL;
     }
     if (dead) return st;
-    if (st && !r->rejected) {
+    if (st && !r->rejected && !r->contained) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mg_last_error());
         mg__group_fail(g, st, msg);
@@ -267,7 +267,8 @@ static void number(mg_group *g, mg__req *r)
         return;
     }
     if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_SEND) r->seq = g->sends[r->c.root]++;
-    else if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_RECV) r->seq = g->recvs[r->c.root]++;
+    else if (r->kind == MG__REQ_CALL && r->c.coll == MG_COLL_RECV)
+        r->seq = r->c.root == MG_ANY_SOURCE ? ++g->recvs_any : g->recvs[r->c.root]++;
     else r->seq = ++g->seq;
 }
 
@@ -401,10 +402,13 @@ mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, 
                      .root = ops[i].peer, .tag = ops[i].tag, .file = file, .line = line};
         if (c.coll == MG_COLL_SEND) c.sendbuf = ops[i].buf;
         else c.recvbuf = ops[i].buf;
-        mg_status st = c.coll == MG_COLL_SEND || c.coll == MG_COLL_RECV
-                           ? mg__call_check(&c, &g->names, g->rank, g->size)
-                           : mg_error(MG_EINVAL, "batch_isend_irecv: operation %d is %s, not a "
-                                      "send or a receive", i, mg_coll_name(c.coll));
+        mg_status st = c.coll != MG_COLL_SEND && c.coll != MG_COLL_RECV
+                           ? mg_error(MG_EINVAL, "batch_isend_irecv: operation %d is %s, not a "
+                                      "send or a receive", i, mg_coll_name(c.coll))
+                       : c.root == MG_ANY_SOURCE
+                           ? mg_error(MG_EINVAL, "batch_isend_irecv: operation %d receives from "
+                                      "any source, which a batch cannot hold (use mg_irecv_any)", i)
+                           : mg__call_check(&c, &g->names, g->rank, g->size);
         if (!st) {
             make_req(g, &c, &sub[i]);
             st = mg__stage_in(&sub[i], g->rank, g->size);

@@ -228,13 +228,44 @@ static mg_status check_abort(mpi_be *m)
                     mg__rank_name(&m->g->names, s.MPI_SOURCE, NULL, who, sizeof who), msg);
 }
 
+/* A polling loop's waits: spin a while, then sleep in growing steps,
+ * looking for abort notices; past the deadline, MG_ETIMEOUT (the
+ * message from why, e.g. "did not complete"). */
+typedef struct {
+    mg__spin sp;
+    long sleep_ns;
+    double next_probe;
+} poller;
+
+static poller poller_start(void)
+{
+    poller p = {.sleep_ns = 20000};
+    mg__spin_reset(&p.sp);
+    return p;
+}
+
+static mg_status poller_idle(mpi_be *m, poller *p, const char *why)
+{
+    if (!mg__spin_step(&p->sp, &m->spin)) return MG_OK;
+    double now = mg_now();
+    if (now > p->next_probe) {
+        MG_TRY(check_abort(m));
+        p->next_probe = now + 0.01;
+    }
+    if (now > m->deadline)
+        return mg_error(MG_ETIMEOUT, "%s on %s %s within %g s (MG_TIMEOUT): a peer is dead or "
+                        "stuck, or the ranks called different operations (MG_MPI_CHECK=1 names "
+                        "them)", m->what, this_rank(m), why, m->g->timeout);
+    struct timespec ts = {0, p->sleep_ns};
+    nanosleep(&ts, NULL);
+    if (p->sleep_ns < 1000000) p->sleep_ns *= 2;
+    return MG_OK;
+}
+
 /* Polls rq until it completes, a peer reports failure, or the deadline. */
 static mg_status wait_req(mpi_be *m, MPI_Request *rq, MPI_Status *status)
 {
-    mg__spin sp;
-    mg__spin_reset(&sp);
-    long sleep_ns = 20000;
-    double next_probe = 0;
+    poller p = poller_start();
     for (;;) {
         int flag = 0, mpi_rc;
         MPI_Status s;
@@ -243,21 +274,7 @@ static mg_status wait_req(mpi_be *m, MPI_Request *rq, MPI_Status *status)
             if (status) *status = s;
             return MG_OK;
         }
-        if (!mg__spin_step(&sp, &m->spin)) continue;
-        /* Blocked for a while: sleep in growing steps, look for notices. */
-        double now = mg_now();
-        if (now > next_probe) {
-            MG_TRY(check_abort(m));
-            next_probe = now + 0.01;
-        }
-        if (now > m->deadline)
-            return mg_error(MG_ETIMEOUT, "%s on %s did not complete within %g s "
-                            "(MG_TIMEOUT): a peer is dead or stuck, or the ranks called "
-                            "different operations (MG_MPI_CHECK=1 names them)", m->what,
-                            this_rank(m), m->g->timeout);
-        struct timespec ts = {0, sleep_ns};
-        nanosleep(&ts, NULL);
-        if (sleep_ns < 1000000) sleep_ns *= 2;
+        MG_TRY(poller_idle(m, &p, "did not complete"));
     }
 }
 
@@ -319,10 +336,44 @@ static mg_status do_send(mpi_be *m, const mg_call *c)
     return reap_sends(m, 0, 0);
 }
 
+/* A receive from any of the call's set (or every rank): the first rank
+ * with a message of its tag waiting, probed in turn until the deadline. */
+static mg_status probe_any(mpi_be *m, const mg_call *c, int *src)
+{
+    poller p = poller_start();
+    for (;;) {
+        int flag = 0, mpi_rc;
+        MPI_Status s;
+        if (!c->from) {
+            if (LOCKED(MPI_Iprobe(MPI_ANY_SOURCE, c->tag, m->comm, &flag, &s)) != MPI_SUCCESS)
+                return mpi_error(m, mpi_rc);
+            if (flag) {
+                *src = s.MPI_SOURCE;
+                return MG_OK;
+            }
+        }
+        for (int i = 0; c->from && i < c->nfrom; i++) {
+            if (LOCKED(MPI_Iprobe(c->from[i], c->tag, m->comm, &flag, MPI_STATUS_IGNORE)) !=
+                MPI_SUCCESS)
+                return mpi_error(m, mpi_rc);
+            if (flag) {
+                *src = c->from[i];
+                return MG_OK;
+            }
+        }
+        MG_TRY(poller_idle(m, &p, "got no message from any of its ranks"));
+    }
+}
+
 static mg_status do_recv(mpi_be *m, mg__req *r)
 {
-    const mg_call *c = &r->c;
+    mg_call one = r->c;
+    const mg_call *c = &one;
     size_t es = mg_dtype_size(c->dtype);
+    if (c->root == MG_ANY_SOURCE) {
+        MG_TRY(probe_any(m, c, &one.root));
+        if (c->source) *c->source = one.root;
+    }
     if (c->root == m->g->rank) {
         /* From itself: only what it sent itself already can ever come. */
         int flag = 0, mpi_rc;

@@ -433,10 +433,12 @@ static bool silent(mg__shm_transport *x, int p, double now)
     return x->peer_timeout > 0 && now - since > x->peer_timeout;
 }
 
-mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what)
+mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what,
+                                  int *failed)
 {
     char msg[MAX_ABORT], who[160];
     int r = mg__shm_transport_aborted(x, msg, sizeof msg);
+    if (r >= 0 && failed) *failed = r;
     if (r >= 0)
         return mg_error(MG_EPEER, "%s failed and aborted the group: %s",
                         mg__rank_name(x->names, r, NULL, who, sizeof who), msg);
@@ -450,6 +452,7 @@ mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n,
             if (!x->local[p] || p == x->rank) continue;
             mg__liveness l = mg__proc_state(x->pid[p], x->start[p]);
             mg__shm_transport_describe_peer(x, p, who, sizeof who);
+            if (failed && (l == MG__DEAD || silent(x, p, now) || late)) *failed = p;
             if (l == MG__DEAD)
                 return mg_error(MG_EPEER, "%s died (its process is gone) while this rank was %s",
                                 who, what);
@@ -646,7 +649,7 @@ static mg_status wait_for(mg__shm_transport *x, bool (*cond)(void *), wait_arg *
         char who[256];
         snprintf(msg, sizeof msg, "waiting for %s", mg__rank_name(x->names, a->r, what, who,
                                                                    sizeof who));
-        mg_status st = mg__shm_transport_check(x, &a->r, 1, msg);
+        mg_status st = mg__shm_transport_check(x, &a->r, 1, msg, NULL);
         /* The peer may have posted what we wait for and exited since
          * cond was read (its last operation done, its process gone):
          * read it once more before calling it dead. */

@@ -76,8 +76,10 @@ void mg__shm_transport_beat(mg__shm_transport *x);
 /* After a block: fail if a local peer aborted, if one of peers[0..n) died
  * or showed no sign of life for the peer timeout (checked every few
  * hundred ms), or if the deadline passed. Beats too. `what` describes the
- * wait for messages. */
-mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what);
+ * wait for messages; *failed (if not NULL) gets the rank the failure is
+ * of, where it is one rank's. */
+mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n, const char *what,
+                                  int *failed);
 /* First local peer that announced an abort (its message to msg), or -1. */
 int mg__shm_transport_aborted(mg__shm_transport *x, char *msg, size_t n);
 /* Announce this rank's failure to every local peer and wake them. */
