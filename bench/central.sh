@@ -13,7 +13,10 @@
 # Prints one table: ranks, transport, size, both out-of-place times (µs)
 # and bus bandwidths (GB/s), and central's time over ring's. The cost
 # model's ratio (mg_coll_time_by) is beside it: measured and modelled
-# should grow alike with the ranks.
+# should grow alike with the ranks. Then the same DDP job both ways:
+# gpt-mini (batch 32, 30 steps) on 2 and 4 ranks, tokens/s after the
+# first step and the whole run's, and the final validation loss (the
+# same to its last digit at 2 ranks, where the sums are the same).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${MG_BIN:-build/bin}
@@ -42,5 +45,19 @@ for P in $RANKS; do
             awk -v p="$P" -v via="$via" '{
                 printf "%5d %-4s %9d %12.1f %12.1f %9.2f %9.2f %9.2f %9.2f\n",
                        p, via, $1, $2, $5, $3, $6, $5 / $2, $7 / $4 }'
+    done
+done
+
+echo
+echo "# DDP, gpt-mini, batch 32, 30 steps: tokens/s after the first step (whole run), validation loss"
+printf "%5s %-8s %10s %10s %9s\n" ranks algo steady whole loss
+JOB=(--model gpt-mini --parallel ddp --batch 32 --steps 30 --eval-every 1000 --no-eval-on-start --eval-windows 8)
+[ "$QUICK" = 1 ] && JOB=(--model gpt-mini --parallel ddp --batch 32 --steps 10 --eval-every 1000 --no-eval-on-start --eval-windows 2)
+for P in 2 4; do
+    for algo in ring central ring central; do
+        line=$(MG_ALGO=$algo "$BIN/mgrun" -n "$P" "$BIN/mgtrain" "${JOB[@]}" 2>&1 | grep '^final:')
+        echo "$line" | awk -v p="$P" -v a="$algo" '{
+            for (i = 1; i <= NF; i++) { if ($i == "tokens/s") w = $(i-1); if ($i == "(" || $i ~ /^\(/) s = substr($i, 2) }
+            l = $4; sub(/,/, "", l); printf "%5d %-8s %10s %10s %9s\n", p, a, s, w, l }'
     done
 done

@@ -954,3 +954,50 @@ TEST_T(mgtrain_checkpoints_through_rank_0_are_byte_for_byte, 180)
                jobs[k].n);
     }
 }
+
+/* --slow-rank R:F (issue 34): a straggler on purpose. Rank 1 of a DDP job
+ * slowed 4x changes no number (the same validation loss, digit for digit)
+ * and the whole job waits for it; the header says so. Bad values, a rank
+ * outside the job, one process and a pipeline are one line each. */
+static double final_seconds(const char *out, char *loss, size_t cap)
+{
+    const char *f = strstr(out, "final: validation loss ");
+    if (!f) return -1;
+    snprintf(loss, cap, "%.6s", f + 23);
+    const char *s = strstr(f, " s training");
+    while (s && s > f && s[-1] != ' ') s--;
+    return s ? atof(s) : -1;
+}
+
+TEST_T(mgtrain_slow_rank_waits_and_changes_nothing, 180)
+{
+    char bin[512], run[512], *out, loss[2][16];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *job = "--model gpt-mini --parallel ddp --batch 16 --steps 8 --eval-every 100 "
+                      "--no-eval-on-start --eval-windows 2";
+    double secs[2];
+    const char *extra[2] = {"", "--slow-rank 1:4"};
+    for (int k = 0; k < 2; k++) {
+        int rc = mgt_sh(&out, "%s -n 2 %s %s %s", run, bin, job, extra[k]);
+        CHECK_MSG(rc == 0, "%s: rc %d: %s", extra[k], rc, out);
+        secs[k] = final_seconds(out, loss[k], sizeof loss[k]);
+        CHECK_MSG(secs[k] > 0, "%s", out);
+        if (k) CHECK_MSG(strstr(out, "rank 1 is a straggler on purpose"), "%s", out);
+        free(out);
+    }
+    CHECK_MSG(!strcmp(loss[0], loss[1]), "loss %s against %s", loss[0], loss[1]);
+    CHECK_MSG(secs[1] > 2 * secs[0], "%.2f s slowed against %.2f s", secs[1], secs[0]);
+    struct { const char *args, *want; } bad[] = {
+        {"--parallel ddp --slow-rank 1:1", "above 1"},
+        {"--parallel ddp --slow-rank one:2", "RANK:FACTOR"},
+        {"--parallel ddp --slow-rank 2:3", "ranks 0 to 1"},
+        {"--slow-rank 0:2", "--parallel ddp"},
+        {"--mesh pp=2 --slow-rank 1:2", "pipeline"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, bad[i].args);
+        CHECK_MSG(rc != 0 && strstr(out, bad[i].want), "%s: rc %d: %s", bad[i].args, rc, out);
+        free(out);
+    }
+}

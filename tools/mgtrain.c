@@ -151,6 +151,10 @@ static void usage(FILE *f)
 "                      step there (ZeRO-Offload); the gradients of the rank's\n"
 "                      ranges come to the host each step, the parameters go\n"
 "                      back. On the CPU, where the state is already, a no-op\n"
+"  --slow-rank R:F     a straggler on purpose: rank R's forwards and backwards\n"
+"                      take F times as long (it sleeps F - 1 times their time\n"
+"                      after each micro-batch); the numbers are the same. Not\n"
+"                      with a pipeline\n"
 "  --plan auto         let the planner (mgplan) choose the mesh, --zero, the\n"
 "                      pipeline's schedule and micro-batches, --accumulate,\n"
 "                      --recompute and --sequence-parallel for the global batch\n"
@@ -227,7 +231,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
-           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM };
+           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -250,7 +254,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
         {"init-partial", 0, 0, O_INIT_PARTIAL}, {"eval-windows", 1, 0, O_EVAL_WINDOWS},
         {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {"sequence-parallel", 0, 0, O_SEQ_PAR},
-        {"plan", 1, 0, O_PLAN_AUTO}, {"plan-memory", 1, 0, O_PLAN_MEM}, {0, 0, 0, 0}};
+        {"plan", 1, 0, O_PLAN_AUTO}, {"plan-memory", 1, 0, O_PLAN_MEM},
+        {"slow-rank", 1, 0, O_SLOW}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     mg_train_config *c = &o->c;
     *c = (mg_train_config){.model = "lenet-d2l", .gpt = mg_gpt_defaults(), .momentum = -1,
@@ -316,6 +321,17 @@ static void parse_args(int argc, char **argv, options *o)
                      optarg);
             break;
         case O_CLIP: c->clip_grad = real_flag("--clip-grad", 0, 1e6, 0); break;
+        case O_SLOW: {
+            char *end;
+            long r = strtol(optarg, &end, 10);
+            double f = *end == ':' ? strtod(end + 1, &end) : 0;
+            if (*end || end == optarg || r < 0 || r > 1 << 20 || !(f > 1) || f > 1000)
+                die("--slow-rank '%s': give RANK:FACTOR, a rank and a factor above 1 (at most "
+                    "1000), e.g. 1:3", optarg);
+            c->slow_rank = (int)r;
+            c->slow_factor = (float)f;
+            break;
+        }
         case O_STEPS: c->steps = int_flag("--steps", 1, MAX_STEPS); break;
         case O_EVAL_EVERY: c->eval_every = (int)int_flag("--eval-every", 1, 1000000000); break;
         case O_EVAL_WINDOWS: c->eval_windows = (int)int_flag("--eval-windows", 1, 512); break;
@@ -465,6 +481,9 @@ static void print_header(const options *o)
                c->steps, in.text_bytes, in.text_train_bytes);
     else
         printf(", %s lr %g, %d epochs\n", c->optimizer, c->lr, c->epochs);
+    if (c->slow_factor > 0)
+        printf("mgtrain: rank %d is a straggler on purpose: its forwards and backwards take "
+               "%gx as long (--slow-rank)\n", c->slow_rank, c->slow_factor);
     mg_pipe *p = mg_strategy_pipe(s);
     if (!p) return;
     int S;

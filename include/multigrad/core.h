@@ -185,6 +185,8 @@ void mg_set_verbose(bool on);
 
 /* Monotonic clock in seconds. */
 double mg_now(void);
+/* Sleep for secs seconds (<= 0: not at all), resumed after signals. */
+void mg_sleep(double secs);
 
 /* Write a file atomically (temporary file PATH.tmp.XXXXXX in the same
  * directory, fsync, rename, fsync of the directory): a crash leaves either

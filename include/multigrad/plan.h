@@ -189,6 +189,8 @@ typedef struct mg_step_options {
     int accumulate;     /* micro-batches per step (at most) */
     float lr;
     float clip_grad;    /* global gradient-norm clip; 0: none */
+    float slow;         /* > 1: this rank's forwards and backwards take that many times as
+                           long (a straggler on purpose: it sleeps after each micro-batch) */
 } mg_step_options;
 typedef struct mg_step_result {
     int micro;          /* micro-batches run (0: the source had none) */

@@ -81,6 +81,12 @@ typedef struct mg_train_config {
     bool recompute;
     const char *offload_dir;           /* --offload disk:DIR */
     bool offload_cpu;
+    /* A straggler on purpose (--slow-rank R:FACTOR): rank slow_rank's
+     * forwards and backwards take slow_factor times as long (it sleeps
+     * slow_factor - 1 times their time after each micro-batch); the
+     * numbers are the same. slow_factor 0: none. Not with a pipeline. */
+    int slow_rank;
+    float slow_factor;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for
      * the global batch (batch x accumulate) on the job's ranks, a rank

@@ -73,6 +73,13 @@ double mg_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void mg_sleep(double secs)
+{
+    if (!(secs > 0)) return;
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+
 size_t mg_peak_rss(void)
 {
     struct rusage ru;

@@ -580,10 +580,12 @@ void mg_strategy_micro_begin(mg_strategy *s, bool last)
 
 /* The model's forward, loss and backward of one micro-batch (or the
  * component's that runs them), between the components' begin and end. */
-static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int *correct)
+static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, float *loss,
+                       int *correct)
 {
     mg_strategy_micro_begin(s, b->last);
     mg_status st = MG_OK;
+    double t0 = mg_now();
     part *p = FIRST(s, run_micro);
     if (p) {
         st = p->ops->run_micro(p->c, b, loss, correct);
@@ -593,6 +595,7 @@ static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float *loss, int
         *loss = mg_model_loss(s->m, b->y, correct);
         mg_model_backward(s->m);
     }
+    if (slow > 1) mg_sleep((slow - 1) * (mg_now() - t0));
     EACH_BACK(s, micro_end) {
         mg_status e = CALL(micro_end);
         if (!st) st = e;
@@ -616,7 +619,7 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;
-        MG_TRY(micro(s, &b, &loss, &correct));
+        MG_TRY(micro(s, &b, opt->slow, &loss, &correct));
         r->loss_sum += (double)loss * b.n;
         r->correct += correct;
         r->samples += b.n;

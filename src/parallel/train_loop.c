@@ -77,7 +77,9 @@ static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source
                           mg_step_result *r)
 {
     mg_step_options so = {.accumulate = t->c.accumulate, .lr = (float)lr,
-                          .clip_grad = t->c.clip_grad};
+                          .clip_grad = t->c.clip_grad,
+                          .slow = t->c.slow_factor > 0 && t->info.rank == t->c.slow_rank
+                                      ? t->c.slow_factor : 1};
     mg_traffic a[MG_MESH_DIMS + 1], b[MG_MESH_DIMS + 1];
     traffic_now(t, a);
     if (mg_train_step(t->s, t->opt, &so, next, src, r)) return mg__train_step_error(t);

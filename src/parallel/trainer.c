@@ -104,6 +104,12 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "--offload disk:DIR keeps the optimizer's state in files for "
                         "a model on the CPU; with --device %s give --offload cpu (the state in "
                         "host memory)", c->device);
+    if (c->slow_factor != 0 && (!(c->slow_factor > 1) || c->slow_factor > 1000 || c->slow_rank < 0))
+        return mg_error(MG_EINVAL, "--slow-rank %d:%g: give a rank and a factor above 1 (at most "
+                        "1000), e.g. 1:3", c->slow_rank, c->slow_factor);
+    if (c->slow_factor != 0 && !kind.ranks)
+        return mg_error(MG_EINVAL, "--slow-rank slows one rank of a job: give --parallel ddp or "
+                        "--mesh, under mgrun");
     if (c->eval_only && !c->resume && !c->init)
         return mg_error(MG_EINVAL, "--eval-only needs weights: give --init FILE or --resume FILE");
     if (kind.threads && c->batch < c->workers)
@@ -238,6 +244,12 @@ static mg_status join_job(mg_trainer *t)
     in->dp_size = size[MG_MESH_DP];
     in->pp = size[MG_MESH_PP];
     if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp));
+    if (c->slow_factor > 0 && in->pp > 1)
+        return mg_error(MG_EINVAL, "--slow-rank slows a data-parallel rank's micro-batches; the "
+                        "pipeline's schedule runs its own: leave out --slow-rank or pp=%d", in->pp);
+    if (c->slow_factor > 0 && c->slow_rank >= in->world)
+        return mg_error(MG_EINVAL, "--slow-rank %d:%g: the job has ranks 0 to %d", c->slow_rank,
+                        c->slow_factor, in->world - 1);
     mg_status st = c->batch % in->dp_size
         ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks: use a "
                    "multiple of %d (--batch is the global batch)", c->batch * c->accumulate,
