@@ -667,22 +667,32 @@ TEST_T(mgtrain_zero_checkpoint_moves_between_stages_and_world_sizes, 300)
 
 /* --zero: one clear line and status 2 for a stage that does not exist,
  * for ZeRO without a job of ranks, with compression. */
-TEST_T(mgtrain_zero_bad_input, 60)
+/* Each set of flags, on 2 ranks of the mlp, refused with its message
+ * (the list ends with NULLs). */
+typedef struct {
+    const char *args, *want;
+} refusal;
+
+static void refused(const refusal *c)
 {
     char bin[512], run[512], *out;
     snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
-    struct { const char *args, *want; } c[] = {
+    for (; c->args; c++) {
+        int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, c->args);
+        CHECK_MSG(rc != 0 && strstr(out, c->want), "%s: rc %d: %s", c->args, rc, out);
+        free(out);
+    }
+}
+
+TEST_T(mgtrain_zero_bad_input, 60)
+{
+    refused((const refusal[]){
         {"--parallel ddp --zero 4", "--zero"},
         {"--zero 2", "--parallel ddp or --mesh dp=N"},
         {"--parallel dp --zero 1", "--parallel ddp or --mesh dp=N"},
         {"--parallel ddp --zero 1 --compress fp16", "without --zero"},
-    };
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, c[i].args);
-        CHECK_MSG(rc != 0 && strstr(out, c[i].want), "%s: rc %d: %s", c[i].args, rc, out);
-        free(out);
-    }
+        {NULL, NULL}});
 }
 
 /* --offload disk:DIR: the optimizer state (and under ZeRO-3 the
@@ -988,16 +998,71 @@ TEST_T(mgtrain_slow_rank_waits_and_changes_nothing, 180)
     }
     CHECK_MSG(!strcmp(loss[0], loss[1]), "loss %s against %s", loss[0], loss[1]);
     CHECK_MSG(secs[1] > 2 * secs[0], "%.2f s slowed against %.2f s", secs[1], secs[0]);
-    struct { const char *args, *want; } bad[] = {
+    refused((const refusal[]){
         {"--parallel ddp --slow-rank 1:1", "above 1"},
         {"--parallel ddp --slow-rank one:2", "RANK:FACTOR"},
         {"--parallel ddp --slow-rank 2:3", "ranks 0 to 1"},
         {"--slow-rank 0:2", "--parallel ddp"},
         {"--mesh pp=2 --slow-rank 1:2", "pipeline"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, bad[i].args);
-        CHECK_MSG(rc != 0 && strstr(out, bad[i].want), "%s: rc %d: %s", bad[i].args, rc, out);
-        free(out);
+        {NULL, NULL}});
+}
+
+/* ---- the parameter server (issue 34) --------------------------------------- */
+
+/* The train and validation losses of every row of a gpt-mini --log CSV
+ * (step, train_loss, val_loss, ...): up to cap rows into tl, vl. */
+static int csv_losses(const char *path, double *tl, double *vl, int cap)
+{
+    char *s = mgt_slurp(path, NULL), *line = s ? strchr(s, '\n') : NULL;
+    int n = 0;
+    while (line && *++line && n < cap) {
+        if (sscanf(line, "%*d,%lf,%lf,", &tl[n], &vl[n]) == 2) n++;
+        line = strchr(line, '\n');
     }
+    free(s);
+    return n;
+}
+
+/* --parallel ps, synchronous: W workers and K servers train as DDP on W
+ * ranks (one process for W = 1) with the same global batch: the losses of
+ * 20 steps agree within 1e-4 relative (the servers sum the pushes in
+ * worker order, DDP's ring in its own), at 2, 3 and 4 ranks, one server
+ * and two. Mistakes are one line. */
+TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
+{
+    const char *t = mgt_tmpdir();
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *job = GPT_SMALL " --steps 20 --eval-every 5 --no-eval-on-start --quiet";
+    struct { int workers, servers; } cases[] = {{1, 1}, {2, 1}, {2, 2}, {3, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int W = cases[i].workers, K = cases[i].servers;
+        char ref[512], ps[512];
+        snprintf(ref, sizeof ref, "%s/ref%d.csv", t, W);
+        snprintf(ps, sizeof ps, "%s/ps%d_%d.csv", t, W, K);
+        int rc = W == 1 ? mgt_sh(&out, "%s %s --log %s", bin, job, ref)
+                        : mgt_sh(&out, "%s -n %d %s %s --parallel ddp --log %s", run, W, bin, job, ref);
+        CHECK_MSG(rc == 0, "reference on %d: %s", W, out);
+        free(out);
+        rc = mgt_sh(&out, "%s -n %d %s %s --parallel ps --servers %d --log %s", run, W + K, bin,
+                    job, K, ps);
+        CHECK_MSG(rc == 0, "ps %d+%d: %s", W, K, out);
+        free(out);
+        double a[2][8], b[2][8];
+        int na = csv_losses(ref, a[0], a[1], 8), nb = csv_losses(ps, b[0], b[1], 8);
+        CHECK_MSG(na == 4 && nb == 4, "%d and %d rows", na, nb);
+        for (int r = 0; r < na && r < nb; r++)
+            for (int k = 0; k < 2; k++)
+                CHECK_MSG(fabs(a[k][r] - b[k][r]) <= 1e-4 * fabs(a[k][r]),
+                          "%d workers, %d servers, row %d: %s loss %.6f against %.6f", W, K, r,
+                          k ? "validation" : "train", b[k][r], a[k][r]);
+    }
+    refused((const refusal[]){
+        {"--parallel ps --servers 2", "no worker"},
+        {"--parallel ps --staleness 2", "synchronous"},
+        {"--parallel ddp --servers 1", "--parallel ps"},
+        {"--parallel ps --zero 1", "--zero"},
+        {"--parallel ps --save x.st", "--save"},
+        {NULL, NULL}});
 }

@@ -97,7 +97,13 @@ static void usage(FILE *f)
 "  --version           version, CPU and kernels of this machine\n"
 "  --print-params      the MG_* environment variables: default, range, meaning\n"
 "  --parallel MODE     none | dp (threads in this process) | ddp (one rank of\n"
-"                      a job started by mgrun or mpirun) (default none)\n"
+"                      a job started by mgrun or mpirun) | ps (a parameter\n"
+"                      server: the last --servers ranks keep the parameters\n"
+"                      and the optimizer, the others compute) (default none)\n"
+"  --servers K         with --parallel ps: server ranks (default 1), each a run\n"
+"                      of whole units\n"
+"  --staleness S       with --parallel ps: steps a worker may run ahead of the\n"
+"                      slowest (default 0: synchronous, the one built yet)\n"
 "  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
 "                      --parallel ddp is --mesh dp=<ranks>; pp=P cuts the\n"
@@ -231,7 +237,8 @@ static void parse_args(int argc, char **argv, options *o)
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
-           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW };
+           O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW,
+           O_SERVERS, O_STALENESS };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -255,7 +262,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"init-partial", 0, 0, O_INIT_PARTIAL}, {"eval-windows", 1, 0, O_EVAL_WINDOWS},
         {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {"sequence-parallel", 0, 0, O_SEQ_PAR},
         {"plan", 1, 0, O_PLAN_AUTO}, {"plan-memory", 1, 0, O_PLAN_MEM},
-        {"slow-rank", 1, 0, O_SLOW}, {0, 0, 0, 0}};
+        {"slow-rank", 1, 0, O_SLOW}, {"servers", 1, 0, O_SERVERS},
+        {"staleness", 1, 0, O_STALENESS}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     mg_train_config *c = &o->c;
     *c = (mg_train_config){.model = "lenet-d2l", .gpt = mg_gpt_defaults(), .momentum = -1,
@@ -291,6 +299,8 @@ static void parse_args(int argc, char **argv, options *o)
         case O_HELP: usage(stdout); exit(0);
         case O_PARALLEL: o->parallel = optarg; break;
         case O_WORKERS: c->workers = (int)int_flag("--workers", 1, 1024); break;
+        case O_SERVERS: c->ps_servers = (int)int_flag("--servers", 1, 4096); break;
+        case O_STALENESS: c->ps_staleness = (int)int_flag("--staleness", 0, 1 << 20); break;
         case O_BUCKET: c->bucket_mb = real_flag("--bucket-mb", 0.001, 65536, 0); break;
         case O_ACCUM: c->accumulate = (int)int_flag("--accumulate", 1, 65536); break;
         case O_COMPRESS: c->compress = optarg; break;
@@ -464,6 +474,9 @@ static void print_header(const options *o)
         char mesh[64];
         mg_mesh_describe(mg_strategy_mesh(s), mesh, sizeof mesh);
         printf(" (%d per data-parallel rank, mesh %s, %s)", in.local, mesh, mg_strategy_name(s));
+    } else if (c->strategy == MG_STRATEGY_PS) {
+        printf(" (%d per worker on %d workers; %d parameter server%s, synchronous)", in.local,
+               in.dp_size, c->ps_servers, c->ps_servers > 1 ? "s" : "");
     } else if (in.distributed && in.pp == 1) {
         printf(" (%d per rank on %d ranks, %s)", in.local, in.world, mg_strategy_name(s));
     } else if (in.distributed) {

@@ -60,6 +60,11 @@ typedef struct mg_component_ops {
     mg_group *(*shards_over)(void *c);
     mg_group *(*replicas_over)(void *c);
     mg_group *(*batch_over)(void *c);
+    /* The share of the global batch this rank's data is: share `rank` of
+     * `size` (the first component with the slot decides; without any, the
+     * mesh's dp coordinate and size). A rank that trains on no data (a
+     * parameter server) names the share whose steps it keeps pace with. */
+    void (*data_share)(void *c, int *rank, int *size);
 
     /* ---- the step ----------------------------------------------------------
      * zero_grad: the gradients it keeps (default: the model's arena).

@@ -72,8 +72,8 @@ void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
  * width)); zero: ZeRO 1-3; pipeline: as ddp. Make the strategy before
  * the optimizer (mg_strategy_optim). */
 typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
-               MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE } mg_strategy_kind;
-/* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" */
+               MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE, MG_STRATEGY_PS } mg_strategy_kind;
+/* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" | "ps" */
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
 /* What a caller needs to know of a kind, so that it never asks which
  * kind it holds: its components talk over a job's ranks (a group is
@@ -95,6 +95,11 @@ typedef struct mg_strategy_options {
     const char *mesh;
     mg_ddp_options ddp;     /* ddp: buckets, compression; zero: buckets */
     int zero_stage;         /* zero: 1, 2 or 3 */
+    /* ps: the last ps_servers ranks serve the parameters (each a run of
+     * whole units and its optimizer state), the others compute (ps.c);
+     * how many steps a worker may run ahead of the slowest (0:
+     * synchronous, the only one built yet). */
+    int ps_servers, ps_staleness;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
@@ -127,6 +132,9 @@ typedef struct mg_strategy mg_strategy;
 mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strategy **out);
 void mg_strategy_destroy(mg_strategy *s);
 const char *mg_strategy_name(const mg_strategy *s);
+/* The share of the global batch this rank's data is (component.h's
+ * data_share; without one, the mesh's dp coordinate and size). */
+void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size);
 mg_model *mg_strategy_model(const mg_strategy *s);
 mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp (or a pipeline's replicas) */
 mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */

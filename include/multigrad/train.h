@@ -87,6 +87,9 @@ typedef struct mg_train_config {
      * numbers are the same. slow_factor 0: none. Not with a pipeline. */
     int slow_rank;
     float slow_factor;
+    /* --parallel ps: the last ps_servers ranks (default 1) serve the
+     * parameters; ps_staleness steps a worker may run ahead (0). */
+    int ps_servers, ps_staleness;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for
      * the global batch (batch x accumulate) on the job's ranks, a rank

@@ -27,9 +27,15 @@ mg_status mg__range_buckets(const mg_model *m, size_t first_cap, size_t cap, con
  * and disjoint), ascending; returns how many (strategy.c). */
 int mg__ranges_intersect(const mg_range *a, int na, const mg_range *b, int nb, mg_range *out);
 
+/* The whole model's forward and loss of every micro-batch from next,
+ * added into r (strategy.c: evaluation where no component runs it). */
+mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
+                                mg_step_result *r);
+
 /* The built-in components (component.h), listed by kind in strategy.c. */
 extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_component,
-    mg__zero_component, mg__pipe_component, mg__zero_pipe_component;
+    mg__zero_component, mg__pipe_component, mg__zero_pipe_component, mg__ps_server_component,
+    mg__ps_worker_component;
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */

@@ -46,6 +46,8 @@ static const struct {
      {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
+    {"ps", MG_STRATEGY_PS, {true, false, false},
+     {&mg__ps_server_component, &mg__ps_worker_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
 
@@ -112,7 +114,8 @@ mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out)
             *out = kinds[k].kind;
             return MG_OK;
         }
-    return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp, zero or pipeline", s);
+    return mg_error(MG_EINVAL, "unknown strategy '%s': use none, dp, ddp, zero, pipeline or ps",
+                    s);
 }
 
 /* ---- making and unmaking ------------------------------------------------- */
@@ -251,6 +254,17 @@ void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops)
     for (int i = 0; i < s->n; i++)
         if (s->part[i].ops == ops) return s->part[i].c;
     return NULL;
+}
+
+void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size)
+{
+    part *p = FIRST((mg_strategy *)s, data_share);
+    if (p) {
+        p->ops->data_share(p->c, rank, size);
+        return;
+    }
+    *rank = s->mesh ? mg_mesh_coord(s->mesh, MG_MESH_DP) : 0;
+    *size = s->mesh ? mg_mesh_size(s->mesh, MG_MESH_DP) : 1;
 }
 
 mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return mg_strategy_part(s, &mg__ddp_component); }
@@ -510,6 +524,21 @@ static mg_status forward_failed(mg_model *m)
     return st ? st : MG_ENOMEM;
 }
 
+mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
+                                mg_step_result *r)
+{
+    mg_micro_batch b;
+    while (next(ud, &b)) {
+        int c = 0;
+        if (!mg_model_forward(s->m, (const float *)b.x, b.n)) return forward_failed(s->m);
+        r->loss_sum += (double)mg_model_loss(s->m, b.y, &c) * b.n;
+        r->micro++;
+        r->correct += c;
+        r->samples += b.n;
+    }
+    return MG_OK;
+}
+
 mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
                                mg_step_result *r)
 {
@@ -522,15 +551,7 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
     part *p = FIRST(s, evaluate);
     mg_status st = p ? hold(s, false) : mg_strategy_gather(s);
     if (p && !st) st = p->ops->evaluate(p->c, next, ud, r);
-    mg_micro_batch b;
-    while (!p && !st && next(ud, &b)) {
-        int c = 0;
-        if (!mg_model_forward(m, (const float *)b.x, b.n)) st = forward_failed(m);
-        else r->loss_sum += (double)mg_model_loss(m, b.y, &c) * b.n;
-        r->micro++;
-        r->correct += c;
-        r->samples += b.n;
-    }
+    if (!p && !st) st = mg__strategy_forwards(s, next, ud, r);
     mg_model_set_training(m, training);
     mg_status e = mg_strategy_release(s);
     return st ? st : e;

@@ -68,6 +68,16 @@ static mg_status check_config(mg_trainer *t)
     if ((c->pp_schedule || c->micro_batches || c->chunks || c->split) && !c->mesh)
         return mg_error(MG_EINVAL, "--pp-schedule, --micro-batches, --chunks and --split shape "
                         "a pipeline: give --mesh pp=P");
+    if (c->strategy == MG_STRATEGY_PS && (c->mesh || c->zero || c->offload_dir || c->offload_cpu))
+        return mg_error(MG_EINVAL, "--parallel ps keeps the optimizer's state on its servers: "
+                        "leave out --mesh, --zero and --offload");
+    if (c->strategy == MG_STRATEGY_PS && (c->resume || c->save))
+        return mg_error(MG_EUNSUPPORTED, "--parallel ps: the servers' checkpoints are not built "
+                        "yet; leave out --save and --resume");
+    if (c->strategy != MG_STRATEGY_PS && (c->ps_servers || c->ps_staleness))
+        return mg_error(MG_EINVAL, "--servers and --staleness shape a parameter server: give "
+                        "--parallel ps");
+    if (c->strategy == MG_STRATEGY_PS && !c->ps_servers) c->ps_servers = 1;
     if (c->zero) {
         if (!mg_strategy_kind_traits(c->strategy).ranks)
             return mg_error(MG_EINVAL, "--zero %d shards the state of a data-parallel job: give "
@@ -242,6 +252,12 @@ static mg_status join_job(mg_trainer *t)
                         "model of your own (make) would have to be built split, which the "
                         "trainer cannot ask of it yet: give tp=1", c->mesh);
     in->dp_size = size[MG_MESH_DP];
+    if (c->strategy == MG_STRATEGY_PS) {   /* the batch is the workers' */
+        if (c->ps_servers >= in->world)
+            return mg_error(MG_EINVAL, "--servers %d among %d ranks leaves no worker: give at "
+                            "most %d", c->ps_servers, in->world, in->world - 1);
+        in->dp_size = in->world - c->ps_servers;
+    }
     in->pp = size[MG_MESH_PP];
     if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp));
     if (c->slow_factor > 0 && in->pp > 1)
@@ -334,6 +350,8 @@ static mg_status make_plan(mg_trainer *t)
         so.ddp.first_bucket_bytes = so.ddp.bucket_bytes;
     so.ddp.compress = t->compress;
     so.zero_stage = c->zero;
+    so.ps_servers = c->ps_servers;
+    so.ps_staleness = c->ps_staleness;
     so.init_seed = c->seed;
     so.offload_dir = c->offload_dir;
     so.offload_cpu = c->offload_cpu;
@@ -354,7 +372,8 @@ static mg_status make_plan(mg_trainer *t)
         }
     }
     MG_TRY(mg_strategy_create(t->m, &so, &t->s));
-    if ((t->mesh = mg_strategy_mesh(t->s))) t->info.dp_rank = mg_mesh_coord(t->mesh, MG_MESH_DP);
+    t->mesh = mg_strategy_mesh(t->s);
+    mg_strategy_data_share(t->s, &t->info.dp_rank, &t->info.dp_size);
     return MG_OK;
 }
 
