@@ -1063,6 +1063,49 @@ TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
         {"--parallel ps --staleness 2", "synchronous"},
         {"--parallel ddp --servers 1", "--parallel ps"},
         {"--parallel ps --zero 1", "--zero"},
-        {"--parallel ps --save x.st", "--save"},
         {NULL, NULL}});
+}
+
+/* The final line's validation loss and perplexity ("validation loss 4.5895,
+ * perplexity 98.44"), or "" */
+static void final_val(const char *out, char *buf, size_t cap)
+{
+    const char *f = strstr(out, "final: validation loss ");
+    const char *e = f ? strstr(f, ", perplexity ") : NULL;
+    e = e ? strchr(e + 13, ',') : NULL;
+    snprintf(buf, cap, "%.*s", f && e ? (int)(e - f) : 0, f ? f : "");
+}
+
+/* The servers' checkpoints are logical: 5 steps under the parameter server
+ * resume under DDP, and 5 under DDP under the parameter server with two
+ * servers, each to the loss of 10 steps under DDP, digit for digit. */
+TEST_T(mgtrain_ps_checkpoints_move_to_ddp_and_back, 180)
+{
+    const char *t = mgt_tmpdir();
+    char bin[512], run[512], *out, want[128], got[128];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *job = GPT_SMALL " --eval-every 5 --no-eval-on-start";
+    const char *legs[][2] = {{"-n 3", "--parallel ps"}, {"-n 2", "--parallel ddp"},
+                             {"-n 2", "--parallel ddp"}, {"-n 4", "--parallel ps --servers 2"}};
+    int rc = mgt_sh(&out, "%s -n 2 %s %s --steps 10 --parallel ddp", run, bin, job);
+    CHECK_MSG(rc == 0, "%s", out);
+    final_val(out, want, sizeof want);
+    free(out);
+    CHECK(want[0]);
+    for (int k = 0; k < 4; k += 2) {
+        char ck[512];
+        snprintf(ck, sizeof ck, "%s/leg%d.st", t, k);
+        rc = mgt_sh(&out, "%s %s %s %s --steps 5 %s --save %s", run, legs[k][0], bin, job,
+                    legs[k][1], ck);
+        CHECK_MSG(rc == 0, "%s", out);
+        free(out);
+        rc = mgt_sh(&out, "%s %s %s %s --steps 10 %s --resume %s", run, legs[k + 1][0], bin, job,
+                    legs[k + 1][1], ck);
+        CHECK_MSG(rc == 0, "%s", out);
+        final_val(out, got, sizeof got);
+        CHECK_MSG(!strcmp(got, want), "%s then %s: '%s' against '%s'", legs[k][1],
+                  legs[k + 1][1], got, want);
+        free(out);
+    }
 }

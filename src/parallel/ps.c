@@ -17,9 +17,11 @@
  *     parameters. The numbers are DDP's but for the order of the sum.
  * The job's group carries the pushes and parameters; the workers' group
  * sums the training figures and the servers' the gradient norm.
+ * Checkpoints are the strategy's: each server writes its run (its own
+ * ranges), rank 0 the rest; every rank reads what it holds.
  * Limits (this increment): staleness 0 only (bounded staleness and
- * asynchronous updates, a dead worker's exclusion, the servers'
- * checkpoints and resuming are the issue's next parts); no tensor or
+ * asynchronous updates and a dead worker's exclusion are the issue's
+ * next parts); no tensor or
  * pipeline parallelism with it; the model's buffers (batch statistics)
  * stay each worker's. */
 #include <stdlib.h>

@@ -71,9 +71,6 @@ static mg_status check_config(mg_trainer *t)
     if (c->strategy == MG_STRATEGY_PS && (c->mesh || c->zero || c->offload_dir || c->offload_cpu))
         return mg_error(MG_EINVAL, "--parallel ps keeps the optimizer's state on its servers: "
                         "leave out --mesh, --zero and --offload");
-    if (c->strategy == MG_STRATEGY_PS && (c->resume || c->save))
-        return mg_error(MG_EUNSUPPORTED, "--parallel ps: the servers' checkpoints are not built "
-                        "yet; leave out --save and --resume");
     if (c->strategy != MG_STRATEGY_PS && (c->ps_servers || c->ps_staleness))
         return mg_error(MG_EINVAL, "--servers and --staleness shape a parameter server: give "
                         "--parallel ps");
