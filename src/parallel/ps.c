@@ -8,27 +8,34 @@
  *     process would), pushes each server the gradients of its run (their
  *     sum over the micro-batches, with how many there were) and takes the
  *     server's updated parameters back.
- *   - Synchronous (staleness 0): a server waits for every worker's push
- *     of the step and sums them in worker order, whatever order they came
- *     in (recv from any source, then from that worker), so its bits do
- *     not depend on arrival; the mean over the workers goes through the
- *     strategy's step (the mean over the micro-batches, clipping over the
- *     servers' runs, the optimizer), and it sends each worker its run's
- *     parameters. The numbers are DDP's but for the order of the sum.
+ *   - Update k of a server is the mean of the workers' k-th pushes, taken
+ *     as they come (recv from any source, then from that worker) into a
+ *     slot per worker and summed in worker order, so its bits do not
+ *     depend on arrival; it goes through the strategy's step (the mean
+ *     over the micro-batches, clipping over the servers' runs, the
+ *     optimizer).
+ *   - Bounded staleness S (SSP, Ho et al. 2013): a worker's k-th gradient
+ *     is computed on parameters of version k - S or later (the version:
+ *     updates applied). A server answers push k with its run as soon as
+ *     its version is k + 1 - S or later, so a worker runs at most S steps
+ *     ahead of the slowest, and pushes of the next S steps wait in their
+ *     slots. S = 0 is synchronous: the numbers are DDP's but for the
+ *     order of the sum. Each push says the version it was computed on: a
+ *     server counts the pushes and the largest staleness it saw.
  * The job's group carries the pushes and parameters; the workers' group
  * sums the training figures and the servers' the gradient norm.
  * Checkpoints are the strategy's: each server writes its run (its own
  * ranges), rank 0 the rest; every rank reads what it holds.
- * Limits (this increment): staleness 0 only (bounded staleness and
- * asynchronous updates and a dead worker's exclusion are the issue's
- * next parts); no tensor or
- * pipeline parallelism with it; the model's buffers (batch statistics)
- * stay each worker's. */
+ * Limits (this increment): no fully asynchronous updates (each push its
+ * own update) and no exclusion of a dead worker yet; memory for
+ * (S + 1) x workers pushes of its run on a server; no tensor or pipeline
+ * parallelism with it; the model's buffers (batch statistics) stay each
+ * worker's. */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/internal.h"
 
-enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_PARAMS };   /* "ps" */
+enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_VERSION, TAG_PARAMS };   /* "ps" */
 
 /* What the two roles share: the job, who is who, and each server's run. */
 typedef struct {
@@ -36,7 +43,7 @@ typedef struct {
     mg_model *m;
     mg_group *g;        /* the job: pushes and parameters */
     mg_group *role;     /* the workers, or the servers */
-    int workers, servers;
+    int workers, servers, staleness;
     mg_range *run;      /* per server: its units' range of the arena */
 } ps_job;
 
@@ -82,12 +89,12 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     int world = j->g ? mg_group_size(j->g) : 1, rank = j->g ? mg_group_rank(j->g) : 0;
     j->servers = o->ps_servers;
     j->workers = world - j->servers;
+    j->staleness = o->ps_staleness;
     if (!j->g || j->servers < 1 || j->workers < 1)
         return mg_error(MG_EINVAL, "--parallel ps: %d server(s) among %d rank(s) leave no "
                         "worker; give --servers below the ranks", j->servers, world);
-    if (o->ps_staleness != 0)
-        return mg_error(MG_EUNSUPPORTED, "--staleness %d: only synchronous updates (0) are "
-                        "built yet", o->ps_staleness);
+    if (o->ps_staleness < 0 || o->ps_staleness > 64)
+        return mg_error(MG_EINVAL, "--staleness %d: give 0 (synchronous) to 64", o->ps_staleness);
     bool is_server = rank >= j->workers;
     MG_TRY(mg_group_split(j->g, is_server, rank, &j->role));
     *mine = is_server == server;
@@ -124,15 +131,31 @@ typedef struct {
     ps_job j;
     int me;             /* this server's index */
     mg_range mine;
-    float *slots;       /* a push of each worker, in worker order */
-    long step;
+    int rounds;         /* staleness + 1: the steps whose pushes can be here */
+    float *slots;       /* per round mod rounds, a push of each worker */
+    int *got;           /* per round mod rounds: pushes in */
+    int64_t *micro;     /* per round mod rounds: its micro-batches */
+    int64_t *due;       /* per worker: the version its answer waits for (-1: none) */
+    long version;       /* updates applied */
+    long pushes, stalest;
 } ps_server;
+
+static float *slot(ps_server *v, int64_t step, int w)
+{
+    size_t len = v->mine.hi - v->mine.lo;
+    return v->slots + ((size_t)(step % v->rounds) * (size_t)v->j.workers + (size_t)w) * len;
+}
 
 static void server_destroy(void *c)
 {
     ps_server *v = c;
+    mg_debug("ps server %d: %ld pushes in %ld updates, staleness at most %ld (bound %d)", v->me,
+             v->pushes, v->version, v->stalest, v->j.staleness);
     job_free(&v->j);
     mg_free(v->slots);
+    free(v->got);
+    free(v->micro);
+    free(v->due);
     free(v);
 }
 
@@ -144,8 +167,13 @@ static mg_status server_attach(mg_strategy *s, void **state)
     v->me = mg_group_rank(v->j.g) - v->j.workers;
     v->mine = v->j.run[v->me];
     size_t len = v->mine.hi - v->mine.lo;
-    v->slots = mg_alloc((size_t)v->j.workers * (len ? len : 1) * sizeof(float));
-    if (v->slots) return MG_OK;
+    v->rounds = v->j.staleness + 1;
+    v->slots = mg_alloc((size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1) * sizeof(float));
+    v->got = calloc((size_t)v->rounds, sizeof *v->got);
+    v->micro = calloc((size_t)v->rounds, sizeof *v->micro);
+    v->due = malloc((size_t)v->j.workers * sizeof *v->due);
+    for (int w = 0; v->due && w < v->j.workers; w++) v->due[w] = -1;
+    if (v->slots && v->got && v->micro && v->due) return MG_OK;
     int workers = v->j.workers;
     server_destroy(v);
     *state = NULL;
@@ -161,10 +189,47 @@ static const mg_range *server_ranges(void *c, int *n)
 
 static mg_group *server_shards(void *c) { return ((ps_server *)c)->j.role; }
 
-/* A step: every worker's push, in any order, into its slot; their mean
- * into the gradients of this server's run. The server's source is worker
- * 0's share: it reads (and drops) its micro-batches, so that it knows a
- * step has none (the end of an epoch) as the workers do. */
+/* Worker w's answer: this server's version and run. */
+static mg_status answer(ps_server *v, int w)
+{
+    int64_t version = v->version;
+    MG_TRY(mg_send(v->j.g, &version, 1, MG_I64, w, TAG_VERSION));
+    MG_TRY(mg_send(v->j.g, mg_model_params(v->j.m) + v->mine.lo, v->mine.hi - v->mine.lo,
+                   MG_F32, w, TAG_PARAMS));
+    v->due[w] = -1;
+    return MG_OK;
+}
+
+/* One push (step, micro-batches, the version it was computed on) from
+ * any worker into its slot; its answer now if the version allows. */
+static mg_status take_push(ps_server *v)
+{
+    ps_job *j = &v->j;
+    int64_t head[3];
+    int w = -1;
+    MG_TRY(mg_recv_any(j->g, head, 3, MG_I64, NULL, 0, TAG_HEAD, &w));
+    int64_t step = head[0], base = head[2];
+    int k = (int)(step % v->rounds);
+    if (w < 0 || w >= j->workers || step < v->version || step > v->version + j->staleness ||
+        base > step || v->due[w] >= 0 || (v->got[k] && v->micro[k] != head[1]))
+        return mg_error(MG_EMISMATCH, "ps server %d: rank %d pushed step %lld (%lld micro-batches, "
+                        "on version %lld) at version %ld, staleness %d", v->me, w,
+                        (long long)step, (long long)head[1], (long long)base, v->version,
+                        j->staleness);
+    MG_TRY(mg_recv(j->g, slot(v, step, w), v->mine.hi - v->mine.lo, MG_F32, w, TAG_GRADS));
+    v->micro[k] = head[1];
+    v->got[k]++;
+    v->pushes++;
+    if (step - base > v->stalest) v->stalest = step - base;
+    v->due[w] = step + 1 - j->staleness;
+    return v->due[w] <= v->version ? answer(v, w) : MG_OK;
+}
+
+/* Update `version`: the workers' pushes of that step, taken as they come
+ * (those of the next steps too, into their slots), their mean into the
+ * gradients of this server's run. The server's source is worker 0's
+ * share: it reads (and drops) its micro-batches, so that it knows a step
+ * has none (the end of an epoch) as the workers do. */
 static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int max_micro,
                                  mg_step_result *r)
 {
@@ -175,34 +240,28 @@ static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int ma
     while (count < max_micro && next(ud, &b))
         if (++count && b.last) break;
     if (!count) return MG_OK;
+    int k = (int)(v->version % v->rounds);
+    while (v->got[k] < j->workers) MG_TRY(take_push(v));
+    if (v->micro[k] != count)
+        return mg_error(MG_EMISMATCH, "ps server %d: step %ld has %lld micro-batches where "
+                        "its data has %d", v->me, v->version, (long long)v->micro[k], count);
     size_t len = v->mine.hi - v->mine.lo;
-    int64_t head[2] = {0, 0}, micro = count;
-    for (int i = 0; i < j->workers; i++) {
-        int from = -1;
-        MG_TRY(mg_recv_any(j->g, head, 2, MG_I64, NULL, 0, TAG_HEAD, &from));
-        if (from < 0 || from >= j->workers || head[0] != v->step || head[1] != micro)
-            return mg_error(MG_EMISMATCH, "ps server %d: a push of step %lld with %lld "
-                            "micro-batches from rank %d where step %ld was due", v->me,
-                            (long long)head[0], (long long)head[1], from, v->step);
-        micro = head[1];
-        MG_TRY(mg_recv(j->g, v->slots + (size_t)from * len, len, MG_F32, from, TAG_GRADS));
-    }
-    float *g = mg_model_grads(j->m) + v->mine.lo, inv = 1.0f / (float)j->workers;
-    memcpy(g, v->slots, len * sizeof *g);
-    for (int w = 1; w < j->workers; w++) mg_add_into(g, v->slots + (size_t)w * len, len);
-    mg_grad_scale(g, len, inv);
-    r->micro = (int)micro;
-    v->step++;
+    float *g = mg_model_grads(j->m) + v->mine.lo;
+    memcpy(g, slot(v, v->version, 0), len * sizeof *g);
+    for (int w = 1; w < j->workers; w++) mg_add_into(g, slot(v, v->version, w), len);
+    mg_grad_scale(g, len, 1.0f / (float)j->workers);
+    v->got[k] = 0;
+    r->micro = count;
     return MG_OK;
 }
 
-/* The updated run to every worker. */
+/* After the update: the answers its version now allows. */
 static mg_status server_after_update(void *c)
 {
     ps_server *v = c;
-    const float *p = mg_model_params(v->j.m) + v->mine.lo;
+    v->version++;
     for (int w = 0; w < v->j.workers; w++)
-        MG_TRY(mg_send(v->j.g, p, v->mine.hi - v->mine.lo, MG_F32, w, TAG_PARAMS));
+        if (v->due[w] >= 0 && v->due[w] <= v->version) MG_TRY(answer(v, w));
     return MG_OK;
 }
 
@@ -243,6 +302,7 @@ typedef struct {
     int me;
     int micro;          /* micro-batches this step */
     long step;
+    int64_t base;       /* the version its parameters are (the oldest server's) */
     mg_range none;      /* the optimizer's: nothing (the servers step) */
     mg_range whole;     /* the parameters it holds: all */
 } ps_worker;
@@ -290,26 +350,31 @@ static mg_status worker_reduce(void *c)
 {
     ps_worker *w = c;
     ps_job *j = &w->j;
-    int64_t head[2] = {w->step, w->micro};
+    int64_t head[3] = {w->step, w->micro, w->base};
     const float *g = mg_model_grads(j->m);
     for (int k = 0; k < j->servers; k++) {
         int to = j->workers + k;
-        MG_TRY(mg_send(j->g, head, 2, MG_I64, to, TAG_HEAD));
+        MG_TRY(mg_send(j->g, head, 3, MG_I64, to, TAG_HEAD));
         MG_TRY(mg_send(j->g, g + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32, to,
                        TAG_GRADS));
     }
     return MG_OK;
 }
 
-/* The servers' updated runs. */
+/* The servers' answers: their runs, of a version the staleness allows
+ * for the next step. */
 static mg_status worker_after_update(void *c)
 {
     ps_worker *w = c;
     ps_job *j = &w->j;
     float *p = mg_model_params(j->m);
-    for (int k = 0; k < j->servers; k++)
+    for (int k = 0; k < j->servers; k++) {
+        int64_t version;
+        MG_TRY(mg_recv(j->g, &version, 1, MG_I64, j->workers + k, TAG_VERSION));
         MG_TRY(mg_recv(j->g, p + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32,
                        j->workers + k, TAG_PARAMS));
+        if (!k || version < w->base) w->base = version;
+    }
     w->step++;
     return MG_OK;
 }
