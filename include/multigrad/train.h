@@ -135,6 +135,9 @@ struct mg_train_row {
     double val_loss, val_ppl;         /* text */
     double seconds, per_s, lr;        /* of the training since the last row; images
                                          or tokens per second */
+    double elapsed;                   /* seconds since this run's training began, its
+                                         evaluations and waits included (NaN: a log
+                                         written before the column) */
 };
 
 /* Progress within an epoch (or between evaluations). */

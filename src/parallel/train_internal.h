@@ -31,6 +31,7 @@ struct mg_trainer {
     mg_compress compress;
     mg_device dev;
     double first_items;       /* images or tokens of mg_trainer_run's first step */
+    double began;             /* when mg_trainer_run began (mg_now) */
     mg_group *g;              /* a job's ranks (NULL: one process) */
     mg_strategy *s;
     mg_model *m;

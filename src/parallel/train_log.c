@@ -25,12 +25,14 @@ static const log_col image_cols[] = {
     {"train_loss", "%.6f", ROW(train_loss)}, {"train_acc", "%.6f", ROW(train_acc)},
     {"test_loss", "%.6f", ROW(test_loss)}, {"test_acc", "%.6f", ROW(test_acc)},
     {"seconds", "%.3f", ROW(seconds)}, {"images_per_s", "%.1f", ROW(per_s)},
-    {"lr", "%.6g", ROW(lr)}};
+    {"lr", "%.6g", ROW(lr)}, {"elapsed", "%.3f", ROW(elapsed)}};
 static const log_col text_cols[] = {
     {"step", "%.0f", ROW(step)}, {"train_loss", "%.6f", ROW(train_loss)},
     {"val_loss", "%.6f", ROW(val_loss)}, {"val_ppl", "%.4f", ROW(val_ppl)},
     {"seconds", "%.3f", ROW(seconds)}, {"tokens_per_s", "%.1f", ROW(per_s)},
-    {"lr", "%.6g", ROW(lr)}};
+    {"lr", "%.6g", ROW(lr)}, {"elapsed", "%.3f", ROW(elapsed)}};
+/* The last column came later: a line without it is a whole row still. */
+#define OPTIONAL_LAST 1
 
 static const log_col *columns(bool text, int *n)
 {
@@ -56,7 +58,7 @@ static void set(mg_train_row *r, size_t at, double v)
 
 mg_train_row mg__train_row_empty(void)
 {
-    return (mg_train_row){0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+    return (mg_train_row){0, 0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 }
 
 mg_status mg__metrics_add(mg__metrics *mt, const mg_train_row *r)
@@ -132,15 +134,19 @@ static bool parse_line(const char *line, bool csv, const log_col *cols, int nc, 
     *r = mg__train_row_empty();
     const char *p = line, *end;
     for (int c = 0; c < nc; c++) {
+        bool optional = c >= nc - OPTIONAL_LAST;
         if (!csv) {
             char key[64];
             snprintf(key, sizeof key, "\"%s\":", cols[c].name);
-            if (!(p = strstr(line, key))) return false;
+            if (!(p = strstr(line, key))) return optional;
             p += strlen(key);
+        } else if (optional && p > line && p[-1] == '\n') {
+            return true;   /* a line of an older log */
         }
         double v;
         if (!parse_value(p, &v, &end)) return false;
-        if (csv && *end != (c + 1 < nc ? ',' : '\n')) return false;
+        bool last = c + 1 == nc || (c + 1 >= nc - OPTIONAL_LAST && *end == '\n');
+        if (csv && *end != (last ? '\n' : ',')) return false;
         if (is_count(cols[c].at) && !(fabs(v) < 9e15)) return false;   /* a long holds it */
         set(r, cols[c].at, v);
         p = end + 1;

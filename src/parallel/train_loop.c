@@ -170,9 +170,10 @@ mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
 /* The row to the callback and the log (rank 0 writes it and its plot;
  * every rank learns whether it worked: also the barrier before a save),
  * then the checkpoint. */
-static mg_status record(mg_trainer *t, const mg_train_row *r, bool save)
+static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
 {
     const mg_train_config *c = &t->c;
+    r->elapsed = mg_now() - t->began;
     MG_TRY(mg__metrics_add(&t->log, r));
     if (c->on_row) c->on_row(r, c->ud);
     mg_status st = MG_OK;
@@ -331,6 +332,7 @@ mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
                         "training to run", t->c.plan_only ? "plan_only" : "eval_only");
     long before = t->info.steps_run;
     mg_status st = MG_OK;
+    t->began = mg_now();
     if (t->c.text ? t->info.start_step < t->c.steps : t->info.start_epoch < t->c.epochs)
         st = t->c.text ? run_text(t, s) : run_images(t, s);
     s->steps_run = t->info.steps_run - before;
