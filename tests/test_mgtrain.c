@@ -1153,3 +1153,25 @@ TEST_T(mgtrain_ps_checkpoints_move_to_ddp_and_back, 180)
         free(out);
     }
 }
+
+/* A killed worker or server of a parameter server's job is named within
+ * seconds and the job stops (mgrun's doing; --elastic, where the others
+ * go on without a worker, is to come). */
+TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
+{
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    for (int victim = 1; victim <= 2; victim++) {   /* a worker, then the server */
+        double t0 = mg_now();
+        int rc = mgt_sh(&out, "%s -n 3 sh -c 'if [ $RANK = %d ]; then (sleep 2; kill -9 $$) & "
+                        "fi; exec %s --model gpt-mini --batch 16 --steps 2000 --eval-every 10000 "
+                        "--no-eval-on-start --parallel ps'", run, victim, bin);
+        double dt = mg_now() - t0;
+        char want[64];
+        snprintf(want, sizeof want, "rank %d (pid ", victim);
+        CHECK_MSG(rc != 0 && strstr(out, want) && strstr(out, "SIGKILL") && dt < 30,
+                  "victim %d: rc %d after %.1f s: %s", victim, rc, dt, out);
+        free(out);
+    }
+}
