@@ -1064,6 +1064,11 @@ TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
         {"--parallel ddp --servers 1", "--parallel ps"},
         {"--parallel ps --zero 1", "--zero"},
         {NULL, NULL}});
+    /* More servers than the model has units: every rank says so at once. */
+    double t0 = mg_now();
+    int rc = mgt_sh(&out, "%s -n 5 %s --model mlp --epochs 1 --parallel ps --servers 4", run, bin);
+    CHECK_MSG(rc != 0 && strstr(out, "has 3 units") && mg_now() - t0 < 20, "rc %d: %s", rc, out);
+    free(out);
 }
 
 static void final_val(const char *out, char *buf, size_t cap);

@@ -77,8 +77,10 @@ static mg_status cut_runs(ps_job *j)
     return MG_OK;
 }
 
-/* The job split into workers (color 0) and servers (1): collective, on
- * every rank, in each role's attach. *mine: the rank's role is `server`. */
+/* The job split into workers (color 0) and servers (1), and the servers'
+ * runs: collective, on every rank, in each role's attach (every rank
+ * finds the same mistakes before it communicates). *mine: the rank's
+ * role is `server`. */
 static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
@@ -95,11 +97,13 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
                         "worker; give --servers below the ranks", j->servers, world);
     if (o->ps_staleness < 0 || o->ps_staleness > 64)
         return mg_error(MG_EINVAL, "--staleness %d: give 0 (synchronous) to 64", o->ps_staleness);
+    /* The runs first: every rank finds the same mistake before the split. */
+    MG_TRY(cut_runs(j));
     bool is_server = rank >= j->workers;
     MG_TRY(mg_group_split(j->g, is_server, rank, &j->role));
     *mine = is_server == server;
     if (*mine) mg_group_set_name(j->role, server ? "ps" : "workers");
-    return *mine ? cut_runs(j) : MG_OK;
+    return MG_OK;
 }
 
 static void job_free(ps_job *j)
@@ -163,21 +167,28 @@ static mg_status server_attach(mg_strategy *s, void **state)
 {
     MG_TRY(attach_role(s, true, sizeof(ps_server), state));
     ps_server *v = *state;
-    if (!v) return MG_OK;
-    v->me = mg_group_rank(v->j.g) - v->j.workers;
-    v->mine = v->j.run[v->me];
-    size_t len = v->mine.hi - v->mine.lo;
-    v->rounds = v->j.staleness + 1;
-    v->slots = mg_alloc((size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1) * sizeof(float));
-    v->got = calloc((size_t)v->rounds, sizeof *v->got);
-    v->micro = calloc((size_t)v->rounds, sizeof *v->micro);
-    v->due = malloc((size_t)v->j.workers * sizeof *v->due);
-    for (int w = 0; v->due && w < v->j.workers; w++) v->due[w] = -1;
-    if (v->slots && v->got && v->micro && v->due) return MG_OK;
-    int workers = v->j.workers;
-    server_destroy(v);
-    *state = NULL;
-    return mg_error(MG_ENOMEM, "ps: out of memory for %d pushes", workers);
+    mg_status st = MG_OK;
+    if (v) {
+        v->me = mg_group_rank(v->j.g) - v->j.workers;
+        v->mine = v->j.run[v->me];
+        size_t len = v->mine.hi - v->mine.lo;
+        v->rounds = v->j.staleness + 1;
+        v->slots = mg_alloc((size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1) *
+                            sizeof(float));
+        v->got = calloc((size_t)v->rounds, sizeof *v->got);
+        v->micro = calloc((size_t)v->rounds, sizeof *v->micro);
+        v->due = malloc((size_t)v->j.workers * sizeof *v->due);
+        for (int w = 0; v->due && w < v->j.workers; w++) v->due[w] = -1;
+        if (!v->slots || !v->got || !v->micro || !v->due)
+            st = mg_error(MG_ENOMEM, "ps: out of memory for %d x %d pushes of %zu floats",
+                          v->rounds, v->j.workers, len);
+    }
+    st = mg_strategy_agree(s, st);   /* every rank, both roles: none waits for a failed one */
+    if (st && v) {
+        server_destroy(v);
+        *state = NULL;
+    }
+    return st;
 }
 
 static const mg_range *server_ranges(void *c, int *n)
