@@ -447,7 +447,7 @@ mg_status mg__bi_watch(mg_group *g, double since, const char *what)
 
 /* Nothing moved: wait a little (spin, then block) and check for failures
  * of the peers awaited: t's and rl's, or (a receive from any source) the
- * set's, one at a time so that *failed names the one that failed. */
+ * set's; *failed (if not NULL) names the one that failed. */
 static mg_status block(mg__bi *b, txop *t, mg__link *rl, const bool *any, mg__spin *sp,
                        const char *what, int *failed)
 {
@@ -733,7 +733,10 @@ static mg_status recv_any(mg__bi *b, const mg__req *r, const bool *in, size_t n,
             if (p == me) continue;
             if (!in[p]) {   /* others' messages: drained, so no sender is kept waiting */
                 if (!drainable(b, l, NULL)) continue;
-                if ((k = rx_step(b, l, NULL)) < 0) return l->err;
+                if ((k = rx_step(b, l, NULL)) < 0) {
+                    *peer = p;
+                    return l->err;
+                }
                 prog |= k;
                 continue;
             }
