@@ -1180,3 +1180,27 @@ TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
         free(out);
     }
 }
+
+/* A worker stopped (SIGSTOP) for 2 s under staleness 3: the others go on
+ * up to the bound (the server saw staleness 3, never more), the job does
+ * not fail, and once the worker goes on every push is applied. */
+TEST_T(mgtrain_ps_stopped_worker_holds_the_others_only_at_the_bound, 300)
+{
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    /* Stopped once training runs (a sanitizer's set-up takes longer). */
+    double at = mgt_sanitized() ? 10 : 1.5 * mgt_slow();
+    int steps = mgt_sanitized() ? 40 : 60;
+    int rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n 3 sh -c 'if [ $RANK = 1 ]; then (sleep %.1f; "
+                    "kill -STOP $$; sleep 2; kill -CONT $$) & fi; exec %s --model gpt-mini "
+                    "--batch 16 --steps %d --eval-every 1000 --no-eval-on-start --eval-windows 2 "
+                    "--parallel ps --staleness 3'", run, at, bin, steps);
+    const char *l = strstr(out, "ps server 0: ");
+    int pushes = 0, updates = 0, stalest = -1;
+    if (l) sscanf(l, "ps server 0: %d pushes in %d updates, staleness at most %d", &pushes,
+                  &updates, &stalest);
+    CHECK_MSG(rc == 0 && pushes == 2 * steps && updates == steps && stalest == 3, "rc %d: %s",
+              rc, out);
+    free(out);
+}
