@@ -648,43 +648,14 @@ mg_status mg__bi_send(mg__bi *b, const mg__req *r)
     return drive(b, &t, NULL, NULL);
 }
 
-mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
-{
-    int peer = r->c.root;
-    size_t n = r->c.count * mg_dtype_size(r->c.dtype);
-    for (mg__umsg **pp = &b->uhead; *pp; pp = &(*pp)->next) {
-        mg__umsg *um = *pp;
-        if (um->peer != peer || um->h.root != r->c.tag) continue;
-        if (um->h.len != n) {
-            char d1[320], d2[320];
-            describe_frame_p2p(b, &um->h, peer, d1, sizeof d1);
-            mg__call_describe_p2p(&r->c, &b->g->names, r->seq, d2, sizeof d2);
-            return mg_error(MG_EMISMATCH, "message sizes differ: the %s does not fit this rank's "
-                            "%s; send and receive counts and dtypes must match", d1, d2);
-        }
-        if (n) memcpy(r->c.recvbuf, um->data, n);
-        *pp = um->next;
-        b->ubytes -= n;
-        free(um);
-        return MG_OK;
-    }
-    if (peer == b->g->rank) {
-        ((mg__req *)r)->rejected = true;
-        return mg_error(MG_EINVAL, "a receive from this rank itself with tag %d has no matching "
-                        "send issued before it", r->c.tag);
-    }
-    want w = {.kind = WANT_P2P, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .req = r};
-    return drive(b, NULL, &b->link[peer], &w);
-}
-
-/* The earliest message with tag from a rank of the set already here, into
- * buf (n bytes); 1 when there was one (*peer: its sender), -1 on a size
- * that does not fit, else 0. */
+/* The earliest message of r's tag already here from a rank of the set in
+ * (NULL: from r's peer), into r's buffer (n bytes); 1 when there was one
+ * (*peer: its sender), -1 on a size that does not fit, else 0. */
 static int take_unexpected(mg__bi *b, const mg__req *r, const bool *in, size_t n, int *peer)
 {
     for (mg__umsg **pp = &b->uhead; *pp; pp = &(*pp)->next) {
         mg__umsg *um = *pp;
-        if (!in[um->peer] || um->h.root != r->c.tag) continue;
+        if (!(in ? in[um->peer] : um->peer == r->c.root) || um->h.root != r->c.tag) continue;
         *peer = um->peer;
         if (um->h.len != n) {
             char d1[320], d2[320];
@@ -703,6 +674,26 @@ static int take_unexpected(mg__bi *b, const mg__req *r, const bool *in, size_t n
     return 0;
 }
 
+/* A receive from this rank itself that nothing sent before: refused, the
+ * caller's error alone (the group stays usable). */
+static mg_status nothing_from_itself(const mg__req *r)
+{
+    ((mg__req *)r)->rejected = true;
+    return mg_error(MG_EINVAL, "a receive from this rank itself with tag %d has no matching send "
+                    "issued before it", r->c.tag);
+}
+
+mg_status mg__bi_recv(mg__bi *b, const mg__req *r)
+{
+    int peer = r->c.root;
+    size_t n = r->c.count * mg_dtype_size(r->c.dtype);
+    int k = take_unexpected(b, r, NULL, n, &peer);
+    if (k) return k > 0 ? MG_OK : MG_EMISMATCH;
+    if (peer == b->g->rank) return nothing_from_itself(r);
+    want w = {.kind = WANT_P2P, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .req = r};
+    return drive(b, NULL, &b->link[peer], &w);
+}
+
 /* A receive from any rank of the set, in[p]: the earliest message of its
  * tag already here, else whichever link delivers one first (a link that
  * starts one is then followed to its end); other links' user messages are
@@ -715,11 +706,7 @@ static mg_status recv_any(mg__bi *b, const mg__req *r, const bool *in, size_t n,
     *peer = -1;
     bool others = false;
     for (int p = 0; p < P; p++) others = others || (in[p] && p != me);
-    if (!others) {
-        ((mg__req *)r)->rejected = true;
-        return mg_error(MG_EINVAL, "a receive from this rank itself with tag %d has no matching "
-                        "send issued before it", r->c.tag);
-    }
+    if (!others) return nothing_from_itself(r);
     want w = {.kind = WANT_ANY, .tag = r->c.tag, .buf = r->c.recvbuf, .n = n, .from = -1, .req = r};
     mg__spin sp = {0};
     char what[200], pn[128];
