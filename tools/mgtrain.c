@@ -103,7 +103,8 @@ static void usage(FILE *f)
 "  --servers K         with --parallel ps: server ranks (default 1), each a run\n"
 "                      of whole units\n"
 "  --staleness S       with --parallel ps: steps a worker may run ahead of the\n"
-"                      slowest, 0 to 64 (default 0: synchronous)\n"
+"                      slowest, 0 to 64 (default 0: synchronous), or inf:\n"
+"                      fully asynchronous, each push its own update\n"
 "  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
 "                      --parallel ddp is --mesh dp=<ranks>; pp=P cuts the\n"
@@ -197,6 +198,17 @@ static long int_flag(const char *flag, long lo, long hi)
     long v;
     TRY(mg_parse_long(flag, optarg, lo, hi, &v));
     return v;
+}
+
+/* --staleness: 0 to 64 steps, or inf. */
+static int staleness_flag(void)
+{
+    long v;
+    if (!strcmp(optarg, "inf")) return MG_STALENESS_UNBOUNDED;
+    if (mg_parse_long("--staleness", optarg, 0, 64, &v))
+        die("--staleness %s: give the steps a worker may run ahead, 0 (synchronous) to 64, or "
+            "inf (fully asynchronous)", optarg);
+    return (int)v;
 }
 
 static float real_flag(const char *flag, double lo, double hi, int open)
@@ -300,7 +312,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_PARALLEL: o->parallel = optarg; break;
         case O_WORKERS: c->workers = (int)int_flag("--workers", 1, 1024); break;
         case O_SERVERS: c->ps_servers = (int)int_flag("--servers", 1, 4096); break;
-        case O_STALENESS: c->ps_staleness = (int)int_flag("--staleness", 0, 64); break;
+        case O_STALENESS: c->ps_staleness = staleness_flag(); break;
         case O_BUCKET: c->bucket_mb = real_flag("--bucket-mb", 0.001, 65536, 0); break;
         case O_ACCUM: c->accumulate = (int)int_flag("--accumulate", 1, 65536); break;
         case O_COMPRESS: c->compress = optarg; break;
@@ -477,7 +489,8 @@ static void print_header(const options *o)
     } else if (c->strategy == MG_STRATEGY_PS) {
         printf(" (%d per worker on %d workers; %d parameter server%s, ", in.local, in.dp_size,
                c->ps_servers, c->ps_servers > 1 ? "s" : "");
-        if (c->ps_staleness) printf("staleness at most %d)", c->ps_staleness);
+        if (c->ps_staleness == MG_STALENESS_UNBOUNDED) printf("fully asynchronous)");
+        else if (c->ps_staleness) printf("staleness at most %d)", c->ps_staleness);
         else printf("synchronous)");
     } else if (in.distributed && in.pp == 1) {
         printf(" (%d per rank on %d ranks, %s)", in.local, in.world, mg_strategy_name(s));

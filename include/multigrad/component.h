@@ -119,6 +119,16 @@ mg_status mg_strategy_agree(mg_strategy *s, mg_status st);
  * a micro-batch, every component's micro_begin (last: the last backward
  * of the step over the units it runs, whose gradients are then final). */
 void mg_strategy_micro_begin(mg_strategy *s, bool last);
+/* For a component that drives the step and applies more than one update
+ * in it (a parameter server taking each push as its own): the gradients
+ * in the arena, sums over `micro` micro-batches, through the rest of the
+ * step as mg_train_step takes them (the mean, clipping to the global norm,
+ * the optimizer with the step's learning rate, every component's
+ * after_update). sumsq >= 0: the squared global norm of the mean
+ * gradient, known to the caller (a push's, from the worker that holds all
+ * of it), instead of summing it over the ranks. Only within run_step; the
+ * driver counts its updates in r->updates. */
+mg_status mg_strategy_update(mg_strategy *s, int micro, double sumsq, mg_step_result *r);
 /* The state of this strategy's component made from ops (NULL: none). */
 void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops);
 

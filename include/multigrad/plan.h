@@ -73,6 +73,8 @@ void mg_mesh_describe(const mg_mesh *m, char *buf, size_t cap);
  * the optimizer (mg_strategy_optim). */
 typedef enum { MG_STRATEGY_SINGLE, MG_STRATEGY_DP, MG_STRATEGY_DDP,
                MG_STRATEGY_ZERO, MG_STRATEGY_PIPELINE, MG_STRATEGY_PS } mg_strategy_kind;
+/* A parameter server's staleness without a bound (--staleness inf). */
+#define MG_STALENESS_UNBOUNDED (-1)
 /* "none" (or "single") | "dp" | "ddp" | "zero" | "pipeline" | "ps" */
 mg_status mg_strategy_parse(const char *s, mg_strategy_kind *out);
 /* What a caller needs to know of a kind, so that it never asks which
@@ -97,8 +99,9 @@ typedef struct mg_strategy_options {
     int zero_stage;         /* zero: 1, 2 or 3 */
     /* ps: the last ps_servers ranks serve the parameters (each a run of
      * whole units and its optimizer state), the others compute (ps.c);
-     * how many steps a worker may run ahead of the slowest (0:
-     * synchronous, the only one built yet). */
+     * ps_staleness: how many steps a worker may run ahead of the slowest
+     * (0: synchronous; MG_STALENESS_UNBOUNDED: fully asynchronous, each
+     * push its own update). */
     int ps_servers, ps_staleness;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed
@@ -202,6 +205,9 @@ typedef struct mg_step_options {
 } mg_step_options;
 typedef struct mg_step_result {
     int micro;          /* micro-batches run (0: the source had none) */
+    int updates;        /* optimizer updates a driving component applied itself
+                           (mg_strategy_update: a parameter server's, one per push);
+                           0: the step's one update */
     long samples, correct;
     double loss_sum;    /* sum over samples of their micro-batch's mean loss */
     double grad_norm;   /* before clipping (with clip_grad) */

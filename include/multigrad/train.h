@@ -88,7 +88,8 @@ typedef struct mg_train_config {
     int slow_rank;
     float slow_factor;
     /* --parallel ps: the last ps_servers ranks (default 1) serve the
-     * parameters; ps_staleness steps a worker may run ahead (0). */
+     * parameters; ps_staleness steps a worker may run ahead (0;
+     * MG_STALENESS_UNBOUNDED: fully asynchronous). */
     int ps_servers, ps_staleness;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for

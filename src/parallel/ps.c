@@ -20,17 +20,27 @@
  *     its version is k + 1 - S or later, so a worker runs at most S steps
  *     ahead of the slowest, and pushes of the next S steps wait in their
  *     slots. S = 0 is synchronous: the numbers are DDP's but for the
- *     order of the sum. Each push says the version it was computed on: a
- *     server counts the pushes and the largest staleness it saw.
+ *     order of the sum.
+ *   - Fully asynchronous (S unbounded, TensorFlow's first parameter
+ *     servers): each push is its own update as it comes (the mean over
+ *     its micro-batches, clipped by its own norm, which the worker sends),
+ *     and its worker gets the run back at once. A server's trainer step
+ *     takes as many pushes as there are workers, so the learning-rate
+ *     schedule follows the server's updates / workers; the optimizer
+ *     counts the updates (Adam's bias correction, in checkpoints too).
+ * Each push says the version of that server's run it was computed on (the
+ * version: updates applied): a server counts the pushes and the largest
+ * staleness it saw (updates between a worker's pull and its push's
+ * update).
  * The job's group carries the pushes and parameters; the workers' group
  * sums the training figures and the servers' the gradient norm.
  * Checkpoints are the strategy's: each server writes its run (its own
  * ranges), rank 0 the rest; every rank reads what it holds.
- * Limits (this increment): no fully asynchronous updates (each push its
- * own update) and no exclusion of a dead worker yet; memory for
- * (S + 1) x workers pushes of its run on a server; no tensor or pipeline
- * parallelism with it; the model's buffers (batch statistics) stay each
- * worker's. */
+ * Limits: no exclusion of a dead worker yet; memory for (S + 1) x workers
+ * pushes of its run on a server under bounded staleness; no tensor or
+ * pipeline parallelism with it; the model's buffers (batch statistics)
+ * stay each worker's. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/internal.h"
@@ -44,8 +54,14 @@ typedef struct {
     mg_group *g;        /* the job: pushes and parameters */
     mg_group *role;     /* the workers, or the servers */
     int workers, servers, staleness;
+    bool async;         /* staleness unbounded: each push its own update */
     mg_range *run;      /* per server: its units' range of the arena */
 } ps_job;
+
+/* A push's head: the worker's step, its micro-batches, the version of the
+ * server's run it computed on, and (fully asynchronous) the squared norm
+ * of its mean gradient, the bits of a double. */
+enum { HEAD_STEP, HEAD_MICRO, HEAD_BASE, HEAD_SUMSQ, HEAD_LEN };
 
 /* The arena cut at unit borders into `servers` runs of about equal
  * parameters (the last takes the arena's end). */
@@ -92,11 +108,13 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     j->servers = o->ps_servers;
     j->workers = world - j->servers;
     j->staleness = o->ps_staleness;
+    j->async = o->ps_staleness == MG_STALENESS_UNBOUNDED;
     if (!j->g || j->servers < 1 || j->workers < 1)
         return mg_error(MG_EINVAL, "--parallel ps: %d server(s) among %d rank(s) leave no "
                         "worker; give --servers below the ranks", j->servers, world);
-    if (o->ps_staleness < 0 || o->ps_staleness > 64)
-        return mg_error(MG_EINVAL, "--staleness %d: give 0 (synchronous) to 64", o->ps_staleness);
+    if (!j->async && (o->ps_staleness < 0 || o->ps_staleness > 64))
+        return mg_error(MG_EINVAL, "--staleness %d: give 0 (synchronous) to 64, or inf (fully "
+                        "asynchronous)", o->ps_staleness);
     /* The runs first: every rank finds the same mistake before the split. */
     MG_TRY(cut_runs(j));
     bool is_server = rank >= j->workers;
@@ -135,7 +153,8 @@ typedef struct {
     ps_job j;
     int me;             /* this server's index */
     mg_range mine;
-    int rounds;         /* staleness + 1: the steps whose pushes can be here */
+    int rounds;         /* staleness + 1: the steps whose pushes can be here
+                           (fully asynchronous: none wait) */
     float *slots;       /* per round mod rounds, a push of each worker */
     int *got;           /* per round mod rounds: pushes in */
     int64_t *micro;     /* per round mod rounds: its micro-batches */
@@ -153,8 +172,10 @@ static float *slot(ps_server *v, int64_t step, int w)
 static void server_destroy(void *c)
 {
     ps_server *v = c;
-    mg_debug("ps server %d: %ld pushes in %ld updates, staleness at most %ld (bound %d)", v->me,
-             v->pushes, v->version, v->stalest, v->j.staleness);
+    char bound[16] = "none";
+    if (!v->j.async) snprintf(bound, sizeof bound, "%d", v->j.staleness);
+    mg_debug("ps server %d: %ld pushes in %ld updates, staleness at most %ld (bound %s)", v->me,
+             v->pushes, v->version, v->stalest, bound);
     job_free(&v->j);
     mg_free(v->slots);
     free(v->got);
@@ -172,9 +193,9 @@ static mg_status server_attach(mg_strategy *s, void **state)
         v->me = mg_group_rank(v->j.g) - v->j.workers;
         v->mine = v->j.run[v->me];
         size_t len = v->mine.hi - v->mine.lo;
-        v->rounds = v->j.staleness + 1;
-        v->slots = mg_alloc((size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1) *
-                            sizeof(float));
+        v->rounds = v->j.async ? 1 : v->j.staleness + 1;
+        size_t floats = v->j.async ? 1 : (size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1);
+        v->slots = mg_alloc(floats * sizeof(float));
         v->got = calloc((size_t)v->rounds, sizeof *v->got);
         v->micro = calloc((size_t)v->rounds, sizeof *v->micro);
         v->due = malloc((size_t)v->j.workers * sizeof *v->due);
@@ -211,36 +232,73 @@ static mg_status answer(ps_server *v, int w)
     return MG_OK;
 }
 
-/* One push (step, micro-batches, the version it was computed on) from
- * any worker into its slot; its answer now if the version allows. */
+/* The next push's head from any worker: *w who, checked against what the
+ * server expects of it. */
+static mg_status take_head(ps_server *v, int64_t head[HEAD_LEN], int *w)
+{
+    ps_job *j = &v->j;
+    *w = -1;
+    MG_TRY(mg_recv_any(j->g, head, HEAD_LEN, MG_I64, NULL, 0, TAG_HEAD, w));
+    int64_t step = head[HEAD_STEP], base = head[HEAD_BASE];
+    int k = j->async ? 0 : (int)(step % v->rounds);
+    bool late = !j->async && (step < v->version || step > v->version + j->staleness ||
+                              (v->got[k] && v->micro[k] != head[HEAD_MICRO]));
+    if (*w < 0 || *w >= j->workers || late || base > v->version || head[HEAD_MICRO] < 1 ||
+        v->due[*w] >= 0)
+        return mg_error(MG_EMISMATCH, "ps server %d: rank %d pushed step %lld (%lld micro-batches, "
+                        "on version %lld) at version %ld, staleness %d", v->me, *w,
+                        (long long)step, (long long)head[HEAD_MICRO], (long long)base,
+                        v->version, j->staleness);
+    v->pushes++;
+    /* Updates between its pull and its update (under a bound, update
+     * `step` is the one its push goes into). */
+    int64_t stale = (j->async ? v->version : step) - base;
+    if (stale > v->stalest) v->stalest = stale;
+    return MG_OK;
+}
+
+/* One push (bounded staleness) into its slot; its answer now if the
+ * version allows. */
 static mg_status take_push(ps_server *v)
 {
     ps_job *j = &v->j;
-    int64_t head[3];
-    int w = -1;
-    MG_TRY(mg_recv_any(j->g, head, 3, MG_I64, NULL, 0, TAG_HEAD, &w));
-    int64_t step = head[0], base = head[2];
+    int64_t head[HEAD_LEN];
+    int w;
+    MG_TRY(take_head(v, head, &w));
+    int64_t step = head[HEAD_STEP];
     int k = (int)(step % v->rounds);
-    if (w < 0 || w >= j->workers || step < v->version || step > v->version + j->staleness ||
-        base > step || v->due[w] >= 0 || (v->got[k] && v->micro[k] != head[1]))
-        return mg_error(MG_EMISMATCH, "ps server %d: rank %d pushed step %lld (%lld micro-batches, "
-                        "on version %lld) at version %ld, staleness %d", v->me, w,
-                        (long long)step, (long long)head[1], (long long)base, v->version,
-                        j->staleness);
     MG_TRY(mg_recv(j->g, slot(v, step, w), v->mine.hi - v->mine.lo, MG_F32, w, TAG_GRADS));
-    v->micro[k] = head[1];
+    v->micro[k] = head[HEAD_MICRO];
     v->got[k]++;
-    v->pushes++;
-    if (step - base > v->stalest) v->stalest = step - base;
     v->due[w] = step + 1 - j->staleness;
     return v->due[w] <= v->version ? answer(v, w) : MG_OK;
 }
 
+/* Fully asynchronous: one push straight into the gradients, its own
+ * update (clipped by its norm) and the worker's answer after it. */
+static mg_status apply_push(ps_server *v, mg_step_result *r)
+{
+    ps_job *j = &v->j;
+    int64_t head[HEAD_LEN];
+    int w;
+    MG_TRY(take_head(v, head, &w));
+    MG_TRY(mg_recv(j->g, mg_model_grads(j->m) + v->mine.lo, v->mine.hi - v->mine.lo, MG_F32, w,
+                   TAG_GRADS));
+    double sumsq;
+    memcpy(&sumsq, &head[HEAD_SUMSQ], sizeof sumsq);
+    v->due[w] = v->version + 1;   /* answered by after_update */
+    MG_TRY(mg_strategy_update(j->s, (int)head[HEAD_MICRO], sumsq, r));
+    r->updates++;
+    return MG_OK;
+}
+
 /* Update `version`: the workers' pushes of that step, taken as they come
  * (those of the next steps too, into their slots), their mean into the
- * gradients of this server's run. The server's source is worker 0's
- * share: it reads (and drops) its micro-batches, so that it knows a step
- * has none (the end of an epoch) as the workers do. */
+ * gradients of this server's run. Fully asynchronous: as many pushes as
+ * there are workers, whoever sends them, each its own update. The
+ * server's source is worker 0's share: it reads (and drops) its
+ * micro-batches, so that it knows a step has none (the end of an epoch)
+ * as the workers do. */
 static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int max_micro,
                                  mg_step_result *r)
 {
@@ -251,6 +309,11 @@ static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int ma
     while (count < max_micro && next(ud, &b))
         if (++count && b.last) break;
     if (!count) return MG_OK;
+    r->micro = count;
+    if (j->async) {
+        for (int i = 0; i < j->workers; i++) MG_TRY(apply_push(v, r));
+        return MG_OK;
+    }
     int k = (int)(v->version % v->rounds);
     while (v->got[k] < j->workers) MG_TRY(take_push(v));
     if (v->micro[k] != count)
@@ -262,7 +325,6 @@ static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int ma
     for (int w = 1; w < j->workers; w++) mg_add_into(g, slot(v, v->version, w), len);
     mg_grad_scale(g, len, 1.0f / (float)j->workers);
     v->got[k] = 0;
-    r->micro = count;
     return MG_OK;
 }
 
@@ -313,10 +375,18 @@ typedef struct {
     int me;
     int micro;          /* micro-batches this step */
     long step;
-    int64_t base;       /* the version its parameters are (the oldest server's) */
+    int64_t *base;      /* per server: the version of its run this worker holds */
     mg_range none;      /* the optimizer's: nothing (the servers step) */
     mg_range whole;     /* the parameters it holds: all */
 } ps_worker;
+
+static void worker_destroy(void *c)
+{
+    ps_worker *w = c;
+    job_free(&w->j);
+    free(w->base);
+    free(w);
+}
 
 static mg_status worker_attach(mg_strategy *s, void **state)
 {
@@ -325,14 +395,12 @@ static mg_status worker_attach(mg_strategy *s, void **state)
     if (!w) return MG_OK;
     w->me = mg_group_rank(w->j.g);
     w->whole = (mg_range){0, mg_model_arena_size(w->j.m)};
+    if (!(w->base = calloc((size_t)w->j.servers, sizeof *w->base))) {
+        worker_destroy(w);
+        *state = NULL;
+        return mg_error(MG_ENOMEM, "ps: out of memory");
+    }
     return MG_OK;
-}
-
-static void worker_destroy(void *c)
-{
-    ps_worker *w = c;
-    job_free(&w->j);
-    free(w);
 }
 
 static const mg_range *worker_ranges(void *c, int *n)
@@ -356,16 +424,21 @@ static mg_status worker_micro_end(void *c)
     return MG_OK;
 }
 
-/* Each server's run of the gradients (summed over the micro-batches). */
+/* Each server's run of the gradients (summed over the micro-batches);
+ * fully asynchronous, with the norm of their mean, which clips each push
+ * on its own. */
 static mg_status worker_reduce(void *c)
 {
     ps_worker *w = c;
     ps_job *j = &w->j;
-    int64_t head[3] = {w->step, w->micro, w->base};
     const float *g = mg_model_grads(j->m);
+    double sumsq = j->async ? mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro) : 0;
+    int64_t head[HEAD_LEN] = {[HEAD_STEP] = w->step, [HEAD_MICRO] = w->micro};
+    memcpy(&head[HEAD_SUMSQ], &sumsq, sizeof sumsq);
     for (int k = 0; k < j->servers; k++) {
         int to = j->workers + k;
-        MG_TRY(mg_send(j->g, head, 3, MG_I64, to, TAG_HEAD));
+        head[HEAD_BASE] = w->base[k];
+        MG_TRY(mg_send(j->g, head, HEAD_LEN, MG_I64, to, TAG_HEAD));
         MG_TRY(mg_send(j->g, g + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32, to,
                        TAG_GRADS));
     }
@@ -380,11 +453,9 @@ static mg_status worker_after_update(void *c)
     ps_job *j = &w->j;
     float *p = mg_model_params(j->m);
     for (int k = 0; k < j->servers; k++) {
-        int64_t version;
-        MG_TRY(mg_recv(j->g, &version, 1, MG_I64, j->workers + k, TAG_VERSION));
+        MG_TRY(mg_recv(j->g, &w->base[k], 1, MG_I64, j->workers + k, TAG_VERSION));
         MG_TRY(mg_recv(j->g, p + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32,
                        j->workers + k, TAG_PARAMS));
-        if (!k || version < w->base) w->base = version;
     }
     w->step++;
     return MG_OK;

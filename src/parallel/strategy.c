@@ -76,6 +76,9 @@ struct mg_strategy {
     float *host_p, *host_g;
     mg_range *own;      /* own_ranges: what every component counts as this rank's */
     int n_own;
+    /* During mg_train_step: its optimizer and options (mg_strategy_update). */
+    mg_optim *step_o;
+    const mg_step_options *step_opt;
 };
 
 /* Each component with slot f, in list order (for) or reverse (back). */
@@ -625,7 +628,20 @@ static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, floa
 }
 
 static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                             mg_step_result *r);
+                             double sumsq, mg_step_result *r);
+
+/* A driver's steps (run_step) with the optimizer and options it may need
+ * (mg_strategy_update). */
+static mg_status drive(mg_strategy *s, part *driver, mg_optim *o, const mg_step_options *opt,
+                       mg_batch_source next, void *ud, mg_step_result *r)
+{
+    s->step_o = o;
+    s->step_opt = opt;
+    mg_status st = driver->ops->run_step(driver->c, next, ud, opt->accumulate, r);
+    s->step_o = NULL;
+    s->step_opt = NULL;
+    return st;
+}
 
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r)
@@ -634,7 +650,7 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     if (!FIRST(s, zero_grad)) mg_model_zero_grad(s->m);
     EACH(s, zero_grad) CALL(zero_grad);
     part *driver = FIRST(s, run_step);
-    if (driver) MG_TRY(driver->ops->run_step(driver->c, next, ud, opt->accumulate, r));
+    if (driver) MG_TRY(drive(s, driver, o, opt, next, ud, r));
     mg_micro_batch b;
     while (!driver && r->micro < opt->accumulate && next(ud, &b)) {
         if (++r->micro == opt->accumulate) b.last = true;
@@ -646,14 +662,20 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
         r->samples += b.n;
         if (b.last) break;
     }
-    if (r->micro == 0) return MG_OK;
+    if (r->micro == 0 || r->updates) return MG_OK;
     EACH_BACK(s, reduce) MG_TRY(CALL(reduce));
-    /* The gradients are the model's device's: so are the kernels below. */
-    mg_device host = mg_device_current();
-    MG_TRY(mg_device_set_current(mg_model_device(s->m)));
-    mg_status st = finish_step(s, o, opt, r);
-    mg_device_set_current(host);
-    return st;
+    return finish_step(s, o, opt, -1, r);
+}
+
+mg_status mg_strategy_update(mg_strategy *s, int micro, double sumsq, mg_step_result *r)
+{
+    if (!s->step_opt || micro < 1)
+        return mg_error(MG_EINVAL, "mg_strategy_update: only within a driver's step, for one "
+                        "or more micro-batches");
+    mg_step_result u = {.micro = micro};
+    MG_TRY(finish_step(s, s->step_o, s->step_opt, sumsq, &u));
+    r->grad_norm = u.grad_norm;
+    return MG_OK;
 }
 
 /* --offload cpu: the ranges' gradients and parameters to the host, the
@@ -703,9 +725,10 @@ static mg_status grad_norm(mg_strategy *s, bool elsewhere, double ss, double *no
 }
 
 /* The mean over the micro-batches (the components averaged over the
- * ranks), clipping and the optimizer's step over this rank's ranges. */
-static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                             mg_step_result *r)
+ * ranks), clipping (sumsq >= 0: the norm's square, known) and the
+ * optimizer's step over this rank's ranges. */
+static mg_status finish_on_device(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
+                                  double sumsq, mg_step_result *r)
 {
     float *g = mg_model_grads(s->m), *p = mg_model_params(s->m);
     int nr;
@@ -716,7 +739,8 @@ static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options 
     for (int k = 0; k < nr && scale != 1.0f && !elsewhere; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
-        MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
+        if (sumsq >= 0) r->grad_norm = sqrt(sumsq);
+        else MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
         if (elsewhere) mg_optim_scale_grads(o, coef);
         for (int k = 0; k < nr && !elsewhere; k++)
@@ -729,4 +753,16 @@ static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options 
     mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
     EACH(s, after_update) MG_TRY(CALL(after_update));
     return MG_OK;
+}
+
+/* The gradients are the model's device's: so are the kernels of the rest
+ * of the step. */
+static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
+                             double sumsq, mg_step_result *r)
+{
+    mg_device host = mg_device_current();
+    MG_TRY(mg_device_set_current(mg_model_device(s->m)));
+    mg_status st = finish_on_device(s, o, opt, sumsq, r);
+    mg_device_set_current(host);
+    return st;
 }
