@@ -421,3 +421,47 @@ TEST_T(p2p_recv_any_contains_a_dead_peer, 120)
     expect_contained("tcp", true);
     expect_contained(NULL, false);
 }
+
+/* ULFM's shrink: of 4 ranks, rank 2 is killed; the other three make the
+ * group without it (mg_group_exclude; rank 2 takes no part) and run a
+ * collective there, which names its ranks as the job does; leaving
+ * oneself out, or a rank the group has not, is refused. */
+static int exclude_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 5);
+    if (!g) return 2;
+    CHECK_OK(mg_group_contain_peer_failures(g));
+    CHECK_OK(mg_barrier(g));
+    if (rank == 2) raise(SIGKILL);
+    int gone = 2, bad[2] = {rank, 4};
+    mg_group *h = NULL, *x = NULL;
+    CHECK_ERR(mg_group_exclude(g, &bad[0], 1, &x), MG_EINVAL);
+    CHECK_ERR(mg_group_exclude(g, &bad[1], 1, &x), MG_EINVAL);
+    CHECK_OK(mg_group_exclude(g, &gone, 1, &h));
+    CHECK(h && mg_group_size(h) == 3 && mg_group_rank(h) == (rank < 2 ? rank : 2));
+    CHECK(h && mg_group_world_rank(h, 2) == 3);
+    int32_t v = rank, sum = -1;
+    if (h) CHECK_OK(mg_all_reduce(h, &v, &sum, 1, MG_I32, MG_SUM));
+    CHECK(sum == 0 + 1 + 3);
+    mg_group_destroy(h);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(group_exclude_goes_on_without_a_dead_rank, 120)
+{
+    const char *transports[2] = {NULL, "tcp"};
+    for (int t = 0; t < 2; t++) {
+        job j = new_job(transports[t]);
+        int st[4];
+        double t0 = mg_now();
+        mgt_fork_ranks(4, exclude_rank, &j, 40, st);
+        for (int r = 0; r < 4; r++)
+            if (r != 2)
+                CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d status %d",
+                          transports[t] ? transports[t] : "shm", r, st[r]);
+        CHECK(WIFSIGNALED(st[2]) && WTERMSIG(st[2]) == SIGKILL);
+        /* (rank 0, serving the store here, waits its 5 s for the dead one to leave) */
+        CHECK_MSG(mg_now() - t0 < 20, "%.1f s", mg_now() - t0);
+    }
+}

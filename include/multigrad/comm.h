@@ -145,6 +145,16 @@ mg_status mg_group_contain_peer_failures(mg_group *g);
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */
 #define MG_UNDEFINED (-1)
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
+/* The group of g's ranks but the n_gone in gone (in g's order), made by
+ * those ranks alone, as ULFM's MPIX_Comm_shrink: every one of them calls
+ * it with the same list, within MG_PEER_TIMEOUT of each other; the ranks
+ * left out need not (they may be dead).
+ * The ranks that remain go on in the new group after a peer's failure;
+ * g itself stays as it is (its sends and receives with the others still
+ * work where it contains peer failures). Collective over the ranks that
+ * remain, which must have made the same exclusions of g before; the
+ * builtin backend only (MG_EUNSUPPORTED elsewhere). */
+mg_status mg_group_exclude(mg_group *g, const int *gone, int n_gone, mg_group **out);
 
 /* Names of ranks in messages. Every message of a group that names one of
  * its ranks (the rank speaking, a peer that failed or was waited for)

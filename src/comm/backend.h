@@ -25,7 +25,7 @@
 #include "comm/traffic.h"
 #include "multigrad/device.h"
 
-typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_ALLOC, MG__REQ_FREE,
+typedef enum { MG__REQ_CALL, MG__REQ_SPLIT, MG__REQ_EXCLUDE, MG__REQ_ALLOC, MG__REQ_FREE,
                MG__REQ_BATCH } mg__req_kind;
 
 /* One queued request. */
@@ -37,8 +37,10 @@ typedef struct mg__req {
      * sequence number, 1, 2, ... — the same on every rank. Send/recv: the
      * number of earlier sends to (receives from) that peer, for messages. */
     uint64_t seq;
-    /* SPLIT */
+    /* SPLIT (color, key), EXCLUDE (gone: ngone ranks of the group) */
     int color, key;
+    const int *gone;
+    int ngone;
     mg_group **out_group;
     /* ALLOC (bytes -> *out_ptr) and FREE (ptr) */
     size_t bytes;

@@ -2,7 +2,8 @@
  * per peer, collectives through src/comm/coll, split, group memory,
  * failure notices and an orderly teardown.
  *
- * Rendezvous (prefix P: "w" for the world, P/s<k>/c<color> for splits):
+ * Rendezvous (prefix P: "w" for the world, P/s<k>/c<color> for splits,
+ * P/x<k> for exclusions):
  * every rank publishes P/info/<rank> (world size, pid, host identity,
  * listening address); rank 0 reads them all, checks that they agree and
  * publishes the table (P/table) — or, when they do not, the reason
@@ -451,6 +452,9 @@ static mg_status run_coll(mg__bi *b, mg__req *r)
     return MG_OK;
 }
 
+static mg_status sub_group(mg__bi *b, const char *prefix, const int *members, int count,
+                           double deadline, const char *what, mg_group **out);
+
 static mg_status split(mg__bi *b, mg__req *r)
 {
     mg_group *g = b->g;
@@ -488,19 +492,30 @@ static mg_status split(mg__bi *b, mg__req *r)
             free(v);
         }
     }
-    int count = mg__split_members(&all[0][0], g->size, r->color, members), newrank = 0;
-    while (newrank < count && members[newrank] != g->rank) newrank++;
+    int count = mg__split_members(&all[0][0], g->size, r->color, members);
     free(all);
-    mg_group *sub = NULL;
-    mg__bi *sb = NULL;
-    if (!st && r->color != MG_UNDEFINED) {
-        sub = mg__group_new(&mg__backend_builtin, g->timeout);
-        sb = sub ? calloc(1, sizeof *sb) : NULL;
-        st = !sb ? mg_error(MG_ENOMEM, "split: out of memory")
-                 : mg__names_sub(&sub->names, &g->names, members, count);
-    }
+    char prefix[KEYLEN];
+    if (snprintf(prefix, sizeof prefix, "%s/c%d", ns, r->color) >= (int)sizeof prefix)
+        MG_ASSERT(!"split prefix fits: checked above");
+    if (!st && r->color != MG_UNDEFINED)
+        st = sub_group(b, prefix, members, count, deadline, "mg_group_split", r->out_group);
     free(members);
-    if (st || r->color == MG_UNDEFINED) {
+    return st;
+}
+
+/* The group of `count` of g's ranks (members, ascending in the new order),
+ * met at `prefix` of the store by those ranks alone. */
+static mg_status sub_group(mg__bi *b, const char *prefix, const int *members, int count,
+                           double deadline, const char *what, mg_group **out)
+{
+    mg_group *g = b->g;
+    int newrank = 0;
+    while (newrank < count && members[newrank] != g->rank) newrank++;
+    mg_group *sub = mg__group_new(&mg__backend_builtin, g->timeout);
+    mg__bi *sb = sub ? calloc(1, sizeof *sb) : NULL;
+    mg_status st = !sb ? mg_error(MG_ENOMEM, "%s: out of memory", what)
+                       : mg__names_sub(&sub->names, &g->names, members, count);
+    if (st) {
         free(sb);
         mg__group_free(sub);
         return st;
@@ -515,18 +530,45 @@ static mg_status split(mg__bi *b, mg__req *r)
     sb->peer_timeout = b->peer_timeout;
     strcpy(sb->shm_tag, b->shm_tag);
     sb->host_ranks = b->host_ranks;
-    if (snprintf(sb->prefix, sizeof sb->prefix, "%s/c%d", ns, r->color) >= (int)sizeof sb->prefix)
-        MG_ASSERT(!"split prefix fits: checked above");
+    if (snprintf(sb->prefix, sizeof sb->prefix, "%s", prefix) >= (int)sizeof sb->prefix)
+        MG_ASSERT(!"sub-group prefix fits: checked by its maker");
     st = join(sb, newrank, count, -1, -1, deadline);
     if (!st) st = mg__group_start(sub);
     if (st) {
         char m[1024];
         snprintf(m, sizeof m, "%s", mg_last_error());
         mg__group_free(sub);
-        return mg_error(st, "mg_group_split: %s", m);
+        return mg_error(st, "%s: %s", what, m);
     }
-    *r->out_group = sub;
+    *out = sub;
     return MG_OK;
+}
+
+/* The group of g's ranks but r->gone, made by them alone: met at
+ * P/x<k> (k: this group's exclusions so far, the same on every rank that
+ * remains), within MG_PEER_TIMEOUT when it is shorter than the group's
+ * deadline (the ranks come from one failure's handling; one that does not
+ * come has failed too). */
+static mg_status exclude(mg__bi *b, mg__req *r)
+{
+    mg_group *g = b->g;
+    char prefix[KEYLEN];
+    int k = snprintf(prefix, sizeof prefix, "%s/x%d", b->prefix, ++b->nexclude);
+    if (k < 0 || (size_t)k + 16 >= sizeof ((mg__bi *)0)->prefix)
+        return mg_error(MG_EINVAL, "mg_group_exclude: groups nested too deeply");
+    int *members = malloc(sizeof *members * (size_t)g->size), count = 0;
+    if (!members) return mg_error(MG_ENOMEM, "mg_group_exclude: out of memory");
+    for (int q = 0; q < g->size; q++) {
+        bool gone = false;
+        for (int i = 0; i < r->ngone && !gone; i++) gone = r->gone[i] == q;
+        if (!gone) members[count++] = q;
+    }
+    double within = b->peer_timeout > 0 && b->peer_timeout < g->timeout ? b->peer_timeout
+                                                                         : g->timeout;
+    mg_status st = sub_group(b, prefix, members, count, mg_now() + within, "mg_group_exclude",
+                             r->out_group);
+    free(members);
+    return st;
 }
 
 static mg_status galloc(mg__bi *b, mg__req *r)
@@ -573,6 +615,7 @@ static mg_status bi_run(mg_group *g, mg__req *r)
     mg__bi *b = g->impl;
     switch (r->kind) {
     case MG__REQ_SPLIT: return split(b, r);
+    case MG__REQ_EXCLUDE: return exclude(b, r);
     case MG__REQ_ALLOC: return galloc(b, r);
     case MG__REQ_FREE: return gfree(b, r);
     case MG__REQ_CALL: break;

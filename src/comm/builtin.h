@@ -67,7 +67,8 @@ typedef struct mg__bi {
     double beat_s, next_beat; /* heartbeat period; when the next is due */
     mg__umsg *uhead;         /* unexpected messages, arrival order */
     size_t ubytes, umax;
-    int nsplit;
+    int nsplit, nexclude;
+    int any_next;            /* recv_any's links are read from here round (fairness) */
     void **plain;            /* group memory that is ordinary memory */
     int nplain;
 } mg__bi;

@@ -215,23 +215,43 @@ void mg_group_set_name(mg_group *g, const char *name)
     snprintf(g->trace_name, sizeof g->trace_name, "%s", name ? name : "");
 }
 
-mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
+/* After a split or an exclusion (st): a sub-group chooses its own path
+ * for the parent's device. */
+static mg_status made_sub(mg_group *g, mg_status st, mg_group **out)
 {
-    *out = NULL;
-    if (color < MG_UNDEFINED)
-        return mg_error(MG_EINVAL, "mg_group_split: color %d must be >= 0 or MG_UNDEFINED", color);
-    mg__req r = {.kind = MG__REQ_SPLIT, .color = color, .key = key, .out_group = out};
-    MG_TRY(mg__run_req(g, &r));
-    /* A sub-group chooses its own path for the parent's device. */
-    mg_status st = *out && g->dev_named ? mg_group_use_device(*out, g->dev) : MG_OK;
-    if (st) {
+    if (!st && *out && g->dev_named) st = mg_group_use_device(*out, g->dev);
+    if (st && *out) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mg_last_error());
         mg_group_destroy(*out);
         *out = NULL;
         return mg_error(st, "%s", msg);
     }
-    return MG_OK;
+    return st;
+}
+
+mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
+{
+    *out = NULL;
+    if (color < MG_UNDEFINED)
+        return mg_error(MG_EINVAL, "mg_group_split: color %d must be >= 0 or MG_UNDEFINED", color);
+    mg__req r = {.kind = MG__REQ_SPLIT, .color = color, .key = key, .out_group = out};
+    return made_sub(g, mg__run_req(g, &r), out);
+}
+
+mg_status mg_group_exclude(mg_group *g, const int *gone, int n_gone, mg_group **out)
+{
+    *out = NULL;
+    if (strcmp(g->be->name, "builtin"))
+        return mg_error(MG_EUNSUPPORTED, "mg_group_exclude: the %s backend ends the job on a "
+                        "dead peer; only the builtin one goes on without it", g->be->name);
+    for (int i = 0; i < n_gone; i++)
+        if (gone[i] < 0 || gone[i] >= g->size || gone[i] == g->rank)
+            return mg_error(MG_EINVAL, "mg_group_exclude: rank %d of a group of %d cannot be "
+                            "left out%s", gone[i], g->size,
+                            gone[i] == g->rank ? " by itself" : "");
+    mg__req r = {.kind = MG__REQ_EXCLUDE, .gone = gone, .ngone = n_gone, .out_group = out};
+    return made_sub(g, mg__run_req(g, &r), out);
 }
 
 mg_status mg_group_set_label(mg_group *g, const char *label)

@@ -715,7 +715,9 @@ static mg_status recv_any(mg__bi *b, const mg__req *r, const bool *in, size_t n,
     for (;;) {
         int prog = 0;
         mg__bi_beat(b);
-        for (int p = 0; p < P; p++) {
+        /* From the link after the last one taken, round: senders that are
+         * always ready do not starve those behind them. */
+        for (int i = 0, p = b->any_next % P; i < P; i++, p = (p + 1) % P) {
             mg__link *l = &b->link[p];
             if (p == me) continue;
             if (!in[p]) {   /* others' messages: drained, so no sender is kept waiting */
@@ -736,6 +738,7 @@ static mg_status recv_any(mg__bi *b, const mg__req *r, const bool *in, size_t n,
             if (l->mode == MG__RX_HELD) continue;   /* a collective's frame: its turn comes */
             if ((k = rx_step(b, l, &w)) < 0) return l->err;
             prog |= k;
+            if (w.done || l->mode == MG__RX_DIRECT) b->any_next = p + 1;
             if (w.done) return MG_OK;
             if (l->mode == MG__RX_DIRECT) return drive(b, NULL, l, &w);   /* it is this one */
         }

@@ -791,6 +791,7 @@ static mg_status be_run(mg_group *g, mg__req *r)
         break;
     case MG__REQ_ALLOC: return galloc(m, r);
     case MG__REQ_FREE: return gfree(m, r);
+    case MG__REQ_EXCLUDE: MG_ASSERT(!"refused by mg_group_exclude"); return MG_EUNSUPPORTED;
     default:
         describe(&g->names, r, m->what, sizeof m->what);
         if (r->c.coll == MG_COLL_SEND) st = do_send(m, &r->c);
