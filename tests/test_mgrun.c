@@ -335,6 +335,41 @@ TEST_T(mgrun_killed_worker_named, 30)
     CHECK(gone(worker_pid(1)));
 }
 
+/* --elastic: a worker killed by a signal does not stop the others (they
+ * get MG_ELASTIC=1); mgrun says so at once and at the end, and the job
+ * succeeds when the others do. A worker that then exits non-zero still
+ * stops the job, and the lost one is named first as its cause. */
+TEST_T(mgrun_elastic_goes_on_without_a_killed_worker, 30)
+{
+    setenv("MG_GRACE", "20", 1);
+    for (int then_fails = 0; then_fails < 2; then_fails++) {
+        char script[512];
+        snprintf(script, sizeof script,
+                 "echo $$ > \"$1/pid.$RANK\"; [ \"$MG_ELASTIC\" = 1 ] || exit 5; "
+                 "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 1; "
+                 "if [ $RANK = 2 ] && [ %d = 1 ]; then exit 4; fi; sleep 1; exit 0", then_fails);
+        const char *args[] = {"--elastic", "-n", "3", "sh", "-c", script, "sh", mgt_tmpdir(),
+                              NULL};
+        run(args, &R);
+        char lost[96], expect[512];
+        snprintf(lost, sizeof lost, "rank 1 (pid %d) was killed by signal 9 (SIGKILL)",
+                 (int)worker_pid(1));
+        if (!then_fails) {
+            snprintf(expect, sizeof expect, "mgrun: %s; the other 2 worker(s) go on without it "
+                     "(--elastic)\nmgrun: the job went on without the 1 worker(s) it lost "
+                     "(--elastic): %s\n", lost, lost);
+            CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
+        } else {
+            snprintf(expect, sizeof expect, "mgrun: %s; the other 2 worker(s) go on without it "
+                     "(--elastic)\nmgrun: %s; then rank 2 (pid %d) exited with status 4; "
+                     "stopped the other 1 worker(s)\n", lost, lost, (int)worker_pid(2));
+            CHECK_MSG(EXITED(&R, 128 + SIGKILL), "status %d: %s", R.status, R.err);
+        }
+        CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'\nexpected '%s'", R.err, expect);
+        CHECK(R.secs < 10);
+    }
+}
+
 TEST_T(mgrun_forwards_sigterm_and_sigint, 30)
 {
     setenv("MG_GRACE", "20", 1);

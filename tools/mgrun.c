@@ -53,6 +53,7 @@ typedef struct {
     int worker_port;            /* the workers' MASTER_PORT (mgrun_rdzv.h) */
     const char *master_addr;
     bool tag_output;
+    bool elastic;               /* a worker killed by a signal does not stop the others */
     int bind;                   /* BIND_NONE or BIND_CORE, after auto is decided */
     cpu_set_t cpus;             /* the CPUs mgrun may use */
     int ncpus;
@@ -66,6 +67,7 @@ typedef struct {
     int rank;
     pid_t pid;                  /* also its process group */
     bool running, root_failure;
+    bool lost;                  /* --elastic: killed by a signal, the others went on */
     int stop_sig;               /* it is stopped (SIGSTOP, a debugger): the signal, else 0 */
     int stopped_by;             /* stopped when the first failure came: the signal */
     int status;                 /* as from waitpid */
@@ -112,6 +114,11 @@ static void usage(FILE *f)
 "      --max-restarts N    restart the whole job up to N times after a\n"
 "                          failure (default 0)\n"
 "      --tag-output        prefix each output line with \"[rank]: \"\n"
+"      --elastic           a worker killed by a signal does not stop the\n"
+"                          others: mgrun says so and the job goes on\n"
+"                          without it, for programs that go on with the\n"
+"                          ranks that remain (mgtrain --parallel ps\n"
+"                          --elastic); the workers get MG_ELASTIC=1\n"
 "      --bind MODE         core: each worker runs on its own equal share of\n"
 "                          the CPUs mgrun may use (as Open MPI's --bind-to\n"
 "                          core); none: the workers are not bound; auto\n"
@@ -141,7 +148,8 @@ static void usage(FILE *f)
 "SIGINT, SIGTERM and SIGHUP are forwarded to the workers (a second one\n"
 "kills them). When a worker exits non-zero or is killed, the others get\n"
 "SIGTERM, then SIGKILL after MG_GRACE seconds (default 5).\n"
-"Exit status: 0 when every worker succeeded; else the failed worker's exit\n"
+"Exit status: 0 when every worker succeeded (--elastic: every worker not\n"
+"lost); else the failed worker's exit\n"
 "status (128 + N if killed by signal N; 128 + N when mgrun was stopped by\n"
 "signal N); 2 for bad options.\n");
 }
@@ -194,7 +202,7 @@ static void check_program(const char *name)
 }
 
 enum { OPT_NNODES = 256, OPT_NODE_RANK, OPT_ADDR, OPT_PORT, OPT_RESTARTS, OPT_TAG, OPT_BIND,
-       OPT_VERSION };
+       OPT_ELASTIC, OPT_VERSION };
 
 static void parse_args(int argc, char **argv, options *o)
 {
@@ -211,6 +219,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"max-restarts", required_argument, NULL, OPT_RESTARTS},
         {"max_restarts", required_argument, NULL, OPT_RESTARTS},
         {"tag-output", no_argument, NULL, OPT_TAG},
+        {"elastic", no_argument, NULL, OPT_ELASTIC},
         {"bind", required_argument, NULL, OPT_BIND},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
@@ -240,6 +249,7 @@ static void parse_args(int argc, char **argv, options *o)
             o->max_restarts = parse_int("--max-restarts", optarg, 0, 1000000);
             break;
         case OPT_TAG: o->tag_output = true; break;
+        case OPT_ELASTIC: o->elastic = true; break;
         case OPT_BIND:
             if (!strcmp(optarg, "auto")) o->bind = BIND_AUTO;
             else if (!strcmp(optarg, "none")) o->bind = BIND_NONE;
@@ -368,6 +378,8 @@ exec_worker(const options *o, int local, int attempt, pid_t parent,
     set_env_int("MG_RESTART_COUNT", attempt);
     setenv("MG_SHM_TAG", o->shm_tag, 1);
     set_env_int("MG_RUN_ID", attempt);
+    if (o->elastic) setenv("MG_ELASTIC", "1", 1);
+    else unsetenv("MG_ELASTIC");
     if (o->bind == BIND_CORE) {
         bind_worker(o, local);
         /* Bound, a worker sees only its own CPUs; the node has these. */
@@ -449,10 +461,11 @@ static int exit_code(int st)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* Why the job failed, rather than a consequence of it. */
+/* Why the job failed, rather than a consequence of it (a worker lost
+ * under --elastic, when the others then failed, is one). */
 static bool is_cause(const worker *w)
 {
-    return w->stopped_by || (w->root_failure && WIFSIGNALED(w->status));
+    return w->stopped_by || w->lost || (w->root_failure && WIFSIGNALED(w->status));
 }
 
 static void describe(char *buf, size_t cap, const worker *w)
@@ -502,7 +515,7 @@ static void begin_stop(job *j, int sig, double grace)
         if (j->w[i].running && j->w[i].stop_sig) kill(-j->w[i].pid, SIGCONT);
 }
 
-static void reap(job *j, double grace)
+static void reap(job *j, double grace, bool elastic)
 {
     int st;
     pid_t pid;
@@ -518,6 +531,14 @@ static void reap(job *j, double grace)
             w->running = false;
             w->status = st;
             j->running--;
+            if (elastic && WIFSIGNALED(st) && !j->stopping && j->running > 0) {
+                w->lost = true;
+                char d[160];
+                describe(d, sizeof d, w);
+                fprintf(stderr, "mgrun: %s; the other %d worker(s) go on without it "
+                        "(--elastic)\n", d, j->running);
+                continue;
+            }
             if (!succeeded(st) && !j->stopping) {
                 w->root_failure = true;
                 if (j->n_root++ == 0) j->first_root = i;
@@ -612,7 +633,7 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         }
         for (int k = 1; n > 0 && k < np; k++)
             if (pfd[k].revents && !pump(ps[k], 4)) close_stream(ps[k]);
-        reap(&j, o->grace);
+        reap(&j, o->grace, o->elastic);
         if (j.stopping && !j.killed && j.running > 0 && mg_now() >= j.deadline) {
             j.n_killed = j.running;
             signal_all(&j, SIGKILL);
@@ -650,7 +671,7 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
             char d[160];
             describe(d, sizeof d, w);
             fprintf(m, "%s%s", k++ ? ", " : "", d);
-            if (k == 1 && w->root_failure) code_from = i;
+            if (k == 1 && (w->root_failure || w->lost)) code_from = i;
         }
         for (int i = 0, k = 0; any_cause && i < j.nw; i++) {
             if (!j.w[i].root_failure || is_cause(&j.w[i])) continue;
@@ -667,6 +688,18 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         fprintf(m, "\n");
         rc = exit_code(j.w[code_from].status);
         *may_restart = rc != 0 && !j.interrupted;
+    }
+    int n_lost = 0;
+    for (int i = 0; i < j.nw; i++) n_lost += j.w[i].lost;
+    if (m && n_lost && !j.n_root && !j.interrupted) {
+        fprintf(m, "mgrun: the job went on without the %d worker(s) it lost (--elastic):", n_lost);
+        for (int i = 0, k = 0; i < j.nw; i++) {
+            if (!j.w[i].lost) continue;
+            char d[160];
+            describe(d, sizeof d, &j.w[i]);
+            fprintf(m, "%s %s", k++ ? "," : "", d);
+        }
+        fprintf(m, "\n");
     }
     if (m && j.interrupted) {
         fprintf(m, "mgrun: stopped by %s; forwarded it to %d running worker(s)",

@@ -66,6 +66,7 @@ static const mg_tunable params[] = {
     {"MG_RUN_ID", S, "", 0, 32, NULL, "set by mgrun: the attempt, so that a restart rendezvouses under keys of its own"},
     {"MG_SHM_TAG", S, "", 0, 16, NULL, "set by mgrun: letters and digits in the names of its ranks' shared memory (each mgrun has its own), which it removes when they end"},
     {"MG_RESTART_COUNT", I, "0", 0, 1000000, NULL, "set by mgrun: restarts so far (mgtrain resumes from --save after one)"},
+    {"MG_ELASTIC", B, "0", 0, 1, NULL, "set by mgrun --elastic: a worker killed by a signal does not stop the others (mgtrain --elastic needs it)"},
     {"MG_MPIRUN", S, "mpirun", 0, 4000, NULL, "mgbench --backend mpi -n N: the mpirun it starts"},
     {"MG_BIN", S, "build/bin", 0, 4000, NULL, "tests and bench scripts: the directory of the built tools"},
     {"MG_BENCH", S, "build/bench", 0, 4000, NULL, "bench scripts: the directory of the built benchmarks"},
