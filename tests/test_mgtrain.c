@@ -1221,6 +1221,69 @@ TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
     }
 }
 
+/* --elastic, under mgrun --elastic: a worker killed once training runs
+ * (its first evaluation in the log) leaves the job and the others go on
+ * to the end: the servers say whom they lost and how many go on, mgrun
+ * that the job went without it, and the log has every row. Worker 1 of a
+ * synchronous job (every push before its death and after it applied, in
+ * one update per step); worker 0, the one that wrote the log and printed,
+ * of a fully asynchronous job with two servers (the first worker that
+ * remains takes both over). A server killed still stops the job, named. */
+TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
+{
+    const char *t = mgt_tmpdir();
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    struct { int victim, servers; const char *plan; } cases[] = {
+        {1, 1, "--parallel ps"}, {0, 2, "--parallel ps --servers 2 --staleness inf"},
+        {3, 1, "--parallel ps"}};
+    for (int i = 0; i < 3; i++) {
+        int v = cases[i].victim, ranks = 3 + cases[i].servers;
+        bool server = v >= 3;
+        char log[512];
+        snprintf(log, sizeof log, "%s/elastic%d.csv", t, i);
+        double t0 = mg_now();
+        int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c 'if [ $RANK = %d ]; then "
+                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; kill -9 $$) & "
+                        "fi; exec %s --model gpt-mini --batch 12 --steps 100 --eval-every 20 "
+                        "--eval-windows 4 --no-eval-on-start %s --elastic --log %s'", run, ranks,
+                        v, log, bin, cases[i].plan, log);
+        char lost[64], lost_by[96];
+        snprintf(lost, sizeof lost, "rank %d (pid ", v);
+        snprintf(lost_by, sizeof lost_by, "lost rank %d: rank %d (pid ", v, v);
+        if (server) {   /* the job stops, the server named as the cause */
+            const char *cause = strstr(out, "; then rank ");
+            CHECK_MSG(rc == 128 + 9 && cause && strstr(out, lost) < cause &&
+                      mg_now() - t0 < 60, "rc %d after %.1f s: %s", rc, mg_now() - t0, out);
+            free(out);
+            continue;
+        }
+        CHECK_MSG(rc == 0 && strstr(out, lost_by) && strstr(out, "2 of 3 workers go on") &&
+                  strstr(out, "mgrun: the job went on without the 1 worker(s) it lost") &&
+                  strstr(out, "final: validation loss"), "victim %d: rc %d: %s", v, rc, out);
+        double tl[8], vl[8];
+        CHECK_MSG(csv_losses(log, tl, vl, 8) == 5 && vl[4] < vl[0], "victim %d: the log %s", v,
+                  log);
+        /* Synchronous: each of the 100 updates took the pushes of the
+         * workers alive then (3 before the death, 2 after). */
+        int pushes = 0, updates = 0;
+        const char *l = strstr(out, "ps server 0: ");
+        if (l) sscanf(l, "ps server 0: %d pushes in %d updates", &pushes, &updates);
+        if (!cases[i].plan[13])
+            CHECK_MSG(updates == 100 && pushes > 2 * 100 && pushes < 3 * 100,
+                      "%d pushes in %d updates: %s", pushes, updates, out);
+        else
+            CHECK_MSG(updates == pushes && pushes > 2 * 100 && pushes < 3 * 100,
+                      "%d pushes in %d updates: %s", pushes, updates, out);
+        free(out);
+    }
+    refused((const refusal[]){
+        {"--parallel ddp --elastic", "--parallel ps"},
+        {"--parallel ps --elastic", "mgrun --elastic"},
+        {NULL, NULL}});
+}
+
 /* A worker stopped (SIGSTOP) for 2 s under staleness 3: the others go on
  * up to the bound (the server saw staleness 3, never more), the job does
  * not fail, and once the worker goes on every push is applied. */

@@ -105,6 +105,8 @@ static void usage(FILE *f)
 "  --staleness S       with --parallel ps: steps a worker may run ahead of the\n"
 "                      slowest, 0 to 64 (default 0: synchronous), or inf:\n"
 "                      fully asynchronous, each push its own update\n"
+"  --elastic           with --parallel ps under mgrun --elastic: a worker that\n"
+"                      dies leaves the job and the others go on without it\n"
 "  --mesh SPEC         the job's ranks as a mesh, e.g. dp=4 (tp varies fastest,\n"
 "                      then dp, then pp; a missing dp is ranks/(tp*pp));\n"
 "                      --parallel ddp is --mesh dp=<ranks>; pp=P cuts the\n"
@@ -250,7 +252,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
            O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW,
-           O_SERVERS, O_STALENESS };
+           O_SERVERS, O_STALENESS, O_ELASTIC };
     static const struct option lo[] = {
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
@@ -275,7 +277,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"no-eval-on-start", 0, 0, O_NO_EVAL_START}, {"sequence-parallel", 0, 0, O_SEQ_PAR},
         {"plan", 1, 0, O_PLAN_AUTO}, {"plan-memory", 1, 0, O_PLAN_MEM},
         {"slow-rank", 1, 0, O_SLOW}, {"servers", 1, 0, O_SERVERS},
-        {"staleness", 1, 0, O_STALENESS}, {0, 0, 0, 0}};
+        {"staleness", 1, 0, O_STALENESS}, {"elastic", 0, 0, O_ELASTIC}, {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     mg_train_config *c = &o->c;
     *c = (mg_train_config){.model = "lenet-d2l", .gpt = mg_gpt_defaults(), .momentum = -1,
@@ -313,6 +315,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_WORKERS: c->workers = (int)int_flag("--workers", 1, 1024); break;
         case O_SERVERS: c->ps_servers = (int)int_flag("--servers", 1, 4096); break;
         case O_STALENESS: c->ps_staleness = staleness_flag(); break;
+        case O_ELASTIC: c->elastic = true; break;
         case O_BUCKET: c->bucket_mb = real_flag("--bucket-mb", 0.001, 65536, 0); break;
         case O_ACCUM: c->accumulate = (int)int_flag("--accumulate", 1, 65536); break;
         case O_COMPRESS: c->compress = optarg; break;
@@ -422,12 +425,20 @@ static void prompt_setting(const char *p, char *out, size_t cap)
 
 /* ---- printing ---------------------------------------------------------------- */
 
+/* Rank 0 of the job (of those that remain, in an elastic one) prints,
+ * unless --quiet. */
+static bool speaks(const options *o)
+{
+    mg_group *job = mg_trainer_group(o->t);
+    return !o->quiet && (!job || mg_group_rank(job) == 0);
+}
+
 /* "LABEL [====>   ] 42% RATE UNIT/s loss X ETA Ns" on a terminal. */
 static void print_progress(const mg_train_progress *p, void *ud)
 {
     options *o = ud;
     static double last;
-    if (!o->tty || o->quiet) return;
+    if (!o->tty || !speaks(o)) return;
     double now = mg_now();
     if (now - last < 0.1 && p->done < p->total) return;
     last = now;
@@ -449,7 +460,7 @@ static void print_progress(const mg_train_progress *p, void *ud)
 static void print_row(const mg_train_row *r, void *ud)
 {
     options *o = ud;
-    if (o->quiet) return;
+    if (!speaks(o)) return;
     if (o->tty) fprintf(stderr, "\r%100s\r", "");
     if (!o->c.text)
         printf("epoch %2ld/%d  loss %.4f  train acc %5.2f%%  test acc %5.2f%%  %6.2f s  %8.0f "
@@ -553,10 +564,10 @@ static void print_start(const options *o)
     mg_trainer_info in = mg_trainer_get_info(o->t);
     if (in.restarted && in.rank == 0)
         fprintf(stderr, "%s: restarted: resuming from %s\n", prog, c->save);
-    if (*in.collectives && !o->quiet) printf("collectives on GPU memory: %s\n", in.collectives);
-    if (*in.plan && in.rank == 0 && !o->quiet) printf("plan auto: %s\n", in.plan);
+    if (*in.collectives && speaks(o)) printf("collectives on GPU memory: %s\n", in.collectives);
+    if (*in.plan && in.rank == 0 && speaks(o)) printf("plan auto: %s\n", in.plan);
     mg_device dev = mg_model_device(mg_trainer_model(o->t));
-    if (dev.kind != MG_DEVICE_CPU && !o->quiet) {
+    if (dev.kind != MG_DEVICE_CPU && speaks(o)) {
         char name[128], d[16];
         size_t mem;
         mg_device_format(dev, d, sizeof d);
@@ -567,7 +578,7 @@ static void print_start(const options *o)
     if (c->offload_cpu && dev.kind == MG_DEVICE_CPU && in.rank == 0)
         fprintf(stderr, "%s: --offload cpu: on the CPU the state already lives in host memory, "
                 "so nothing moves (disk:DIR moves it to files)\n", prog);
-    if (in.init_left && !o->quiet)
+    if (in.init_left && speaks(o))
         fprintf(stderr, "%s: --init-partial: left out %d tensor(s) of %s that %s has no place "
                 "for\n", prog, in.init_left, c->init, c->model);
 }
@@ -602,9 +613,10 @@ static void train(options *o)
         print_sample(o);
         return;
     }
-    if (!o->quiet) print_header(o);
+    if (speaks(o)) print_header(o);
     mg_train_summary s;
     TRY(mg_trainer_run(o->t, &s));
+    in = mg_trainer_get_info(o->t);   /* an elastic job's rank 0 may be another now */
     if (in.rank == 0 && c->text)
         printf("final: validation loss %.4f, perplexity %.2f, %.1f s training, %.0f tokens/s "
                "(%.0f after the first step), peak memory %.0f MB\n", s.last.val_loss,
@@ -636,7 +648,6 @@ int main(int argc, char **argv)
     o.c.ud = &o;
     o.tty = isatty(2);
     TRY(mg_trainer_create(&o.c, &o.t));
-    if (mg_trainer_get_info(o.t).rank != 0) o.quiet = 1;
     o.c = *mg_trainer_config(o.t);   /* resolved: a pipeline's micro-batches */
     print_start(&o);
     if (o.print_plan) TRY(mg_trainer_print_plan(o.t, stdout));

@@ -63,8 +63,10 @@ typedef struct mg_component_ops {
     /* The share of the global batch this rank's data is: share `rank` of
      * `size` (the first component with the slot decides; without any, the
      * mesh's dp coordinate and size). A rank that trains on no data (a
-     * parameter server) names the share whose steps it keeps pace with. */
-    void (*data_share)(void *c, int *rank, int *size);
+     * parameter server) names the share whose steps it keeps pace with.
+     * eval: the share of an evaluation's data (an elastic job's spreads
+     * over the ranks that remain). */
+    void (*data_share)(void *c, bool eval, int *rank, int *size);
 
     /* ---- the step ----------------------------------------------------------
      * zero_grad: the gradients it keeps (default: the model's arena).
@@ -108,6 +110,16 @@ typedef struct mg_component_ops {
                           float temperature, int top_k, uint64_t seed, int32_t *out);
     /* Corrects the strategy's memory figures to what it holds. */
     void (*memory)(void *c, mg_memory_stats *ms);
+
+    /* ---- between steps ------------------------------------------------------
+     * settle: on every rank, before the job's collectives between steps
+     * (the training figures, evaluation, the log, checkpoints): a
+     * component whose ranks may leave the job (an elastic parameter
+     * server's workers) agrees with the others which remain; when some
+     * have left since, *job is the group of those that remain (the
+     * component's), which the job's collectives use from then on
+     * (mg_strategy_group). */
+    mg_status (*settle)(void *c, mg_group **job);
 } mg_component_ops;
 
 /* For components: the options the strategy was made with, and every rank
@@ -126,8 +138,8 @@ void mg_strategy_micro_begin(mg_strategy *s, bool last);
  * the optimizer with the step's learning rate, every component's
  * after_update). sumsq >= 0: the squared global norm of the mean
  * gradient, known to the caller (a push's, from the worker that holds all
- * of it), instead of summing it over the ranks. Only within run_step; the
- * driver counts its updates in r->updates. */
+ * of it), instead of summing it over the ranks. Only within run_step; a
+ * driver that applies its step's updates this way sets r->updated. */
 mg_status mg_strategy_update(mg_strategy *s, int micro, double sumsq, mg_step_result *r);
 /* The state of this strategy's component made from ops (NULL: none). */
 void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops);

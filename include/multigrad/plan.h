@@ -101,8 +101,10 @@ typedef struct mg_strategy_options {
      * whole units and its optimizer state), the others compute (ps.c);
      * ps_staleness: how many steps a worker may run ahead of the slowest
      * (0: synchronous; MG_STALENESS_UNBOUNDED: fully asynchronous, each
-     * push its own update). */
+     * push its own update); ps_elastic: a worker that fails leaves the
+     * job and the others go on (the builtin backend's containment). */
     int ps_servers, ps_staleness;
+    bool ps_elastic;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
@@ -138,6 +140,17 @@ const char *mg_strategy_name(const mg_strategy *s);
 /* The share of the global batch this rank's data is (component.h's
  * data_share; without one, the mesh's dp coordinate and size). */
 void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size);
+/* The share of an evaluation's data this rank takes: the data share,
+ * spread over the ranks that remain once some left (an elastic job). */
+void mg_strategy_eval_share(const mg_strategy *s, int *rank, int *size);
+/* Between steps, before the job's collectives (figures, evaluation, the
+ * log, checkpoints): every component agrees which ranks remain (an
+ * elastic parameter server's roll call); collective over the job.
+ * Nothing to do for the other plans. */
+mg_status mg_strategy_settle(mg_strategy *s);
+/* The job's group for its collectives now: the options' group, or the
+ * group of the ranks that remain once some left (NULL: one process). */
+mg_group *mg_strategy_group(const mg_strategy *s);
 mg_model *mg_strategy_model(const mg_strategy *s);
 mg_ddp *mg_strategy_ddp(const mg_strategy *s);   /* NULL unless ddp (or a pipeline's replicas) */
 mg_zero *mg_strategy_zero(const mg_strategy *s); /* NULL unless zero */
@@ -205,9 +218,8 @@ typedef struct mg_step_options {
 } mg_step_options;
 typedef struct mg_step_result {
     int micro;          /* micro-batches run (0: the source had none) */
-    int updates;        /* optimizer updates a driving component applied itself
-                           (mg_strategy_update: a parameter server's, one per push);
-                           0: the step's one update */
+    bool updated;       /* a driving component applied the step's updates itself
+                           (mg_strategy_update: a parameter server's, one per push) */
     long samples, correct;
     double loss_sum;    /* sum over samples of their micro-batch's mean loss */
     double grad_norm;   /* before clipping (with clip_grad) */

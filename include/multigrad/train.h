@@ -91,6 +91,9 @@ typedef struct mg_train_config {
      * parameters; ps_staleness steps a worker may run ahead (0;
      * MG_STALENESS_UNBOUNDED: fully asynchronous). */
     int ps_servers, ps_staleness;
+    /* --elastic (with --parallel ps, under mgrun --elastic): a worker that
+     * dies leaves the job; the others go on without it. */
+    bool elastic;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for
      * the global batch (batch x accumulate) on the job's ranks, a rank
@@ -177,7 +180,8 @@ mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r);
 
 /* What the trainer resolved and made. */
 typedef struct mg_trainer_info {
-    int rank, world;          /* in the job (0, 1 in one process) */
+    int rank, world;          /* in the job (0, 1 in one process); an elastic job's
+                                 among the ranks that remain */
     int dp_rank, dp_size, pp; /* the data-parallel coordinate and ranks; stages */
     mg_tp_split tp;           /* this rank's tensor-parallel part (the mesh's tp) */
     int local;                /* samples per rank and micro-batch */
@@ -203,7 +207,9 @@ const mg_train_config *mg_trainer_config(const mg_trainer *t);
 mg_model *mg_trainer_model(const mg_trainer *t);
 mg_strategy *mg_trainer_strategy(const mg_trainer *t);
 mg_optim *mg_trainer_optim(const mg_trainer *t);
-mg_group *mg_trainer_group(const mg_trainer *t);   /* NULL in one process */
+/* The job's group for collectives (NULL in one process): the ranks that
+ * remain, once an elastic job lost some. */
+mg_group *mg_trainer_group(const mg_trainer *t);
 
 /* Reports to f. The plan (rank 0; mgtrain --print-plan): every unit's
  * parameters, arena range, FLOPs and bytes kept, the tape of a

@@ -24,44 +24,39 @@
  *   - Fully asynchronous (S unbounded, TensorFlow's first parameter
  *     servers): each push is its own update as it comes (the mean over
  *     its micro-batches, clipped by its own norm, which the worker sends),
- *     and its worker gets the run back at once. A server's trainer step
- *     takes as many pushes as there are workers, so the learning-rate
- *     schedule follows the server's updates / workers; the optimizer
- *     counts the updates (Adam's bias correction, in checkpoints too).
- * Each push says the version of that server's run it was computed on (the
- * version: updates applied): a server counts the pushes and the largest
- * staleness it saw (updates between a worker's pull and its push's
- * update).
- * The job's group carries the pushes and parameters; the workers' group
- * sums the training figures and the servers' the gradient norm.
- * Checkpoints are the strategy's: each server writes its run (its own
- * ranges), rank 0 the rest; every rank reads what it holds.
- * Limits: no exclusion of a dead worker yet; memory for (S + 1) x workers
- * pushes of its run on a server under bounded staleness; no tensor or
- * pipeline parallelism with it; the model's buffers (batch statistics)
- * stay each worker's. */
+ *     and its worker gets the run back at once. A server's step ends when
+ *     every worker has pushed that step, so the learning-rate schedule
+ *     follows the slowest worker; the optimizer counts the updates
+ *     (Adam's bias correction, in checkpoints too).
+ *   - Each push says the version of that server's run it was computed on
+ *     (the version: updates applied): a server counts the pushes and the
+ *     largest staleness it saw (updates between a worker's pull and its
+ *     push's update).
+ *   - The job's group carries the pushes and parameters; the workers'
+ *     group sums the training figures and the servers' the gradient norm.
+ *     Checkpoints are the strategy's: each server writes its run (its own
+ *     ranges), rank 0 the rest; every rank reads what it holds.
+ *   - Elastic (--elastic, under mgrun --elastic): every rank contains its
+ *     peers' failures. A server that loses a worker's link goes on
+ *     without it: its steps wait for the workers that remain, and a step
+ *     is the mean of the pushes that came. Between steps, before the
+ *     job's collectives, the roll call: server 0 hears every other rank
+ *     and tells each which workers left, and the ranks that remain make
+ *     the groups of those that remain (mg_group_exclude). The survivors
+ *     keep their shares of each batch (the one lost is not trained on);
+ *     evaluation spreads over them, whole.
+ * This file: the job both roles share (the runs, the roles, the roll
+ * call); ps_server.c and ps_worker.c the two components.
+ * Limits: memory for (S + 1) x workers pushes of its run on a server under
+ * bounded staleness; no tensor or pipeline parallelism with it; the
+ * model's buffers (batch statistics) stay each worker's; a server's
+ * failure stops the job, as does a worker's during the roll call itself
+ * (the ranks that remain then wait for it at most MG_PEER_TIMEOUT). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "parallel/internal.h"
-
-enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_VERSION, TAG_PARAMS };   /* "ps" */
-
-/* What the two roles share: the job, who is who, and each server's run. */
-typedef struct {
-    mg_strategy *s;
-    mg_model *m;
-    mg_group *g;        /* the job: pushes and parameters */
-    mg_group *role;     /* the workers, or the servers */
-    int workers, servers, staleness;
-    bool async;         /* staleness unbounded: each push its own update */
-    mg_range *run;      /* per server: its units' range of the arena */
-} ps_job;
-
-/* A push's head: the worker's step, its micro-batches, the version of the
- * server's run it computed on, and (fully asynchronous) the squared norm
- * of its mean gradient, the bits of a double. */
-enum { HEAD_STEP, HEAD_MICRO, HEAD_BASE, HEAD_SUMSQ, HEAD_LEN };
+#include "parallel/ps.h"
 
 /* The arena cut at unit borders into `servers` runs of about equal
  * parameters (the last takes the arena's end). */
@@ -109,14 +104,20 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     j->workers = world - j->servers;
     j->staleness = o->ps_staleness;
     j->async = o->ps_staleness == MG_STALENESS_UNBOUNDED;
+    j->elastic = o->ps_elastic;
     if (!j->g || j->servers < 1 || j->workers < 1)
         return mg_error(MG_EINVAL, "--parallel ps: %d server(s) among %d rank(s) leave no "
                         "worker; give --servers below the ranks", j->servers, world);
     if (!j->async && (o->ps_staleness < 0 || o->ps_staleness > 64))
         return mg_error(MG_EINVAL, "--staleness %d: give 0 (synchronous) to 64, or inf (fully "
                         "asynchronous)", o->ps_staleness);
+    j->gone = calloc((size_t)j->workers, sizeof *j->gone);
+    j->live = malloc((size_t)j->workers * sizeof *j->live);
+    if (!j->gone || !j->live) return mg_error(MG_ENOMEM, "ps: out of memory");
+    for (int w = 0; w < j->workers; w++) j->live[j->n_live++] = w;
     /* The runs first: every rank finds the same mistake before the split. */
     MG_TRY(cut_runs(j));
+    if (j->elastic) MG_TRY(mg_group_contain_peer_failures(j->g));
     bool is_server = rank >= j->workers;
     MG_TRY(mg_group_split(j->g, is_server, rank, &j->role));
     *mine = is_server == server;
@@ -124,22 +125,24 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     return MG_OK;
 }
 
-static void job_free(ps_job *j)
+void mg__ps_job_free(ps_job *j)
 {
+    mg_group_destroy(j->role_left);
+    mg_group_destroy(j->job_left);
     mg_group_destroy(j->role);
     free(j->run);
+    free(j->gone);
+    free(j->live);
 }
 
-/* A role's state (size bytes, its ps_job first) on the ranks of that
- * role; *state stays NULL on the others (the component drops itself). */
-static mg_status attach_role(mg_strategy *s, bool server, size_t size, void **state)
+mg_status mg__ps_attach_role(mg_strategy *s, bool server, size_t size, void **state)
 {
     ps_job *j = calloc(1, size);
     if (!j) return mg_error(MG_ENOMEM, "ps: out of memory");
     bool mine = false;
     mg_status st = join(s, server, j, &mine);
     if (st || !mine) {
-        job_free(j);
+        mg__ps_job_free(j);
         free(j);
         return st;
     }
@@ -147,350 +150,109 @@ static mg_status attach_role(mg_strategy *s, bool server, size_t size, void **st
     return MG_OK;
 }
 
-/* ---- the server ------------------------------------------------------------ */
+/* ---- workers that leave (--elastic) ------------------------------------------ */
 
-typedef struct {
-    ps_job j;
-    int me;             /* this server's index */
-    mg_range mine;
-    int rounds;         /* staleness + 1: the steps whose pushes can be here
-                           (fully asynchronous: none wait) */
-    float *slots;       /* per round mod rounds, a push of each worker */
-    int *got;           /* per round mod rounds: pushes in */
-    int64_t *micro;     /* per round mod rounds: its micro-batches */
-    int64_t *due;       /* per worker: the version its answer waits for (-1: none) */
-    long version;       /* updates applied */
-    long pushes, stalest;
-} ps_server;
-
-static float *slot(ps_server *v, int64_t step, int w)
+static void leaves(ps_job *j, int w)
 {
-    size_t len = v->mine.hi - v->mine.lo;
-    return v->slots + ((size_t)(step % v->rounds) * (size_t)v->j.workers + (size_t)w) * len;
+    if (j->gone[w]) return;
+    j->gone[w] = true;
+    int n = 0;
+    for (int i = 0; i < j->n_live; i++)
+        if (j->live[i] != w) j->live[n++] = j->live[i];
+    j->n_live = n;
 }
 
-static void server_destroy(void *c)
+mg_status mg__ps_lost(ps_job *j, int w, mg_status st)
 {
-    ps_server *v = c;
-    char bound[16] = "none";
-    if (!v->j.async) snprintf(bound, sizeof bound, "%d", v->j.staleness);
-    mg_debug("ps server %d: %ld pushes in %ld updates, staleness at most %ld (bound %s)", v->me,
-             v->pushes, v->version, v->stalest, bound);
-    job_free(&v->j);
-    mg_free(v->slots);
-    free(v->got);
-    free(v->micro);
-    free(v->due);
-    free(v);
+    if (!st || !j->elastic || (st != MG_EPEER && st != MG_ETIMEOUT) || w < 0 || w >= j->workers)
+        return st;
+    if (!j->gone[w]) {   /* the cause, past the operation's description */
+        char who[96];
+        const char *e = mg_last_error(), *why = strstr(e, "failed: ");
+        mg_log("ps: the server on rank %d lost %s: %s; the other %d worker(s) go on without it "
+               "(--elastic)", mg_group_rank(j->g), mg_group_rank_name(j->g, w, who, sizeof who),
+               why ? why + 8 : e, j->n_live - 1);
+        leaves(j, w);
+    }
+    return j->n_live ? MG_OK
+                     : mg_error(MG_EPEER, "ps: every worker has left the job; nothing is left "
+                                "to train");
 }
 
-static mg_status server_attach(mg_strategy *s, void **state)
+mg_group *mg__ps_workers_now(ps_job *j) { return j->role_left ? j->role_left : j->role; }
+
+/* The roll call's exchange: server 0 hears every rank that remains (their
+ * lists of workers gone, added to its own), the others hear its list. */
+static mg_status roll_call(ps_job *j, uint8_t *gone)
 {
-    MG_TRY(attach_role(s, true, sizeof(ps_server), state));
-    ps_server *v = *state;
-    mg_status st = MG_OK;
-    if (v) {
-        v->me = mg_group_rank(v->j.g) - v->j.workers;
-        v->mine = v->j.run[v->me];
-        size_t len = v->mine.hi - v->mine.lo;
-        v->rounds = v->j.async ? 1 : v->j.staleness + 1;
-        size_t floats = v->j.async ? 1 : (size_t)v->rounds * (size_t)v->j.workers * (len ? len : 1);
-        v->slots = mg_alloc(floats * sizeof(float));
-        v->got = calloc((size_t)v->rounds, sizeof *v->got);
-        v->micro = calloc((size_t)v->rounds, sizeof *v->micro);
-        v->due = malloc((size_t)v->j.workers * sizeof *v->due);
-        for (int w = 0; v->due && w < v->j.workers; w++) v->due[w] = -1;
-        if (!v->slots || !v->got || !v->micro || !v->due)
-            st = mg_error(MG_ENOMEM, "ps: out of memory for %d x %d pushes of %zu floats",
-                          v->rounds, v->j.workers, len);
+    int world = j->workers + j->servers, root = j->workers, me = mg_group_rank(j->g);
+    if (me != root) {
+        MG_TRY(mg_send(j->g, gone, (size_t)j->workers, MG_U8, root, TAG_ROLL));
+        return mg_recv(j->g, gone, (size_t)j->workers, MG_U8, root, TAG_GONE);
     }
-    st = mg_strategy_agree(s, st);   /* every rank, both roles: none waits for a failed one */
-    if (st && v) {
-        server_destroy(v);
-        *state = NULL;
+    int *from = malloc((size_t)world * sizeof *from), n = 0;
+    uint8_t *theirs = malloc((size_t)j->workers);
+    mg_status st = from && theirs ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
+    for (int r = 0; !st && r < world; r++)
+        if (r != me && (r >= j->workers || !j->gone[r])) from[n++] = r;
+    while (!st && n > 0) {
+        int who = -1;
+        mg_status e = mg_recv_any(j->g, theirs, (size_t)j->workers, MG_U8, from, n, TAG_ROLL,
+                                  &who);
+        st = mg__ps_lost(j, who, e);
+        for (int w = 0; !st && !e && w < j->workers; w++) gone[w] |= theirs[w];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (from[i] != who) from[k++] = from[i];
+        n = k;
     }
+    for (int w = 0; w < j->workers; w++) gone[w] |= j->gone[w];
+    for (int r = 0; !st && r < world; r++)
+        if (r != me && (r >= j->workers || !gone[r]))
+            st = mg_send(j->g, gone, (size_t)j->workers, MG_U8, r, TAG_GONE);
+    free(from);
+    free(theirs);
     return st;
 }
 
-static const mg_range *server_ranges(void *c, int *n)
+mg_status mg__ps_settle(void *c, mg_group **job)
 {
-    ps_server *v = c;
-    *n = 1;
-    return &v->mine;
-}
-
-static mg_group *server_shards(void *c) { return ((ps_server *)c)->j.role; }
-
-/* Worker w's answer: this server's version and run. */
-static mg_status answer(ps_server *v, int w)
-{
-    int64_t version = v->version;
-    MG_TRY(mg_send(v->j.g, &version, 1, MG_I64, w, TAG_VERSION));
-    MG_TRY(mg_send(v->j.g, mg_model_params(v->j.m) + v->mine.lo, v->mine.hi - v->mine.lo,
-                   MG_F32, w, TAG_PARAMS));
-    v->due[w] = -1;
-    return MG_OK;
-}
-
-/* The next push's head from any worker: *w who, checked against what the
- * server expects of it. */
-static mg_status take_head(ps_server *v, int64_t head[HEAD_LEN], int *w)
-{
-    ps_job *j = &v->j;
-    *w = -1;
-    MG_TRY(mg_recv_any(j->g, head, HEAD_LEN, MG_I64, NULL, 0, TAG_HEAD, w));
-    int64_t step = head[HEAD_STEP], base = head[HEAD_BASE];
-    int k = j->async ? 0 : (int)(step % v->rounds);
-    bool late = !j->async && (step < v->version || step > v->version + j->staleness ||
-                              (v->got[k] && v->micro[k] != head[HEAD_MICRO]));
-    if (*w < 0 || *w >= j->workers || late || base > v->version || head[HEAD_MICRO] < 1 ||
-        v->due[*w] >= 0)
-        return mg_error(MG_EMISMATCH, "ps server %d: rank %d pushed step %lld (%lld micro-batches, "
-                        "on version %lld) at version %ld, staleness %d", v->me, *w,
-                        (long long)step, (long long)head[HEAD_MICRO], (long long)base,
-                        v->version, j->staleness);
-    v->pushes++;
-    /* Updates between its pull and its update (under a bound, update
-     * `step` is the one its push goes into). */
-    int64_t stale = (j->async ? v->version : step) - base;
-    if (stale > v->stalest) v->stalest = stale;
-    return MG_OK;
-}
-
-/* One push (bounded staleness) into its slot; its answer now if the
- * version allows. */
-static mg_status take_push(ps_server *v)
-{
-    ps_job *j = &v->j;
-    int64_t head[HEAD_LEN];
-    int w;
-    MG_TRY(take_head(v, head, &w));
-    int64_t step = head[HEAD_STEP];
-    int k = (int)(step % v->rounds);
-    MG_TRY(mg_recv(j->g, slot(v, step, w), v->mine.hi - v->mine.lo, MG_F32, w, TAG_GRADS));
-    v->micro[k] = head[HEAD_MICRO];
-    v->got[k]++;
-    v->due[w] = step + 1 - j->staleness;
-    return v->due[w] <= v->version ? answer(v, w) : MG_OK;
-}
-
-/* Fully asynchronous: one push straight into the gradients, its own
- * update (clipped by its norm) and the worker's answer after it. */
-static mg_status apply_push(ps_server *v, mg_step_result *r)
-{
-    ps_job *j = &v->j;
-    int64_t head[HEAD_LEN];
-    int w;
-    MG_TRY(take_head(v, head, &w));
-    MG_TRY(mg_recv(j->g, mg_model_grads(j->m) + v->mine.lo, v->mine.hi - v->mine.lo, MG_F32, w,
-                   TAG_GRADS));
-    double sumsq;
-    memcpy(&sumsq, &head[HEAD_SUMSQ], sizeof sumsq);
-    v->due[w] = v->version + 1;   /* answered by after_update */
-    MG_TRY(mg_strategy_update(j->s, (int)head[HEAD_MICRO], sumsq, r));
-    r->updates++;
-    return MG_OK;
-}
-
-/* Update `version`: the workers' pushes of that step, taken as they come
- * (those of the next steps too, into their slots), their mean into the
- * gradients of this server's run. Fully asynchronous: as many pushes as
- * there are workers, whoever sends them, each its own update. The
- * server's source is worker 0's share: it reads (and drops) its
- * micro-batches, so that it knows a step has none (the end of an epoch)
- * as the workers do. */
-static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int max_micro,
-                                 mg_step_result *r)
-{
-    ps_server *v = c;
-    ps_job *j = &v->j;
-    mg_micro_batch b;
-    int count = 0;
-    while (count < max_micro && next(ud, &b))
-        if (++count && b.last) break;
-    if (!count) return MG_OK;
-    r->micro = count;
-    if (j->async) {
-        for (int i = 0; i < j->workers; i++) MG_TRY(apply_push(v, r));
-        return MG_OK;
+    ps_job *j = c;
+    *job = NULL;
+    if (!j->elastic) return MG_OK;
+    int me = mg_group_rank(j->g);
+    uint8_t *gone = malloc((size_t)j->workers);
+    int *out = malloc((size_t)j->workers * sizeof *out), n = 0;
+    mg_status st = gone && out ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
+    for (int w = 0; !st && w < j->workers; w++) gone[w] = j->gone[w];
+    if (!st) st = roll_call(j, gone);
+    if (!st && me < j->workers && gone[me])
+        st = mg_error(MG_EPEER, "ps: the servers lost their link to this worker, and the job "
+                      "goes on without it (--elastic)");
+    for (int w = 0; !st && w < j->workers; w++) {
+        if (gone[w]) leaves(j, w);
+        if (j->gone[w]) out[n++] = w;
     }
-    int k = (int)(v->version % v->rounds);
-    while (v->got[k] < j->workers) MG_TRY(take_push(v));
-    if (v->micro[k] != count)
-        return mg_error(MG_EMISMATCH, "ps server %d: step %ld has %lld micro-batches where "
-                        "its data has %d", v->me, v->version, (long long)v->micro[k], count);
-    size_t len = v->mine.hi - v->mine.lo;
-    float *g = mg_model_grads(j->m) + v->mine.lo;
-    memcpy(g, slot(v, v->version, 0), len * sizeof *g);
-    for (int w = 1; w < j->workers; w++) mg_add_into(g, slot(v, v->version, w), len);
-    mg_grad_scale(g, len, 1.0f / (float)j->workers);
-    v->got[k] = 0;
-    return MG_OK;
-}
-
-/* After the update: the answers its version now allows. */
-static mg_status server_after_update(void *c)
-{
-    ps_server *v = c;
-    v->version++;
-    for (int w = 0; w < v->j.workers; w++)
-        if (v->due[w] >= 0 && v->due[w] <= v->version) MG_TRY(answer(v, w));
-    return MG_OK;
-}
-
-/* A server holds only its run: it evaluates nothing (the workers do,
- * through the same slot, so that both roles take the same path); it reads
- * its source to the end, as a rank that evaluated would. */
-static mg_status server_evaluate(void *c, mg_batch_source next, void *ud, mg_step_result *r)
-{
-    (void)c, (void)r;
-    mg_micro_batch b;
-    while (next(ud, &b)) {}
-    return MG_OK;
-}
-
-
-static void server_share(void *c, int *rank, int *size)
-{
-    *rank = 0;   /* the steps of worker 0's share; it takes no data */
-    *size = ((ps_server *)c)->j.workers;
-}
-
-const mg_component_ops mg__ps_server_component = {
-    .name = "ps-server",
-    .attach = server_attach,
-    .destroy = server_destroy,
-    .ranges = server_ranges,
-    .shards_over = server_shards,
-    .run_step = server_run_step,
-    .after_update = server_after_update,
-    .evaluate = server_evaluate,
-    .data_share = server_share,
-};
-
-/* ---- the worker -------------------------------------------------------------- */
-
-typedef struct {
-    ps_job j;
-    int me;
-    int micro;          /* micro-batches this step */
-    long step;
-    int64_t *base;      /* per server: the version of its run this worker holds */
-    mg_range none;      /* the optimizer's: nothing (the servers step) */
-    mg_range whole;     /* the parameters it holds: all */
-} ps_worker;
-
-static void worker_destroy(void *c)
-{
-    ps_worker *w = c;
-    job_free(&w->j);
-    free(w->base);
-    free(w);
-}
-
-static mg_status worker_attach(mg_strategy *s, void **state)
-{
-    MG_TRY(attach_role(s, false, sizeof(ps_worker), state));
-    ps_worker *w = *state;
-    if (!w) return MG_OK;
-    w->me = mg_group_rank(w->j.g);
-    w->whole = (mg_range){0, mg_model_arena_size(w->j.m)};
-    if (!(w->base = calloc((size_t)w->j.servers, sizeof *w->base))) {
-        worker_destroy(w);
-        *state = NULL;
-        return mg_error(MG_ENOMEM, "ps: out of memory");
+    if (!st && n > j->excluded) {   /* the groups of the ranks that remain */
+        if (me == j->workers)
+            mg_log("ps: %d of %d workers go on; each keeps its share of the batch, so a step "
+                   "trains on %d/%d of it (--elastic)", j->n_live, j->workers, j->n_live,
+                   j->workers);
+        mg_group *now = NULL, *workers = NULL;
+        st = mg_group_exclude(j->g, out, n, &now);
+        /* A worker's rank in the workers' group is its rank in the job. */
+        if (!st && me < j->workers) st = mg_group_exclude(j->role, out, n, &workers);
+        if (st) {
+            mg_group_destroy(now);
+        } else {
+            mg_group_destroy(j->job_left);
+            mg_group_destroy(j->role_left);
+            j->job_left = *job = now;
+            j->role_left = workers;
+            j->excluded = n;
+        }
     }
-    return MG_OK;
+    free(gone);
+    free(out);
+    return st;
 }
-
-static const mg_range *worker_ranges(void *c, int *n)
-{
-    *n = 1;
-    return &((ps_worker *)c)->none;
-}
-
-static mg_group *worker_batch(void *c) { return ((ps_worker *)c)->j.role; }
-
-static void worker_zero_grad(void *c)
-{
-    ps_worker *w = c;
-    w->micro = 0;
-    mg_model_zero_grad(w->j.m);
-}
-
-static mg_status worker_micro_end(void *c)
-{
-    ((ps_worker *)c)->micro++;
-    return MG_OK;
-}
-
-/* Each server's run of the gradients (summed over the micro-batches);
- * fully asynchronous, with the norm of their mean, which clips each push
- * on its own. */
-static mg_status worker_reduce(void *c)
-{
-    ps_worker *w = c;
-    ps_job *j = &w->j;
-    const float *g = mg_model_grads(j->m);
-    double sumsq = j->async ? mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro) : 0;
-    int64_t head[HEAD_LEN] = {[HEAD_STEP] = w->step, [HEAD_MICRO] = w->micro};
-    memcpy(&head[HEAD_SUMSQ], &sumsq, sizeof sumsq);
-    for (int k = 0; k < j->servers; k++) {
-        int to = j->workers + k;
-        head[HEAD_BASE] = w->base[k];
-        MG_TRY(mg_send(j->g, head, HEAD_LEN, MG_I64, to, TAG_HEAD));
-        MG_TRY(mg_send(j->g, g + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32, to,
-                       TAG_GRADS));
-    }
-    return MG_OK;
-}
-
-/* The servers' answers: their runs, of a version the staleness allows
- * for the next step. */
-static mg_status worker_after_update(void *c)
-{
-    ps_worker *w = c;
-    ps_job *j = &w->j;
-    float *p = mg_model_params(j->m);
-    for (int k = 0; k < j->servers; k++) {
-        MG_TRY(mg_recv(j->g, &w->base[k], 1, MG_I64, j->workers + k, TAG_VERSION));
-        MG_TRY(mg_recv(j->g, p + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32,
-                       j->workers + k, TAG_PARAMS));
-    }
-    w->step++;
-    return MG_OK;
-}
-
-static mg_status worker_evaluate(void *c, mg_batch_source next, void *ud, mg_step_result *r)
-{
-    return mg__strategy_forwards(((ps_worker *)c)->j.s, next, ud, r);
-}
-
-static const mg_range *worker_params(void *c, int *n)
-{
-    *n = 1;
-    return &((ps_worker *)c)->whole;
-}
-
-static void worker_share(void *c, int *rank, int *size)
-{
-    ps_worker *w = c;
-    *rank = w->me;
-    *size = w->j.workers;
-}
-
-const mg_component_ops mg__ps_worker_component = {
-    .name = "ps-worker",
-    .attach = worker_attach,
-    .destroy = worker_destroy,
-    .ranges = worker_ranges,
-    .own_ranges = worker_ranges,
-    .param_ranges = worker_params,
-    .batch_over = worker_batch,
-    .zero_grad = worker_zero_grad,
-    .micro_end = worker_micro_end,
-    .reduce = worker_reduce,
-    .after_update = worker_after_update,
-    .evaluate = worker_evaluate,
-    .data_share = worker_share,
-};

@@ -259,15 +259,41 @@ void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops)
     return NULL;
 }
 
-void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size)
+static void share(const mg_strategy *s, bool eval, int *rank, int *size)
 {
     part *p = FIRST((mg_strategy *)s, data_share);
     if (p) {
-        p->ops->data_share(p->c, rank, size);
+        p->ops->data_share(p->c, eval, rank, size);
         return;
     }
     *rank = s->mesh ? mg_mesh_coord(s->mesh, MG_MESH_DP) : 0;
     *size = s->mesh ? mg_mesh_size(s->mesh, MG_MESH_DP) : 1;
+}
+
+void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size)
+{
+    share(s, false, rank, size);
+}
+
+void mg_strategy_eval_share(const mg_strategy *s, int *rank, int *size)
+{
+    share(s, true, rank, size);
+}
+
+mg_group *mg_strategy_group(const mg_strategy *s) { return s->g; }
+
+mg_status mg_strategy_settle(mg_strategy *s)
+{
+    EACH(s, settle) {
+        mg_group *job = NULL;
+        MG_TRY(CALL(settle, &job));
+        if (job) {
+            s->g = job;
+            s->rank = mg_group_rank(job);
+            s->world = mg_group_size(job);
+        }
+    }
+    return MG_OK;
 }
 
 mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return mg_strategy_part(s, &mg__ddp_component); }
@@ -662,7 +688,7 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
         r->samples += b.n;
         if (b.last) break;
     }
-    if (r->micro == 0 || r->updates) return MG_OK;
+    if (r->micro == 0 || r->updated) return MG_OK;
     EACH_BACK(s, reduce) MG_TRY(CALL(reduce));
     return finish_step(s, o, opt, -1, r);
 }

@@ -20,9 +20,9 @@ mg_status mg__train_step_error(const mg_trainer *t)
     if (!t->g) return mg_error(MG_EINVAL, "%s", e);
     char me[96];   /* "rank 3", or with its mesh coordinates "rank 3 (pp 1, dp 1)" */
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", mg_error_past_rank(e, t->info.rank));
-    return mg_error(MG_EPEER, "%s: %s", mg_group_rank_name(t->g, t->info.rank, me, sizeof me),
-                    msg);
+    int rank = mg_group_rank(t->g);
+    snprintf(msg, sizeof msg, "%s", mg_error_past_rank(e, rank));
+    return mg_error(MG_EPEER, "%s: %s", mg_group_rank_name(t->g, rank, me, sizeof me), msg);
 }
 
 /* ---- batches --------------------------------------------------------------- */
@@ -102,6 +102,20 @@ static mg_status sum_over_replicas(mg_trainer *t, double *v, int n)
     return mg_strategy_sum(t->s, v, n) ? mg__train_step_error(t) : MG_OK;
 }
 
+/* Between steps, before the job's collectives: the ranks that remain
+ * agree (an elastic job's roll call), and this rank learns its place
+ * among them. */
+static mg_status settle(mg_trainer *t)
+{
+    if (mg_strategy_settle(t->s)) return mg__train_step_error(t);
+    mg_group *job = mg_strategy_group(t->s);
+    if (job) {
+        t->info.rank = mg_group_rank(job);
+        t->info.world = mg_group_size(job);
+    }
+    return MG_OK;
+}
+
 /* ---- evaluation ------------------------------------------------------------ */
 
 /* The test images [at, end) in batches. */
@@ -144,7 +158,9 @@ static mg_status evaluate_images(mg_trainer *t, mg_train_row *r)
     test_source src = {.test = t->test, .batch = batch, .x = t->xb, .y = t->yb, .idx = t->ib,
                        .sc = t->c.normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT,
                        .x_len = in * (size_t)batch};
-    mg_shard_range(t->test->n, t->info.dp_rank, t->info.dp_size, &src.at, &src.end);
+    int share, shares;
+    mg_strategy_eval_share(t->s, &share, &shares);
+    mg_shard_range(t->test->n, share, shares, &src.at, &src.end);
     mg_step_result sr;
     if (mg_strategy_evaluate(t->s, next_test, &src, &sr) || src.at < src.end)
         return mg__train_step_error(t);
@@ -158,8 +174,10 @@ static mg_status evaluate_images(mg_trainer *t, mg_train_row *r)
 mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
 {
     if (!t->c.text) return evaluate_images(t, r);
-    if (mg_strategy_lm_val_loss(t->s, t->text, t->info.local, t->info.dp_rank, t->info.dp_size,
-                                t->c.eval_windows, &r->val_loss))
+    int share, shares;
+    mg_strategy_eval_share(t->s, &share, &shares);
+    if (mg_strategy_lm_val_loss(t->s, t->text, t->info.local, share, shares, t->c.eval_windows,
+                                &r->val_loss))
         return mg__train_step_error(t);
     r->val_ppl = exp(r->val_loss);
     return MG_OK;
@@ -248,7 +266,7 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         }
         if (st) break;
         double secs = mg_now() - t0;
-        if ((st = sum_over_replicas(t, v, 3))) break;
+        if ((st = settle(t)) || (st = sum_over_replicas(t, v, 3))) break;
         sum->seconds += secs;
         mg_train_row r = mg__train_row_empty();
         r.epoch = e + 1;
@@ -305,7 +323,7 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         if (step % c->eval_every && step < c->steps) continue;
         double secs = mg_now() - t0;
         sum->seconds += secs;
-        if ((st = sum_over_replicas(t, v, 2))) break;
+        if ((st = settle(t)) || (st = sum_over_replicas(t, v, 2))) break;
         mg_train_row r = mg__train_row_empty();
         r.step = step;
         r.train_loss = v[0] / v[1];

@@ -88,7 +88,7 @@ mg_status mg_trainer_print_plan(const mg_trainer *t, FILE *f)
 
 void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
 {
-    int rank = t->info.rank;
+    int rank = t->g ? mg_group_rank(t->g) : 0;   /* as it started, in an elastic job */
     mg_ddp *ddp = mg_strategy_ddp(t->s);
     if (ddp && mg_trace_on() && rank == 0) {
         mg_ddp_stats ds = mg_ddp_get_stats(ddp);

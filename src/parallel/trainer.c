@@ -71,9 +71,12 @@ static mg_status check_config(mg_trainer *t)
     if (c->strategy == MG_STRATEGY_PS && (c->mesh || c->zero || c->offload_dir || c->offload_cpu))
         return mg_error(MG_EINVAL, "--parallel ps keeps the optimizer's state on its servers: "
                         "leave out --mesh, --zero and --offload");
-    if (c->strategy != MG_STRATEGY_PS && (c->ps_servers || c->ps_staleness))
-        return mg_error(MG_EINVAL, "--servers and --staleness shape a parameter server: give "
-                        "--parallel ps");
+    if (c->strategy != MG_STRATEGY_PS && (c->ps_servers || c->ps_staleness || c->elastic))
+        return mg_error(MG_EINVAL, "--servers, --staleness and --elastic shape a parameter "
+                        "server: give --parallel ps");
+    if (c->elastic && mg_env_long("MG_ELASTIC", 0) != 1)
+        return mg_error(MG_EINVAL, "--elastic: the launcher stops the job when a worker dies; "
+                        "start it with mgrun --elastic, which lets the others go on");
     if (c->strategy == MG_STRATEGY_PS && !c->ps_servers) c->ps_servers = 1;
     if (c->zero) {
         if (!mg_strategy_kind_traits(c->strategy).ranks)
@@ -205,10 +208,12 @@ static mg_status join_job(mg_trainer *t)
 {
     mg_train_config *c = &t->c;
     mg_trainer_info *in = &t->info;
-    if (!mg_launch_detect().by)
+    if (!mg_launch_detect().by) {
+        const char *what = c->mesh ? "--mesh" : c->strategy == MG_STRATEGY_PS ? "--parallel ps"
+                                                                              : "--parallel ddp";
         return mg_error(MG_EINVAL, "%s needs a launcher: run it as 'mgrun -n N mgtrain %s ...' "
-                        "(or under mpirun)", c->mesh ? "--mesh" : "--parallel ddp",
-                        c->mesh ? "--mesh dp=N" : "--parallel ddp");
+                        "(or under mpirun)", what, c->mesh ? "--mesh dp=N" : what);
+    }
     MG_TRY(mg_group_init(NULL, &t->g));
     in->distributed = true;
     in->rank = mg_group_rank(t->g);
@@ -273,7 +278,7 @@ static mg_status join_job(mg_trainer *t)
 
 mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
 {
-    return mg_group_agree(t->g, st, MG_AGREE_LEAVE_FIRST);
+    return mg_group_agree(mg_trainer_group(t), st, MG_AGREE_LEAVE_FIRST);
 }
 
 /* The files rank 0 writes (the checkpoint, the log and the plot beside
@@ -349,6 +354,7 @@ static mg_status make_plan(mg_trainer *t)
     so.zero_stage = c->zero;
     so.ps_servers = c->ps_servers;
     so.ps_staleness = c->ps_staleness;
+    so.ps_elastic = c->elastic;
     so.init_seed = c->seed;
     so.offload_dir = c->offload_dir;
     so.offload_cpu = c->offload_cpu;
@@ -523,4 +529,7 @@ const mg_train_config *mg_trainer_config(const mg_trainer *t) { return &t->c; }
 mg_model *mg_trainer_model(const mg_trainer *t) { return t->m; }
 mg_strategy *mg_trainer_strategy(const mg_trainer *t) { return t->s; }
 mg_optim *mg_trainer_optim(const mg_trainer *t) { return t->opt; }
-mg_group *mg_trainer_group(const mg_trainer *t) { return t->g; }
+mg_group *mg_trainer_group(const mg_trainer *t)
+{
+    return t->s ? mg_strategy_group(t->s) : t->g;
+}

@@ -1,0 +1,58 @@
+/* Internal to the parameter server (ps.c, ps_server.c, ps_worker.c): the
+ * job both roles share, its messages, and the workers that left it. */
+#ifndef MG_PARALLEL_PS_H
+#define MG_PARALLEL_PS_H
+
+#include "parallel/internal.h"
+
+/* The job's messages ("ps"): a push's head and gradients; the answer's
+ * version and parameters; under --elastic the roll call and its answer. */
+enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_VERSION, TAG_PARAMS, TAG_ROLL, TAG_GONE };
+
+/* A push's head: the worker's step, its micro-batches, the version of the
+ * server's run it computed on, and (fully asynchronous) the squared norm
+ * of its mean gradient, the bits of a double. */
+enum { HEAD_STEP, HEAD_MICRO, HEAD_BASE, HEAD_SUMSQ, HEAD_LEN };
+
+/* What the two roles share: the job, who is who, and each server's run. */
+typedef struct {
+    mg_strategy *s;
+    mg_model *m;
+    mg_group *g;        /* the job: pushes, parameters, the roll call (all along) */
+    mg_group *role;     /* the workers, or the servers */
+    int workers, servers, staleness;
+    bool async;         /* staleness unbounded: each push its own update */
+    bool elastic;       /* a worker's failure is contained: the others go on */
+    mg_range *run;      /* per server: its units' range of the arena */
+    bool *gone;         /* per worker: it left the job (--elastic) */
+    int *live, n_live;  /* the workers that remain, ascending */
+    int excluded;       /* workers left out of the groups below so far */
+    /* Once a worker has left: the groups of the ranks that remain (the
+     * job's, and the workers'), for the collectives between steps. */
+    mg_group *job_left, *role_left;
+} ps_job;
+
+/* A role's state (size bytes, its ps_job first) on the ranks of that
+ * role; *state stays NULL on the others (the component drops itself).
+ * Collective over the job. */
+mg_status mg__ps_attach_role(mg_strategy *s, bool server, size_t size, void **state);
+void mg__ps_job_free(ps_job *j);
+
+/* A send to or receive from worker w that ended with st: under --elastic
+ * a worker's failure (MG_EPEER, MG_ETIMEOUT) is contained: w has left the
+ * job (said once, with why) and MG_OK comes back; otherwise st. */
+mg_status mg__ps_lost(ps_job *j, int w, mg_status st);
+
+/* The component's settle (component.h), both roles: under --elastic,
+ * the roll call through server 0 (each rank says which workers it saw
+ * leave; server 0 hears every rank that remains, a worker whose link
+ * fails meanwhile has left too, and tells every rank who left); when
+ * workers left since the last one, the groups of the ranks that remain
+ * (*job, and the workers' own). */
+mg_status mg__ps_settle(void *c, mg_group **job);
+
+/* The workers' group for the collectives between steps (those that
+ * remain). */
+mg_group *mg__ps_workers_now(ps_job *j);
+
+#endif
