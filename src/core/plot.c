@@ -64,7 +64,9 @@ mg_status mg_plot_svg_xy(const char *path, const char *title,
                          const char *const panel_title[2], const char *x_label,
                          const double *xs, const mg_plot_series *s, int n_series, int n)
 {
-    static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"};
+    static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                   "#8c564b", "#e377c2", "#7f7f7f"};
+    const int n_colors = (int)(sizeof colors / sizeof *colors);
     const int W = 900, H = 380, pw = 380, ph = 260, top = 60, left[2] = {70, 520};
     /* x of point i: xs[i], or i + 1 (epochs); XPOS maps it into the panel */
 #define X(i) (xs ? xs[i] : (double)(i) + 1)
@@ -116,7 +118,7 @@ mg_status mg_plot_svg_xy(const char *path, const char *title,
         int legend = 0;
         for (int k = 0; k < n_series; k++) {
             if (s[k].panel != p) continue;
-            const char *c = colors[k % 5];
+            const char *c = colors[k % n_colors];
             addf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
             for (int i = 0; i < n; i++) {
                 if (!isfinite(s[k].y[i])) continue;
