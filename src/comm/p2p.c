@@ -765,13 +765,6 @@ mg_status mg__bi_recv_any(mg__bi *b, const mg__req *r, int *peer)
     return st;
 }
 
-void mg__bi_drop_peer(mg__bi *b, int peer)
-{
-    mg__link *l = &b->link[peer];
-    if (l->ch.kind == MG__CH_TCP && !l->ch.dead) shutdown(l->ch.fd, SHUT_RDWR);
-    l->ch.dead = true;
-}
-
 void mg__bi_free_unexpected(mg__bi *b)
 {
     while (b->uhead) {
@@ -784,66 +777,4 @@ void mg__bi_free_unexpected(mg__bi *b)
         b->link[p].um = NULL;
     }
     b->ubytes = 0;
-}
-
-/* ---- failure and teardown -------------------------------------------------------- */
-
-void mg__bi_abort_links(mg__bi *b, const char *msg)
-{
-    size_t len = strlen(msg);
-    if (len > MG__ABORT_MAX) len = MG__ABORT_MAX;
-    for (int p = 0; p < b->g->size; p++) {
-        mg__link *l = &b->link[p];
-        if (l->ch.kind != MG__CH_TCP || l->ch.dead) continue;
-        bool sent = false;
-        if (mg__chan_at_boundary(&l->ch)) {
-            mg__fp h = {.magic = MG__FRAME_MAGIC, .kind = MG__FRAME_ABORT, .len = len};
-            uint8_t buf[sizeof h + MG__ABORT_MAX];
-            memcpy(buf, &h, sizeof h);
-            memcpy(buf + sizeof h, msg, len);
-            sent = !mg__sock_write_all(l->ch.fd, buf, sizeof h + len, mg_now() + 0.1, "abort");
-        }
-        /* Mid-frame the stream cannot carry a notice: closing it is one. */
-        if (!sent) shutdown(l->ch.fd, SHUT_RDWR);
-        l->ch.dead = true;
-    }
-}
-
-void mg__bi_close_links(mg__bi *b, double deadline)
-{
-    int n = b->g->size, open = 0;
-    for (int p = 0; p < n; p++) {
-        mg__link *l = &b->link[p];
-        if (l->ch.kind != MG__CH_TCP || l->ch.fd < 0) continue;
-        shutdown(l->ch.fd, SHUT_WR);
-        open += !l->ch.dead && !l->closed;
-    }
-    /* Read until every peer has closed too, so no data we sent is lost to
-     * a reset; bounded by the deadline. */
-    char junk[4096];
-    while (open > 0 && mg_now() < deadline) {
-        struct pollfd pf[n];
-        int idx[n], np = 0;
-        for (int p = 0; p < n; p++) {
-            mg__link *l = &b->link[p];
-            if (l->ch.kind == MG__CH_TCP && l->ch.fd >= 0 && !l->ch.dead && !l->closed) {
-                pf[np] = (struct pollfd){.fd = l->ch.fd, .events = POLLIN};
-                idx[np++] = p;
-            }
-        }
-        if (poll(pf, (nfds_t)np, mg__poll_ms(deadline, 100)) < 0 && errno != EINTR) break;
-        for (int i = 0; i < np; i++) {
-            if (!pf[i].revents) continue;
-            ssize_t k = recv(pf[i].fd, junk, sizeof junk, MSG_DONTWAIT);
-            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-                b->link[idx[i]].ch.dead = true;
-                open--;
-            }
-        }
-    }
-    for (int p = 0; p < n; p++) {
-        mg__link *l = &b->link[p];
-        if (l->ch.kind == MG__CH_TCP && l->ch.fd >= 0) close(l->ch.fd);
-        l->ch.fd = -1;
-    }
 }
