@@ -214,3 +214,38 @@ TEST(sampler_eval_shards_exact)
             CHECK(max - min <= 1);
         }
 }
+
+/* Blocks (--deterministic): each global batch of `block` samples of the
+ * epoch's order falls into the same places whatever the world size: rank
+ * r's i-th sample of batch k is the order's (k block + r block/W + i)-th,
+ * the last batch wrapped round to the start; W ranks' lists laid side by
+ * side per batch are one rank's list. A world that does not divide the
+ * block is refused. */
+TEST(sampler_blocks_keep_each_global_batch_in_place)
+{
+    int n = 103, block = 16;
+    mg_sampler one;
+    CHECK_OK(mg_sampler_init_blocks(&one, n, 0, 1, block, true, 5));
+    mg_sampler_set_epoch(&one, 2);
+    int m1;
+    const int32_t *all = mg_sampler_indices(&one, &m1);
+    CHECK_EQ(m1, 7 * block);   /* ceil(103 / 16) whole batches */
+    for (int w = 2; w <= 16; w *= 2) {
+        int per = block / w;
+        for (int r = 0; r < w; r++) {
+            mg_sampler s;
+            CHECK_OK(mg_sampler_init_blocks(&s, n, r, w, block, true, 5));
+            mg_sampler_set_epoch(&s, 2);
+            int m;
+            const int32_t *idx = mg_sampler_indices(&s, &m);
+            CHECK_EQ(m, 7 * per);
+            for (int i = 0; i < m; i++)
+                CHECK_MSG(idx[i] == all[(i / per) * block + r * per + i % per],
+                          "world %d, rank %d, index %d", w, r, i);
+            mg_sampler_free(&s);
+        }
+    }
+    mg_sampler_free(&one);
+    mg_sampler s;
+    CHECK_ERR(mg_sampler_init_blocks(&s, n, 0, 3, block, true, 5), MG_EINVAL);
+}

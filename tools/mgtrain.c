@@ -32,7 +32,7 @@
 typedef struct {
     mg_train_config c;
     const char *parallel, *prompt;
-    int quiet, print_plan, sample, top_k, have_sample_opts, have_arch;
+    int quiet, print_plan, print_hash, sample, top_k, have_sample_opts, have_arch;
     float temperature;
     mg_trainer *t;
     int tty;                  /* stderr is a terminal: a progress bar */
@@ -175,6 +175,16 @@ static void usage(FILE *f)
 "                      node's available memory over its ranks)\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
+"  --deterministic     the same bits at any world size: the step's rows cut\n"
+"                      into --virtual-shards V (default 8) micro-batches,\n"
+"                      each the same rows whatever the ranks, their\n"
+"                      gradients summed in one fixed tree (one process and\n"
+"                      --parallel ddp; the ranks must divide V)\n"
+"  --virtual-shards V  with --deterministic: a power of two dividing\n"
+"                      --batch x --accumulate (implies --deterministic)\n"
+"  --print-hash        after training, print a SHA-256 of the parameters as\n"
+"                      logical tensors: the same whatever plan held them\n"
+"                      (with --deterministic, at any world size too)\n"
 "gpt-mini only:\n"
 "  --steps N           optimizer steps (default 2000)\n"
 "  --eval-every N      steps between validations (default 250)\n"
@@ -249,7 +259,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
+           O_RECOMPUTE, O_PLAN, O_HASH, O_DET, O_SHARDS, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
            O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW,
            O_SERVERS, O_STALENESS, O_ELASTIC };
@@ -269,7 +279,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"heads", 1, 0, O_HEADS}, {"ctx", 1, 0, O_CTX}, {"sample", 1, 0, O_SAMPLE},
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
-        {"print-plan", 0, 0, O_PLAN}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
+        {"print-plan", 0, 0, O_PLAN}, {"print-hash", 0, 0, O_HASH},
+        {"deterministic", 0, 0, O_DET}, {"virtual-shards", 1, 0, O_SHARDS}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
         {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
@@ -325,6 +336,9 @@ static void parse_args(int argc, char **argv, options *o)
         case O_RECOMPUTE: c->recompute = true; break;
         case O_SEQ_PAR: c->sequence_parallel = true; break;
         case O_PLAN: o->print_plan = 1; break;
+        case O_HASH: o->print_hash = 1; break;
+        case O_DET: if (!c->det_shards) c->det_shards = 8; break;
+        case O_SHARDS: c->det_shards = (int)int_flag("--virtual-shards", 1, 1 << 20); break;
         case O_SCHEDULE: c->pp_schedule = optarg; break;
         case O_MICRO: c->micro_batches = (int)int_flag("--micro-batches", 1, 1 << 20); break;
         case O_CHUNKS: c->chunks = (int)int_flag("--chunks", 1, 64); break;
@@ -583,6 +597,21 @@ static void print_start(const options *o)
                 "for\n", prog, in.init_left, c->init, c->model);
 }
 
+/* --print-hash: the parameters' SHA-256 (collective), rank 0 prints it,
+ * --quiet or not. */
+static void print_hash(const options *o)
+{
+    if (!o->print_hash) return;
+    uint8_t d[32];
+    TRY(mg_strategy_param_hash(mg_trainer_strategy(o->t), d));
+    mg_group *job = mg_trainer_group(o->t);
+    if (job && mg_group_rank(job) != 0) return;
+    printf("parameters sha256 ");
+    for (int i = 0; i < 32; i++) printf("%02x", d[i]);
+    printf("\n");
+    fflush(stdout);
+}
+
 /* Training (or evaluation alone), then the summary. */
 static void train(options *o)
 {
@@ -597,6 +626,7 @@ static void train(options *o)
         else if (in.rank == 0)
             printf("%s: test loss %.4f, test accuracy %.2f%% (%ld images)\n", c->model,
                    r.test_loss, 100 * r.test_acc, in.test_samples);
+        print_hash(o);
         print_sample(o);
         return;
     }
@@ -610,6 +640,7 @@ static void train(options *o)
                                     "to train" : "--epochs goes up to 1000000, so there is "
                                     "nothing left to train"
                         : c->text ? "raise --steps to train more" : "raise --epochs to train more");
+        print_hash(o);
         print_sample(o);
         return;
     }
@@ -626,6 +657,7 @@ static void train(options *o)
                "(%.0f after the first step), peak memory %.0f MB\n", 100 * s.last.test_acc,
                s.last.test_loss, s.seconds, s.per_s, s.steady_per_s, mg_peak_rss() / 1e6);
     mg_trainer_print_counters(o->t, prog, stderr);
+    print_hash(o);
     print_sample(o);
 }
 
@@ -640,7 +672,8 @@ int main(int argc, char **argv)
     char prompt[300], settings[512];
     prompt_setting(o.prompt, prompt, sizeof prompt);
     snprintf(settings, sizeof settings, "sample=%d;prompt=%s;temperature=%g;top_k=%d;"
-             "print_plan=%d", o.sample, prompt, o.temperature, o.top_k, o.print_plan);
+             "print_plan=%d;print_hash=%d", o.sample, prompt, o.temperature, o.top_k,
+             o.print_plan, o.print_hash);
     o.c.settings = settings;
     o.c.plan_only = o.print_plan;
     o.c.on_progress = print_progress;

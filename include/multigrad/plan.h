@@ -105,6 +105,11 @@ typedef struct mg_strategy_options {
      * job and the others go on (the builtin backend's containment). */
     int ps_servers, ps_staleness;
     bool ps_elastic;
+    /* --deterministic: the global batch's virtual shards V (a power of two
+     * the data-parallel ranks divide; 0: off): each shard's gradient on
+     * its own, all summed in one binary tree, the same bits at any world
+     * size (det.c; one process and ddp). */
+    int det_shards;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */
@@ -186,6 +191,10 @@ mg_status mg_strategy_sum(mg_strategy *s, double *v, int n);
  * reading its part (the parameters it holds, its optimizer ranges),
  * directly or through rank 0, which commits the file or checks it first;
  * every rank gets the outcome, its state and the metadata. Collective. */
+/* A SHA-256 of the parameters as logical tensors (names, shapes, bytes,
+ * in the model's order; buffers left out), whatever plan holds them, in
+ * out on every rank (param_hash.c). Collective. */
+mg_status mg_strategy_param_hash(mg_strategy *s, uint8_t out[32]);
 mg_status mg_strategy_save(mg_strategy *s, const char *path, mg_optim *o,
                            const mg_ckpt_meta *meta);
 mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckpt_meta *meta);

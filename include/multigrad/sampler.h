@@ -29,6 +29,7 @@ typedef struct mg_sampler {
     bool shuffle, drop_last;
     uint64_t seed;
     int64_t epoch;
+    int block;          /* 0: perm[r::world]; else blocks of the order (mg_sampler_init_blocks) */
     int num_samples;    /* indices per rank and epoch */
     int64_t total_size; /* num_samples * world */
     int32_t *perm;      /* scratch: the epoch's order, n_samples entries */
@@ -40,6 +41,14 @@ typedef struct mg_sampler {
  * allocated. */
 mg_status mg_sampler_init(mg_sampler *s, int n_samples, int rank, int world,
                           bool shuffle, uint64_t seed, bool drop_last);
+/* The order cut into global batches of `block` samples (the last padded
+ * by wrapping around to the start, so every one is whole), rank r taking
+ * the r-th contiguous share of block / world of each: a global batch's
+ * samples fall into the same places of it whatever the world size
+ * (--deterministic's virtual shards). MG_EINVAL unless world divides
+ * block. */
+mg_status mg_sampler_init_blocks(mg_sampler *s, int n_samples, int rank, int world, int block,
+                                 bool shuffle, uint64_t seed);
 void mg_sampler_free(mg_sampler *s);
 /* Selects the epoch (call it before each epoch, as in torch, or every
  * epoch reuses the same order). */

@@ -94,6 +94,12 @@ typedef struct mg_train_config {
     /* --elastic (with --parallel ps, under mgrun --elastic): a worker that
      * dies leaves the job; the others go on without it. */
     bool elastic;
+    /* --deterministic: the step's rows (batch x accumulate) cut into
+     * det_shards virtual shards (a power of two the data-parallel ranks
+     * divide; 0: off), each a micro-batch of the same rows at any world
+     * size, their gradients summed in one fixed tree: the same bits on 1
+     * rank or W (det.c). */
+    int det_shards;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for
      * the global batch (batch x accumulate) on the job's ranks, a rank

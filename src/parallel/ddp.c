@@ -410,6 +410,7 @@ static mg_status ddp_attach(mg_strategy *s, void **state)
     mg_model *m = mg_strategy_model(s);
     mg_mesh *mesh = mg_strategy_mesh(s);
     if (!mesh) return mg_error(MG_EINVAL, "strategy ddp needs a process group");
+    if (o->det_shards) return MG_OK;   /* the deterministic component sums instead */
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     int n;
     const mg_range *r = mg_strategy_ranges(s, &n);

@@ -5,7 +5,8 @@
  * order is the epoch's permutation: the mod wraps the padding around to
  * the start of the order exactly as torch does (repeating the order when
  * the padding is longer than the data set), and drop_last simply makes
- * num_samples * world <= n so no index wraps. Limits: n fits an int; the
+ * num_samples * world <= n so no index wraps. In blocks, rank r's list is
+ * the r-th share of each global batch of the order, wrapped the same way. Limits: n fits an int; the
  * permutation is regenerated per epoch in O(n) (60,000 samples: well
  * under a millisecond), done by every rank so no communication is needed. */
 #include "multigrad/sampler.h"
@@ -17,8 +18,10 @@ static void sampler_fill(mg_sampler *s)
         mg_permutation(s->seed + (uint64_t)s->epoch, s->perm, s->n_samples);
     else
         for (int i = 0; i < s->n_samples; i++) s->perm[i] = i;
+    int per = s->block / s->world;
     for (int i = 0; i < s->num_samples; i++) {
-        int64_t j = (int64_t)s->rank + (int64_t)i * s->world;
+        int64_t j = s->block ? (int64_t)(i / per) * s->block + (int64_t)s->rank * per + i % per
+                             : (int64_t)s->rank + (int64_t)i * s->world;
         s->indices[i] = s->perm[j % s->n_samples];
     }
 }
@@ -48,6 +51,28 @@ mg_status mg_sampler_init(mg_sampler *s, int n_samples, int rank, int world,
         mg_sampler_free(s);
         return mg_error(MG_ENOMEM, "sampler: cannot allocate the index lists "
                         "for %d samples", n_samples);
+    }
+    sampler_fill(s);
+    return MG_OK;
+}
+
+mg_status mg_sampler_init_blocks(mg_sampler *s, int n_samples, int rank, int world, int block,
+                                 bool shuffle, uint64_t seed)
+{
+    if (world < 1 || block < world || block % world)
+        return mg_error(MG_EINVAL, "sampler: %d ranks do not share global batches of %d "
+                        "samples evenly", world, block);
+    MG_TRY(mg_sampler_init(s, n_samples, rank, world, shuffle, seed, false));
+    int64_t batches = ((int64_t)n_samples + block - 1) / block;
+    s->block = block;
+    s->num_samples = (int)(batches * (block / world));
+    s->total_size = batches * block;
+    mg_free(s->indices);
+    s->indices = mg_alloc((size_t)(s->num_samples ? s->num_samples : 1) * sizeof *s->indices);
+    if (!s->indices) {
+        mg_sampler_free(s);
+        return mg_error(MG_ENOMEM, "sampler: cannot allocate the index lists for %d samples",
+                        n_samples);
     }
     sampler_fill(s);
     return MG_OK;

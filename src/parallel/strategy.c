@@ -38,10 +38,11 @@ static const struct {
     mg_strategy_traits traits;   /* ranks, threads, compresses */
     const mg_component_ops *parts[4];
 } kinds[] = {
-    {"none", MG_STRATEGY_SINGLE, {false, false, false}, {&mg__tp_component, &mg__pipe_component}},
+    {"none", MG_STRATEGY_SINGLE, {false, false, false},
+     {&mg__tp_component, &mg__pipe_component, &mg__det_component}},
     {"dp", MG_STRATEGY_DP, {false, true, false}, {&mg__tp_component, &mg__dp_component}},
     {"ddp", MG_STRATEGY_DDP, {true, false, true},
-     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
+     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component, &mg__det_component}},
     {"zero", MG_STRATEGY_ZERO, {true, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
@@ -181,6 +182,14 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     int k = 0;
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
+    if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP) {
+        static const char *flag[] = {[MG_STRATEGY_DP] = "--parallel dp",
+                                     [MG_STRATEGY_ZERO] = "--zero",
+                                     [MG_STRATEGY_PIPELINE] = "a pipeline (--mesh pp=P)",
+                                     [MG_STRATEGY_PS] = "--parallel ps"};
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process and --parallel ddp "
+                        "(--mesh dp=N) are built; %s is not yet", flag[o->kind]);
+    }
     bool fresh = !mg_model_has_values(m);
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");

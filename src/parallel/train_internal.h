@@ -46,6 +46,8 @@ struct mg_trainer {
     mg_text *text;
     mg__metrics log;
     long steps_per_epoch;     /* images */
+    int leaves;               /* micro-batches a rank runs a step: --accumulate, or
+                                 --deterministic's V/W virtual shards */
     float *xb;                /* images: a test batch (x, labels, indices) */
     int32_t *yb, *ib;
 };

@@ -32,7 +32,7 @@ typedef struct {
     long left;               /* images of this rank's epoch not yet drawn */
     const mg_text *text;     /* or text */
     uint64_t seed, step;
-    int micro, batch, T, rank, world;
+    int first, micro, batch, T, rank, world;
     int32_t *x, *y;
 } source;
 
@@ -48,14 +48,16 @@ static bool next_images(void *ud, mg_micro_batch *b)
     return true;
 }
 
-/* Micro-batch j of step s: rows [j B, (j + 1) B) of step s's draw, so a
- * global batch is the same rows however accumulation, a pipeline's
- * micro-batches and the data-parallel ranks cut it. */
+/* Micro-batch j of step s: rows [first + j B, first + (j + 1) B) of step
+ * s's draw, this rank's share of them (rank of world), so a global batch
+ * is the same rows however accumulation, a pipeline's micro-batches and
+ * the data-parallel ranks cut it (--deterministic: the rank's virtual
+ * shards, each whole, from its first). */
 static bool next_text(void *ud, mg_micro_batch *b)
 {
     source *s = ud;
-    int rows = mg_text_batch(s->text, s->seed, s->step, s->micro++ * s->batch, s->batch, s->T,
-                             s->rank, s->world, s->x, s->y);
+    int rows = mg_text_batch(s->text, s->seed, s->step, s->first + s->micro++ * s->batch,
+                             s->batch, s->T, s->rank, s->world, s->x, s->y);
     *b = (mg_micro_batch){s->x, s->y, rows, false};
     return true;
 }
@@ -76,7 +78,7 @@ static void traffic_now(const mg_trainer *t, mg_traffic tr[MG_MESH_DIMS + 1])
 static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source next,
                           mg_step_result *r)
 {
-    mg_step_options so = {.accumulate = t->c.accumulate, .lr = (float)lr,
+    mg_step_options so = {.accumulate = t->leaves, .lr = (float)lr,
                           .clip_grad = t->c.clip_grad,
                           .slow = t->c.slow_factor > 0 && t->info.rank == t->c.slow_rank
                                       ? t->c.slow_factor : 1};
@@ -234,8 +236,11 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
     t->sched.total_steps = t->steps_per_epoch * c->epochs;
     mg_sampler sampler = {0};
     mg_loader *loader = NULL;
-    mg_status st = mg_sampler_init(&sampler, t->train->n, t->info.dp_rank, t->info.dp_size, true,
-                                   c->seed, false);
+    mg_status st = c->det_shards   /* each global batch's rows in place, at any world size */
+        ? mg_sampler_init_blocks(&sampler, t->train->n, t->info.dp_rank, t->info.dp_size,
+                                 c->batch * c->accumulate, true, c->seed)
+        : mg_sampler_init(&sampler, t->train->n, t->info.dp_rank, t->info.dp_size, true, c->seed,
+                          false);
     if (!st)
         st = mg_loader_create(t->train, t->info.local,
                               c->normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT, &loader);
@@ -308,6 +313,10 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         source src = {.text = t->text, .seed = c->seed, .step = (uint64_t)step,
                       .batch = c->batch, .T = T, .rank = t->info.dp_rank,
                       .world = t->info.dp_size, .x = x, .y = y};
+        if (c->det_shards)   /* the rank's virtual shards, whole */
+            src = (source){.text = t->text, .seed = c->seed, .step = (uint64_t)step,
+                           .first = t->info.dp_rank * t->leaves * local, .batch = local, .T = T,
+                           .world = 1, .x = x, .y = y};
         mg_step_result sr;
         lr = mg_schedule_lr(&t->sched, step);
         double began = mg_now();

@@ -49,6 +49,13 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
                         "learning rate and %s of at least 1 (mg_train_config_defaults gives "
                         "a zoo model's)", c->text ? "steps" : "epochs");
+    int V = c->det_shards, rows = c->batch * c->accumulate;
+    if (V < 0 || (V && (V & (V - 1) || rows % V)))
+        return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that divides the "
+                        "step's %d rows (--batch x --accumulate)", V, rows);
+    if (V && c->plan_auto)
+        return mg_error(MG_EINVAL, "--deterministic fixes the step's micro-batches (its virtual "
+                        "shards) and --plan auto chooses them: give one of them");
     /* The flags' kinds: --mesh lays out a job's ranks (its dp dimension
      * DDP's), --zero shards that job's state. */
     if (c->mesh && mg_strategy_kind_traits(c->strategy).threads)
@@ -268,10 +275,15 @@ static mg_status join_job(mg_trainer *t)
     if (c->slow_factor > 0 && c->slow_rank >= in->world)
         return mg_error(MG_EINVAL, "--slow-rank %d:%g: the job has ranks 0 to %d", c->slow_rank,
                         c->slow_factor, in->world - 1);
+    int V = c->det_shards, rows = c->batch * c->accumulate;
     mg_status st = c->batch % in->dp_size
         ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks: use a "
                    "multiple of %d (--batch is the global batch)", c->batch * c->accumulate,
                    in->dp_size, in->dp_size * c->accumulate)
+        : V && (V & (V - 1) || V % in->dp_size || rows % V)
+        ? mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that the %d "
+                   "data-parallel rank(s) divide and that divides the step's %d rows (--batch "
+                   "x --accumulate)", V, in->dp_size, rows)
         : MG_OK;
     return mg_trainer_agree(t, st);
 }
@@ -355,6 +367,7 @@ static mg_status make_plan(mg_trainer *t)
     so.ps_servers = c->ps_servers;
     so.ps_staleness = c->ps_staleness;
     so.ps_elastic = c->elastic;
+    so.det_shards = c->det_shards;
     so.init_seed = c->seed;
     so.offload_dir = c->offload_dir;
     so.offload_cpu = c->offload_cpu;
@@ -437,9 +450,11 @@ static mg_status check_images(mg_trainer *t)
                                                  mg_model_classes(t->m));
     MG_TRY(mg_trainer_agree(t, st));
     if (!t->train || t->info.start_epoch >= c->epochs) return MG_OK;
-    long n_local = (t->train->n - t->info.dp_rank + t->info.dp_size - 1) / t->info.dp_size;
+    long rows = (long)c->batch * c->accumulate;   /* --deterministic: whole global batches */
+    long n_local = c->det_shards ? (t->train->n + rows - 1) / rows * (rows / t->info.dp_size)
+                 : (t->train->n - t->info.dp_rank + t->info.dp_size - 1) / t->info.dp_size;
     long micro = (n_local + t->info.local - 1) / t->info.local;
-    t->steps_per_epoch = (micro + c->accumulate - 1) / c->accumulate;
+    t->steps_per_epoch = (micro + t->leaves - 1) / t->leaves;
     if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)
         return mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with --batch %d "
                         "--accumulate %d", c->resume, t->info.start_step, t->info.start_epoch,
@@ -476,6 +491,11 @@ static mg_status create(mg_trainer *t)
     MG_TRY(check_outputs(t));
     MG_TRY(load_data(t));
     t->info.local = c->batch / t->info.dp_size;   /* samples per rank and micro-batch */
+    t->leaves = c->accumulate;
+    if (c->det_shards) {   /* a virtual shard's rows each, V/W of them */
+        t->info.local = c->batch * c->accumulate / c->det_shards;
+        t->leaves = c->det_shards / t->info.dp_size;
+    }
     MG_TRY(make_model(t));
     MG_TRY(make_plan(t));
     if (c->plan_only) return MG_OK;

@@ -1,0 +1,167 @@
+/* Deterministic data parallelism (--deterministic, issue 35): the same
+ * bits at any world size.
+ *
+ * A step's global batch is cut into V virtual shards of the same size (V
+ * a power of two, fixed by the run, not by the world size W, which must
+ * divide it), the trainer feeding each rank its V/W consecutive shards as
+ * micro-batches of the same rows whatever W is (mg_sampler_init_blocks,
+ * the text's rows in order). Each shard's gradient is computed on its own
+ * (the arena zeroed before it) and the V gradients are summed in one
+ * fixed binary tree: on a rank, its shards' subtree (a binary counter:
+ * two nodes of a level become one of the next as soon as both are there,
+ * at most log2(V/W) + 1 nodes kept); across ranks, the subtrees' roots in
+ * the tree's upper levels (rank r adds rank r + 2^k's node at level k,
+ * then rank 0 broadcasts the root). Every sum in it adds the same two
+ * numbers at any W, and floating-point addition is commutative, so the
+ * sum is the same bits; the mean divides by powers of two only (W, then
+ * the strategy's V/W), which is exact. The model's own kernels see the
+ * same shapes at any W (a shard's rows), so each shard's gradient is the
+ * same bits too.
+ *
+ * Replaces DDP (which drops itself) for one process and --parallel ddp
+ * over a data-parallel mesh. Limits (this increment): not yet with ZeRO,
+ * a pipeline, tensor parallelism, DataParallel threads or a parameter
+ * server (refused); the training figures are summed over the ranks as
+ * DDP's are (their last bits may follow W; the parameters do not); V
+ * arena-sized buffers at most log2(V/W) + 1 on each rank. */
+#include <stdlib.h>
+#include <string.h>
+#include "parallel/internal.h"
+
+enum { TAG_NODE = 0x6474 };   /* "dt" */
+
+typedef struct {
+    mg_model *m;
+    mg_group *g;        /* the data-parallel ranks (NULL: one process) */
+    int rank, world, shards;   /* shards: V */
+    size_t n;           /* arena floats */
+    float **node;       /* the subtree's nodes kept, by slot */
+    int *level;         /* each kept node's level (-1: free) */
+    int depth;          /* slots: log2(V/W) + 1 */
+    int kept;           /* nodes on the stack (slots 0 .. kept-1, levels decreasing) */
+    float *peer;        /* a peer's node, across ranks */
+} det;
+
+static bool power_of_two(int v) { return v > 0 && !(v & (v - 1)); }
+
+static void det_destroy(void *c)
+{
+    det *d = c;
+    for (int i = 0; i < d->depth; i++) mg_free(d->node[i]);
+    free(d->node);
+    free(d->level);
+    mg_free(d->peer);
+    free(d);
+}
+
+static mg_status det_attach(mg_strategy *s, void **state)
+{
+    const mg_strategy_options *o = mg_strategy_options_of(s);
+    if (!o->det_shards) return MG_OK;
+    mg_mesh *mesh = mg_strategy_mesh(s);
+    if (mesh && (mg_mesh_size(mesh, MG_MESH_PP) > 1 || mg_mesh_size(mesh, MG_MESH_TP) > 1))
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: a mesh of dp only is built; pipelines "
+                        "and tensor parallelism are not yet");
+    int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1;
+    if (!power_of_two(V) || V % W)
+        return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
+                        "divide (each rank takes V/W of them)", V, W);
+    det *d = calloc(1, sizeof *d);
+    if (!d) return mg_error(MG_ENOMEM, "--deterministic: out of memory");
+    d->m = mg_strategy_model(s);
+    d->g = mesh && W > 1 ? mg_mesh_group(mesh, MG_MESH_DP) : NULL;
+    d->rank = d->g ? mg_group_rank(d->g) : 0;
+    d->world = W;
+    d->shards = V;
+    d->n = mg_model_arena_size(d->m);
+    for (int v = V / W; v; v >>= 1) d->depth++;
+    d->node = calloc((size_t)d->depth, sizeof *d->node);
+    d->level = malloc((size_t)d->depth * sizeof *d->level);
+    bool ok = d->node && d->level;
+    for (int i = 0; ok && i < d->depth; i++) ok = (d->node[i] = mg_alloc(d->n * sizeof(float)));
+    if (ok && d->g) ok = (d->peer = mg_alloc(d->n * sizeof(float)));
+    *state = d;
+    return ok ? MG_OK
+              : mg_error(MG_ENOMEM, "--deterministic: out of memory for %d gradient copies of "
+                         "%zu floats", d->depth + (d->g != NULL), d->n);
+}
+
+static mg_group *det_group(void *c) { return ((det *)c)->g; }
+
+static void det_zero_grad(void *c)
+{
+    det *d = c;
+    d->kept = 0;
+    mg_model_zero_grad(d->m);
+}
+
+/* After a shard's backward: its gradient onto the stack as a node of
+ * level 0, the nodes of a level paired into the next as they come; the
+ * arena zeroed for the next shard. */
+static mg_status det_micro_end(void *c)
+{
+    det *d = c;
+    float *g = mg_model_grads(d->m);
+    int level = 0;
+    if (d->kept && d->level[d->kept - 1] == 0) {
+        mg_add_into(d->node[d->kept - 1], g, d->n);   /* left + right */
+        level = 1;
+        d->kept--;
+    } else {
+        memcpy(d->node[d->kept], g, d->n * sizeof *g);
+    }
+    while (d->kept && d->level[d->kept - 1] == level) {   /* the left one waits below */
+        mg_add_into(d->node[d->kept - 1], d->node[d->kept], d->n);
+        d->kept--;
+        level++;
+    }
+    if (d->kept >= d->depth) return mg_error(MG_EINVAL, "--deterministic: more shards than "
+                                             "V/W in a step");
+    d->level[d->kept++] = level;
+    mg_model_zero_grad(d->m);
+    return MG_OK;
+}
+
+/* After the shards: this rank's subtree root, the upper levels across the
+ * ranks (rank r adds rank r + 2^k's node at level k), the root broadcast
+ * and divided by W (exact), into the arena. */
+static mg_status det_reduce(void *c)
+{
+    det *d = c;
+    if (d->kept != 1 || (1 << d->level[0]) != d->shards / d->world)
+        return mg_error(MG_EINVAL, "--deterministic: a step of %d shard(s) where each rank "
+                        "takes %d (the global batch is cut into %d)", d->kept ? 1 << d->level[0]
+                        : 0, d->shards / d->world, d->shards);
+    float *root = d->node[0], *g = mg_model_grads(d->m);
+    for (int k = 1; d->g && k < d->world; k <<= 1) {
+        if (d->rank & k) {
+            MG_TRY(mg_send(d->g, root, d->n, MG_F32, d->rank - k, TAG_NODE));
+            break;
+        }
+        MG_TRY(mg_recv(d->g, d->peer, d->n, MG_F32, d->rank + k, TAG_NODE));
+        mg_add_into(root, d->peer, d->n);
+    }
+    if (d->g) MG_TRY(mg_broadcast(d->g, root, d->n, MG_F32, 0));
+    memcpy(g, root, d->n * sizeof *g);
+    if (d->world > 1) mg_grad_scale(g, d->n, 1.0f / (float)d->world);
+    d->kept = 0;
+    return MG_OK;
+}
+
+static void det_memory(void *c, mg_memory_stats *ms)
+{
+    det *d = c;
+    ms->grads += (size_t)(d->depth + (d->peer != NULL)) * d->n * sizeof(float);
+}
+
+const mg_component_ops mg__det_component = {
+    .name = "det",
+    .attach = det_attach,
+    .destroy = det_destroy,
+    .replicas_over = det_group,
+    .batch_over = det_group,
+    .zero_grad = det_zero_grad,
+    .micro_end = det_micro_end,
+    .reduce = det_reduce,
+    .memory = det_memory,
+};
