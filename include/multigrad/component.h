@@ -79,7 +79,8 @@ typedef struct mg_component_ops {
      * the micro-batches, the gradients this rank steps made final (reverse
      * order). grads_elsewhere: gradients kept outside the arena (offload),
      * already scaled to the mean; true with *sumsq their share of the
-     * norm, and clipping goes to the optimizer (mg_optim_scale_grads).
+     * norm, and clipping goes to the optimizer (mg_optim_scale_grads);
+     * grad_sumsq (below) the whole norm where a rank knows it.
      * after_update: after the optimizer (e.g. ZeRO 1-2's all-gather). */
     void (*zero_grad)(void *c);
     mg_status (*run_step)(void *c, mg_batch_source next, void *ud, int max_micro,
@@ -89,6 +90,11 @@ typedef struct mg_component_ops {
     mg_status (*micro_end)(void *c);
     mg_status (*reduce)(void *c);
     bool (*grads_elsewhere)(void *c, double *sumsq);
+    /* The squared norm of the mean gradient over `micro` micro-batches,
+     * when this rank holds the whole of it summed (the deterministic
+     * tree's root): clipping takes it instead of summing the ranks' shares
+     * (whose order would follow the world size). */
+    double (*grad_sumsq)(void *c, int micro);
     mg_status (*after_update)(void *c);
 
     /* ---- state ---------------------------------------------------------------

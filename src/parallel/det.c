@@ -19,11 +19,14 @@
  * same bits too.
  *
  * Replaces DDP (which drops itself) for one process and --parallel ddp
- * over a data-parallel mesh. Limits (this increment): not yet with ZeRO,
- * a pipeline, tensor parallelism, DataParallel threads or a parameter
- * server (refused); the training figures are summed over the ranks as
- * DDP's are (their last bits may follow W; the parameters do not); V
- * arena-sized buffers at most log2(V/W) + 1 on each rank. */
+ * over a data-parallel mesh; beside ZeRO-1 it sums the gradients in ZeRO's
+ * place (ZeRO shards the optimizer and gathers the parameters). Clipping
+ * takes the norm of the whole summed gradient every rank holds
+ * (grad_sumsq), not the ranks' shares summed. Limits (this increment): not
+ * yet with ZeRO 2-3, a pipeline, tensor parallelism, DataParallel threads
+ * or a parameter server (refused); the training figures are summed over
+ * the ranks as DDP's are (their last bits may follow W; the parameters do
+ * not); arena-sized buffers, at most log2(V/W) + 1, on each rank. */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/internal.h"
@@ -40,6 +43,8 @@ typedef struct {
     int depth;          /* slots: log2(V/W) + 1 */
     int kept;           /* nodes on the stack (slots 0 .. kept-1, levels decreasing) */
     float *peer;        /* a peer's node, across ranks */
+    double sumsq;       /* of the step's summed gradient, over W */
+    bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO-1 */
 } det;
 
 static bool power_of_two(int v) { return v > 0 && !(v & (v - 1)); }
@@ -74,6 +79,7 @@ static mg_status det_attach(mg_strategy *s, void **state)
     d->world = W;
     d->shards = V;
     d->n = mg_model_arena_size(d->m);
+    d->replaces = o->kind != MG_STRATEGY_ZERO;
     for (int v = V / W; v; v >>= 1) d->depth++;
     d->node = calloc((size_t)d->depth, sizeof *d->node);
     d->level = malloc((size_t)d->depth * sizeof *d->level);
@@ -86,7 +92,13 @@ static mg_status det_attach(mg_strategy *s, void **state)
                          "%zu floats", d->depth + (d->g != NULL), d->n);
 }
 
-static mg_group *det_group(void *c) { return ((det *)c)->g; }
+/* In DDP's place: the replicas, over which the figures are summed; beside
+ * ZeRO-1, ZeRO's group says it (its ranks keep their own pieces). */
+static mg_group *det_group(void *c)
+{
+    det *d = c;
+    return d->replaces ? d->g : NULL;
+}
 
 static void det_zero_grad(void *c)
 {
@@ -144,8 +156,15 @@ static mg_status det_reduce(void *c)
     if (d->g) MG_TRY(mg_broadcast(d->g, root, d->n, MG_F32, 0));
     memcpy(g, root, d->n * sizeof *g);
     if (d->world > 1) mg_grad_scale(g, d->n, 1.0f / (float)d->world);
+    d->sumsq = mg_grad_sumsq(g, d->n);
     d->kept = 0;
     return MG_OK;
+}
+
+/* The mean's: the sum's scaled by a power of two squared, exactly. */
+static double det_grad_sumsq(void *c, int micro)
+{
+    return ((det *)c)->sumsq / ((double)micro * micro);
 }
 
 static void det_memory(void *c, mg_memory_stats *ms)
@@ -163,5 +182,6 @@ const mg_component_ops mg__det_component = {
     .zero_grad = det_zero_grad,
     .micro_end = det_micro_end,
     .reduce = det_reduce,
+    .grad_sumsq = det_grad_sumsq,
     .memory = det_memory,
 };

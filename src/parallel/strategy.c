@@ -36,7 +36,7 @@ static const struct {
     const char *name;
     mg_strategy_kind kind;
     mg_strategy_traits traits;   /* ranks, threads, compresses */
-    const mg_component_ops *parts[4];
+    const mg_component_ops *parts[5];
 } kinds[] = {
     {"none", MG_STRATEGY_SINGLE, {false, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__det_component}},
@@ -44,7 +44,8 @@ static const struct {
     {"ddp", MG_STRATEGY_DDP, {true, false, true},
      {&mg__tp_component, &mg__pipe_component, &mg__ddp_component, &mg__det_component}},
     {"zero", MG_STRATEGY_ZERO, {true, false, false},
-     {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component}},
+     {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component,
+      &mg__det_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
     {"ps", MG_STRATEGY_PS, {true, false, false},
@@ -182,13 +183,15 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     int k = 0;
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
-    if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP) {
+    if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP &&
+        !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
         static const char *flag[] = {[MG_STRATEGY_DP] = "--parallel dp",
-                                     [MG_STRATEGY_ZERO] = "--zero",
+                                     [MG_STRATEGY_ZERO] = "--zero 2 and 3",
                                      [MG_STRATEGY_PIPELINE] = "a pipeline (--mesh pp=P)",
                                      [MG_STRATEGY_PS] = "--parallel ps"};
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process and --parallel ddp "
-                        "(--mesh dp=N) are built; %s is not yet", flag[o->kind]);
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel ddp (--mesh "
+                        "dp=N) and --zero 1 are built; %s %s not yet", flag[o->kind],
+                        o->kind == MG_STRATEGY_ZERO ? "are" : "is");
     }
     bool fresh = !mg_model_has_values(m);
     mg_strategy *s = calloc(1, sizeof *s);
@@ -217,7 +220,7 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     s->o.offload_dir = s->offload_dir;
     if (!s->o.offload_window)
         s->o.offload_window = mg_strategy_defaults(o->kind).offload_window;
-    for (int i = 0; i < 4 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
+    for (int i = 0; i < 5 && kinds[k].parts[i] && !st; i++) st = add_part(s, kinds[k].parts[i]);
     for (int i = 0; o->components && o->components[i] && !st; i++)
         st = add_part(s, o->components[i]);
     if (!st) st = find_own_ranges(s);
@@ -774,6 +777,8 @@ static mg_status finish_on_device(mg_strategy *s, mg_optim *o, const mg_step_opt
     for (int k = 0; k < nr && scale != 1.0f && !elsewhere; k++)
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
+        part *whole = FIRST(s, grad_sumsq);   /* a rank that holds the whole gradient */
+        if (sumsq < 0 && whole) sumsq = whole->ops->grad_sumsq(whole->c, r->micro);
         if (sumsq >= 0) r->grad_norm = sqrt(sumsq);
         else MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);

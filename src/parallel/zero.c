@@ -97,6 +97,7 @@ struct mg_zero {
     mg_scratch *ps;         /* stage 3 offload: the parameter pieces, one after another */
     mg_scratch *gs;         /* stages 2-3 offload: the gradient pieces, the same way */
     int micro;              /* micro-batches since zero_grad */
+    bool reduced_elsewhere; /* stage 1 under --deterministic: det.c sums the gradients */
     bool last;              /* this one is the step's last */
     mg_status err;
     size_t param_bytes, grad_bytes;   /* resident now (counted, not measured) */
@@ -519,7 +520,7 @@ void mg__zero_begin(mg_zero *z, bool last)
     z->active = true;
     z->micro++;
     z->last = last;
-    z->sync = z->stage >= 2 || last;
+    z->sync = (z->stage >= 2 || last) && !z->reduced_elsewhere;
     z->ready = 0;
     z->next = 0;
 }
@@ -656,6 +657,7 @@ static mg_status zero_attach(mg_strategy *s, void **state)
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     mg_zero *z;
     MG_TRY(mg__zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
+    z->reduced_elsewhere = o->det_shards > 0;
     mg_status st = o->offload_dir ? mg_strategy_agree(s, mg__zero_offload(z, o->offload_dir))
                                   : MG_OK;
     if (st) mg__zero_destroy(z);
