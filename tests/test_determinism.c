@@ -95,8 +95,9 @@ TEST_T(print_hash_is_the_same_under_every_plan, 180)
 
 /* --deterministic: 100 steps of gpt-mini (clipped to a norm of 0.5) and
  * an epoch of lenet5 end with the same parameters, bit for bit, on 1, 2,
- * 4 and 8 ranks under DDP and on 2 and 4 under ZeRO-1 (8 virtual shards;
- * 8 ranks oversubscribe the machine). */
+ * 4 and 8 ranks under DDP, on 2 and 4 under ZeRO-1, and on 3 and 4
+ * DataParallel threads of one process (8 virtual shards; 8 ranks
+ * oversubscribe the machine). */
 TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 {
     char bin[512], run[512], *out;
@@ -107,18 +108,19 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
         "--model lenet5 --epochs 1"};
     const struct { int ranks; const char *plan; } runs[] = {
         {1, ""}, {2, "--parallel ddp"}, {4, "--parallel ddp"}, {8, "--parallel ddp"},
-        {2, "--mesh dp=2 --zero 1"}, {4, "--mesh dp=4 --zero 1"}};
+        {2, "--mesh dp=2 --zero 1"}, {4, "--mesh dp=4 --zero 1"},
+        {1, "--parallel dp --workers 3"}, {1, "--parallel dp --workers 4"}};
     for (int j = 0; j < 2; j++) {
         char first[65] = "", got[65];
         for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
             int w = runs[k].ranks;
-            int rc = w == 1 ? mgt_sh(&out, "%s %s --deterministic --print-hash --quiet", bin,
-                                     jobs[j])
+            int rc = w == 1 ? mgt_sh(&out, "%s %s %s --deterministic --print-hash --quiet", bin,
+                                     jobs[j], runs[k].plan)
                             : mgt_sh(&out, "%s -n %d %s %s %s --deterministic --print-hash "
                                      "--quiet", run, w, bin, jobs[j], runs[k].plan);
             hash_of(out, got);
             CHECK_MSG(rc == 0 && got[0], "%d rank(s): rc %d: %s", w, rc, out);
-            if (w == 1) snprintf(first, sizeof first, "%s", got);
+            if (!k) snprintf(first, sizeof first, "%s", got);
             CHECK_MSG(!strcmp(got, first), "%s on %d ranks %s: %s against one rank's %s",
                       jobs[j], w, runs[k].plan, got, first);
             free(out);
@@ -174,7 +176,7 @@ TEST_T(deterministic_bad_input, 120)
         {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) divide"},
         {"-n 2", "--mesh dp=2 --zero 2 --deterministic", "--zero 2 and 3 are not yet"},
         {"-n 2", "--mesh pp=2 --deterministic", "pipelines and tensor parallelism are not yet"},
-        {"", "--parallel dp --deterministic", "--parallel dp is not yet"},
+        {"-n 2", "--parallel ps --deterministic", "--parallel ps is not yet"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = *cases[i].ranks

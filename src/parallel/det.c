@@ -23,10 +23,12 @@
  * place (ZeRO shards the optimizer and gathers the parameters). Clipping
  * takes the norm of the whole summed gradient every rank holds
  * (grad_sumsq), not the ranks' shares summed. Limits (this increment): not
- * yet with ZeRO 2-3, a pipeline, tensor parallelism, DataParallel threads
- * or a parameter server (refused); the training figures are summed over
+ * yet with ZeRO 2-3, a pipeline, tensor parallelism or a parameter server
+ * (refused); the training figures are summed over
  * the ranks as DDP's are (their last bits may follow W; the parameters do
- * not); arena-sized buffers, at most log2(V/W) + 1, on each rank. */
+ * not); arena-sized buffers, at most log2(V/W) + 1, on each rank.
+ * DataParallel threads (dp.c's deterministic driver) push their shards'
+ * gradients in shard order (mg__det_push). */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/internal.h"
@@ -107,13 +109,9 @@ static void det_zero_grad(void *c)
     mg_model_zero_grad(d->m);
 }
 
-/* After a shard's backward: its gradient onto the stack as a node of
- * level 0, the nodes of a level paired into the next as they come; the
- * arena zeroed for the next shard. */
-static mg_status det_micro_end(void *c)
+mg_status mg__det_push(void *c, const float *g)
 {
     det *d = c;
-    float *g = mg_model_grads(d->m);
     int level = 0;
     if (d->kept && d->level[d->kept - 1] == 0) {
         mg_add_into(d->node[d->kept - 1], g, d->n);   /* left + right */
@@ -130,6 +128,15 @@ static mg_status det_micro_end(void *c)
     if (d->kept >= d->depth) return mg_error(MG_EINVAL, "--deterministic: more shards than "
                                              "V/W in a step");
     d->level[d->kept++] = level;
+    return MG_OK;
+}
+
+/* After a shard's backward: its gradient into the tree; the arena zeroed
+ * for the next shard. */
+static mg_status det_micro_end(void *c)
+{
+    det *d = c;
+    MG_TRY(mg__det_push(d, mg_model_grads(d->m)));
     mg_model_zero_grad(d->m);
     return MG_OK;
 }

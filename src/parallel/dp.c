@@ -26,6 +26,8 @@ typedef struct {
     float *buffers;   /* threads after the first: their copy of the buffers */
     const void *x;    /* the model's input: floats, or int32 tokens (4 bytes each too) */
     const int32_t *y;
+    float *xb;        /* --deterministic: its shard's input and labels, copied */
+    int32_t *yb;
     int n;            /* samples of this thread this step */
     float loss;
     int correct;
@@ -212,6 +214,8 @@ void mg_dp_destroy(mg_dp *dp)
         mg_tape_destroy(dp->w[k].t);
         mg_free(dp->w[k].grads);
         mg_free(dp->w[k].buffers);
+        free(dp->w[k].xb);
+        free(dp->w[k].yb);
     }
     if (dp->own) mg_model_destroy(dp->m);
     pthread_mutex_destroy(&dp->mu);
@@ -224,6 +228,29 @@ void mg_dp_destroy(mg_dp *dp)
 
 mg_model *mg_dp_model(mg_dp *dp) { return dp->m; }
 int mg_dp_workers(const mg_dp *dp) { return dp->workers; }
+
+/* Parallel apply: each thread its share (the first on this thread);
+ * every thread draws dropout at the model's position, which then moves on
+ * once. A failed thread's error, the gradients left as they were. */
+static mg_status run_threads(mg_dp *dp)
+{
+    mg_model *m = dp->m;
+    uint64_t step = mg_model_rng_counter(m);
+    pthread_mutex_lock(&dp->mu);
+    dp->pending = dp->workers - 1;
+    dp->gen++;
+    pthread_cond_broadcast(&dp->go);
+    pthread_mutex_unlock(&dp->mu);
+    apply(&dp->w[0], step);
+    pthread_mutex_lock(&dp->mu);
+    while (dp->pending > 0) pthread_cond_wait(&dp->fin, &dp->mu);
+    pthread_mutex_unlock(&dp->mu);
+    if (mg_model_training(m)) mg_model_set_rng_counter(m, step + 1);
+    for (int k = 0; k < dp->workers; k++)
+        if (dp->w[k].st)
+            return mg_error(dp->w[k].st, "DataParallel thread %d: %s", k, dp->w[k].err);
+    return MG_OK;
+}
 
 mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
                                  float *loss, int *correct)
@@ -244,22 +271,7 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
         off += len;
         if (k > 0 && nb) memcpy(dp->w[k].buffers, mg_model_buffers(m), nb * sizeof(float));
     }
-    /* parallel apply: the first share on this thread; every thread draws
-     * dropout at the model's position, which then moves on once */
-    uint64_t step = mg_model_rng_counter(m);
-    pthread_mutex_lock(&dp->mu);
-    dp->pending = W - 1;
-    dp->gen++;
-    pthread_cond_broadcast(&dp->go);
-    pthread_mutex_unlock(&dp->mu);
-    apply(&dp->w[0], step);
-    pthread_mutex_lock(&dp->mu);
-    while (dp->pending > 0) pthread_cond_wait(&dp->fin, &dp->mu);
-    pthread_mutex_unlock(&dp->mu);
-    if (mg_model_training(m)) mg_model_set_rng_counter(m, step + 1);
-    for (int k = 0; k < W; k++)
-        if (dp->w[k].st)   /* the gradients are left as they were */
-            return mg_error(dp->w[k].st, "DataParallel thread %d: %s", k, dp->w[k].err);
+    MG_TRY(run_threads(dp));
     /* gather and reduce onto the model's gradients, weighted by batch
      * share, on top of what they held */
     float l = 0;
@@ -299,4 +311,94 @@ static mg_status dp_micro(void *c, const mg_micro_batch *b, float *loss, int *co
 
 const mg_component_ops mg__dp_component = {
     .name = "dp", .attach = dp_attach, .destroy = dp_destroy, .run_micro = dp_micro,
+};
+
+/* ---- --deterministic: the threads take whole virtual shards -------------
+ * Each thread runs one shard (a micro-batch of the trainer's, its rows
+ * copied, for the source reuses its buffers) on its own tape, in rounds of
+ * as many shards as threads; the shards' gradients go into det.c's tree in
+ * their order, so the sum is the one process's, and any number of threads
+ * gives the same bits. Drives the step (run_step) in the strategy's
+ * deterministic mode; drops itself otherwise. */
+
+typedef struct {
+    mg_dp *dp;
+    void *det;
+    int cap;            /* rows each worker's shard buffers hold */
+} dp_det;
+
+static mg_status dp_det_attach(mg_strategy *s, void **state)
+{
+    if (!mg_strategy_options_of(s)->det_shards) return MG_OK;
+    dp_det *q = calloc(1, sizeof *q);
+    if (!q) return mg_error(MG_ENOMEM, "dp: out of memory");
+    q->dp = mg_strategy_part(s, &mg__dp_component);
+    q->det = mg_strategy_part(s, &mg__det_component);
+    MG_ASSERT(q->dp && q->det);
+    *state = q;
+    return MG_OK;
+}
+
+static void dp_det_destroy(void *c) { free(c); }
+
+/* Worker k's copy of shard b. */
+static mg_status take_shard(dp_det *q, int k, const mg_micro_batch *b)
+{
+    mg_dp *dp = q->dp;
+    worker *w = &dp->w[k];
+    if (b->n > q->cap) {   /* the shards of a run are all the same size */
+        for (int i = 0; i < dp->workers; i++) {
+            free(dp->w[i].xb);
+            free(dp->w[i].yb);
+            dp->w[i].xb = malloc((size_t)b->n * dp->in * 4);
+            dp->w[i].yb = malloc((size_t)b->n * dp->positions * sizeof(int32_t));
+            if (!dp->w[i].xb || !dp->w[i].yb)
+                return mg_error(MG_ENOMEM, "dp: out of memory for shards of %d rows", b->n);
+        }
+        q->cap = b->n;
+        if (b->n > mg_tape_capacity(dp->w[0].t)) MG_TRY(make_tapes(dp, b->n));
+    }
+    memcpy(w->xb, b->x, (size_t)b->n * dp->in * 4);
+    memcpy(w->yb, b->y, (size_t)b->n * dp->positions * sizeof(int32_t));
+    w->x = w->xb;
+    w->y = w->yb;
+    w->n = b->n;
+    return MG_OK;
+}
+
+static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int max_micro,
+                                 mg_step_result *r)
+{
+    dp_det *q = c;
+    mg_dp *dp = q->dp;
+    size_t nb = mg_model_buffer_size(dp->m);
+    bool more = true;
+    while (more && r->micro < max_micro) {
+        int k = 0;
+        mg_micro_batch b;
+        while (k < dp->workers && r->micro + k < max_micro && next(ud, &b)) {
+            MG_TRY(take_shard(q, k++, &b));
+            if (b.last) break;
+        }
+        more = k == dp->workers;
+        if (!k) break;
+        for (int i = 0; i < dp->workers; i++) {
+            if (i >= k) dp->w[i].n = 0;
+            if (i > 0 && nb) memcpy(dp->w[i].buffers, mg_model_buffers(dp->m), nb * sizeof(float));
+        }
+        MG_TRY(run_threads(dp));
+        for (int i = 0; i < k; i++) {   /* in the shards' order */
+            MG_TRY(mg__det_push(q->det, dp->w[i].grads));
+            r->loss_sum += (double)dp->w[i].loss * dp->w[i].n;
+            r->correct += dp->w[i].correct;
+            r->samples += dp->w[i].n;
+            r->micro++;
+        }
+    }
+    return MG_OK;
+}
+
+const mg_component_ops mg__dp_det_component = {
+    .name = "dp-det", .attach = dp_det_attach, .destroy = dp_det_destroy,
+    .run_step = dp_det_run_step,
 };

@@ -35,7 +35,12 @@ mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
 /* The built-in components (component.h), listed by kind in strategy.c. */
 extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_component,
     mg__zero_component, mg__pipe_component, mg__zero_pipe_component, mg__ps_server_component,
-    mg__ps_worker_component, mg__det_component;
+    mg__ps_worker_component, mg__det_component, mg__dp_det_component;
+
+/* --deterministic (det.c): shard gradient g (arena-sized) into the tree
+ * of det's state c, the shards of a step in their order; for a component
+ * that runs the shards itself (DataParallel threads). */
+mg_status mg__det_push(void *c, const float *g);
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */

@@ -40,7 +40,8 @@ static const struct {
 } kinds[] = {
     {"none", MG_STRATEGY_SINGLE, {false, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__det_component}},
-    {"dp", MG_STRATEGY_DP, {false, true, false}, {&mg__tp_component, &mg__dp_component}},
+    {"dp", MG_STRATEGY_DP, {false, true, false},
+     {&mg__tp_component, &mg__dp_component, &mg__det_component, &mg__dp_det_component}},
     {"ddp", MG_STRATEGY_DDP, {true, false, true},
      {&mg__tp_component, &mg__pipe_component, &mg__ddp_component, &mg__det_component}},
     {"zero", MG_STRATEGY_ZERO, {true, false, false},
@@ -184,13 +185,13 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
     if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP &&
-        !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
+        o->kind != MG_STRATEGY_DP && !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
         static const char *flag[] = {[MG_STRATEGY_DP] = "--parallel dp",
                                      [MG_STRATEGY_ZERO] = "--zero 2 and 3",
                                      [MG_STRATEGY_PIPELINE] = "a pipeline (--mesh pp=P)",
                                      [MG_STRATEGY_PS] = "--parallel ps"};
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel ddp (--mesh "
-                        "dp=N) and --zero 1 are built; %s %s not yet", flag[o->kind],
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel dp and ddp "
+                        "(--mesh dp=N) and --zero 1 are built; %s %s not yet", flag[o->kind],
                         o->kind == MG_STRATEGY_ZERO ? "are" : "is");
     }
     bool fresh = !mg_model_has_values(m);
