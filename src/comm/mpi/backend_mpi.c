@@ -32,7 +32,10 @@
  * collective); otherwise they fail with MPI's error or the deadline. MPI
  * cannot cancel a collective: after a timeout the group is unusable (as
  * every failed group is). Per-rank counts above INT_MAX are split for
- * broadcast, reduce, all_reduce, send and recv, refused for the others. */
+ * broadcast, reduce, all_reduce, send and recv, refused for the others.
+ * This file: MPI's set-up, collectives, group memory, joining, the
+ * vtable; p2p_mpi.c the waits and point-to-point; mpi_be.h what they
+ * share. */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <pthread.h>
@@ -42,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "comm/mpi/backend_mpi.h"
+#include "comm/mpi/mpi_be.h"
 #include "comm/call.h"
 #include "comm/coll/coll.h"
 #include "comm/transport/transport.h"
@@ -50,53 +54,17 @@
 #ifdef MG_HAVE_MPI
 #include <mpi.h>
 
-#define TAG_ABORT 1
 #define SCRATCH_KEEP ((size_t)16 << 20)
-#define CHUNK ((size_t)1 << 30)     /* elements per MPI call when splitting */
-
-/* A buffered send still in flight. */
-typedef struct pend {
-    struct pend *next;
-    MPI_Request rq;
-    void *copy;
-    size_t bytes;
-    int peer, tag;
-} pend;
-
-typedef struct {
-    mg_group *g;
-    MPI_Comm comm, ctl;          /* operations; failure notices */
-    mg__spin_cfg spin;
-    double deadline;             /* of the request being run */
-    char what[200];              /* the request, for messages */
-    char me[128];                /* this rank's name in them (this_rank()) */
-    void *scratch;
-    size_t scratch_bytes;
-    pend *sends, *sends_tail;
-    size_t pend_bytes, pend_max;
-    int check;                   /* MG_MPI_CHECK */
-    /* failure notices to the peers, in flight (abort) */
-    char notice[1024];
-    MPI_Request *notice_rq;
-    int nnotice;
-} mpi_be;
 
 /* ---- process-wide MPI state ------------------------------------------- */
 
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
-static int ready, serialize;
+pthread_mutex_t mg__mpi_call_mu = PTHREAD_MUTEX_INITIALIZER;
+int mg__mpi_serialize;
+static int ready;
 static pid_t init_pid;
 static MPI_Datatype ty_f16, ty_bf16;
 static MPI_Op half_ops[MG_OP_COUNT];
-
-/* An MPI call, under the lock when MPI is only MPI_THREAD_SERIALIZED;
- * its return code also lands in the caller's mpi_rc. */
-#define LOCKED(expr) ({                                      \
-        if (serialize) pthread_mutex_lock(&call_mu);         \
-        mpi_rc = (expr);                                     \
-        if (serialize) pthread_mutex_unlock(&call_mu);       \
-        mpi_rc; })
 
 static void finalize_at_exit(void)
 {
@@ -117,22 +85,22 @@ HALF_OP(half_min, MG_MIN)
 HALF_OP(half_max, MG_MAX)
 
 /* How messages name this rank (names.h): "rank 3 (pp 1, dp 1)". */
-static const char *this_rank(mpi_be *m)
+const char *mg__mpi_this_rank(mpi_be *m)
 {
     return mg__rank_name(&m->g->names, m->g->rank, NULL, m->me, sizeof m->me);
 }
 
 /* The request being run (m->what) failed in MPI with rc. */
-static mg_status mpi_error(mpi_be *m, int rc)
+mg_status mg__mpi_error(mpi_be *m, int rc)
 {
     int cls = 0, n = 0;
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
         return mg_error(MG_EMISMATCH, "%s on %s: the message is longer than the receive: "
-                        "sender and receiver disagree on the count", m->what, this_rank(m));
+                        "sender and receiver disagree on the count", m->what, mg__mpi_this_rank(m));
     char s[MPI_MAX_ERROR_STRING];
     if (MPI_Error_string(rc, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
-    return mg_error(MG_EPEER, "%s on %s: %s", m->what, this_rank(m), s);
+    return mg_error(MG_EPEER, "%s on %s: %s", m->what, mg__mpi_this_rank(m), s);
 }
 
 static mg_status mpi_setup(void)
@@ -166,7 +134,7 @@ static mg_status mpi_setup(void)
                       provided);
         goto out;
     }
-    serialize = provided < MPI_THREAD_MULTIPLE;
+    mg__mpi_serialize = provided < MPI_THREAD_MULTIPLE;
     MPI_Type_contiguous(1, MPI_UINT16_T, &ty_f16);
     MPI_Type_commit(&ty_f16);
     MPI_Type_contiguous(1, MPI_UINT16_T, &ty_bf16);
@@ -182,7 +150,7 @@ out:
     return st;
 }
 
-static MPI_Datatype mpi_type(mg_dtype t)
+MPI_Datatype mg__mpi_type(mg_dtype t)
 {
     switch (t) {
     case MG_F32: return MPI_FLOAT;
@@ -205,204 +173,6 @@ static MPI_Op mpi_op(mg_dtype t, mg_op op)
     case MG_MAX: return MPI_MAX;
     default: return MPI_SUM;   /* SUM; AVG divides afterwards */
     }
-}
-
-/* ---- waiting ---------------------------------------------------------- */
-
-/* A peer's failure notice, if one has arrived. */
-static mg_status check_abort(mpi_be *m)
-{
-    int flag = 0, mpi_rc;
-    MPI_Status s;
-    if (m->ctl == MPI_COMM_NULL) return MG_OK;   /* still joining */
-    if (LOCKED(MPI_Iprobe(MPI_ANY_SOURCE, TAG_ABORT, m->ctl, &flag, &s)) != MPI_SUCCESS || !flag)
-        return MG_OK;
-    char msg[1024] = "";
-    int n = 0;
-    MPI_Get_count(&s, MPI_CHAR, &n);
-    if (n < 0 || n > (int)sizeof msg - 1) n = (int)sizeof msg - 1;
-    LOCKED(MPI_Recv(msg, n, MPI_CHAR, s.MPI_SOURCE, TAG_ABORT, m->ctl, MPI_STATUS_IGNORE));
-    msg[n] = 0;
-    char who[128];
-    return mg_error(MG_EPEER, "%s on %s: %s failed: %s", m->what, this_rank(m),
-                    mg__rank_name(&m->g->names, s.MPI_SOURCE, NULL, who, sizeof who), msg);
-}
-
-/* A polling loop's waits: spin a while, then sleep in growing steps,
- * looking for abort notices; past the deadline, MG_ETIMEOUT (the
- * message from why, e.g. "did not complete"). */
-typedef struct {
-    mg__spin sp;
-    long sleep_ns;
-    double next_probe;
-} poller;
-
-static poller poller_start(void)
-{
-    poller p = {.sleep_ns = 20000};
-    mg__spin_reset(&p.sp);
-    return p;
-}
-
-static mg_status poller_idle(mpi_be *m, poller *p, const char *why)
-{
-    if (!mg__spin_step(&p->sp, &m->spin)) return MG_OK;
-    double now = mg_now();
-    if (now > p->next_probe) {
-        MG_TRY(check_abort(m));
-        p->next_probe = now + 0.01;
-    }
-    if (now > m->deadline)
-        return mg_error(MG_ETIMEOUT, "%s on %s %s within %g s (MG_TIMEOUT): a peer is dead or "
-                        "stuck, or the ranks called different operations (MG_MPI_CHECK=1 names "
-                        "them)", m->what, this_rank(m), why, m->g->timeout);
-    struct timespec ts = {0, p->sleep_ns};
-    nanosleep(&ts, NULL);
-    if (p->sleep_ns < 1000000) p->sleep_ns *= 2;
-    return MG_OK;
-}
-
-/* Polls rq until it completes, a peer reports failure, or the deadline. */
-static mg_status wait_req(mpi_be *m, MPI_Request *rq, MPI_Status *status)
-{
-    poller p = poller_start();
-    for (;;) {
-        int flag = 0, mpi_rc;
-        MPI_Status s;
-        if (LOCKED(MPI_Test(rq, &flag, &s)) != MPI_SUCCESS) return mpi_error(m, mpi_rc);
-        if (flag) {
-            if (status) *status = s;
-            return MG_OK;
-        }
-        MG_TRY(poller_idle(m, &p, "did not complete"));
-    }
-}
-
-/* ---- buffered sends ---------------------------------------------------- */
-
-/* Completes buffered sends: the finished ones, or (block) all of them up to
- * `keep` bytes in flight. */
-static mg_status reap_sends(mpi_be *m, int block, size_t keep)
-{
-    while (m->sends) {
-        pend *p = m->sends;
-        int flag = 0, mpi_rc;
-        if (block && m->pend_bytes > keep) {
-            /* Messages name the request that waits, not the earlier send. */
-            MG_TRY(wait_req(m, &p->rq, NULL));
-            flag = 1;
-        } else if (LOCKED(MPI_Test(&p->rq, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) {
-            return mpi_error(m, mpi_rc);
-        }
-        if (!flag) break;    /* sends to one peer complete in order; stop at the first */
-        m->sends = p->next;
-        if (!m->sends) m->sends_tail = NULL;
-        m->pend_bytes -= p->bytes;
-        free(p->copy);
-        free(p);
-    }
-    return MG_OK;
-}
-
-static mg_status do_send(mpi_be *m, const mg_call *c)
-{
-    size_t es = mg_dtype_size(c->dtype), bytes = c->count * es;
-    /* Room first, so memory in flight stays bounded. */
-    MG_TRY(reap_sends(m, 1, bytes < m->pend_max ? m->pend_max - bytes : 0));
-    for (size_t off = 0; off < c->count || off == 0; off += CHUNK) {
-        size_t n = c->count - off < CHUNK ? c->count - off : CHUNK;
-        pend *p = calloc(1, sizeof *p);
-        void *copy = p ? malloc(n ? n * es : 1) : NULL;
-        if (!copy) {
-            free(p);
-            return mg_error(MG_ENOMEM, "%s on %s: cannot buffer %zu bytes", m->what, this_rank(m),
-                            n * es);
-        }
-        if (n) memcpy(copy, (const char *)c->sendbuf + off * es, n * es);
-        int mpi_rc;
-        if (LOCKED(MPI_Isend(copy, (int)n, mpi_type(c->dtype), c->root, c->tag, m->comm,
-                             &p->rq)) != MPI_SUCCESS) {
-            free(copy);
-            free(p);
-            return mpi_error(m, mpi_rc);
-        }
-        *p = (pend){.rq = p->rq, .copy = copy, .bytes = n * es, .peer = c->root, .tag = c->tag};
-        if (m->sends_tail) m->sends_tail->next = p;
-        else m->sends = p;
-        m->sends_tail = p;
-        m->pend_bytes += p->bytes;
-        if (c->count - off <= CHUNK) break;
-    }
-    return reap_sends(m, 0, 0);
-}
-
-/* A receive from any of the call's set (or every rank): the first rank
- * with a message of its tag waiting, probed in turn until the deadline. */
-static mg_status probe_any(mpi_be *m, const mg_call *c, int *src)
-{
-    poller p = poller_start();
-    for (;;) {
-        int flag = 0, mpi_rc;
-        MPI_Status s;
-        if (!c->from) {
-            if (LOCKED(MPI_Iprobe(MPI_ANY_SOURCE, c->tag, m->comm, &flag, &s)) != MPI_SUCCESS)
-                return mpi_error(m, mpi_rc);
-            if (flag) {
-                *src = s.MPI_SOURCE;
-                return MG_OK;
-            }
-        }
-        for (int i = 0; c->from && i < c->nfrom; i++) {
-            if (LOCKED(MPI_Iprobe(c->from[i], c->tag, m->comm, &flag, MPI_STATUS_IGNORE)) !=
-                MPI_SUCCESS)
-                return mpi_error(m, mpi_rc);
-            if (flag) {
-                *src = c->from[i];
-                return MG_OK;
-            }
-        }
-        MG_TRY(poller_idle(m, &p, "got no message from any of its ranks"));
-    }
-}
-
-static mg_status do_recv(mpi_be *m, mg__req *r)
-{
-    mg_call one = r->c;
-    const mg_call *c = &one;
-    size_t es = mg_dtype_size(c->dtype);
-    if (c->root == MG_ANY_SOURCE) {
-        MG_TRY(probe_any(m, c, &one.root));
-        if (c->source) *c->source = one.root;
-    }
-    if (c->root == m->g->rank) {
-        /* From itself: only what it sent itself already can ever come. */
-        int flag = 0, mpi_rc;
-        LOCKED(MPI_Iprobe(c->root, c->tag, m->comm, &flag, MPI_STATUS_IGNORE));
-        if (!flag) {
-            r->rejected = true;
-            return mg_error(MG_EINVAL, "%s on %s: a receive from this rank itself with no "
-                            "message sent to itself (tag %d) would wait forever; send first",
-                            m->what, this_rank(m), c->tag);
-        }
-    }
-    for (size_t off = 0; off < c->count || off == 0; off += CHUNK) {
-        size_t n = c->count - off < CHUNK ? c->count - off : CHUNK;
-        MPI_Request rq;
-        MPI_Status s;
-        int mpi_rc, got = -1;
-        if (LOCKED(MPI_Irecv((char *)c->recvbuf + off * es, (int)n, mpi_type(c->dtype), c->root,
-                             c->tag, m->comm, &rq)) != MPI_SUCCESS)
-            return mpi_error(m, mpi_rc);
-        MG_TRY(wait_req(m, &rq, &s));
-        MPI_Get_count(&s, mpi_type(c->dtype), &got);
-        if (got != (int)n)
-            return mg_error(MG_EMISMATCH, "%s on %s: the message has %d elements, the "
-                            "receive expects %zu: sender and receiver disagree on the count",
-                            m->what, this_rank(m), got, n);
-        if (c->count - off <= CHUNK) break;
-    }
-    MG_TRY(reap_sends(m, 0, 0));
-    return MG_OK;
 }
 
 /* ---- collectives -------------------------------------------------------- */
@@ -428,7 +198,7 @@ static void *scratch(mpi_be *m, size_t bytes)
     m->scratch_bytes = m->scratch ? bytes : 0;
     if (!m->scratch)
         mg_error(MG_ENOMEM, "%s on %s: cannot allocate %zu bytes for a copy of an "
-                 "overlapping buffer", m->what, this_rank(m), bytes);
+                 "overlapping buffer", m->what, mg__mpi_this_rank(m), bytes);
     return m->scratch;
 }
 
@@ -444,8 +214,8 @@ static mg_status check_fingerprints(mpi_be *m, const mg__req *r)
     mg_status st = MG_OK;
     if (LOCKED(MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
                               m->comm, &rq)) != MPI_SUCCESS)
-        st = mpi_error(m, mpi_rc);
-    if (!st) st = wait_req(m, &rq, NULL);
+        st = mg__mpi_error(m, mpi_rc);
+    if (!st) st = mg__mpi_wait_req(m, &rq, NULL);
     for (int q = 0; !st && q < n; q++)
         if (!mg__fp_same(&mine, &all[q]))
             st = mg__fp_mismatch(&m->g->names, &mine, m->g->rank, &all[q], q);
@@ -458,7 +228,7 @@ static mg_status check_fingerprints(mpi_be *m, const mg__req *r)
 static int start_coll(mpi_be *m, const mg_call *c, const void *sb, void *rb, size_t off,
                       size_t n, MPI_Request *rq)
 {
-    MPI_Datatype dt = mpi_type(c->dtype);
+    MPI_Datatype dt = mg__mpi_type(c->dtype);
     MPI_Op op = mpi_op(c->dtype, c->op);
     size_t es = mg_dtype_size(c->dtype), b = off * es;
     const char *s = sb == MPI_IN_PLACE ? MPI_IN_PLACE : (const char *)sb + b;
@@ -493,7 +263,7 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
         r->rejected = true;     /* every rank refuses it alike, before any traffic */
         return mg_error(MG_EUNSUPPORTED, "%s on %s: the mpi backend takes at most %d "
                         "elements per rank for this collective (MPI counts are int); split it",
-                        m->what, this_rank(m), INT_MAX);
+                        m->what, mg__mpi_this_rank(m), INT_MAX);
     }
 
     /* In-place forms (coll.h) become MPI_IN_PLACE; other overlaps a copy. */
@@ -565,8 +335,8 @@ static mg_status run_coll(mpi_be *m, mg__req *r)
         size_t k = elementwise ? (total - off < CHUNK ? total - off : CHUNK) : c->count;
         MPI_Request rq;
         int rc = start_coll(m, c, sb, rb, elementwise ? off : 0, k, &rq);
-        if (rc != MPI_SUCCESS) return mpi_error(m, rc);
-        MG_TRY(wait_req(m, &rq, NULL));
+        if (rc != MPI_SUCCESS) return mg__mpi_error(m, rc);
+        MG_TRY(mg__mpi_wait_req(m, &rq, NULL));
     }
     if (final_out) memcpy(final_out, rb, out_bytes);
     /* AVG was a SUM; every result (at recvbuf in each form) is divided. */
@@ -594,7 +364,7 @@ static mg_status galloc(mpi_be *m, mg__req *r)
         LOCKED(MPI_Alloc_mem((MPI_Aint)bytes, MPI_INFO_NULL, &base)) != MPI_SUCCESS || !base) {
         r->rejected = true;     /* local memory: the group stays usable */
         return mg_error(MG_ENOMEM, "mg_group_alloc: MPI_Alloc_mem cannot allocate %zu bytes "
-                        "on %s", r->bytes, this_rank(m));
+                        "on %s", r->bytes, mg__mpi_this_rank(m));
     }
     uintptr_t p = ((uintptr_t)base + sizeof(void *) + MG_ALIGN - 1) & ~(uintptr_t)(MG_ALIGN - 1);
     ((void **)p)[-1] = base;
@@ -625,8 +395,8 @@ static mg_status local_ranks(mpi_be *m, MPI_Comm comm, int rank, int size, int *
     mg_status st = MG_OK;
     if (LOCKED(MPI_Iallgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names,
                               MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm, &rq)) != MPI_SUCCESS)
-        st = mpi_error(m, mpi_rc);
-    if (!st) st = wait_req(m, &rq, NULL);
+        st = mg__mpi_error(m, mpi_rc);
+    if (!st) st = mg__mpi_wait_req(m, &rq, NULL);
     *lr = 0;
     *ls = 0;
     for (int q = 0; !st && q < size; q++) {
@@ -653,8 +423,8 @@ static mg_status attach(mpi_be *m, MPI_Comm comm)
     MPI_Comm ctl;
     /* The new handle is usable (and probed) only once the idup completes. */
     if (LOCKED(MPI_Comm_idup(m->comm, &ctl, &rq)) != MPI_SUCCESS)
-        return mpi_error(m, mpi_rc);
-    MG_TRY(wait_req(m, &rq, NULL));
+        return mg__mpi_error(m, mpi_rc);
+    MG_TRY(mg__mpi_wait_req(m, &rq, NULL));
     m->ctl = ctl;
     LOCKED(MPI_Comm_set_errhandler(m->ctl, MPI_ERRORS_RETURN));
     MG_TRY(local_ranks(m, m->comm, g->rank, g->size, &g->local_rank, &g->local_size));
@@ -714,9 +484,9 @@ static mg_status be_init(mg_group *g, const mg_group_options *opt)
     MPI_Comm comm;
     MPI_Request rq;
     if (LOCKED(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &rq)) != MPI_SUCCESS)
-        return mpi_error(m, mpi_rc);
+        return mg__mpi_error(m, mpi_rc);
     /* MPI_COMM_WORLD's handler aborts the job; ours reports. */
-    MG_TRY(wait_req(m, &rq, NULL));
+    MG_TRY(mg__mpi_wait_req(m, &rq, NULL));
     MG_TRY(attach(m, comm));
     if (opt->init_method)
         mg_debug("mpi backend: init_method '%s' ignored: MPI does the rendezvous",
@@ -734,12 +504,12 @@ static mg_status split(mpi_be *m, mg__req *r)
     MPI_Request rq;
     mg_status st = MG_OK;
     if (LOCKED(MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, m->comm, &rq)) != MPI_SUCCESS)
-        st = mpi_error(m, mpi_rc);
-    if (!st) st = wait_req(m, &rq, NULL);
+        st = mg__mpi_error(m, mpi_rc);
+    if (!st) st = mg__mpi_wait_req(m, &rq, NULL);
     MPI_Comm nc = MPI_COMM_NULL;
     if (!st && LOCKED(MPI_Comm_split(m->comm, r->color == MG_UNDEFINED ? MPI_UNDEFINED : r->color,
                                      r->key, &nc)) != MPI_SUCCESS)
-        st = mpi_error(m, mpi_rc);
+        st = mg__mpi_error(m, mpi_rc);
     if (st || nc == MPI_COMM_NULL) {
         free(all);
         return st;
@@ -794,10 +564,10 @@ static mg_status be_run(mg_group *g, mg__req *r)
     case MG__REQ_EXCLUDE: MG_ASSERT(!"refused by mg_group_exclude"); return MG_EUNSUPPORTED;
     default:
         describe(&g->names, r, m->what, sizeof m->what);
-        if (r->c.coll == MG_COLL_SEND) st = do_send(m, &r->c);
-        else if (r->c.coll == MG_COLL_RECV) st = do_recv(m, r);
+        if (r->c.coll == MG_COLL_SEND) st = mg__mpi_send(m, &r->c);
+        else if (r->c.coll == MG_COLL_RECV) st = mg__mpi_recv(m, r);
         else st = run_coll(m, r);
-        if (!st) st = reap_sends(m, 0, 0);
+        if (!st) st = mg__mpi_reap_sends(m, 0, 0);
         if (!st) {
             /* MPI hides what it moves: count the call's standard volume. */
             uint64_t sent, received;
@@ -848,7 +618,7 @@ static void be_destroy(mg_group *g)
     /* Deliver what was sent before leaving; after a failure, do not wait. */
     m->deadline = mg_now() + (failed ? 0 : g->timeout < 10 ? g->timeout : 10);
     snprintf(m->what, sizeof m->what, "mg_group_destroy");
-    if (!failed && reap_sends(m, 1, 0))
+    if (!failed && mg__mpi_reap_sends(m, 1, 0))
         mg_debug("mg_group_destroy: %s", mg_last_error());
     while (m->sends) {
         /* Never completed: MPI may still read the copy, so it is not freed. */
