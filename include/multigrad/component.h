@@ -137,6 +137,8 @@ mg_status mg_strategy_agree(mg_strategy *s, mg_status st);
  * a micro-batch, every component's micro_begin (last: the last backward
  * of the step over the units it runs, whose gradients are then final). */
 void mg_strategy_micro_begin(mg_strategy *s, bool last);
+/* After it: every component's micro_end (reverse order); the first error. */
+mg_status mg_strategy_micro_end(mg_strategy *s);
 /* For a component that drives the step and applies more than one update
  * in it (a parameter server taking each push as its own): the gradients
  * in the arena, sums over `micro` micro-batches, through the rest of the

@@ -22,9 +22,12 @@
  * over a data-parallel mesh; beside ZeRO-1 it sums the gradients in ZeRO's
  * place (ZeRO shards the optimizer and gathers the parameters). Clipping
  * takes the norm of the whole summed gradient every rank holds
- * (grad_sumsq), not the ranks' shares summed. Limits (this increment): not
- * yet with ZeRO 2-3, a pipeline, tensor parallelism or a parameter server
- * (refused); the training figures are summed over
+ * (grad_sumsq), not the ranks' shares summed. Under a pipeline it sums
+ * the stage's ranges, each micro-batch's as its backward ends (the
+ * executor's after-backward hook), and the stage's replicas form the tree's
+ * upper levels. Limits (this increment): not yet with ZeRO 2-3, the
+ * interleaved schedule, a unit tied across stages, clipping over stages,
+ * tensor parallelism or a parameter server (refused); the training figures are summed over
  * the ranks as DDP's are (their last bits may follow W; the parameters do
  * not); arena-sized buffers, at most log2(V/W) + 1, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
@@ -37,6 +40,9 @@ enum { TAG_NODE = 0x6474 };   /* "dt" */
 
 typedef struct {
     mg_model *m;
+    const mg_range *r;  /* the ranges it sums: a pipeline stage's, else the arena */
+    int nr;
+    mg_range whole;
     mg_group *g;        /* the data-parallel ranks (NULL: one process) */
     int rank, world, shards;   /* shards: V */
     size_t n;           /* arena floats */
@@ -66,9 +72,17 @@ static mg_status det_attach(mg_strategy *s, void **state)
     const mg_strategy_options *o = mg_strategy_options_of(s);
     if (!o->det_shards) return MG_OK;
     mg_mesh *mesh = mg_strategy_mesh(s);
-    if (mesh && (mg_mesh_size(mesh, MG_MESH_PP) > 1 || mg_mesh_size(mesh, MG_MESH_TP) > 1))
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: a mesh of dp only is built; pipelines "
-                        "and tensor parallelism are not yet");
+    mg_pipe *pipe = mg_strategy_pipe(s);
+    if (mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1)
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: tensor parallelism is not yet built");
+    if (pipe && o->kind == MG_STRATEGY_ZERO)
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: ZeRO over a pipeline's replicas is "
+                        "not yet built");
+    if (pipe && (mg__pipe_chunks(pipe) > 1 || mg__pipe_has_ties(pipe)))
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: a pipeline of one chunk a rank and "
+                        "no tied units (lenet5's) is built; %s not yet",
+                        mg__pipe_chunks(pipe) > 1 ? "the interleaved schedule's chunks are"
+                                                  : "a unit tied across stages (gpt's head) is");
     int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1;
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
@@ -82,6 +96,9 @@ static mg_status det_attach(mg_strategy *s, void **state)
     d->shards = V;
     d->n = mg_model_arena_size(d->m);
     d->replaces = o->kind != MG_STRATEGY_ZERO;
+    d->whole = (mg_range){0, d->n};
+    d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
+    if (!pipe) d->nr = 1;
     for (int v = V / W; v; v >>= 1) d->depth++;
     d->node = calloc((size_t)d->depth, sizeof *d->node);
     d->level = malloc((size_t)d->depth * sizeof *d->level);
@@ -102,11 +119,30 @@ static mg_group *det_group(void *c)
     return d->replaces ? d->g : NULL;
 }
 
+/* Its ranges of the gradient arena zeroed (a pipeline's other stages'
+ * pages are given back: never touched). */
+static void zero_ranges(det *d)
+{
+    float *g = mg_model_grads(d->m);
+    for (int k = 0; k < d->nr; k++)
+        memset(g + d->r[k].lo, 0, (d->r[k].hi - d->r[k].lo) * sizeof *g);
+}
+
 static void det_zero_grad(void *c)
 {
     det *d = c;
     d->kept = 0;
-    mg_model_zero_grad(d->m);
+    zero_ranges(d);
+}
+
+/* dst[r] += src[r] (copy: =) over the ranges. */
+static void over_ranges(const det *d, float *dst, const float *src, bool copy)
+{
+    for (int k = 0; k < d->nr; k++) {
+        size_t lo = d->r[k].lo, n = d->r[k].hi - lo;
+        if (copy) memcpy(dst + lo, src + lo, n * sizeof *dst);
+        else mg_add_into(dst + lo, src + lo, n);
+    }
 }
 
 mg_status mg__det_push(void *c, const float *g)
@@ -114,14 +150,14 @@ mg_status mg__det_push(void *c, const float *g)
     det *d = c;
     int level = 0;
     if (d->kept && d->level[d->kept - 1] == 0) {
-        mg_add_into(d->node[d->kept - 1], g, d->n);   /* left + right */
+        over_ranges(d, d->node[d->kept - 1], g, false);   /* left + right */
         level = 1;
         d->kept--;
     } else {
-        memcpy(d->node[d->kept], g, d->n * sizeof *g);
+        over_ranges(d, d->node[d->kept], g, true);
     }
     while (d->kept && d->level[d->kept - 1] == level) {   /* the left one waits below */
-        mg_add_into(d->node[d->kept - 1], d->node[d->kept], d->n);
+        over_ranges(d, d->node[d->kept - 1], d->node[d->kept], false);
         d->kept--;
         level++;
     }
@@ -137,7 +173,7 @@ static mg_status det_micro_end(void *c)
 {
     det *d = c;
     MG_TRY(mg__det_push(d, mg_model_grads(d->m)));
-    mg_model_zero_grad(d->m);
+    zero_ranges(d);
     return MG_OK;
 }
 
@@ -153,25 +189,32 @@ static mg_status det_reduce(void *c)
                         : 0, d->shards / d->world, d->shards);
     float *root = d->node[0], *g = mg_model_grads(d->m);
     for (int k = 1; d->g && k < d->world; k <<= 1) {
-        if (d->rank & k) {
-            MG_TRY(mg_send(d->g, root, d->n, MG_F32, d->rank - k, TAG_NODE));
-            break;
+        for (int i = 0; i < d->nr; i++) {
+            size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
+            if (d->rank & k) MG_TRY(mg_send(d->g, root + lo, n, MG_F32, d->rank - k, TAG_NODE));
+            else MG_TRY(mg_recv(d->g, d->peer + lo, n, MG_F32, d->rank + k, TAG_NODE));
         }
-        MG_TRY(mg_recv(d->g, d->peer, d->n, MG_F32, d->rank + k, TAG_NODE));
-        mg_add_into(root, d->peer, d->n);
+        if (d->rank & k) break;
+        over_ranges(d, root, d->peer, false);
     }
-    if (d->g) MG_TRY(mg_broadcast(d->g, root, d->n, MG_F32, 0));
-    memcpy(g, root, d->n * sizeof *g);
-    if (d->world > 1) mg_grad_scale(g, d->n, 1.0f / (float)d->world);
-    d->sumsq = mg_grad_sumsq(g, d->n);
+    d->sumsq = 0;
+    for (int i = 0; i < d->nr; i++) {
+        size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
+        if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
+        memcpy(g + lo, root + lo, n * sizeof *g);
+        if (d->world > 1) mg_grad_scale(g + lo, n, 1.0f / (float)d->world);
+        d->sumsq += mg_grad_sumsq(g + lo, n);
+    }
     d->kept = 0;
     return MG_OK;
 }
 
-/* The mean's: the sum's scaled by a power of two squared, exactly. */
+/* The mean's: the sum's scaled by a power of two squared, exactly; a
+ * pipeline stage holds only its part (-1: the strategy sums the parts). */
 static double det_grad_sumsq(void *c, int micro)
 {
-    return ((det *)c)->sumsq / ((double)micro * micro);
+    det *d = c;
+    return d->r == &d->whole ? d->sumsq / ((double)micro * micro) : -1;
 }
 
 static void det_memory(void *c, mg_memory_stats *ms)

@@ -134,8 +134,14 @@ mg_status mg__pipe_gather_buffers(mg_pipe *p);
 /* The pipeline's group (its stages' ranks) and model. */
 mg_group *mg__pipe_group(const mg_pipe *p);
 mg_model *mg__pipe_model(const mg_pipe *p);
-/* fn(ud, final) before each backward the executor runs; final: the last
- * of the step for its stage (its gradients are then final). */
-void mg__pipe_before_backward(mg_pipe *p, void (*fn)(void *ud, bool final), void *ud);
+/* before(ud, final) before each backward the executor runs (final: the
+ * last of the step for its stage, whose gradients are then final), and
+ * after(ud) after it (an error ends the step). */
+void mg__pipe_around_backward(mg_pipe *p, void (*before)(void *ud, bool final),
+                              mg_status (*after)(void *ud), void *ud);
+/* Its chunks (virtual stages) on each rank, and whether two of its ranks
+ * share a range (a tied unit). */
+int mg__pipe_chunks(const mg_pipe *p);
+bool mg__pipe_has_ties(const mg_pipe *p);
 
 #endif

@@ -23,9 +23,10 @@
  * stage. Both then step the same values with the same state.
  *
  * Before each backward the executor tells whoever asked
- * (mg__pipe_before_backward: the strategy's other components) whether it
+ * (mg__pipe_around_backward: the strategy's other components) whether it
  * is its stage's last of the step, after which the stage's gradients are
- * final (its replicas' average starts then).
+ * final (its replicas' average starts then), and after it that it is done
+ * (--deterministic takes each micro-batch's gradients then).
  *
  * Evaluation and generation run the same lists without their backwards
  * (mg__pipe_forward): a tape goes back as soon as its output is sent. */
@@ -82,6 +83,7 @@ struct mg_pipe {
     int n_acts, acts_for;
     /* Called before each backward (final: its stage's last of the step). */
     void (*before_backward)(void *ud, bool final);
+    mg_status (*after_backward)(void *ud);
     void *bb_ud;
     const mg_tape *logits;    /* the last stage's last forward's tape */
     float *host_logits;       /* on a device: their copy for mg__pipe_logits */
@@ -95,11 +97,15 @@ struct mg_pipe {
 static size_t fl(size_t n) { return n * sizeof(float); }
 
 mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
+int mg__pipe_chunks(const mg_pipe *p) { return p->V; }
+bool mg__pipe_has_ties(const mg_pipe *p) { return p->n_ties > 0; }
 mg_model *mg__pipe_model(const mg_pipe *p) { return p->m; }
 
-void mg__pipe_before_backward(mg_pipe *p, void (*fn)(void *ud, bool final), void *ud)
+void mg__pipe_around_backward(mg_pipe *p, void (*before)(void *ud, bool final),
+                              mg_status (*after)(void *ud), void *ud)
 {
-    p->before_backward = fn;
+    p->before_backward = before;
+    p->after_backward = after;
     p->bb_ud = ud;
 }
 
@@ -703,6 +709,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
             else mg_tape_backward_from(f->t, ck->dout);
+            if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);
         }
         double t1 = mg_trace_now();

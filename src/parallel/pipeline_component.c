@@ -14,6 +14,7 @@
 #include "parallel/internal.h"
 
 static void before_backward(void *s, bool final) { mg_strategy_micro_begin(s, final); }
+static mg_status after_backward(void *s) { return mg_strategy_micro_end(s); }
 
 /* Nothing to do without pp > 1 in the mesh. */
 static mg_status pipe_attach(mg_strategy *s, void **state)
@@ -27,7 +28,7 @@ static mg_status pipe_attach(mg_strategy *s, void **state)
                                                        &o->pipe, o->max_batch, &p));
     /* The components after it learn which backward is a stage's last
      * (DDP then starts its replicas' average of the stage's ranges). */
-    if (p) mg__pipe_before_backward(p, before_backward, s);
+    if (p) mg__pipe_around_backward(p, before_backward, after_backward, s);
     *state = p;
     return st;
 }

@@ -51,7 +51,7 @@ static const struct {
      {&mg__tp_component, &mg__pipe_component, &mg__zero_component, &mg__zero_pipe_component,
       &mg__det_component}},
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
-     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component}},
+     {&mg__tp_component, &mg__pipe_component, &mg__ddp_component, &mg__det_component}},
     {"ps", MG_STRATEGY_PS, {true, false, false},
      {&mg__ps_server_component, &mg__ps_worker_component}},
 };
@@ -188,7 +188,8 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
     if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP &&
-        o->kind != MG_STRATEGY_DP && !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
+        o->kind != MG_STRATEGY_DP && o->kind != MG_STRATEGY_PIPELINE &&
+        !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
         static const char *flag[] = {[MG_STRATEGY_DP] = "--parallel dp",
                                      [MG_STRATEGY_ZERO] = "--zero 2 and 3",
                                      [MG_STRATEGY_PIPELINE] = "a pipeline (--mesh pp=P)",
@@ -644,6 +645,16 @@ void mg_strategy_micro_begin(mg_strategy *s, bool last)
     EACH(s, micro_begin) CALL(micro_begin, last);
 }
 
+mg_status mg_strategy_micro_end(mg_strategy *s)
+{
+    mg_status st = MG_OK;
+    EACH_BACK(s, micro_end) {
+        mg_status e = CALL(micro_end);
+        if (!st) st = e;
+    }
+    return st;
+}
+
 /* The model's forward, loss and backward of one micro-batch (or the
  * component's that runs them), between the components' begin and end. */
 static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, float *loss,
@@ -662,11 +673,8 @@ static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, floa
         mg_model_backward(s->m);
     }
     if (slow > 1) mg_sleep((slow - 1) * (mg_now() - t0));
-    EACH_BACK(s, micro_end) {
-        mg_status e = CALL(micro_end);
-        if (!st) st = e;
-    }
-    return st;
+    mg_status e = mg_strategy_micro_end(s);
+    return st ? st : e;
 }
 
 static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
@@ -782,7 +790,7 @@ static mg_status finish_on_device(mg_strategy *s, mg_optim *o, const mg_step_opt
         mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
     if (opt->clip_grad > 0) {
         part *whole = FIRST(s, grad_sumsq);   /* a rank that holds the whole gradient */
-        if (sumsq < 0 && whole) sumsq = whole->ops->grad_sumsq(whole->c, r->micro);
+        if (sumsq < 0 && whole) sumsq = whole->ops->grad_sumsq(whole->c, r->micro);   /* -1: not */
         if (sumsq >= 0) r->grad_norm = sqrt(sumsq);
         else MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);

@@ -156,8 +156,9 @@ static mg_status check_config(mg_trainer *t)
 
 /* --mesh pp=P: --batch B is split into its M micro-batches, so from here
  * the run is one process's --batch B/M --accumulate M (the same rows,
- * logs and checkpoints). */
-static mg_status pipeline_config(mg_train_config *c, int P)
+ * logs and checkpoints). Under --deterministic the micro-batches are the
+ * replica's V/dp virtual shards. */
+static mg_status pipeline_config(mg_train_config *c, int P, int dp)
 {
     if (strcmp(c->compress, "none"))
         return mg_error(MG_EINVAL, "--compress %s applies to --parallel ddp: a pipeline's "
@@ -170,7 +171,15 @@ static mg_status pipeline_config(mg_train_config *c, int P)
         return mg_error(MG_EINVAL, "--pp-schedule: %s", mg_last_error());
     if (!c->chunks) c->chunks = k == MG_PIPE_INTERLEAVED ? 2 : 1;
     bool given = c->micro_batches > 0;
-    if (!given) c->micro_batches = P;
+    int shards = c->det_shards ? c->det_shards / dp : 0;
+    if (c->det_shards && (c->det_shards % dp || (given && c->micro_batches != shards)))
+        return mg_error(MG_EINVAL, "--deterministic: a pipeline's micro-batches are each "
+                        "replica's virtual shards, %d / %d: leave out --micro-batches or give "
+                        "that", c->det_shards, dp);
+    if (c->det_shards && c->clip_grad > 0)
+        return mg_error(MG_EINVAL, "--deterministic with a pipeline: --clip-grad's norm over "
+                        "the stages is not yet summed in a fixed order; leave it out");
+    if (!given) c->micro_batches = shards ? shards : P;
     MG_TRY(mg_pipe_check(k, P, c->micro_batches, c->chunks));
     if (c->batch % c->micro_batches)
         return mg_error(MG_EINVAL, "--batch %d does not split into --micro-batches %d%s: give a "
@@ -268,7 +277,7 @@ static mg_status join_job(mg_trainer *t)
         in->dp_size = in->world - c->ps_servers;
     }
     in->pp = size[MG_MESH_PP];
-    if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp));
+    if (in->pp > 1) MG_TRY(pipeline_config(c, in->pp, in->dp_size));
     if (c->slow_factor > 0 && in->pp > 1)
         return mg_error(MG_EINVAL, "--slow-rank slows a data-parallel rank's micro-batches; the "
                         "pipeline's schedule runs its own: leave out --slow-rank or pp=%d", in->pp);
