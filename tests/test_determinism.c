@@ -93,12 +93,13 @@ TEST_T(print_hash_is_the_same_under_every_plan, 180)
     free(out);
 }
 
-/* --deterministic: 100 steps of gpt-mini (clipped to a norm of 0.5) and
- * an epoch of lenet5 end with the same parameters, bit for bit, on 1, 2,
+/* --deterministic: 100 steps of gpt-mini and an epoch of lenet5 (both
+ * clipped to a norm of 0.5) end with the same parameters, bit for bit, on 1, 2,
  * 4 and 8 ranks under DDP, on 2 and 4 under ZeRO-1, and on 3 and 4
  * DataParallel threads of one process (8 virtual shards; 8 ranks
  * oversubscribe the machine); lenet5 also through pipelines of 2 stages
- * under GPipe and 1F1B and a pipeline of 2 stages x 2 replicas. */
+ * under GPipe, 1F1B and the interleaved schedule (2 chunks a rank), and of
+ * 2 stages x 2 replicas. */
 TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 {
     char bin[512], run[512], *out;
@@ -106,17 +107,18 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     const char *jobs[2] = {
         GPT_SMALL " --batch 16 --steps 100 --eval-every 100 --no-eval-on-start --clip-grad 0.5",
-        "--model lenet5 --epochs 1"};
+        "--model lenet5 --epochs 1 --clip-grad 0.5"};
     const struct { int ranks; const char *plan; } runs[] = {
         {1, ""}, {2, "--parallel ddp"}, {4, "--parallel ddp"}, {8, "--parallel ddp"},
         {2, "--mesh dp=2 --zero 1"}, {4, "--mesh dp=4 --zero 1"},
         {1, "--parallel dp --workers 3"}, {1, "--parallel dp --workers 4"},
         {2, "--mesh pp=2 --pp-schedule gpipe"}, {2, "--mesh pp=2 --pp-schedule 1f1b"},
-        {4, "--mesh pp=2,dp=2"}};
+        {2, "--mesh pp=2 --pp-schedule interleaved"},
+        {4, "--mesh pp=2,dp=2 --pp-schedule interleaved"}};
     int n_runs = sizeof runs / sizeof *runs;
     for (int j = 0; j < 2; j++) {
         char first[65] = "", got[65];
-        for (int k = 0; k < (j ? n_runs : n_runs - 3); k++) {   /* gpt-mini: no pipeline yet */
+        for (int k = 0; k < (j ? n_runs : n_runs - 4); k++) {   /* gpt-mini: no pipeline yet */
             int w = runs[k].ranks;
             int rc = w == 1 ? mgt_sh(&out, "%s %s %s --deterministic --print-hash --quiet", bin,
                                      jobs[j], runs[k].plan)
@@ -179,7 +181,7 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--deterministic --plan auto", "give one of them"},
         {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) divide"},
         {"-n 2", "--mesh dp=2 --zero 2 --deterministic", "--zero 2 and 3 are not yet"},
-        {"-n 2", "--mesh pp=2 --pp-schedule interleaved --deterministic", "chunks are not yet"},
+        {"-n 4", "--mesh pp=2,dp=2 --zero 1 --deterministic", "ZeRO over a pipeline's"},
         {"-n 2", "--mesh tp=2 --deterministic", "tensor parallelism is not yet"},
         {"-n 2", "--mesh pp=2 --micro-batches 4 --deterministic", "leave out --micro-batches"},
         {"-n 2", "--parallel ps --deterministic", "--parallel ps is not yet"},

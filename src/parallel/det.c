@@ -21,13 +21,15 @@
  * Replaces DDP (which drops itself) for one process and --parallel ddp
  * over a data-parallel mesh; beside ZeRO-1 it sums the gradients in ZeRO's
  * place (ZeRO shards the optimizer and gathers the parameters). Clipping
- * takes the norm of the whole summed gradient every rank holds
- * (grad_sumsq), not the ranks' shares summed. Under a pipeline it sums
+ * takes the norm in one grouping whatever the plan: each unit's sum of
+ * squares, added in the units' order (grad_sumsq), not the ranks' shares
+ * summed. Under a pipeline it sums
  * the stage's ranges, each micro-batch's as its backward ends (the
  * executor's after-backward hook), and the stage's replicas form the tree's
- * upper levels. Limits (this increment): not yet with ZeRO 2-3, the
- * interleaved schedule, a unit tied across stages, clipping over stages,
- * tensor parallelism or a parameter server (refused); the training figures are summed over
+ * upper levels; with chunks (the interleaved schedule) a counter for each
+ * chunk's range, since its backwards interleave with the other chunks'.
+ * Limits (this increment): not yet with ZeRO 2-3, a unit tied across
+ * stages, tensor parallelism or a parameter server (refused); the training figures are summed over
  * the ranks as DDP's are (their last bits may follow W; the parameters do
  * not); arena-sized buffers, at most log2(V/W) + 1, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
@@ -38,18 +40,33 @@
 
 enum { TAG_NODE = 0x6474 };   /* "dt" */
 
+/* A binary counter over some ranges of the arena: a pipeline chunk's
+ * (whose micro-batches' backwards come in their order), or all the rank
+ * sums. Counters of disjoint ranges share the node buffers. */
+typedef struct {
+    const mg_range *r;
+    int nr;
+    mg_range one;       /* a chunk's range */
+    int *level;         /* each kept node's level */
+    int kept;           /* nodes on the stack (slots 0 .. kept-1, levels decreasing) */
+} counter;
+
 typedef struct {
     mg_model *m;
     const mg_range *r;  /* the ranges it sums: a pipeline stage's, else the arena */
     int nr;
     mg_range whole;
+    mg_pipe *pipe;      /* with chunks: a counter each */
+    counter *cn;
+    int ncn;
     mg_group *g;        /* the data-parallel ranks (NULL: one process) */
+    mg_group *stages;   /* a pipeline's (NULL: none): the norm's parts */
+    double *unit_ss;    /* per unit: the sum of squares of its summed gradient */
+    int units;
     int rank, world, shards;   /* shards: V */
     size_t n;           /* arena floats */
-    float **node;       /* the subtree's nodes kept, by slot */
-    int *level;         /* each kept node's level (-1: free) */
+    float **node;       /* the subtrees' nodes kept, by slot (each counter in its ranges) */
     int depth;          /* slots: log2(V/W) + 1 */
-    int kept;           /* nodes on the stack (slots 0 .. kept-1, levels decreasing) */
     float *peer;        /* a peer's node, across ranks */
     double sumsq;       /* of the step's summed gradient, over W */
     bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO-1 */
@@ -62,7 +79,9 @@ static void det_destroy(void *c)
     det *d = c;
     for (int i = 0; i < d->depth; i++) mg_free(d->node[i]);
     free(d->node);
-    free(d->level);
+    for (int i = 0; d->cn && i < d->ncn; i++) free(d->cn[i].level);
+    free(d->cn);
+    free(d->unit_ss);
     mg_free(d->peer);
     free(d);
 }
@@ -78,11 +97,9 @@ static mg_status det_attach(mg_strategy *s, void **state)
     if (pipe && o->kind == MG_STRATEGY_ZERO)
         return mg_error(MG_EUNSUPPORTED, "--deterministic: ZeRO over a pipeline's replicas is "
                         "not yet built");
-    if (pipe && (mg__pipe_chunks(pipe) > 1 || mg__pipe_has_ties(pipe)))
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: a pipeline of one chunk a rank and "
-                        "no tied units (lenet5's) is built; %s not yet",
-                        mg__pipe_chunks(pipe) > 1 ? "the interleaved schedule's chunks are"
-                                                  : "a unit tied across stages (gpt's head) is");
+    if (pipe && mg__pipe_has_ties(pipe))
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: a pipeline without tied units "
+                        "(lenet5's) is built; a unit tied across stages (gpt's head) is not yet");
     int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1;
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
@@ -99,10 +116,27 @@ static mg_status det_attach(mg_strategy *s, void **state)
     d->whole = (mg_range){0, d->n};
     d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
     if (!pipe) d->nr = 1;
+    d->pipe = pipe && mg__pipe_chunks(pipe) > 1 ? pipe : NULL;
+    d->stages = pipe ? mg_mesh_group(mesh, MG_MESH_PP) : NULL;
+    d->units = mg_model_num_units(d->m);
+    d->ncn = d->pipe ? mg__pipe_chunks(pipe) : 1;
     for (int v = V / W; v; v >>= 1) d->depth++;
     d->node = calloc((size_t)d->depth, sizeof *d->node);
-    d->level = malloc((size_t)d->depth * sizeof *d->level);
-    bool ok = d->node && d->level;
+    d->cn = calloc((size_t)d->ncn, sizeof *d->cn);
+    d->unit_ss = calloc((size_t)d->units, sizeof *d->unit_ss);
+    bool ok = d->node && d->cn && d->unit_ss;
+    for (int i = 0; ok && i < d->ncn; i++) {
+        counter *c = &d->cn[i];
+        if (d->pipe) {
+            c->one = mg__pipe_chunk_range(pipe, i);
+            c->r = &c->one;
+            c->nr = 1;
+        } else {
+            c->r = d->r;
+            c->nr = d->nr;
+        }
+        ok = (c->level = malloc((size_t)d->depth * sizeof *c->level));
+    }
     for (int i = 0; ok && i < d->depth; i++) ok = (d->node[i] = mg_alloc(d->n * sizeof(float)));
     if (ok && d->g) ok = (d->peer = mg_alloc(d->n * sizeof(float)));
     *state = d;
@@ -119,63 +153,72 @@ static mg_group *det_group(void *c)
     return d->replaces ? d->g : NULL;
 }
 
-/* Its ranges of the gradient arena zeroed (a pipeline's other stages'
- * pages are given back: never touched). */
-static void zero_ranges(det *d)
+/* The ranges r (nr) of the gradient arena zeroed (a pipeline's other
+ * stages' pages are given back: never touched). */
+static void zero_ranges(det *d, const mg_range *r, int nr)
 {
     float *g = mg_model_grads(d->m);
-    for (int k = 0; k < d->nr; k++)
-        memset(g + d->r[k].lo, 0, (d->r[k].hi - d->r[k].lo) * sizeof *g);
+    for (int k = 0; k < nr; k++) memset(g + r[k].lo, 0, (r[k].hi - r[k].lo) * sizeof *g);
 }
 
 static void det_zero_grad(void *c)
 {
     det *d = c;
-    d->kept = 0;
-    zero_ranges(d);
+    for (int i = 0; i < d->ncn; i++) d->cn[i].kept = 0;
+    zero_ranges(d, d->r, d->nr);
 }
 
-/* dst[r] += src[r] (copy: =) over the ranges. */
-static void over_ranges(const det *d, float *dst, const float *src, bool copy)
+/* dst[r] += src[r] (copy: =) over the ranges r (nr). */
+static void over_ranges(const mg_range *r, int nr, float *dst, const float *src, bool copy)
 {
-    for (int k = 0; k < d->nr; k++) {
-        size_t lo = d->r[k].lo, n = d->r[k].hi - lo;
+    for (int k = 0; k < nr; k++) {
+        size_t lo = r[k].lo, n = r[k].hi - lo;
         if (copy) memcpy(dst + lo, src + lo, n * sizeof *dst);
         else mg_add_into(dst + lo, src + lo, n);
     }
 }
 
-mg_status mg__det_push(void *c, const float *g)
+/* Gradient g of counter c's ranges onto its stack as a node of level 0,
+ * the nodes of a level paired into the next as they come. */
+static mg_status push(det *d, counter *c, const float *g)
 {
-    det *d = c;
     int level = 0;
-    if (d->kept && d->level[d->kept - 1] == 0) {
-        over_ranges(d, d->node[d->kept - 1], g, false);   /* left + right */
+    if (c->kept && c->level[c->kept - 1] == 0) {
+        over_ranges(c->r, c->nr, d->node[c->kept - 1], g, false);   /* left + right */
         level = 1;
-        d->kept--;
+        c->kept--;
     } else {
-        over_ranges(d, d->node[d->kept], g, true);
+        over_ranges(c->r, c->nr, d->node[c->kept], g, true);
     }
-    while (d->kept && d->level[d->kept - 1] == level) {   /* the left one waits below */
-        over_ranges(d, d->node[d->kept - 1], d->node[d->kept], false);
-        d->kept--;
+    while (c->kept && c->level[c->kept - 1] == level) {   /* the left one waits below */
+        over_ranges(c->r, c->nr, d->node[c->kept - 1], d->node[c->kept], false);
+        c->kept--;
         level++;
     }
-    if (d->kept >= d->depth) return mg_error(MG_EINVAL, "--deterministic: more shards than "
+    if (c->kept >= d->depth) return mg_error(MG_EINVAL, "--deterministic: more shards than "
                                              "V/W in a step");
-    d->level[d->kept++] = level;
+    c->level[c->kept++] = level;
     return MG_OK;
 }
 
-/* After a shard's backward: its gradient into the tree; the arena zeroed
- * for the next shard. */
+mg_status mg__det_push(void *c, const float *g)
+{
+    det *d = c;
+    return push(d, &d->cn[0], g);
+}
+
+/* After a shard's backward (a pipeline chunk's): its gradient into the
+ * tree; those ranges of the arena zeroed for the next shard. */
 static mg_status det_micro_end(void *c)
 {
     det *d = c;
-    MG_TRY(mg__det_push(d, mg_model_grads(d->m)));
-    zero_ranges(d);
+    counter *k = &d->cn[d->pipe ? mg__pipe_current_chunk(d->pipe) : 0];
+    MG_TRY(push(d, k, mg_model_grads(d->m)));
+    zero_ranges(d, k->r, k->nr);
     return MG_OK;
 }
+
+static mg_status unit_norms(det *d);
 
 /* After the shards: this rank's subtree root, the upper levels across the
  * ranks (rank r adds rank r + 2^k's node at level k), the root broadcast
@@ -183,11 +226,15 @@ static mg_status det_micro_end(void *c)
 static mg_status det_reduce(void *c)
 {
     det *d = c;
-    if (d->kept != 1 || (1 << d->level[0]) != d->shards / d->world)
-        return mg_error(MG_EINVAL, "--deterministic: a step of %d shard(s) where each rank "
-                        "takes %d (the global batch is cut into %d)", d->kept ? 1 << d->level[0]
-                        : 0, d->shards / d->world, d->shards);
-    float *root = d->node[0], *g = mg_model_grads(d->m);
+    for (int i = 0; i < d->ncn; i++) {
+        counter *k = &d->cn[i];
+        if (k->kept != 1 || (1 << k->level[0]) != d->shards / d->world)
+            return mg_error(MG_EINVAL, "--deterministic: a step of %d shard(s) where each rank "
+                            "takes %d (the global batch is cut into %d)",
+                            k->kept ? 1 << k->level[0] : 0, d->shards / d->world, d->shards);
+        k->kept = 0;
+    }
+    float *root = d->node[0], *g = mg_model_grads(d->m);   /* every counter's root: slot 0 */
     for (int k = 1; d->g && k < d->world; k <<= 1) {
         for (int i = 0; i < d->nr; i++) {
             size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
@@ -195,26 +242,41 @@ static mg_status det_reduce(void *c)
             else MG_TRY(mg_recv(d->g, d->peer + lo, n, MG_F32, d->rank + k, TAG_NODE));
         }
         if (d->rank & k) break;
-        over_ranges(d, root, d->peer, false);
+        over_ranges(d->r, d->nr, root, d->peer, false);
     }
-    d->sumsq = 0;
     for (int i = 0; i < d->nr; i++) {
         size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
         if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
         memcpy(g + lo, root + lo, n * sizeof *g);
         if (d->world > 1) mg_grad_scale(g + lo, n, 1.0f / (float)d->world);
-        d->sumsq += mg_grad_sumsq(g + lo, n);
     }
-    d->kept = 0;
+    return unit_norms(d);
+}
+
+/* The norm's square in one grouping for every plan: each unit's sum of
+ * squares (a stage's units on its ranks, the others' added as zeros over
+ * the pipeline: exact), then the units' in their order. */
+static mg_status unit_norms(det *d)
+{
+    const float *g = mg_model_grads(d->m);
+    memset(d->unit_ss, 0, (size_t)d->units * sizeof *d->unit_ss);
+    for (int u = 0; u < d->units; u++) {
+        size_t lo, hi;
+        mg_model_unit_range(d->m, u, &lo, &hi);
+        for (int i = 0; i < d->nr; i++)
+            if (lo >= d->r[i].lo && hi <= d->r[i].hi) d->unit_ss[u] = mg_grad_sumsq(g + lo, hi - lo);
+    }
+    if (d->stages)
+        MG_TRY(mg_all_reduce(d->stages, d->unit_ss, d->unit_ss, (size_t)d->units, MG_F64, MG_SUM));
+    d->sumsq = 0;
+    for (int u = 0; u < d->units; u++) d->sumsq += d->unit_ss[u];
     return MG_OK;
 }
 
-/* The mean's: the sum's scaled by a power of two squared, exactly; a
- * pipeline stage holds only its part (-1: the strategy sums the parts). */
+/* The mean's: the sum's scaled by a power of two squared, exactly. */
 static double det_grad_sumsq(void *c, int micro)
 {
-    det *d = c;
-    return d->r == &d->whole ? d->sumsq / ((double)micro * micro) : -1;
+    return ((det *)c)->sumsq / ((double)micro * micro);
 }
 
 static void det_memory(void *c, mg_memory_stats *ms)

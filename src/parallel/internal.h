@@ -142,6 +142,10 @@ void mg__pipe_around_backward(mg_pipe *p, void (*before)(void *ud, bool final),
 /* Its chunks (virtual stages) on each rank, and whether two of its ranks
  * share a range (a tied unit). */
 int mg__pipe_chunks(const mg_pipe *p);
+/* Chunk i's arena range, and the chunk of the backward an after(ud)
+ * follows. */
+mg_range mg__pipe_chunk_range(const mg_pipe *p, int i);
+int mg__pipe_current_chunk(const mg_pipe *p);
 bool mg__pipe_has_ties(const mg_pipe *p);
 
 #endif

@@ -85,6 +85,7 @@ struct mg_pipe {
     void (*before_backward)(void *ud, bool final);
     mg_status (*after_backward)(void *ud);
     void *bb_ud;
+    int cur_chunk;            /* of the backward after_backward follows */
     const mg_tape *logits;    /* the last stage's last forward's tape */
     float *host_logits;       /* on a device: their copy for mg__pipe_logits */
     /* Posted batches of sends only, not waited for yet. */
@@ -98,6 +99,7 @@ static size_t fl(size_t n) { return n * sizeof(float); }
 
 mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
 int mg__pipe_chunks(const mg_pipe *p) { return p->V; }
+int mg__pipe_current_chunk(const mg_pipe *p) { return p->cur_chunk; }
 bool mg__pipe_has_ties(const mg_pipe *p) { return p->n_ties > 0; }
 mg_model *mg__pipe_model(const mg_pipe *p) { return p->m; }
 
@@ -291,6 +293,11 @@ void mg__pipe_destroy(mg_pipe *p)
     free(p->y);
     free(p->n);
     free(p);
+}
+
+mg_range mg__pipe_chunk_range(const mg_pipe *p, int i)
+{
+    return units_range(p->m, p->ch[i].u0, p->ch[i].u1);
 }
 
 const mg_range *mg__pipe_ranges(const mg_pipe *p, int *n)
@@ -709,6 +716,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
             else mg_tape_backward_from(f->t, ck->dout);
+            p->cur_chunk = (int)(ck - p->ch);
             if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);
         }

@@ -176,9 +176,6 @@ static mg_status pipeline_config(mg_train_config *c, int P, int dp)
         return mg_error(MG_EINVAL, "--deterministic: a pipeline's micro-batches are each "
                         "replica's virtual shards, %d / %d: leave out --micro-batches or give "
                         "that", c->det_shards, dp);
-    if (c->det_shards && c->clip_grad > 0)
-        return mg_error(MG_EINVAL, "--deterministic with a pipeline: --clip-grad's norm over "
-                        "the stages is not yet summed in a fixed order; leave it out");
     if (!given) c->micro_batches = shards ? shards : P;
     MG_TRY(mg_pipe_check(k, P, c->micro_batches, c->chunks));
     if (c->batch % c->micro_batches)
