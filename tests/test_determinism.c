@@ -179,7 +179,7 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--virtual-shards 6", "power of two"},
         {"", "--virtual-shards 256", "divides the step's 128 rows"},
         {"", "--deterministic --plan auto", "give one of them"},
-        {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) divide"},
+        {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) must divide it"},
         {"-n 2", "--mesh dp=2 --zero 2 --deterministic", "--zero 2 and 3 are not yet"},
         {"-n 4", "--mesh pp=2,dp=2 --zero 1 --deterministic", "ZeRO over a pipeline's"},
         {"-n 2", "--mesh tp=2 --deterministic", "tensor parallelism is not yet"},

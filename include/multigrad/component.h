@@ -80,7 +80,7 @@ typedef struct mg_component_ops {
      * order). grads_elsewhere: gradients kept outside the arena (offload),
      * already scaled to the mean; true with *sumsq their share of the
      * norm, and clipping goes to the optimizer (mg_optim_scale_grads);
-     * grad_sumsq (below) the whole norm where a rank knows it.
+     * grad_sumsq (below) the norm where a component sums it itself.
      * after_update: after the optimizer (e.g. ZeRO 1-2's all-gather). */
     void (*zero_grad)(void *c);
     mg_status (*run_step)(void *c, mg_batch_source next, void *ud, int max_micro,
@@ -91,9 +91,9 @@ typedef struct mg_component_ops {
     mg_status (*reduce)(void *c);
     bool (*grads_elsewhere)(void *c, double *sumsq);
     /* The squared norm of the mean gradient over `micro` micro-batches,
-     * when this rank holds the whole of it summed (the deterministic
-     * tree's root): clipping takes it instead of summing the ranks' shares
-     * (whose order would follow the world size). */
+     * summed in one grouping whatever the plan (the deterministic tree's:
+     * by units): clipping takes it instead of summing the ranks' shares
+     * (whose grouping follows the world size). */
     double (*grad_sumsq)(void *c, int micro);
     mg_status (*after_update)(void *c);
 
@@ -149,6 +149,9 @@ mg_status mg_strategy_micro_end(mg_strategy *s);
  * of it), instead of summing it over the ranks. Only within run_step; a
  * driver that applies its step's updates this way sets r->updated. */
 mg_status mg_strategy_update(mg_strategy *s, int micro, double sumsq, mg_step_result *r);
+/* Within mg_train_step, its options (e.g. whether it clips); NULL
+ * outside. */
+const mg_step_options *mg_strategy_step_options(const mg_strategy *s);
 /* The state of this strategy's component made from ops (NULL: none). */
 void *mg_strategy_part(const mg_strategy *s, const mg_component_ops *ops);
 

@@ -52,6 +52,7 @@ typedef struct {
 } counter;
 
 typedef struct {
+    mg_strategy *s;
     mg_model *m;
     const mg_range *r;  /* the ranges it sums: a pipeline stage's, else the arena */
     int nr;
@@ -92,6 +93,10 @@ static mg_status det_attach(mg_strategy *s, void **state)
     if (!o->det_shards) return MG_OK;
     mg_mesh *mesh = mg_strategy_mesh(s);
     mg_pipe *pipe = mg_strategy_pipe(s);
+    if (o->kind == MG_STRATEGY_PS || (o->kind == MG_STRATEGY_ZERO && o->zero_stage > 1))
+        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel dp and ddp, "
+                        "--zero 1 and pipelines are built; %s not yet",
+                        o->kind == MG_STRATEGY_PS ? "--parallel ps is" : "--zero 2 and 3 are");
     if (mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1)
         return mg_error(MG_EUNSUPPORTED, "--deterministic: tensor parallelism is not yet built");
     if (pipe && o->kind == MG_STRATEGY_ZERO)
@@ -106,6 +111,7 @@ static mg_status det_attach(mg_strategy *s, void **state)
                         "divide (each rank takes V/W of them)", V, W);
     det *d = calloc(1, sizeof *d);
     if (!d) return mg_error(MG_ENOMEM, "--deterministic: out of memory");
+    d->s = s;
     d->m = mg_strategy_model(s);
     d->g = mesh && W > 1 ? mg_mesh_group(mesh, MG_MESH_DP) : NULL;
     d->rank = d->g ? mg_group_rank(d->g) : 0;
@@ -250,7 +256,8 @@ static mg_status det_reduce(void *c)
         memcpy(g + lo, root + lo, n * sizeof *g);
         if (d->world > 1) mg_grad_scale(g + lo, n, 1.0f / (float)d->world);
     }
-    return unit_norms(d);
+    const mg_step_options *so = mg_strategy_step_options(d->s);
+    return so && so->clip_grad > 0 ? unit_norms(d) : MG_OK;   /* only clipping reads it */
 }
 
 /* The norm's square in one grouping for every plan: each unit's sum of

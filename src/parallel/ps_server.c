@@ -144,9 +144,7 @@ static mg_status take_push(ps_server *v, mg_step_result *r, int *w)
         double sumsq;
         memcpy(&sumsq, &head[HEAD_SUMSQ], sizeof sumsq);
         v->due[*w] = v->version + 1;   /* answered by after_update */
-        MG_TRY(mg_strategy_update(j->s, (int)head[HEAD_MICRO], sumsq, r));
-        r->updated = true;
-        return MG_OK;
+        return mg_strategy_update(j->s, (int)head[HEAD_MICRO], sumsq, r);
     }
     v->micro[step % v->rounds] = head[HEAD_MICRO];
     v->due[*w] = step + 1 - j->staleness;
@@ -185,7 +183,7 @@ static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int ma
     }
     v->step++;
     if (j->async) {
-        r->updated = true;   /* its pushes' updates, if any came in this step */
+        r->updated = true;   /* its pushes' updates, if any came in this step, were the step */
         return MG_OK;
     }
     int64_t k = v->version % v->rounds;

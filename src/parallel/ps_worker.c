@@ -74,7 +74,9 @@ static mg_status worker_reduce(void *c)
     ps_worker *w = c;
     ps_job *j = &w->j;
     const float *g = mg_model_grads(j->m);
-    double sumsq = j->async ? mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro) : 0;
+    const mg_step_options *so = mg_strategy_step_options(j->s);
+    bool clips = j->async && so && so->clip_grad > 0;   /* only clipping reads the norm */
+    double sumsq = clips ? mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro) : 0;
     int64_t head[HEAD_LEN] = {[HEAD_STEP] = w->step, [HEAD_MICRO] = w->micro};
     memcpy(&head[HEAD_SUMSQ], &sumsq, sizeof sumsq);
     for (int k = 0; k < j->servers; k++) {

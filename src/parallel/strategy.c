@@ -1,5 +1,6 @@
-/* Strategies: an ordered list of components over one model (component.h)
- * and the one training step every tool and example runs.
+/* Strategies: an ordered list of components over one model (component.h):
+ * making one, what each rank holds, checkpoints, evaluation and
+ * generation, counters.
  *
  * A kind (--parallel, --zero, --mesh pp=P) names a list of components
  * (the table below), each after tensor parallelism (which drops itself
@@ -8,27 +9,19 @@
  * server's two roles. Under --deterministic the tree of det.c (and, for
  * threads, dp.c's shard driver) sums the gradients in DDP's or ZeRO-1's
  * place; each of those drops itself where it has nothing to do. The
- * caller may add its own after them. This file never asks which component it holds:
- * it calls their slots, and where every slot is empty does what one
- * process does.
+ * caller may add its own after them. This file never asks which
+ * component it holds: it calls their slots, and where every slot is
+ * empty does what one process does.
  *
- * The step: zero the gradients; each micro-batch forward, loss and
- * backward (the components communicate from their unit hooks, on the
- * last micro-batch) — or the first component that drives a whole step
- * runs it; the components' reductions; the mean over the micro-batches;
- * clipping to the global norm (each rank's share, summed over the ranks
- * that split the parameters); the optimizer over this rank's ranges.
- * Checkpoints are logical (names and full shapes, checkpoint.c), written
+ * The training step is strategy_step.c's. Checkpoints are logical (names and full shapes, checkpoint.c), written
  * and read by every rank, each its own part, directly or through rank 0
  * (ckpt_io.c). */
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "multigrad/trace.h"
-#include "parallel/internal.h"
+#include "parallel/strategy_internal.h"
 
 /* The kinds: a name, what a caller needs to know of it (mg_strategy_traits)
  * and the components it is made of, in order (each drops itself where the
@@ -53,52 +46,9 @@ static const struct {
     {"pipeline", MG_STRATEGY_PIPELINE, {true, false, false},
      {&mg__tp_component, &mg__pipe_component, &mg__ddp_component, &mg__det_component}},
     {"ps", MG_STRATEGY_PS, {true, false, false},
-     {&mg__ps_server_component, &mg__ps_worker_component}},
+     {&mg__ps_server_component, &mg__ps_worker_component, &mg__det_component}},
 };
 #define N_KINDS (int)(sizeof kinds / sizeof kinds[0])
-
-typedef struct {
-    const mg_component_ops *ops;
-    void *c;
-} part;
-
-struct mg_strategy {
-    mg_model *m;
-    mg_strategy_options o;
-    mg_group *g;        /* the job (NULL: one process): agreement, rank 0 */
-    mg_mesh *mesh;      /* its ranks as a mesh, and its groups */
-    int rank, world;
-    part part[MG_MAX_COMPONENTS];
-    int n;
-    char name[64];
-    mg_range whole;     /* the arena: the ranges when no component narrows them */
-    bool model_tape;    /* the model's own tape runs the micro-batches (no
-                         * component's run_step or run_micro does) */
-    char *offload_dir;
-    /* --offload cpu with a model on a device: the host's copies of the
-     * parameters and gradients of this process's ranges, the optimizer's
-     * (arena-sized mappings: only the ranges are ever touched) */
-    bool offload_cpu;
-    float *host_p, *host_g;
-    mg_range *own;      /* own_ranges: what every component counts as this rank's */
-    int n_own;
-    /* During mg_train_step: its optimizer and options (mg_strategy_update). */
-    mg_optim *step_o;
-    const mg_step_options *step_opt;
-};
-
-/* Each component with slot f, in list order (for) or reverse (back). */
-#define EACH(s, f) for (part *p_ = (s)->part; p_ < (s)->part + (s)->n; p_++) if (p_->ops->f)
-#define EACH_BACK(s, f) \
-    for (part *p_ = (s)->part + (s)->n - 1; p_ >= (s)->part; p_--) if (p_->ops->f)
-#define CALL(f, ...) p_->ops->f(p_->c, ##__VA_ARGS__)
-
-/* The first component with slot f (NULL: none). */
-#define FIRST(s, f) ({                                                  \
-    part *first_ = NULL;                                                \
-    for (int i_ = 0; i_ < (s)->n && !first_; i_++)                      \
-        if ((s)->part[i_].ops->f) first_ = &(s)->part[i_];              \
-    first_; })
 
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 {
@@ -187,17 +137,6 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     int k = 0;
     while (k < N_KINDS && kinds[k].kind != o->kind) k++;
     if (k == N_KINDS) return mg_error(MG_EINVAL, "strategy: unknown kind %d", (int)o->kind);
-    if (o->det_shards && o->kind != MG_STRATEGY_SINGLE && o->kind != MG_STRATEGY_DDP &&
-        o->kind != MG_STRATEGY_DP && o->kind != MG_STRATEGY_PIPELINE &&
-        !(o->kind == MG_STRATEGY_ZERO && o->zero_stage == 1)) {
-        static const char *flag[] = {[MG_STRATEGY_DP] = "--parallel dp",
-                                     [MG_STRATEGY_ZERO] = "--zero 2 and 3",
-                                     [MG_STRATEGY_PIPELINE] = "a pipeline (--mesh pp=P)",
-                                     [MG_STRATEGY_PS] = "--parallel ps"};
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel dp and ddp "
-                        "(--mesh dp=N) and --zero 1 are built; %s %s not yet", flag[o->kind],
-                        o->kind == MG_STRATEGY_ZERO ? "are" : "is");
-    }
     bool fresh = !mg_model_has_values(m);
     mg_strategy *s = calloc(1, sizeof *s);
     if (!s) return mg_error(MG_ENOMEM, "strategy: out of memory");
@@ -562,9 +501,7 @@ mg_status mg_strategy_load(mg_strategy *s, const char *path, mg_optim *o, mg_ckp
 
 /* ---- evaluation and generation ------------------------------------------ */
 
-/* A forward that returned NULL: a tensor-parallel layer's collective
- * failed (its status), or the tape could not be made. */
-static mg_status forward_failed(mg_model *m)
+mg_status mg__strategy_forward_failed(mg_model *m)
 {
     mg_status st = mg_model_tp_failure(m);
     return st ? st : MG_ENOMEM;
@@ -576,7 +513,7 @@ mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
     mg_micro_batch b;
     while (next(ud, &b)) {
         int c = 0;
-        if (!mg_model_forward(s->m, (const float *)b.x, b.n)) return forward_failed(s->m);
+        if (!mg_model_forward(s->m, (const float *)b.x, b.n)) return mg__strategy_forward_failed(s->m);
         r->loss_sum += (double)mg_model_loss(s->m, b.y, &c) * b.n;
         r->micro++;
         r->correct += c;
@@ -636,185 +573,4 @@ mg_traffic mg_strategy_traffic(const mg_strategy *s)
         t.received += u.received;
     }
     return t;
-}
-
-/* ---- the training step ------------------------------------------------------ */
-
-void mg_strategy_micro_begin(mg_strategy *s, bool last)
-{
-    EACH(s, micro_begin) CALL(micro_begin, last);
-}
-
-mg_status mg_strategy_micro_end(mg_strategy *s)
-{
-    mg_status st = MG_OK;
-    EACH_BACK(s, micro_end) {
-        mg_status e = CALL(micro_end);
-        if (!st) st = e;
-    }
-    return st;
-}
-
-/* The model's forward, loss and backward of one micro-batch (or the
- * component's that runs them), between the components' begin and end. */
-static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, float *loss,
-                       int *correct)
-{
-    mg_strategy_micro_begin(s, b->last);
-    mg_status st = MG_OK;
-    double t0 = slow > 1 ? mg_now() : 0;   /* timed only for a straggler on purpose */
-    part *p = FIRST(s, run_micro);
-    if (p) {
-        st = p->ops->run_micro(p->c, b, loss, correct);
-    } else if (!mg_model_forward(s->m, (const float *)b->x, b->n)) {
-        st = forward_failed(s->m);
-    } else {
-        *loss = mg_model_loss(s->m, b->y, correct);
-        mg_model_backward(s->m);
-    }
-    if (slow > 1) mg_sleep((slow - 1) * (mg_now() - t0));
-    mg_status e = mg_strategy_micro_end(s);
-    return st ? st : e;
-}
-
-static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                             double sumsq, mg_step_result *r);
-
-/* A driver's steps (run_step) with the optimizer and options it may need
- * (mg_strategy_update). */
-static mg_status drive(mg_strategy *s, part *driver, mg_optim *o, const mg_step_options *opt,
-                       mg_batch_source next, void *ud, mg_step_result *r)
-{
-    s->step_o = o;
-    s->step_opt = opt;
-    mg_status st = driver->ops->run_step(driver->c, next, ud, opt->accumulate, r);
-    s->step_o = NULL;
-    s->step_opt = NULL;
-    return st;
-}
-
-mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                        mg_batch_source next, void *ud, mg_step_result *r)
-{
-    memset(r, 0, sizeof *r);
-    if (!FIRST(s, zero_grad)) mg_model_zero_grad(s->m);
-    EACH(s, zero_grad) CALL(zero_grad);
-    part *driver = FIRST(s, run_step);
-    if (driver) MG_TRY(drive(s, driver, o, opt, next, ud, r));
-    mg_micro_batch b;
-    while (!driver && r->micro < opt->accumulate && next(ud, &b)) {
-        if (++r->micro == opt->accumulate) b.last = true;
-        float loss = 0;
-        int correct = 0;
-        MG_TRY(micro(s, &b, opt->slow, &loss, &correct));
-        r->loss_sum += (double)loss * b.n;
-        r->correct += correct;
-        r->samples += b.n;
-        if (b.last) break;
-    }
-    if (r->micro == 0 || r->updated) return MG_OK;
-    EACH_BACK(s, reduce) MG_TRY(CALL(reduce));
-    return finish_step(s, o, opt, -1, r);
-}
-
-mg_status mg_strategy_update(mg_strategy *s, int micro, double sumsq, mg_step_result *r)
-{
-    if (!s->step_opt || micro < 1)
-        return mg_error(MG_EINVAL, "mg_strategy_update: only within a driver's step, for one "
-                        "or more micro-batches");
-    mg_step_result u = {.micro = micro};
-    MG_TRY(finish_step(s, s->step_o, s->step_opt, sumsq, &u));
-    r->grad_norm = u.grad_norm;
-    return MG_OK;
-}
-
-/* --offload cpu: the ranges' gradients and parameters to the host, the
- * optimizer's step there, the parameters back. */
-static mg_status host_step(mg_strategy *s, mg_optim *o, float lr, const mg_range *rg, int nr)
-{
-    mg_model *m = s->m;
-    mg_device dev = mg_model_device(m), cpu = {MG_DEVICE_CPU, 0};
-    for (int k = 0; k < nr; k++) {
-        size_t lo = rg[k].lo, bytes = (rg[k].hi - lo) * sizeof(float);
-        MG_TRY(mg_device_copy(cpu, s->host_g + lo, dev, mg_model_grads(m) + lo, bytes));
-        MG_TRY(mg_device_copy(cpu, s->host_p + lo, dev, mg_model_params(m) + lo, bytes));
-    }
-    MG_TRY(mg_optim_step(o, s->host_p, s->host_g, lr));
-    for (int k = 0; k < nr; k++) {
-        size_t lo = rg[k].lo, bytes = (rg[k].hi - lo) * sizeof(float);
-        MG_TRY(mg_device_copy(dev, mg_model_params(m) + lo, cpu, s->host_p + lo, bytes));
-    }
-    return MG_OK;
-}
-
-/* Gradients a component keeps outside the arena (offload): already
- * scaled to the mean; *ss gets this rank's sum of their squares. */
-static bool kept_elsewhere(mg_strategy *s, double *ss)
-{
-    bool elsewhere = false;
-    *ss = 0;
-    EACH(s, grads_elsewhere) if (CALL(grads_elsewhere, ss)) elsewhere = true;
-    return elsewhere;
-}
-
-/* The norm of every gradient: each rank's share (its own ranges, or ss
- * of those kept elsewhere), summed over the ranks that split them. */
-static mg_status grad_norm(mg_strategy *s, bool elsewhere, double ss, double *norm)
-{
-    int n;
-    const mg_range *own = own_ranges(s, &n);
-    const float *g = mg_model_grads(s->m);
-    for (int k = 0; k < n && !elsewhere; k++)
-        ss += mg_grad_sumsq(g + own[k].lo, own[k].hi - own[k].lo);
-    EACH(s, shards_over) {
-        mg_group *over = CALL(shards_over);
-        if (over) MG_TRY(mg_all_reduce(over, &ss, &ss, 1, MG_F64, MG_SUM));
-    }
-    *norm = sqrt(ss);
-    return MG_OK;
-}
-
-/* The mean over the micro-batches (the components averaged over the
- * ranks), clipping (sumsq >= 0: the norm's square, known) and the
- * optimizer's step over this rank's ranges. */
-static mg_status finish_on_device(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                                  double sumsq, mg_step_result *r)
-{
-    float *g = mg_model_grads(s->m), *p = mg_model_params(s->m);
-    int nr;
-    const mg_range *rg = mg_strategy_ranges(s, &nr);
-    double ss;
-    bool elsewhere = kept_elsewhere(s, &ss);   /* then clipped by the optimizer */
-    float scale = 1.0f / (float)r->micro;
-    for (int k = 0; k < nr && scale != 1.0f && !elsewhere; k++)
-        mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, scale);
-    if (opt->clip_grad > 0) {
-        part *whole = FIRST(s, grad_sumsq);   /* a rank that holds the whole gradient */
-        if (sumsq < 0 && whole) sumsq = whole->ops->grad_sumsq(whole->c, r->micro);   /* -1: not */
-        if (sumsq >= 0) r->grad_norm = sqrt(sumsq);
-        else MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
-        float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
-        if (elsewhere) mg_optim_scale_grads(o, coef);
-        for (int k = 0; k < nr && !elsewhere; k++)
-            mg_grad_scale(g + rg[k].lo, rg[k].hi - rg[k].lo, coef);
-    }
-    double t0 = mg_trace_now();
-    /* The optimizer's ranges are the strategy's (mg_strategy_optim). */
-    if (s->offload_cpu) MG_TRY(host_step(s, o, opt->lr, rg, nr));
-    else MG_TRY(mg_optim_step(o, p, g, opt->lr));
-    mg_trace_event("optimizer", "optimizer", 0, t0, mg_trace_now());
-    EACH(s, after_update) MG_TRY(CALL(after_update));
-    return MG_OK;
-}
-
-/* The gradients are the model's device's: so are the kernels of the rest
- * of the step. */
-static mg_status finish_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
-                             double sumsq, mg_step_result *r)
-{
-    mg_device host = mg_device_current();
-    MG_TRY(mg_device_set_current(mg_model_device(s->m)));
-    mg_status st = finish_on_device(s, o, opt, sumsq, r);
-    mg_device_set_current(host);
-    return st;
 }

@@ -281,15 +281,14 @@ static mg_status join_job(mg_trainer *t)
     if (c->slow_factor > 0 && c->slow_rank >= in->world)
         return mg_error(MG_EINVAL, "--slow-rank %d:%g: the job has ranks 0 to %d", c->slow_rank,
                         c->slow_factor, in->world - 1);
-    int V = c->det_shards, rows = c->batch * c->accumulate;
+    int V = c->det_shards;
     mg_status st = c->batch % in->dp_size
         ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks: use a "
                    "multiple of %d (--batch is the global batch)", c->batch * c->accumulate,
                    in->dp_size, in->dp_size * c->accumulate)
-        : V && (V & (V - 1) || V % in->dp_size || rows % V)
-        ? mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that the %d "
-                   "data-parallel rank(s) divide and that divides the step's %d rows (--batch "
-                   "x --accumulate)", V, in->dp_size, rows)
+        : V && V % in->dp_size   /* a power of two dividing the rows: check_config */
+        ? mg_error(MG_EINVAL, "--virtual-shards %d: the %d data-parallel rank(s) must divide it "
+                   "(each takes V/ranks of the shards)", V, in->dp_size)
         : MG_OK;
     return mg_trainer_agree(t, st);
 }
