@@ -19,8 +19,11 @@
  * same bits too.
  *
  * Replaces DDP (which drops itself) for one process and --parallel ddp
- * over a data-parallel mesh; beside ZeRO-1 it sums the gradients in ZeRO's
- * place (ZeRO shards the optimizer and gathers the parameters). Clipping
+ * over a data-parallel mesh; beside ZeRO (any stage, also over a
+ * pipeline's replicas) it sums the gradients in ZeRO's place (ZeRO shards
+ * the optimizer and gathers the parameters; stages 2-3 keep the gradients
+ * whole during the step, as stage 1). A model on a device has each
+ * shard's gradient copied to the host and the tree summed there. Clipping
  * takes the norm in one grouping whatever the plan: each unit's sum of
  * squares, added in the units' order (grad_sumsq), not the ranks' shares
  * summed. Under a pipeline it sums
@@ -28,8 +31,9 @@
  * executor's after-backward hook), and the stage's replicas form the tree's
  * upper levels; with chunks (the interleaved schedule) a counter for each
  * chunk's range, since its backwards interleave with the other chunks'.
- * Limits (this increment): not yet with ZeRO 2-3, a unit tied across
- * stages, tensor parallelism or a parameter server (refused); the training figures are summed over
+ * Limits (this increment): not yet with a unit tied across stages,
+ * tensor parallelism, ZeRO's disk offload or a parameter server
+ * (refused); the training figures are summed over
  * the ranks as DDP's are (their last bits may follow W; the parameters do
  * not); arena-sized buffers, at most log2(V/W) + 1, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
@@ -69,7 +73,10 @@ typedef struct {
     float **node;       /* the subtrees' nodes kept, by slot (each counter in its ranges) */
     int depth;          /* slots: log2(V/W) + 1 */
     float *peer;        /* a peer's node, across ranks */
+    mg_device dev;      /* the model's: on a device, the tree is summed on the host */
+    float *host;        /* a device's gradient copied out (NULL on the CPU) */
     double sumsq;       /* of the step's summed gradient, over W */
+    mg_status err;      /* zero_grad's, told at the next shard's end */
     bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO-1 */
 } det;
 
@@ -84,6 +91,7 @@ static void det_destroy(void *c)
     free(d->cn);
     free(d->unit_ss);
     mg_free(d->peer);
+    mg_free(d->host);
     free(d);
 }
 
@@ -93,15 +101,14 @@ static mg_status det_attach(mg_strategy *s, void **state)
     if (!o->det_shards) return MG_OK;
     mg_mesh *mesh = mg_strategy_mesh(s);
     mg_pipe *pipe = mg_strategy_pipe(s);
-    if (o->kind == MG_STRATEGY_PS || (o->kind == MG_STRATEGY_ZERO && o->zero_stage > 1))
+    if (o->kind == MG_STRATEGY_PS)
         return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel dp and ddp, "
-                        "--zero 1 and pipelines are built; %s not yet",
-                        o->kind == MG_STRATEGY_PS ? "--parallel ps is" : "--zero 2 and 3 are");
+                        "ZeRO and pipelines are built; --parallel ps is not yet");
+    if (o->offload_dir)
+        return mg_error(MG_EUNSUPPORTED, "--deterministic keeps the gradients whole in memory: "
+                        "ZeRO's --offload is not built with it; leave out one of them");
     if (mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1)
         return mg_error(MG_EUNSUPPORTED, "--deterministic: tensor parallelism is not yet built");
-    if (pipe && o->kind == MG_STRATEGY_ZERO)
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: ZeRO over a pipeline's replicas is "
-                        "not yet built");
     if (pipe && mg__pipe_has_ties(pipe))
         return mg_error(MG_EUNSUPPORTED, "--deterministic: a pipeline without tied units "
                         "(lenet5's) is built; a unit tied across stages (gpt's head) is not yet");
@@ -119,6 +126,7 @@ static mg_status det_attach(mg_strategy *s, void **state)
     d->shards = V;
     d->n = mg_model_arena_size(d->m);
     d->replaces = o->kind != MG_STRATEGY_ZERO;
+    d->dev = mg_model_device(d->m);
     d->whole = (mg_range){0, d->n};
     d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
     if (!pipe) d->nr = 1;
@@ -145,6 +153,7 @@ static mg_status det_attach(mg_strategy *s, void **state)
     }
     for (int i = 0; ok && i < d->depth; i++) ok = (d->node[i] = mg_alloc(d->n * sizeof(float)));
     if (ok && d->g) ok = (d->peer = mg_alloc(d->n * sizeof(float)));
+    if (ok && d->dev.kind != MG_DEVICE_CPU) ok = (d->host = mg_alloc(d->n * sizeof(float)));
     *state = d;
     return ok ? MG_OK
               : mg_error(MG_ENOMEM, "--deterministic: out of memory for %d gradient copies of "
@@ -161,17 +170,33 @@ static mg_group *det_group(void *c)
 
 /* The ranges r (nr) of the gradient arena zeroed (a pipeline's other
  * stages' pages are given back: never touched). */
-static void zero_ranges(det *d, const mg_range *r, int nr)
+static mg_status zero_ranges(det *d, const mg_range *r, int nr)
 {
     float *g = mg_model_grads(d->m);
-    for (int k = 0; k < nr; k++) memset(g + r[k].lo, 0, (r[k].hi - r[k].lo) * sizeof *g);
+    for (int k = 0; k < nr; k++)
+        MG_TRY(mg_device_zero(d->dev, g + r[k].lo, (r[k].hi - r[k].lo) * sizeof *g));
+    return MG_OK;
+}
+
+/* The ranges r (nr) between the arena and host memory h (the same
+ * offsets): on the CPU, h is the arena. */
+static mg_status arena_copy(det *d, const mg_range *r, int nr, float *h, bool to_host)
+{
+    mg_device cpu = {MG_DEVICE_CPU, 0};
+    float *g = mg_model_grads(d->m);
+    for (int k = 0; k < nr && h != g; k++) {
+        size_t lo = r[k].lo, bytes = (r[k].hi - lo) * sizeof *g;
+        MG_TRY(to_host ? mg_device_copy(cpu, h + lo, d->dev, g + lo, bytes)
+                       : mg_device_copy(d->dev, g + lo, cpu, h + lo, bytes));
+    }
+    return MG_OK;
 }
 
 static void det_zero_grad(void *c)
 {
     det *d = c;
     for (int i = 0; i < d->ncn; i++) d->cn[i].kept = 0;
-    zero_ranges(d, d->r, d->nr);
+    d->err = zero_ranges(d, d->r, d->nr);
 }
 
 /* dst[r] += src[r] (copy: =) over the ranges r (nr). */
@@ -219,12 +244,14 @@ static mg_status det_micro_end(void *c)
 {
     det *d = c;
     counter *k = &d->cn[d->pipe ? mg__pipe_current_chunk(d->pipe) : 0];
-    MG_TRY(push(d, k, mg_model_grads(d->m)));
-    zero_ranges(d, k->r, k->nr);
-    return MG_OK;
+    float *g = d->host ? d->host : mg_model_grads(d->m);
+    MG_TRY(d->err);
+    MG_TRY(arena_copy(d, k->r, k->nr, g, true));
+    MG_TRY(push(d, k, g));
+    return zero_ranges(d, k->r, k->nr);
 }
 
-static mg_status unit_norms(det *d);
+static mg_status unit_norms(det *d, const float *g);
 
 /* After the shards: this rank's subtree root, the upper levels across the
  * ranks (rank r adds rank r + 2^k's node at level k), the root broadcast
@@ -240,7 +267,7 @@ static mg_status det_reduce(void *c)
                             k->kept ? 1 << k->level[0] : 0, d->shards / d->world, d->shards);
         k->kept = 0;
     }
-    float *root = d->node[0], *g = mg_model_grads(d->m);   /* every counter's root: slot 0 */
+    float *root = d->node[0];   /* every counter's root: slot 0 */
     for (int k = 1; d->g && k < d->world; k <<= 1) {
         for (int i = 0; i < d->nr; i++) {
             size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
@@ -253,19 +280,18 @@ static mg_status det_reduce(void *c)
     for (int i = 0; i < d->nr; i++) {
         size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
         if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
-        memcpy(g + lo, root + lo, n * sizeof *g);
-        if (d->world > 1) mg_grad_scale(g + lo, n, 1.0f / (float)d->world);
+        if (d->world > 1) mg_grad_scale(root + lo, n, 1.0f / (float)d->world);
     }
+    MG_TRY(arena_copy(d, d->r, d->nr, root, false));
     const mg_step_options *so = mg_strategy_step_options(d->s);
-    return so && so->clip_grad > 0 ? unit_norms(d) : MG_OK;   /* only clipping reads it */
+    return so && so->clip_grad > 0 ? unit_norms(d, root) : MG_OK;   /* only clipping reads it */
 }
 
 /* The norm's square in one grouping for every plan: each unit's sum of
  * squares (a stage's units on its ranks, the others' added as zeros over
  * the pipeline: exact), then the units' in their order. */
-static mg_status unit_norms(det *d)
+static mg_status unit_norms(det *d, const float *g)
 {
-    const float *g = mg_model_grads(d->m);
     memset(d->unit_ss, 0, (size_t)d->units * sizeof *d->unit_ss);
     for (int u = 0; u < d->units; u++) {
         size_t lo, hi;
@@ -289,7 +315,7 @@ static double det_grad_sumsq(void *c, int micro)
 static void det_memory(void *c, mg_memory_stats *ms)
 {
     det *d = c;
-    ms->grads += (size_t)(d->depth + (d->peer != NULL)) * d->n * sizeof(float);
+    ms->grads += (size_t)(d->depth + (d->peer != NULL) + (d->host != NULL)) * d->n * sizeof(float);
 }
 
 const mg_component_ops mg__det_component = {

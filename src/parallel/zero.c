@@ -30,6 +30,10 @@
  * for backward, and a bucket whose parameters another unit reads (the
  * embedding a tied head reads) stays from its forward to its backward.
  *
+ * Under --deterministic det.c sums the gradients in its fixed tree instead:
+ * no reduce-scatter, no pool windows (the arena written whole), the
+ * optimizer still stepping the pieces (sum_elsewhere).
+ *
  * Hooks work only inside a training micro-batch. Evaluation, sampling and
  * saving weights under stage 3 run between mg__zero_gather (the whole
  * parameters on every rank, as FSDP's summon_full_params) and
@@ -97,7 +101,7 @@ struct mg_zero {
     mg_scratch *ps;         /* stage 3 offload: the parameter pieces, one after another */
     mg_scratch *gs;         /* stages 2-3 offload: the gradient pieces, the same way */
     int micro;              /* micro-batches since zero_grad */
-    bool reduced_elsewhere; /* stage 1 under --deterministic: det.c sums the gradients */
+    bool reduced_elsewhere; /* under --deterministic: det.c sums the gradients whole */
     bool last;              /* this one is the step's last */
     mg_status err;
     size_t param_bytes, grad_bytes;   /* resident now (counted, not measured) */
@@ -332,7 +336,7 @@ static void reduce_end(mg_zero *z, zbucket *b)
  * by the tape; when all are taken, the oldest reduction is waited for. */
 static void acquire(mg_zero *z, mg_tape *t, int i)
 {
-    if (i < 0 || z->stage < 2 || z->b[i].buf >= 0) return;
+    if (i < 0 || z->stage < 2 || z->reduced_elsewhere || z->b[i].buf >= 0) return;
     zbucket *b = &z->b[i];
     for (;;) {
         int k0 = b->keep ? SHARED : 0, k1 = b->keep ? SHARED + 1 : SHARED;
@@ -371,13 +375,13 @@ static void post_backward(void *ud, mg_tape *t, int u)
 {
     mg_zero *z = ud;
     (void)t;
-    if (!z->active || !z->sync) return;
+    if (!z->active || (!z->sync && z->stage < 3)) return;
     size_t lo, hi;
     mg_model_unit_range(z->m, u, &lo, &hi);
     if (hi > z->ready) z->ready = hi;
     while (z->next < z->nb && z->b[z->next].hi <= z->ready) {
         zbucket *b = &z->b[z->next++];
-        reduce_start(z, b);
+        if (z->sync) reduce_start(z, b);
         if (z->stage >= 3) shard(z, (int)(b - z->b), false);
     }
     /* Reductions that finished give their buffers back now. */
@@ -488,6 +492,21 @@ void mg__zero_destroy(mg_zero *z)
 }
 
 int mg__zero_stage(const mg_zero *z) { return z->stage; }
+
+/* Under --deterministic det.c sums each shard's gradient whole in its
+ * tree: stages 2-3 give up their gradient windows (the arena is written
+ * whole, as stage 1's) and reduce nothing; the optimizer still steps the
+ * pieces, and stage 3 still gathers the parameters bucket by bucket. */
+static void sum_elsewhere(mg_zero *z)
+{
+    z->reduced_elsewhere = true;
+    for (int k = 0; k < z->npool; k++) {
+        mg_device_free(z->dev, z->pool[k]);
+        z->pool[k] = NULL;
+    }
+    z->grad_bytes = z->n * sizeof(float);
+    note_peak(z);
+}
 
 const mg_range *mg__zero_pieces(const mg_zero *z, int *n)
 {
@@ -657,7 +676,7 @@ static mg_status zero_attach(mg_strategy *s, void **state)
     mg_group *g = mg_mesh_group(mesh, MG_MESH_DP);
     mg_zero *z;
     MG_TRY(mg__zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
-    z->reduced_elsewhere = o->det_shards > 0;
+    if (o->det_shards) sum_elsewhere(z);
     mg_status st = o->offload_dir ? mg_strategy_agree(s, mg__zero_offload(z, o->offload_dir))
                                   : MG_OK;
     if (st) mg__zero_destroy(z);

@@ -31,6 +31,9 @@
  * them; between steps (evaluation, checkpoints) stage 2 also holds 1/D
  * of the gradients and stage 3 of the parameters.
  *
+ * Under --deterministic det.c sums the gradients (its tree, whole in the
+ * stage's ranges) and nothing here reduces them; the rest is the same.
+ *
  * Limits: the shards stay in memory (no --offload disk); each
  * micro-batch's gradients are not reduced on their own (DeepSpeed
  * refuses ZeRO-2 and 3 with pipelines for that cost). */
@@ -58,6 +61,7 @@ typedef struct {
     mg_range *piece, *own;  /* pieces of every bucket; of the pipeline's own ranges */
     int nown;
     bool sync;              /* this backward is the stage's last of the step */
+    bool det;               /* --deterministic: det.c sums the gradients whole */
     bool hooked;
     mg_status err;
 } zpipe;
@@ -252,6 +256,7 @@ static mg_status zp_attach(mg_strategy *s, void **state)
     z->stage = o->zero_stage;
     z->rank = mg_group_rank(g);
     z->world = mg_group_size(g);
+    z->det = o->det_shards > 0;
     int n, no;
     const mg_range *r = mg__pipe_ranges(p, &n), *own = mg__pipe_own_ranges(p, &no);
     mg_status st = make_buckets(z, &o->ddp, r, n);
@@ -299,14 +304,14 @@ static const mg_range *zp_params(void *c, int *n)
     return ((zpipe *)c)->stage >= 3 ? zp_ranges(c, n) : NULL;
 }
 
-static void zp_begin(void *c, bool last) { ((zpipe *)c)->sync = last; }
+static void zp_begin(void *c, bool last) { ((zpipe *)c)->sync = last && !((zpipe *)c)->det; }
 
 /* The buckets not launched yet (borrowed ones, those without a gradient)
  * in order, then every reduction waited for. */
 static mg_status zp_reduce(void *c)
 {
     zpipe *z = c;
-    for (int i = 0; i < z->nb; i++)
+    for (int i = 0; i < z->nb && !z->det; i++)
         if (!z->b[i].launched) launch(z, &z->b[i]);
     float *g = mg_model_grads(z->m);
     for (int i = 0; i < z->nb; i++) {
