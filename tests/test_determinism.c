@@ -7,13 +7,17 @@
 
 #define GPT_SMALL "--model gpt-mini --layers 2 --dim 64 --heads 4 --ctx 64 --eval-windows 4"
 
-/* The hex digest of "parameters sha256 <hex>" in out, or "". */
-static void hash_of(const char *out, char hex[65])
+/* The hex digest of "<what> sha256 <hex>" in out, or "". */
+static void digest_of(const char *out, const char *what, char hex[65])
 {
-    const char *h = out ? strstr(out, "parameters sha256 ") : NULL;
+    char key[32];
+    snprintf(key, sizeof key, "%s sha256 ", what);
+    const char *h = out ? strstr(out, key) : NULL;
     hex[0] = 0;
-    if (h) sscanf(h + 18, "%64[0-9a-f]", hex);
+    if (h) sscanf(h + strlen(key), "%64[0-9a-f]", hex);
 }
+
+static void hash_of(const char *out, char hex[65]) { digest_of(out, "parameters", hex); }
 
 /* The definition, computed here from a checkpoint file: each parameter
  * of the model in table order, its name and a NUL, its dtype's name and a
@@ -94,19 +98,24 @@ TEST_T(print_hash_is_the_same_under_every_plan, 180)
 }
 
 /* --deterministic: 100 steps of gpt-mini and an epoch of lenet5 (both
- * clipped to a norm of 0.5) end with the same parameters, bit for bit, on 1, 2,
+ * clipped to a norm of 0.5) end with the same parameters and the same
+ * figures (every row's losses and accuracies; gpt-mini's 13 validation
+ * windows and lenet5's 10,000 test images shared in whole batches), bit
+ * for bit, on 1, 2,
  * 4 and 8 ranks under DDP, under ZeRO-1 (2 ranks), 2 (4) and 3 (2 and
  * 4), and on 3 and 4 DataParallel threads of one process (8 virtual
- * shards; 8 ranks oversubscribe the machine); lenet5 also through
- * pipelines of 2 stages under GPipe, 1F1B and the interleaved schedule (2
- * chunks a rank), and of 2 stages x 2 replicas, alone and under ZeRO-3. */
+ * shards; 8 ranks oversubscribe the machine); and through pipelines of
+ * 2 stages under GPipe, 1F1B and the interleaved schedule (2 chunks a
+ * rank), and of 2 stages x 2 replicas, alone and under ZeRO-3 (gpt-mini's
+ * tied head on the last stage, its embedding on the first: every plan
+ * adds the head's and the embedding's trees after summing them). */
 TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 {
     char bin[512], run[512], *out;
     snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     const char *jobs[2] = {
-        GPT_SMALL " --batch 16 --steps 100 --eval-every 100 --no-eval-on-start --clip-grad 0.5",
+        GPT_SMALL " --batch 16 --steps 100 --eval-every 50 --eval-windows 13 --clip-grad 0.5",
         "--model lenet5 --epochs 1 --clip-grad 0.5"};
     const struct { int ranks; const char *plan; } runs[] = {
         {1, ""}, {2, "--parallel ddp"}, {4, "--parallel ddp"}, {8, "--parallel ddp"},
@@ -119,18 +128,22 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
         {4, "--mesh pp=2,dp=2 --zero 3 --pp-schedule 1f1b"}};
     int n_runs = sizeof runs / sizeof *runs;
     for (int j = 0; j < 2; j++) {
-        char first[65] = "", got[65];
-        for (int k = 0; k < (j ? n_runs : n_runs - 5); k++) {   /* gpt-mini: no pipeline yet */
+        char first[65] = "", got[65], first_fig[65] = "", fig[65];
+        for (int k = 0; k < n_runs; k++) {
             int w = runs[k].ranks;
             int rc = w == 1 ? mgt_sh(&out, "%s %s %s --deterministic --print-hash --quiet", bin,
                                      jobs[j], runs[k].plan)
                             : mgt_sh(&out, "%s -n %d %s %s %s --deterministic --print-hash "
                                      "--quiet", run, w, bin, jobs[j], runs[k].plan);
             hash_of(out, got);
-            CHECK_MSG(rc == 0 && got[0], "%d rank(s): rc %d: %s", w, rc, out);
+            digest_of(out, "figures", fig);
+            CHECK_MSG(rc == 0 && got[0] && fig[0], "%d rank(s): rc %d: %s", w, rc, out);
             if (!k) snprintf(first, sizeof first, "%s", got);
+            if (!k) snprintf(first_fig, sizeof first_fig, "%s", fig);
             CHECK_MSG(!strcmp(got, first), "%s on %d ranks %s: %s against one rank's %s",
                       jobs[j], w, runs[k].plan, got, first);
+            CHECK_MSG(!strcmp(fig, first_fig), "%s on %d ranks %s: figures %s against one "
+                      "rank's %s", jobs[j], w, runs[k].plan, fig, first_fig);
             free(out);
         }
     }
@@ -138,8 +151,8 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 
 /* A model on a device (emu: the GPU code path on the host) sums the tree
  * on the host, each shard's gradient copied out: the same bits at 1, 2
- * and 4 ranks, under DDP and ZeRO 2 and 3 (not the CPU's bits: other
- * kernels). */
+ * and 4 ranks, under DDP, ZeRO 2 and 3 and a pipeline of 2 stages (not
+ * the CPU's bits: other kernels). */
 TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
 {
     char bin[512], run[512], *out, first[65] = "", got[65];
@@ -148,7 +161,8 @@ TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
     const char *job = GPT_SMALL " --batch 16 --steps 10 --eval-every 10 --no-eval-on-start "
                       "--clip-grad 0.5 --device emu --deterministic --print-hash --quiet";
     const struct { int ranks; const char *plan; } runs[] = {
-        {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"}};
+        {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"},
+        {2, "--mesh pp=2"}};
     for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
         int rc = mgt_sh(&out, "%s -n %d %s %s %s", run, runs[k].ranks, bin, job, runs[k].plan);
         hash_of(out, got);

@@ -215,6 +215,32 @@ TEST(sampler_eval_shards_exact)
         }
 }
 
+/* Evaluation shares in whole blocks (--deterministic): they tile 0..n-1
+ * in rank order, each begins at a multiple of the block, and their
+ * block counts differ by at most one, so every rank evaluates one
+ * process's batches. */
+TEST(sampler_eval_shards_in_whole_blocks)
+{
+    int sizes[] = {0, 1, 13, 10000, 10001};
+    int blocks[] = {1, 2, 16};
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t k = 0; k < sizeof blocks / sizeof *blocks; k++)
+            for (int w = 1; w <= 8; w++) {
+                int n = sizes[a], bl = blocks[k], next = 0, lo, hi, min = n, max = 0;
+                for (int r = 0; r < w; r++) {
+                    mg_shard_blocks(n, bl, r, w, &lo, &hi);
+                    CHECK_EQ(lo, next);
+                    CHECK(hi >= lo && (lo % bl == 0 || lo == n));   /* or empty, at the end */
+                    int nb = (hi - lo + bl - 1) / bl;
+                    min = nb < min ? nb : min;
+                    max = nb > max ? nb : max;
+                    next = hi;
+                }
+                CHECK_EQ(next, n);
+                CHECK(max - min <= 1);
+            }
+}
+
 /* Blocks (--deterministic): each global batch of `block` samples of the
  * epoch's order falls into the same places whatever the world size: rank
  * r's i-th sample of batch k is the order's (k block + r block/W + i)-th,

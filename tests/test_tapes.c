@@ -106,6 +106,62 @@ TEST(tapes_several_in_flight_equal_one_at_a_time)
     several_tapes(drop_bn, 6);
 }
 
+/* Borrowed gradients kept apart: with the model's window set, the tied
+ * head's part of the embedding's gradient goes to the buffer and the
+ * arena keeps the embedding's own; they add up to the usual gradient (to
+ * rounding: the usual one adds the parts row by row), the rest of the
+ * arena is the same bits, and a tape with its own gradient arena does
+ * not take the model's window. */
+TEST(tapes_borrowed_gradients_kept_apart)
+{
+    mg_model *m = small_gpt(5);
+    static batches bt;
+    fill(&bt, m, 2);
+    size_t n = mg_model_arena_size(m), lo = 0, hi = 0;
+    for (int u = 0; u < mg_model_num_units(m); u++)
+        if (mg_model_unit(m, u).borrows >= 0)
+            mg_model_unit_range(m, mg_model_unit(m, u).borrows, &lo, &hi);
+    CHECK(hi > lo);
+    float *whole = malloc(n * sizeof(float)), *part = calloc(hi - lo, sizeof(float));
+    float *own = calloc(n, sizeof(float));
+    mg_model_zero_grad(m);
+    CHECK(mg_model_forward(m, bt.x[0], 2) != NULL);
+    mg_model_loss(m, bt.y[0], NULL);
+    mg_model_backward(m);
+    memcpy(whole, mg_model_grads(m), n * sizeof(float));
+    mg_model_set_borrowed_grads(m, lo, hi, part);
+    mg_model_zero_grad(m);
+    CHECK(mg_model_forward(m, bt.x[0], 2) != NULL);
+    mg_model_loss(m, bt.y[0], NULL);
+    mg_model_backward(m);
+    const float *g = mg_model_grads(m);
+    CHECK(same(g, whole, lo) && same(g + hi, whole + hi, n - hi));
+    double err = 0, size = 0, head = 0;
+    for (size_t i = lo; i < hi; i++) {
+        double d = (double)g[i] + part[i - lo] - whole[i];
+        err += d * d;
+        size += (double)whole[i] * whole[i];
+        head += (double)part[i - lo] * part[i - lo];
+    }
+    CHECK_MSG(head > 0 && err <= 1e-10 * size, "head part %g, error %g of %g", head, err, size);
+    /* A tape of its own arena: the usual sum, the window untouched. */
+    mg_tape *t;
+    CHECK_OK(mg_tape_create(m, 2, &t));
+    mg_tape_set_grads(t, own);
+    memset(part, 0, (hi - lo) * sizeof(float));
+    CHECK(mg_tape_forward(t, bt.x[0], 2) != NULL);
+    mg_tape_loss(t, bt.y[0], NULL);
+    mg_tape_backward(t);
+    CHECK(same(own, whole, n));
+    for (size_t i = 0; i < hi - lo; i++) CHECK(part[i] == 0);
+    mg_tape_destroy(t);
+    mg_model_set_borrowed_grads(m, 0, 0, NULL);
+    free(whole);
+    free(part);
+    free(own);
+    mg_model_destroy(m);
+}
+
 /* Three SGD steps with and without recomputation: the same gradients,
  * parameters and running statistics, bit for bit, on less memory. */
 static void recompute_same(mg_model *a, mg_model *b, int n)

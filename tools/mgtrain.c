@@ -185,7 +185,8 @@ static void usage(FILE *f)
 "                      --batch x --accumulate (implies --deterministic)\n"
 "  --print-hash        after training, print a SHA-256 of the parameters as\n"
 "                      logical tensors: the same whatever plan held them\n"
-"                      (with --deterministic, at any world size too)\n"
+"                      (with --deterministic, at any world size too), and\n"
+"                      one of the figures (losses, accuracies) of the run\n"
 "gpt-mini only:\n"
 "  --steps N           optimizer steps (default 2000)\n"
 "  --eval-every N      steps between validations (default 250)\n"
@@ -599,17 +600,20 @@ static void print_start(const options *o)
 }
 
 /* --print-hash: the parameters' SHA-256 (collective), rank 0 prints it,
- * --quiet or not. */
-static void print_hash(const options *o)
+ * --quiet or not; after training, the figures' too. */
+static void print_hash(const options *o, bool trained)
 {
     if (!o->print_hash) return;
-    uint8_t d[32];
-    TRY(mg_strategy_param_hash(mg_trainer_strategy(o->t), d));
+    uint8_t d[2][32];
+    TRY(mg_strategy_param_hash(mg_trainer_strategy(o->t), d[0]));
+    if (trained) TRY(mg_trainer_figures_hash(o->t, d[1]));
     mg_group *job = mg_trainer_group(o->t);
     if (job && mg_group_rank(job) != 0) return;
-    printf("parameters sha256 ");
-    for (int i = 0; i < 32; i++) printf("%02x", d[i]);
-    printf("\n");
+    for (int k = 0; k < 1 + trained; k++) {
+        printf("%s sha256 ", k ? "figures" : "parameters");
+        for (int i = 0; i < 32; i++) printf("%02x", d[k][i]);
+        printf("\n");
+    }
     fflush(stdout);
 }
 
@@ -627,7 +631,7 @@ static void train(options *o)
         else if (in.rank == 0)
             printf("%s: test loss %.4f, test accuracy %.2f%% (%ld images)\n", c->model,
                    r.test_loss, 100 * r.test_acc, in.test_samples);
-        print_hash(o);
+        print_hash(o, false);
         print_sample(o);
         return;
     }
@@ -641,7 +645,7 @@ static void train(options *o)
                                     "to train" : "--epochs goes up to 1000000, so there is "
                                     "nothing left to train"
                         : c->text ? "raise --steps to train more" : "raise --epochs to train more");
-        print_hash(o);
+        print_hash(o, false);
         print_sample(o);
         return;
     }
@@ -658,7 +662,7 @@ static void train(options *o)
                "(%.0f after the first step), peak memory %.0f MB\n", 100 * s.last.test_acc,
                s.last.test_loss, s.seconds, s.per_s, s.steady_per_s, mg_peak_rss() / 1e6);
     mg_trainer_print_counters(o->t, prog, stderr);
-    print_hash(o);
+    print_hash(o, true);
     print_sample(o);
 }
 

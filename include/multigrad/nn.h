@@ -348,6 +348,17 @@ void mg_tape_set_grads(mg_tape *t, float *grads);
 #define MG_GRAD_WINDOWS 4
 typedef struct mg_grad_window { size_t lo, hi; float *buf; } mg_grad_window;
 void mg_tape_set_grad_window(mg_tape *t, int slot, size_t lo, size_t hi, float *buf);
+/* Borrowed gradients kept apart: the gradients a unit takes for the
+ * parameters it borrows (a tied head's for the embedding's weight) in the
+ * arena range [lo, hi) go into buf (hi - lo floats, on the model's device,
+ * accumulating) instead of adding into the lender's, which then holds the
+ * lender's own contribution only; buf NULL: as usual. A tape's own setting
+ * wins; the model's (mg_model_set_borrowed_grads) holds for the tapes that
+ * write the model's gradient arena (not those given their own by
+ * mg_tape_set_grads). --deterministic sums the two parts apart so that
+ * every plan adds them in the same place. */
+void mg_tape_set_borrowed_grads(mg_tape *t, size_t lo, size_t hi, float *buf);
+void mg_model_set_borrowed_grads(mg_model *m, size_t lo, size_t hi, float *buf);
 void mg_tape_set_buffers(mg_tape *t, float *buffers);
 mg_model *mg_tape_model(const mg_tape *t);
 /* The next forward draws dropout at position `step` and leaves the

@@ -62,6 +62,11 @@ const int32_t *mg_sampler_indices(const mg_sampler *s, int *n);
  * differ by at most one, some may be empty), so correct/total counts summed
  * over ranks are exact. MG_ASSERTs 0 <= rank < world and n >= 0. */
 void mg_shard_range(int n, int rank, int world, int *begin, int *end);
+/* The same in whole blocks of `block` samples (the last may be shorter),
+ * dealt out as mg_shard_range deals samples: each share begins at a
+ * multiple of block, so evaluating it in batches of block gives the same
+ * batches at any world size (--deterministic's figures). block >= 1. */
+void mg_shard_blocks(int n, int block, int rank, int world, int *begin, int *end);
 
 #ifdef __cplusplus
 }

@@ -227,6 +227,14 @@ mg_group *mg_trainer_group(const mg_trainer *t);
 mg_status mg_trainer_print_plan(const mg_trainer *t, FILE *f);
 void mg_trainer_print_counters(const mg_trainer *t, const char *prefix, FILE *f);
 
+/* The figures' fingerprint (mgtrain --print-hash): a SHA-256 of every
+ * row this run recorded (rows a resumed run read back from its log, at
+ * the log's precision, left out), each row's train loss, train accuracy,
+ * test loss, test accuracy and validation loss as IEEE doubles
+ * (little-endian), in order. Under --deterministic the same at any world
+ * size. Not collective: every rank holds the rows. */
+mg_status mg_trainer_figures_hash(const mg_trainer *t, uint8_t out[32]);
+
 /* mg_group_agree(MG_AGREE_LEAVE_FIRST) over the job (one process: st). */
 mg_status mg_trainer_agree(mg_trainer *t, mg_status st);
 

@@ -42,6 +42,7 @@ typedef struct mg_ctx {
     float *grads;         /* the gradient arena backward accumulates into */
     float *buffers;       /* the buffer arena a training forward updates */
     const mg_grad_window *win;   /* the tape's gradient windows (MG_GRAD_WINDOWS) */
+    const mg_grad_window *borrowed;   /* borrowed parameters' gradients (NULL: none) */
 } mg_ctx;
 
 typedef struct mg_layer_param {
@@ -140,6 +141,17 @@ static inline float *mg__grad(const mg_layer *l, const mg_ctx *c, int i)
         if (c->win[k].buf && c->win[k].lo <= off && off < c->win[k].hi)
             return c->win[k].buf + (off - c->win[k].lo);
     return c->grads + off;
+}
+/* The gradient a layer takes for parameter i of a layer it borrows (a
+ * tied head's for the embedding's weight): into the borrowed-gradient
+ * window when one holds it (the two contributions kept apart), else where
+ * the lender's own goes. */
+static inline float *mg__borrowed_grad(const mg_layer *l, const mg_ctx *c, int i)
+{
+    size_t off = l->p[i].off;
+    if (c->borrowed && c->borrowed->lo <= off && off < c->borrowed->hi)
+        return c->borrowed->buf + (off - c->borrowed->lo);
+    return mg__grad(l, c, i);
 }
 static inline float *mg__buffer(const mg_layer *l, const mg_ctx *c, int i)
 {

@@ -38,6 +38,7 @@ struct mg_model {
     bool input_grad, recompute;
     unsigned layout;           /* changes when tapes must be made again */
     mg_tape *tape;             /* the mg_model_forward family's */
+    mg_grad_window borrowed;   /* mg_model_set_borrowed_grads (buf NULL: none) */
     mg_device dev;             /* where the arenas are (mg_model_to_device) */
     mg_dk *dk;                 /* its kernels; NULL on the CPU */
     bool has_values;           /* false until a deferred model is initialised */
@@ -57,6 +58,7 @@ struct mg_tape {
     float *logits, *dlogits, *dinput, *scratch;
     float *grads, *buffers;    /* NULL: the model's */
     mg_grad_window win[MG_GRAD_WINDOWS];
+    mg_grad_window borrowed;   /* mg_tape_set_borrowed_grads (buf NULL: none) */
     /* The last forward. */
     const float *x;
     int batch;

@@ -214,6 +214,18 @@ void mg_tape_set_grad_window(mg_tape *t, int slot, size_t lo, size_t hi, float *
     MG_ASSERT(slot >= 0 && slot < MG_GRAD_WINDOWS && (!buf || lo <= hi));
     t->win[slot] = buf ? (mg_grad_window){lo, hi, buf} : (mg_grad_window){0, 0, NULL};
 }
+void mg_tape_set_borrowed_grads(mg_tape *t, size_t lo, size_t hi, float *buf)
+{
+    MG_ASSERT(!buf || lo <= hi);
+    t->borrowed = buf ? (mg_grad_window){lo, hi, buf} : (mg_grad_window){0, 0, NULL};
+}
+
+void mg_model_set_borrowed_grads(mg_model *m, size_t lo, size_t hi, float *buf)
+{
+    MG_ASSERT(!buf || lo <= hi);
+    m->borrowed = buf ? (mg_grad_window){lo, hi, buf} : (mg_grad_window){0, 0, NULL};
+}
+
 void mg_tape_set_buffers(mg_tape *t, float *buffers) { t->buffers = buffers; }
 mg_model *mg_tape_model(const mg_tape *t) { return t->m; }
 
@@ -233,6 +245,9 @@ static mg_ctx tape_ctx(const mg_tape *t)
     c.scratch = t->scratch;
     c.grads = t->grads ? t->grads : t->m->grads;
     c.win = t->win;
+    /* The model's borrowed window goes with the model's gradient arena. */
+    c.borrowed = t->borrowed.buf ? &t->borrowed : !t->grads && t->m->borrowed.buf ? &t->m->borrowed
+                                                                                    : NULL;
     c.buffers = t->buffers ? t->buffers : t->m->buffers;
     return c;
 }

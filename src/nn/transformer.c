@@ -172,7 +172,7 @@ static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
     int r = (int)rows(l->out, n);
     x = mg__tp_all_rows(&e->base, c, x, (size_t)r, (size_t)e->d, c->scratch);
     mg_gemm(true, false, e->nv, e->d, r, 1.0f, dy, e->nv, x, e->d, 1.0f,
-            mg__grad(&e->base, c, 0), e->d);
+            mg__borrowed_grad(&e->base, c, 0), e->d);
     if (!dx) return;
     float *dxs = mg__seq_split(&e->base) ? c->scratch + (size_t)r * e->d : dx;
     mg_gemm(false, false, r, e->d, e->nv, 1.0f, dy, e->nv, e->base.p[0].data, e->d, 0.0f, dxs,

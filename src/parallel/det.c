@@ -31,29 +31,44 @@
  * executor's after-backward hook), and the stage's replicas form the tree's
  * upper levels; with chunks (the interleaved schedule) a counter for each
  * chunk's range, since its backwards interleave with the other chunks'.
- * Limits (this increment): not yet with a unit tied across stages,
- * tensor parallelism, ZeRO's disk offload or a parameter server
- * (refused); the training figures are summed over
- * the ranks as DDP's are (their last bits may follow W; the parameters do
- * not); arena-sized buffers, at most log2(V/W) + 1, on each rank.
+ * A unit that borrows another's parameters (gpt's tied head): a pipeline
+ * keeps the two contributions on two stages and adds the two sums after
+ * (mg__pipe_sum_ties, here, before the norms), so every other plan keeps
+ * the borrower's part apart too (the model's borrowed-gradient window),
+ * sums it in a tree of its own and adds it to the lender's after both
+ * trees: the same one addition everywhere.
+ * The figures are the same bits too (each shard's loss is, and the sums
+ * of such floats in double are exact; evaluation is shared in whole
+ * batches, mg_shard_blocks).
+ * Limits (this increment): not yet with tensor parallelism, ZeRO's disk
+ * offload or a parameter server (refused); arena-sized buffers, at most
+ * log2(V/W) + 2, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
  * gradients in shard order (mg__det_push). */
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/internal.h"
 
-enum { TAG_NODE = 0x6474 };   /* "dt" */
+enum { TAG_NODE = 0x6474, TAG_TIE = 0x6475 };   /* "dt", "du" */
 
-/* A binary counter over some ranges of the arena: a pipeline chunk's
- * (whose micro-batches' backwards come in their order), or all the rank
- * sums. Counters of disjoint ranges share the node buffers. */
+/* A binary counter over some ranges: a pipeline chunk's (whose
+ * micro-batches' backwards come in their order), all the rank sums, or
+ * the borrowed gradients kept apart. Counters of disjoint arena ranges
+ * share the node buffers. */
 typedef struct {
     const mg_range *r;
     int nr;
-    mg_range one;       /* a chunk's range */
+    mg_range own[2];    /* a chunk's range (and the range its borrower reads) */
+    float **node;       /* the nodes kept, by slot (in the counter's ranges) */
     int *level;         /* each kept node's level */
     int kept;           /* nodes on the stack (slots 0 .. kept-1, levels decreasing) */
 } counter;
+
+/* A tree's buffers: the nodes (depth slots) and a peer's node. */
+typedef struct {
+    float **node;
+    float *peer;
+} tree;
 
 typedef struct {
     mg_strategy *s;
@@ -61,38 +76,84 @@ typedef struct {
     const mg_range *r;  /* the ranges it sums: a pipeline stage's, else the arena */
     int nr;
     mg_range whole;
-    mg_pipe *pipe;      /* with chunks: a counter each */
+    mg_pipe *pipe;      /* a pipeline (NULL: none) */
+    bool chunked;       /* its chunks: a counter each */
     counter *cn;
     int ncn;
     mg_group *g;        /* the data-parallel ranks (NULL: one process) */
     mg_group *stages;   /* a pipeline's (NULL: none): the norm's parts */
+    const mg_range *own;   /* the ranges whose units' norms this rank adds */
+    int nown;
     double *unit_ss;    /* per unit: the sum of squares of its summed gradient */
     int units;
     int rank, world, shards;   /* shards: V */
     size_t n;           /* arena floats */
-    float **node;       /* the subtrees' nodes kept, by slot (each counter in its ranges) */
     int depth;          /* slots: log2(V/W) + 1 */
-    float *peer;        /* a peer's node, across ranks */
+    tree t;             /* the gradients' (arena-sized) */
     mg_device dev;      /* the model's: on a device, the tree is summed on the host */
     float *host;        /* a device's gradient copied out (NULL on the CPU) */
+    /* A borrowed unit's gradients (a tied head's) kept apart in one process
+     * or a data-parallel group: the borrower's part in `part` (the model's
+     * device), summed in a tree of its own and added to the lender's
+     * after both trees, as a pipeline adds its stages' (the same bits). */
+    mg_range tie;       /* the lender's arena range (empty: no tie kept apart) */
+    float *part;        /* this shard's borrowed gradients (hi - lo floats) */
+    counter tcn;
+    tree tt;
+    float *thost;       /* a device's part copied out */
     double sumsq;       /* of the step's summed gradient, over W */
     mg_status err;      /* zero_grad's, told at the next shard's end */
-    bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO-1 */
+    bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO */
 } det;
 
 static bool power_of_two(int v) { return v > 0 && !(v & (v - 1)); }
 
+static void tree_free(det *d, tree *t)
+{
+    for (int i = 0; t->node && i < d->depth; i++) mg_free(t->node[i]);
+    free(t->node);
+    mg_free(t->peer);
+}
+
+static bool tree_alloc(det *d, tree *t, size_t n)
+{
+    t->node = calloc((size_t)d->depth, sizeof *t->node);
+    bool ok = t->node != NULL;
+    for (int i = 0; ok && i < d->depth; i++) ok = (t->node[i] = mg_alloc(n * sizeof(float)));
+    if (ok && d->g) ok = (t->peer = mg_alloc(n * sizeof(float)));
+    return ok;
+}
+
 static void det_destroy(void *c)
 {
     det *d = c;
-    for (int i = 0; i < d->depth; i++) mg_free(d->node[i]);
-    free(d->node);
+    if (d->part) mg_model_set_borrowed_grads(d->m, 0, 0, NULL);
+    tree_free(d, &d->t);
+    tree_free(d, &d->tt);
     for (int i = 0; d->cn && i < d->ncn; i++) free(d->cn[i].level);
     free(d->cn);
+    free(d->tcn.level);
     free(d->unit_ss);
-    mg_free(d->peer);
     mg_free(d->host);
+    mg_free(d->thost);
+    mg_device_free(d->dev, d->part);
     free(d);
+}
+
+/* The unit that borrows another's parameters (a tied head), or -1; two
+ * of them are refused (none in the zoo). */
+static mg_status find_borrower(mg_model *m, int *unit)
+{
+    *unit = -1;
+    for (int u = 0; u < mg_model_num_units(m); u++) {
+        if (mg_model_unit(m, u).borrows < 0) continue;
+        if (*unit >= 0)
+            return mg_error(MG_EUNSUPPORTED, "--deterministic: %s has more than one unit that "
+                            "borrows another's parameters; one (a tied head) is built",
+                            mg_model_name(m));
+        *unit = u;
+    }
+    return MG_OK;
 }
 
 static mg_status det_attach(mg_strategy *s, void **state)
@@ -109,59 +170,77 @@ static mg_status det_attach(mg_strategy *s, void **state)
                         "ZeRO's --offload is not built with it; leave out one of them");
     if (mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1)
         return mg_error(MG_EUNSUPPORTED, "--deterministic: tensor parallelism is not yet built");
-    if (pipe && mg__pipe_has_ties(pipe))
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: a pipeline without tied units "
-                        "(lenet5's) is built; a unit tied across stages (gpt's head) is not yet");
-    int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1;
+    int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1, borrower;
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
                         "divide (each rank takes V/W of them)", V, W);
+    mg_model *m = mg_strategy_model(s);
+    MG_TRY(find_borrower(m, &borrower));
     det *d = calloc(1, sizeof *d);
     if (!d) return mg_error(MG_ENOMEM, "--deterministic: out of memory");
+    *state = d;
     d->s = s;
-    d->m = mg_strategy_model(s);
+    d->m = m;
     d->g = mesh && W > 1 ? mg_mesh_group(mesh, MG_MESH_DP) : NULL;
     d->rank = d->g ? mg_group_rank(d->g) : 0;
     d->world = W;
     d->shards = V;
-    d->n = mg_model_arena_size(d->m);
+    d->n = mg_model_arena_size(m);
     d->replaces = o->kind != MG_STRATEGY_ZERO;
-    d->dev = mg_model_device(d->m);
+    d->dev = mg_model_device(m);
     d->whole = (mg_range){0, d->n};
-    d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
-    if (!pipe) d->nr = 1;
-    d->pipe = pipe && mg__pipe_chunks(pipe) > 1 ? pipe : NULL;
+    d->r = d->own = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
+    d->nr = d->nown = pipe ? d->nr : 1;
+    if (pipe) d->own = mg__pipe_own_ranges(pipe, &d->nown);
+    d->pipe = pipe;
+    d->chunked = pipe && mg__pipe_chunks(pipe) > 1;
     d->stages = pipe ? mg_mesh_group(mesh, MG_MESH_PP) : NULL;
-    d->units = mg_model_num_units(d->m);
-    d->ncn = d->pipe ? mg__pipe_chunks(pipe) : 1;
+    d->units = mg_model_num_units(m);
+    d->ncn = d->chunked ? mg__pipe_chunks(pipe) : 1;
     for (int v = V / W; v; v >>= 1) d->depth++;
-    d->node = calloc((size_t)d->depth, sizeof *d->node);
     d->cn = calloc((size_t)d->ncn, sizeof *d->cn);
     d->unit_ss = calloc((size_t)d->units, sizeof *d->unit_ss);
-    bool ok = d->node && d->cn && d->unit_ss;
+    bool ok = d->cn && d->unit_ss && tree_alloc(d, &d->t, d->n);
+    /* A pipeline keeps a tie's two parts on two stages and adds them after
+     * the trees (here, so that the norms see the sum); elsewhere the
+     * borrower's part goes into `part`. */
+    size_t tlo = 0, thi = 0;
+    if (borrower >= 0) mg_model_unit_range(m, mg_model_unit(m, borrower).borrows, &tlo, &thi);
+    if (pipe && mg__pipe_has_ties(pipe)) mg__pipe_leave_ties(pipe);
+    else if (borrower >= 0 && thi > tlo) d->tie = (mg_range){tlo, thi};
     for (int i = 0; ok && i < d->ncn; i++) {
         counter *c = &d->cn[i];
-        if (d->pipe) {
-            c->one = mg__pipe_chunk_range(pipe, i);
-            c->r = &c->one;
-            c->nr = 1;
+        c->node = d->t.node;
+        if (d->chunked) {
+            c->own[c->nr++] = mg__pipe_chunk_range(pipe, i);
+            if (borrower >= 0 && mg__pipe_chunk_of(pipe, borrower) == i && thi > tlo)
+                c->own[c->nr++] = (mg_range){tlo, thi};   /* its borrowed part */
+            c->r = c->own;
         } else {
             c->r = d->r;
             c->nr = d->nr;
         }
         ok = (c->level = malloc((size_t)d->depth * sizeof *c->level));
     }
-    for (int i = 0; ok && i < d->depth; i++) ok = (d->node[i] = mg_alloc(d->n * sizeof(float)));
-    if (ok && d->g) ok = (d->peer = mg_alloc(d->n * sizeof(float)));
+    size_t tn = d->tie.hi - d->tie.lo;
     if (ok && d->dev.kind != MG_DEVICE_CPU) ok = (d->host = mg_alloc(d->n * sizeof(float)));
-    *state = d;
+    if (ok && tn) {
+        d->tcn.own[0] = (mg_range){0, tn};
+        d->tcn.r = d->tcn.own;
+        d->tcn.nr = 1;
+        ok = tree_alloc(d, &d->tt, tn) && (d->tcn.level = malloc((size_t)d->depth * sizeof(int))) &&
+             (d->part = mg_device_alloc(d->dev, tn * sizeof(float))) &&
+             (d->dev.kind == MG_DEVICE_CPU || (d->thost = mg_alloc(tn * sizeof(float))));
+        d->tcn.node = d->tt.node;
+        if (ok) mg_model_set_borrowed_grads(m, d->tie.lo, d->tie.hi, d->part);
+    }
     return ok ? MG_OK
               : mg_error(MG_ENOMEM, "--deterministic: out of memory for %d gradient copies of "
                          "%zu floats", d->depth + (d->g != NULL), d->n);
 }
 
 /* In DDP's place: the replicas, over which the figures are summed; beside
- * ZeRO-1, ZeRO's group says it (its ranks keep their own pieces). */
+ * ZeRO, ZeRO's group says it (its ranks keep their own pieces). */
 static mg_group *det_group(void *c)
 {
     det *d = c;
@@ -178,16 +257,15 @@ static mg_status zero_ranges(det *d, const mg_range *r, int nr)
     return MG_OK;
 }
 
-/* The ranges r (nr) between the arena and host memory h (the same
- * offsets): on the CPU, h is the arena. */
-static mg_status arena_copy(det *d, const mg_range *r, int nr, float *h, bool to_host)
+/* The ranges r (nr) between device memory a and host memory h (the same
+ * offsets): on the CPU, where h is a, nothing. */
+static mg_status host_copy(det *d, const mg_range *r, int nr, float *a, float *h, bool to_host)
 {
     mg_device cpu = {MG_DEVICE_CPU, 0};
-    float *g = mg_model_grads(d->m);
-    for (int k = 0; k < nr && h != g; k++) {
-        size_t lo = r[k].lo, bytes = (r[k].hi - lo) * sizeof *g;
-        MG_TRY(to_host ? mg_device_copy(cpu, h + lo, d->dev, g + lo, bytes)
-                       : mg_device_copy(d->dev, g + lo, cpu, h + lo, bytes));
+    for (int k = 0; k < nr && h != a; k++) {
+        size_t lo = r[k].lo, bytes = (r[k].hi - lo) * sizeof *a;
+        MG_TRY(to_host ? mg_device_copy(cpu, h + lo, d->dev, a + lo, bytes)
+                       : mg_device_copy(d->dev, a + lo, cpu, h + lo, bytes));
     }
     return MG_OK;
 }
@@ -196,7 +274,10 @@ static void det_zero_grad(void *c)
 {
     det *d = c;
     for (int i = 0; i < d->ncn; i++) d->cn[i].kept = 0;
+    d->tcn.kept = 0;
     d->err = zero_ranges(d, d->r, d->nr);
+    if (!d->err && d->part)
+        d->err = mg_device_zero(d->dev, d->part, (d->tie.hi - d->tie.lo) * sizeof(float));
 }
 
 /* dst[r] += src[r] (copy: =) over the ranges r (nr). */
@@ -214,15 +295,16 @@ static void over_ranges(const mg_range *r, int nr, float *dst, const float *src,
 static mg_status push(det *d, counter *c, const float *g)
 {
     int level = 0;
+    float **node = c->node;
     if (c->kept && c->level[c->kept - 1] == 0) {
-        over_ranges(c->r, c->nr, d->node[c->kept - 1], g, false);   /* left + right */
+        over_ranges(c->r, c->nr, node[c->kept - 1], g, false);   /* left + right */
         level = 1;
         c->kept--;
     } else {
-        over_ranges(c->r, c->nr, d->node[c->kept], g, true);
+        over_ranges(c->r, c->nr, node[c->kept], g, true);
     }
     while (c->kept && c->level[c->kept - 1] == level) {   /* the left one waits below */
-        over_ranges(c->r, c->nr, d->node[c->kept - 1], d->node[c->kept], false);
+        over_ranges(c->r, c->nr, node[c->kept - 1], node[c->kept], false);
         c->kept--;
         level++;
     }
@@ -232,72 +314,100 @@ static mg_status push(det *d, counter *c, const float *g)
     return MG_OK;
 }
 
-mg_status mg__det_push(void *c, const float *g)
+mg_status mg__det_push(void *c, const float *g, const float *part)
 {
     det *d = c;
-    return push(d, &d->cn[0], g);
+    MG_TRY(push(d, &d->cn[0], g));
+    return d->part ? push(d, &d->tcn, part) : MG_OK;
 }
 
+mg_range mg__det_tie(const void *c) { return ((const det *)c)->tie; }
+
 /* After a shard's backward (a pipeline chunk's): its gradient into the
- * tree; those ranges of the arena zeroed for the next shard. */
+ * tree (the borrowed part into its own); those ranges of the arena zeroed
+ * for the next shard. */
 static mg_status det_micro_end(void *c)
 {
     det *d = c;
-    counter *k = &d->cn[d->pipe ? mg__pipe_current_chunk(d->pipe) : 0];
-    float *g = d->host ? d->host : mg_model_grads(d->m);
     MG_TRY(d->err);
-    MG_TRY(arena_copy(d, k->r, k->nr, g, true));
+    counter *k = &d->cn[d->chunked ? mg__pipe_current_chunk(d->pipe) : 0];
+    float *a = mg_model_grads(d->m), *g = d->host ? d->host : a;
+    MG_TRY(host_copy(d, k->r, k->nr, a, g, true));
     MG_TRY(push(d, k, g));
+    if (d->part) {
+        float *p = d->thost ? d->thost : d->part;
+        MG_TRY(host_copy(d, d->tcn.r, 1, d->part, p, true));
+        MG_TRY(push(d, &d->tcn, p));
+        MG_TRY(mg_device_zero(d->dev, d->part, (d->tie.hi - d->tie.lo) * sizeof(float)));
+    }
     return zero_ranges(d, k->r, k->nr);
+}
+
+/* A counter's root (slot 0) whole: checked, the upper levels across the
+ * ranks over ranges r (rank r adds rank r + 2^k's node at level k), the
+ * root broadcast and divided by W (exact). */
+static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int nr, int tag)
+{
+    if (k->kept != 1 || (1 << k->level[0]) != d->shards / d->world)
+        return mg_error(MG_EINVAL, "--deterministic: a step of %d shard(s) where each rank "
+                        "takes %d (the global batch is cut into %d)",
+                        k->kept ? 1 << k->level[0] : 0, d->shards / d->world, d->shards);
+    k->kept = 0;
+    float *root = t->node[0];
+    for (int b = 1; d->g && b < d->world; b <<= 1) {
+        for (int i = 0; i < nr; i++) {
+            size_t lo = r[i].lo, n = r[i].hi - lo;
+            if (d->rank & b) MG_TRY(mg_send(d->g, root + lo, n, MG_F32, d->rank - b, tag));
+            else MG_TRY(mg_recv(d->g, t->peer + lo, n, MG_F32, d->rank + b, tag));
+        }
+        if (d->rank & b) break;
+        over_ranges(r, nr, root, t->peer, false);
+    }
+    for (int i = 0; i < nr; i++) {
+        size_t lo = r[i].lo, n = r[i].hi - lo;
+        if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
+        if (d->world > 1) mg_grad_scale(root + lo, n, 1.0f / (float)d->world);
+    }
+    return MG_OK;
 }
 
 static mg_status unit_norms(det *d, const float *g);
 
-/* After the shards: this rank's subtree root, the upper levels across the
- * ranks (rank r adds rank r + 2^k's node at level k), the root broadcast
- * and divided by W (exact), into the arena. */
+/* After the shards: the trees' roots; the borrowed part added to the
+ * lender's (a pipeline's stages add theirs: Σh + Σe either way), into the
+ * arena. */
 static mg_status det_reduce(void *c)
 {
     det *d = c;
-    for (int i = 0; i < d->ncn; i++) {
-        counter *k = &d->cn[i];
-        if (k->kept != 1 || (1 << k->level[0]) != d->shards / d->world)
-            return mg_error(MG_EINVAL, "--deterministic: a step of %d shard(s) where each rank "
-                            "takes %d (the global batch is cut into %d)",
-                            k->kept ? 1 << k->level[0] : 0, d->shards / d->world, d->shards);
-        k->kept = 0;
+    for (int i = 0; i < d->ncn; i++)   /* every counter's root is slot 0 (disjoint ranges) */
+        MG_TRY(tree_root(d, &d->cn[i], &d->t, d->cn[i].r, d->cn[i].nr, TAG_NODE));
+    float *root = d->t.node[0];
+    if (d->part) {
+        MG_TRY(tree_root(d, &d->tcn, &d->tt, d->tcn.r, 1, TAG_TIE));
+        mg_add_into(root + d->tie.lo, d->tt.node[0], d->tie.hi - d->tie.lo);
     }
-    float *root = d->node[0];   /* every counter's root: slot 0 */
-    for (int k = 1; d->g && k < d->world; k <<= 1) {
-        for (int i = 0; i < d->nr; i++) {
-            size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
-            if (d->rank & k) MG_TRY(mg_send(d->g, root + lo, n, MG_F32, d->rank - k, TAG_NODE));
-            else MG_TRY(mg_recv(d->g, d->peer + lo, n, MG_F32, d->rank + k, TAG_NODE));
-        }
-        if (d->rank & k) break;
-        over_ranges(d->r, d->nr, root, d->peer, false);
-    }
-    for (int i = 0; i < d->nr; i++) {
-        size_t lo = d->r[i].lo, n = d->r[i].hi - lo;
-        if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
-        if (d->world > 1) mg_grad_scale(root + lo, n, 1.0f / (float)d->world);
-    }
-    MG_TRY(arena_copy(d, d->r, d->nr, root, false));
+    float *a = mg_model_grads(d->m);
+    MG_TRY(host_copy(d, d->r, d->nr, a, root, false));
     const mg_step_options *so = mg_strategy_step_options(d->s);
-    return so && so->clip_grad > 0 ? unit_norms(d, root) : MG_OK;   /* only clipping reads it */
+    bool clip = so && so->clip_grad > 0;   /* only clipping reads the norm */
+    if (d->pipe && mg__pipe_has_ties(d->pipe)) {   /* the stages' parts added, read back */
+        MG_TRY(mg__pipe_sum_ties(d->pipe));
+        if (clip) MG_TRY(host_copy(d, d->r, d->nr, a, root, true));
+    }
+    return clip ? unit_norms(d, root) : MG_OK;
 }
 
 /* The norm's square in one grouping for every plan: each unit's sum of
- * squares (a stage's units on its ranks, the others' added as zeros over
- * the pipeline: exact), then the units' in their order. */
+ * squares (a stage's own units on its ranks, the others' added as zeros
+ * over the pipeline: exact), then the units' in their order. */
 static mg_status unit_norms(det *d, const float *g)
 {
     memset(d->unit_ss, 0, (size_t)d->units * sizeof *d->unit_ss);
     for (int u = 0; u < d->units; u++) {
         size_t lo, hi;
         mg_model_unit_range(d->m, u, &lo, &hi);
-        for (int i = 0; i < d->nr; i++)
-            if (lo >= d->r[i].lo && hi <= d->r[i].hi) d->unit_ss[u] = mg_grad_sumsq(g + lo, hi - lo);
+        for (int i = 0; i < d->nown; i++)
+            if (lo >= d->own[i].lo && hi <= d->own[i].hi) d->unit_ss[u] = mg_grad_sumsq(g + lo, hi - lo);
     }
     if (d->stages)
         MG_TRY(mg_all_reduce(d->stages, d->unit_ss, d->unit_ss, (size_t)d->units, MG_F64, MG_SUM));
@@ -315,7 +425,10 @@ static double det_grad_sumsq(void *c, int micro)
 static void det_memory(void *c, mg_memory_stats *ms)
 {
     det *d = c;
-    ms->grads += (size_t)(d->depth + (d->peer != NULL) + (d->host != NULL)) * d->n * sizeof(float);
+    size_t tn = d->tie.hi - d->tie.lo;
+    int copies = d->depth + (d->t.peer != NULL);
+    ms->grads += ((size_t)(copies + (d->host != NULL)) * d->n +
+                  (d->part ? (size_t)(copies + 1 + (d->thost != NULL)) * tn : 0)) * sizeof(float);
 }
 
 const mg_component_ops mg__det_component = {

@@ -325,6 +325,8 @@ typedef struct {
     mg_dp *dp;
     void *det;
     int cap;            /* rows each worker's shard buffers hold */
+    mg_range tie;       /* borrowed parameters kept apart (det.c's) */
+    float **part;       /* each worker's gradients of them */
 } dp_det;
 
 static mg_status dp_det_attach(mg_strategy *s, void **state)
@@ -336,10 +338,24 @@ static mg_status dp_det_attach(mg_strategy *s, void **state)
     q->det = mg_strategy_part(s, &mg__det_component);
     MG_ASSERT(q->dp && q->det);
     *state = q;
+    q->tie = mg__det_tie(q->det);
+    size_t tn = q->tie.hi - q->tie.lo;
+    if (!tn) return MG_OK;
+    q->part = calloc((size_t)q->dp->workers, sizeof *q->part);
+    for (int k = 0; q->part && k < q->dp->workers; k++)
+        if (!(q->part[k] = mg_alloc(tn * sizeof(float)))) break;
+    if (!q->part || !q->part[q->dp->workers - 1])
+        return mg_error(MG_ENOMEM, "dp: out of memory for the tied gradients");
     return MG_OK;
 }
 
-static void dp_det_destroy(void *c) { free(c); }
+static void dp_det_destroy(void *c)
+{
+    dp_det *q = c;
+    for (int k = 0; q->part && k < q->dp->workers; k++) mg_free(q->part[k]);
+    free(q->part);
+    free(q);
+}
 
 /* Worker k's copy of shard b. */
 static mg_status take_shard(dp_det *q, int k, const mg_micro_batch *b)
@@ -385,10 +401,14 @@ static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int ma
         for (int i = 0; i < dp->workers; i++) {
             if (i >= k) dp->w[i].n = 0;
             if (i > 0 && nb) memcpy(dp->w[i].buffers, mg_model_buffers(dp->m), nb * sizeof(float));
+            if (q->part) {   /* the tapes are made again when shards grow */
+                memset(q->part[i], 0, (q->tie.hi - q->tie.lo) * sizeof(float));
+                mg_tape_set_borrowed_grads(dp->w[i].t, q->tie.lo, q->tie.hi, q->part[i]);
+            }
         }
         MG_TRY(run_threads(dp));
         for (int i = 0; i < k; i++) {   /* in the shards' order */
-            MG_TRY(mg__det_push(q->det, dp->w[i].grads));
+            MG_TRY(mg__det_push(q->det, dp->w[i].grads, q->part ? q->part[i] : NULL));
             r->loss_sum += (double)dp->w[i].loss * dp->w[i].n;
             r->correct += dp->w[i].correct;
             r->samples += dp->w[i].n;

@@ -38,9 +38,13 @@ extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_compon
     mg__ps_worker_component, mg__det_component, mg__dp_det_component;
 
 /* --deterministic (det.c): shard gradient g (arena-sized) into the tree
- * of det's state c, the shards of a step in their order; for a component
- * that runs the shards itself (DataParallel threads). */
-mg_status mg__det_push(void *c, const float *g);
+ * of det's state c, the shards of a step in their order, with `part`, the
+ * shard's gradients of borrowed parameters kept apart (mg__det_tie's range
+ * long; none when that is empty); for a component that runs the shards
+ * itself (DataParallel threads, each tape's borrowed gradients into a
+ * part of its own: mg_tape_set_borrowed_grads). */
+mg_status mg__det_push(void *c, const float *g, const float *part);
+mg_range mg__det_tie(const void *c);
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */
@@ -147,5 +151,11 @@ int mg__pipe_chunks(const mg_pipe *p);
 mg_range mg__pipe_chunk_range(const mg_pipe *p, int i);
 int mg__pipe_current_chunk(const mg_pipe *p);
 bool mg__pipe_has_ties(const mg_pipe *p);
+/* The local chunk that runs unit u, or -1 (another rank's). */
+int mg__pipe_chunk_of(const mg_pipe *p, int u);
+/* The tied gradients are added by the caller (--deterministic, after its
+ * tree, mg__pipe_sum_ties), not by the component's reduce. */
+void mg__pipe_leave_ties(mg_pipe *p);
+bool mg__pipe_ties_left(const mg_pipe *p);
 
 #endif

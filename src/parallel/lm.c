@@ -3,9 +3,11 @@
  * the training batch. In a group each rank (through a strategy: each
  * data-parallel replica) takes a contiguous share of the windows and the
  * sums are all-reduced, so every rank gets the exact figure of one process
- * (up to summation order). */
+ * (up to summation order; under --deterministic the shares are whole
+ * batches, one process's batches: the same bits). */
 #include <math.h>
 #include <stdlib.h>
+#include "multigrad/component.h"
 #include "multigrad/plan.h"
 #include "multigrad/sampler.h"
 
@@ -33,11 +35,14 @@ int mg_lm_val_windows(const mg_text *t, int T, int max)
     return max > 0 && max < n ? max : n;
 }
 
+/* aligned: each share in whole batches (--deterministic: the batches of
+ * one process at any world size). */
 static bool windows_open(windows *s, const mg_text *t, int T, int n, int batch, int rank,
-                         int world)
+                         int world, bool aligned)
 {
     *s = (windows){.t = t, .T = T, .batch = batch};
-    mg_shard_range(mg_lm_val_windows(t, T, n), rank, world, &s->w, &s->end);
+    if (aligned) mg_shard_blocks(mg_lm_val_windows(t, T, n), batch, rank, world, &s->w, &s->end);
+    else mg_shard_range(mg_lm_val_windows(t, T, n), rank, world, &s->w, &s->end);
     s->x = malloc(sizeof(int32_t) * (size_t)batch * T);
     s->y = malloc(sizeof(int32_t) * (size_t)batch * T);
     return s->x && s->y;
@@ -53,7 +58,7 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
 {
     windows s;
     bool ok = windows_open(&s, t, mg_model_positions(m), 0, batch, g ? mg_group_rank(g) : 0,
-                           g ? mg_group_size(g) : 1);
+                           g ? mg_group_size(g) : 1, false);
     double v[3] = {0, 0, !ok};   /* loss sum, windows, failed */
     mg_model_set_training(m, false);
     for (mg_micro_batch b; !v[2] && next_windows(&s, &b);) {
@@ -78,7 +83,7 @@ mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, i
 {
     windows w;
     bool ok = windows_open(&w, t, mg_model_positions(mg_strategy_model(s)), n_windows, batch,
-                           replica, replicas);
+                           replica, replicas, mg_strategy_options_of(s)->det_shards > 0);
     mg_step_result r = {0};
     mg_status st = ok ? mg_strategy_evaluate(s, next_windows, &w, &r)
                       : mg_error(MG_ENOMEM, "validation: out of memory for a batch of %d", batch);

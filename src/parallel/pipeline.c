@@ -71,6 +71,7 @@ struct mg_pipe {
     int n_own;
     tie ties[8];
     int n_ties;
+    bool ties_left;         /* mg__pipe_leave_ties */
     /* The step's micro-batches, copied. */
     float *x;
     int32_t *y;
@@ -101,6 +102,8 @@ mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
 int mg__pipe_chunks(const mg_pipe *p) { return p->V; }
 int mg__pipe_current_chunk(const mg_pipe *p) { return p->cur_chunk; }
 bool mg__pipe_has_ties(const mg_pipe *p) { return p->n_ties > 0; }
+void mg__pipe_leave_ties(mg_pipe *p) { p->ties_left = true; }
+bool mg__pipe_ties_left(const mg_pipe *p) { return p->ties_left; }
 mg_model *mg__pipe_model(const mg_pipe *p) { return p->m; }
 
 void mg__pipe_around_backward(mg_pipe *p, void (*before)(void *ud, bool final),
@@ -131,6 +134,12 @@ static int stage_of_unit(const mg_pipe *p, int u)
     int s = 0;
     while (u >= p->first[s + 1]) s++;
     return s;
+}
+
+int mg__pipe_chunk_of(const mg_pipe *p, int u)
+{
+    int s = stage_of_unit(p, u);
+    return s % p->P == p->rank ? s / p->P : -1;
 }
 
 static int cmp_range(const void *a, const void *b)

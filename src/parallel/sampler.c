@@ -107,3 +107,12 @@ void mg_shard_range(int n, int rank, int world, int *begin, int *end)
     *begin = rank * base + (rank < extra ? rank : extra);
     *end = *begin + base + (rank < extra ? 1 : 0);
 }
+
+void mg_shard_blocks(int n, int block, int rank, int world, int *begin, int *end)
+{
+    MG_ASSERT(block >= 1);
+    int b, e;
+    mg_shard_range((int)(((long)n + block - 1) / block), rank, world, &b, &e);
+    *begin = (int)((long)b * block < n ? (long)b * block : n);
+    *end = (int)((long)e * block < n ? (long)e * block : n);
+}

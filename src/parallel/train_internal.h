@@ -10,6 +10,7 @@ typedef struct {
     bool text;
     mg_train_row *rows;
     int n, cap;
+    int read;       /* the first rows, read back from the log on resume */
 } mg__metrics;
 mg_train_row mg__train_row_empty(void);
 mg_status mg__metrics_add(mg__metrics *mt, const mg_train_row *r);

@@ -162,7 +162,10 @@ static mg_status evaluate_images(mg_trainer *t, mg_train_row *r)
                        .x_len = in * (size_t)batch};
     int share, shares;
     mg_strategy_eval_share(t->s, &share, &shares);
-    mg_shard_range(t->test->n, share, shares, &src.at, &src.end);
+    if (t->c.det_shards)   /* the same batches at any world size */
+        mg_shard_blocks(t->test->n, batch, share, shares, &src.at, &src.end);
+    else
+        mg_shard_range(t->test->n, share, shares, &src.at, &src.end);
     mg_step_result sr;
     if (mg_strategy_evaluate(t->s, next_test, &src, &sr) || src.at < src.end)
         return mg__train_step_error(t);

@@ -4,9 +4,12 @@
  * every rank's schedule, simulated) and the counters (--verbose: what this
  * rank held at most and moved per step, what the device holds, the
  * pipeline's bubble as this rank lived it; with MG_TRACE, how much of
- * DDP's all-reduce backward hid). */
+ * DDP's all-reduce backward hid); and the figures' fingerprint
+ * (--print-hash). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <openssl/evp.h>
 #include "multigrad/trace.h"
 #include "multigrad/train.h"
 #include "train_internal.h"
@@ -135,4 +138,21 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
             ps.step_us > 0 ? 100 * ps.busy_us / ps.step_us : 0,
             ps.steps ? ps.step_us / ps.steps / 1e3 : 0,
             ps.step_us > 0 ? 100 * (1 - ps.busy_us / ps.step_us) : 0, ps.peak_in_flight);
+}
+
+mg_status mg_trainer_figures_hash(const mg_trainer *t, uint8_t out[32])
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    bool ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1;
+    for (int i = t->log.read; ok && i < t->log.n; i++) {
+        const mg_train_row *r = &t->log.rows[i];
+        double v[5] = {r->train_loss, r->train_acc, r->test_loss, r->test_acc, r->val_loss};
+        unsigned char b[sizeof v];
+        memcpy(b, v, sizeof v);   /* little-endian hosts (x86-64, arm64) */
+        ok = EVP_DigestUpdate(md, b, sizeof b) == 1;
+    }
+    unsigned len = 0;
+    ok = ok && EVP_DigestFinal_ex(md, out, &len) == 1 && len == 32;
+    EVP_MD_CTX_free(md);
+    return ok ? MG_OK : mg_error(MG_ENOMEM, "--print-hash: SHA-256 of the figures failed");
 }

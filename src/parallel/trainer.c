@@ -513,6 +513,7 @@ static mg_status create(mg_trainer *t)
     if (c->log && c->resume && t->info.rank == 0)
         MG_TRY(mg__log_read(c->log, &t->log,
                             (double)(c->text ? t->info.start_step : t->info.start_epoch)));
+    t->log.read = t->log.n;
     return MG_OK;
 }
 
