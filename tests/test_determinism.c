@@ -3,7 +3,7 @@
  * --deterministic (the same bits at any world size). */
 #include <openssl/evp.h>
 #include "harness.h"
-#include "multigrad/checkpoint.h"
+#include "multigrad/multigrad.h"
 
 #define GPT_SMALL "--model gpt-mini --layers 2 --dim 64 --heads 4 --ctx 64 --eval-windows 4"
 
@@ -235,4 +235,114 @@ TEST_T(deterministic_bad_input, 120)
                   "%s: rc %d: %s", cases[i].args, rc, out);
         free(out);
     }
+}
+
+/* Dropout keyed by the global shard (the C API: no zoo model has
+ * dropout): a convolution, dropout p = 0.5 and a linear layer, 3 steps of
+ * 8 virtual shards of 4 rows, on one process, DDP over 2 and 4 forked
+ * ranks and 3 DataParallel threads: the same parameters, bit for bit,
+ * because shard k draws its mask at the step's counter + k whoever runs
+ * it, and every rank's counter ends the step at + 8. */
+enum { DROP_V = 8, DROP_ROWS = 4, DROP_STEPS = 3 };
+
+static mg_model *dropout_model(void)
+{
+    mg_layer *l[] = {mg_layer_conv2d("conv", 1, 4, 3, 1, 1, true, MG_POOL_MAX),
+                     mg_layer_flatten("flat"), mg_layer_dropout("drop", 0.5f),
+                     mg_layer_linear("fc", 4 * 4 * 4, 5, false)};
+    mg_model *m;
+    CHECK_OK(mg_model_create_from("drop", mg_layer_sequential(NULL, l, 4), 1, 8, 8, 7, &m));
+    mg_model_set_dropout_seed(m, 99);
+    return m;
+}
+
+typedef struct {
+    int step, first, k, n;   /* this rank's shards: first .. first + n - 1 */
+    float x[DROP_ROWS * 64];
+    int32_t y[DROP_ROWS];
+} drop_feed;
+
+static bool drop_next(void *ud, mg_micro_batch *b)
+{
+    drop_feed *f = ud;
+    if (f->k == f->n) return false;
+    int shard = f->first + f->k++;
+    for (int r = 0; r < DROP_ROWS; r++) {
+        unsigned row = (unsigned)(f->step * DROP_V * DROP_ROWS + shard * DROP_ROWS + r);
+        for (int i = 0; i < 64; i++) f->x[r * 64 + i] = (float)((row * 131u + i * 7u) % 17u) / 17.0f;
+        f->y[r] = (int32_t)(row % 5u);
+    }
+    *b = (mg_micro_batch){f->x, f->y, DROP_ROWS, f->k == f->n};
+    return true;
+}
+
+typedef struct { int port, world; } drop_run;   /* world 0: 3 DataParallel threads */
+
+static int dropout_rank(int rank, int ranks, void *arg)
+{
+    int port = ((drop_run *)arg)->port, world = ((drop_run *)arg)->world;
+    CHECK_EQ(ranks, world > 1 ? world : 1);
+    mg_group *g = world > 1 ? mgt_join(rank, world, port, NULL, 20) : NULL;
+    CHECK(world <= 1 || g);
+    mg_model *m = dropout_model();
+    mg_strategy_options so = mg_strategy_defaults(world > 1    ? MG_STRATEGY_DDP
+                                                  : world == 0 ? MG_STRATEGY_DP
+                                                               : MG_STRATEGY_SINGLE);
+    so.group = g;
+    so.workers = 3;
+    so.max_batch = DROP_ROWS;
+    so.det_shards = DROP_V;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    int W = world > 1 ? world : 1;
+    mg_step_options opt = {.accumulate = DROP_V / W, .lr = 0.1f};
+    for (int step = 0; step < DROP_STEPS; step++) {
+        drop_feed f = {.step = step, .first = rank * (DROP_V / W), .n = DROP_V / W};
+        mg_step_result r;
+        CHECK_OK(mg_train_step(s, o, &opt, drop_next, &f, &r));
+    }
+    if (rank == 0) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/drop-%d.bin", mgt_tmpdir(), world);
+        FILE *fp = fopen(p, "wb");
+        CHECK(fp && fwrite(mg_model_params(m), sizeof(float), mg_model_arena_size(m), fp) ==
+                        mg_model_arena_size(m));
+        fclose(fp);
+    }
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(deterministic_dropout_is_keyed_by_the_global_shard, 120)
+{
+    mgt_tmpdir();   /* created here, so the forked ranks share it */
+    int worlds[] = {1, 0, 2, 4};
+    char *first = NULL;
+    size_t n0 = 0;
+    for (int i = 0; i < 4; i++) {
+        drop_run run = {mgt_free_port(), worlds[i]};
+        CHECK_EQ(mgt_fork_ranks(run.world > 1 ? run.world : 1, dropout_rank, &run, 60, NULL), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        char p[512];
+        size_t n;
+        snprintf(p, sizeof p, "%s/drop-%d.bin", mgt_tmpdir(), worlds[i]);
+        char *got = mgt_slurp(p, &n);
+        CHECK_MSG(got && n > 0, "%s missing", p);
+        if (!first) {
+            first = got;
+            n0 = n;
+            continue;
+        }
+        CHECK_MSG(n == n0 && !memcmp(got, first, n), "world %d (0: 3 threads) differs from one "
+                  "process's parameters", worlds[i]);
+        free(got);
+    }
+    free(first);
 }

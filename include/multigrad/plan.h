@@ -107,8 +107,10 @@ typedef struct mg_strategy_options {
     bool ps_elastic;
     /* --deterministic: the global batch's virtual shards V (a power of two
      * the data-parallel ranks divide; 0: off): each shard's gradient on
-     * its own, all summed in one binary tree, the same bits at any world
-     * size (det.c; one process and ddp). */
+     * its own, all summed in one binary tree, dropout keyed by the
+     * shard, the same bits at any world size and plan (det.c; a caller
+     * feeding its own micro-batches gives rank r the shards r V/W ..
+     * (r+1) V/W - 1 in order, accumulate = V/W). */
     int det_shards;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed

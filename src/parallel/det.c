@@ -37,6 +37,10 @@
  * the borrower's part apart too (the model's borrowed-gradient window),
  * sums it in a tree of its own and adds it to the lender's after both
  * trees: the same one addition everywhere.
+ * Dropout (every random draw) is keyed by the global shard: shard k of a
+ * step draws at the step's counter + k whichever rank runs it (each rank
+ * starts at + its first shard; DataParallel threads pin theirs), and
+ * every rank's counter ends the step at + V.
  * The figures are the same bits too (each shard's loss is, and the sums
  * of such floats in double are exact; evaluation is shared in whole
  * batches, mg_shard_blocks).
@@ -102,6 +106,7 @@ typedef struct {
     tree tt;
     float *thost;       /* a device's part copied out */
     double sumsq;       /* of the step's summed gradient, over W */
+    uint64_t base;      /* the dropout counter at the step's start */
     mg_status err;      /* zero_grad's, told at the next shard's end */
     bool replaces;      /* in DDP's place (the figures, the copies); not beside ZeRO */
 } det;
@@ -275,6 +280,10 @@ static void det_zero_grad(void *c)
     det *d = c;
     for (int i = 0; i < d->ncn; i++) d->cn[i].kept = 0;
     d->tcn.kept = 0;
+    /* Dropout keyed by the shard: global shard k draws at base + k (a
+     * forward moves the counter on by one), whoever runs it. */
+    d->base = mg_model_rng_counter(d->m);
+    mg_model_set_rng_counter(d->m, d->base + (uint64_t)(d->rank * (d->shards / d->world)));
     d->err = zero_ranges(d, d->r, d->nr);
     if (!d->err && d->part)
         d->err = mg_device_zero(d->dev, d->part, (d->tie.hi - d->tie.lo) * sizeof(float));
@@ -388,6 +397,7 @@ static mg_status det_reduce(void *c)
     }
     float *a = mg_model_grads(d->m);
     MG_TRY(host_copy(d, d->r, d->nr, a, root, false));
+    mg_model_set_rng_counter(d->m, d->base + (uint64_t)d->shards);   /* the same at any W */
     const mg_step_options *so = mg_strategy_step_options(d->s);
     bool clip = so && so->clip_grad > 0;   /* only clipping reads the norm */
     if (d->pipe && mg__pipe_has_ties(d->pipe)) {   /* the stages' parts added, read back */

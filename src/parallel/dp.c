@@ -29,6 +29,7 @@ typedef struct {
     float *xb;        /* --deterministic: its shard's input and labels, copied */
     int32_t *yb;
     int n;            /* samples of this thread this step */
+    uint64_t step;    /* where its forward draws dropout */
     float loss;
     int correct;
     /* A failed forward: the message is per thread, so it is kept here for
@@ -90,7 +91,7 @@ static void *thread_main(void *p)
         }
         seen = dp->gen;
         pthread_mutex_unlock(&dp->mu);
-        apply(&dp->w[a.k], mg_model_rng_counter(dp->m));
+        apply(&dp->w[a.k], dp->w[a.k].step);
         pthread_mutex_lock(&dp->mu);
         if (--dp->pending == 0) pthread_cond_signal(&dp->fin);
         pthread_mutex_unlock(&dp->mu);
@@ -231,21 +232,23 @@ int mg_dp_workers(const mg_dp *dp) { return dp->workers; }
 
 /* Parallel apply: each thread its share (the first on this thread);
  * every thread draws dropout at the model's position, which then moves on
- * once. A failed thread's error, the gradients left as they were. */
-static mg_status run_threads(mg_dp *dp)
+ * once (pinned: at the positions the caller gave each, the model's left
+ * alone). A failed thread's error, the gradients left as they were. */
+static mg_status run_threads(mg_dp *dp, bool pinned)
 {
     mg_model *m = dp->m;
     uint64_t step = mg_model_rng_counter(m);
+    for (int k = 0; k < dp->workers && !pinned; k++) dp->w[k].step = step;
     pthread_mutex_lock(&dp->mu);
     dp->pending = dp->workers - 1;
     dp->gen++;
     pthread_cond_broadcast(&dp->go);
     pthread_mutex_unlock(&dp->mu);
-    apply(&dp->w[0], step);
+    apply(&dp->w[0], dp->w[0].step);
     pthread_mutex_lock(&dp->mu);
     while (dp->pending > 0) pthread_cond_wait(&dp->fin, &dp->mu);
     pthread_mutex_unlock(&dp->mu);
-    if (mg_model_training(m)) mg_model_set_rng_counter(m, step + 1);
+    if (mg_model_training(m) && !pinned) mg_model_set_rng_counter(m, step + 1);
     for (int k = 0; k < dp->workers; k++)
         if (dp->w[k].st)
             return mg_error(dp->w[k].st, "DataParallel thread %d: %s", k, dp->w[k].err);
@@ -271,7 +274,7 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
         off += len;
         if (k > 0 && nb) memcpy(dp->w[k].buffers, mg_model_buffers(m), nb * sizeof(float));
     }
-    MG_TRY(run_threads(dp));
+    MG_TRY(run_threads(dp, false));
     /* gather and reduce onto the model's gradients, weighted by batch
      * share, on top of what they held */
     float l = 0;
@@ -398,7 +401,9 @@ static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int ma
         }
         more = k == dp->workers;
         if (!k) break;
+        uint64_t at = mg_model_rng_counter(dp->m);   /* the next shard's (det.c sets it) */
         for (int i = 0; i < dp->workers; i++) {
+            dp->w[i].step = at + (uint64_t)i;   /* dropout keyed by the shard */
             if (i >= k) dp->w[i].n = 0;
             if (i > 0 && nb) memcpy(dp->w[i].buffers, mg_model_buffers(dp->m), nb * sizeof(float));
             if (q->part) {   /* the tapes are made again when shards grow */
@@ -406,7 +411,8 @@ static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int ma
                 mg_tape_set_borrowed_grads(dp->w[i].t, q->tie.lo, q->tie.hi, q->part[i]);
             }
         }
-        MG_TRY(run_threads(dp));
+        MG_TRY(run_threads(dp, true));
+        mg_model_set_rng_counter(dp->m, at + (uint64_t)k);
         for (int i = 0; i < k; i++) {   /* in the shards' order */
             MG_TRY(mg__det_push(q->det, dp->w[i].grads, q->part ? q->part[i] : NULL));
             r->loss_sum += (double)dp->w[i].loss * dp->w[i].n;
