@@ -108,7 +108,10 @@ TEST_T(print_hash_is_the_same_under_every_plan, 180)
  * 2 stages under GPipe, 1F1B and the interleaved schedule (2 chunks a
  * rank), and of 2 stages x 2 replicas, alone and under ZeRO-3 (gpt-mini's
  * tied head on the last stage, its embedding on the first: every plan
- * adds the head's and the embedding's trees after summing them). */
+ * adds the head's and the embedding's trees after summing them); and
+ * under tensor parallelism (tp=2, alone, with 2 ZeRO-1 replicas and in 2
+ * pipeline stages: what the split cuts is computed in 2 fixed chunks on
+ * every plan, --tp-chunks' default). */
 TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 {
     char bin[512], run[512], *out;
@@ -125,7 +128,8 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
         {2, "--mesh pp=2 --pp-schedule gpipe"}, {2, "--mesh pp=2 --pp-schedule 1f1b"},
         {2, "--mesh pp=2 --pp-schedule interleaved"},
         {4, "--mesh pp=2,dp=2 --pp-schedule interleaved"},
-        {4, "--mesh pp=2,dp=2 --zero 3 --pp-schedule 1f1b"}};
+        {4, "--mesh pp=2,dp=2 --zero 3 --pp-schedule 1f1b"},
+        {2, "--mesh tp=2"}, {4, "--mesh dp=2,tp=2 --zero 1"}, {4, "--mesh pp=2,tp=2"}};
     int n_runs = sizeof runs / sizeof *runs;
     for (int j = 0; j < 2; j++) {
         char first[65] = "", got[65], first_fig[65] = "", fig[65];
@@ -149,21 +153,16 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
     }
 }
 
-/* A model on a device (emu: the GPU code path on the host) sums the tree
- * on the host, each shard's gradient copied out: the same bits at 1, 2
- * and 4 ranks, under DDP, ZeRO 2 and 3 and a pipeline of 2 stages (not
- * the CPU's bits: other kernels). */
-TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
+typedef struct { int ranks; const char *plan; } plan_run;
+
+/* job (mgtrain's flags, with --print-hash) under each of runs ends with
+ * the first one's parameters. */
+static void same_hash_under(const char *job, const plan_run *runs, size_t n)
 {
     char bin[512], run[512], *out, first[65] = "", got[65];
     snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
-    const char *job = GPT_SMALL " --batch 16 --steps 10 --eval-every 10 --no-eval-on-start "
-                      "--clip-grad 0.5 --device emu --deterministic --print-hash --quiet";
-    const struct { int ranks; const char *plan; } runs[] = {
-        {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"},
-        {2, "--mesh pp=2"}};
-    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+    for (size_t k = 0; k < n; k++) {
         int rc = mgt_sh(&out, "%s -n %d %s %s %s", run, runs[k].ranks, bin, job, runs[k].plan);
         hash_of(out, got);
         CHECK_MSG(rc == 0 && got[0], "%d rank(s) %s: rc %d: %s", runs[k].ranks, runs[k].plan,
@@ -173,6 +172,31 @@ TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
                   runs[k].plan, got, first);
         free(out);
     }
+}
+
+/* --tp-chunks 4: gpt-mini on tp=4 and on 2 tp ranks x 2 replicas gives
+ * one process's bits when every run cuts the splits in 4 chunks. */
+TEST_T(deterministic_tp_4_equals_one_process_with_4_chunks, 120)
+{
+    const char *job = GPT_SMALL " --batch 16 --steps 20 --eval-every 20 --no-eval-on-start "
+                      "--clip-grad 0.5 --deterministic --tp-chunks 4 --print-hash --quiet";
+    const plan_run runs[] = {
+        {1, ""}, {4, "--mesh tp=4"}, {4, "--mesh dp=2,tp=2"}};
+    same_hash_under(job, runs, sizeof runs / sizeof *runs);
+}
+
+/* A model on a device (emu: the GPU code path on the host) sums the tree
+ * on the host, each shard's gradient copied out: the same bits at 1, 2
+ * and 4 ranks, under DDP, ZeRO 2 and 3 and a pipeline of 2 stages (not
+ * the CPU's bits: other kernels). */
+TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
+{
+    const char *job = GPT_SMALL " --batch 16 --steps 10 --eval-every 10 --no-eval-on-start "
+                      "--clip-grad 0.5 --device emu --deterministic --print-hash --quiet";
+    const plan_run runs[] = {
+        {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"},
+        {2, "--mesh pp=2"}};
+    same_hash_under(job, runs, sizeof runs / sizeof *runs);
 }
 
 /* A checkpoint taken at 4 ranks resumes at 2 (and at 1) to the bits of
@@ -222,7 +246,11 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--deterministic --plan auto", "give one of them"},
         {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) must divide it"},
         {"-n 2", "--mesh dp=2 --zero 3 --offload disk:/tmp --deterministic", "--offload is not built"},
-        {"-n 2", "--mesh tp=2 --deterministic", "tensor parallelism is not yet"},
+        {"-n 2", "--mesh tp=2 --deterministic --tp-chunks 1", "tensor-parallel size 2 divides"},
+        {"-n 2", "--mesh tp=2 --deterministic --device emu", "built for a model on the CPU"},
+        {"", "--tp-chunks 2", "give --deterministic too"},
+        {"", "--deterministic --tp-chunks 3", "a power of two from 1 to 64"},
+        {"", "--deterministic --tp-chunks 64", "do not cut into 64 chunks"},
         {"-n 2", "--mesh pp=2 --micro-batches 4 --deterministic", "leave out --micro-batches"},
         {"-n 2", "--parallel ps --deterministic", "--parallel ps is not yet"},
     };

@@ -175,14 +175,16 @@ static void usage(FILE *f)
 "                      node's available memory over its ranks)\n"
 "  --print-plan        print the units (parameter ranges, FLOPs, activation\n"
 "                      bytes) as the strategy lays them out, and stop\n"
-"  --deterministic     the same bits at any world size: the step's rows cut\n"
-"                      into --virtual-shards V (default 8) micro-batches,\n"
-"                      each the same rows whatever the ranks, their\n"
-"                      gradients summed in one fixed tree (one process,\n"
-"                      --parallel dp and ddp, --zero 1, pipelines without\n"
-"                      tied units; the ranks must divide V)\n"
+"  --deterministic     the same bits at any world size and plan: the step's\n"
+"                      rows cut into --virtual-shards V (default 8) micro-\n"
+"                      batches, each the same rows whatever the ranks, their\n"
+"                      gradients summed in one fixed tree (every plan but\n"
+"                      --parallel ps; the data-parallel ranks must divide V)\n"
 "  --virtual-shards V  with --deterministic: a power of two dividing\n"
 "                      --batch x --accumulate (implies --deterministic)\n"
+"  --tp-chunks C       with --deterministic: what a tensor-parallel split\n"
+"                      cuts, computed in C fixed chunks at any tp size (a\n"
+"                      power of two the tp sizes divide; default 2)\n"
 "  --print-hash        after training, print a SHA-256 of the parameters as\n"
 "                      logical tensors: the same whatever plan held them\n"
 "                      (with --deterministic, at any world size too), and\n"
@@ -261,7 +263,7 @@ static void parse_args(int argc, char **argv, options *o)
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
            O_DIM, O_HEADS, O_CTX, O_SAMPLE, O_PROMPT, O_TEMP, O_TOPK, O_PARAMS,
-           O_RECOMPUTE, O_PLAN, O_HASH, O_DET, O_SHARDS, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
+           O_RECOMPUTE, O_PLAN, O_HASH, O_DET, O_SHARDS, O_TPCHUNKS, O_MESH, O_ZERO, O_OFFLOAD, O_SCHEDULE,
            O_MICRO, O_CHUNKS, O_SPLIT, O_DEVICE, O_TF32, O_BF16, O_INIT_PARTIAL,
            O_EVAL_WINDOWS, O_NO_EVAL_START, O_SEQ_PAR, O_PLAN_AUTO, O_PLAN_MEM, O_SLOW,
            O_SERVERS, O_STALENESS, O_ELASTIC };
@@ -282,7 +284,8 @@ static void parse_args(int argc, char **argv, options *o)
         {"prompt", 1, 0, O_PROMPT}, {"temperature", 1, 0, O_TEMP}, {"top-k", 1, 0, O_TOPK},
         {"print-params", 0, 0, O_PARAMS}, {"recompute", 0, 0, O_RECOMPUTE},
         {"print-plan", 0, 0, O_PLAN}, {"print-hash", 0, 0, O_HASH},
-        {"deterministic", 0, 0, O_DET}, {"virtual-shards", 1, 0, O_SHARDS}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
+        {"deterministic", 0, 0, O_DET}, {"virtual-shards", 1, 0, O_SHARDS},
+        {"tp-chunks", 1, 0, O_TPCHUNKS}, {"mesh", 1, 0, O_MESH}, {"zero", 1, 0, O_ZERO},
         {"offload", 1, 0, O_OFFLOAD}, {"pp-schedule", 1, 0, O_SCHEDULE},
         {"micro-batches", 1, 0, O_MICRO}, {"chunks", 1, 0, O_CHUNKS}, {"split", 1, 0, O_SPLIT},
         {"device", 1, 0, O_DEVICE}, {"tf32", 0, 0, O_TF32}, {"bf16", 0, 0, O_BF16},
@@ -341,6 +344,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_HASH: o->print_hash = 1; break;
         case O_DET: if (!c->det_shards) c->det_shards = 8; break;
         case O_SHARDS: c->det_shards = (int)int_flag("--virtual-shards", 1, 1 << 20); break;
+        case O_TPCHUNKS: c->det_chunks = (int)int_flag("--tp-chunks", 1, 64); break;
         case O_SCHEDULE: c->pp_schedule = optarg; break;
         case O_MICRO: c->micro_batches = (int)int_flag("--micro-batches", 1, 1 << 20); break;
         case O_CHUNKS: c->chunks = (int)int_flag("--chunks", 1, 64); break;

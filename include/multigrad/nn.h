@@ -359,6 +359,17 @@ void mg_tape_set_grad_window(mg_tape *t, int slot, size_t lo, size_t hi, float *
  * every plan adds them in the same place. */
 void mg_tape_set_borrowed_grads(mg_tape *t, size_t lo, size_t hi, float *buf);
 void mg_model_set_borrowed_grads(mg_model *m, size_t lo, size_t hi, float *buf);
+/* Fixed sums (--deterministic under tensor parallelism): every product a
+ * tensor-parallel split cuts (the split dimension of a column- or
+ * row-parallel linear, the vocabulary of the tied head and of the loss)
+ * is computed in `chunks` fixed chunks of that dimension, one GEMM each,
+ * and a sum over it in the binary tree over the chunks, whatever tp size
+ * T (it divides chunks) holds them: the same bits at tp = 1, 2, ...,
+ * chunks. Layers the split never cuts run as before. chunks: a power of
+ * two that every split dimension's blocks divide (MG_EINVAL, one line),
+ * 0: off (the default). On the CPU, without sequence parallelism. */
+mg_status mg_model_set_fixed_sums(mg_model *m, int chunks);
+int mg_model_fixed_sums(const mg_model *m);
 void mg_tape_set_buffers(mg_tape *t, float *buffers);
 mg_model *mg_tape_model(const mg_tape *t);
 /* The next forward draws dropout at position `step` and leaves the

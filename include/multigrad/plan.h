@@ -112,6 +112,11 @@ typedef struct mg_strategy_options {
      * feeding its own micro-batches gives rank r the shards r V/W ..
      * (r+1) V/W - 1 in order, accumulate = V/W). */
     int det_shards;
+    /* With det_shards: the fixed chunks of every dimension a tensor-
+     * parallel split cuts (mg_model_set_fixed_sums), a power of two that
+     * the tp size divides, at most 64: runs that share it give the same
+     * bits under any plan, tp included (defaults: 2; 0: off, no tp). */
+    int det_chunks;
     /* Offload (--offload disk:DIR): the optimizer state, and under ZeRO
      * stage 3 the parameter pieces, in files in this directory, streamed
      * in windows of offload_window bytes per array (0: MG_OFFLOAD_WINDOW_MB). */

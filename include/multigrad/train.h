@@ -100,6 +100,9 @@ typedef struct mg_train_config {
      * size, their gradients summed in one fixed tree: the same bits on 1
      * rank or W (det.c). */
     int det_shards;
+    /* --tp-chunks: with det_shards, the fixed chunks of every dimension
+     * a tensor-parallel split cuts (mg_strategy_options.det_chunks; 0: 2). */
+    int det_chunks;
     /* --plan auto: the planner (planner.h) chooses the mesh, ZeRO stage,
      * schedule, micro-batches, recomputation and sequence parallelism for
      * the global batch (batch x accumulate) on the job's ranks, a rank

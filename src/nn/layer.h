@@ -123,6 +123,7 @@ struct mg_layer {
     mg_init_kind init_kind;
     float init_std;
     mg_tp_split tp;             /* a split layer's part (size 0 or 1: whole) */
+    int chunks;                 /* fixed sums: its local chunks of the split dimension (0: off) */
 };
 
 /* A layer's memory in the call's tape, its k-th slot, the gradient of its
@@ -178,14 +179,23 @@ size_t mg__tp_sum_rows(const mg_layer *l, const mg_ctx *c, float *part, float *o
 static inline bool mg__seq_split(const mg_layer *l) { return l->tp.size > 1 && l->tp.sequence; }
 /* Whether a layer's split makes it communicate. */
 static inline bool mg__split(const mg_layer *l) { return l->tp.size > 1; }
+static inline int mg__tp_size(const mg_layer *l) { return l->tp.size > 1 ? l->tp.size : 1; }
+/* Fixed sums (mg_model_set_fixed_sums): parts holds nl blocks of n
+ * floats, this rank's consecutive chunks of a split dimension's products,
+ * and room for T more; out gets their sum over all C = nl T chunks in one
+ * binary tree (this rank's subtree, then the T ranks' roots gathered and
+ * summed in the upper levels on every rank): the same bits at any T that
+ * divides C. T > 1 needs c's group (an all-gather). */
+void mg__fixed_sum(const mg_ctx *c, int T, float *parts, int nl, size_t n, float *out);
 /* mg_softmax_xent (loss.c) of n rows of `classes` logits that are this
  * rank's columns [lo, lo + classes) of logits split over the vocabulary
  * (labels logical): three all-reduces of n floats over c's group (the
  * maxima, the sums of exponentials with the label's logits, and, with
  * correct, the argmax). c NULL: whole logits (lo 0). ws holds 4 n floats
- * of the current device. */
+ * of the current device. chunks: fixed sums' chunks of these columns (the
+ * sum of exponentials in them, then a tree over every rank's), or 0. */
 float mg__softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
-                       int classes, int lo, float *dlogits, int *correct, float *ws);
+                       int classes, int lo, float *dlogits, int *correct, float *ws, int chunks);
 /* Linear layers split over tp (linear.c), with parameters placed: stride
  * blocks of a column-parallel weight (qkv's three) split each. */
 mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, bool rows,

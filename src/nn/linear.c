@@ -14,7 +14,15 @@
  * rather than keep them) and reduce-scatters its input gradient; a
  * row-parallel one reduce-scatters its output to 1/T of the positions and
  * all-gathers their gradient, and its bias gradient is partial. The
- * gathered and reduced blocks live in the layer's scratch. */
+ * gathered and reduced blocks live in the layer's scratch.
+ *
+ * Fixed sums (mg_model_set_fixed_sums, --deterministic): every GEMM is
+ * cut into the layer's fixed chunks of the split dimension (of each
+ * stride block), so each has the same shape at any tp size, and the
+ * products over the split dimension (a row-parallel output, a
+ * column-parallel input gradient) are summed in one binary tree over the
+ * chunks (mg__fixed_sum); a layer placed for a split holds its placement
+ * also whole (parts 1), so that one process cuts the same chunks. */
 #include <string.h>
 #include "nn/layer.h"
 
@@ -24,6 +32,7 @@ typedef struct {
     bool relu;
     bool rows;     /* per position of the last dimension */
     mg_tp_role role;   /* split (base.tp): in_f or out_f are this rank's part */
+    int stride;        /* blocks of the split dimension (qkv's three) */
 } linear_layer;
 
 static bool row_parallel(const mg_layer *l)
@@ -73,12 +82,92 @@ static void linear_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratc
     size_t r = (size_t)n * rows_of(l);
     *saved = 0;
     *scratch = !mg__seq_split(l) ? 0 : f->role == MG_TP_COLUMN ? 2 * r * f->in_f : r * f->out_f;
+    if (l->chunks)   /* the chunks' products and the ranks' gathered roots */
+        *scratch = (size_t)(l->chunks + mg__tp_size(l)) * r *
+                   (size_t)(f->role == MG_TP_COLUMN ? f->in_f : f->out_f);
+}
+
+/* ---- fixed sums: the GEMMs in fixed chunks of the split dimension ------- */
+
+/* Column-parallel: chunk j of stride block s is nc outputs from column
+ * s bs + j nc. */
+static void fixed_column_forward(const linear_layer *f, const float *x, float *y, size_t r)
+{
+    int out = f->out_f, in = f->in_f, bs = out / f->stride, nc = bs / f->base.chunks;
+    const float *w = f->base.p[0].data;
+    for (int j = 0; j < f->base.chunks; j++)
+        for (int s = 0; s < f->stride; s++) {
+            int col = s * bs + j * nc;
+            mg_gemm(false, true, (int)r, nc, in, 1.0f, x, in, w + (size_t)col * in, in, 0.0f,
+                    y + col, out);
+        }
+    mg_bias_relu(y, f->base.p[1].data, (int)r, out, f->relu);
+}
+
+static void fixed_column_backward(linear_layer *f, const mg_ctx *c, const float *x,
+                                  const float *y, float *dy, float *dx, size_t r)
+{
+    mg_layer *l = &f->base;
+    int out = f->out_f, in = f->in_f, bs = out / f->stride, nl = l->chunks, nc = bs / nl;
+    const float *w = l->p[0].data;
+    float *dw = mg__grad(l, c, 0), *parts = c->scratch;
+    mg_bias_relu_backward(dy, mg__grad(l, c, 1), y, (int)r, out, f->relu);
+    for (int j = 0; j < nl; j++)
+        for (int s = 0; s < f->stride; s++) {
+            int col = s * bs + j * nc;
+            mg_gemm(true, false, nc, in, (int)r, 1.0f, dy + col, out, x, in, 1.0f,
+                    dw + (size_t)col * in, in);
+            if (dx)
+                mg_gemm(false, false, (int)r, in, nc, 1.0f, dy + col, out, w + (size_t)col * in,
+                        in, s ? 1.0f : 0.0f, parts + (size_t)j * r * in, in);
+        }
+    if (dx) mg__fixed_sum(c, mg__tp_size(l), parts, nl, r * (size_t)in, dx);
+}
+
+/* Row-parallel: chunk j is kc inputs from column j kc. */
+static void fixed_row_forward(linear_layer *f, const mg_ctx *c, const float *x, float *y,
+                              size_t r)
+{
+    mg_layer *l = &f->base;
+    int out = f->out_f, in = f->in_f, nl = l->chunks, kc = in / nl;
+    const float *w = l->p[0].data;
+    float *parts = c->scratch;
+    for (int j = 0; j < nl; j++)
+        mg_gemm(false, true, (int)r, out, kc, 1.0f, x + j * kc, in, w + j * kc, in, 0.0f,
+                parts + (size_t)j * r * out, out);
+    mg__fixed_sum(c, mg__tp_size(l), parts, nl, r * (size_t)out, y);
+    mg_bias_relu(y, l->p[1].data, (int)r, out, f->relu);
+}
+
+static void fixed_row_backward(linear_layer *f, const mg_ctx *c, const float *x,
+                               const float *y, float *dy, float *dx, size_t r)
+{
+    mg_layer *l = &f->base;
+    int out = f->out_f, in = f->in_f, nl = l->chunks, kc = in / nl;
+    const float *w = l->p[0].data;
+    float *dw = mg__grad(l, c, 0);
+    mg_bias_relu_backward(dy, mg__grad(l, c, 1), y, (int)r, out, f->relu);
+    for (int j = 0; j < nl; j++) {
+        mg_gemm(true, false, out, kc, (int)r, 1.0f, dy, out, x + j * kc, in, 1.0f, dw + j * kc,
+                in);
+        if (dx)
+            mg_gemm(false, false, (int)r, kc, out, 1.0f, dy, out, w + j * kc, in, 0.0f,
+                    dx + j * kc, in);
+    }
 }
 
 static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     linear_layer *f = (linear_layer *)l;
     size_t r = (size_t)n * rows_of(l);
+    if (l->chunks && f->role == MG_TP_ROW) {
+        fixed_row_forward(f, c, x, y, r);
+        return;
+    }
+    if (l->chunks) {
+        fixed_column_forward(f, x, y, r);
+        return;
+    }
     if (!row_parallel(l)) {   /* whole, or column-parallel: on every position */
         x = mg__tp_all_rows(l, c, x, r, (size_t)f->in_f, c->scratch);
         mg_linear_forward(y, x, l->p[0].data, l->p[1].data, (int)r, f->in_f, f->out_f, f->relu);
@@ -97,6 +186,14 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
     linear_layer *f = (linear_layer *)l;
     size_t r = (size_t)n * rows_of(l), in = (size_t)f->in_f;
     float *dw = mg__grad(l, c, 0), *db = mg__grad(l, c, 1);
+    if (l->chunks && f->role == MG_TP_ROW) {
+        fixed_row_backward(f, c, x, y, dy, dx, r);
+        return;
+    }
+    if (l->chunks) {
+        fixed_column_backward(f, c, x, y, dy, dx, r);
+        return;
+    }
     if (!row_parallel(l)) {   /* column-parallel: the input gathered again, its gradient summed */
         x = mg__tp_all_rows(l, c, x, r, in, c->scratch);
         float *dxs = dx && mg__seq_split(l) ? c->scratch + r * in : dx;
@@ -162,7 +259,9 @@ mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)
 
 mg_layer *mg_layer_linear_tokens(const char *name, int in, int out)
 {
-    return mg__layer_linear_split(name, in, out, false, true, MG_TP_COLUMN, MG_TP_NONE, 1);
+    mg_layer *l = mg__layer_linear_split(name, in, out, false, true, MG_TP_COLUMN, MG_TP_NONE, 1);
+    if (l) l->p[0].place = l->p[1].place = MG_WHOLE;   /* never split */
+    return l;
 }
 
 mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, bool rows,
@@ -176,6 +275,10 @@ mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, b
     linear_layer *f = (linear_layer *)l;
     f->rows = rows;
     f->role = role;
+    f->stride = col ? stride : 1;
+    /* Placed also whole (parts 1): fixed sums cut what a split would. */
+    l->p[0].place = (mg_placement){col ? 0 : 1, 1, 0, col ? stride : 1};
+    if (col) l->p[1].place = (mg_placement){0, 1, 0, stride};
     if (split) {
         l->tp = tp;
         l->tp.sequence = tp.sequence && rows;

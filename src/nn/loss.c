@@ -69,6 +69,26 @@ static void xent_grad(float *dlogits, const float *logits, const int32_t *labels
     }
 }
 
+/* Fixed sums (mg_model_set_fixed_sums): each row's sum of exp(z - max)
+ * over `chunks` fixed chunks of this rank's columns, summed in the binary
+ * tree over every rank's chunks (CPU). */
+static void xent_fixed_sums(const mg_ctx *c, float *sum, const float *logits, const float *mx,
+                            int n, int classes, int chunks)
+{
+    int T = c ? c->tp->split.size : 1, w = classes / chunks;
+    float *parts = malloc((size_t)(chunks + T) * (size_t)(n > 0 ? n : 1) * sizeof(float));
+    MG_ASSERT(parts);
+    for (int j = 0; j < chunks; j++)
+        for (int i = 0; i < n; i++) {
+            const float *z = logits + (size_t)i * classes + (size_t)j * w;
+            float s = 0.0f;
+            for (int k = 0; k < w; k++) s += expf(z[k] - mx[i]);
+            parts[(size_t)j * n + i] = s;
+        }
+    mg__fixed_sum(c, T, parts, chunks, (size_t)n, sum);
+    free(parts);
+}
+
 /* Per row: the maximum over every rank's columns, then the sum of
  * exp(z - max) and the label's logit (only its owner adds it), then the
  * loss log(sum) + max - z[y] ((max - z[y]) first: adding log(sum) to a
@@ -76,15 +96,21 @@ static void xent_grad(float *dlogits, const float *logits, const int32_t *labels
  * argmax is the smallest logical column holding the maximum, as one
  * process's first maximum. Whole logits (c NULL) communicate nothing and
  * a label outside them makes the loss NaN. On a device the rows' four
- * values and the labels come to the host for the loss. */
+ * values and the labels come to the host for the loss. chunks: fixed sums
+ * (0: off). */
 float mg__softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
-                       int classes, int lo, float *dlogits, int *correct, float *ws)
+                       int classes, int lo, float *dlogits, int *correct, float *ws, int chunks)
 {
     float *mx = ws, *sum = ws + n, *zy = ws + 2 * (size_t)n, *arg = ws + 3 * (size_t)n;
     xent_max(mx, logits, n, classes);
     if (c) mg__tp_all_reduce(c, mx, (size_t)n, true);
     xent_sums(sum, zy, arg, logits, labels, mx, n, classes, lo);
-    if (c) mg__tp_all_reduce(c, sum, 2 * (size_t)n, false);   /* sum and zy, side by side */
+    if (chunks) {   /* the label's logit: one rank's, the others' zeros (exact) */
+        xent_fixed_sums(c, sum, logits, mx, n, classes, chunks);
+        if (c) mg__tp_all_reduce(c, zy, (size_t)n, false);
+    } else if (c) {
+        mg__tp_all_reduce(c, sum, 2 * (size_t)n, false);   /* sum and zy, side by side */
+    }
     if (c && correct) mg__tp_all_reduce(c, arg, (size_t)n, true);
     if (dlogits) xent_grad(dlogits, logits, labels, mx, sum, n, classes, lo);
     float *host = NULL;
@@ -114,7 +140,7 @@ float mg_softmax_xent(const float *logits, const int32_t *labels, int n, int cla
     size_t bytes = 4 * (size_t)(n > 0 ? n : 1) * sizeof(float);
     float *ws = mg__dk_cur ? mg_dk_workspace(bytes) : malloc(bytes);
     MG_ASSERT(ws);
-    float loss = mg__softmax_xent(NULL, logits, labels, n, classes, 0, dlogits, correct, ws);
+    float loss = mg__softmax_xent(NULL, logits, labels, n, classes, 0, dlogits, correct, ws, 0);
     if (!mg__dk_cur) free(ws);
     return loss;
 }

@@ -206,7 +206,6 @@ static size_t place(mg_model *m, size_t pad, bool assign)
 
 /* Points the layers' tensors and the table's entries into the arenas.
  * Table entries follow the layers' order: parameters, then buffers. */
-static void relayout(mg_model *m);
 
 static void bind_tensors(mg_model *m)
 {
@@ -482,7 +481,7 @@ mg_status mg_model_to_device(mg_model *m, mg_device dev)
     m->dev = dev;
     m->dk = dk;
     bind_tensors(m);
-    relayout(m);
+    mg__model_relayout(m);
     return MG_OK;
 }
 
@@ -708,7 +707,7 @@ void mg_model_set_rng_counter(mg_model *m, uint64_t counter) { m->ctx.step = cou
 
 /* A change of what tapes hold: tapes made before it are refused, the
  * model's own is made again at its next use. */
-static void relayout(mg_model *m)
+void mg__model_relayout(mg_model *m)
 {
     m->layout++;
     int cap = m->tape ? m->tape->cap : 0;
@@ -723,14 +722,14 @@ void mg_model_set_input_grad(mg_model *m, bool on)
     m->input_grad = on;
     m->root->need_dx = on;
     m->root->vt->propagate(m->root);
-    relayout(m);
+    mg__model_relayout(m);
 }
 
 void mg_model_set_recompute(mg_model *m, bool on)
 {
     if (m->recompute == on) return;
     m->recompute = on;
-    relayout(m);
+    mg__model_relayout(m);
 }
 
 bool mg_model_recompute(const mg_model *m) { return m->recompute; }

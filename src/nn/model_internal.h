@@ -35,6 +35,8 @@ struct mg_model {
     mg_ctx ctx;                /* training, dropout seed and counter; ctx.tp: &tp or NULL */
     mg__tp tp;                 /* its layers' tensor-parallel split (tensor_parallel.c) */
     bool vocab_split;          /* its logits are split over the vocabulary */
+    bool vocab_splittable;     /* a tensor-parallel split would split them */
+    int sum_chunks;            /* mg_model_set_fixed_sums (0: off) */
     bool input_grad, recompute;
     unsigned layout;           /* changes when tapes must be made again */
     mg_tape *tape;             /* the mg_model_forward family's */
@@ -43,6 +45,10 @@ struct mg_model {
     mg_dk *dk;                 /* its kernels; NULL on the CPU */
     bool has_values;           /* false until a deferred model is initialised */
 };
+
+/* A change of what tapes hold: tapes made before it are refused, the
+ * model's own is made again at its next use (model.c). */
+void mg__model_relayout(mg_model *m);
 
 struct mg_tape {
     mg_model *m;

@@ -336,9 +336,11 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
         labels = t->dev_labels;
     }
     mg_ctx c = tape_ctx(t);
+    int T = m->vocab_split ? m->tp.split.size : 1;
+    int chunks = m->sum_chunks && m->vocab_splittable ? m->sum_chunks / T : 0;
     float loss = mg__softmax_xent(m->vocab_split ? &c : NULL, t->logits, labels, n, m->classes,
                                   m->vocab_split ? m->tp.split.rank * m->classes : 0, t->dlogits,
-                                  correct, t->scratch);
+                                  correct, t->scratch, chunks);
     mg__dk_leave(prev);
     return loss;
 }

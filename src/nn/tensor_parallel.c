@@ -67,6 +67,29 @@ size_t mg__tp_sum_rows(const mg_layer *l, const mg_ctx *c, float *part, float *o
     return here;
 }
 
+/* The blocks b[0 .. k) of n floats (k a power of two) summed into b[0] in
+ * the binary tree over them: pairs, then pairs of pairs. */
+static void tree(float *b, int k, size_t n)
+{
+    for (int step = 1; step < k; step <<= 1)
+        for (int i = 0; i + step < k; i += 2 * step)
+            mg_add_into(b + (size_t)i * n, b + (size_t)(i + step) * n, n);
+}
+
+void mg__fixed_sum(const mg_ctx *c, int T, float *parts, int nl, size_t n, float *out)
+{
+    tree(parts, nl, n);
+    const float *root = parts;
+    if (T > 1) {
+        float *all = parts + (size_t)nl * n;
+        mg__tp *tp = group(c, c->tp && c->tp->comm.all_gather);
+        if (tp) tp->failed = tp->comm.all_gather(tp->comm.ud, parts, all, n);
+        tree(all, T, n);
+        root = all;
+    }
+    if (root != out) memcpy(out, root, n * sizeof *out);
+}
+
 /* ---- the model's settings ------------------------------------------------ */
 
 mg_tp_split mg_model_tp(const mg_model *m)
@@ -87,4 +110,43 @@ mg_status mg_model_tp_failure(mg_model *m)
     return st;
 }
 
-void mg__model_set_vocab_split(mg_model *m) { m->vocab_split = m->ctx.tp != NULL; }
+void mg__model_set_vocab_split(mg_model *m)
+{
+    m->vocab_splittable = true;
+    m->vocab_split = m->ctx.tp != NULL;
+}
+
+mg_status mg_model_set_fixed_sums(mg_model *m, int chunks)
+{
+    int T = m->ctx.tp ? m->ctx.tp->split.size : 1;
+    if (chunks && (chunks < 0 || chunks & (chunks - 1) || chunks % T))
+        return mg_error(MG_EINVAL, "fixed sums: %d chunk(s): give a power of two that the "
+                        "tensor-parallel size %d divides (--tp-chunks)", chunks, T);
+    if (chunks && m->dev.kind != MG_DEVICE_CPU)
+        return mg_error(MG_EUNSUPPORTED, "fixed sums (--deterministic) are built for a model on "
+                        "the CPU; on a device leave out --mesh tp and they are not needed");
+    if (chunks && m->ctx.tp && m->ctx.tp->split.sequence)
+        return mg_error(MG_EUNSUPPORTED, "fixed sums (--deterministic) are not built with "
+                        "sequence parallelism: leave out --sequence-parallel");
+    for (int i = 0; i < m->n_leaves && chunks; i++)   /* all checked before any is set */
+        for (int j = 0; j < m->leaves[i]->n_params; j++) {
+            const mg_layer_param *p = &m->leaves[i]->p[j];
+            long G = p->place.dim < 0 ? 0 : (long)p->shape[p->place.dim] * T;
+            if (G % ((long)p->place.stride * chunks))
+                return mg_error(MG_EINVAL, "fixed sums: %s's %ld rows or columns along its split "
+                                "dimension (in %d block(s)) do not cut into %d chunks: give "
+                                "--tp-chunks a power of two that divides %ld", p->name, G,
+                                p->place.stride, chunks, G / p->place.stride);
+        }
+    for (int i = 0; i < m->n_leaves; i++) {   /* a layer with a placed tensor is cut */
+        mg_layer *l = m->leaves[i];
+        bool placed = false;
+        for (int j = 0; j < l->n_params; j++) placed |= l->p[j].place.dim >= 0;
+        l->chunks = placed && chunks ? chunks / T : 0;
+    }
+    m->sum_chunks = chunks;
+    mg__model_relayout(m);
+    return MG_OK;
+}
+
+int mg_model_fixed_sums(const mg_model *m) { return m->sum_chunks; }

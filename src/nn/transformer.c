@@ -114,6 +114,7 @@ static mg_layer *embedding(int vocab, int ctx, int d, mg_tp_split tp)
     e->base.need_dx = false;
     mg__layer_param(&e->base, "wte.weight", false, 2, (int[]){e->nv, d});
     mg__layer_param(&e->base, "wpe.weight", false, 2, (int[]){ctx, d});
+    e->base.p[0].place = (mg_placement){0, 1, 0, 1};   /* whole, placed for fixed sums */
     if (split) {
         e->base.tp = tp;
         e->base.p[0].place = (mg_placement){0, tp.size, tp.rank, 1};
@@ -152,6 +153,8 @@ static void head_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
     const embed_layer *e = (const embed_layer *)((const head_layer *)l)->embed;
     *saved = 0;
     *scratch = mg__seq_split(&e->base) ? 2 * rows(l->out, n) * e->d : 0;
+    if (e->base.chunks)   /* fixed sums: the input gradient's chunks and the ranks' roots */
+        *scratch = (size_t)(e->base.chunks + mg__tp_size(&e->base)) * rows(l->out, n) * e->d;
 }
 
 /* Split: this rank's columns of the logits (its rows of wte); the input
@@ -161,8 +164,10 @@ static void head_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y,
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
     size_t r = rows(l->out, n);
     x = mg__tp_all_rows(&e->base, c, x, r, (size_t)e->d, c->scratch);
-    mg_gemm(false, true, (int)r, e->nv, e->d, 1.0f, x, e->d, e->base.p[0].data, e->d, 0.0f, y,
-            e->nv);
+    int nl = e->base.chunks ? e->base.chunks : 1, vc = e->nv / nl;   /* fixed sums: chunks */
+    for (int j = 0; j < nl; j++)
+        mg_gemm(false, true, (int)r, vc, e->d, 1.0f, x, e->d,
+                e->base.p[0].data + (size_t)j * vc * e->d, e->d, 0.0f, y + j * vc, e->nv);
 }
 
 static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
@@ -171,6 +176,21 @@ static void head_backward(mg_layer *l, const mg_ctx *c, const float *x, const fl
     embed_layer *e = (embed_layer *)((head_layer *)l)->embed;
     int r = (int)rows(l->out, n);
     x = mg__tp_all_rows(&e->base, c, x, (size_t)r, (size_t)e->d, c->scratch);
+    if (e->base.chunks) {   /* fixed sums: the vocabulary in chunks, dx their tree */
+        int nl = e->base.chunks, vc = e->nv / nl;
+        float *gw = mg__borrowed_grad(&e->base, c, 0), *parts = c->scratch;
+        const float *w = e->base.p[0].data;
+        for (int j = 0; j < nl; j++) {
+            size_t at = (size_t)j * vc * e->d;
+            mg_gemm(true, false, vc, e->d, r, 1.0f, dy + j * vc, e->nv, x, e->d, 1.0f, gw + at,
+                    e->d);
+            if (dx)
+                mg_gemm(false, false, r, e->d, vc, 1.0f, dy + j * vc, e->nv, w + at, e->d, 0.0f,
+                        parts + (size_t)j * r * e->d, e->d);
+        }
+        if (dx) mg__fixed_sum(c, mg__tp_size(&e->base), parts, nl, (size_t)r * e->d, dx);
+        return;
+    }
     mg_gemm(true, false, e->nv, e->d, r, 1.0f, dy, e->nv, x, e->d, 1.0f,
             mg__borrowed_grad(&e->base, c, 0), e->d);
     if (!dx) return;

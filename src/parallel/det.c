@@ -23,10 +23,12 @@
  * pipeline's replicas) it sums the gradients in ZeRO's place (ZeRO shards
  * the optimizer and gathers the parameters; stages 2-3 keep the gradients
  * whole during the step, as stage 1). A model on a device has each
- * shard's gradient copied to the host and the tree summed there. Clipping
- * takes the norm in one grouping whatever the plan: each unit's sum of
- * squares, added in the units' order (grad_sumsq), not the ranks' shares
- * summed. Under a pipeline it sums
+ * shard's gradient copied to the host and the tree summed there. Under
+ * tensor parallelism (and without it, so that the bits agree) the model
+ * computes what a split cuts in fixed chunks (mg_model_set_fixed_sums,
+ * --tp-chunks), and each tp rank's arena is summed over its replicas.
+ * Clipping takes the norm in one grouping whatever the plan and tp size
+ * (det_norm.c, grad_sumsq), not the ranks' shares summed. Under a pipeline it sums
  * the stage's ranges, each micro-batch's as its backward ends (the
  * executor's after-backward hook), and the stage's replicas form the tree's
  * upper levels; with chunks (the interleaved schedule) a counter for each
@@ -44,8 +46,8 @@
  * The figures are the same bits too (each shard's loss is, and the sums
  * of such floats in double are exact; evaluation is shared in whole
  * batches, mg_shard_blocks).
- * Limits (this increment): not yet with tensor parallelism, ZeRO's disk
- * offload or a parameter server (refused); arena-sized buffers, at most
+ * Limits: not with ZeRO's disk offload or a parameter server (refused);
+ * tensor parallelism on the CPU only; arena-sized buffers, at most
  * log2(V/W) + 2, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
  * gradients in shard order (mg__det_push). */
@@ -85,11 +87,7 @@ typedef struct {
     counter *cn;
     int ncn;
     mg_group *g;        /* the data-parallel ranks (NULL: one process) */
-    mg_group *stages;   /* a pipeline's (NULL: none): the norm's parts */
-    const mg_range *own;   /* the ranges whose units' norms this rank adds */
-    int nown;
-    double *unit_ss;    /* per unit: the sum of squares of its summed gradient */
-    int units;
+    mg__det_norm *norm; /* the clipping norm's grouping */
     int rank, world, shards;   /* shards: V */
     size_t n;           /* arena floats */
     int depth;          /* slots: log2(V/W) + 1 */
@@ -138,7 +136,7 @@ static void det_destroy(void *c)
     for (int i = 0; d->cn && i < d->ncn; i++) free(d->cn[i].level);
     free(d->cn);
     free(d->tcn.level);
-    free(d->unit_ss);
+    mg__det_norm_destroy(d->norm);
     mg_free(d->host);
     mg_free(d->thost);
     mg_device_free(d->dev, d->part);
@@ -173,14 +171,21 @@ static mg_status det_attach(mg_strategy *s, void **state)
     if (o->offload_dir)
         return mg_error(MG_EUNSUPPORTED, "--deterministic keeps the gradients whole in memory: "
                         "ZeRO's --offload is not built with it; leave out one of them");
-    if (mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1)
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: tensor parallelism is not yet built");
     int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1, borrower;
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
                         "divide (each rank takes V/W of them)", V, W);
     mg_model *m = mg_strategy_model(s);
     MG_TRY(find_borrower(m, &borrower));
+    bool tp = mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1;
+    if (tp && !o->det_chunks)
+        return mg_error(MG_EINVAL, "--deterministic under tensor parallelism needs fixed sums: "
+                        "give --tp-chunks (mg_strategy_options.det_chunks)");
+    /* Every product a tensor-parallel split cuts in fixed chunks, at any
+     * tp size (1 too): the same bits as tp = C. On a device (where they
+     * are not built) only without tp, so not at all. */
+    MG_TRY(mg_model_set_fixed_sums(m, tp || mg_model_device(m).kind == MG_DEVICE_CPU
+                                          ? o->det_chunks : 0));
     det *d = calloc(1, sizeof *d);
     if (!d) return mg_error(MG_ENOMEM, "--deterministic: out of memory");
     *state = d;
@@ -194,18 +199,19 @@ static mg_status det_attach(mg_strategy *s, void **state)
     d->replaces = o->kind != MG_STRATEGY_ZERO;
     d->dev = mg_model_device(m);
     d->whole = (mg_range){0, d->n};
-    d->r = d->own = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
-    d->nr = d->nown = pipe ? d->nr : 1;
-    if (pipe) d->own = mg__pipe_own_ranges(pipe, &d->nown);
+    d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
+    d->nr = pipe ? d->nr : 1;
+    int nown = 1;
+    const mg_range *own = pipe ? mg__pipe_own_ranges(pipe, &nown) : &d->whole;
     d->pipe = pipe;
     d->chunked = pipe && mg__pipe_chunks(pipe) > 1;
-    d->stages = pipe ? mg_mesh_group(mesh, MG_MESH_PP) : NULL;
-    d->units = mg_model_num_units(m);
     d->ncn = d->chunked ? mg__pipe_chunks(pipe) : 1;
     for (int v = V / W; v; v >>= 1) d->depth++;
     d->cn = calloc((size_t)d->ncn, sizeof *d->cn);
-    d->unit_ss = calloc((size_t)d->units, sizeof *d->unit_ss);
-    bool ok = d->cn && d->unit_ss && tree_alloc(d, &d->t, d->n);
+    MG_TRY(mg__det_norm_create(m, tp ? mg_mesh_group(mesh, MG_MESH_TP) : NULL,
+                               pipe ? mg_mesh_group(mesh, MG_MESH_PP) : NULL, own, nown,
+                               &d->norm));
+    bool ok = d->cn && tree_alloc(d, &d->t, d->n);
     /* A pipeline keeps a tie's two parts on two stages and adds them after
      * the trees (here, so that the norms see the sum); elsewhere the
      * borrower's part goes into `part`. */
@@ -380,8 +386,6 @@ static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int n
     return MG_OK;
 }
 
-static mg_status unit_norms(det *d, const float *g);
-
 /* After the shards: the trees' roots; the borrowed part added to the
  * lender's (a pipeline's stages add theirs: Σh + Σe either way), into the
  * arena. */
@@ -404,26 +408,7 @@ static mg_status det_reduce(void *c)
         MG_TRY(mg__pipe_sum_ties(d->pipe));
         if (clip) MG_TRY(host_copy(d, d->r, d->nr, a, root, true));
     }
-    return clip ? unit_norms(d, root) : MG_OK;
-}
-
-/* The norm's square in one grouping for every plan: each unit's sum of
- * squares (a stage's own units on its ranks, the others' added as zeros
- * over the pipeline: exact), then the units' in their order. */
-static mg_status unit_norms(det *d, const float *g)
-{
-    memset(d->unit_ss, 0, (size_t)d->units * sizeof *d->unit_ss);
-    for (int u = 0; u < d->units; u++) {
-        size_t lo, hi;
-        mg_model_unit_range(d->m, u, &lo, &hi);
-        for (int i = 0; i < d->nown; i++)
-            if (lo >= d->own[i].lo && hi <= d->own[i].hi) d->unit_ss[u] = mg_grad_sumsq(g + lo, hi - lo);
-    }
-    if (d->stages)
-        MG_TRY(mg_all_reduce(d->stages, d->unit_ss, d->unit_ss, (size_t)d->units, MG_F64, MG_SUM));
-    d->sumsq = 0;
-    for (int u = 0; u < d->units; u++) d->sumsq += d->unit_ss[u];
-    return MG_OK;
+    return clip ? mg__det_norm_sumsq(d->norm, root, &d->sumsq) : MG_OK;
 }
 
 /* The mean's: the sum's scaled by a power of two squared, exactly. */

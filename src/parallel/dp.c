@@ -264,7 +264,8 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
     size_t n = mg_model_arena_size(m), nb = mg_model_buffer_size(m);
     /* scatter: contiguous chunks, as torch's scatter along dim 0 */
     int per = (batch + W - 1) / W, off = 0;
-    if (per > mg_tape_capacity(dp->w[0].t)) MG_TRY(make_tapes(dp, per));
+    int cap = mg_tape_capacity(dp->w[0].t);   /* grown, or the model's layout changed */
+    if (per > cap || mg_tape_stale(dp->w[0].t)) MG_TRY(make_tapes(dp, per > cap ? per : cap));
     for (int k = 0; k < W; k++) {
         int len = batch - off < per ? batch - off : per;
         if (len < 0) len = 0;
@@ -375,8 +376,9 @@ static mg_status take_shard(dp_det *q, int k, const mg_micro_batch *b)
                 return mg_error(MG_ENOMEM, "dp: out of memory for shards of %d rows", b->n);
         }
         q->cap = b->n;
-        if (b->n > mg_tape_capacity(dp->w[0].t)) MG_TRY(make_tapes(dp, b->n));
     }
+    int cap = mg_tape_capacity(dp->w[0].t);   /* grown, or the model's layout changed */
+    if (b->n > cap || mg_tape_stale(dp->w[0].t)) MG_TRY(make_tapes(dp, b->n > cap ? b->n : cap));
     memcpy(w->xb, b->x, (size_t)b->n * dp->in * 4);
     memcpy(w->yb, b->y, (size_t)b->n * dp->positions * sizeof(int32_t));
     w->x = w->xb;

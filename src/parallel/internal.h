@@ -45,6 +45,15 @@ extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_compon
  * part of its own: mg_tape_set_borrowed_grads). */
 mg_status mg__det_push(void *c, const float *g, const float *part);
 mg_range mg__det_tie(const void *c);
+/* Its gradient norm in one grouping at any plan and tp size (det_norm.c):
+ * the units of own (nown ranges) on this rank, the tp ranks' chunks
+ * gathered over tp, the stages' units added over stages (either NULL). */
+typedef struct mg__det_norm mg__det_norm;
+mg_status mg__det_norm_create(mg_model *m, mg_group *tp, mg_group *stages, const mg_range *own,
+                              int nown, mg__det_norm **out);
+void mg__det_norm_destroy(mg__det_norm *n);
+/* Collective over tp and stages: *sumsq of gradient arena g. */
+mg_status mg__det_norm_sumsq(mg__det_norm *n, const float *g, double *sumsq);
 
 /* ---- ZeRO's parts (zero.c), run by its component ---- */
 /* MG_EINVAL unless 1 <= stage <= 3. */

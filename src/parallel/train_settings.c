@@ -68,7 +68,7 @@ mg_status mg__train_settings(const mg_trainer *t, char *out, size_t cap)
     int n = snprintf(out, cap, "%s;compress=%s;bucket_mb=%g;eval_every=%d;eval_only=%s;"
                      "resume=%s;init=%s;zero=%d;mesh=%s;sequence_parallel=%d;pp_schedule=%s;micro_batches=%d;"
                      "chunks=%d;split=%s;device=%s;tf32=%d;bf16=%d;offload=%s;"
-                     "eval_windows=%d;no_eval_on_start=%d;save=%s;%s", hp, c->compress,
+                     "eval_windows=%d;no_eval_on_start=%d;save=%s;det=%d,%d;%s", hp, c->compress,
                      c->bucket_mb, c->eval_every, c->eval_only ? "yes" : "no",
                      c->resume ? "given" : "none", c->init ? "given" : "none", c->zero,
                      c->mesh ? c->mesh : "none", c->sequence_parallel,
@@ -76,7 +76,7 @@ mg_status mg__train_settings(const mg_trainer *t, char *out, size_t cap)
                      c->micro_batches, c->chunks, c->split ? c->split : "none", dev, c->tf32,
                      c->bf16, c->offload_dir ? "disk" : c->offload_cpu ? "cpu" : "none",
                      c->eval_windows, c->no_eval_on_start, c->save ? "given" : "none",
-                     c->settings ? c->settings : "");
+                     c->det_shards, c->det_chunks, c->settings ? c->settings : "");
     if (n < 0 || (size_t)n >= cap)
         return mg_error(MG_EINVAL, "the settings of this run do not fit %zu bytes", cap);
     return MG_OK;

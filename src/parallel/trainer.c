@@ -53,6 +53,13 @@ static mg_status check_config(mg_trainer *t)
     if (V < 0 || (V && (V & (V - 1) || rows % V)))
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that divides the "
                         "step's %d rows (--batch x --accumulate)", V, rows);
+    int C = c->det_chunks;
+    if (C < 0 || C > 64 || (C & (C - 1)))
+        return mg_error(MG_EINVAL, "--tp-chunks %d: give a power of two from 1 to 64 (each "
+                        "tensor-parallel size you compare must divide it)", C);
+    if (C && !V)
+        return mg_error(MG_EINVAL, "--tp-chunks %d fixes the sums of --deterministic: give "
+                        "--deterministic too, or leave it out", C);
     if (V && c->plan_auto)
         return mg_error(MG_EINVAL, "--deterministic fixes the step's micro-batches (its virtual "
                         "shards) and --plan auto chooses them: give one of them");
@@ -373,6 +380,7 @@ static mg_status make_plan(mg_trainer *t)
     so.ps_staleness = c->ps_staleness;
     so.ps_elastic = c->elastic;
     so.det_shards = c->det_shards;
+    so.det_chunks = c->det_chunks ? c->det_chunks : 2;
     so.init_seed = c->seed;
     so.offload_dir = c->offload_dir;
     so.offload_cpu = c->offload_cpu;
