@@ -131,6 +131,7 @@ static void det_destroy(void *c)
 {
     det *d = c;
     if (d->part) mg_model_set_borrowed_grads(d->m, 0, 0, NULL);
+    (void)mg_model_set_fixed_sums(d->m, 0);   /* the model as it was */
     tree_free(d, &d->t);
     tree_free(d, &d->tt);
     for (int i = 0; d->cn && i < d->ncn; i++) free(d->cn[i].level);
@@ -166,8 +167,9 @@ static mg_status det_attach(mg_strategy *s, void **state)
     mg_mesh *mesh = mg_strategy_mesh(s);
     mg_pipe *pipe = mg_strategy_pipe(s);
     if (o->kind == MG_STRATEGY_PS)
-        return mg_error(MG_EUNSUPPORTED, "--deterministic: one process, --parallel dp and ddp, "
-                        "ZeRO and pipelines are built; --parallel ps is not yet");
+        return mg_error(MG_EUNSUPPORTED, "--deterministic is built for every plan but a "
+                        "parameter server: --parallel ps is not yet (its updates follow the "
+                        "order pushes arrive in)");
     if (o->offload_dir)
         return mg_error(MG_EUNSUPPORTED, "--deterministic keeps the gradients whole in memory: "
                         "ZeRO's --offload is not built with it; leave out one of them");
