@@ -245,7 +245,8 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--virtual-shards 256", "divides the step's 128 rows"},
         {"", "--deterministic --plan auto", "give one of them"},
         {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) must divide it"},
-        {"-n 2", "--mesh dp=2 --zero 3 --offload disk:/tmp --deterministic", "--offload is not built"},
+        {"-n 2", "--mesh dp=2 --zero 3 --offload disk:/tmp --deterministic",
+         "--offload is not built"},
         {"-n 2", "--mesh tp=2 --deterministic --tp-chunks 1", "tensor-parallel size 2 divides"},
         {"-n 2", "--mesh tp=2 --deterministic --device emu", "built for a model on the CPU"},
         {"", "--tp-chunks 2", "give --deterministic too"},
@@ -297,7 +298,8 @@ static bool drop_next(void *ud, mg_micro_batch *b)
     int shard = f->first + f->k++;
     for (int r = 0; r < DROP_ROWS; r++) {
         unsigned row = (unsigned)(f->step * DROP_V * DROP_ROWS + shard * DROP_ROWS + r);
-        for (int i = 0; i < 64; i++) f->x[r * 64 + i] = (float)((row * 131u + i * 7u) % 17u) / 17.0f;
+        for (int i = 0; i < 64; i++)
+            f->x[r * 64 + i] = (float)((row * 131u + (unsigned)i * 7u) % 17u) / 17.0f;
         f->y[r] = (int32_t)(row % 5u);
     }
     *b = (mg_micro_batch){f->x, f->y, DROP_ROWS, f->k == f->n};

@@ -120,7 +120,8 @@ mg_status mg__det_norm_sumsq(mg__det_norm *n, const float *g, double *sumsq)
         for (int i = 0; i < nt && n->tp_rank == 0; i++) {
             const mg_param *p = mg_model_tensor(n->m, i);
             if (p->is_buffer || p->place.dim >= 0 || p->offset < lo || p->offset >= hi) continue;
-            for (size_t k = 0; k < p->numel; k++) v[nl] += (double)g[p->offset + k] * g[p->offset + k];
+            const float *x = g + p->offset;
+            for (size_t k = 0; k < p->numel; k++) v[nl] += (double)x[k] * x[k];
         }
     }
     size_t len = (size_t)n->units * (size_t)per;

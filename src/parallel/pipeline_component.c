@@ -37,7 +37,11 @@ static void pipe_destroy(void *c) { mg__pipe_destroy(c); }
 static const mg_range *pipe_ranges(void *c, int *n) { return mg__pipe_ranges(c, n); }
 static const mg_range *pipe_own(void *c, int *n) { return mg__pipe_own_ranges(c, n); }
 static mg_group *pipe_group(void *c) { return mg__pipe_group(c); }
-static mg_status pipe_reduce(void *c) { return mg__pipe_ties_left(c) ? MG_OK : mg__pipe_sum_ties(c); }
+/* Tied gradients added after the step (--deterministic adds them itself). */
+static mg_status pipe_reduce(void *c)
+{
+    return mg__pipe_ties_left(c) ? MG_OK : mg__pipe_sum_ties(c);
+}
 static mg_status pipe_gather(void *c) { return mg__pipe_gather(c); }
 
 /* Only its ranges have gradients (zeroing the whole arena would touch
