@@ -2,6 +2,7 @@
  * of the parameters as logical tensors, whatever plan holds them) and
  * --deterministic (the same bits at any world size). */
 #include <openssl/evp.h>
+#include "devices.h"
 #include "harness.h"
 #include "multigrad/multigrad.h"
 
@@ -185,18 +186,28 @@ TEST_T(deterministic_tp_4_equals_one_process_with_4_chunks, 120)
     same_hash_under(job, runs, sizeof runs / sizeof *runs);
 }
 
-/* A model on a device (emu: the GPU code path on the host) sums the tree
- * on the host, each shard's gradient copied out: the same bits at 1, 2
- * and 4 ranks, under DDP, ZeRO 2 and 3 and a pipeline of 2 stages (not
- * the CPU's bits: other kernels). */
-TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120)
+/* A model on a device (emu: the GPU code path on the host; a GPU, the
+ * ranks sharing it) sums the tree on the host, each shard's gradient
+ * copied out: the same bits at 1, 2 and 4 ranks, under DDP, ZeRO 2 and 3
+ * and a pipeline of 2 stages (not the CPU's bits: other kernels). */
+static void same_hash_on(const char *dev)
 {
-    const char *job = GPT_SMALL " --batch 16 --steps 10 --eval-every 10 --no-eval-on-start "
-                      "--clip-grad 0.5 --device emu --deterministic --print-hash --quiet";
+    char job[512];
+    snprintf(job, sizeof job, GPT_SMALL " --batch 16 --steps 10 --eval-every 10 "
+             "--no-eval-on-start --clip-grad 0.5 --device %s --deterministic --print-hash "
+             "--quiet", dev);
     const plan_run runs[] = {
         {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"},
         {2, "--mesh pp=2"}};
     same_hash_under(job, runs, sizeof runs / sizeof *runs);
+}
+
+TEST_T(deterministic_on_a_device_is_the_same_at_1_2_4_ranks, 120) { same_hash_on("emu"); }
+
+TEST_T(deterministic_on_a_gpu_is_the_same_at_1_2_4_ranks, 300)
+{
+    mgt_device(MG_DEVICE_CUDA);   /* skips without a GPU */
+    same_hash_on("cuda");
 }
 
 /* A checkpoint taken at 4 ranks resumes at 2 (and at 1) to the bits of
