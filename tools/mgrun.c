@@ -14,9 +14,11 @@
  * mgrun serves the job's rendezvous store and chooses the workers'
  * MASTER_PORT, which the other nodes read from it (mgrun_rdzv.h).
  *
- * Limits: it is not an elastic agent: on a multi-node job each node
- * restarts only its own workers — the other nodes restart theirs when
- * their workers fail on losing a peer.
+ * With --elastic a worker killed by a signal is reported and the others
+ * go on (MG_ELASTIC=1 tells them to contain its loss).
+ * Limits: it is not torchrun's elastic agent (no re-rendezvous, no new
+ * workers): on a multi-node job each node restarts only its own workers —
+ * the other nodes restart theirs when their workers fail on losing a peer.
  * One thread: signals arrive through a self-pipe and everything (worker
  * exits, forwarded output, grace deadlines) is handled in one poll loop. */
 #define _GNU_SOURCE

@@ -366,7 +366,7 @@ void mg_model_set_borrowed_grads(mg_model *m, size_t lo, size_t hi, float *buf);
  * and a sum over it in the binary tree over the chunks, whatever tp size
  * T (it divides chunks) holds them: the same bits at tp = 1, 2, ...,
  * chunks. Layers the split never cuts run as before. chunks: a power of
- * two that every split dimension's blocks divide (MG_EINVAL, one line),
+ * two up to 64 that every split dimension's blocks divide (MG_EINVAL, one line),
  * 0: off (the default). On the CPU, without sequence parallelism. */
 mg_status mg_model_set_fixed_sums(mg_model *m, int chunks);
 int mg_model_fixed_sums(const mg_model *m);

@@ -193,7 +193,8 @@ void mg__fixed_sum(const mg_ctx *c, int T, float *parts, int nl, size_t n, float
  * maxima, the sums of exponentials with the label's logits, and, with
  * correct, the argmax). c NULL: whole logits (lo 0). ws holds 4 n floats
  * of the current device. chunks: fixed sums' chunks of these columns (the
- * sum of exponentials in them, then a tree over every rank's), or 0. */
+ * sum of exponentials in them, then a tree over every rank's; ws then
+ * holds (4 + chunks + T) n floats), or 0. */
 float mg__softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labels, int n,
                        int classes, int lo, float *dlogits, int *correct, float *ws, int chunks);
 /* Linear layers split over tp (linear.c), with parameters placed: stride

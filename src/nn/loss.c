@@ -71,13 +71,11 @@ static void xent_grad(float *dlogits, const float *logits, const int32_t *labels
 
 /* Fixed sums (mg_model_set_fixed_sums): each row's sum of exp(z - max)
  * over `chunks` fixed chunks of this rank's columns, summed in the binary
- * tree over every rank's chunks (CPU). */
+ * tree over every rank's chunks (CPU); parts holds (chunks + T) n floats. */
 static void xent_fixed_sums(const mg_ctx *c, float *sum, const float *logits, const float *mx,
-                            int n, int classes, int chunks)
+                            int n, int classes, int chunks, float *parts)
 {
     int T = c ? c->tp->split.size : 1, w = classes / chunks;
-    float *parts = malloc((size_t)(chunks + T) * (size_t)(n > 0 ? n : 1) * sizeof(float));
-    MG_ASSERT(parts);
     for (int j = 0; j < chunks; j++)
         for (int i = 0; i < n; i++) {
             const float *z = logits + (size_t)i * classes + (size_t)j * w;
@@ -86,7 +84,6 @@ static void xent_fixed_sums(const mg_ctx *c, float *sum, const float *logits, co
             parts[(size_t)j * n + i] = s;
         }
     mg__fixed_sum(c, T, parts, chunks, (size_t)n, sum);
-    free(parts);
 }
 
 /* Per row: the maximum over every rank's columns, then the sum of
@@ -106,7 +103,7 @@ float mg__softmax_xent(const mg_ctx *c, const float *logits, const int32_t *labe
     if (c) mg__tp_all_reduce(c, mx, (size_t)n, true);
     xent_sums(sum, zy, arg, logits, labels, mx, n, classes, lo);
     if (chunks) {   /* the label's logit: one rank's, the others' zeros (exact) */
-        xent_fixed_sums(c, sum, logits, mx, n, classes, chunks);
+        xent_fixed_sums(c, sum, logits, mx, n, classes, chunks, ws + 4 * (size_t)n);
         if (c) mg__tp_all_reduce(c, zy, (size_t)n, false);
     } else if (c) {
         mg__tp_all_reduce(c, sum, 2 * (size_t)n, false);   /* sum and zy, side by side */

@@ -24,10 +24,20 @@ static size_t fbytes(size_t n) { return mg__align(n * sizeof(float)); }
  * counts; else fills the slots and the tape's pointers. */
 static size_t range_layout(const mg_model *m, int n, int a, int b, char *mem, mg_tape *t);
 
-/* The cross-entropy works in the scratch: 4 floats a row (loss.c). */
+/* Fixed sums: the loss's chunks of this rank's vocabulary (0: none), and
+ * the tensor-parallel size they are gathered over. */
+static int loss_chunks(const mg_model *m, int *T)
+{
+    *T = m->vocab_split ? m->tp.split.size : 1;
+    return m->sum_chunks && m->vocab_splittable ? m->sum_chunks / *T : 0;
+}
+
+/* The cross-entropy works in the scratch: 4 floats a row (loss.c), and
+ * with fixed sums a float a row for each chunk and each tp rank. */
 static size_t loss_scratch(const mg_model *m, int n, size_t scratch)
 {
-    size_t need = 4 * (size_t)n * (size_t)m->positions;
+    int T, chunks = loss_chunks(m, &T);
+    size_t need = (size_t)(4 + (chunks ? chunks + T : 0)) * (size_t)n * (size_t)m->positions;
     return scratch > need ? scratch : need;
 }
 
@@ -336,8 +346,7 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
         labels = t->dev_labels;
     }
     mg_ctx c = tape_ctx(t);
-    int T = m->vocab_split ? m->tp.split.size : 1;
-    int chunks = m->sum_chunks && m->vocab_splittable ? m->sum_chunks / T : 0;
+    int T, chunks = loss_chunks(m, &T);
     float loss = mg__softmax_xent(m->vocab_split ? &c : NULL, t->logits, labels, n, m->classes,
                                   m->vocab_split ? m->tp.split.rank * m->classes : 0, t->dlogits,
                                   correct, t->scratch, chunks);

@@ -119,9 +119,9 @@ void mg__model_set_vocab_split(mg_model *m)
 mg_status mg_model_set_fixed_sums(mg_model *m, int chunks)
 {
     int T = m->ctx.tp ? m->ctx.tp->split.size : 1;
-    if (chunks && (chunks < 0 || chunks & (chunks - 1) || chunks % T))
-        return mg_error(MG_EINVAL, "fixed sums: %d chunk(s): give a power of two that the "
-                        "tensor-parallel size %d divides (--tp-chunks)", chunks, T);
+    if (chunks && (chunks < 0 || chunks > 64 || chunks & (chunks - 1) || chunks % T))
+        return mg_error(MG_EINVAL, "fixed sums: %d chunk(s): give a power of two up to 64 that "
+                        "the tensor-parallel size %d divides (--tp-chunks)", chunks, T);
     if (chunks && m->dev.kind != MG_DEVICE_CPU)
         return mg_error(MG_EUNSUPPORTED, "fixed sums (--deterministic) are built for a model on "
                         "the CPU; on a device leave out --mesh tp and they are not needed");

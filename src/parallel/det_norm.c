@@ -127,9 +127,9 @@ mg_status mg__det_norm_sumsq(mg__det_norm *n, const float *g, double *sumsq)
     size_t len = (size_t)n->units * (size_t)per;
     if (n->tp) MG_TRY(mg_all_gather(n->tp, n->mine, n->all, len, MG_F64));
     else memcpy(n->all, n->mine, len * sizeof *n->all);
-    double c[64 * 64];
+    double c[64];   /* mg_model_set_fixed_sums: at most 64 chunks */
     int C = nl * n->T;
-    MG_ASSERT(C <= 64 * 64);
+    MG_ASSERT(C <= 64);
     for (int u = 0; u < n->units; u++) {
         double whole = 0;
         for (int r = 0; r < n->T; r++) {
