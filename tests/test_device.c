@@ -558,6 +558,32 @@ static int coll_rank(int r, int W, void *arg)
     h = mgt_device_floats(d, x, CN);
     for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval((r + W - 1) % W, i));
     free(h);
+    /* a batch both ways round the ring, as pipeline stages exchange
+     * (with NCCL one group: each pair's messages posted in one order on
+     * both sides), and one receiving into host memory (staged whole) */
+    int next = (r + 1) % W, prev = (r + W - 1) % W;
+    float *from_prev = mg_device_alloc(d, CN * sizeof(float));
+    float *from_next = mg_device_alloc(d, CN / 2 * sizeof(float)), host_half[CN / 2];
+    for (int staged = 0; staged < 2; staged++) {
+        mg_p2p_op ops[] = {
+            {MG_COLL_SEND, w, CN, MG_F32, next, 1},
+            {MG_COLL_SEND, w + CN, CN / 2, MG_F32, prev, 2},
+            {MG_COLL_RECV, from_prev, CN, MG_F32, prev, 1},
+            {MG_COLL_RECV, staged ? (void *)host_half : from_next, CN / 2, MG_F32, next, 2},
+        };
+        mg_work *bw;
+        CHECK_OK(mg_batch_isend_irecv(g, ops, 4, &bw));
+        CHECK_OK(mg_work_wait(bw, -1));
+        mg_work_free(bw);
+        h = mgt_device_floats(d, from_prev, CN);
+        for (size_t i = 0; i < CN; i++) CHECK(h[i] == cval(prev, i));
+        free(h);
+        h = staged ? host_half : mgt_device_floats(d, from_next, CN / 2);
+        for (size_t i = 0; i < CN / 2; i++) CHECK(h[i] == cval(next, CN + i));
+        if (!staged) free(h);
+    }
+    mg_device_free(d, from_prev);
+    mg_device_free(d, from_next);
     mg_device_free(d, w);
     mg_device_free(d, x);
     mg_device_free(d, y);

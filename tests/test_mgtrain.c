@@ -344,9 +344,11 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
 
 /* The same through NCCL on a GPU (mg_group_use_device): each rank told it
  * is a host of its own (NCCL_HOSTID), as NCCL refuses two ranks on one
- * GPU of one host; the data-parallel sub-groups of a mesh use it too. 10
- * steps with a checkpoint at step 5 equal one process on the CPU (a
- * pipeline's 2 micro-batches: one process's --batch 6 --accumulate 2). */
+ * GPU of one host; the data-parallel sub-groups of a mesh use it too, and
+ * a pipeline's stages send and receive through it (1F1B over pp=2 x
+ * dp=2, GPipe over pp=2). 10 steps with a checkpoint at step 5 equal one
+ * process on the CPU (a pipeline's 2 micro-batches: one process's
+ * --batch 6 --accumulate 2). */
 TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
 {
     mgt_nccl_gpu();
@@ -361,13 +363,20 @@ TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
     cpu_reference(bin, "--batch 6 --accumulate 2 --steps 10 --eval-every 10", acc);
     int rc;
     static const struct { int n; const char *args; } runs[] = {
-        {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2"},
+        {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2 --verbose"},
+        {2, "--mesh pp=2 --pp-schedule gpipe --verbose"},
     };
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         rc = mgt_sh(&out, "MG_NCCL=on %s -n %d sh -c 'NCCL_HOSTID=mgtest$RANK exec \"$0\" \"$@\"' "
                     "%s " GPT_SMALL " --steps 10 --eval-every 5 --device cuda %s --save %s", run,
                     runs[i].n, bin, runs[i].args, other);
         CHECK_MSG(rc == 0 && strstr(out, "collectives on GPU memory: NCCL"), "%s", out);
+        /* A pipeline's stages exchange through NCCL's sends and receives:
+         * every batch received in device memory on a group through NCCL. */
+        const char *pl = strstr(out, "batches of sends and receives received in device memory");
+        CHECK_MSG(!strstr(runs[i].args, "pp=") ||
+                      (pl && strstr(out, "device path: nccl") && !strstr(out, " 0 of ")),
+                  "%s", out);
         free(out);
         double worst, d = ckpt_rel_diff(other, strstr(runs[i].args, "pp=") ? acc : ref, &worst);
         printf("gpt-mini through NCCL, %d ranks, %s: |p - cpu| / |cpu| = %.3g (max entry %.3g)\n",

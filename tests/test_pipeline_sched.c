@@ -138,6 +138,82 @@ TEST(pipe_simulator_catches_bad_lists)
     CHECK(strstr(mg_last_error(), "not one of its stages"));
 }
 
+/* Every list the executor runs, with and without backwards, P up to 8,
+ * M up to 12, under sends that end only with their receive and messages
+ * between two ranks matched in the order posted (NCCL's sends and
+ * receives in groups): no batch over MG_PIPE_BATCH_MAX, no crossed
+ * messages, and no deadlock, except interleaved training steps of two
+ * rounds or more (M >= 2P): there two ranks each post a gradient send
+ * alone before the batch that receives the other's, so the executor
+ * stages those through the host. Naive over V chunks is what an
+ * interleaved step short of whole rounds runs. */
+TEST(pipe_schedules_sweep_rendezvous_in_order)
+{
+    int runs = 0, stuck = 0;
+    for (int k = MG_PIPE_NAIVE; k <= MG_PIPE_INTERLEAVED; k++)
+        for (int P = 1; P <= 8; P++)
+            for (int M = 1; M <= 12; M++)
+                for (int V = 1; V <= (k == MG_PIPE_NAIVE || k == MG_PIPE_INTERLEAVED ? 3 : 1);
+                     V++)
+                    for (int fwd = 0; fwd < 2; fwd++) {
+                        if (k == MG_PIPE_INTERLEAVED && V < 2) continue;
+                        bool deadlocks = k == MG_PIPE_INTERLEAVED && !fwd && M % P == 0 &&
+                                         M >= 2 * P;
+                        mg_status st = mg_pipe_simulate_rendezvous((mg_pipe_kind)k, P, M, V, fwd);
+                        CHECK_MSG(deadlocks ? st == MG_EINVAL && strstr(mg_last_error(),
+                                                                        "deadlocks when a send")
+                                            : st == MG_OK,
+                                  "%s P %d M %d V %d%s: %s", mg_pipe_name(k), P, M, V,
+                                  fwd ? " forwards" : "", st ? mg_last_error() : "runs");
+                        runs++;
+                        stuck += deadlocks;
+                    }
+    printf("%d step lists run with rendezvous sends: %d deadlock (interleaved, two rounds or "
+           "more), none crosses\n", runs, stuck);
+    CHECK(runs > 900 && stuck > 40);
+}
+
+/* What passes with eager sends but not with NCCL's: a rank's send to
+ * itself posted a batch before its receive (one rank running two stages),
+ * and two receives taken in the other order than sent. */
+TEST(pipe_rendezvous_catches_deadlock_and_crossing)
+{
+    /* One rank, stages 0 and 1, two micro-batches: 0SEND_F0 alone in a
+     * batch, its receive in the next. */
+    mg_pipe_action d[] = {
+        {0, MG_PIPE_F, 0},      {0, MG_PIPE_SEND_F, 0}, {0, MG_PIPE_F, 1},
+        {0, MG_PIPE_SEND_F, 1}, {1, MG_PIPE_RECV_F, 0}, {1, MG_PIPE_F, 0},
+        {1, MG_PIPE_RECV_F, 1}, {1, MG_PIPE_F, 1},      {1, MG_PIPE_B, 0},
+        {1, MG_PIPE_SEND_B, 0}, {1, MG_PIPE_B, 1},      {1, MG_PIPE_SEND_B, 1},
+        {0, MG_PIPE_RECV_B, 0}, {0, MG_PIPE_B, 0},      {0, MG_PIPE_RECV_B, 1},
+        {0, MG_PIPE_B, 1}};
+    const mg_pipe_action *a[2] = {d};
+    int n[2] = {16};
+    mg_pipe_sim sim;
+    CHECK_OK(mg_pipe_run(a, n, 1, 2, 2, 1, 2, &sim));
+    CHECK_EQ(mg_pipe_run_rendezvous(a, n, 1, 2, 2), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "deadlocks when a send waits for its receive") &&
+              strstr(mg_last_error(), "rank 0 waits at 0SEND_F0"), "%s", mg_last_error());
+    /* Two stages: the last receives micro-batch 1 before 0. */
+    mg_pipe_action r0[] = {{0, MG_PIPE_F, 0},      {0, MG_PIPE_SEND_F, 0}, {0, MG_PIPE_F, 1},
+                           {0, MG_PIPE_SEND_F, 1}, {0, MG_PIPE_RECV_B, 0}, {0, MG_PIPE_B, 0},
+                           {0, MG_PIPE_RECV_B, 1}, {0, MG_PIPE_B, 1}};
+    mg_pipe_action r1[] = {{1, MG_PIPE_RECV_F, 1}, {1, MG_PIPE_RECV_F, 0}, {1, MG_PIPE_F, 0},
+                           {1, MG_PIPE_B, 0},      {1, MG_PIPE_SEND_B, 0}, {1, MG_PIPE_F, 1},
+                           {1, MG_PIPE_B, 1},      {1, MG_PIPE_SEND_B, 1}};
+    a[0] = r0;
+    a[1] = r1;
+    int m[2] = {8, 8};
+    CHECK_OK(mg_pipe_run(a, m, 2, 2, 2, 1, 2, &sim));
+    CHECK_EQ(mg_pipe_run_rendezvous(a, m, 2, 2, 2), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "rank 0's message 0 to rank 1 is 0SEND_F0, but rank 1's "
+                     "receive 0 from rank 0 is 1RECV_F1"), "%s", mg_last_error());
+    /* In order, it runs. */
+    r1[0] = (mg_pipe_action){1, MG_PIPE_RECV_F, 0};
+    r1[1] = (mg_pipe_action){1, MG_PIPE_RECV_F, 1};
+    CHECK_OK(mg_pipe_run_rendezvous(a, m, 2, 2, 2));
+}
+
 TEST(pipe_bad_arguments)
 {
     mg_pipe_kind k;

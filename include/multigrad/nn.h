@@ -377,7 +377,10 @@ mg_model *mg_tape_model(const mg_tape *t);
 void mg_tape_pin_step(mg_tape *t, uint64_t step);
 /* As mg_model_forward (and _tokens, _loss, _backward, _backward_from,
  * _input_grad) on the given tape; the logits stay valid until the tape's
- * next forward. */
+ * next forward. For a model on a device, the input and dout may be in
+ * host memory (copied in) or in the device's (a pipeline stage's received
+ * activations and gradients: read there, as the input stays until the
+ * backward). */
 const float *mg_tape_forward(mg_tape *t, const float *x, int batch);
 const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch);
 float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct);

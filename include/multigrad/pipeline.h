@@ -68,6 +68,17 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
  * SEND_F after it when s < S-1; RECV_B before each B of s < S-1, SEND_B
  * after it when s > 0. Returns the count, writing at most cap. */
 int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
+/* What the executor runs for a step of M micro-batches (M may be short
+ * of the schedule's at an epoch's end): the lowered list of k, or with
+ * fwd_only (evaluation) its forwards, sends and receives alone, GPipe's
+ * for one chunk a rank; an interleaved step whose M is not a multiple
+ * of P runs naive's order over the V chunks. Returns the count, writing at
+ * most cap. */
+int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_only,
+                       mg_pipe_action *out, int cap);
+/* The executor posts each run of sends and receives between two
+ * computations as one batch (mg_batch_isend_irecv) of at most this many. */
+#define MG_PIPE_BATCH_MAX 8
 /* "0F3" and so on; the list joined by spaces. */
 void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap);
 void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap);
@@ -100,9 +111,27 @@ mg_status mg_pipe_split_parse(const char *spec, const char *const *names, int n,
 
 /* The same for any lists: a[r] (n[r] actions) is rank r's, for S stages
  * (stage s on rank s mod P) and M micro-batches: the validator of a
- * hand-written or new schedule. */
+ * hand-written or new schedule. Lists without a backward are forwards
+ * alone (evaluation): every stage's forward of every micro-batch. */
 mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
                       double tf, double tb, mg_pipe_sim *out);
+
+/* The executor's batches where a send ends only with its receive and the
+ * messages between two ranks are matched in the order they were posted,
+ * not by tag: NCCL's ncclSend and ncclRecv in one ncclGroupStart/End, as
+ * a pipeline between GPUs sends (mg_batch_isend_irecv). Each rank's list
+ * is cut into batches as the executor posts them; a rank's batches run one
+ * at a time in order (its group's progress thread, NCCL's stream); a
+ * batch ends once each of its messages has met its partner in the peer's
+ * running batch. Waiting for a batch, or for the sends, adds no deadlock
+ * here: what would run after it waits in the rank's queue anyway. First
+ * the lists pass mg_pipe_run; then MG_EINVAL names two messages the order
+ * would cross, a batch over MG_PIPE_BATCH_MAX, or the stuck batches of a
+ * deadlock. run_rendezvous takes any lists; simulate_rendezvous the
+ * executor's for a schedule (mg_pipe_lower_step). */
+mg_status mg_pipe_run_rendezvous(const mg_pipe_action *const *a, const int *n, int P, int S,
+                                 int M);
+mg_status mg_pipe_simulate_rendezvous(mg_pipe_kind k, int P, int M, int V, bool fwd_only);
 
 
 
@@ -134,6 +163,10 @@ typedef struct mg_pipe_stats {
     double busy_us, step_us;
     int peak_in_flight;         /* micro-batches held at once, at most */
     size_t activation_bytes;    /* their tapes and inputs, at most */
+    /* Batches of sends and receives posted, and of them those received
+     * into the device's memory (a model on a device whose step allows it:
+     * between GPUs with NCCL, through NCCL's sends and receives). */
+    long batches, device_batches;
 } mg_pipe_stats;
 mg_pipe_stats mg_pipe_get_stats(const mg_pipe *p);
 

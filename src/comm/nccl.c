@@ -16,6 +16,13 @@
  *   wrote the buffers and the zeroing of fresh allocations.
  * - gather, scatter and all_to_all are NCCL's sends and receives in one
  *   ncclGroupStart/End, the rank's own block a device copy.
+ * - A batch of sends and receives (mg_batch_isend_irecv) whose buffers
+ *   are all on the GPU is one ncclGroupStart/End of ncclSend and ncclRecv
+ *   in the batch's order. NCCL matches the messages between two ranks in
+ *   the order they were posted, not by tag, and a send ends only with its
+ *   receive: the peer must post the same messages in the same order, in
+ *   batches (README). Single sends and receives stay staged through the
+ *   host, where a send never waits for its receive.
  * - Traffic (mg_group_traffic) counts what the ring algorithms would move
  *   (mg__ring_volume), as the mpi backend does: NCCL does not say. */
 #define _GNU_SOURCE
@@ -414,8 +421,21 @@ static bool on_gpu(const mg__nccl *n, const void *p)
     return d.kind == MG_DEVICE_CUDA && d.index == n->dev.index;
 }
 
+/* A batch whose every operation NCCL can run on this GPU. */
+static bool takes_batch(const mg__nccl *n, const mg__req *r)
+{
+    ncclDataType_t t;
+    for (int i = 0; i < r->nsub; i++) {
+        const mg_call *c = &r->sub[i].c;
+        const void *b = c->coll == MG_COLL_SEND ? c->sendbuf : c->recvbuf;
+        if (!nc_type(c->dtype, &t) || (c->count && !on_gpu(n, b))) return false;
+    }
+    return r->nsub > 0;
+}
+
 bool mg__nccl_takes(const mg__nccl *n, const mg__req *r, int rank, int size)
 {
+    if (n && r->kind == MG__REQ_BATCH) return takes_batch(n, r);
     if (!n || r->kind != MG__REQ_CALL) return false;
     const mg_call *c = &r->c;
     ncclDataType_t t;
@@ -427,16 +447,23 @@ bool mg__nccl_takes(const mg__nccl *n, const mg__req *r, int rank, int size)
     return (sn || rn) && (!sn || on_gpu(n, c->sendbuf)) && (!rn || on_gpu(n, c->recvbuf));
 }
 
-mg_status mg__nccl_issue(mg__nccl *n, mg__req *r, int rank, int size)
+/* Granules of sparse memory given back hold memory again before NCCL
+ * touches them: zeros, as a staged copy would read them. */
+static mg_status commit_spans(const mg_call *c, int rank, int size)
 {
-    const mg_call *c = &r->c;
     size_t sn, rn;
     mg__call_spans(c, rank, size, &sn, &rn);
-    /* Granules of sparse memory given back hold memory again before NCCL
-     * touches them: zeros, as a staged copy would read them. */
     if (sn && mg__sparse_resident(c->sendbuf, sn) < sn)
         MG_TRY(mg__sparse_commit((void *)c->sendbuf, sn));
     if (rn) MG_TRY(mg__sparse_commit(c->recvbuf, rn));
+    return MG_OK;
+}
+
+mg_status mg__nccl_issue(mg__nccl *n, mg__req *r, int rank, int size)
+{
+    bool batch = r->kind == MG__REQ_BATCH;
+    for (int i = 0; i < (batch ? r->nsub : 1); i++)
+        MG_TRY(commit_spans(batch ? &r->sub[i].c : &r->c, rank, size));
     cudaError_t e = cudaSetDevice(n->dev.index);
     cudaEvent_t ev = NULL;
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -444,7 +471,8 @@ mg_status mg__nccl_issue(mg__nccl *n, mg__req *r, int rank, int size)
     if (e != cudaSuccess) {
         if (ev) cudaEventDestroy(ev);
         return mg_error(MG_EIO, "%s on cuda:%d: cannot mark the work queued before it: %s",
-                        mg_coll_name(c->coll), n->dev.index, cudaGetErrorString(e));
+                        batch ? "batch_isend_irecv" : mg_coll_name(r->c.coll), n->dev.index,
+                        cudaGetErrorString(e));
     }
     r->nccl = ev;
     return MG_OK;
@@ -544,20 +572,54 @@ static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, do
     return ncclSuccess;
 }
 
+/* A batch's sends and receives in one group, in the batch's order. */
+static ncclResult_t launch_batch(mg__nccl *n, const mg__req *r, double deadline)
+{
+    ncclResult_t rc = nc.group_start();
+    for (int i = 0; i < r->nsub && rc == ncclSuccess; i++) {
+        const mg_call *c = &r->sub[i].c;
+        ncclDataType_t t = ncclFloat32;
+        nc_type(c->dtype, &t);
+        if (!c->count) continue;
+        rc = c->coll == MG_COLL_SEND ? nc.send(c->sendbuf, c->count, t, c->root, n->comm, n->stream)
+                                     : nc.recv(c->recvbuf, c->count, t, c->root, n->comm, n->stream);
+    }
+    ncclResult_t end = nc.group_end();
+    if (rc == ncclSuccess) rc = end;
+    return rc == ncclInProgress ? settle(n, deadline) : rc;
+}
+
+/* What r is, for messages: a collective, or a batch by its first
+ * operation. */
+static void describe(const mg_group *g, const mg__req *r, char *what, size_t cap)
+{
+    char me[128], peer[128];
+    mg__rank_name(&g->names, g->rank, NULL, me, sizeof me);
+    const mg_call *c = r->kind == MG__REQ_BATCH ? &r->sub[0].c : &r->c;
+    if (r->kind != MG__REQ_BATCH) {
+        snprintf(what, cap, "%s #%llu (%zu x %s) on %s through NCCL", mg_coll_name(c->coll),
+                 (unsigned long long)r->seq, c->count, mg_dtype_name(c->dtype), me);
+        return;
+    }
+    mg__rank_name(&g->names, c->root, NULL, peer, sizeof peer);
+    snprintf(what, cap, "a batch of %d sends and receives (the first %s %zu x %s %s %s) on %s "
+             "through NCCL", r->nsub, c->coll == MG_COLL_SEND ? "sending" : "receiving",
+             c->count, mg_dtype_name(c->dtype), c->coll == MG_COLL_SEND ? "to" : "from", peer,
+             me);
+}
+
 mg_status mg__nccl_run(mg_group *g, mg__req *r)
 {
     mg__nccl *n = g->nccl;
-    const mg_call *c = &r->c;
-    char what[240], me[128];
-    snprintf(what, sizeof what, "%s #%llu (%zu x %s) on %s through NCCL",
-             mg_coll_name(c->coll), (unsigned long long)r->seq, c->count,
-             mg_dtype_name(c->dtype), mg__rank_name(&g->names, g->rank, NULL, me, sizeof me));
+    char what[400];
+    describe(g, r, what, sizeof what);
     double since = mg_now(), deadline = since + g->timeout, watch = since + 1;
     cudaError_t e = cudaSetDevice(n->dev.index);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, (cudaEvent_t)r->nccl, 0);
     if (e != cudaSuccess)
         return mg_error(MG_EIO, "%s: cuda:%d: %s", what, n->dev.index, cudaGetErrorString(e));
-    ncclResult_t rc = launch(n, c, g->rank, g->size, deadline);
+    ncclResult_t rc = r->kind == MG__REQ_BATCH ? launch_batch(n, r, deadline)
+                                               : launch(n, &r->c, g->rank, g->size, deadline);
     if (rc == ncclSuccess && cudaEventRecord(n->done, n->stream) != cudaSuccess)
         rc = ncclUnhandledCudaError;
     for (long ns = 2000; rc == ncclSuccess; backoff(&ns, 64000)) {
@@ -574,7 +636,7 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
         /* NCCL cannot tell a stopped peer from a slow one: the host path's
          * beats and /proc can, within MG_PEER_TIMEOUT. */
         if (rc == ncclSuccess && g->be->watch && now >= watch) {
-            char waiting[280];
+            char waiting[420];
             snprintf(waiting, sizeof waiting, "waiting for %s", what);
             mg_status st = g->be->watch(g, since, waiting);
             if (st) return st;
@@ -582,8 +644,14 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
         }
     }
     if (rc != ncclSuccess) return mg_error(MG_EPEER, "%s: %s", what, nc_error(n, rc));
-    uint64_t sent, received;
-    mg__ring_volume(c, g->rank, g->size, &sent, &received);
+    uint64_t sent = 0, received = 0;
+    if (r->kind == MG__REQ_BATCH)
+        for (int i = 0; i < r->nsub; i++) {
+            const mg_call *c = &r->sub[i].c;
+            *(c->coll == MG_COLL_SEND ? &sent : &received) += c->count * mg_dtype_size(c->dtype);
+        }
+    else
+        mg__ring_volume(&r->c, g->rank, g->size, &sent, &received);
     mg__traffic_add(&g->traffic, sent, received);
     return MG_OK;
 }

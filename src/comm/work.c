@@ -165,8 +165,8 @@ static mg_status exec(mg_group *g, mg__req *r)
     bool dead = atomic_load(&g->failed) && r->kind != MG__REQ_FREE;
     double t0 = mg_now();
     mg_status st = dead ? failed_error(g)
-                   : r->kind == MG__REQ_BATCH ? run_batch(g, r)
                    : r->nccl                  ? mg__nccl_run(g, r)
+                   : r->kind == MG__REQ_BATCH ? run_batch(g, r)
                                               : g->be->run(g, r);
     account(g, r, t0, mg_now());
     /* A copy to a device that fails is this rank's error alone. */
@@ -409,18 +409,24 @@ mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, 
                            ? mg_error(MG_EINVAL, "batch_isend_irecv: operation %d receives from "
                                       "any source, which a batch cannot hold (use mg_irecv_any)", i)
                            : mg__call_check(&c, &g->names, g->rank, g->size);
-        if (!st) {
-            make_req(g, &c, &sub[i]);
-            st = mg__stage_in(&sub[i], g->rank, g->size);
-        }
         if (st) {
-            mg__req batch = {.kind = MG__REQ_BATCH, .sub = sub, .nsub = i};
-            unstage(&batch, false);
             free(sub);
             return st;
         }
+        make_req(g, &c, &sub[i]);
     }
     mg__req batch = {.kind = MG__REQ_BATCH, .sub = sub, .nsub = n};
+    /* Every operation on this GPU: one NCCL group; else each staged. */
+    mg_status st = MG_OK;
+    if (mg__nccl_takes(g->nccl, &batch, g->rank, g->size))
+        st = mg__nccl_issue(g->nccl, &batch, g->rank, g->size);
+    else
+        for (int i = 0; i < n && !st; i++) st = mg__stage_in(&sub[i], g->rank, g->size);
+    if (st) {
+        unstage(&batch, false);
+        free(sub);
+        return st;
+    }
     if (atomic_load(&g->failed)) {
         unstage(&batch, false);
         free(sub);
@@ -434,9 +440,7 @@ mg_status mg__batch(mg_group *g, const mg_p2p_op *ops, int n, const char *file, 
     }
     w->g = g;
     w->heap = true;
-    w->r.kind = MG__REQ_BATCH;
-    w->r.sub = sub;
-    w->r.nsub = n;
+    w->r = batch;
     atomic_init(&w->state, W_QUEUED);
     pthread_mutex_lock(&g->mu);
     enqueue(g, w);

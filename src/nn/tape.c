@@ -316,7 +316,7 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
     t->training = c.training;
     mg__seq_calls k = tape_calls(t, false);
     mg_dk *prev = mg__dk_enter(t->dk);
-    if (t->dk)   /* the input comes from the host */
+    if (t->dk && mg_device_of(x).kind == MG_DEVICE_CPU)   /* from the host: copied in */
         x = mg_dk_feed_in(t->feed, x, (size_t)batch * t->in_per * sizeof(float));
     mg__seq_forward(m->root, &c, x, t->logits, batch, &k);
     mg__dk_leave(prev);
@@ -378,9 +378,10 @@ void mg_tape_backward_from(mg_tape *t, const float *dout)
 {
     MG_ASSERT(t->have_fwd);
     size_t bytes = (size_t)t->batch * t->out_per * sizeof(float);
-    if (t->dk) {   /* dout comes from the host */
+    if (t->dk) {   /* dout comes from the host, or is on the device already */
         mg_dk *prev = mg__dk_enter(t->dk);
-        mg_dk_copy_in(t->dlogits, dout, bytes);
+        if (mg_device_of(dout).kind == MG_DEVICE_CPU) mg_dk_copy_in(t->dlogits, dout, bytes);
+        else mg_dk_copy_floats(t->dlogits, dout, bytes / sizeof(float));
         mg__dk_leave(prev);
     } else {
         memmove(t->dlogits, dout, bytes);

@@ -11,7 +11,12 @@
  * it waits for the batch only when it holds a receive. Tags name the
  * direction, the stage and the micro-batch, so messages cannot be
  * confused, and a failed transfer says which stages and micro-batch it
- * joined.
+ * joined. On a device, a step whose lists also run where a send ends
+ * only with its receive (mg_pipe_simulate_rendezvous: all but interleaved
+ * training of two rounds or more) receives into device memory, so that
+ * between GPUs with NCCL its batches go through NCCL's sends and receives
+ * with no copy through the host; otherwise they receive into host memory
+ * and the batches are staged through it.
  *
  * Parameters: every rank makes the whole model (the same initialisation
  * as one process), keeps its stages' ranges and gives the rest of the
@@ -36,9 +41,15 @@
 #include "parallel/internal.h"
 #include "multigrad/trace.h"
 
+/* A receive buffer and the device it is on (the CPU: host memory). */
+typedef struct recv_buf {
+    float *p;
+    mg_device at;
+} recv_buf;
+
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
-    float *in;            /* its received input (stages > 0) */
+    recv_buf in;          /* its received input (stages > 0) */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
 
@@ -49,7 +60,7 @@ typedef struct chunk {
     int n_free, n_all;
     flight **all;             /* every one made (n_all) */
     flight **mb;              /* [micro-batch]: the one it runs on */
-    float *dout;              /* the received output gradient */
+    recv_buf dout;            /* the received output gradient */
 } chunk;
 
 typedef struct tie {          /* a range this rank shares with another */
@@ -82,6 +93,7 @@ struct mg_pipe {
     mg_pipe_action *acts;
     bool *final_b;            /* per action: its stage's last backward of the step */
     int n_acts, acts_for;
+    bool in_order;            /* the lists run with rendezvous sends: receive on the device */
     /* Called before each backward (final: its stage's last of the step). */
     void (*before_backward)(void *ud, bool final);
     mg_status (*after_backward)(void *ud);
@@ -97,6 +109,31 @@ struct mg_pipe {
 };
 
 static size_t fl(size_t n) { return n * sizeof(float); }
+
+/* Where this step receives: the model's device when its lists allow
+ * (in_order), else host memory. */
+static mg_device recv_device(const mg_pipe *p)
+{
+    return p->in_order ? mg_model_device(p->m) : (mg_device){MG_DEVICE_CPU, 0};
+}
+
+/* b holds `floats` on the step's receiving device (made there, or moved
+ * when the model or the lists changed it). */
+static mg_status recv_ready(const mg_pipe *p, recv_buf *b, size_t floats)
+{
+    mg_device want = recv_device(p);
+    if (b->p && b->at.kind == want.kind && b->at.index == want.index) return MG_OK;
+    if (b->p) mg_device_free(b->at, b->p);
+    b->p = mg_device_alloc(want, fl(floats));
+    b->at = want;
+    return b->p ? MG_OK : mg_error(MG_ENOMEM, "pipeline: out of memory for a receive buffer");
+}
+
+static void recv_free(recv_buf *b)
+{
+    if (b->p) mg_device_free(b->at, b->p);
+    b->p = NULL;
+}
 
 mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
 int mg__pipe_chunks(const mg_pipe *p) { return p->V; }
@@ -232,8 +269,7 @@ mg_status mg__pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, in
         ck->mb = calloc(M, sizeof *ck->mb);
         ck->pool = calloc(M, sizeof *ck->pool);
         ck->all = calloc(M, sizeof *ck->all);
-        ck->dout = mg_alloc(fl((size_t)max_batch * ck->out_per));
-        if (!ck->mb || !ck->pool || !ck->all || !ck->dout)
+        if (!ck->mb || !ck->pool || !ck->all)
             st = mg_error(MG_ENOMEM, "pipeline: out of memory");
         mg_range r = units_range(m, ck->u0, ck->u1);
         if (r.hi > r.lo) p->ranges[p->n_ranges++] = r;
@@ -285,13 +321,13 @@ void mg__pipe_destroy(mg_pipe *p)
         chunk *ck = &p->ch[k];
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
-            mg_free(ck->all[i]->in);
+            recv_free(&ck->all[i]->in);
             free(ck->all[i]);
         }
         free(ck->all);
         free(ck->pool);
         free(ck->mb);
-        mg_free(ck->dout);
+        recv_free(&ck->dout);
     }
     free(p->ch);
     free(p->first);
@@ -455,8 +491,7 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
         f = calloc(1, sizeof *f);
         if (!f) return mg_error(MG_ENOMEM, "pipeline: out of memory");
         mg_status st = mg_tape_create_range(p->m, p->max_batch, ck->u0, ck->u1, &f->t);
-        if (!st && ck->stage > 0 && !(f->in = mg_alloc(fl((size_t)p->max_batch * ck->in_per))))
-            st = mg_error(MG_ENOMEM, "pipeline: out of memory for stage %d's inputs", ck->stage);
+        if (!st && ck->stage > 0) st = recv_ready(p, &f->in, (size_t)p->max_batch * ck->in_per);
         if (st) {
             mg_tape_destroy(f->t);
             free(f);
@@ -465,7 +500,7 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
         ck->all[ck->n_all++] = f;
         /* Tapes are only ever added: the total is the peak. */
         p->stats.activation_bytes += mg_tape_bytes(f->t) +
-                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0);
+                                     (f->in.p ? fl((size_t)p->max_batch * ck->in_per) : 0);
     }
     ck->mb[mb] = f;
     if (++p->held > p->stats.peak_in_flight) p->stats.peak_in_flight = p->held;
@@ -505,6 +540,8 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
     }
     double t0 = mg_trace_on() ? mg_trace_now() : 0;
     mg_work *w = NULL;
+    p->stats.batches++;
+    p->stats.device_batches += recv_device(p).kind != MG_DEVICE_CPU;
     mg_status st = mg_batch_isend_irecv(p->g, ops, n, &w);
     if (!st && recv) {
         st = mg_work_wait(w, -1);
@@ -542,27 +579,19 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
 static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, bool fwd_only,
                      mg_step_result *r);
 
-/* The rank's list for count micro-batches: the schedule's, or without
- * its backwards (forward only: GPipe's forwards, or interleaved's). A
- * list set without deadlock stays so with actions taken out. */
+/* The rank's list for count micro-batches (mg_pipe_lower_step, whose
+ * lists the simulators check with and without backwards). */
 static mg_status lowered(mg_pipe *p, int count, bool fwd_only)
 {
     if (p->acts_for == 2 * count + fwd_only) return MG_OK;
-    mg_pipe_kind k = p->kind;
-    if (fwd_only && k != MG_PIPE_INTERLEAVED) k = MG_PIPE_GPIPE;
-    /* An interleaved step cut short (an epoch's end) with micro-batches
-     * that do not fill rounds of P runs one micro-batch at a time. */
-    if (k == MG_PIPE_INTERLEAVED && count % p->P) k = MG_PIPE_NAIVE;
-    int n = mg_pipe_lower(k, p->P, count, p->V, p->rank, NULL, 0);
-    mg_pipe_action *a = realloc(p->acts, sizeof *a * (size_t)n);
+    int kept = mg_pipe_lower_step(p->kind, p->P, count, p->V, p->rank, fwd_only, NULL, 0);
+    mg_pipe_action *a = realloc(p->acts, sizeof *a * (size_t)(kept ? kept : 1));
     if (!a) return mg_error(MG_ENOMEM, "pipeline: out of memory");
-    mg_pipe_lower(k, p->P, count, p->V, p->rank, a, n);
+    mg_pipe_lower_step(p->kind, p->P, count, p->V, p->rank, fwd_only, a, kept);
     p->acts = a;
-    int kept = 0;
-    for (int i = 0; i < n; i++)
-        if (!fwd_only || a[i].op == MG_PIPE_F || a[i].op == MG_PIPE_SEND_F ||
-            a[i].op == MG_PIPE_RECV_F)
-            a[kept++] = a[i];
+    p->in_order = !mg_pipe_simulate_rendezvous(p->kind, p->P, count, p->V, fwd_only);
+    if (!p->in_order)
+        mg_debug("pipeline: receiving in host memory: %s", mg_last_error());
     bool *final = realloc(p->final_b, sizeof *final * (size_t)(kept ? kept : 1));
     bool *seen = calloc((size_t)p->S, sizeof *seen);
     if (!final || !seen) {
@@ -640,8 +669,8 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
     p->logits = NULL;
     double loss = 0;
     long correct = 0, samples = 0;
-    mg_p2p_op ops[8];
-    mg_pipe_action why[8];
+    mg_p2p_op ops[MG_PIPE_BATCH_MAX];
+    mg_pipe_action why[MG_PIPE_BATCH_MAX];
     int nops = 0;
     double t_step = mg_trace_now(), busy = 0;
     mg_status st = MG_OK;
@@ -652,7 +681,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
         bool last = a->stage == p->S - 1;
         flight *f = ck->mb[mb];
         if (a->op != MG_PIPE_F && a->op != MG_PIPE_B) {
-            MG_ASSERT(nops < 8);
+            MG_ASSERT(nops < MG_PIPE_BATCH_MAX);
             bool fwd = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_F;
             int peer_stage = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B ? a->stage + 1
                                                                                 : a->stage - 1;
@@ -663,8 +692,10 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             switch (a->op) {
             case MG_PIPE_RECV_F:
                 if ((st = take(p, ck, mb))) break;
+                if ((st = recv_ready(p, &ck->mb[mb]->in, (size_t)p->max_batch * ck->in_per)))
+                    break;
                 o.coll = MG_COLL_RECV;
-                o.buf = ck->mb[mb]->in;
+                o.buf = ck->mb[mb]->in.p;
                 o.count = (size_t)n * ck->in_per;
                 break;
             case MG_PIPE_SEND_F:
@@ -676,8 +707,9 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 if (fwd_only) give_back(p, ck, mb, true);
                 break;
             case MG_PIPE_RECV_B:
+                if ((st = recv_ready(p, &ck->dout, (size_t)p->max_batch * ck->out_per))) break;
                 o.coll = MG_COLL_RECV;
-                o.buf = ck->dout;
+                o.buf = ck->dout.p;
                 o.count = (size_t)n * ck->out_per;
                 break;
             default:
@@ -704,7 +736,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             f = ck->mb[mb];
             if (f->sending && fwd_only && (st = wait_sends(p))) break;
             const float *in = ck->stage == 0 ? p->x + (size_t)mb * p->max_batch * p->x_per
-                                             : f->in;
+                                             : f->in.p;
             if (training) mg_tape_pin_step(f->t, base + (uint64_t)mb);
             if (!mg_tape_forward(f->t, in, n)) {
                 st = MG_ENOMEM;
@@ -724,7 +756,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (f->sending && (st = wait_sends(p))) break;
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
-            else mg_tape_backward_from(f->t, ck->dout);
+            else mg_tape_backward_from(f->t, ck->dout.p);
             p->cur_chunk = (int)(ck - p->ch);
             if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);

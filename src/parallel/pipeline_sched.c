@@ -147,6 +147,30 @@ int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action 
     return l.n;
 }
 
+/* The schedule a step of M micro-batches runs (mg_pipe_lower_step). */
+static mg_pipe_kind step_kind(mg_pipe_kind k, int P, int M, int V, bool fwd_only)
+{
+    if (fwd_only && k != MG_PIPE_INTERLEAVED && V == 1) return MG_PIPE_GPIPE;
+    return k == MG_PIPE_INTERLEAVED && M % P ? MG_PIPE_NAIVE : k;
+}
+
+int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_only,
+                       mg_pipe_action *out, int cap)
+{
+    k = step_kind(k, P, M, V, fwd_only);
+    if (!fwd_only) return mg_pipe_lower(k, P, M, V, rank, out, cap);
+    int n = mg_pipe_lower(k, P, M, V, rank, NULL, 0);
+    mg_pipe_action *all = malloc(sizeof *all * (size_t)(n ? n : 1));
+    MG_ASSERT(all);
+    mg_pipe_lower(k, P, M, V, rank, all, n);
+    list l = {out, 0, cap};
+    for (int i = 0; i < n; i++)
+        if (all[i].op == MG_PIPE_F || all[i].op == MG_PIPE_SEND_F || all[i].op == MG_PIPE_RECV_F)
+            put(&l, all[i].stage, all[i].op, all[i].mb);
+    free(all);
+    return l.n;
+}
+
 static const char *const ops[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
 
 void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap)
@@ -185,28 +209,47 @@ static long msg_key(const mg_pipe_action *a, int S, int M)
     return ((long)dir * S + to) * M + a->mb;
 }
 
-mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
-                           mg_pipe_sim *out)
+/* Every rank's list for a step (mg_pipe_lower_step), run by the eager
+ * simulator (tf, tb, out) or the rendezvous one (out NULL). */
+static mg_status simulate(mg_pipe_kind k, int P, int M, int V, bool fwd_only, double tf,
+                          double tb, mg_pipe_sim *out)
 {
-    memset(out, 0, sizeof *out);
-    if (!computable(k, P, M, V)) MG_TRY(mg_pipe_check(k, P, M, V));
+    /* The eager simulator takes the schedule as given (an interleaved M
+     * short of whole rounds is refused); the rendezvous one as a step runs. */
+    mg_pipe_kind as = out ? k : step_kind(k, P, M, V, fwd_only);
+    if (!computable(as, P, M, V)) MG_TRY(mg_pipe_check(as, P, M, V));
     mg_pipe_action *a[64];
     int n[64];
     mg_status st = MG_OK;
     for (int r = 0; r < P; r++) {
-        n[r] = mg_pipe_lower(k, P, M, V, r, NULL, 0);
+        n[r] = mg_pipe_lower_step(k, P, M, V, r, fwd_only, NULL, 0);
         a[r] = malloc(sizeof *a[r] * (size_t)(n[r] ? n[r] : 1));
         if (!a[r]) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
-        else mg_pipe_lower(k, P, M, V, r, a[r], n[r]);
+        else mg_pipe_lower_step(k, P, M, V, r, fwd_only, a[r], n[r]);
     }
-    if (!st) st = mg_pipe_run((const mg_pipe_action *const *)a, n, P, P * V, M, tf, tb, out);
+    const mg_pipe_action *const *ca = (const mg_pipe_action *const *)a;
+    if (!st)
+        st = out ? mg_pipe_run(ca, n, P, P * V, M, tf, tb, out)
+                 : mg_pipe_run_rendezvous(ca, n, P, P * V, M);
     for (int r = 0; r < P; r++) free(a[r]);
     if (st) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mg_last_error());
-        return mg_error(st, "%s: %s", names[k], msg);
+        return mg_error(st, "%s%s: %s", names[k], fwd_only ? " (forwards)" : "", msg);
     }
     return MG_OK;
+}
+
+mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,
+                           mg_pipe_sim *out)
+{
+    memset(out, 0, sizeof *out);
+    return simulate(k, P, M, V, false, tf, tb, out);
+}
+
+mg_status mg_pipe_simulate_rendezvous(mg_pipe_kind k, int P, int M, int V, bool fwd_only)
+{
+    return simulate(k, P, M, V, fwd_only, 0, 0, NULL);
 }
 
 mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
@@ -300,8 +343,10 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
         if ((sent[i] >= 0) != (recvd[i] != 0))
             st = mg_error(MG_EINVAL, "pipeline: message %ld sent but not received or the "
                           "other way round", i);
+    bool backwards = false;   /* lists without any are forwards alone (evaluation) */
+    for (int i = 0; i < S * M; i++) backwards |= bwd[i] != 0;
     for (int i = 0; i < S * M && !st; i++)
-        if (!fwd[i] || !bwd[i])
+        if (!fwd[i] || (backwards && !bwd[i]))
             st = mg_error(MG_EINVAL, "pipeline: stage %d misses micro-batch %d", i / M, i % M);
     if (!st) {
         double busy = 0;
@@ -315,6 +360,147 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
     free(recvd);
     free(fwd);
     free(bwd);
+    return st;
+}
+
+/* ---- the rendezvous simulator --------------------------------------------- */
+
+/* A send or receive of the lists, in its rank's batch. */
+typedef struct {
+    const mg_pipe_action *a;
+    int rank, batch, peer;   /* peer: the rank it goes to or comes from */
+    bool send, done;
+    long key;                /* msg_key */
+    int partner;             /* the op it meets */
+} rv_op;
+
+/* Cuts the lists into the executor's batches: op[] gets every send and
+ * receive, nb[r] rank r's batch count; MG_EINVAL for a batch too long. */
+static mg_status rv_batches(const mg_pipe_action *const *a, const int *n, int P, int S, int M,
+                            rv_op *op, int *nops, int *nb)
+{
+    int k = 0;
+    for (int r = 0; r < P; r++) {
+        nb[r] = 0;
+        int in_batch = 0;
+        for (int i = 0; i < n[r]; i++) {
+            const mg_pipe_action *x = &a[r][i];
+            if (x->op == MG_PIPE_F || x->op == MG_PIPE_B) {
+                in_batch = 0;
+                continue;
+            }
+            if (!in_batch++) nb[r]++;
+            if (in_batch > MG_PIPE_BATCH_MAX) {
+                char one[48];
+                mg_pipe_action_str(x, one, sizeof one);
+                return mg_error(MG_EINVAL, "pipeline: rank %d's batch ending at %s has more "
+                                "than %d sends and receives", r, one, MG_PIPE_BATCH_MAX);
+            }
+            bool send = x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_SEND_B;
+            int to = x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_RECV_B ? x->stage + 1
+                                                                        : x->stage - 1;
+            op[k++] = (rv_op){.a = x, .rank = r, .batch = nb[r] - 1, .peer = to % P,
+                              .send = send, .key = msg_key(x, S, M), .partner = -1};
+        }
+    }
+    *nops = k;
+    return MG_OK;
+}
+
+/* Pairs the k-th send from rank r to q with q's k-th receive from r, as
+ * NCCL does; MG_EINVAL where those are two messages. */
+static mg_status rv_pair(rv_op *op, int nops, int P)
+{
+    /* Per pair (sender, receiver), its sends and its receives as lists in
+     * posting order: the first of each, and each op's next. */
+    int pairs = P * P;
+    int *head_s = malloc(sizeof(int) * (size_t)pairs);
+    int *head_r = malloc(sizeof(int) * (size_t)pairs);
+    int *next = malloc(sizeof(int) * (size_t)(nops ? nops : 1));
+    mg_status st = head_s && head_r && next ? MG_OK
+                                            : mg_error(MG_ENOMEM, "pipeline: out of memory");
+    for (int i = 0; i < pairs && !st; i++) head_s[i] = head_r[i] = -1;
+    for (int i = nops - 1; i >= 0 && !st; i--) {
+        int pair = op[i].send ? op[i].rank * P + op[i].peer : op[i].peer * P + op[i].rank;
+        int *head = op[i].send ? head_s : head_r;
+        next[i] = head[pair];
+        head[pair] = i;
+    }
+    for (int pair = 0; pair < pairs && !st; pair++) {
+        int s = head_s[pair], r = head_r[pair];
+        for (int k = 0; (s >= 0 || r >= 0) && !st; k++, s = s >= 0 ? next[s] : -1,
+                 r = r >= 0 ? next[r] : -1) {
+            if (s >= 0 && r >= 0 && op[s].key == op[r].key) {
+                op[s].partner = r;
+                op[r].partner = s;
+                continue;
+            }
+            char a[48] = "nothing", b[48] = "nothing";
+            if (s >= 0) mg_pipe_action_str(op[s].a, a, sizeof a);
+            if (r >= 0) mg_pipe_action_str(op[r].a, b, sizeof b);
+            st = mg_error(MG_EINVAL, "pipeline: rank %d's message %d to rank %d is %s, but "
+                          "rank %d's receive %d from rank %d is %s: matched in the order "
+                          "posted (NCCL), they would cross", pair / P, k, pair % P, a, pair % P,
+                          k, pair / P, b);
+        }
+    }
+    free(head_s);
+    free(head_r);
+    free(next);
+    return st;
+}
+
+mg_status mg_pipe_run_rendezvous(const mg_pipe_action *const *a, const int *n, int P, int S,
+                                 int M)
+{
+    mg_pipe_sim sim;
+    MG_TRY(mg_pipe_run(a, n, P, S, M, 1, 1, &sim));
+    long total = 0;
+    for (int r = 0; r < P; r++) total += n[r];
+    rv_op *op = malloc(sizeof *op * (size_t)(total ? total : 1));
+    int *left = calloc((size_t)(total ? total : 1), sizeof *left);   /* per (rank, batch) */
+    int nops = 0, nb[64], first[65], head[64];
+    mg_status st = op && left ? MG_OK : mg_error(MG_ENOMEM, "pipeline: out of memory");
+    if (!st) st = rv_batches(a, n, P, S, M, op, &nops, nb);
+    if (!st) st = rv_pair(op, nops, P);
+    first[0] = 0;
+    for (int r = 0; r < P; r++) {
+        first[r + 1] = first[r] + (st ? 0 : nb[r]);
+        head[r] = 0;
+    }
+    for (int i = 0; i < nops && !st; i++) left[first[op[i].rank] + op[i].batch]++;
+    /* Rounds: every message whose batch and partner's batch both run
+     * meets it; finished batches give way to the next. */
+    for (bool moved = true; moved && !st;) {
+        moved = false;
+        for (int i = 0; i < nops; i++) {
+            rv_op *x = &op[i], *y = &op[x->partner];
+            if (x->done || x->batch != head[x->rank] || y->batch != head[y->rank]) continue;
+            x->done = y->done = true;
+            left[first[x->rank] + x->batch]--;
+            left[first[y->rank] + y->batch]--;
+            moved = true;
+        }
+        for (int r = 0; r < P; r++)
+            while (head[r] < nb[r] && !left[first[r] + head[r]]) head[r]++;
+    }
+    bool stuck = false;
+    for (int r = 0; r < P && !st; r++) stuck |= head[r] < nb[r];
+    if (stuck) {
+        char what[512] = "";
+        size_t w = 0;
+        for (int i = 0; i < nops && w + 1 < sizeof what; i++)
+            if (!op[i].done && op[i].batch == head[op[i].rank]) {
+                char one[48];
+                mg_pipe_action_str(op[i].a, one, sizeof one);
+                w += (size_t)snprintf(what + w, sizeof what - w, " rank %d waits at %s;",
+                                      op[i].rank, one);
+            }
+        st = mg_error(MG_EINVAL, "pipeline (%d ranks, %d stages, %d micro-batches) deadlocks "
+                      "when a send waits for its receive:%s", P, S, M, what);
+    }
+    free(op);
+    free(left);
     return st;
 }
 
