@@ -16,7 +16,9 @@
  * training of two rounds or more) receives into device memory, so that
  * between GPUs with NCCL its batches go through NCCL's sends and receives
  * with no copy through the host; otherwise they receive into host memory
- * and the batches are staged through it.
+ * and the batches are staged through it, their sends copied to host
+ * memory first (a batch wholly on the GPU would go through NCCL, and
+ * must meet batches that do).
  *
  * Parameters: every rank makes the whole model (the same initialisation
  * as one process), keeps its stages' ranges and gives the rest of the
@@ -50,6 +52,7 @@ typedef struct recv_buf {
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
     recv_buf in;          /* its received input (stages > 0) */
+    float *send_host;     /* on a device receiving in host memory: what it sends, copied */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
 
@@ -322,6 +325,7 @@ void mg__pipe_destroy(mg_pipe *p)
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
             recv_free(&ck->all[i]->in);
+            mg_free(ck->all[i]->send_host);
             free(ck->all[i]);
         }
         free(ck->all);
@@ -454,6 +458,25 @@ static mg_status wait_sends(mg_pipe *p)
     for (int k = 0; k < p->V; k++)
         for (int i = 0; i < p->ch[k].n_all; i++) p->ch[k].all[i]->sending = false;
     return st;
+}
+
+/* What a send of `floats` at src reads: src, or on a device whose step
+ * receives in host memory, a copy in the flight's host buffer (once the
+ * flight's last send from it is done), so that the step's batches all
+ * take the host path. */
+static mg_status send_from(mg_pipe *p, chunk *ck, flight *f, const float *src, size_t floats,
+                           void **out)
+{
+    mg_device d = mg_model_device(p->m);
+    *out = (void *)src;
+    if (d.kind == MG_DEVICE_CPU || p->in_order) return MG_OK;
+    if (f->sending) MG_TRY(wait_sends(p));
+    size_t most = ck->in_per > ck->out_per ? ck->in_per : ck->out_per;
+    if (!f->send_host && !(f->send_host = mg_alloc(fl((size_t)p->max_batch * most))))
+        return mg_error(MG_ENOMEM, "pipeline: out of memory for a send's host copy");
+    MG_TRY(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, f->send_host, d, src, fl(floats)));
+    *out = f->send_host;
+    return MG_OK;
 }
 
 static void give_back(mg_pipe *p, chunk *ck, int mb, bool sending)
@@ -700,8 +723,8 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 break;
             case MG_PIPE_SEND_F:
                 o.coll = MG_COLL_SEND;
-                o.buf = (void *)mg_tape_logits(f->t);
                 o.count = (size_t)n * ck->out_per;
+                if ((st = send_from(p, ck, f, mg_tape_logits(f->t), o.count, &o.buf))) break;
                 /* Forward only: done with it (the next forward on it
                  * first waits for the send). */
                 if (fwd_only) give_back(p, ck, mb, true);
@@ -717,8 +740,9 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                  * gradient, which the send reads, is written only by a
                  * backward: the next one on it first waits for the send. */
                 o.coll = MG_COLL_SEND;
-                o.buf = (void *)mg_tape_input_grad(f->t);
                 o.count = (size_t)n * ck->in_per;
+                if ((st = send_from(p, ck, f, mg_tape_input_grad(f->t), o.count, &o.buf)))
+                    break;
                 give_back(p, ck, mb, true);
                 break;
             }
