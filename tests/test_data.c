@@ -167,9 +167,19 @@ TEST(data_dataset_errors_name_file_and_fix)
     mgt_make_dataset(dir, "t10k", 12, 4, 3, 11, -1);              /* counts disagree */
     CHECK_ERR(mg_dataset_load(dir, false, &ds), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "t10k-labels-idx1-ubyte") && strstr(mg_last_error(), "12"));
+    CHECK_ERR(mg_dataset_load_shape(dir, false, &ds), MG_EFORMAT);   /* the headers: the same */
+    CHECK(strstr(mg_last_error(), "t10k-labels-idx1-ubyte") && strstr(mg_last_error(), "12"));
     mgt_make_dataset(dir, "t10k", 12, 4, 3, 12, 5);               /* label 10 */
     CHECK_ERR(mg_dataset_load(dir, false, &ds), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "label 10"));
+    /* The shape alone (a parameter server's): n, h, w; nothing inflated,
+     * so a label out of range is not seen; the model's input is checked. */
+    CHECK_OK(mg_dataset_load_shape(dir, false, &ds));
+    CHECK(ds->n == 12 && ds->h == 4 && ds->w == 3 && !ds->images && !ds->labels);
+    CHECK_OK(mg_dataset_check_input(ds, "m", 1, 4, 3, 10));
+    CHECK_ERR(mg_dataset_check_input(ds, "m", 1, 28, 28, 10), MG_EMISMATCH);
+    mg_dataset_destroy(ds);
+    CHECK_ERR(mg_dataset_load_shape("/nonexistent/fashion", true, &ds), MG_EIO);
     mg_dataset_destroy(NULL);
 }
 

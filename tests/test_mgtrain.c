@@ -1216,6 +1216,44 @@ TEST_T(mgtrain_ps_checkpoints_move_to_ddp_and_back, 180)
     }
 }
 
+/* An image model under --parallel ps (2 workers, 1 server, one epoch of
+ * mlp): the server loads the data set's shape alone and counts its steps'
+ * batches from it (MG_VERBOSE says so), its peak RSS below each worker's
+ * (before: above, with the images and a loader of its own), and the
+ * figures are DDP's on the 2 workers. */
+TEST_T(mgtrain_ps_server_counts_images_without_loading_them, 120)
+{
+    char bin[512], run[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    double loss[2] = {0, 0};
+    for (int ps = 0; ps < 2; ps++) {
+        int rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n %d %s --model mlp --epochs 1 --parallel %s",
+                        run, ps ? 3 : 2, bin, ps ? "ps" : "ddp");
+        const char *f = strstr(out, "final: test accuracy");
+        const char *tl = f ? strstr(f, "test loss ") : NULL;
+        CHECK_MSG(rc == 0 && tl && sscanf(tl, "test loss %lf", &loss[ps]) == 1, "%s", out);
+        if (ps) {
+            CHECK_MSG(strstr(out, "rank 2, a parameter server: the data set's shape alone"),
+                      "%s", out);
+            double rss[3] = {0, 0, 0};
+            for (const char *l = strstr(out, "mgtrain: rank "); l;
+                 l = strstr(l + 1, "mgtrain: rank ")) {
+                int r;
+                const char *p = strstr(l, "peak RSS ");
+                if (sscanf(l, "mgtrain: rank %d", &r) == 1 && r >= 0 && r < 3 && p &&
+                    p < strchr(l, '\n'))
+                    rss[r] = atof(p + strlen("peak RSS "));
+            }
+            printf("peak RSS MB: workers %.1f and %.1f, server %.1f\n", rss[0], rss[1], rss[2]);
+            CHECK_MSG(rss[2] > 0 && rss[2] < rss[0] && rss[2] < rss[1], "%s", out);
+        }
+        free(out);
+    }
+    CHECK_MSG(fabs(loss[1] - loss[0]) <= 1e-3 * loss[0], "ps: test loss %.4f, ddp %.4f", loss[1],
+              loss[0]);
+}
+
 /* A killed worker or server of a parameter server's job is named within
  * seconds and the job stops (mgrun's doing; --elastic, where the others
  * go on without a worker, is to come). */

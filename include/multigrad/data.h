@@ -39,8 +39,8 @@ typedef enum {
 typedef struct mg_dataset {
     int n;             /* images */
     int h, w;          /* 28 x 28 */
-    uint8_t *images;   /* n * h * w */
-    uint8_t *labels;   /* n */
+    uint8_t *images;   /* n * h * w (NULL: the shape alone, mg_dataset_load_shape) */
+    uint8_t *labels;   /* n (NULL likewise) */
     char *path;        /* the images file (for messages) */
 } mg_dataset;
 /* Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] from dir (the
@@ -49,6 +49,11 @@ typedef struct mg_dataset {
  * /usr/share/datasets/fashion-mnist; errors say how to install the data
  * set or pass --data DIR. */
 mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out);
+/* The same files' shape alone: n, h and w from their headers, checked as
+ * mg_dataset_load checks them, images and labels NULL (nothing inflated):
+ * for a rank that only counts the batches, as a parameter server does.
+ * mg_dataset_gather must not be called on it. */
+mg_status mg_dataset_load_shape(const char *dir, bool train, mg_dataset **out);
 void mg_dataset_destroy(mg_dataset *ds);
 /* Whether a model whose input is c x h x w floats per image (an MLP:
  * 1 x 1 x h*w) and which tells `classes` classes apart can take the data

@@ -42,7 +42,8 @@ static mg_status check_pair(const char *ipath, const char *lpath, const mg_idx *
     return MG_OK;
 }
 
-mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
+/* The data set (whole: its bytes too, else its shape alone). */
+static mg_status load(const char *dir, bool train, bool whole, mg_dataset **out)
 {
     *out = NULL;
     const char *split = train ? "train" : "t10k";
@@ -64,11 +65,14 @@ mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
     MG_TRY(mg_idx_load_header(ipath, &im));
     MG_TRY(mg_idx_load_header(lpath, &lb));
     MG_TRY(check_pair(ipath, lpath, &im, &lb));
-    MG_TRY(mg_idx_load(ipath, &im));
-    mg_status st = mg_idx_load(lpath, &lb);
-    if (!st) st = check_pair(ipath, lpath, &im, &lb);   /* a file may have changed since */
-    if (st) goto fail;
-    for (size_t i = 0; i < lb.size; i++)
+    mg_status st = MG_OK;
+    if (whole) {
+        MG_TRY(mg_idx_load(ipath, &im));
+        st = mg_idx_load(lpath, &lb);
+        if (!st) st = check_pair(ipath, lpath, &im, &lb);   /* a file may have changed since */
+        if (st) goto fail;
+    }
+    for (size_t i = 0; whole && i < lb.size; i++)
         if (lb.data[i] >= NUM_CLASSES) {
             st = mg_error(MG_EFORMAT, "%s: label %u of image %zu is not a class 0..%d",
                           lpath, lb.data[i], i, NUM_CLASSES - 1);
@@ -92,6 +96,16 @@ fail:
     mg_idx_free(&im);
     mg_idx_free(&lb);
     return st;
+}
+
+mg_status mg_dataset_load(const char *dir, bool train, mg_dataset **out)
+{
+    return load(dir, train, true, out);
+}
+
+mg_status mg_dataset_load_shape(const char *dir, bool train, mg_dataset **out)
+{
+    return load(dir, train, false, out);
 }
 
 void mg_dataset_destroy(mg_dataset *ds)
@@ -122,7 +136,7 @@ mg_status mg_dataset_check_input(const mg_dataset *ds, const char *model, int c,
                         "images of that size (Fashion-MNIST and MNIST are 28x28), or another "
                         "--model", ds->path, ds->h, ds->w, model, c, h, w, c * h * w,
                         c * h * w == 1 ? "" : "s");
-    for (int i = 0; i < ds->n; i++)
+    for (int i = 0; ds->labels && i < ds->n; i++)
         if (ds->labels[i] >= classes)
             return mg_error(MG_EMISMATCH, "data set %s: label %u of image %d is not one of "
                             "model %s's %d classes", ds->path, ds->labels[i], i, model, classes);
@@ -133,6 +147,7 @@ mg_status mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
                             mg_scaling scaling, float *x, size_t x_len, int32_t *y)
 {
     MG_ASSERT(scaling == MG_SCALE_UNIT || scaling == MG_SCALE_NORMAL);
+    MG_ASSERT(ds->images);   /* not a shape alone */
     size_t hw = (size_t)ds->h * (size_t)ds->w;
     if (n < 0 || (size_t)n > x_len / hw)
         return mg_error(MG_EINVAL, "gather: %d images of %dx%d from %s do not fit in %zu "

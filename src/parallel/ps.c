@@ -118,7 +118,7 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     /* The runs first: every rank finds the same mistake before the split. */
     MG_TRY(cut_runs(j));
     if (j->elastic) MG_TRY(mg_group_contain_peer_failures(j->g));
-    bool is_server = rank >= j->workers;
+    bool is_server = mg__ps_is_server(rank, world, j->servers);
     MG_TRY(mg_group_split(j->g, is_server, rank, &j->role));
     *mine = is_server == server;
     if (*mine) mg_group_set_name(j->role, server ? "ps" : "workers");

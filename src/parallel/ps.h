@@ -32,6 +32,15 @@ typedef struct {
     mg_group *job_left, *role_left;
 } ps_job;
 
+/* Whether rank `rank` of a job of `world` ranks is one of its `servers`
+ * servers: the last ones. A server takes no data: it only counts the
+ * batches of worker 0's share (the trainer loads the data set's shape
+ * alone for it). */
+static inline bool mg__ps_is_server(int rank, int world, int servers)
+{
+    return servers >= 1 && rank >= world - servers;
+}
+
 /* A role's state (size bytes, its ps_job first) on the ranks of that
  * role; *state stays NULL on the others (the component drops itself).
  * Collective over the job. */

@@ -163,8 +163,9 @@ static bool step_in(const ps_server *v, long k)
  * remains has pushed this one. Under a bound, update `version`: the mean
  * of the step's pushes into the gradients of this server's run (the
  * strategy's step goes on from there). The server's source is worker 0's
- * share: it reads (and drops) its micro-batches, so that it knows a step
- * has none (the end of an epoch) as the workers do. */
+ * share, counted (the trainer loads an image data set's shape alone for
+ * a server: its micro-batches come without data), so that it knows a
+ * step has none (the end of an epoch) as the workers do. */
 static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int max_micro,
                                  mg_step_result *r)
 {
@@ -230,7 +231,7 @@ static mg_status server_evaluate(void *c, mg_batch_source next, void *ud, mg_ste
 static void server_share(void *c, bool eval, int *rank, int *size)
 {
     (void)eval;
-    *rank = 0;   /* the steps of worker 0's share; it takes no data */
+    *rank = 0;   /* the steps of worker 0's share, counted: it takes no data */
     *size = ((ps_server *)c)->j.workers;
 }
 

@@ -36,12 +36,15 @@ typedef struct {
     int32_t *x, *y;
 } source;
 
+/* The loader's next micro-batch; without a loader (a data set's shape
+ * alone: a parameter server) its size alone, the data NULL. */
 static bool next_images(void *ud, mg_micro_batch *b)
 {
     source *s = ud;
-    const float *x;
-    const int32_t *y;
-    int n = mg_loader_next(s->loader, &x, &y);
+    const float *x = NULL;
+    const int32_t *y = NULL;
+    int n = !s->loader ? (int)(s->left < s->batch ? s->left : s->batch)
+                       : mg_loader_next(s->loader, &x, &y);
     if (n <= 0) return false;
     s->left -= n;
     *b = (mg_micro_batch){x, y, n, s->left <= 0};
@@ -136,9 +139,11 @@ static bool next_test(void *ud, mg_micro_batch *b)
     if (s->at >= s->end) return false;
     int n = s->end - s->at < s->batch ? s->end - s->at : s->batch;
     for (int k = 0; k < n; k++) s->idx[k] = s->at + k;
-    if (mg_dataset_gather(s->test, s->idx, n, s->sc, s->x, s->x_len, s->y)) return false;
+    bool counted = !s->test->images;   /* a shape alone: the batch's size alone */
+    if (!counted && mg_dataset_gather(s->test, s->idx, n, s->sc, s->x, s->x_len, s->y))
+        return false;
     s->at += n;
-    *b = (mg_micro_batch){s->x, s->y, n, false};
+    *b = (mg_micro_batch){counted ? NULL : s->x, counted ? NULL : s->y, n, false};
     return true;
 }
 
@@ -244,19 +249,19 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
                                  c->batch * c->accumulate, true, c->seed)
         : mg_sampler_init(&sampler, t->train->n, t->info.dp_rank, t->info.dp_size, true, c->seed,
                           false);
-    if (!st)
+    if (!st && t->train->images)   /* else a shape alone: counted (next_images) */
         st = mg_loader_create(t->train, t->info.local,
                               c->normalized_input ? MG_SCALE_NORMAL : MG_SCALE_UNIT, &loader);
     for (int e = (int)t->info.start_epoch; !st && e < c->epochs; e++) {
         int n_local;
         mg_sampler_set_epoch(&sampler, e);
         const int32_t *order = mg_sampler_indices(&sampler, &n_local);
-        mg_loader_start(loader, order, n_local, t->info.local, 0);
+        if (loader) mg_loader_start(loader, order, n_local, t->info.local, 0);
         double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
         double t0 = mg_now(), lr = c->lr;
         mg_train_progress p = {.epoch = e, .epochs = c->epochs, .total = t->train->n,
                                .per_item = 1, .unit = "img", .started = t0};
-        source src = {.loader = loader, .left = n_local};
+        source src = {.loader = loader, .left = n_local, .batch = t->info.local};
         for (;;) {
             mg_step_result sr;
             lr = mg_schedule_lr(&t->sched, step);

@@ -15,6 +15,7 @@
 #include "multigrad/trace.h"
 #include "multigrad/planner.h"
 #include "multigrad/train.h"
+#include "parallel/ps.h"
 #include "train_internal.h"
 
 
@@ -322,18 +323,27 @@ static mg_status check_outputs(mg_trainer *t)
 }
 
 /* The data: text is open already; images are loaded, and both are the
- * same on every rank. */
+ * same on every rank. A parameter server takes no data: it loads the
+ * images' shape alone, to count the batches of its steps. */
 static mg_status load_data(mg_trainer *t)
 {
     const mg_train_config *c = &t->c;
     char data[128];
+    bool counts = c->strategy == MG_STRATEGY_PS &&
+                  mg__ps_is_server(t->info.rank, t->info.world, c->ps_servers);
+    mg_status (*load)(const char *, bool, mg_dataset **) =
+        counts ? mg_dataset_load_shape : mg_dataset_load;
     if (c->text) {
         snprintf(data, sizeof data, "data=with %zu bytes", mg_text_size(t->text));
         t->info.text_bytes = mg_text_size(t->text);
         t->info.text_train_bytes = mg_text_train_size(t->text);
     } else {
-        if (!c->eval_only) MG_TRY(mg_dataset_load(c->data, true, &t->train));
-        MG_TRY(mg_dataset_load(c->data, false, &t->test));
+        if (!c->eval_only) MG_TRY(load(c->data, true, &t->train));
+        MG_TRY(load(c->data, false, &t->test));
+        if (counts)
+            mg_debug("rank %d, a parameter server: the data set's shape alone (%d and %d "
+                     "images counted, not loaded)", t->info.rank, t->train ? t->train->n : 0,
+                     t->test->n);
         t->info.train_samples = t->train ? t->train->n : 0;
         t->info.test_samples = t->test->n;
         snprintf(data, sizeof data, "data=with %ld+%ld images of %dx%d", t->info.train_samples,
