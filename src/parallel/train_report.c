@@ -104,10 +104,15 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
     if (!mg_verbose()) return;
     mg_memory_stats ms = mg_strategy_memory(t->s, t->opt);
     double n = t->info.steps_run ? (double)t->info.steps_run : 1;
+    /* The data held: the text, or the images and labels loaded (none on
+     * a parameter server, which loads their shape alone). */
+    double data = t->text ? (double)mg_text_size(t->text) : 0;
+    for (const mg_dataset *d = t->train; !t->text && d; d = d == t->train ? t->test : NULL)
+        if (d->images) data += (double)d->n * (d->h * d->w + 1);
     fprintf(f, "%s: rank %d %s: peak MB parameters %.1f gradients %.1f optimizer %.1f "
-            "activations %.1f; per step MB sent %.3f received %.3f; peak RSS %.1f MB\n", me,
-            rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6, ms.optim / 1e6,
-            ms.activations / 1e6, (double)t->info.step_sent / n / 1e6,
+            "activations %.1f data %.1f; per step MB sent %.3f received %.3f; peak RSS %.1f "
+            "MB\n", me, rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6,
+            ms.optim / 1e6, ms.activations / 1e6, data / 1e6, (double)t->info.step_sent / n / 1e6,
             (double)t->info.step_received / n / 1e6, mg_peak_rss() / 1e6);
     if (t->mesh) {   /* what each dimension moved, and the time its operations took */
         char line[512];   /* one write: the ranks' lines must not interleave */
