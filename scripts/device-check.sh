@@ -17,7 +17,9 @@ log=${OUT:-/tmp}/device.log
 exec > >(tee "$log") 2>&1
 t0=$(date +%s)
 for f in build libs fortunes; do
-    [ -f .dev/$f.tar.xz ] || { echo "device-check: .dev/$f.tar.xz missing: run scripts/device-pack.sh here first, and carry .dev"; exit 2; }
+    [ -f .dev/$f.tar.xz ] && continue
+    echo "device-check: .dev/$f.tar.xz missing: run scripts/device-pack.sh first, carry .dev"
+    exit 2
 done
 tar -xJf .dev/build.tar.xz
 tar -xJf .dev/libs.tar.xz -C /tmp

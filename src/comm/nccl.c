@@ -581,8 +581,10 @@ static ncclResult_t launch_batch(mg__nccl *n, const mg__req *r, double deadline)
         ncclDataType_t t = ncclFloat32;
         nc_type(c->dtype, &t);
         if (!c->count) continue;
-        rc = c->coll == MG_COLL_SEND ? nc.send(c->sendbuf, c->count, t, c->root, n->comm, n->stream)
-                                     : nc.recv(c->recvbuf, c->count, t, c->root, n->comm, n->stream);
+        if (c->coll == MG_COLL_SEND)
+            rc = nc.send(c->sendbuf, c->count, t, c->root, n->comm, n->stream);
+        else
+            rc = nc.recv(c->recvbuf, c->count, t, c->root, n->comm, n->stream);
     }
     ncclResult_t end = nc.group_end();
     if (rc == ncclSuccess) rc = end;
