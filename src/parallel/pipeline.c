@@ -43,15 +43,9 @@
 #include "parallel/internal.h"
 #include "multigrad/trace.h"
 
-/* A receive buffer and the device it is on (the CPU: host memory). */
-typedef struct recv_buf {
-    float *p;
-    mg_device at;
-} recv_buf;
-
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
-    recv_buf in;          /* its received input (stages > 0) */
+    float *in;            /* its received input (stages > 0; on recv_device) */
     float *send_host;     /* on a device receiving in host memory: what it sends, copied */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
@@ -63,7 +57,7 @@ typedef struct chunk {
     int n_free, n_all;
     flight **all;             /* every one made (n_all) */
     flight **mb;              /* [micro-batch]: the one it runs on */
-    recv_buf dout;            /* the received output gradient */
+    float *dout;              /* the received output gradient (on recv_device) */
 } chunk;
 
 typedef struct tie {          /* a range this rank shares with another */
@@ -120,22 +114,20 @@ static mg_device recv_device(const mg_pipe *p)
     return p->in_order ? mg_model_device(p->m) : (mg_device){MG_DEVICE_CPU, 0};
 }
 
-/* b holds `floats` on the step's receiving device (made there, or moved
+/* *b holds `floats` on the step's receiving device (made there, or moved
  * when the model or the lists changed it). */
-static mg_status recv_ready(const mg_pipe *p, recv_buf *b, size_t floats)
+static mg_status recv_ready(const mg_pipe *p, float **b, size_t floats)
 {
-    mg_device want = recv_device(p);
-    if (b->p && b->at.kind == want.kind && b->at.index == want.index) return MG_OK;
-    if (b->p) mg_device_free(b->at, b->p);
-    b->p = mg_device_alloc(want, fl(floats));
-    b->at = want;
-    return b->p ? MG_OK : mg_error(MG_ENOMEM, "pipeline: out of memory for a receive buffer");
+    mg_device want = recv_device(p), at = mg_device_of(*b);
+    if (*b && at.kind == want.kind && at.index == want.index) return MG_OK;
+    if (*b) mg_device_free(at, *b);
+    *b = mg_device_alloc(want, fl(floats));
+    return *b ? MG_OK : mg_error(MG_ENOMEM, "pipeline: out of memory for a receive buffer");
 }
 
-static void recv_free(recv_buf *b)
+static void recv_free(float *b)
 {
-    if (b->p) mg_device_free(b->at, b->p);
-    b->p = NULL;
+    if (b) mg_device_free(mg_device_of(b), b);
 }
 
 mg_group *mg__pipe_group(const mg_pipe *p) { return p->g; }
@@ -324,14 +316,14 @@ void mg__pipe_destroy(mg_pipe *p)
         chunk *ck = &p->ch[k];
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
-            recv_free(&ck->all[i]->in);
+            recv_free(ck->all[i]->in);
             mg_free(ck->all[i]->send_host);
             free(ck->all[i]);
         }
         free(ck->all);
         free(ck->pool);
         free(ck->mb);
-        recv_free(&ck->dout);
+        recv_free(ck->dout);
     }
     free(p->ch);
     free(p->first);
@@ -523,7 +515,7 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
         ck->all[ck->n_all++] = f;
         /* Tapes are only ever added: the total is the peak. */
         p->stats.activation_bytes += mg_tape_bytes(f->t) +
-                                     (f->in.p ? fl((size_t)p->max_batch * ck->in_per) : 0);
+                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0);
     }
     ck->mb[mb] = f;
     if (++p->held > p->stats.peak_in_flight) p->stats.peak_in_flight = p->held;
@@ -718,7 +710,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 if ((st = recv_ready(p, &ck->mb[mb]->in, (size_t)p->max_batch * ck->in_per)))
                     break;
                 o.coll = MG_COLL_RECV;
-                o.buf = ck->mb[mb]->in.p;
+                o.buf = ck->mb[mb]->in;
                 o.count = (size_t)n * ck->in_per;
                 break;
             case MG_PIPE_SEND_F:
@@ -732,7 +724,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             case MG_PIPE_RECV_B:
                 if ((st = recv_ready(p, &ck->dout, (size_t)p->max_batch * ck->out_per))) break;
                 o.coll = MG_COLL_RECV;
-                o.buf = ck->dout.p;
+                o.buf = ck->dout;
                 o.count = (size_t)n * ck->out_per;
                 break;
             default:
@@ -760,7 +752,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             f = ck->mb[mb];
             if (f->sending && fwd_only && (st = wait_sends(p))) break;
             const float *in = ck->stage == 0 ? p->x + (size_t)mb * p->max_batch * p->x_per
-                                             : f->in.p;
+                                             : f->in;
             if (training) mg_tape_pin_step(f->t, base + (uint64_t)mb);
             if (!mg_tape_forward(f->t, in, n)) {
                 st = MG_ENOMEM;
@@ -780,7 +772,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (f->sending && (st = wait_sends(p))) break;
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
-            else mg_tape_backward_from(f->t, ck->dout.p);
+            else mg_tape_backward_from(f->t, ck->dout);
             p->cur_chunk = (int)(ck - p->ch);
             if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);

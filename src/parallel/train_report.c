@@ -107,8 +107,9 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
     /* The data held: the text, or the images and labels loaded (none on
      * a parameter server, which loads their shape alone). */
     double data = t->text ? (double)mg_text_size(t->text) : 0;
-    for (const mg_dataset *d = t->train; !t->text && d; d = d == t->train ? t->test : NULL)
-        if (d->images) data += (double)d->n * (d->h * d->w + 1);
+    const mg_dataset *sets[2] = {t->train, t->test};
+    for (int i = 0; i < 2 && !t->text; i++)
+        if (sets[i] && sets[i]->images) data += (double)sets[i]->n * (sets[i]->h * sets[i]->w + 1);
     fprintf(f, "%s: rank %d %s: peak MB parameters %.1f gradients %.1f optimizer %.1f "
             "activations %.1f data %.1f; per step MB sent %.3f received %.3f; peak RSS %.1f "
             "MB\n", me, rank, mg_strategy_name(t->s), ms.params / 1e6, ms.grads / 1e6,
