@@ -11,10 +11,12 @@
 # 2. mgtrain on 2 ranks, through NCCL and staged: gpt-mini with DDP, and
 #    the main job (lenet-d2l, DDP, its 10 epochs).
 # 3. A 2-stage pipeline (issue 36): mgtrain pp=2 (1F1B, 4 micro-batches)
-#    of gpt-mini and of the 85M shape, its stages' batches of sends and
-#    receives through NCCL (received in GPU memory) against the same
-#    staged through the host (MG_NCCL=off); --verbose prints each rank's
-#    batches received in device memory and its busy share of the step.
+#    of gpt-mini and of the 85M shape, and interleaved (2 chunks, 4
+#    micro-batches: two rounds, in lock-step) of gpt-mini, its stages'
+#    batches of sends and receives through NCCL (received in GPU memory)
+#    against the same staged through the host (MG_NCCL=off); --verbose
+#    prints each rank's batches received in device memory and its busy
+#    share of the step.
 #
 # On a machine with one GPU the ranks share it, which NCCL refuses for
 # ranks of one host: each rank is then told it is a host of its own
@@ -73,4 +75,9 @@ want pipeline && for shape in "$g" "$big"; do
         MG_NCCL=$m wrap "$tools/mgtrain" $shape --device cuda --mesh pp=2 --micro-batches 4 \
             --verbose | grep -E "collectives|pipeline|final"
     done
+done
+want pipeline && for m in on off on off; do
+    echo "== mgtrain pp=2 (interleaved, 2 chunks, 4 micro-batches), MG_NCCL=$m: ${g#--model }"
+    MG_NCCL=$m wrap "$tools/mgtrain" $g --device cuda --mesh pp=2 --pp-schedule interleaved \
+        --chunks 2 --micro-batches 4 --verbose | grep -E "collectives|pipeline|final"
 done

@@ -346,8 +346,7 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
  * is a host of its own (NCCL_HOSTID), as NCCL refuses two ranks on one
  * GPU of one host; the data-parallel sub-groups of a mesh use it too, and
  * a pipeline's stages send and receive through it (1F1B over pp=2 x
- * dp=2, GPipe over pp=2; interleaved's training of two rounds staged, its
- * sends copied to the host). 10 steps with a checkpoint at step 5 equal one
+ * dp=2, GPipe over pp=2, interleaved's two rounds in lock-step). 10 steps with a checkpoint at step 5 equal one
  * process on the CPU (a pipeline's 2 micro-batches: one process's
  * --batch 6 --accumulate 2). */
 TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
@@ -374,16 +373,14 @@ TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
                     runs[i].n, bin, runs[i].args, other);
         CHECK_MSG(rc == 0 && strstr(out, "collectives on GPU memory: NCCL"), "%s", out);
         /* A pipeline's stages exchange through NCCL's sends and receives:
-         * every batch received in device memory on a group through NCCL;
-         * interleaved's training steps of two rounds through the host, its
-         * evaluation through NCCL. */
+         * every batch received in device memory on a group through NCCL,
+         * interleaved's of two rounds too (in lock-step). */
         const char *pl = strstr(out, " batches of sends and receives received in device memory");
         long on_dev = 0, all = 0;
         while (pl && pl > out && pl[-1] != '\n') pl--;   /* its line */
         bool counted = pl && sscanf(pl, "%*s rank %*d pipeline: %ld of %ld", &on_dev, &all) == 2;
-        bool whole = strstr(runs[i].args, "interleaved") ? on_dev < all : on_dev == all;
         CHECK_MSG(!strstr(runs[i].args, "pp=") ||
-                      (counted && on_dev > 0 && whole && strstr(out, "device path: nccl")),
+                      (counted && on_dev > 0 && on_dev == all && strstr(out, "device path: nccl")),
                   "%s", out);
         free(out);
         double worst, d = ckpt_rel_diff(other, strstr(runs[i].args, "pp=") ? acc : ref, &worst);

@@ -66,7 +66,12 @@ mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V);
 int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
 /* The same with communication: RECV_F before each F of a stage s > 0,
  * SEND_F after it when s < S-1; RECV_B before each B of s < S-1, SEND_B
- * after it when s > 0. Returns the count, writing at most cap. */
+ * after it when s > 0. Interleaved runs in lock-step, as Megatron-LM
+ * batches it: its computations in iterations (a warm-up F, an F and a B,
+ * a cool-down B), after each the sends of its results and then the
+ * receives of the next iteration, so every rank's batches meet its
+ * neighbours' also where a send ends only with its receive. Returns the
+ * count, writing at most cap. */
 int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
 /* What the executor runs for a step of M micro-batches (M may be short
  * of the schedule's at an epoch's end): the lowered list of k, or with

@@ -11,14 +11,12 @@
  * it waits for the batch only when it holds a receive. Tags name the
  * direction, the stage and the micro-batch, so messages cannot be
  * confused, and a failed transfer says which stages and micro-batch it
- * joined. On a device, a step whose lists also run where a send ends
- * only with its receive (mg_pipe_simulate_rendezvous: all but interleaved
- * training of two rounds or more) receives into device memory, so that
- * between GPUs with NCCL its batches go through NCCL's sends and receives
- * with no copy through the host; otherwise they receive into host memory
- * and the batches are staged through it, their sends copied to host
- * memory first (a batch wholly on the GPU would go through NCCL, and
- * must meet batches that do).
+ * joined. On a device, receives go to device memory: between GPUs with
+ * NCCL every batch is then wholly on the GPU and goes through NCCL's
+ * sends and receives, with no copy through the host. That is sound
+ * because every list the schedules give also runs where a send ends only
+ * with its receive and messages are matched in the order posted
+ * (mg_pipe_simulate_rendezvous, swept by the schedule tests).
  *
  * Parameters: every rank makes the whole model (the same initialisation
  * as one process), keeps its stages' ranges and gives the rest of the
@@ -45,8 +43,7 @@
 
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
-    float *in;            /* its received input (stages > 0; on recv_device) */
-    float *send_host;     /* on a device receiving in host memory: what it sends, copied */
+    float *in;            /* its received input (stages > 0; on the model's device) */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
 
@@ -57,7 +54,7 @@ typedef struct chunk {
     int n_free, n_all;
     flight **all;             /* every one made (n_all) */
     flight **mb;              /* [micro-batch]: the one it runs on */
-    float *dout;              /* the received output gradient (on recv_device) */
+    float *dout;              /* the received output gradient (on the model's device) */
 } chunk;
 
 typedef struct tie {          /* a range this rank shares with another */
@@ -90,7 +87,6 @@ struct mg_pipe {
     mg_pipe_action *acts;
     bool *final_b;            /* per action: its stage's last backward of the step */
     int n_acts, acts_for;
-    bool in_order;            /* the lists run with rendezvous sends: receive on the device */
     /* Called before each backward (final: its stage's last of the step). */
     void (*before_backward)(void *ud, bool final);
     mg_status (*after_backward)(void *ud);
@@ -107,18 +103,11 @@ struct mg_pipe {
 
 static size_t fl(size_t n) { return n * sizeof(float); }
 
-/* Where this step receives: the model's device when its lists allow
- * (in_order), else host memory. */
-static mg_device recv_device(const mg_pipe *p)
-{
-    return p->in_order ? mg_model_device(p->m) : (mg_device){MG_DEVICE_CPU, 0};
-}
-
-/* *b holds `floats` on the step's receiving device (made there, or moved
- * when the model or the lists changed it). */
+/* *b holds `floats` on the model's device (made there, or moved when
+ * the model moved). */
 static mg_status recv_ready(const mg_pipe *p, float **b, size_t floats)
 {
-    mg_device want = recv_device(p), at = mg_device_of(*b);
+    mg_device want = mg_model_device(p->m), at = mg_device_of(*b);
     if (*b && at.kind == want.kind && at.index == want.index) return MG_OK;
     if (*b) mg_device_free(at, *b);
     *b = mg_device_alloc(want, fl(floats));
@@ -317,7 +306,6 @@ void mg__pipe_destroy(mg_pipe *p)
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
             recv_free(ck->all[i]->in);
-            mg_free(ck->all[i]->send_host);
             free(ck->all[i]);
         }
         free(ck->all);
@@ -452,25 +440,6 @@ static mg_status wait_sends(mg_pipe *p)
     return st;
 }
 
-/* What a send of `floats` at src reads: src, or on a device whose step
- * receives in host memory, a copy in the flight's host buffer (once the
- * flight's last send from it is done), so that the step's batches all
- * take the host path. */
-static mg_status send_from(mg_pipe *p, chunk *ck, flight *f, const float *src, size_t floats,
-                           void **out)
-{
-    mg_device d = mg_model_device(p->m);
-    *out = (void *)src;
-    if (d.kind == MG_DEVICE_CPU || p->in_order) return MG_OK;
-    if (f->sending) MG_TRY(wait_sends(p));
-    size_t most = ck->in_per > ck->out_per ? ck->in_per : ck->out_per;
-    if (!f->send_host && !(f->send_host = mg_alloc(fl((size_t)p->max_batch * most))))
-        return mg_error(MG_ENOMEM, "pipeline: out of memory for a send's host copy");
-    MG_TRY(mg_device_copy((mg_device){MG_DEVICE_CPU, 0}, f->send_host, d, src, fl(floats)));
-    *out = f->send_host;
-    return MG_OK;
-}
-
 static void give_back(mg_pipe *p, chunk *ck, int mb, bool sending)
 {
     flight *f = ck->mb[mb];
@@ -556,7 +525,7 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
     double t0 = mg_trace_on() ? mg_trace_now() : 0;
     mg_work *w = NULL;
     p->stats.batches++;
-    p->stats.device_batches += recv_device(p).kind != MG_DEVICE_CPU;
+    p->stats.device_batches += mg_model_device(p->m).kind != MG_DEVICE_CPU;
     mg_status st = mg_batch_isend_irecv(p->g, ops, n, &w);
     if (!st && recv) {
         st = mg_work_wait(w, -1);
@@ -604,9 +573,6 @@ static mg_status lowered(mg_pipe *p, int count, bool fwd_only)
     if (!a) return mg_error(MG_ENOMEM, "pipeline: out of memory");
     mg_pipe_lower_step(p->kind, p->P, count, p->V, p->rank, fwd_only, a, kept);
     p->acts = a;
-    p->in_order = !mg_pipe_simulate_rendezvous(p->kind, p->P, count, p->V, fwd_only);
-    if (!p->in_order)
-        mg_debug("pipeline: receiving in host memory: %s", mg_last_error());
     bool *final = realloc(p->final_b, sizeof *final * (size_t)(kept ? kept : 1));
     bool *seen = calloc((size_t)p->S, sizeof *seen);
     if (!final || !seen) {
@@ -716,7 +682,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             case MG_PIPE_SEND_F:
                 o.coll = MG_COLL_SEND;
                 o.count = (size_t)n * ck->out_per;
-                if ((st = send_from(p, ck, f, mg_tape_logits(f->t), o.count, &o.buf))) break;
+                o.buf = (void *)mg_tape_logits(f->t);
                 /* Forward only: done with it (the next forward on it
                  * first waits for the send). */
                 if (fwd_only) give_back(p, ck, mb, true);
@@ -733,8 +699,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                  * backward: the next one on it first waits for the send. */
                 o.coll = MG_COLL_SEND;
                 o.count = (size_t)n * ck->in_per;
-                if ((st = send_from(p, ck, f, mg_tape_input_grad(f->t), o.count, &o.buf)))
-                    break;
+                o.buf = (void *)mg_tape_input_grad(f->t);
                 give_back(p, ck, mb, true);
                 break;
             }

@@ -64,6 +64,13 @@ static void interleaved_at(int P, int V, int k, bool fwd, int *chunk, int *mb)
     *mb = k / (P * V) * P + k % P;
 }
 
+/* The interleaved schedule's warm-up forwards on a rank (Megatron-LM's). */
+static int interleaved_warm(int P, int M, int V, int rank)
+{
+    int warm = (P - rank - 1) * 2 + (V - 1) * P;
+    return warm < M * V ? warm : M * V;
+}
+
 /* The naive schedule also runs V chunks per rank: what an interleaved
  * step whose micro-batches are not a multiple of P (an epoch's end) runs. */
 static bool computable(mg_pipe_kind k, int P, int M, int V)
@@ -101,9 +108,7 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
         break;
     }
     case MG_PIPE_INTERLEAVED: {
-        int total = M * V, c, mb;
-        int warm = (P - rank - 1) * 2 + (V - 1) * P;
-        if (warm > total) warm = total;
+        int total = M * V, c, mb, warm = interleaved_warm(P, M, V, rank);
         for (int i = 0; i < warm; i++) {
             interleaved_at(P, V, i, true, &c, &mb);
             put(&l, c * P + rank, MG_PIPE_F, mb);
@@ -124,24 +129,44 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
     return l.n;
 }
 
+/* The receive a computation waits for, or the send of its result. */
+static void put_recv(list *l, const mg_pipe_action *c, int S)
+{
+    if (c->op == MG_PIPE_F && c->stage > 0) put(l, c->stage, MG_PIPE_RECV_F, c->mb);
+    if (c->op == MG_PIPE_B && c->stage < S - 1) put(l, c->stage, MG_PIPE_RECV_B, c->mb);
+}
+
+static void put_send(list *l, const mg_pipe_action *c, int S)
+{
+    if (c->op == MG_PIPE_F && c->stage < S - 1) put(l, c->stage, MG_PIPE_SEND_F, c->mb);
+    if (c->op == MG_PIPE_B && c->stage > 0) put(l, c->stage, MG_PIPE_SEND_B, c->mb);
+}
+
+/* Where the iteration of the rank's computations that begins at c[i]
+ * ends: every computation is one, but for interleaved's steady state
+ * (Megatron-LM's lock-step: a forward and a backward). */
+static int iteration_end(mg_pipe_kind k, int warm, int n, int i)
+{
+    return i + (k == MG_PIPE_INTERLEAVED && i >= warm && i < n - warm ? 2 : 1);
+}
+
 int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap)
 {
     int n = mg_pipe_compute(k, P, M, V, rank, NULL, 0), S = P * V;
-    mg_pipe_action *c = malloc(sizeof *c * (size_t)n);
+    mg_pipe_action *c = malloc(sizeof *c * (size_t)(n ? n : 1));
     MG_ASSERT(c);
     mg_pipe_compute(k, P, M, V, rank, c, n);
+    int warm = k == MG_PIPE_INTERLEAVED ? interleaved_warm(P, M, V, rank) : 0;
     list l = {out, 0, cap};
-    for (int i = 0; i < n; i++) {
-        int s = c[i].stage, mb = c[i].mb;
-        if (c[i].op == MG_PIPE_F) {
-            if (s > 0) put(&l, s, MG_PIPE_RECV_F, mb);
-            put(&l, s, MG_PIPE_F, mb);
-            if (s < S - 1) put(&l, s, MG_PIPE_SEND_F, mb);
-        } else {
-            if (s < S - 1) put(&l, s, MG_PIPE_RECV_B, mb);
-            put(&l, s, MG_PIPE_B, mb);
-            if (s > 0) put(&l, s, MG_PIPE_SEND_B, mb);
-        }
+    /* The first iteration's receives; after each iteration, one batch:
+     * its results' sends, then the next iteration's receives. */
+    for (int j = 0; j < n && j < iteration_end(k, warm, n, 0); j++) put_recv(&l, &c[j], S);
+    for (int i = 0, next; i < n; i = next) {
+        next = iteration_end(k, warm, n, i);
+        for (int j = i; j < next; j++) put(&l, c[j].stage, c[j].op, c[j].mb);
+        for (int j = i; j < next; j++) put_send(&l, &c[j], S);
+        for (int j = next; j < n && j < iteration_end(k, warm, n, next); j++)
+            put_recv(&l, &c[j], S);
     }
     free(c);
     return l.n;
