@@ -12,7 +12,9 @@
 #    F.scaled_dot_product_attention). Tokens/s of the steps after the
 #    first; --repeat runs of each, alternating. Then both shapes with
 #    bfloat16 GEMMs (`bench/gpt --bf16`) against PyTorch's bfloat16
-#    autocast (`gpu_gpt_torch.py --bf16`, both attentions).
+#    autocast (`gpu_gpt_torch.py --bf16`, both attentions), and one 85M
+#    bf16 run under MG_DK_PROFILE=1, whose "bf16 rounding" rows are the
+#    GPU time that rounding each operand once per step could save.
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
 #    each with models.md's defaults: `bench/train --device cuda` against
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
@@ -77,6 +79,10 @@ want bf16 && for r in $(seq "$repeat"); do
         done
     done
 done
+want bf16 && {
+    echo "== bf16 85M, multigrad, MG_DK_PROFILE=1 (the share of 'bf16 rounding')"
+    MG_DK_PROFILE=1 "$bench/gpt" --device cuda --bf16 $big --no-eval 2>&1 | grep -E "^# (device|  )"
+}
 want images && for r in $(seq "$repeat"); do
     echo "== run $r: image models, multigrad"
     "$bench/train" --device cuda --data "$data" | grep -v -E "^# (cpu|gemm|conv|threads):"

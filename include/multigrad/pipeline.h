@@ -169,8 +169,8 @@ typedef struct mg_pipe_stats {
     int peak_in_flight;         /* micro-batches held at once, at most */
     size_t activation_bytes;    /* their tapes and inputs, at most */
     /* Batches of sends and receives posted, and of them those received
-     * into the device's memory (a model on a device whose step allows it:
-     * between GPUs with NCCL, through NCCL's sends and receives). */
+     * into the device's memory (every one of a model on a device: between
+     * GPUs with NCCL, through NCCL's sends and receives). */
     long batches, device_batches;
 } mg_pipe_stats;
 mg_pipe_stats mg_pipe_get_stats(const mg_pipe *p);

@@ -467,6 +467,7 @@ static const void *bf16_operand(int which, const float *p, size_t n)
     mg_dk *k = DK();
     if (which == 0 && p == k->reuse && n == k->reuse_n && p == k->bf0_of && n == k->bf0_n)
         return k->bf[0];
+    PROFILE("bf16 rounding");   /* what rounding once per step would save at most */
     size_t es = k->emu ? sizeof(float) : 2;
     if (n > k->bf_n[which]) {
         dev_free(k->bf[which]);
