@@ -3,8 +3,9 @@
  * messages), zero-length and large messages, messages to oneself, two
  * ranks (and a ring of ranks) sending each other large messages at once,
  * messages interleaved with collectives, size mismatches, batches of
- * sends and receives whose receives are listed first, and receives from
- * any source (or a set), with a dead peer's failure contained or not. */
+ * sends and receives whose receives are listed first, batches run by
+ * NCCL's rules (MG_BATCH_RULES=nccl), and receives from any source (or a
+ * set), with a dead peer's failure contained or not. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <sys/wait.h>
@@ -285,6 +286,105 @@ static int batch_rank(int rank, int n, void *arg)
 
 TEST(p2p_batch_receives_first_shm) { run(2, batch_rank, NULL); run(4, batch_rank, NULL); }
 TEST(p2p_batch_receives_first_tcp) { run(2, batch_rank, "tcp"); run(3, batch_rank, "tcp"); }
+
+/* ---- batches by NCCL's rules (MG_BATCH_RULES=nccl) ------------------------------ */
+
+typedef struct {
+    job j;
+    const char *rules;   /* MG_BATCH_RULES */
+    int cse;             /* 0 matched, 1 crossed, 2 deadlocked */
+} rules_job;
+
+/* One batch of the ops, waited for. */
+static mg_status batch(mg_group *g, mg_p2p_op *ops, int n)
+{
+    mg_work *w;
+    MG_TRY(mg_batch_isend_irecv(g, ops, n, &w));
+    mg_status st = mg_work_wait(w, -1);
+    mg_work_free(w);
+    return st;
+}
+
+/* Two ranks, three exchanges that the host's rules (tags, sends that never
+ * wait) run alike, but NCCL's do not:
+ *   matched: each sends and receives in one batch, then rank 0 sends two
+ *     batches of one send that rank 1 receives in one batch: fine;
+ *   crossed: rank 0 sends tags 20 and 21, rank 1 receives 21 then 20
+ *     (NCCL would swap the messages): rank 0 fails at once, naming both;
+ *   deadlocked: each posts a batch of a lone send, then a batch of its
+ *     receive (NCCL's sends wait for their receive): both wait until the
+ *     group's deadline, and say why. */
+static int rules_rank(int rank, int n, void *arg)
+{
+    (void)n;
+    const rules_job *rj = arg;
+    setenv("MG_BATCH_RULES", rj->rules, 1);
+    bool nccl = !strcmp(rj->rules, "nccl");
+    mg_group *g = join_group(rank, 2, &rj->j, 3);
+    if (!g) return 2;
+    int peer = 1 - rank;
+    float out[4] = {(float)rank, 1, 2, 3}, in[4] = {0}, in2[4] = {0};
+    mg_status st = MG_OK;
+    if (rj->cse == 0) {
+        mg_p2p_op x[2] = {{MG_COLL_RECV, in, 4, MG_F32, peer, 1},
+                          {MG_COLL_SEND, out, 4, MG_F32, peer, 1}};
+        CHECK_OK(batch(g, x, 2));
+        CHECK_EQ((int)in[0], peer);
+        if (rank == 0) {
+            for (int t = 10; t < 12; t++)
+                CHECK_OK(batch(g, &(mg_p2p_op){MG_COLL_SEND, out, 4, MG_F32, 1, t}, 1));
+        } else {
+            mg_p2p_op r2[2] = {{MG_COLL_RECV, in, 4, MG_F32, 0, 10},
+                               {MG_COLL_RECV, in2, 4, MG_F32, 0, 11}};
+            CHECK_OK(batch(g, r2, 2));
+        }
+        CHECK_OK(mg_barrier(g));
+    } else if (rj->cse == 1) {
+        mg_p2p_op s2[2] = {{MG_COLL_SEND, out, 4, MG_F32, 1, 20},
+                           {MG_COLL_SEND, out, 4, MG_F32, 1, 21}};
+        mg_p2p_op r2[2] = {{MG_COLL_RECV, in, 4, MG_F32, 0, 21},
+                           {MG_COLL_RECV, in2, 4, MG_F32, 0, 20}};
+        st = batch(g, rank == 0 ? s2 : r2, 2);
+        if (rank == 0 && nccl) {
+            CHECK_EQ(st, MG_EINVAL);
+            CHECK_MSG(strstr(mg_last_error(), "has tag 20, but the receive rank 1 posted for it "
+                             "in that order has tag 21") &&
+                      strstr(mg_last_error(), "would cross"), "%s", mg_last_error());
+        } else if (!nccl) {
+            CHECK_OK(st);
+        }
+    } else {
+        double t0 = mg_now();
+        st = batch(g, &(mg_p2p_op){MG_COLL_SEND, out, 4, MG_F32, peer, 30}, 1);
+        if (!st) st = batch(g, &(mg_p2p_op){MG_COLL_RECV, in, 4, MG_F32, peer, 30}, 1);
+        if (nccl) {
+            /* One rank reaches the deadline; the other learns it from it. */
+            CHECK_MSG(st == MG_ETIMEOUT || st == MG_EPEER, "%d: %s", st, mg_last_error());
+            CHECK_MSG(strstr(mg_last_error(), "would deadlock"), "%s", mg_last_error());
+            CHECK(mg_now() - t0 >= 2.9);
+        } else {
+            CHECK_OK(st);
+            CHECK_EQ((int)in[0], peer);
+        }
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+static void run_rules(const char *rules, int cse)
+{
+    rules_job rj = {new_job(NULL), rules, cse};
+    CHECK_MSG(mgt_fork_ranks(2, rules_rank, &rj, 60, NULL) == 0, "MG_BATCH_RULES=%s, case %d",
+              rules, cse);
+}
+
+TEST(p2p_batches_by_nccl_rules_catch_deadlocks_and_crossings)
+{
+    for (int cse = 0; cse < 3; cse++) {
+        run_rules("host", cse);
+        run_rules("nccl", cse);
+    }
+}
 
 /* ---- receives from any source ----------------------------------------------- */
 

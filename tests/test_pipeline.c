@@ -177,9 +177,13 @@ TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
 }
 
 /* gpt with its head tied to the embedding across the first and last
- * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2. */
+ * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2.
+ * Its batches run by NCCL's rules (MG_BATCH_RULES=nccl: a send ends only
+ * once its receive is posted, messages matched in the order posted), as
+ * between GPUs: no schedule deadlocks or crosses two messages. */
 TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
 {
+    setenv("MG_BATCH_RULES", "nccl", 1);
     /* san: run under a sanitizer too (the tie across 4 stages and across
      * 3 of 2 chunks; the other schedules' ties run in the pp=2 tests). */
     static const struct { int P, M, V; mg_pipe_kind k; bool san; } cases[] = {
@@ -199,9 +203,11 @@ TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
 
 /* Steps cut short (fewer micro-batches than M, as at an epoch's end)
  * train as one process over those micro-batches; an interleaved one
- * whose count is not a multiple of P runs one micro-batch at a time. */
+ * whose count is not a multiple of P runs one micro-batch at a time. By
+ * NCCL's rules, as above. */
 TEST_T(pipeline_short_steps_equal_one_process, 200)
 {
+    setenv("MG_BATCH_RULES", "nccl", 1);
     static const struct { const char *model; int P, m, acc; mg_pipe_kind k; } cases[] = {
         {"lenet5", 2, 4, 3, MG_PIPE_INTERLEAVED}, {"lenet5", 2, 8, 5, MG_PIPE_1F1B},
         {"gpt-6", 4, 4, 2, MG_PIPE_INTERLEAVED}, {"gpt-6", 3, 6, 4, MG_PIPE_INTERLEAVED},
@@ -597,9 +603,11 @@ static int eval_rank(int rank, int procs, void *arg)
 }
 
 /* The validation loss and a sample drawn through the stages (the last
- * stage picks each token, the others take it) are one process's. */
+ * stage picks each token, the others take it) are one process's; the
+ * forwards' batches by NCCL's rules, as above. */
 TEST_T(pipeline_evaluates_and_samples_as_one_process, 120)
 {
+    setenv("MG_BATCH_RULES", "nccl", 1);
     eq_case one = {.model = "gpt-6", .world = 1, .batch = 3, .accumulate = 1};
     eq_source src = {.c = &one, .world = 1, .parts = 1};
     mg_st_file *ref;

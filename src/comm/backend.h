@@ -133,6 +133,7 @@ struct mg_group {
     bool dev_named;
     struct mg__nccl *nccl;
     char dev_why[256];
+    bool nccl_rules;            /* MG_BATCH_RULES=nccl: batches run by NCCL's rules (work.c) */
     /* failure */
     atomic_int failed;
     mg_status fail_code;

@@ -49,6 +49,7 @@ mg_group *mg__group_new(const mg__backend *be, double timeout)
     if (!g) return NULL;
     g->be = be;
     g->timeout = timeout;
+    g->nccl_rules = !strcmp(mg_env_str("MG_BATCH_RULES", "host"), "nccl");
     pthread_mutex_init(&g->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -115,21 +116,77 @@ static mg_status failed_error(mg_group *g)
                     g->fail_msg);
 }
 
+static void make_req(mg_group *g, const mg_call *c, mg__req *r);
+
+/* NCCL's rules for batches (MG_BATCH_RULES=nccl), on any transport: a
+ * batch runs as an ncclGroupStart/End of ncclSend and ncclRecv between
+ * GPUs does, a send ending only once its peer has posted the receive, and
+ * the messages between two ranks matched in the order posted, not by tag.
+ * Starting, a batch tells each rank it receives from the tag of each
+ * receive, in order (`posted`, a message of a tag of the library's);
+ * ending, it waits for each rank it sent to to have posted the receive,
+ * and checks that the k-th receive posted for this rank has the tag of
+ * the k-th send. Where NCCL would deadlock, the ranks wait for the
+ * group's deadline (MG_TIMEOUT); where it would cross two messages, the
+ * sender fails at once. */
+#define POSTED_TAG 0x7ffffffe
+
+static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
+{
+    mg_call c = {.coll = tell ? MG_COLL_SEND : MG_COLL_RECV, .count = 1, .dtype = MG_I32,
+                 .root = peer, .tag = POSTED_TAG, .file = __FILE__, .line = __LINE__};
+    if (tell) c.sendbuf = tag;
+    else c.recvbuf = tag;
+    mg__req r;
+    make_req(g, &c, &r);
+    return g->be->run(g, &r);
+}
+
+static mg_status nccl_rules_end(mg_group *g, const mg__req *r)
+{
+    mg_status st = MG_OK;
+    for (int i = 0; i < r->nsub && !st; i++) {
+        const mg_call *c = &r->sub[i].c;
+        if (c->coll != MG_COLL_SEND) continue;
+        int32_t tag = 0;
+        char peer[128];
+        mg__rank_name(&g->names, c->root, NULL, peer, sizeof peer);
+        if ((st = posted(g, false, c->root, &tag))) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", mg_last_error());
+            return mg_error(st, "a batch's send (tag %d) to %s waits, under NCCL's rules "
+                            "(MG_BATCH_RULES=nccl), for %s to post its receive, which it has "
+                            "not; under NCCL the two ranks' batches would deadlock: %s", c->tag,
+                            peer, peer, why);
+        }
+        if (tag != c->tag)
+            st = mg_error(MG_EINVAL, "a batch's send to %s has tag %d, but the receive %s posted "
+                          "for it in that order has tag %d: NCCL matches them in the order "
+                          "posted, so under it the two messages would cross (MG_BATCH_RULES=nccl)",
+                          peer, c->tag, peer, tag);
+    }
+    return st;
+}
+
 /* Run one request on the calling thread, which holds the execution right. */
 /* A batch: its sends, then its receives (a send never waits for the
  * peer's receive: builtin drains incoming messages while it sends, MPI
  * buffers them), so a receive posted first cannot hold up a later send
- * on this group and two stages exchanging never wait on each other. */
+ * on this group and two stages exchanging never wait on each other; by
+ * NCCL's rules, as above. */
 static mg_status run_batch(mg_group *g, mg__req *r)
 {
     mg_status st = MG_OK;
+    for (int i = 0; i < r->nsub && !st && g->nccl_rules; i++)
+        if (r->sub[i].c.coll == MG_COLL_RECV)
+            st = posted(g, true, r->sub[i].c.root, &(int32_t){r->sub[i].c.tag});
     for (int pass = 0; pass < 2 && !st; pass++)
         for (int i = 0; i < r->nsub && !st; i++)
             if ((r->sub[i].c.coll == MG_COLL_SEND) == (pass == 0)) {
                 st = g->be->run(g, &r->sub[i]);
                 if (st) r->rejected = r->sub[i].rejected;
             }
-    return st;
+    return st || !g->nccl_rules ? st : nccl_rules_end(g, r);
 }
 
 /* The staged buffers of a request (a batch's operations) back to their

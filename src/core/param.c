@@ -47,6 +47,7 @@ static const mg_tunable params[] = {
     {"MG_DK_PROFILE", B, "0", 0, 1, NULL, "GPU: print each device kernel entry's GPU time (and the GEMMs' within it), summed per name, to stderr at exit"},
     {"MG_BACKEND", C, NULL, 0, 0, "builtin|mpi", "process groups: default mpi under mpirun or another PMI launcher (when built with MPI), else builtin"},
     {"MG_NCCL", C, "auto", 0, 0, "auto|on|off", "collectives on GPU memory (mg_group_use_device): NCCL when every rank has a GPU of its own (auto), NCCL or an error (on), or always staged through the host (off)"},
+    {"MG_BATCH_RULES", C, "host", 0, 0, "host|nccl", "batches of sends and receives (mg_batch_isend_irecv): matched by tag with sends that never wait (host), or on any transport as NCCL runs them between GPUs, a send ending only once its receive is posted and the messages between two ranks matched in the order posted (nccl: a deadlock or a crossing NCCL would meet shows on the CPU)"},
     {"MG_TRANSPORT", C, "auto", 0, 0, "auto|shm|tcp", "between ranks on one host: shared memory (auto) or tcp"},
     {"MG_ALGO", C, "auto", 0, 0, "auto|ring|rd|tree|shm|central", "force a collective algorithm (auto: the cost model's choice; central: every collective through rank 0, the parameter-server baseline, never chosen by the model)"},
     {"MG_TIMEOUT", R, "300", 0.001, 1e7, NULL, "deadline of every wait of a group, seconds"},
