@@ -212,18 +212,19 @@ TEST_T(tp_gpt_mini_matches_pytorch_under_tp_and_every_mesh, 900)
 }
 
 /* On a device (emu here; a GPU on a machine with one, its ranks sharing
- * it, their collectives through NCCL as hosts of their own): the same 20
- * steps as PyTorch under tp alone, with sequence parallelism, and with dp
- * and ZeRO-3. */
+ * it, their collectives and the stages' batches through NCCL as hosts of
+ * their own): the same 20 steps as PyTorch under tp alone, with sequence
+ * parallelism, with dp and ZeRO-3, and with a pipeline of 2 stages. */
 static void tp_on_device(mg_device dev, bool nccl)
 {
-    struct { const char *mesh; int dp, tp, stage; bool seq; } cases[] = {
-        {"tp=2", 1, 2, 0, false}, {"tp=2", 1, 2, 0, true}, {"dp=2,tp=2", 2, 2, 3, true},
+    struct { const char *mesh; int dp, pp, tp, stage; bool seq; } cases[] = {
+        {"tp=2", 1, 1, 2, 0, false}, {"tp=2", 1, 1, 2, 0, true},
+        {"dp=2,tp=2", 2, 1, 2, 3, true}, {"pp=2,tp=2", 1, 2, 2, 0, true},
     };
     char ck[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        tp_case k = gpt_case(cases[i].mesh, cases[i].dp, 1, cases[i].tp, cases[i].stage,
-                             cases[i].seq);
+        tp_case k = gpt_case(cases[i].mesh, cases[i].dp, cases[i].pp, cases[i].tp,
+                             cases[i].stage, cases[i].seq);
         k.c.dev = dev;
         k.nccl = nccl;
         snprintf(ck, sizeof ck, "%s/tp-dev-%zu.safetensors", mgt_tmpdir(), i);
