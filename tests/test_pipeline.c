@@ -159,9 +159,11 @@ static bool sanitized_skips(int P, int k, int V, int M)
 }
 
 /* lenet5 (5 units) at 2, 3 and 4 stages: naive, GPipe and 1F1B with 1,
- * 2, 4 and 8 micro-batches, interleaved at 2 stages of 2 chunks. */
+ * 2, 4 and 8 micro-batches, interleaved at 2 stages of 2 chunks; its
+ * batches by NCCL's rules (MG_BATCH_RULES=nccl), as between GPUs. */
 TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
 {
+    setenv("MG_BATCH_RULES", "nccl", 1);
     const mg_pipe_kind kinds[] = {MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B,
                                   MG_PIPE_INTERLEAVED};
     for (int P = 2; P <= 4; P++)
@@ -238,9 +240,11 @@ TEST_T(pipeline_pp2_dp2_equals_one_process, 300)
  * equals one process, gpt-mini (its head tied to the embedding across the
  * stages) matches PyTorch's 20 reference steps within the one-process
  * test's bounds, on 1F1B, GPipe and interleaved; under stage 3 a
- * checkpoint written, read back and written again is the same bytes. */
+ * checkpoint written, read back and written again is the same bytes.
+ * The stages' batches by NCCL's rules (MG_BATCH_RULES=nccl). */
 TEST_T(pipeline_pp2_dp2_zero_1_2_3_equal_one_process, 400)
 {
+    setenv("MG_BATCH_RULES", "nccl", 1);
     const mg_pipe_kind kinds[] = {MG_PIPE_1F1B, MG_PIPE_GPIPE, MG_PIPE_INTERLEAVED};
     for (int stage = 1; stage <= 3; stage++) {
         mg_pipe_kind k = kinds[stage - 1];
