@@ -151,14 +151,14 @@ static mg_status nccl_rules_end(mg_group *g, const mg__req *r)
         int32_t tag = 0;
         char peer[128];
         mg__rank_name(&g->names, c->root, NULL, peer, sizeof peer);
-        if ((st = posted(g, false, c->root, &tag))) {
-            char why[1024];
-            snprintf(why, sizeof why, "%s", mg_last_error());
-            return mg_error(st, "a batch's send (tag %d) to %s waits, under NCCL's rules "
-                            "(MG_BATCH_RULES=nccl), for %s to post its receive, which it has "
-                            "not; under NCCL the two ranks' batches would deadlock: %s", c->tag,
-                            peer, peer, why);
-        }
+        if ((st = posted(g, false, c->root, &tag)) == MG_ETIMEOUT)
+            return mg_error(st, "a batch's send (tag %d) to %s waited %g s (MG_TIMEOUT), under "
+                            "NCCL's rules (MG_BATCH_RULES=nccl), for %s to post its receive: "
+                            "under NCCL these batches would deadlock (each waits for a batch "
+                            "its peer posts after its own); post the receive in an earlier "
+                            "batch, or in the one that matches this", c->tag, peer, g->timeout,
+                            peer);
+        if (st) return st;
         if (tag != c->tag)
             st = mg_error(MG_EINVAL, "a batch's send to %s has tag %d, but the receive %s posted "
                           "for it in that order has tag %d: NCCL matches them in the order "
@@ -168,7 +168,6 @@ static mg_status nccl_rules_end(mg_group *g, const mg__req *r)
     return st;
 }
 
-/* Run one request on the calling thread, which holds the execution right. */
 /* A batch: its sends, then its receives (a send never waits for the
  * peer's receive: builtin drains incoming messages while it sends, MPI
  * buffers them), so a receive posted first cannot hold up a later send
@@ -216,6 +215,7 @@ static void account(mg_group *g, const mg__req *r, double t0, double t1)
     mg_trace_event(name, g->trace_name, 3, mg_trace_at(t0), mg_trace_at(t1));
 }
 
+/* Run one request on the calling thread, which holds the execution right. */
 static mg_status exec(mg_group *g, mg__req *r)
 {
     /* Freeing is local and must work even on a failed group. */
