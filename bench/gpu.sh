@@ -12,9 +12,10 @@
 #    F.scaled_dot_product_attention). Tokens/s of the steps after the
 #    first; --repeat runs of each, alternating. Then both shapes with
 #    bfloat16 GEMMs (`bench/gpt --bf16`) against PyTorch's bfloat16
-#    autocast (`gpu_gpt_torch.py --bf16`, both attentions), and one 85M
-#    bf16 run under MG_DK_PROFILE=1, whose "bf16 rounding" rows are the
-#    GPU time that rounding each operand once per step could save.
+#    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Section
+#    profile: one 85M bf16 run under MG_DK_PROFILE=1, whose "bf16
+#    rounding" rows are the GPU time that rounding each operand once per
+#    step could save.
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
 #    each with models.md's defaults: `bench/train --device cuda` against
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
@@ -35,8 +36,8 @@
 #     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
 #     build/bench and build/bin); --data is the Fashion-MNIST directory
 #     (default /usr/share/datasets/fashion-mnist); --only runs the sections
-#     named in LIST (comma-separated: gpt, bf16, images, mgtrain, mgbench,
-#     attention, nccl), for a GPU lent for minutes
+#     named in LIST (comma-separated: gpt, bf16, profile, images, mgtrain,
+#     mgbench, attention, nccl), for a GPU lent for minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +45,7 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
-only=gpt,bf16,images,mgtrain,mgbench,attention,nccl
+only=gpt,bf16,profile,images,mgtrain,mgbench,attention,nccl
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat=$2; shift 2 ;;
@@ -79,7 +80,7 @@ want bf16 && for r in $(seq "$repeat"); do
         done
     done
 done
-want bf16 && {
+want profile && {
     echo "== bf16 85M, multigrad, MG_DK_PROFILE=1 (the share of 'bf16 rounding')"
     MG_DK_PROFILE=1 "$bench/gpt" --device cuda --bf16 $big --no-eval 2>&1 | grep -E "^# (device|  )"
 }
