@@ -51,7 +51,8 @@
  * bounded staleness; no tensor or pipeline parallelism with it; the
  * model's buffers (batch statistics) stay each worker's; a server's
  * failure stops the job, as does a worker's during the roll call itself
- * (the ranks that remain then wait for it at most MG_PEER_TIMEOUT). */
+ * or the job's collectives after it (the ranks that remain then wait for
+ * it at most MG_PEER_TIMEOUT). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
