@@ -346,9 +346,9 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
  * is a host of its own (NCCL_HOSTID), as NCCL refuses two ranks on one
  * GPU of one host; the data-parallel sub-groups of a mesh use it too, and
  * a pipeline's stages send and receive through it (1F1B over pp=2 x
- * dp=2, GPipe over pp=2, interleaved's two rounds in lock-step). 10 steps with a checkpoint at step 5 equal one
- * process on the CPU (a pipeline's 2 micro-batches: one process's
- * --batch 6 --accumulate 2). */
+ * dp=2, GPipe over pp=2, interleaved's two rounds in lock-step). 10 steps
+ * with a checkpoint at step 5 equal one process on the CPU (a pipeline's
+ * 2 micro-batches: one process's --batch 6 --accumulate 2). */
 TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
 {
     mgt_nccl_gpu();
@@ -1307,7 +1307,8 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         snprintf(log, sizeof log, "%s/elastic%d.csv", t, i);
         double t0 = mg_now();
         int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c 'if [ $RANK = %d ]; then "
-                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; sleep 1; kill -9 $$) & "
+                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; sleep 1; "
+                        "kill -9 $$) & "
                         "fi; exec %s --model gpt-mini --batch 12 --steps 100 --eval-every 20 "
                         "--eval-windows 4 --no-eval-on-start %s --elastic --log %s'", run, ranks,
                         v, log, bin, cases[i].plan, log);
