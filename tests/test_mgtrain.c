@@ -1282,9 +1282,10 @@ TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
 }
 
 /* --elastic, under mgrun --elastic: a worker killed once training runs
- * (a second after its first evaluation is in the log: amid the steps,
- * not in the job's collectives that end the evaluation, which stop the
- * job, README's limits) leaves the job and the others go on
+ * (a quarter of its first 20 steps' time after their row is in the log:
+ * amid the next steps, not in the job's collectives that end an
+ * evaluation, which stop the job, README's limits) leaves the job and the
+ * others go on
  * to the end: the servers say whom they lost and how many go on, mgrun
  * that the job went without it, and the log has every row. Worker 1 of a
  * synchronous job (every push before its death and after it applied, in
@@ -1307,11 +1308,11 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         snprintf(log, sizeof log, "%s/elastic%d.csv", t, i);
         double t0 = mg_now();
         int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c 'if [ $RANK = %d ]; then "
-                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; sleep 1; "
-                        "kill -9 $$) & "
+                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; "
+                        "sleep $(awk -F, \"/^20,/ {print \\$5 / 4}\" %s); kill -9 $$) & "
                         "fi; exec %s --model gpt-mini --batch 12 --steps 100 --eval-every 20 "
                         "--eval-windows 4 --no-eval-on-start %s --elastic --log %s'", run, ranks,
-                        v, log, bin, cases[i].plan, log);
+                        v, log, log, bin, cases[i].plan, log);
         char lost[64], lost_by[96];
         snprintf(lost, sizeof lost, "rank %d (pid ", v);
         snprintf(lost_by, sizeof lost_by, "lost rank %d: rank %d (pid ", v, v);
