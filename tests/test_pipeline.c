@@ -65,13 +65,7 @@ static int pipe_rank(int rank, int procs, void *arg)
     mg_pipe_stats ps = mg_pipe_get_stats(mg_strategy_pipe(s));
     CHECK_EQ(ps.steps, c->steps);
     CHECK(ps.peak_in_flight >= 1 && ps.busy_us > 0 && ps.busy_us <= ps.step_us);
-    /* On a device, every batch received in its memory (between GPUs with
-     * NCCL: through NCCL's sends and receives). */
     CHECK(c->pp == 1 || ps.batches > 0);
-    CHECK_MSG(ps.device_batches == (c->dev.kind != MG_DEVICE_CPU ? ps.batches : 0),
-              "%s on %s: %ld of %ld batches received on the device", mg_pipe_name(c->pp_kind),
-              c->dev.kind == MG_DEVICE_CPU ? "the CPU" : "a device", ps.device_batches,
-              ps.batches);
     /* The rank's share of the global mean loss (every stage reports it). */
     for (int i = 0; i < c->steps; i++) losses[i] /= (float)(c->world * c->pp);
     eq_write_floats("losses", rank, losses, (size_t)c->steps);

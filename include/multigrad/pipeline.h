@@ -168,10 +168,10 @@ typedef struct mg_pipe_stats {
     double busy_us, step_us;
     int peak_in_flight;         /* micro-batches held at once, at most */
     size_t activation_bytes;    /* their tapes and inputs, at most */
-    /* Batches of sends and receives posted, and of them those received
-     * into the device's memory (every one of a model on a device: between
-     * GPUs with NCCL, through NCCL's sends and receives). */
-    long batches, device_batches;
+    /* Batches of sends and receives posted (a model on a device receives
+     * them in its memory: between GPUs with NCCL, through NCCL's sends and
+     * receives). */
+    long batches;
 } mg_pipe_stats;
 mg_pipe_stats mg_pipe_get_stats(const mg_pipe *p);
 

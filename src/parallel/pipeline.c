@@ -525,7 +525,6 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
     double t0 = mg_trace_on() ? mg_trace_now() : 0;
     mg_work *w = NULL;
     p->stats.batches++;
-    p->stats.device_batches += mg_model_device(p->m).kind != MG_DEVICE_CPU;
     mg_status st = mg_batch_isend_irecv(p->g, ops, n, &w);
     if (!st && recv) {
         st = mg_work_wait(w, -1);

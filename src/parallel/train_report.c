@@ -146,9 +146,9 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
             ps.steps ? ps.step_us / ps.steps / 1e3 : 0,
             ps.step_us > 0 ? 100 * (1 - ps.busy_us / ps.step_us) : 0, ps.peak_in_flight);
     if (d.kind != MG_DEVICE_CPU)
-        fprintf(f, "%s: rank %d pipeline: %ld of %ld batches of sends and receives received "
-                "in device memory; the group's device path: %s\n", me, rank, ps.device_batches,
-                ps.batches, mg_group_device_path(mg__pipe_group(p), NULL));
+        fprintf(f, "%s: rank %d pipeline: %ld batches of sends and receives received in "
+                "device memory; the group's device path: %s\n", me, rank, ps.batches,
+                mg_group_device_path(mg__pipe_group(p), NULL));
 }
 
 mg_status mg_trainer_figures_hash(const mg_trainer *t, uint8_t out[32])
