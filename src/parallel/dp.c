@@ -120,6 +120,14 @@ static mg_status make_tapes(mg_dp *dp, int per)
     return MG_OK;
 }
 
+/* Tapes for n samples: made again when n outgrows them or the model's
+ * layout changed (then at their capacity, at least n). */
+static mg_status fit_tapes(mg_dp *dp, int n)
+{
+    int cap = mg_tape_capacity(dp->w[0].t);
+    return n > cap || mg_tape_stale(dp->w[0].t) ? make_tapes(dp, n > cap ? n : cap) : MG_OK;
+}
+
 mg_status mg_dp_wrap(mg_model *m, int workers, int max_batch, mg_dp **out)
 {
     *out = NULL;
@@ -264,8 +272,7 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
     size_t n = mg_model_arena_size(m), nb = mg_model_buffer_size(m);
     /* scatter: contiguous chunks, as torch's scatter along dim 0 */
     int per = (batch + W - 1) / W, off = 0;
-    int cap = mg_tape_capacity(dp->w[0].t);   /* grown, or the model's layout changed */
-    if (per > cap || mg_tape_stale(dp->w[0].t)) MG_TRY(make_tapes(dp, per > cap ? per : cap));
+    MG_TRY(fit_tapes(dp, per));
     for (int k = 0; k < W; k++) {
         int len = batch - off < per ? batch - off : per;
         if (len < 0) len = 0;
@@ -377,8 +384,7 @@ static mg_status take_shard(dp_det *q, int k, const mg_micro_batch *b)
         }
         q->cap = b->n;
     }
-    int cap = mg_tape_capacity(dp->w[0].t);   /* grown, or the model's layout changed */
-    if (b->n > cap || mg_tape_stale(dp->w[0].t)) MG_TRY(make_tapes(dp, b->n > cap ? b->n : cap));
+    MG_TRY(fit_tapes(dp, b->n));
     memcpy(w->xb, b->x, (size_t)b->n * dp->in * 4);
     memcpy(w->yb, b->y, (size_t)b->n * dp->positions * sizeof(int32_t));
     w->x = w->xb;
