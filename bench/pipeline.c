@@ -10,11 +10,11 @@
  * A micro-batch is S sequences (default 4) whatever M, so a step is M·S
  * sequences and every micro-batch costs the same (as the formula
  * assumes); AdamW as models.md's gpt-mini. Interleaved runs 2 chunks per
- * rank and only where M is a multiple of P. The first step warms up (the
- * tapes are made) and is not counted. A stage's idle fraction is 1 - its
- * time computing forwards and backwards / its time in the schedule (the
- * optimizer step after it is outside both). Rank 0 prints one line per
- * run:
+ * rank where M >= P (in groups as even as can be: pipeline.h). The first
+ * step warms up (the tapes are made) and is not counted. A stage's idle
+ * fraction is 1 - its time computing forwards and backwards / its time in
+ * the schedule (the optimizer step after it is outside both). Rank 0
+ * prints one line per run:
  *   pipeline P p schedule K M m V v idle_theory x idle_mean y idle_ranks
  *   a,b,.. peak_in_flight a,b,.. activations_mb a,b,.. tok_s t
  */

@@ -13,6 +13,10 @@
 #    the step's pipeline time, until every stage finished) and their mean,
 #    and the most micro-batches each stage held with their activation
 #    memory (tapes and inputs): GPipe's grows with M, 1F1B's stays at P - r.
+#    Then P = 2 with M = 3, 5, 7 (not multiples of P): interleaved in
+#    groups as even as can be against 1F1B at the same M and naive (one
+#    micro-batch at a time: the bubble, (P-1)/P, such an interleaved step
+#    had before, when it ran naive's order over the chunks).
 # 2. Speed: gpt-mini (4 layers, dim 128, context 128, batch 32, AdamW)
 #    through mgtrain: one process (1 thread, and 2 threads), DDP on 2
 #    ranks, and pipelines of 2 stages with M = 4, 8, 16 (1F1B) and M = 8
@@ -36,7 +40,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --skip-bubble) bubble=0; shift ;;
     --skip-speed) speed=0; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "pipeline.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -62,6 +66,19 @@ if [ "$bubble" = 1 ]; then
                     v["idle_ranks"], v["peak_in_flight"], v["activations_mb"]
             }'
     done
+    echo
+    echo "## M not a multiple of P, P=2 (gpt 8x128, micro-batches of 4 x 128 tokens)"
+    printf '%-12s %3s %2s %8s %8s %6s  %-24s %-12s %-24s %s\n' schedule M V theory measured \
+        diff "idle per stage" "in flight" "activations MB per stage" tokens/s
+    $bin/mgrun -n 2 build/bench/pipeline --schedules interleaved,1f1b,naive \
+        --micro-batches 3,5,7 --steps 6 | awk '
+        $1 == "pipeline" {
+            for (i = 2; i < NF; i += 2) v[$i] = $(i + 1)
+            d = 100 * (v["idle_mean"] - v["idle_theory"])
+            printf "%-12s %3d %2d %7.1f%% %7.1f%% %+5.1f  %-24s %-12s %-24s %.0f\n",
+                v["schedule"], v["M"], v["V"], 100 * v["idle_theory"], 100 * v["idle_mean"], d,
+                v["idle_ranks"], v["peak_in_flight"], v["activations_mb"], v["tok_s"]
+        }'
 fi
 
 # best TOKENS-PER-SECOND of $repeat runs of: mgtrain ARGS (with mgrun -n N when N > 1)

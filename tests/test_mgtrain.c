@@ -496,7 +496,7 @@ TEST_T(mgtrain_pipeline_plan_printed, 120)
         {"--mesh pp=2 --accumulate 2", "give --micro-batches 2"},
         {"--mesh pp=2 --micro-batches 5", "--batch 12 does not split into --micro-batches 5"},
         {"--mesh pp=2 --compress bf16", "a pipeline's data-parallel replicas"},
-        {"--mesh pp=2 --pp-schedule interleaved --micro-batches 3", "not a multiple of 2"},
+        {"--mesh pp=2 --pp-schedule interleaved --micro-batches 1", "fewer than 2 stages"},
         {"--mesh pp=2 --split h.9 --print-plan", "no unit 'h.9'"},
         {"--mesh pp=2 --chunks 2 --print-plan", "--chunks 2 is for --pp-schedule interleaved"},
         {"--mesh pp=2 --pp-schedule zb --print-plan", "naive, gpipe, 1f1b or interleaved"},

@@ -107,9 +107,10 @@ static void check_vs_one_process(eq_case c, double tol)
     float sum[64] = {0};
     mg_pipe_sim sim;
     int V = c.chunks ? c.chunks : 1;
-    /* A short interleaved step runs naive over the chunks. */
-    mg_pipe_kind sk = c.pp_kind == MG_PIPE_INTERLEAVED && c.accumulate % c.pp ? MG_PIPE_NAIVE
-                                                                            : c.pp_kind;
+    /* An interleaved step of fewer micro-batches than stages runs naive
+     * over the chunks. */
+    mg_pipe_kind sk = c.pp_kind == MG_PIPE_INTERLEAVED && c.accumulate < c.pp ? MG_PIPE_NAIVE
+                                                                             : c.pp_kind;
     CHECK_OK(mg_pipe_simulate(sk, c.pp, c.accumulate, V, 1, 2, &sim));
     double worst = 0;
     for (int r = 0; r < c.pp * c.world; r++) {
@@ -148,7 +149,7 @@ static bool sanitized_skips(int P, int k, int V, int M)
     if (!mgt_sanitized()) return false;
     static const int Ms[] = {8, 1, 2, 4};
     int want = Ms[(P + k) % 4];
-    if (V > 1 && want % P) want = 2 * P;   /* interleaved: a multiple of the stages */
+    if (V > 1 && want < P) want = 2 * P;   /* interleaved: at least the stages */
     return M != want;
 }
 
@@ -164,7 +165,7 @@ TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
         for (int k = 0; k < 4; k++)
             for (int M = 1; M <= 8; M *= 2) {
                 int V = kinds[k] == MG_PIPE_INTERLEAVED ? 2 : 1;
-                if (P * V > 5 || (V > 1 && M % P) || sanitized_skips(P, k, V, M)) continue;
+                if (P * V > 5 || (V > 1 && M < P) || sanitized_skips(P, k, V, M)) continue;
                 eq_case c = {.model = "lenet5", .world = 1, .batch = 16, .accumulate = M,
                              .steps = mgt_reps(20), .pp = P, .pp_kind = kinds[k],
                              .chunks = V};
@@ -173,10 +174,13 @@ TEST_T(pipeline_lenet5_every_schedule_equals_one_process, 400)
 }
 
 /* gpt with its head tied to the embedding across the first and last
- * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2.
- * Its batches run by NCCL's rules (MG_BATCH_RULES=nccl: a send ends only
- * once its receive is posted, messages matched in the order posted), as
- * between GPUs: no schedule deadlocks or crosses two messages. */
+ * stage: gpt-6 (9 units) at 2, 3 and 4 stages, interleaved up to 4 x 2,
+ * also with micro-batches in groups longer than the stages (2 x 2 with
+ * M = 5: groups of 3 and 2; 3 x 2 with M = 8: two of 4), where what goes
+ * round between the last rank and the first is received before it is
+ * used. Its batches run by NCCL's rules (MG_BATCH_RULES=nccl: a send ends
+ * only once its receive is posted, messages matched in the order posted),
+ * as between GPUs: no schedule deadlocks or crosses two messages. */
 TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
 {
     setenv("MG_BATCH_RULES", "nccl", 1);
@@ -186,7 +190,8 @@ TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
         {2, 4, 1, MG_PIPE_1F1B, 0}, {4, 4, 1, MG_PIPE_GPIPE, 1}, {4, 8, 1, MG_PIPE_1F1B, 0},
         {3, 6, 1, MG_PIPE_1F1B, 0}, {2, 4, 2, MG_PIPE_INTERLEAVED, 0},
         {3, 3, 2, MG_PIPE_INTERLEAVED, 1}, {4, 4, 2, MG_PIPE_INTERLEAVED, 0},
-        {4, 8, 2, MG_PIPE_INTERLEAVED, 0}, {2, 1, 1, MG_PIPE_NAIVE, 0},
+        {4, 8, 2, MG_PIPE_INTERLEAVED, 0}, {2, 5, 2, MG_PIPE_INTERLEAVED, 1},
+        {3, 8, 2, MG_PIPE_INTERLEAVED, 0}, {2, 1, 1, MG_PIPE_NAIVE, 0},
         {4, 2, 1, MG_PIPE_GPIPE, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -198,9 +203,9 @@ TEST_T(pipeline_gpt_tied_head_and_interleaved_equal_one_process, 400)
 }
 
 /* Steps cut short (fewer micro-batches than M, as at an epoch's end)
- * train as one process over those micro-batches; an interleaved one
- * whose count is not a multiple of P runs one micro-batch at a time. By
- * NCCL's rules, as above. */
+ * train as one process over those micro-batches: interleaved in groups
+ * of what is left (3 of 2 stages, 4 of 3), or, with fewer than P, one
+ * micro-batch at a time (2 of 4 stages). By NCCL's rules, as above. */
 TEST_T(pipeline_short_steps_equal_one_process, 200)
 {
     setenv("MG_BATCH_RULES", "nccl", 1);
@@ -347,7 +352,7 @@ TEST_T(pipeline_gpt_mini_every_schedule_matches_pytorch, 600)
         for (int k = 0; k < 4; k++)
             for (int M = 1; M <= 8; M *= 2) {
                 int V = kinds[k] == MG_PIPE_INTERLEAVED ? 2 : 1;
-                if (P * V > 7 || (V > 1 && M % P) || sanitized_skips(P, k, V, M)) continue;
+                if (P * V > 7 || (V > 1 && M < P) || sanitized_skips(P, k, V, M)) continue;
                 /* Under a sanitizer each schedule at one stage count:
                  * naive and 1F1B at 4, GPipe and interleaved at 2. */
                 if (mgt_sanitized() && P != (k % 2 ? 2 : 4)) continue;

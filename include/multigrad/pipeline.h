@@ -47,21 +47,22 @@ typedef struct mg_pipe_action {
 } mg_pipe_action;
 
 /* MG_EINVAL with a message unless 1 <= P, 1 <= M, 1 <= V, V > 1 only for
- * interleaved, and interleaved has M a multiple of P (Megatron-LM's
- * rounds of P micro-batches). */
+ * interleaved, and interleaved has M >= P (Megatron-LM's groups of at
+ * least P micro-batches). */
 mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V);
 /* The rank's compute actions (F and B only): the generators.
  *   naive:       F0 B0 F1 B1 ...: one micro-batch in the pipe at a time
  *                (with M = 1, the plain layer split). It also takes V > 1
  *                chunks (each micro-batch through all S stages and back),
  *                which mg_pipe_check refuses from users: the executor runs
- *                it for an interleaved step of fewer micro-batches than a
- *                multiple of P.
+ *                it for an interleaved step of fewer micro-batches than P.
  *   gpipe:       every F, then every B: M micro-batches in flight.
  *   1f1b:        P-1-rank warm-up forwards, then one F one B, then the
  *                remaining B: at most P-rank in flight (PipeDream-Flush).
- *   interleaved: 1F1B over the rank's V chunks in rounds of P
- *                micro-batches (Megatron-LM): bubble (P-1)/(V·M+P-1).
+ *   interleaved: 1F1B over the rank's V chunks, the micro-batches in
+ *                groups each run through chunk 0, then 1, ... (Megatron-
+ *                LM): M/P groups as even as can be, so groups of P where
+ *                P divides M; bubble (P-1)/(V·M+P-1) for any M >= P.
  * Returns the count (2·M·V), writing at most cap actions. */
 int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
 /* The same with communication: RECV_F before each F of a stage s > 0,
@@ -70,20 +71,25 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
  * batches it: its computations in iterations (a warm-up F, an F and a B,
  * a cool-down B), after each the sends of its results and then the
  * receives of the next iteration, so every rank's batches meet its
- * neighbours' also where a send ends only with its receive. Returns the
- * count, writing at most cap. */
+ * neighbours' also where a send ends only with its receive; where groups
+ * are longer than P, what goes round between the last rank and rank 0 is
+ * received as soon as it is sent, up to (longest group - P) iterations
+ * before it is used. Returns the count, writing at most cap. */
 int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap);
 /* What the executor runs for a step of M micro-batches (M may be short
  * of the schedule's at an epoch's end): the lowered list of k, or with
  * fwd_only (evaluation) its forwards, sends and receives alone, GPipe's
- * for one chunk a rank; an interleaved step whose M is not a multiple
- * of P runs naive's order over the V chunks. Returns the count, writing at
+ * for one chunk a rank; an interleaved step of fewer than P micro-batches
+ * runs naive's order over the V chunks. Returns the count, writing at
  * most cap. */
 int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_only,
                        mg_pipe_action *out, int cap);
 /* The executor posts each run of sends and receives between two
  * computations as one batch (mg_batch_isend_irecv) of at most this many. */
 #define MG_PIPE_BATCH_MAX 8
+/* The stage a send goes to or a receive comes from: the next (s + 1) for
+ * SEND_F and RECV_B, the previous for SEND_B and RECV_F. */
+int mg_pipe_peer_stage(const mg_pipe_action *a);
 /* "0F3" and so on; the list joined by spaces. */
 void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap);
 void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap);
@@ -94,12 +100,14 @@ void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap);
  * set that completes this way completes under any interleaving of the
  * ranks; one that cannot is a deadlock (MG_EINVAL naming the stuck
  * actions). Also checks that every send has its one receive and every
- * backward follows its forward. */
+ * backward, and every receive of a gradient, follows its forward. */
 typedef struct mg_pipe_sim {
     double makespan;       /* time of the last action */
     double busy[64];       /* per rank: time computing */
     double idle_fraction;  /* 1 - mean busy / makespan: the bubble */
-    int peak_in_flight[64];/* per rank: forwards not yet backwarded, at most */
+    int peak_in_flight[64];/* per rank, at most: micro-batches held, each from
+                              the receive of its input (its forward on
+                              stage 0) to its backward, as the executor does */
     long messages;         /* sends */
 } mg_pipe_sim;
 mg_status mg_pipe_simulate(mg_pipe_kind k, int P, int M, int V, double tf, double tb,

@@ -3,7 +3,9 @@
  * boundaries; this rank runs the stages s with s mod P == rank (its V
  * chunks), each micro-batch on a tape of the stage's units alone, one
  * tape per micro-batch in flight (a pool per chunk that grows to the
- * schedule's peak: GPipe's M, 1F1B's P - rank).
+ * schedule's peak: GPipe's M, 1F1B's P - rank), each with its own buffers
+ * for the input and the output gradient it receives (interleaved may
+ * receive a micro-batch's before the backward of another's).
  *
  * The executor walks the rank's lowered list. The sends and receives
  * between two computations are posted as one batch (sends first, so two
@@ -44,6 +46,7 @@
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
     float *in;            /* its received input (stages > 0; on the model's device) */
+    float *dout;          /* its received output gradient (stages < S-1; there too) */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
 
@@ -54,7 +57,6 @@ typedef struct chunk {
     int n_free, n_all;
     flight **all;             /* every one made (n_all) */
     flight **mb;              /* [micro-batch]: the one it runs on */
-    float *dout;              /* the received output gradient (on the model's device) */
 } chunk;
 
 typedef struct tie {          /* a range this rank shares with another */
@@ -306,12 +308,12 @@ void mg__pipe_destroy(mg_pipe *p)
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
             recv_free(ck->all[i]->in);
+            recv_free(ck->all[i]->dout);
             free(ck->all[i]);
         }
         free(ck->all);
         free(ck->pool);
         free(ck->mb);
-        recv_free(ck->dout);
     }
     free(p->ch);
     free(p->first);
@@ -476,15 +478,19 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
         if (!f) return mg_error(MG_ENOMEM, "pipeline: out of memory");
         mg_status st = mg_tape_create_range(p->m, p->max_batch, ck->u0, ck->u1, &f->t);
         if (!st && ck->stage > 0) st = recv_ready(p, &f->in, (size_t)p->max_batch * ck->in_per);
+        if (!st && ck->stage < p->S - 1)
+            st = recv_ready(p, &f->dout, (size_t)p->max_batch * ck->out_per);
         if (st) {
             mg_tape_destroy(f->t);
+            recv_free(f->in);
             free(f);
             return st;
         }
         ck->all[ck->n_all++] = f;
         /* Tapes are only ever added: the total is the peak. */
         p->stats.activation_bytes += mg_tape_bytes(f->t) +
-                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0);
+                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0) +
+                                     (f->dout ? fl((size_t)p->max_batch * ck->out_per) : 0);
     }
     ck->mb[mb] = f;
     if (++p->held > p->stats.peak_in_flight) p->stats.peak_in_flight = p->held;
@@ -545,8 +551,7 @@ static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int
         const mg_pipe_action *a = &why[0];
         for (int i = n - 1; i >= 0; i--)
             if (why[i].op == MG_PIPE_RECV_F || why[i].op == MG_PIPE_RECV_B) a = &why[i];
-        bool to_next = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B;
-        int other = to_next ? a->stage + 1 : a->stage - 1;
+        int other = mg_pipe_peer_stage(a);
         /* This rank is named once: the group's message names it too. */
         char why_s[1024], me[128], peer[128];
         snprintf(why_s, sizeof why_s, "%s",
@@ -663,8 +668,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
         if (a->op != MG_PIPE_F && a->op != MG_PIPE_B) {
             MG_ASSERT(nops < MG_PIPE_BATCH_MAX);
             bool fwd = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_F;
-            int peer_stage = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B ? a->stage + 1
-                                                                                : a->stage - 1;
+            int peer_stage = mg_pipe_peer_stage(a);
             bool sends = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_SEND_B;
             int tag_stage = sends ? a->stage : peer_stage;   /* the sender's */
             mg_p2p_op o = {.dtype = MG_F32, .peer = peer_stage % p->P,
@@ -687,9 +691,10 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 if (fwd_only) give_back(p, ck, mb, true);
                 break;
             case MG_PIPE_RECV_B:
-                if ((st = recv_ready(p, &ck->dout, (size_t)p->max_batch * ck->out_per))) break;
+                MG_ASSERT(f);   /* after its forward (mg_pipe_run checks the lists) */
+                if ((st = recv_ready(p, &f->dout, (size_t)p->max_batch * ck->out_per))) break;
                 o.coll = MG_COLL_RECV;
-                o.buf = ck->dout;
+                o.buf = f->dout;
                 o.count = (size_t)n * ck->out_per;
                 break;
             default:
@@ -736,7 +741,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (f->sending && (st = wait_sends(p))) break;
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
-            else mg_tape_backward_from(f->t, ck->dout);
+            else mg_tape_backward_from(f->t, f->dout);
             p->cur_chunk = (int)(ck - p->ch);
             if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);

@@ -37,10 +37,10 @@ mg_status mg_pipe_check(mg_pipe_kind k, int P, int M, int V)
     if (k != MG_PIPE_INTERLEAVED && V != 1)
         return mg_error(MG_EINVAL, "pipeline: --chunks %d is for --pp-schedule interleaved; %s "
                         "runs one chunk per stage", V, names[k]);
-    if (k == MG_PIPE_INTERLEAVED && M % P)
+    if (k == MG_PIPE_INTERLEAVED && M < P)
         return mg_error(MG_EINVAL, "pipeline: the interleaved schedule runs micro-batches in "
-                        "rounds of the stage count: %d micro-batches is not a multiple of %d", M,
-                        P);
+                        "groups of at least the stage count: %d micro-batches is fewer than "
+                        "%d stages; use --micro-batches %d or more, or 1f1b", M, P, P);
     return MG_OK;
 }
 
@@ -53,26 +53,48 @@ static void put(list *l, int stage, mg_pipe_op op, int mb)
     l->n++;
 }
 
-/* Megatron-LM's interleaved order: the k-th forward (backward) of a rank
- * works on chunk (k mod P·V) / P (backward: counted from the last chunk)
- * of micro-batch (k / P·V)·P + k mod P. */
-static void interleaved_at(int P, int V, int k, bool fwd, int *chunk, int *mb)
+/* Megatron-LM's interleaved order runs the micro-batches in groups of at
+ * least P (a shorter group would leave rank 0 waiting for its own next
+ * chunk's input), each group through chunk 0, then chunk 1, ... Groups
+ * here are M / P of them, as even as can be (the first M mod that count
+ * one longer), so the longest, which sets the warm-up, is the shortest
+ * it can be: P where P divides M. */
+static int groups(int P, int M) { return M / P > 0 ? M / P : 1; }
+static int longest_group(int P, int M) { return (M + groups(P, M) - 1) / groups(P, M); }
+
+/* The group of the k-th forward (the k-th backward: the same, its chunks
+ * counted from the last): its first micro-batch and its length. */
+static void group_of(int P, int M, int V, int k, int *first, int *len)
 {
-    int g = k % (P * V);
-    *chunk = g / P;
-    if (!fwd) *chunk = V - 1 - *chunk;
-    *mb = k / (P * V) * P + k % P;
+    int q = groups(P, M), base = M / q, longer = M % q;
+    int in_longer = longer * (base + 1) * V;   /* forwards in the longer groups */
+    int g = k < in_longer ? k / ((base + 1) * V) : longer + (k - in_longer) / (base * V);
+    *len = base + (g < longer);
+    *first = g * base + (g < longer ? g : longer);
 }
 
-/* The interleaved schedule's warm-up forwards on a rank (Megatron-LM's). */
+/* The k-th forward (backward) of a rank: its chunk and micro-batch. */
+static void interleaved_at(int P, int M, int V, int k, bool fwd, int *chunk, int *mb)
+{
+    int first, len;
+    group_of(P, M, V, k, &first, &len);
+    int j = k - first * V;   /* its place in the group */
+    *chunk = j / len;
+    if (!fwd) *chunk = V - 1 - *chunk;
+    *mb = first + j % len;
+}
+
+/* The interleaved schedule's warm-up forwards on a rank (Megatron-LM's):
+ * enough for the backward of a group's first micro-batch on the last
+ * chunk, and for its gradient to come back down the ranks. */
 static int interleaved_warm(int P, int M, int V, int rank)
 {
-    int warm = (P - rank - 1) * 2 + (V - 1) * P;
+    int warm = (P - rank - 1) * 2 + (V - 1) * longest_group(P, M);
     return warm < M * V ? warm : M * V;
 }
 
 /* The naive schedule also runs V chunks per rank: what an interleaved
- * step whose micro-batches are not a multiple of P (an epoch's end) runs. */
+ * step of fewer micro-batches than P (an epoch's end) runs. */
 static bool computable(mg_pipe_kind k, int P, int M, int V)
 {
     if (k == MG_PIPE_NAIVE && V > 1) return !mg_pipe_check(k, P, M, 1) && V <= 64;
@@ -110,17 +132,17 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
     case MG_PIPE_INTERLEAVED: {
         int total = M * V, c, mb, warm = interleaved_warm(P, M, V, rank);
         for (int i = 0; i < warm; i++) {
-            interleaved_at(P, V, i, true, &c, &mb);
+            interleaved_at(P, M, V, i, true, &c, &mb);
             put(&l, c * P + rank, MG_PIPE_F, mb);
         }
         for (int i = 0; i < total - warm; i++) {
-            interleaved_at(P, V, warm + i, true, &c, &mb);
+            interleaved_at(P, M, V, warm + i, true, &c, &mb);
             put(&l, c * P + rank, MG_PIPE_F, mb);
-            interleaved_at(P, V, i, false, &c, &mb);
+            interleaved_at(P, M, V, i, false, &c, &mb);
             put(&l, c * P + rank, MG_PIPE_B, mb);
         }
         for (int i = total - warm; i < total; i++) {
-            interleaved_at(P, V, i, false, &c, &mb);
+            interleaved_at(P, M, V, i, false, &c, &mb);
             put(&l, c * P + rank, MG_PIPE_B, mb);
         }
         break;
@@ -129,13 +151,7 @@ int mg_pipe_compute(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_actio
     return l.n;
 }
 
-/* The receive a computation waits for, or the send of its result. */
-static void put_recv(list *l, const mg_pipe_action *c, int S)
-{
-    if (c->op == MG_PIPE_F && c->stage > 0) put(l, c->stage, MG_PIPE_RECV_F, c->mb);
-    if (c->op == MG_PIPE_B && c->stage < S - 1) put(l, c->stage, MG_PIPE_RECV_B, c->mb);
-}
-
+/* The send of a computation's result, if it has one. */
 static void put_send(list *l, const mg_pipe_action *c, int S)
 {
     if (c->op == MG_PIPE_F && c->stage < S - 1) put(l, c->stage, MG_PIPE_SEND_F, c->mb);
@@ -150,24 +166,100 @@ static int iteration_end(mg_pipe_kind k, int warm, int n, int i)
     return i + (k == MG_PIPE_INTERLEAVED && i >= warm && i < n - warm ? 2 : 1);
 }
 
+/* A computation's place in its rank's list: its iteration and index. */
+typedef struct { int iter, at; } place;
+
+static long comp_key(int S, int M, mg_pipe_op op, int stage, int mb)
+{
+    return ((long)(op == MG_PIPE_B) * S + stage) * M + mb;
+}
+
+/* Every rank's computations, and where each one runs (by comp_key). */
+static place *places(mg_pipe_kind k, int P, int M, int V)
+{
+    int S = P * V, n = mg_pipe_compute(k, P, M, V, 0, NULL, 0);
+    place *pl = malloc(sizeof *pl * 2 * (size_t)S * (size_t)M);
+    mg_pipe_action *c = malloc(sizeof *c * (size_t)(n ? n : 1));
+    MG_ASSERT(pl && c);
+    for (int r = 0; r < P; r++) {
+        mg_pipe_compute(k, P, M, V, r, c, n);
+        int warm = k == MG_PIPE_INTERLEAVED ? interleaved_warm(P, M, V, r) : 0;
+        for (int i = 0, it = 0, next; i < n; i = next, it++) {
+            next = iteration_end(k, warm, n, i);
+            for (int j = i; j < next; j++)
+                pl[comp_key(S, M, c[j].op, c[j].stage, c[j].mb)] = (place){it, j};
+        }
+    }
+    free(c);
+    return pl;
+}
+
+/* A receive: the batch that posts it (-1: before the first iteration),
+ * its sender's place, and the computation waiting for it. */
+typedef struct { int batch, from_at, from_rank; mg_pipe_action a; } recv_at;
+
+static int by_batch_then_sender(const void *x, const void *y)
+{
+    const recv_at *a = x, *b = y;
+    if (a->batch != b->batch) return a->batch < b->batch ? -1 : 1;
+    if (a->from_rank != b->from_rank) return a->from_rank < b->from_rank ? -1 : 1;
+    return (a->from_at > b->from_at) - (a->from_at < b->from_at);
+}
+
+/* The rank's receives, each in the batch after the iteration before the
+ * computation that waits for it; interleaved's in the batch of the same
+ * tick as its send where that is earlier. While no warm-up is cut short
+ * by the step's end, lock-step batches meet their neighbours' at a tick,
+ * iteration + rank (rank r's k-th batch meets rank r+1's (k-1)-th and
+ * rank r-1's (k+1)-th). A forward that goes round from the last rank to
+ * rank 0, or a gradient back from rank 0 to the last, is sent L - P ticks
+ * before it is used in a group of L > P micro-batches: Megatron-LM
+ * receives it then and keeps it, and so must we where a send ends only
+ * with its receive. Sorted by batch, then as each sender sends. Returns
+ * the count. */
+static int receives(mg_pipe_kind k, int P, int M, int V, int rank, const mg_pipe_action *c,
+                    int n, recv_at *out)
+{
+    int S = P * V, count = 0;
+    bool ticks = k == MG_PIPE_INTERLEAVED && interleaved_warm(P, M, V, 0) < M * V;
+    place *pl = places(k, P, M, V);
+    for (int j = 0; j < n; j++) {
+        mg_pipe_action a = {c[j].stage, c[j].op == MG_PIPE_F ? MG_PIPE_RECV_F : MG_PIPE_RECV_B,
+                            c[j].mb};
+        int from = mg_pipe_peer_stage(&a);
+        if (from < 0 || from >= S) continue;
+        place me = pl[comp_key(S, M, c[j].op, c[j].stage, c[j].mb)];
+        place sender = pl[comp_key(S, M, c[j].op, from, c[j].mb)];
+        int batch = me.iter - 1, tick = sender.iter + from % P - rank;
+        if (ticks && tick < batch) batch = tick > -1 ? tick : -1;
+        out[count++] = (recv_at){batch, sender.at, from % P, a};
+    }
+    free(pl);
+    qsort(out, (size_t)count, sizeof *out, by_batch_then_sender);
+    return count;
+}
+
 int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action *out, int cap)
 {
     int n = mg_pipe_compute(k, P, M, V, rank, NULL, 0), S = P * V;
     mg_pipe_action *c = malloc(sizeof *c * (size_t)(n ? n : 1));
-    MG_ASSERT(c);
+    recv_at *rv = malloc(sizeof *rv * (size_t)(n ? n : 1));
+    MG_ASSERT(c && rv);
     mg_pipe_compute(k, P, M, V, rank, c, n);
     int warm = k == MG_PIPE_INTERLEAVED ? interleaved_warm(P, M, V, rank) : 0;
+    int nr = receives(k, P, M, V, rank, c, n, rv), r = 0;
     list l = {out, 0, cap};
-    /* The first iteration's receives; after each iteration, one batch:
-     * its results' sends, then the next iteration's receives. */
-    for (int j = 0; j < n && j < iteration_end(k, warm, n, 0); j++) put_recv(&l, &c[j], S);
-    for (int i = 0, next; i < n; i = next) {
+    /* The receives before the first iteration; after each iteration, one
+     * batch: its results' sends, then its receives. */
+    for (; r < nr && rv[r].batch < 0; r++) put(&l, rv[r].a.stage, rv[r].a.op, rv[r].a.mb);
+    for (int i = 0, it = 0, next; i < n; i = next, it++) {
         next = iteration_end(k, warm, n, i);
         for (int j = i; j < next; j++) put(&l, c[j].stage, c[j].op, c[j].mb);
         for (int j = i; j < next; j++) put_send(&l, &c[j], S);
-        for (int j = next; j < n && j < iteration_end(k, warm, n, next); j++)
-            put_recv(&l, &c[j], S);
+        for (; r < nr && rv[r].batch == it; r++) put(&l, rv[r].a.stage, rv[r].a.op, rv[r].a.mb);
     }
+    MG_ASSERT(r == nr);
+    free(rv);
     free(c);
     return l.n;
 }
@@ -176,7 +268,7 @@ int mg_pipe_lower(mg_pipe_kind k, int P, int M, int V, int rank, mg_pipe_action 
 static mg_pipe_kind step_kind(mg_pipe_kind k, int P, int M, int V, bool fwd_only)
 {
     if (fwd_only && k != MG_PIPE_INTERLEAVED && V == 1) return MG_PIPE_GPIPE;
-    return k == MG_PIPE_INTERLEAVED && M % P ? MG_PIPE_NAIVE : k;
+    return k == MG_PIPE_INTERLEAVED && M < P ? MG_PIPE_NAIVE : k;
 }
 
 int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_only,
@@ -194,6 +286,12 @@ int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_o
             put(&l, all[i].stage, all[i].op, all[i].mb);
     free(all);
     return l.n;
+}
+
+int mg_pipe_peer_stage(const mg_pipe_action *a)
+{
+    MG_ASSERT(a->op != MG_PIPE_F && a->op != MG_PIPE_B);
+    return a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B ? a->stage + 1 : a->stage - 1;
 }
 
 static const char *const ops[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
@@ -223,15 +321,11 @@ void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap)
  * and is received there as RECV_F of s + 1. */
 static long msg_key(const mg_pipe_action *a, int S, int M)
 {
-    int to, dir;
-    switch (a->op) {
-    case MG_PIPE_SEND_F: to = a->stage + 1; dir = 0; break;
-    case MG_PIPE_RECV_F: to = a->stage; dir = 0; break;
-    case MG_PIPE_SEND_B: to = a->stage - 1; dir = 1; break;
-    case MG_PIPE_RECV_B: to = a->stage; dir = 1; break;
-    default: return -1;
-    }
-    return ((long)dir * S + to) * M + a->mb;
+    if (a->op == MG_PIPE_F || a->op == MG_PIPE_B) return -1;
+    bool send = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_SEND_B;
+    int to = send ? mg_pipe_peer_stage(a) : a->stage;
+    bool fwd = a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_F;
+    return ((long)!fwd * S + to) * M + a->mb;
 }
 
 /* Every rank's list for a step (mg_pipe_lower_step), run by the eager
@@ -239,8 +333,9 @@ static long msg_key(const mg_pipe_action *a, int S, int M)
 static mg_status simulate(mg_pipe_kind k, int P, int M, int V, bool fwd_only, double tf,
                           double tb, mg_pipe_sim *out)
 {
-    /* The eager simulator takes the schedule as given (an interleaved M
-     * short of whole rounds is refused); the rendezvous one as a step runs. */
+    /* The eager simulator takes the schedule as given (an interleaved
+     * step of fewer than P micro-batches is refused); the rendezvous one
+     * as a step runs. */
     mg_pipe_kind as = out ? k : step_kind(k, P, M, V, fwd_only);
     if (!computable(as, P, M, V)) MG_TRY(mg_pipe_check(as, P, M, V));
     mg_pipe_action *a[64];
@@ -320,9 +415,14 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                 int fb = x->stage * M + x->mb;
                 if (x->op == MG_PIPE_RECV_F || x->op == MG_PIPE_RECV_B) {
                     if (sent[key] < 0) break;   /* waits for its send */
+                    if (x->op == MG_PIPE_RECV_F && ++inflight[r] > out->peak_in_flight[r])
+                        out->peak_in_flight[r] = inflight[r];
                     if (recvd[key]++)
                         st = mg_error(MG_EINVAL, "pipeline: stage %d receives micro-batch "
                                       "%d twice", x->stage, x->mb);
+                    if (x->op == MG_PIPE_RECV_B && !fwd[fb])   /* it goes to the tape */
+                        st = mg_error(MG_EINVAL, "pipeline: stage %d receives the gradient of "
+                                      "micro-batch %d before its forward", x->stage, x->mb);
                     if (sent[key] > t[r]) t[r] = sent[key];
                 } else if (x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_SEND_B) {
                     if (sent[key] >= 0)
@@ -336,7 +436,8 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                                       x->stage, x->mb);
                     t[r] += tf;
                     out->busy[r] += tf;
-                    if (++inflight[r] > out->peak_in_flight[r]) out->peak_in_flight[r] = inflight[r];
+                    if (x->stage == 0 && ++inflight[r] > out->peak_in_flight[r])
+                        out->peak_in_flight[r] = inflight[r];
                 } else {
                     if (!fwd[fb] || bwd[fb]++)
                         st = mg_error(MG_EINVAL, "pipeline: stage %d runs backward %d %s",
@@ -422,9 +523,8 @@ static mg_status rv_batches(const mg_pipe_action *const *a, const int *n, int P,
                                 "than %d sends and receives", r, one, MG_PIPE_BATCH_MAX);
             }
             bool send = x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_SEND_B;
-            int to = x->op == MG_PIPE_SEND_F || x->op == MG_PIPE_RECV_B ? x->stage + 1
-                                                                        : x->stage - 1;
-            op[k++] = (rv_op){.a = x, .rank = r, .batch = nb[r] - 1, .peer = to % P,
+            op[k++] = (rv_op){.a = x, .rank = r, .batch = nb[r] - 1,
+                              .peer = mg_pipe_peer_stage(x) % P,
                               .send = send, .key = msg_key(x, S, M), .partner = -1};
         }
     }

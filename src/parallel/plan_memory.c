@@ -289,19 +289,21 @@ static size_t units_floats(const mg__plan_shape *s, int a, int b)
     return s->unit[a].hi - s->unit[b - 1].lo;
 }
 
-/* The tapes a chunk of rank `rank` holds at most: its forwards not yet
- * backwarded, over the schedule. */
+/* The tapes a chunk of rank `rank` holds at most: as the executor takes
+ * them, each from the receive of its input (its forward on stage 0) to
+ * its backward, over the schedule's lowered list. */
 static mg_status in_flight(const mg_plan *p, int rank, int *per_chunk)
 {
-    int cap = 2 * p->micro * p->chunks;
-    mg_pipe_action *a = malloc(sizeof *a * (size_t)cap);
+    int n = mg_pipe_lower(p->schedule, p->pp, p->micro, p->chunks, rank, NULL, 0);
+    mg_pipe_action *a = malloc(sizeof *a * (size_t)(n ? n : 1));
     if (!a) return mg_error(MG_ENOMEM, "planner: out of memory");
-    int n = mg_pipe_compute(p->schedule, p->pp, p->micro, p->chunks, rank, a, cap);
+    mg_pipe_lower(p->schedule, p->pp, p->micro, p->chunks, rank, a, n);
     for (int k = 0; k < p->chunks; k++) {
         int now = 0, most = 0;
         for (int i = 0; i < n; i++) {
             if (a[i].stage / p->pp != k) continue;
-            now += a[i].op == MG_PIPE_F ? 1 : -1;
+            if (a[i].op == MG_PIPE_RECV_F || (a[i].op == MG_PIPE_F && a[i].stage == 0)) now++;
+            if (a[i].op == MG_PIPE_B) now--;
             if (now > most) most = now;
         }
         per_chunk[k] = most;
@@ -320,7 +322,8 @@ static mg_status pipeline_memory(const mg__plan_shape *sh, const int *first, con
         int s = k * p->pp + rank, u0 = first[s], u1 = first[s + 1];
         floats += units_floats(sh, u0, u1);
         size_t in = s ? sh->unit[u0 - 1].out_bytes * (size_t)p->local : 0;
-        act += (size_t)held[k] * (mg_tape_bytes_for(sh->m, p->local, u0, u1) + in);
+        size_t dout = s < S - 1 ? sh->unit[u1 - 1].out_bytes * (size_t)p->local : 0;
+        act += (size_t)held[k] * (mg_tape_bytes_for(sh->m, p->local, u0, u1) + in + dout);
     }
     /* Parameters a unit of this rank reads from another rank's stage. */
     for (int u = 0; u < sh->n; u++) {
