@@ -364,7 +364,18 @@ static void stages_equal_whole(mg_model *(*make)(uint64_t), int n, const int *cu
         float lb = mg_tape_loss(st[S - 1], bt.y[k], NULL);
         CHECK(la == lb);
         mg_tape_backward(st[S - 1]);
-        for (int s = S - 2; s >= 0; s--) mg_tape_backward_from(st[s], mg_tape_input_grad(st[s + 1]));
+        /* The second step writes each stage's output gradient into its
+         * tape first (mg_tape_output_grad), as a pipeline receives it. */
+        for (int s = S - 2; s >= 0; s--) {
+            const float *dout = mg_tape_input_grad(st[s + 1]);
+            if (k == 1) {
+                size_t per;
+                mg_tape_range(st[s], NULL, NULL, NULL, &per);
+                memcpy(mg_tape_output_grad(st[s]), dout, per * (size_t)n * sizeof(float));
+                dout = mg_tape_output_grad(st[s]);
+            }
+            mg_tape_backward_from(st[s], dout);
+        }
         CHECK(mg_tape_input_grad(st[0]) == NULL);
         CHECK_MSG(same(mg_model_grads(a), mg_model_grads(b), na), "%s: gradients differ",
                   mg_model_name(a));

@@ -386,6 +386,11 @@ const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch
 float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct);
 void mg_tape_backward(mg_tape *t);
 void mg_tape_backward_from(mg_tape *t, const float *dout);
+/* The tape's own buffer for that dout (batch * outputs per sample floats,
+ * on the tape's device), valid from a forward to its backward: a caller
+ * may write the gradient there (a pipeline stage receives it there) and
+ * pass this pointer, and then nothing is copied. */
+float *mg_tape_output_grad(mg_tape *t);
 const float *mg_tape_input_grad(const mg_tape *t);
 const float *mg_tape_logits(const mg_tape *t);
 /* The last forward's output, batch * outputs per sample floats, into

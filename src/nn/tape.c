@@ -378,7 +378,9 @@ void mg_tape_backward_from(mg_tape *t, const float *dout)
 {
     MG_ASSERT(t->have_fwd);
     size_t bytes = (size_t)t->batch * t->out_per * sizeof(float);
-    if (t->dk) {   /* dout comes from the host, or is on the device already */
+    if (dout == t->dlogits) {
+        /* written in place (mg_tape_output_grad): nothing to copy */
+    } else if (t->dk) {   /* from the host, or on the device already */
         mg_dk *prev = mg__dk_enter(t->dk);
         if (mg_device_of(dout).kind == MG_DEVICE_CPU) mg_dk_copy_in(t->dlogits, dout, bytes);
         else mg_dk_copy_floats(t->dlogits, dout, bytes / sizeof(float));
@@ -389,6 +391,7 @@ void mg_tape_backward_from(mg_tape *t, const float *dout)
     run_backward(t);
 }
 
+float *mg_tape_output_grad(mg_tape *t) { return t->dlogits; }
 const float *mg_tape_input_grad(const mg_tape *t) { return t->dinput; }
 void mg_tape_range(const mg_tape *t, int *first, int *last, size_t *in_floats,
                    size_t *out_floats)

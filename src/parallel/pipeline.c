@@ -3,9 +3,10 @@
  * boundaries; this rank runs the stages s with s mod P == rank (its V
  * chunks), each micro-batch on a tape of the stage's units alone, one
  * tape per micro-batch in flight (a pool per chunk that grows to the
- * schedule's peak: GPipe's M, 1F1B's P - rank), each with its own buffers
- * for the input and the output gradient it receives (interleaved may
- * receive a micro-batch's before the backward of another's).
+ * schedule's peak: GPipe's M, 1F1B's P - rank), with its own buffer for
+ * the input it receives; its output's gradient is received straight into
+ * its tape (mg_tape_output_grad), so interleaved may receive one a few
+ * backwards early.
  *
  * The executor walks the rank's lowered list. The sends and receives
  * between two computations are posted as one batch (sends first, so two
@@ -46,7 +47,6 @@
 typedef struct flight {   /* a micro-batch in flight on a chunk */
     mg_tape *t;
     float *in;            /* its received input (stages > 0; on the model's device) */
-    float *dout;          /* its received output gradient (stages < S-1; there too) */
     bool sending;         /* a send of its input gradient may be in flight */
 } flight;
 
@@ -308,7 +308,6 @@ void mg__pipe_destroy(mg_pipe *p)
         for (int i = 0; i < ck->n_all; i++) {
             mg_tape_destroy(ck->all[i]->t);
             recv_free(ck->all[i]->in);
-            recv_free(ck->all[i]->dout);
             free(ck->all[i]);
         }
         free(ck->all);
@@ -478,19 +477,15 @@ static mg_status take(mg_pipe *p, chunk *ck, int mb)
         if (!f) return mg_error(MG_ENOMEM, "pipeline: out of memory");
         mg_status st = mg_tape_create_range(p->m, p->max_batch, ck->u0, ck->u1, &f->t);
         if (!st && ck->stage > 0) st = recv_ready(p, &f->in, (size_t)p->max_batch * ck->in_per);
-        if (!st && ck->stage < p->S - 1)
-            st = recv_ready(p, &f->dout, (size_t)p->max_batch * ck->out_per);
         if (st) {
             mg_tape_destroy(f->t);
-            recv_free(f->in);
             free(f);
             return st;
         }
         ck->all[ck->n_all++] = f;
         /* Tapes are only ever added: the total is the peak. */
         p->stats.activation_bytes += mg_tape_bytes(f->t) +
-                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0) +
-                                     (f->dout ? fl((size_t)p->max_batch * ck->out_per) : 0);
+                                     (f->in ? fl((size_t)p->max_batch * ck->in_per) : 0);
     }
     ck->mb[mb] = f;
     if (++p->held > p->stats.peak_in_flight) p->stats.peak_in_flight = p->held;
@@ -692,9 +687,8 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
                 break;
             case MG_PIPE_RECV_B:
                 MG_ASSERT(f);   /* after its forward (mg_pipe_run checks the lists) */
-                if ((st = recv_ready(p, &f->dout, (size_t)p->max_batch * ck->out_per))) break;
                 o.coll = MG_COLL_RECV;
-                o.buf = f->dout;
+                o.buf = mg_tape_output_grad(f->t);
                 o.count = (size_t)n * ck->out_per;
                 break;
             default:
@@ -741,7 +735,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (f->sending && (st = wait_sends(p))) break;
             if (p->before_backward) p->before_backward(p->bb_ud, p->final_b[i]);
             if (last) mg_tape_backward(f->t);
-            else mg_tape_backward_from(f->t, f->dout);
+            else mg_tape_backward_from(f->t, mg_tape_output_grad(f->t));
             p->cur_chunk = (int)(ck - p->ch);
             if (p->after_backward && (st = p->after_backward(p->bb_ud))) break;
             if (ck->stage == 0) give_back(p, ck, mb, false);

@@ -322,8 +322,7 @@ static mg_status pipeline_memory(const mg__plan_shape *sh, const int *first, con
         int s = k * p->pp + rank, u0 = first[s], u1 = first[s + 1];
         floats += units_floats(sh, u0, u1);
         size_t in = s ? sh->unit[u0 - 1].out_bytes * (size_t)p->local : 0;
-        size_t dout = s < S - 1 ? sh->unit[u1 - 1].out_bytes * (size_t)p->local : 0;
-        act += (size_t)held[k] * (mg_tape_bytes_for(sh->m, p->local, u0, u1) + in + dout);
+        act += (size_t)held[k] * (mg_tape_bytes_for(sh->m, p->local, u0, u1) + in);
     }
     /* Parameters a unit of this rank reads from another rank's stage. */
     for (int u = 0; u < sh->n; u++) {
