@@ -1,9 +1,12 @@
 /* libFuzzer target: the safetensors reader (src/data/safetensors.c,
- * st_json.c) on any bytes, as a file and as a remote file (the header
- * bytes a peer sends, the rest read through a function: a checkpoint only
- * node 0 reaches). A file it accepts must be consistent: every tensor
- * found by its name, its bytes readable (a remote file's reads within the
- * file, and the same bytes as the file's), every metadata key found. */
+ * st_json.c) on any bytes, as a file read whole, as a file left on disk
+ * (its header read, the checksum and the tensors' bytes read in pieces)
+ * and as a remote file (the header bytes a peer sends, the rest read
+ * through a function: a checkpoint only node 0 reaches). A file it
+ * accepts must be consistent: every tensor found by its name, its bytes
+ * readable (a remote file's reads within the file, and the same bytes as
+ * the file's), every metadata key found; on disk it is accepted exactly
+ * when read whole is, with the same verification. */
 #include "common.h"  /* first: it defines _GNU_SOURCE */
 #include <string.h>
 #include "multigrad/checkpoint.h"
@@ -51,9 +54,19 @@ static unsigned check(const mg_st_file *f, const mg_st_file *local)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    mg_st_file *f = NULL, *r;
+    mg_st_file *f = NULL, *r, *d = NULL;
     unsigned sum = 0;
-    if (!mg_st_open(fuzz_file(0, data, size), &f)) sum += check(f, NULL);
+    const char *path = fuzz_file(0, data, size);
+    if (!mg_st_open(path, &f)) sum += check(f, NULL);
+    FUZZ_CHECK(!mg_st_open_on_disk(path, &d) == (f != NULL));
+    if (d) {
+        FUZZ_CHECK(mg_st_verified(d) == mg_st_verified(f) && mg_st_size(d) == size);
+        sum += check(d, f);
+        uint8_t last;
+        FUZZ_CHECK(!size || !mg_st_pread(d, size - 1, 1, &last));
+        FUZZ_CHECK(mg_st_pread(d, size, 1, &last) == MG_EINVAL);
+        mg_st_close(d);
+    }
     /* Remote: the whole header given (as a peer sends it), or a prefix of
      * the bytes (a header longer than the bytes given must be refused). */
     bytes b = {data, size};

@@ -36,6 +36,42 @@ static size_t read_all(const char *path, uint8_t **out)
     return (size_t)n;
 }
 
+/* mg_st_open, checking that mg_st_open_on_disk (only the header in
+ * memory, the checksum read in pieces) takes the file alike: the same
+ * outcome and message, the same tensors and verification, and its reads
+ * the same bytes. */
+static mg_status open_both(const char *path, mg_st_file **out)
+{
+    mg_st_file *d = (mg_st_file *)1;
+    mg_status sd = mg_st_open_on_disk(path, &d);
+    char disk_error[1024];
+    snprintf(disk_error, sizeof disk_error, "%s", mg_last_error());
+    mg_status st = mg_st_open(path, out);
+    CHECK_MSG(sd == st && (st || !strcmp(disk_error, mg_last_error())), "%s: on disk %s (%s), "
+              "whole %s (%s)", path, mg_status_name(sd), disk_error, mg_status_name(st),
+              mg_last_error());
+    if (st || sd) {
+        CHECK(sd || (mg_st_close(d), false));
+        CHECK(d == NULL);
+        return st;
+    }
+    CHECK(mg_st_count(d) == mg_st_count(*out) && mg_st_verified(d) == mg_st_verified(*out) &&
+          mg_st_checks_contents(d) && mg_st_size(d) == mg_st_size(*out));
+    for (int i = 0; i < mg_st_count(d); i++) {
+        const mg_st_tensor *x = mg_st_get(d, i), *y = mg_st_get(*out, i);
+        CHECK(x->data == NULL && !strcmp(x->name, y->name) && x->nbytes == y->nbytes);
+        uint8_t *b = malloc(x->nbytes + 1);
+        CHECK_OK(mg_st_read(d, x, 0, x->nbytes, b));
+        CHECK(!x->nbytes || !memcmp(b, y->data, x->nbytes));
+        free(b);
+    }
+    uint8_t last;
+    CHECK_ERR(mg_st_pread(d, mg_st_size(d), 1, &last), MG_EINVAL);
+    CHECK(!mg_st_size(d) || !mg_st_pread(d, mg_st_size(d) - 1, 1, &last));
+    mg_st_close(d);
+    return st;
+}
+
 static void write_raw(const char *path, const void *p, size_t n)
 {
     FILE *f = fopen(path, "wb");
@@ -59,7 +95,7 @@ static int count_tmp_files(void)
 TEST(st_reads_pytorch_reference)
 {
     mg_st_file *f;
-    CHECK_OK(mg_st_open(mgt_data("lenet5.safetensors"), &f));
+    CHECK_OK(open_both(mgt_data("lenet5.safetensors"), &f));
     CHECK_EQ(mg_st_count(f), 35);
     CHECK(!mg_st_verified(f));                      /* written by PyTorch: no CRC */
     CHECK(!strcmp(mg_st_meta(f, "model"), "lenet5"));
@@ -240,7 +276,7 @@ TEST(st_reader_is_strict)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *p = raw_st("bad.st", bad[i].header, bad[i].data);
         mg_st_file *f = (mg_st_file *)1;
-        mg_status st = mg_st_open(p, &f);
+        mg_status st = open_both(p, &f);
         CHECK_MSG(st == MG_EFORMAT, "%s: accepted or wrong code %s", bad[i].why,
                   mg_status_name(st));
         CHECK_MSG(f == NULL && strstr(mg_last_error(), p), "%s: %s", bad[i].why, mg_last_error());
@@ -252,30 +288,30 @@ TEST(st_reader_is_strict)
                        "\"shape\":[0],\"data_offsets\":[5,5]},\"a\":{\"dtype\":\"U8\",\"shape\":[],"
                        "\"data_offsets\":[0,1]}, \"__metadata__\":{} }\t\r\n  ";
     mg_st_file *f;
-    CHECK_OK(mg_st_open(raw_st("good.st", good, 5), &f));
+    CHECK_OK(open_both(raw_st("good.st", good, 5), &f));
     CHECK_EQ(mg_st_count(f), 3);
     CHECK(mg_st_find(f, "b\xc3\xbc\xf0\x9f\x98\x80/") != NULL);
     CHECK(mg_st_find(f, "a")->ndim == 0 && mg_st_find(f, "z")->nbytes == 0);
     mg_st_close(f);
-    CHECK_OK(mg_st_open(raw_st("empty.st", "{}", 0), &f));
+    CHECK_OK(open_both(raw_st("empty.st", "{}", 0), &f));
     mg_st_close(f);
 
     /* Framing: too short, header longer than the file or than 100 MB. */
     uint8_t buf[16] = {0};
     write_raw(tpath("short.st"), buf, 5);
-    CHECK_ERR(mg_st_open(tpath("short.st"), &f), MG_EFORMAT);
+    CHECK_ERR(open_both(tpath("short.st"), &f), MG_EFORMAT);
     uint64_t l = 9;
     memcpy(buf, &l, 8);
     memcpy(buf + 8, "{}      ", 8);
     write_raw(tpath("long.st"), buf, 16);
-    CHECK_ERR(mg_st_open(tpath("long.st"), &f), MG_EFORMAT);
+    CHECK_ERR(open_both(tpath("long.st"), &f), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "truncated"));
     l = 200000000;
     memcpy(buf, &l, 8);
     write_raw(tpath("huge.st"), buf, 16);
-    CHECK_ERR(mg_st_open(tpath("huge.st"), &f), MG_EFORMAT);
+    CHECK_ERR(open_both(tpath("huge.st"), &f), MG_EFORMAT);
     CHECK(strstr(mg_last_error(), "100 MB"));
-    CHECK_ERR(mg_st_open(tpath("missing.st"), &f), MG_EIO);
+    CHECK_ERR(open_both(tpath("missing.st"), &f), MG_EIO);
     CHECK(strstr(mg_last_error(), "missing.st"));
 }
 
@@ -305,7 +341,7 @@ TEST(st_crc_catches_any_flipped_byte)
         raw[i] ^= 1;
         write_raw(q, raw, size);
         mg_st_file *f;
-        mg_status st = mg_st_open(q, &f);
+        mg_status st = open_both(q, &f);
         if (st == MG_OK) {
             if (!(i >= key && i < key + 15 && !mg_st_verified(f))) {
                 printf("flip at byte %zu accepted\n", i);
@@ -320,7 +356,7 @@ TEST(st_crc_catches_any_flipped_byte)
         raw[i] ^= 0x40;
         write_raw(q, raw, size);
         mg_st_file *f;
-        CHECK_ERR(mg_st_open(q, &f), MG_EFORMAT);
+        CHECK_ERR(open_both(q, &f), MG_EFORMAT);
         CHECK(strstr(mg_last_error(), "checksum"));
         raw[i] ^= 0x40;
     }

@@ -107,6 +107,59 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     free(out);
 }
 
+/* The whole-process peak a run printed ("peak memory N MB"), or -1. */
+static double peak_mb(const char *out)
+{
+    const char *p = strstr(out, "peak memory ");
+    double mb = -1;
+    return p && sscanf(p, "peak memory %lf MB", &mb) == 1 ? mb : -1;
+}
+
+/* --resume reads each rank's part where the file lies (mg_st_open_on_disk:
+ * its header in memory, the checksum read in pieces): a resumed run's
+ * whole-process peak is the fresh run's, in one process and in ZeRO-3 over
+ * 2 ranks, not that plus a good part of the 44 MB file, as when each rank
+ * read the file whole (+28 MB here). The resumed runs end where an
+ * uninterrupted one does. */
+TEST_T(mgtrain_resume_does_not_hold_the_file, 180)
+{
+    const char *g = "--model gpt-mini --layers 2 --dim 384 --heads 4 --ctx 64 --batch 2 "
+                    "--eval-windows 1 --no-eval-on-start";
+    char bin[512], run[512], ck[512], *out;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ck, sizeof ck, "%s/resume-memory.st", mgt_tmpdir());
+    int rc = mgt_sh(&out, "%s %s --steps 1 --save %s", bin, g, ck);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    struct stat sb;
+    CHECK(stat(ck, &sb) == 0 && sb.st_size > 40000000);
+    double file = (double)sb.st_size / 1e6;
+    const char *how[2] = {"", "--mesh dp=2 --zero 3"};
+    for (int k = 0; k < 2; k++) {
+        char launch[600];
+        snprintf(launch, sizeof launch, "%s%s", k ? run : "", k ? " -n 2 " : "");
+        double peak[2];
+        char *end[2];
+        for (int r = 0; r < 2; r++) {
+            rc = mgt_sh(&out, "%s%s %s %s --steps 2%s%s", launch, bin, g, how[k],
+                        r ? " --resume " : "", r ? ck : "");
+            peak[r] = peak_mb(out);
+            const char *f = strstr(out, "final: validation loss");
+            CHECK_MSG(rc == 0 && peak[r] > 0 && f, "%s", out);
+            end[r] = strndup(f ? f : "", 32);
+            free(out);
+        }
+        printf("%s: peak %.0f MB fresh, %.0f MB resumed (the file %.0f MB)\n",
+               k ? "zero3 on 2 ranks" : "one process", peak[0], peak[1], file);
+        CHECK_MSG(peak[1] < peak[0] + file / 4, "%s: resumed peak %.0f MB, fresh %.0f MB",
+                  k ? how[k] : "one process", peak[1], peak[0]);
+        CHECK_MSG(!strcmp(end[0], end[1]), "resumed '%s', uninterrupted '%s'", end[1], end[0]);
+        free(end[0]);
+        free(end[1]);
+    }
+}
+
 /* The epoch's train loss from a --log CSV (header, then one row). */
 static double csv_train_loss(const char *dir, const char *name)
 {

@@ -77,16 +77,25 @@ bool mg_st_verified(const mg_st_file *f);
 typedef mg_status (*mg_st_read_fn)(void *ud, uint64_t off, size_t len, void *dst);
 mg_status mg_st_open_remote(const char *name, const void *head, size_t len, uint64_t size,
                             bool verified, mg_st_read_fn read, void *ud, mg_st_file **out);
-/* n bytes of tensor x of f from its byte `from` into dst (a remote file
- * through its read function). */
+/* A file left on disk: only its length and header are read into memory
+ * (and checked as mg_st_open checks them); the checksum is verified by
+ * reading the data once in pieces of 1 MB. The tensors' data are NULL:
+ * mg_st_read reads their bytes when asked, so memory does not grow with
+ * the file. */
+mg_status mg_st_open_on_disk(const char *path, mg_st_file **out);
+/* Whether this process checks f's contents (the values a checkpoint
+ * reads): a file read whole or on disk, not a remote one. */
+bool mg_st_checks_contents(const mg_st_file *f);
+/* n bytes of tensor x of f from its byte `from` into dst (a file not in
+ * memory through its read function). */
 mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, size_t n,
                      void *dst);
-/* The file's length and header bytes (*len of them), its size, and
- * [off, off + len) of a file read whole (NULL when out of range or the
- * file is remote): what a holder sends. */
+/* The file's length and header bytes (*len of them), its size, and its
+ * bytes [off, off + len) into dst (MG_EINVAL past its end): what a holder
+ * sends. */
 const void *mg_st_head(const mg_st_file *f, size_t *len);
 uint64_t mg_st_size(const mg_st_file *f);
-const void *mg_st_bytes(const mg_st_file *f, uint64_t off, size_t len);
+mg_status mg_st_pread(const mg_st_file *f, uint64_t off, size_t len, void *dst);
 /* "F32", ... and the element size in bytes. */
 const char *mg_st_dtype_name(mg_st_dtype d);
 size_t mg_st_dtype_size(mg_st_dtype d);

@@ -9,8 +9,10 @@
  * exactly that schema, the header is at most 100 MB as in the reference
  * implementation, and the byte ranges must match dtype and shape, lie in
  * the file, and tile the data exactly (contiguous, no overlap, no slack).
- * The whole file is read into memory: fine for the checkpoints here (a
- * few MB), not meant for multi-GB model files.
+ * mg_st_open reads the whole file into memory; mg_st_open_on_disk only
+ * its header, reading the tensors' bytes when asked (and the checksum's
+ * in pieces), so that a checkpoint larger than a process's part of it is
+ * read without holding it.
  *
  * Integrity: the writer adds the metadata entry "multigrad.crc32", a CRC-32
  * of the contents (tensors by name with dtype, shape and data; metadata by
@@ -375,23 +377,48 @@ static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, u
     return MG_OK;
 }
 
+/* The CRC-32 of each tensor's data of a file not in memory, read in
+ * pieces of at most 1 MB. */
+static mg_status data_crcs(const mg_st_file *f, uint32_t *crc)
+{
+    enum { PIECE = 1 << 20 };
+    uint8_t *b = malloc(PIECE);
+    if (!b) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    mg_status st = MG_OK;
+    for (int i = 0; i < f->n && !st; i++) {
+        uLong c = crc32_z(0L, Z_NULL, 0);
+        for (size_t at = 0, k; at < f->t[i].nbytes && !st; at += k) {
+            k = f->t[i].nbytes - at < PIECE ? f->t[i].nbytes - at : PIECE;
+            st = mg_st_read(f, &f->t[i], at, k, b);
+            c = crc32_z(c, b, k);
+        }
+        crc[i] = (uint32_t)c;
+    }
+    free(b);
+    return st;
+}
+
 static mg_status verify_crc(const char *path, mg_st_file *f)
 {
     const char *want = mg_st_meta(f, CRC_KEY);
     if (!want) return MG_OK;
     const mg_st_tensor **s = malloc(((size_t)f->n + 1) * sizeof *s);
     kv *pairs = malloc(((size_t)f->nmeta + 1) * sizeof *pairs);
-    if (!s || !pairs) {
-        free(s);
-        free(pairs);
-        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    uint32_t *crc = f->read ? malloc(((size_t)f->n + 1) * sizeof *crc) : NULL;
+    mg_status st = s && pairs && (crc || !f->read) ? MG_OK
+                                                   : mg_error(MG_ENOMEM, "safetensors: out of "
+                                                              "memory");
+    if (!st && crc) st = data_crcs(f, crc);
+    char got[16] = "";
+    if (!st) {
+        for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
+        for (int i = 0; i < f->nmeta; i++) pairs[i] = (kv){f->meta[2 * i], f->meta[2 * i + 1]};
+        snprintf(got, sizeof got, "%08x", content_crc(s, f->n, pairs, f->nmeta, f->t, crc));
     }
-    for (int i = 0; i < f->n; i++) s[i] = &f->t[i];
-    for (int i = 0; i < f->nmeta; i++) pairs[i] = (kv){f->meta[2 * i], f->meta[2 * i + 1]};
-    char got[16];
-    snprintf(got, sizeof got, "%08x", content_crc(s, f->n, pairs, f->nmeta, NULL, NULL));
     free(s);
     free(pairs);
+    free(crc);
+    if (st) return st;
     if (strcmp(got, want) != 0)
         return mg_error(MG_EFORMAT, "%s: checksum mismatch (stored %.16s, contents %s): the "
                         "file is damaged", path, want, got);
@@ -424,8 +451,8 @@ out:
 }
 
 /* The header of f (f->size bytes; f->buf its first head bytes, or all of
- * them): parsed, its layout checked, and with the data present, its
- * checksum verified. */
+ * them): parsed, its layout checked, and where this process checks the
+ * contents, its checksum verified. */
 static mg_status parse(const char *path, mg_st_file *f, size_t head)
 {
     uint64_t *offs = NULL, hlen = 0;
@@ -449,19 +476,77 @@ static mg_status parse(const char *path, mg_st_file *f, size_t head)
         st = mg_error(MG_EFORMAT, "%s: bad safetensors header: %s at header byte %zu: the "
                       "file is damaged or not safetensors", path, err, errpos);
     if (!st) st = check_layout(path, f, offs, f->size - 8 - hlen);
-    if (!st && !f->read) st = verify_crc(path, f);
     f->head = (size_t)hlen + 8;
+    if (!st && f->checks) st = verify_crc(path, f);
     free(offs);
     return st;
+}
+
+/* A file's mg_st_file, before it is read. */
+static mg_st_file *new_file(bool checks)
+{
+    mg_st_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        mg_error(MG_ENOMEM, "safetensors: out of memory");
+        return NULL;
+    }
+    f->fd = -1;
+    f->checks = checks;
+    return f;
 }
 
 mg_status mg_st_open(const char *path, mg_st_file **out)
 {
     *out = NULL;
-    mg_st_file *f = calloc(1, sizeof *f);
-    if (!f) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    mg_st_file *f = new_file(true);
+    if (!f) return MG_ENOMEM;
     mg_status st = read_file(path, f);
     if (!st) st = parse(path, f, f->size);
+    if (st) {
+        mg_st_close(f);
+        return st;
+    }
+    *out = f;
+    return MG_OK;
+}
+
+/* Bytes [off, off + len) of a file on disk. */
+static mg_status disk_read(void *ud, uint64_t off, size_t len, void *dst)
+{
+    const mg_st_file *f = ud;
+    for (size_t got = 0; got < len;) {
+        ssize_t r = pread(f->fd, (uint8_t *)dst + got, len - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return mg_error(MG_EIO, "cannot read %zu bytes at byte %llu of a safetensors file: "
+                            "%s", len, (unsigned long long)off,
+                            r < 0 ? strerror(errno) : "it is shorter than it was when opened");
+        got += (size_t)r;
+    }
+    return MG_OK;
+}
+
+mg_status mg_st_open_on_disk(const char *path, mg_st_file **out)
+{
+    *out = NULL;
+    mg_st_file *f = new_file(true);
+    if (!f) return MG_ENOMEM;
+    struct stat sb;
+    f->fd = mg_open_regular(path, NULL, &sb);
+    mg_status st = f->fd < 0 ? MG_EIO : MG_OK;
+    f->size = st ? 0 : (size_t)sb.st_size;
+    f->read = disk_read;
+    f->read_ud = f;
+    uint64_t hlen = 0;
+    if (!st && f->size >= 8) st = disk_read(f, 0, 8, &hlen);
+    /* Only what the header claims, within the file and the limit (parse
+     * says what is wrong otherwise). */
+    size_t head = !st && f->size >= 8 && hlen <= MAX_HEADER && hlen <= f->size - 8
+                      ? (size_t)hlen + 8 : (f->size < 8 ? f->size : 8);
+    if (!st && !(f->buf = malloc(head + 1)))
+        st = mg_error(MG_ENOMEM, "%s: out of memory for its header", path);
+    if (!st) st = disk_read(f, 0, head, f->buf);
+    if (!st) st = parse(path, f, head);
     if (st) {
         mg_st_close(f);
         return st;
@@ -474,8 +559,9 @@ mg_status mg_st_open_remote(const char *name, const void *head, size_t len, uint
                             bool verified, mg_st_read_fn read, void *ud, mg_st_file **out)
 {
     *out = NULL;
-    mg_st_file *f = calloc(1, sizeof *f);
-    if (!f || !(f->buf = malloc(len + 1))) {
+    mg_st_file *f = new_file(false);
+    if (!f) return MG_ENOMEM;
+    if (!(f->buf = malloc(len + 1))) {
         free(f);
         return mg_error(MG_ENOMEM, "safetensors: out of memory");
     }
@@ -502,10 +588,14 @@ const void *mg_st_head(const mg_st_file *f, size_t *len)
 
 uint64_t mg_st_size(const mg_st_file *f) { return f->size; }
 
-const void *mg_st_bytes(const mg_st_file *f, uint64_t off, size_t len)
+mg_status mg_st_pread(const mg_st_file *f, uint64_t off, size_t len, void *dst)
 {
-    if (f->read || off > f->size || len > f->size - off) return NULL;
-    return f->buf + off;
+    if (off > f->size || len > f->size - off)
+        return mg_error(MG_EINVAL, "safetensors: bytes %llu-%llu are past the file's %zu",
+                        (unsigned long long)off, (unsigned long long)(off + len), f->size);
+    if (f->read) return f->read(f->read_ud, off, len, dst);
+    memcpy(dst, f->buf + off, len);
+    return MG_OK;
 }
 
 mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, size_t n,
@@ -522,6 +612,7 @@ mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, si
 void mg_st_close(mg_st_file *f)
 {
     if (!f) return;
+    if (f->fd >= 0) close(f->fd);
     if (f->read) free(f->buf);
     else mg_free(f->buf);
     free(f->strings);
@@ -562,3 +653,4 @@ const char *mg_st_meta_at(const mg_st_file *f, int i, const char **key)
 }
 
 bool mg_st_verified(const mg_st_file *f) { return f->verified; }
+bool mg_st_checks_contents(const mg_st_file *f) { return f->checks; }

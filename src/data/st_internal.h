@@ -12,10 +12,12 @@
 #define MG__ST_MAX_NDIM 8
 
 struct mg_st_file {
-    uint8_t *buf;          /* the whole file (a remote one: its first head bytes) */
+    uint8_t *buf;          /* the whole file (on disk or remote: its first head bytes) */
     size_t size, head;     /* bytes in the file, before its data */
-    mg_st_read_fn read;    /* a remote file's bytes (mg_st_open_remote), else NULL */
+    mg_st_read_fn read;    /* the bytes of a file not in buf (on disk, remote), or NULL */
     void *read_ud;
+    int fd;                /* a file on disk (mg_st_open_on_disk), else -1 */
+    bool checks;           /* this process checks the contents (not another's) */
     char *strings;         /* decoded names, keys and values */
     mg_st_tensor *t;
     int n, cap;

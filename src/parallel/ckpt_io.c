@@ -272,15 +272,16 @@ static mg_status relay_read(void *group, uint64_t off, size_t len, void *dst)
 
 static mg_status serve_reads(mg_group *g, int q, const mg_st_file *f)
 {
-    for (;;) {
-        uint64_t h[2];
-        MG_TRY(mg_recv(g, h, sizeof h, MG_U8, q, TAG_READ));
-        if (!h[1]) return MG_OK;
-        const void *b = h[1] <= RELAY_CHUNK ? mg_st_bytes(f, h[0], h[1]) : NULL;
-        int32_t ok = b != NULL;
-        MG_TRY(mg_send(g, &ok, 1, MG_I32, q, TAG_OK));
-        if (ok) MG_TRY(mg_send(g, b, h[1], MG_U8, q, TAG_DATA));
+    uint8_t *b = malloc(RELAY_CHUNK);
+    mg_status st = b ? MG_OK : mg_error(MG_ENOMEM, "checkpoint: out of memory");
+    for (uint64_t h[2]; !st;) {
+        if ((st = mg_recv(g, h, sizeof h, MG_U8, q, TAG_READ)) || !h[1]) break;
+        int32_t ok = h[1] <= RELAY_CHUNK && !mg_st_pread(f, h[0], (size_t)h[1], b);
+        st = mg_send(g, &ok, 1, MG_I32, q, TAG_OK);
+        if (!st && ok) st = mg_send(g, b, (size_t)h[1], MG_U8, q, TAG_DATA);
     }
+    free(b);
+    return st;
 }
 
 typedef struct {
@@ -290,7 +291,7 @@ typedef struct {
 } described;
 
 /* The file at rank 0's absolute path, open, if it is rank 0's (the same
- * size and header bytes) and reads whole; else NULL. */
+ * size and header bytes) and its checks pass here too; else NULL. */
 static mg_st_file *see_load(const described *d, const uint8_t *head)
 {
     if (relay_forced() || !d->path[0]) return NULL;
@@ -302,7 +303,7 @@ static mg_st_file *see_load(const described *d, const uint8_t *head)
     free(mine);
     if (fd >= 0) close(fd);
     mg_st_file *f = NULL;
-    if (same && mg_st_open(d->path, &f)) f = NULL;
+    if (same && mg_st_open_on_disk(d->path, &f)) f = NULL;
     return f;
 }
 
@@ -312,10 +313,10 @@ mg_status mg__ckpt_load(mg_group *g, const char *path, mg__ckpt_reader read, voi
     described d = {{0}};
     mg_st_file *f = NULL;
     mg_status st = MG_OK;
-    /* Rank 0 reads and checks the whole file first (the others trust its
-     * checks of what they fetch). */
+    /* Rank 0 checks the whole file first, reading it in pieces, and reads
+     * its part (the others trust its checks of what they fetch). */
     if (rank == 0) {
-        st = mg_st_open(path, &f);
+        st = mg_st_open_on_disk(path, &f);
         if (!st) st = read(f, path, ud);
         if (!st) {
             size_t hl;

@@ -460,7 +460,7 @@ static mg_status load_part(mg_strategy *s, const char *path, mg__ckpt_reader rea
     if (!st) st = s->g ? mg__ckpt_load(s->g, path, read, p) : MG_OK;
     if (!st && !s->g) {   /* one process: the whole file is its part */
         mg_st_file *f;
-        st = mg_st_open(path, &f);
+        st = mg_st_open_on_disk(path, &f);
         if (!st) st = read(f, path, p);
         mg_st_close(f);
     }
