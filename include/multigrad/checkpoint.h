@@ -174,8 +174,9 @@ mg_status mg_ckpt_host_end(mg_model *m, mg_optim *o, const mg_device was[2], mg_
  * meta may be NULL. */
 mg_status mg_checkpoint_load(const char *path, mg_model *m, mg_optim *o,
                              mg_ckpt_meta *meta);
-/* mg_checkpoint_load from a file already open (mg_st_open, or
- * mg_st_open_remote: one only another process can reach); path names it
+/* mg_checkpoint_load from a file already open (mg_st_open,
+ * mg_st_open_on_disk, or mg_st_open_remote: one only another process can
+ * reach; mg_checkpoint_load itself opens it on disk); path names it
  * in messages. The model and optimizer are in host memory. Only the
  * parameters inside the arena ranges r are read (a rank's part: its
  * stages, its ZeRO-3 pieces; r NULL: all), and the buffers. */
@@ -192,9 +193,9 @@ mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model 
  * through host copies. */
 mg_status mg_model_load_weights(const char *path, mg_model *m, const char *prefix,
                                 int *n_left_out);
-/* The same from a file already open (mg_st_open, mg_st_open_remote),
- * reading only the parameters inside the arena ranges r (NULL: all), and
- * the buffers; every tensor is checked whatever r. */
+/* The same from a file already open (mg_st_open, mg_st_open_on_disk,
+ * mg_st_open_remote), reading only the parameters inside the arena ranges
+ * r (NULL: all), and the buffers; every tensor is checked whatever r. */
 mg_status mg_model_load_weights_st(const mg_st_file *f, const char *path, mg_model *m,
                                    const char *prefix, const mg_range *r, int nr,
                                    int *n_left_out);

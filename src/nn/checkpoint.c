@@ -346,9 +346,10 @@ static mg_status read_part(const mg_param *p, const mg_st_file *f, const mg_st_t
     return MG_OK;
 }
 
-/* Validated first, so a refused file changes nothing; a remote file's
- * read failing part-way (its holder died) leaves a partial state, which
- * the caller must not train from. */
+/* Validated first, so a refused file changes nothing; a read of a file
+ * not in memory failing part-way (a remote one's holder died, a disk's
+ * read failed) leaves a partial state, which the caller must not train
+ * from. */
 mg_status mg_checkpoint_load_st(const mg_st_file *f, const char *path, mg_model *m, mg_optim *o,
                                 const mg_range *r, int nr, mg_ckpt_meta *meta)
 {

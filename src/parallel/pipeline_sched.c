@@ -174,28 +174,37 @@ static long comp_key(int S, int M, mg_pipe_op op, int stage, int mb)
     return ((long)(op == MG_PIPE_B) * S + stage) * M + mb;
 }
 
-/* Every rank's computations, and where each one runs (by comp_key). */
+/* The places of the n computations c of a rank. */
+static void place_list(mg_pipe_kind k, int P, int M, int V, int rank, const mg_pipe_action *c,
+                       int n, place *out)
+{
+    int warm = k == MG_PIPE_INTERLEAVED ? interleaved_warm(P, M, V, rank) : 0;
+    for (int i = 0, it = 0, next; i < n; i = next, it++) {
+        next = iteration_end(k, warm, n, i);
+        for (int j = i; j < next; j++) out[j] = (place){it, j};
+    }
+}
+
+/* Every rank's computations' places, by comp_key. */
 static place *places(mg_pipe_kind k, int P, int M, int V)
 {
     int S = P * V, n = mg_pipe_compute(k, P, M, V, 0, NULL, 0);
     place *pl = malloc(sizeof *pl * 2 * (size_t)S * (size_t)M);
     mg_pipe_action *c = malloc(sizeof *c * (size_t)(n ? n : 1));
-    MG_ASSERT(pl && c);
+    place *mine = malloc(sizeof *mine * (size_t)(n ? n : 1));
+    MG_ASSERT(pl && c && mine);
     for (int r = 0; r < P; r++) {
         mg_pipe_compute(k, P, M, V, r, c, n);
-        int warm = k == MG_PIPE_INTERLEAVED ? interleaved_warm(P, M, V, r) : 0;
-        for (int i = 0, it = 0, next; i < n; i = next, it++) {
-            next = iteration_end(k, warm, n, i);
-            for (int j = i; j < next; j++)
-                pl[comp_key(S, M, c[j].op, c[j].stage, c[j].mb)] = (place){it, j};
-        }
+        place_list(k, P, M, V, r, c, n, mine);
+        for (int j = 0; j < n; j++) pl[comp_key(S, M, c[j].op, c[j].stage, c[j].mb)] = mine[j];
     }
+    free(mine);
     free(c);
     return pl;
 }
 
 /* A receive: the batch that posts it (-1: before the first iteration),
- * its sender's place, and the computation waiting for it. */
+ * its sender's rank and place in its list, and the receive. */
 typedef struct { int batch, from_at, from_rank; mg_pipe_action a; } recv_at;
 
 static int by_batch_then_sender(const void *x, const void *y)
@@ -215,26 +224,33 @@ static int by_batch_then_sender(const void *x, const void *y)
  * rank 0, or a gradient back from rank 0 to the last, is sent L - P ticks
  * before it is used in a group of L > P micro-batches: Megatron-LM
  * receives it then and keeps it, and so must we where a send ends only
- * with its receive. Sorted by batch, then as each sender sends. Returns
- * the count. */
+ * with its receive. Sorted by batch, then as each sender sends (the other
+ * schedules receive at most once a batch). Returns the count. */
 static int receives(mg_pipe_kind k, int P, int M, int V, int rank, const mg_pipe_action *c,
                     int n, recv_at *out)
 {
     int S = P * V, count = 0;
     bool ticks = k == MG_PIPE_INTERLEAVED && interleaved_warm(P, M, V, 0) < M * V;
-    place *pl = places(k, P, M, V);
+    place *mine = malloc(sizeof *mine * (size_t)(n ? n : 1));
+    place *pl = ticks ? places(k, P, M, V) : NULL;   /* every rank's, for the ticks */
+    MG_ASSERT(mine);
+    place_list(k, P, M, V, rank, c, n, mine);
     for (int j = 0; j < n; j++) {
         mg_pipe_action a = {c[j].stage, c[j].op == MG_PIPE_F ? MG_PIPE_RECV_F : MG_PIPE_RECV_B,
                             c[j].mb};
         int from = mg_pipe_peer_stage(&a);
         if (from < 0 || from >= S) continue;
-        place me = pl[comp_key(S, M, c[j].op, c[j].stage, c[j].mb)];
-        place sender = pl[comp_key(S, M, c[j].op, from, c[j].mb)];
-        int batch = me.iter - 1, tick = sender.iter + from % P - rank;
-        if (ticks && tick < batch) batch = tick > -1 ? tick : -1;
-        out[count++] = (recv_at){batch, sender.at, from % P, a};
+        int batch = mine[j].iter - 1, from_at = j;
+        if (pl) {
+            place sender = pl[comp_key(S, M, c[j].op, from, c[j].mb)];
+            int tick = sender.iter + from % P - rank;
+            if (tick < batch) batch = tick > -1 ? tick : -1;
+            from_at = sender.at;
+        }
+        out[count++] = (recv_at){batch, from_at, from % P, a};
     }
     free(pl);
+    free(mine);
     qsort(out, (size_t)count, sizeof *out, by_batch_then_sender);
     return count;
 }
