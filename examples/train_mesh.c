@@ -4,6 +4,8 @@
  *     build/examples/train_mesh                            one process
  *     mgrun -n 4 build/examples/train_mesh pp=2,dp=2 2     a pipeline of 2
  *         stages, each on 2 replicas that shard its state with ZeRO-2
+ *     mgrun -n 4 build/examples/train_mesh dp=2,tp=2       its linears split
+ *         over 2 ranks (Megatron-LM's column and row), on 2 replicas
  *
  * Arguments: the mesh (as mgtrain's --mesh), the ZeRO stage (0: none), the
  * epochs (default 1) and a checkpoint file, written after every epoch and
@@ -18,13 +20,15 @@
 #include "multigrad/multigrad.h"
 
 /* The model: conv and max-pool, a linear with ReLU, a linear; made without values so that
- * each rank draws only the parameters it holds. */
-static mg_status make_model(void *ud, mg_model **out)
+ * each rank draws only the parameters it holds. Under tensor parallelism (tp.size > 1) this
+ * rank's part: the hidden linear's outputs split (column), the last one's inputs (row, its
+ * outputs summed over the tp ranks); the convolution whole. */
+static mg_status make_model(void *ud, mg_tp_split tp, mg_model **out)
 {
     (void)ud;
     mg_layer *layers[] = {mg_layer_conv2d("conv", 1, 8, 5, 1, 2, true, MG_POOL_MAX),
-                          mg_layer_linear("hidden", 8 * 14 * 14, 64, true),
-                          mg_layer_linear("out", 64, 10, false)};
+                          mg_layer_linear_split("hidden", 8 * 14 * 14, 64, true, MG_TP_COLUMN, tp),
+                          mg_layer_linear_split("out", 64, 10, false, MG_TP_ROW, tp)};
     return mg_model_create_from("mine", mg_layer_sequential(NULL, layers, 3), 1, 28, 28,
                                 MG_SEED_DEFERRED, out);
 }
@@ -40,7 +44,7 @@ int main(int argc, char **argv)
 {
     int rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
     mg_train_config c = {
-        .model = "mine", .make = make_model, .normalized_input = true,
+        .model = "mine", .make_split = make_model, .normalized_input = true,
         .batch = 64, .epochs = argc > 3 ? atoi(argv[3]) : 1,
         .optimizer = "sgd", .lr = 0.05f, .momentum = 0.9f,
         .mesh = argc > 1 && *argv[1] ? argv[1] : NULL,   /* a job's ranks as a mesh */

@@ -119,37 +119,47 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
     CHECK(mg_train_config_defaults("resnet", &c) == MG_EINVAL);
 }
 
-/* examples/train_mesh.c: one process and a 2-stage pipeline of ZeRO-2
- * replicas on 4 ranks train the same epoch. Over 900 steps of momentum
- * SGD the two orders of summation part by rounding, so their figures
- * agree within a point of accuracy, not bit for bit (the plans' exact
- * equivalence is test_pipeline.c's and test_zero.c's). Its checkpoint
- * goes on under another plan. */
+/* examples/train_mesh.c: one process, a 2-stage pipeline of ZeRO-2
+ * replicas on 4 ranks and the model split over 2 tensor-parallel ranks
+ * (its make_split: the hidden linear column-parallel, the last row-
+ * parallel) train the same epoch. Over 900 steps of momentum SGD the
+ * orders of summation part by rounding, so their figures agree within a
+ * point of accuracy, not bit for bit (the plans' exact equivalence is
+ * test_pipeline.c's, test_zero.c's and test_tp.c's). Its checkpoint goes
+ * on under ZeRO-3 on 2 ranks, and then split over 4. */
 TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
 {
     char ex[PATH_MAX], run[PATH_MAX];   /* absolute: the runs start in the test's directory */
     CHECK(realpath(mgt_tool("../examples/train_mesh"), ex) && realpath(mgt_tool("mgrun"), run));
-    char *one, *four;
-    double acc[2] = {0, 0}, loss[2] = {0, 0};
-    int rc = mgt_sh(&one, "cd %s && %s", mgt_tmpdir(), ex);
-    CHECK_MSG(rc == 0, "%s", one);
-    rc = mgt_sh(&four, "cd %s && %s -n 4 %s pp=2,dp=2 2 1 ck.st", mgt_tmpdir(), run, ex);
-    CHECK_MSG(rc == 0 && strstr(four, "pipeline+zero2: "), "%s", four);
-    const char *out[2] = {one, four};
-    for (int k = 0; k < 2; k++) {
+    char *out[3];
+    double acc[3] = {0}, loss[3] = {0};
+    int rc = mgt_sh(&out[0], "cd %s && %s", mgt_tmpdir(), ex);
+    CHECK_MSG(rc == 0, "%s", out[0]);
+    rc = mgt_sh(&out[1], "cd %s && %s -n 4 %s pp=2,dp=2 2 1 ck.st", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc == 0 && strstr(out[1], "pipeline+zero2: "), "%s", out[1]);
+    rc = mgt_sh(&out[2], "cd %s && %s -n 2 %s tp=2", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc == 0 && strstr(out[2], "tp2: "), "%s", out[2]);
+    for (int k = 0; k < 3; k++) {
         const char *p = strstr(out[k], "test loss ");
         CHECK_MSG(p && sscanf(p, "test loss %lf, test accuracy %lf", &loss[k], &acc[k]) == 2,
                   "%s", out[k]);
     }
-    printf("one process: test loss %.4f, accuracy %.2f%%; pp=2,dp=2 ZeRO-2: %.4f, %.2f%%\n",
-           loss[0], acc[0], loss[1], acc[1]);
-    CHECK_MSG(acc[0] > 80 && fabs(acc[0] - acc[1]) < 1 && fabs(loss[0] - loss[1]) < 0.05 * loss[0],
-              "one process:\n%s\n4 ranks:\n%s", one, four);
-    free(one);
-    free(four);
-    /* Its checkpoint goes on under ZeRO-3 on 2 ranks: epoch 2 only. */
+    printf("one process: test loss %.4f, accuracy %.2f%%; pp=2,dp=2 ZeRO-2: %.4f, %.2f%%; "
+           "tp=2: %.4f, %.2f%%\n", loss[0], acc[0], loss[1], acc[1], loss[2], acc[2]);
+    for (int k = 1; k < 3; k++)
+        CHECK_MSG(acc[0] > 80 && fabs(acc[0] - acc[k]) < 1 &&
+                  fabs(loss[0] - loss[k]) < 0.05 * loss[0], "one process:\n%s\nthe mesh:\n%s",
+                  out[0], out[k]);
+    for (int k = 0; k < 3; k++) free(out[k]);
+    /* Its checkpoint goes on under ZeRO-3 on 2 ranks (epoch 2 only), and
+     * that one's split over 4 tensor-parallel ranks (epoch 3 only). */
+    char *one;
     rc = mgt_sh(&one, "cd %s && %s -n 2 %s dp=2 3 2 ck.st", mgt_tmpdir(), run, ex);
     CHECK_MSG(rc == 0 && strstr(one, "epoch 2: ") && !strstr(one, "epoch 1: ") &&
               strstr(one, "zero3: "), "%s", one);
+    free(one);
+    rc = mgt_sh(&one, "cd %s && %s -n 4 %s tp=4 0 3 ck.st", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc == 0 && strstr(one, "epoch 3: ") && !strstr(one, "epoch 2: ") &&
+              strstr(one, "tp4: "), "%s", one);
     free(one);
 }

@@ -40,15 +40,23 @@ extern "C" {
 typedef struct mg_train_row mg_train_row;
 typedef struct mg_train_progress mg_train_progress;
 
+/* A user's model built split for tensor parallelism as tp says (its
+ * linears made with mg_layer_linear_split, in column-then-row pairs as
+ * Megatron-LM's MLP; the whole model when tp.size is 1). */
+typedef mg_status (*mg_model_split_factory)(void *ud, mg_tp_split tp, mg_model **out);
+
 typedef struct mg_train_config {
     /* The model: a zoo name (gpt-mini of the sizes in gpt), or make: a
      * user's model (make it with MG_SEED_DEFERRED and every rank draws
      * only its part from seed; with values, rank 0's are broadcast), named
-     * model in checkpoints; text says whether it is a language model. */
+     * model in checkpoints; text says whether it is a language model. Or
+     * make_split instead of make: the user's model, which the trainer then
+     * asks for this rank's part of a mesh with tp > 1. */
     const char *model;
     mg_gpt_config gpt;
     mg_model_factory make;
-    void *make_ud;
+    mg_model_split_factory make_split;
+    void *make_ud;   /* for either */
     bool text;
     bool normalized_input;  /* images: (u8/255 - mean)/std (models.md), else u8/255 */
     /* Images: an IDX directory (NULL: MG_DATA, or Fashion-MNIST's);

@@ -101,8 +101,12 @@ static mg_status check_config(mg_trainer *t)
     }
     mg_strategy_traits kind = mg_strategy_kind_traits(c->strategy);
     mg_zoo_defaults d;
-    bool zoo = !c->make && !mg_zoo_defaults_of(c->model, &d);
-    if (!c->make && !zoo) return mg_error(MG_EINVAL, "%s", mg_last_error());
+    if (c->make && c->make_split)
+        return mg_error(MG_EINVAL, "model '%s': make and make_split both given: give one (the "
+                        "trainer asks make_split for this rank's tensor-parallel part)",
+                        c->model);
+    bool own = c->make || c->make_split, zoo = !own && !mg_zoo_defaults_of(c->model, &d);
+    if (!own && !zoo) return mg_error(MG_EINVAL, "%s", mg_last_error());
     if (mg_optim_parse(c->optimizer, &t->optim))
         return mg_error(MG_EINVAL, "--optimizer: %s", mg_last_error());
     if (c->weight_decay < 0)
@@ -271,9 +275,9 @@ static mg_status join_job(mg_trainer *t)
                         "tensor-parallel ranks, and --mesh %s has none: give tp=T with T > 1",
                         c->mesh);
     if (in->tp.size > 1 && c->make)
-        return mg_error(MG_EINVAL, "--mesh %s: tensor parallelism splits the zoo's models; a "
-                        "model of your own (make) would have to be built split, which the "
-                        "trainer cannot ask of it yet: give tp=1", c->mesh);
+        return mg_error(MG_EINVAL, "--mesh %s: tensor parallelism needs the model built split, "
+                        "and make builds it whole: give make_split (its linears made with "
+                        "mg_layer_linear_split), or tp=1", c->mesh);
     in->dp_size = size[MG_MESH_DP];
     if (c->strategy == MG_STRATEGY_PS) {   /* the batch is the workers' */
         if (c->ps_servers >= in->world)
@@ -358,7 +362,8 @@ static mg_status make_model(mg_trainer *t)
     const mg_train_config *c = &t->c;
     mg_gpt_config g = c->gpt;
     g.tp = t->info.tp;
-    if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
+    if (c->make_split) MG_TRY(c->make_split(c->make_ud, t->info.tp, &t->m));
+    else if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
     else if (c->text) MG_TRY(mg_model_create_gpt(&g, MG_SEED_DEFERRED, &t->m));
     else MG_TRY(mg_model_create_split(c->model, MG_SEED_DEFERRED, t->info.tp, &t->m));
     mg_model_set_recompute(t->m, c->recompute);
