@@ -95,6 +95,19 @@ TEST_T(trainer_loop_calls_back_logs_and_resumes, 120)
     CHECK_MSG(strstr(mg_last_error(), "global batch of 12"), "%s", mg_last_error());
 }
 
+static mg_status never_whole(void *ud, mg_model **out)
+{
+    (void)ud;
+    (void)out;
+    return mg_error(MG_EINVAL, "not called");
+}
+
+static mg_status never_split(void *ud, mg_tp_split tp, mg_model **out)
+{
+    (void)tp;
+    return never_whole(ud, out);
+}
+
 TEST(trainer_config_mistakes_come_back_as_one_line)
 {
     static const struct { const char *what, *msg; } cases[] = {
@@ -102,6 +115,7 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         {"optimizer", "--optimizer"},
         {"resume and init", "--resume and --init both set"},
         {"pipeline flags", "give --mesh pp=P"},
+        {"two factories", "make and make_split both given"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mg_train_config c;
@@ -110,6 +124,7 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         if (i == 1) c.optimizer = "adagrad";
         if (i == 2) c.resume = c.init = "x.st";
         if (i == 3) c.micro_batches = 2;
+        if (i == 4) c.make = never_whole, c.make_split = never_split;
         mg_trainer *t = (mg_trainer *)1;
         mg_status st = mg_trainer_create(&c, &t);
         CHECK_MSG(st == MG_EINVAL && t == NULL && strstr(mg_last_error(), cases[i].msg) &&
