@@ -137,17 +137,20 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
 /* examples/train_mesh.c: one process, a 2-stage pipeline of ZeRO-2
  * replicas on 4 ranks and the model split over 2 tensor-parallel ranks
  * (its make_split: the hidden linear column-parallel, the last row-
- * parallel) train the same epoch. Over 900 steps of momentum SGD the
- * orders of summation part by rounding, so their figures agree within a
- * point of accuracy, not bit for bit (the plans' exact equivalence is
- * test_pipeline.c's, test_zero.c's and test_tp.c's). Its checkpoint goes
- * on under ZeRO-3 on 2 ranks, and then split over 4. */
+ * parallel) train the same epoch. Over 900 steps of momentum SGD (189
+ * under a sanitizer) the orders of summation part by rounding, so their
+ * figures agree closely, not bit for bit (the plans' exact equivalence is
+ * test_pipeline.c's, test_zero.c's and test_tp.c's): the epoch's train
+ * loss, a mean over all its steps, within 1%, and the last weights' test
+ * accuracy within a point and test loss within 10% (they part most:
+ * 5.8% for tp=2 over ASan's 189 steps, 2.8% over 939). Its checkpoint
+ * goes on under ZeRO-3 on 2 ranks, and then split over 4. */
 TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
 {
     char ex[PATH_MAX], run[PATH_MAX];   /* absolute: the runs start in the test's directory */
     CHECK(realpath(mgt_tool("../examples/train_mesh"), ex) && realpath(mgt_tool("mgrun"), run));
     char *out[3];
-    double acc[3] = {0}, loss[3] = {0};
+    double acc[3] = {0}, loss[3] = {0}, train[3] = {0};
     int rc = mgt_sh(&out[0], "cd %s && %s", mgt_tmpdir(), ex);
     CHECK_MSG(rc == 0, "%s", out[0]);
     rc = mgt_sh(&out[1], "cd %s && %s -n 4 %s pp=2,dp=2 2 1 ck.st", mgt_tmpdir(), run, ex);
@@ -155,16 +158,17 @@ TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
     rc = mgt_sh(&out[2], "cd %s && %s -n 2 %s tp=2", mgt_tmpdir(), run, ex);
     CHECK_MSG(rc == 0 && strstr(out[2], "tp2: "), "%s", out[2]);
     for (int k = 0; k < 3; k++) {
-        const char *p = strstr(out[k], "test loss ");
-        CHECK_MSG(p && sscanf(p, "test loss %lf, test accuracy %lf", &loss[k], &acc[k]) == 2,
-                  "%s", out[k]);
+        const char *p = strstr(out[k], "train loss ");
+        CHECK_MSG(p && sscanf(p, "train loss %lf, test loss %lf, test accuracy %lf", &train[k],
+                              &loss[k], &acc[k]) == 3, "%s", out[k]);
     }
-    printf("one process: test loss %.4f, accuracy %.2f%%; pp=2,dp=2 ZeRO-2: %.4f, %.2f%%; "
-           "tp=2: %.4f, %.2f%%\n", loss[0], acc[0], loss[1], acc[1], loss[2], acc[2]);
+    printf("one process: train loss %.4f, test loss %.4f, accuracy %.2f%%; pp=2,dp=2 ZeRO-2: "
+           "%.4f, %.4f, %.2f%%; tp=2: %.4f, %.4f, %.2f%%\n", train[0], loss[0], acc[0],
+           train[1], loss[1], acc[1], train[2], loss[2], acc[2]);
     for (int k = 1; k < 3; k++)
-        CHECK_MSG(acc[0] > 80 && fabs(acc[0] - acc[k]) < 1 &&
-                  fabs(loss[0] - loss[k]) < 0.05 * loss[0], "one process:\n%s\nthe mesh:\n%s",
-                  out[0], out[k]);
+        CHECK_MSG(acc[0] > 80 && fabs(train[0] - train[k]) < 0.01 * train[0] &&
+                  fabs(acc[0] - acc[k]) < 1 && fabs(loss[0] - loss[k]) < 0.1 * loss[0],
+                  "one process:\n%s\nthe mesh:\n%s", out[0], out[k]);
     for (int k = 0; k < 3; k++) free(out[k]);
     /* Its checkpoint goes on under ZeRO-3 on 2 ranks (epoch 2 only), and
      * that one's split over 4 tensor-parallel ranks (epoch 3 only). */
