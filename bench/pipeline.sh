@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --skip-bubble) bubble=0; shift ;;
     --skip-speed) speed=0; shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "pipeline.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done

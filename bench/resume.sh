@@ -11,10 +11,10 @@
 #                                    256: the 85M shape, a 1 GB checkpoint)
 #
 # For each plan: one step saved to a file, then 2 steps fresh and 2 steps
-# resumed from it (the resumed run ends where the fresh one does: its last
-# line is compared); the peak is the largest rank's peak RSS (mgtrain
-# --verbose), the time the whole run's, start-up and evaluation (1 window)
-# included.
+# resumed from it (the resumed run should end where the fresh one does:
+# each prints its last line); the peak is the largest rank's peak RSS
+# (mgtrain --verbose), the time the whole run's, start-up and evaluation
+# (1 window) included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
