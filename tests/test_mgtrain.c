@@ -399,7 +399,8 @@ TEST_T(mgtrain_device_gpu_and_ddp_sharing_it_equal_cpu, 300)
  * is a host of its own (NCCL_HOSTID), as NCCL refuses two ranks on one
  * GPU of one host; the data-parallel sub-groups of a mesh use it too, and
  * a pipeline's stages send and receive through it (1F1B over pp=2 x
- * dp=2, GPipe over pp=2, interleaved's two rounds in lock-step). 10 steps
+ * dp=2, GPipe over pp=2, interleaved's two rounds in lock-step, and its
+ * one group of 3, where what goes round is received early). 10 steps
  * with a checkpoint at step 5 equal one process on the CPU (a pipeline's
  * 2 micro-batches: one process's --batch 6 --accumulate 2). */
 TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
@@ -419,6 +420,7 @@ TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
         {2, "--parallel ddp"}, {3, "--parallel ddp --zero 3"}, {4, "--mesh pp=2 --verbose"},
         {2, "--mesh pp=2 --pp-schedule gpipe --verbose"},
         {2, "--mesh pp=2 --pp-schedule interleaved --chunks 2 --micro-batches 4 --verbose"},
+        {2, "--mesh pp=2 --pp-schedule interleaved --chunks 2 --micro-batches 3 --verbose"},
     };
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         rc = mgt_sh(&out, "MG_NCCL=on %s -n %d sh -c 'NCCL_HOSTID=mgtest$RANK exec \"$0\" \"$@\"' "
