@@ -205,6 +205,8 @@ mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n
  * it. */
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd);
 mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, const char *path);
+/* The same for reading: all len bytes at off, or MG_EIO naming path. */
+mg_status mg_pread_all(int fd, void *data, size_t len, uint64_t off, const char *path);
 mg_status mg_atomic_commit(const char *path, const char *tmp, int fd);
 void mg_atomic_abort(const char *tmp, int fd);
 /* CRC-32 (zlib's) of len bytes, and of two byte strings one after the

@@ -182,6 +182,23 @@ mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, cons
     return MG_OK;
 }
 
+mg_status mg_pread_all(int fd, void *data, size_t len, uint64_t off, const char *path)
+{
+    char *p = data;
+    while (len > 0) {
+        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return mg_error(MG_EIO, "cannot read %s at byte %llu: %s", path,
+                            (unsigned long long)off,
+                            r < 0 ? strerror(errno) : "it ends there (it was shortened)");
+        p += r;
+        len -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return MG_OK;
+}
+
 mg_status mg_atomic_commit(const char *path, const char *tmp, int fd)
 {
     mg_status st = MG_OK;

@@ -23,7 +23,6 @@
  * temporary file in the same directory, fsync, rename, fsync of the
  * directory. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -431,21 +430,11 @@ static mg_status read_file(const char *path, mg_st_file *f)
     struct stat sb;
     int fd = mg_open_regular(path, NULL, &sb);
     if (fd < 0) return MG_EIO;
-    mg_status st = MG_OK;
     f->size = (size_t)sb.st_size;
-    if (!(f->buf = mg_alloc(f->size + 1))) {
-        st = mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to read it", path, f->size);
-        goto out;
-    }
-    size_t got = 0;
-    while (got < f->size) {
-        ssize_t r = read(fd, f->buf + got, f->size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { st = mg_error(MG_EIO, "cannot read %s: %s", path, strerror(errno)); goto out; }
-        if (r == 0) { st = mg_error(MG_EIO, "%s changed size while being read", path); goto out; }
-        got += (size_t)r;
-    }
-out:
+    mg_status st = (f->buf = mg_alloc(f->size + 1))
+                       ? mg_pread_all(fd, f->buf, f->size, 0, path)
+                       : mg_error(MG_ENOMEM, "%s: cannot allocate %zu bytes to read it", path,
+                                  f->size);
     close(fd);
     return st;
 }
@@ -514,16 +503,7 @@ mg_status mg_st_open(const char *path, mg_st_file **out)
 static mg_status disk_read(void *ud, uint64_t off, size_t len, void *dst)
 {
     const mg_st_file *f = ud;
-    for (size_t got = 0; got < len;) {
-        ssize_t r = pread(f->fd, (uint8_t *)dst + got, len - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return mg_error(MG_EIO, "cannot read %zu bytes at byte %llu of a safetensors file: "
-                            "%s", len, (unsigned long long)off,
-                            r < 0 ? strerror(errno) : "it is shorter than it was when opened");
-        got += (size_t)r;
-    }
-    return MG_OK;
+    return mg_pread_all(f->fd, dst, len, off, f->path);
 }
 
 mg_status mg_st_open_on_disk(const char *path, mg_st_file **out)
@@ -531,6 +511,10 @@ mg_status mg_st_open_on_disk(const char *path, mg_st_file **out)
     *out = NULL;
     mg_st_file *f = new_file(true);
     if (!f) return MG_ENOMEM;
+    if (!(f->path = strdup(path))) {
+        mg_st_close(f);
+        return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    }
     struct stat sb;
     f->fd = mg_open_regular(path, NULL, &sb);
     mg_status st = f->fd < 0 ? MG_EIO : MG_OK;
@@ -613,6 +597,7 @@ void mg_st_close(mg_st_file *f)
 {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
+    free(f->path);
     if (f->read) free(f->buf);
     else mg_free(f->buf);
     free(f->strings);

@@ -17,6 +17,7 @@ struct mg_st_file {
     mg_st_read_fn read;    /* the bytes of a file not in buf (on disk, remote), or NULL */
     void *read_ud;
     int fd;                /* a file on disk (mg_st_open_on_disk), else -1 */
+    char *path;            /* its path, for messages */
     bool checks;           /* this process checks the contents (not another's) */
     char *strings;         /* decoded names, keys and values */
     mg_st_tensor *t;
