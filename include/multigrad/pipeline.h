@@ -90,6 +90,10 @@ int mg_pipe_lower_step(mg_pipe_kind k, int P, int M, int V, int rank, bool fwd_o
 /* The stage a send goes to or a receive comes from: the next (s + 1) for
  * SEND_F and RECV_B, the previous for SEND_B and RECV_F. */
 int mg_pipe_peer_stage(const mg_pipe_action *a);
+/* How an action changes the micro-batches its rank holds (a tape each, as
+ * the executor takes them): +1 at the receive of an input (RECV_F) or a
+ * forward on stage 0, -1 at a backward, else 0. */
+int mg_pipe_held_change(const mg_pipe_action *a);
 /* "0F3" and so on; the list joined by spaces. */
 void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap);
 void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap);

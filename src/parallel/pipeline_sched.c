@@ -310,6 +310,12 @@ int mg_pipe_peer_stage(const mg_pipe_action *a)
     return a->op == MG_PIPE_SEND_F || a->op == MG_PIPE_RECV_B ? a->stage + 1 : a->stage - 1;
 }
 
+int mg_pipe_held_change(const mg_pipe_action *a)
+{
+    if (a->op == MG_PIPE_RECV_F || (a->op == MG_PIPE_F && a->stage == 0)) return 1;
+    return a->op == MG_PIPE_B ? -1 : 0;
+}
+
 static const char *const ops[] = {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
 
 void mg_pipe_action_str(const mg_pipe_action *a, char *buf, size_t cap)
@@ -431,8 +437,6 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                 int fb = x->stage * M + x->mb;
                 if (x->op == MG_PIPE_RECV_F || x->op == MG_PIPE_RECV_B) {
                     if (sent[key] < 0) break;   /* waits for its send */
-                    if (x->op == MG_PIPE_RECV_F && ++inflight[r] > out->peak_in_flight[r])
-                        out->peak_in_flight[r] = inflight[r];
                     if (recvd[key]++)
                         st = mg_error(MG_EINVAL, "pipeline: stage %d receives micro-batch "
                                       "%d twice", x->stage, x->mb);
@@ -452,8 +456,6 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                                       x->stage, x->mb);
                     t[r] += tf;
                     out->busy[r] += tf;
-                    if (x->stage == 0 && ++inflight[r] > out->peak_in_flight[r])
-                        out->peak_in_flight[r] = inflight[r];
                 } else {
                     if (!fwd[fb] || bwd[fb]++)
                         st = mg_error(MG_EINVAL, "pipeline: stage %d runs backward %d %s",
@@ -461,8 +463,9 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                                       fwd[fb] ? "twice" : "before its forward");
                     t[r] += tb;
                     out->busy[r] += tb;
-                    inflight[r]--;
                 }
+                inflight[r] += mg_pipe_held_change(x);
+                if (inflight[r] > out->peak_in_flight[r]) out->peak_in_flight[r] = inflight[r];
                 at[r]++;
                 done++;
                 moved = true;

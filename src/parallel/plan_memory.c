@@ -302,8 +302,7 @@ static mg_status in_flight(const mg_plan *p, int rank, int *per_chunk)
         int now = 0, most = 0;
         for (int i = 0; i < n; i++) {
             if (a[i].stage / p->pp != k) continue;
-            if (a[i].op == MG_PIPE_RECV_F || (a[i].op == MG_PIPE_F && a[i].stage == 0)) now++;
-            if (a[i].op == MG_PIPE_B) now--;
+            now += mg_pipe_held_change(&a[i]);
             if (now > most) most = now;
         }
         per_chunk[k] = most;
