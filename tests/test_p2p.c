@@ -292,7 +292,7 @@ TEST(p2p_batch_receives_first_tcp) { run(2, batch_rank, "tcp"); run(3, batch_ran
 typedef struct {
     job j;
     const char *rules;   /* MG_BATCH_RULES */
-    int cse;             /* 0 matched, 1 crossed, 2 deadlocked */
+    int cse;             /* 0 matched, 1 crossed, 2 deadlocked, 3 unconnected */
 } rules_job;
 
 /* One batch of the ops, waited for. */
@@ -313,7 +313,13 @@ static mg_status batch(mg_group *g, mg_p2p_op *ops, int n)
  *     (NCCL would swap the messages): rank 0 fails at once, naming both;
  *   deadlocked: each posts a batch of a lone send, then a batch of its
  *     receive (NCCL's sends wait for their receive): both wait until the
- *     group's deadline, and say why. */
+ *     group's deadline, and say why;
+ *   unconnected (GPipe's first step over two stages): rank 0 sends in one
+ *     batch, then sends again with its first receive from rank 1 in the
+ *     next; rank 1 receives each in a batch, then sends. NCCL connects
+ *     rank 1 to rank 0 at the first message that way, and rank 0's batch
+ *     holding its end waits for rank 1's, which rank 1 posts only after
+ *     the receive that batch would have sent: both wait, rank 0 says why. */
 static int rules_rank(int rank, int n, void *arg)
 {
     (void)n;
@@ -353,6 +359,31 @@ static int rules_rank(int rank, int n, void *arg)
         } else if (!nccl) {
             CHECK_OK(st);
         }
+    } else if (rj->cse == 3) {
+        double t0 = mg_now();
+        if (rank == 0) {
+            st = batch(g, &(mg_p2p_op){MG_COLL_SEND, out, 4, MG_F32, 1, 40}, 1);
+            mg_p2p_op sr[2] = {{MG_COLL_SEND, out, 4, MG_F32, 1, 41},
+                               {MG_COLL_RECV, in, 4, MG_F32, 1, 42}};
+            if (!st) st = batch(g, sr, 2);
+        } else {
+            st = batch(g, &(mg_p2p_op){MG_COLL_RECV, in, 4, MG_F32, 0, 40}, 1);
+            /* Rank 0's wait reaches the deadline first: it says why. */
+            usleep(500000);
+            if (!st) st = batch(g, &(mg_p2p_op){MG_COLL_RECV, in2, 4, MG_F32, 0, 41}, 1);
+            if (!st) st = batch(g, &(mg_p2p_op){MG_COLL_SEND, out, 4, MG_F32, 0, 42}, 1);
+        }
+        if (nccl) {
+            CHECK_MSG(st == MG_ETIMEOUT || st == MG_EPEER, "%d: %s", st, mg_last_error());
+            CHECK_MSG(strstr(mg_last_error(), "would deadlock"), "%s", mg_last_error());
+            CHECK(mg_now() - t0 >= 2.9);
+            if (rank == 0 && st == MG_ETIMEOUT)
+                CHECK_MSG(strstr(mg_last_error(), "first receive from rank 1"), "%s",
+                          mg_last_error());
+        } else {
+            CHECK_OK(st);
+            CHECK_EQ((int)in[0], peer);
+        }
     } else {
         double t0 = mg_now();
         st = batch(g, &(mg_p2p_op){MG_COLL_SEND, out, 4, MG_F32, peer, 30}, 1);
@@ -378,9 +409,9 @@ static void run_rules(const char *rules, int cse)
               rules, cse);
 }
 
-TEST(p2p_batches_by_nccl_rules_catch_deadlocks_and_crossings)
+TEST(p2p_batches_by_nccl_rules_catch_deadlocks_crossings_and_unconnected)
 {
-    for (int cse = 0; cse < 3; cse++) {
+    for (int cse = 0; cse < 4; cse++) {
         run_rules("host", cse);
         run_rules("nccl", cse);
     }

@@ -134,6 +134,7 @@ struct mg_group {
     struct mg__nccl *nccl;
     char dev_why[256];
     bool nccl_rules;            /* MG_BATCH_RULES=nccl: batches run by NCCL's rules (work.c) */
+    uint8_t *linked;            /* by those rules, per peer: the directions connected */
     /* failure */
     atomic_int failed;
     mg_status fail_code;

@@ -275,14 +275,38 @@ static void backoff(long *ns, long cap)
     if (*ns < cap) *ns *= 2;
 }
 
+/* A call being waited for (mg__nccl_run): while it waits, the group's
+ * host backend watches the peers once a second. */
+typedef struct waiter {
+    mg_group *g;
+    const char *what;
+    double since, deadline, watch;   /* watch: when next */
+    mg_status st;                    /* what the watch found */
+} waiter;
+
+/* False once the watch has found a peer stopped or gone (w->st). */
+static bool watched(waiter *w, double now)
+{
+    if (!w || !w->g->be->watch || now < w->watch) return true;
+    char waiting[420];
+    snprintf(waiting, sizeof waiting, "waiting for %s", w->what);
+    w->st = w->g->be->watch(w->g, w->since, waiting);
+    w->watch = now + 1;
+    return !w->st;
+}
+
 /* Waits while n's communicator is busy with a non-blocking call or its
- * set-up (ncclInProgress), until the deadline. */
-static ncclResult_t settle(mg__nccl *n, double deadline)
+ * set-up (ncclInProgress: a group whose first message to a peer makes
+ * the link waits there for the peer), until the deadline, watching the
+ * peers when w is given. */
+static ncclResult_t settle(mg__nccl *n, double deadline, waiter *w)
 {
     ncclResult_t rc = ncclInProgress;
     for (long ns = 20000;; backoff(&ns, 1000000)) {
         if (nc.async_error(n->comm, &rc) != ncclSuccess) return ncclInternalError;
-        if (rc != ncclInProgress || mg_now() > deadline) return rc;
+        double now = mg_now();
+        if (rc != ncclInProgress || now > deadline) return rc;
+        if (!watched(w, now)) return ncclInternalError;
     }
 }
 
@@ -299,7 +323,7 @@ void mg__nccl_close(mg__nccl *n)
     if (n->comm && !n->aborted) {
         cudaSetDevice(n->dev.index);
         ncclResult_t rc = nc.finalize(n->comm);
-        if (rc == ncclInProgress) rc = settle(n, mg_now() + 10);
+        if (rc == ncclInProgress) rc = settle(n, mg_now() + 10, NULL);
         if (rc == ncclSuccess) nc.destroy(n->comm);
         else nc.abort(n->comm);
     }
@@ -361,7 +385,7 @@ mg_status mg__nccl_open(mg_group *g, mg_device d, mg__nccl **out)
     int all = ok;
     mg_status st = agree(g, &all);
     if (!st && all) {
-        ncclResult_t rc = settle(n, mg_now() + g->timeout);
+        ncclResult_t rc = settle(n, mg_now() + g->timeout, NULL);
         ok = rc == ncclSuccess;
         if (rc == ncclInProgress)
             snprintf(why, sizeof why, "its set-up did not finish within %g s (MG_TIMEOUT): a "
@@ -505,7 +529,7 @@ static char *scratch(mg__nccl *n, size_t bytes)
  * and receives in one group, the rank's own block a copy. MG_AVG is
  * NCCL's sum, then the division of comm/coll/reduce.c on the device
  * (NCCL's own average multiplies each input by 1/size: other roundings). */
-static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, double deadline)
+static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, waiter *w)
 {
     ncclDataType_t t = ncclFloat32;
     nc_type(c->dtype, &t);
@@ -560,7 +584,7 @@ static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, do
         if (rc == ncclSuccess) rc = end;
     }
     }
-    if (rc == ncclInProgress) rc = settle(n, deadline);
+    if (rc == ncclInProgress) rc = settle(n, w->deadline, w);
     if (rc != ncclSuccess) return rc;
     if (final && cudaMemcpyAsync(final, rb, out, cudaMemcpyDeviceToDevice, s) != cudaSuccess)
         return ncclUnhandledCudaError;
@@ -573,7 +597,7 @@ static ncclResult_t launch(mg__nccl *n, const mg_call *c, int rank, int size, do
 }
 
 /* A batch's sends and receives in one group, in the batch's order. */
-static ncclResult_t launch_batch(mg__nccl *n, const mg__req *r, double deadline)
+static ncclResult_t launch_batch(mg__nccl *n, const mg__req *r, waiter *w)
 {
     ncclResult_t rc = nc.group_start();
     for (int i = 0; i < r->nsub && rc == ncclSuccess; i++) {
@@ -588,7 +612,7 @@ static ncclResult_t launch_batch(mg__nccl *n, const mg__req *r, double deadline)
     }
     ncclResult_t end = nc.group_end();
     if (rc == ncclSuccess) rc = end;
-    return rc == ncclInProgress ? settle(n, deadline) : rc;
+    return rc == ncclInProgress ? settle(n, w->deadline, w) : rc;
 }
 
 /* What r is, for messages: a collective, or a batch by its first
@@ -615,13 +639,14 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
     mg__nccl *n = g->nccl;
     char what[400];
     describe(g, r, what, sizeof what);
-    double since = mg_now(), deadline = since + g->timeout, watch = since + 1;
+    double since = mg_now();
+    waiter w = {g, what, since, since + g->timeout, since + 1, MG_OK};
     cudaError_t e = cudaSetDevice(n->dev.index);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, (cudaEvent_t)r->nccl, 0);
     if (e != cudaSuccess)
         return mg_error(MG_EIO, "%s: cuda:%d: %s", what, n->dev.index, cudaGetErrorString(e));
-    ncclResult_t rc = r->kind == MG__REQ_BATCH ? launch_batch(n, r, deadline)
-                                               : launch(n, &r->c, g->rank, g->size, deadline);
+    ncclResult_t rc = r->kind == MG__REQ_BATCH ? launch_batch(n, r, &w)
+                                               : launch(n, &r->c, g->rank, g->size, &w);
     if (rc == ncclSuccess && cudaEventRecord(n->done, n->stream) != cudaSuccess)
         rc = ncclUnhandledCudaError;
     for (long ns = 2000; rc == ncclSuccess; backoff(&ns, 64000)) {
@@ -631,20 +656,20 @@ mg_status mg__nccl_run(mg_group *g, mg__req *r)
             return mg_error(MG_EIO, "%s: cuda:%d: %s", what, n->dev.index, cudaGetErrorString(e));
         if (nc.async_error(n->comm, &rc) != ncclSuccess) rc = ncclInternalError;
         double now = mg_now();
-        if (rc == ncclSuccess && now > deadline)
+        if (rc == ncclSuccess && now > w.deadline)
             return mg_error(MG_ETIMEOUT, "%s did not finish within %g s (MG_TIMEOUT): a rank "
                             "did not issue it, or died (NCCL does not say which)", what,
                             g->timeout);
         /* NCCL cannot tell a stopped peer from a slow one: the host path's
          * beats and /proc can, within MG_PEER_TIMEOUT. */
-        if (rc == ncclSuccess && g->be->watch && now >= watch) {
-            char waiting[420];
-            snprintf(waiting, sizeof waiting, "waiting for %s", what);
-            mg_status st = g->be->watch(g, since, waiting);
-            if (st) return st;
-            watch = now + 1;
-        }
+        if (rc == ncclSuccess && !watched(&w, now)) return w.st;
     }
+    if (w.st) return w.st;
+    if (rc == ncclInProgress)
+        return mg_error(MG_ETIMEOUT, "%s was not queued within %g s (MG_TIMEOUT): its first "
+                        "message to a peer waits for the peer's batch with the other end "
+                        "(README: NCCL connects ranks at their first message each way)", what,
+                        g->timeout);
     if (rc != ncclSuccess) return mg_error(MG_EPEER, "%s: %s", what, nc_error(n, rc));
     uint64_t sent = 0, received = 0;
     if (r->kind == MG__REQ_BATCH)

@@ -65,7 +65,9 @@ mg_status mg__group_start(mg_group *g)
 {
     g->sends = calloc((size_t)g->size, sizeof *g->sends);
     g->recvs = calloc((size_t)g->size, sizeof *g->recvs);
-    if (!g->sends || !g->recvs) return mg_error(MG_ENOMEM, "group: out of memory");
+    g->linked = g->nccl_rules ? calloc((size_t)g->size, 1) : NULL;
+    if (!g->sends || !g->recvs || (g->nccl_rules && !g->linked))
+        return mg_error(MG_ENOMEM, "group: out of memory");
     if (pthread_create(&g->thread, NULL, progress_main, g))
         return mg_error(MG_EIO, "group: cannot start the progress thread");
     g->has_thread = true;
@@ -89,6 +91,7 @@ void mg__group_free(mg_group *g)
     pthread_cond_destroy(&g->done);
     free(g->sends);
     free(g->recvs);
+    free(g->linked);
     mg__names_free(&g->names);
     free(g);
 }
@@ -126,10 +129,16 @@ static void make_req(mg_group *g, const mg_call *c, mg__req *r);
  * receive, in order (`posted`, a message of a tag of the library's);
  * ending, it waits for each rank it sent to to have posted the receive,
  * and checks that the k-th receive posted for this rank has the tag of
- * the k-th send. Where NCCL would deadlock, the ranks wait for the
- * group's deadline (MG_TIMEOUT); where it would cross two messages, the
- * sender fails at once. */
+ * the k-th send. NCCL also connects two ranks lazily, each direction at
+ * its first message, and a batch holding such a first message starts
+ * none of its operations until the peer has posted the batch holding the
+ * other end (`connect`). Where NCCL would deadlock, the ranks wait for
+ * the group's deadline (MG_TIMEOUT); where it would cross two messages,
+ * the sender fails at once. */
 #define POSTED_TAG 0x7ffffffe
+#define LINK_TAG(from, to) ((from) < (to) ? 0x7ffffffd : 0x7ffffffc)
+#define LINK_SEND 1   /* linked[peer]: this rank to peer connected */
+#define LINK_RECV 2   /* peer to this rank */
 
 static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
 {
@@ -140,6 +149,54 @@ static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
     mg__req r;
     make_req(g, &c, &r);
     return g->be->run(g, &r);
+}
+
+/* One token each way with the peer, under the tag of a direction. */
+static mg_status link_token(mg_group *g, bool tell, int peer, int32_t tag)
+{
+    int32_t one = 1;
+    mg_call c = {.coll = tell ? MG_COLL_SEND : MG_COLL_RECV, .count = 1, .dtype = MG_I32,
+                 .root = peer, .tag = tag, .file = __FILE__, .line = __LINE__};
+    if (tell) c.sendbuf = &one;
+    else c.recvbuf = &one;
+    mg__req r;
+    make_req(g, &c, &r);
+    return g->be->run(g, &r);
+}
+
+/* The directions this batch uses first: each waits for the peer to post
+ * the batch with its other end, before any of the batch's operations. */
+static mg_status connect(mg_group *g, const mg__req *r)
+{
+    int *first = malloc(sizeof *first * (size_t)r->nsub), n = 0;   /* sub-operations */
+    if (!first) return mg_error(MG_ENOMEM, "batch: out of memory");
+    mg_status st = MG_OK;
+    for (int i = 0; i < r->nsub; i++) {
+        const mg_call *c = &r->sub[i].c;
+        uint8_t bit = c->coll == MG_COLL_SEND ? LINK_SEND : LINK_RECV;
+        if (g->linked[c->root] & bit) continue;
+        g->linked[c->root] |= bit;
+        first[n++] = i;
+    }
+    for (int pass = 0; pass < 2 && !st; pass++)
+        for (int k = 0; k < n && !st; k++) {
+            const mg_call *c = &r->sub[first[k]].c;
+            bool send = c->coll == MG_COLL_SEND;
+            int q = c->root;
+            st = link_token(g, pass == 0, q, send ? LINK_TAG(g->rank, q) : LINK_TAG(q, g->rank));
+            if (st != MG_ETIMEOUT) continue;
+            char peer[128];
+            mg__rank_name(&g->names, q, NULL, peer, sizeof peer);
+            st = mg_error(st, "a batch's first %s %s waited %g s (MG_TIMEOUT), under NCCL's "
+                          "rules (MG_BATCH_RULES=nccl), for %s to post the batch with its other "
+                          "end: NCCL connects two ranks at their first message each way, and "
+                          "the batch that holds it waits for the peer's; under NCCL these "
+                          "batches would deadlock; let both ranks exchange a first message each "
+                          "way in one batch before the others", send ? "send to" : "receive from",
+                          peer, g->timeout, peer);
+        }
+    free(first);
+    return st;
 }
 
 static mg_status nccl_rules_end(mg_group *g, const mg__req *r)
@@ -175,7 +232,7 @@ static mg_status nccl_rules_end(mg_group *g, const mg__req *r)
  * NCCL's rules, as above. */
 static mg_status run_batch(mg_group *g, mg__req *r)
 {
-    mg_status st = MG_OK;
+    mg_status st = g->nccl_rules ? connect(g, r) : MG_OK;
     for (int i = 0; i < r->nsub && !st && g->nccl_rules; i++)
         if (r->sub[i].c.coll == MG_COLL_RECV)
             st = posted(g, true, r->sub[i].c.root, &(int32_t){r->sub[i].c.tag});

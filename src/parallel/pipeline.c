@@ -37,7 +37,14 @@
  * (--deterministic takes each micro-batch's gradients then).
  *
  * Evaluation and generation run the same lists without their backwards
- * (mg__pipe_forward): a tape goes back as soon as its output is sent. */
+ * (mg__pipe_forward): a tape goes back as soon as its output is sent.
+ *
+ * NCCL connects two ranks at their first message each way, and a batch
+ * holding such a message waits for the peer's batch with its other end
+ * (README): GPipe's rank 0 would post its first receive from rank 1
+ * beside a send rank 1 waits for. So the first run of a pipe exchanges a
+ * float each way with each rank it talks to, in one batch on every rank,
+ * before its lists. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +86,7 @@ struct mg_pipe {
     tie ties[8];
     int n_ties;
     bool ties_left;         /* mg__pipe_leave_ties */
+    bool linked;              /* link_peers done */
     /* The step's micro-batches, copied. */
     float *x;
     int32_t *y;
@@ -509,6 +517,38 @@ static const char *op_words(mg_pipe_op op)
     }
 }
 
+/* One batch on every rank: a float each way with the ranks before and
+ * after it (round the ring for interleaved, whose last stage sends to
+ * rank 0), on the model's device, so that every link NCCL makes lazily is
+ * made at once (see the top). Ties exchange in batches of both ways. */
+static mg_status link_peers(mg_pipe *p)
+{
+    mg_device dev = mg_model_device(p->m);
+    float *b = mg_device_alloc(dev, fl(4));
+    if (!b) return mg_error(MG_ENOMEM, "pipeline: out of memory");
+    int next = (p->rank + 1) % p->P, prev = (p->rank + p->P - 1) % p->P, tag = 2 * p->S * p->M;
+    bool ring = p->V > 1;
+    mg_p2p_op ops[4];
+    int n = 0;
+    if (ring || p->rank + 1 < p->P) {
+        ops[n++] = (mg_p2p_op){MG_COLL_SEND, b, 1, MG_F32, next, tag};
+        ops[n++] = (mg_p2p_op){MG_COLL_RECV, b + 1, 1, MG_F32, next, tag};
+    }
+    if ((ring || p->rank > 0) && (prev != next || !n)) {
+        ops[n++] = (mg_p2p_op){MG_COLL_SEND, b + 2, 1, MG_F32, prev, tag};
+        ops[n++] = (mg_p2p_op){MG_COLL_RECV, b + 3, 1, MG_F32, prev, tag};
+    }
+    mg_work *w = NULL;
+    mg_status st = mg_batch_isend_irecv(p->g, ops, n, &w);
+    if (!st) st = mg_work_wait(w, -1);
+    mg_work_free(w);
+    mg_device_free(dev, b);
+    if (st) return mg_error(st, "pipeline: linking rank %d with its neighbours: %s", p->rank,
+                            mg_last_error());
+    p->linked = true;
+    return MG_OK;
+}
+
 /* Posts the pending sends and receives as one batch; waits for it when
  * it receives. A failure names the stages and the micro-batch. */
 static mg_status post(mg_pipe *p, mg_p2p_op *ops, const mg_pipe_action *why, int n)
@@ -643,6 +683,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
     }
     r->micro = count;
     if (!count) return MG_OK;
+    if (!p->linked) MG_TRY(link_peers(p));
     MG_TRY(lowered(p, count, fwd_only));
     uint64_t base = mg_model_rng_counter(m);
     bool training = mg_model_training(m);
