@@ -13,9 +13,10 @@
 #    first; --repeat runs of each, alternating. Then both shapes with
 #    bfloat16 GEMMs (`bench/gpt --bf16`) against PyTorch's bfloat16
 #    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Section
-#    profile: one 85M bf16 run under MG_DK_PROFILE=1, whose "bf16
-#    rounding" rows are the GPU time that rounding each operand once per
-#    step could save.
+#    bf16big: the 85M shape alone against autocast with SDPA (issue 36's
+#    target), alternating. Section profile: one 85M bf16 run under
+#    MG_DK_PROFILE=1, whose "bf16 rounding" rows are the GPU time spent
+#    rounding GEMM operands.
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
 #    each with models.md's defaults: `bench/train --device cuda` against
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
@@ -36,7 +37,7 @@
 #     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
 #     build/bench and build/bin); --data is the Fashion-MNIST directory
 #     (default /usr/share/datasets/fashion-mnist); --only runs the sections
-#     named in LIST (comma-separated: gpt, bf16, profile, images, mgtrain,
+#     named in LIST (comma-separated: gpt, bf16, bf16big, profile, images, mgtrain,
 #     mgbench, attention, nccl), for a GPU lent for minutes
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +46,7 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
-only=gpt,bf16,profile,images,mgtrain,mgbench,attention,nccl
+only=gpt,bf16,bf16big,profile,images,mgtrain,mgbench,attention,nccl
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat=$2; shift 2 ;;
@@ -79,6 +80,12 @@ want bf16 && for r in $(seq "$repeat"); do
             python3 bench/gpu_gpt_torch.py $shape --attn $a --bf16 | tail -1
         done
     done
+done
+want bf16big && for r in $(seq "$repeat"); do
+    echo "== run $r: bf16 85M, multigrad"
+    "$bench/gpt" --device cuda --bf16 $big --no-eval | grep -E "^# device|^gpt-mini"
+    echo "== run $r: bf16 85M, torch autocast (sdpa)"
+    python3 bench/gpu_gpt_torch.py $big --attn sdpa --bf16 | tail -1
 done
 want profile && {
     echo "== bf16 85M, multigrad, MG_DK_PROFILE=1 (the share of 'bf16 rounding')"

@@ -863,8 +863,9 @@ static void bf16_gemm(mg_device d)
 }
 
 /* A linear's backward with bf16 on rounds dY once for its three GEMMs
- * (bias, weight and input gradients), and X, W and the ones once each:
- * the gradients equal the CPU's on rounded operands (exactly on emu). */
+ * (bias, weight and input gradients), and X, W and the ones once each;
+ * given what its forward kept, dY and the ones alone: the gradients equal
+ * the CPU's on rounded operands (exactly on emu). */
 static void bf16_linear_backward(mg_device d)
 {
     enum { N = 29, IN = 71, OUT = 45 };
@@ -912,8 +913,36 @@ static void bf16_linear_backward(mg_device d)
                          "the CPU's on rounded operands");
         free(got[k]);
     }
-    float *own[] = {dx_, dw_, ddy, dyv, gx, gw, gb};
-    for (int k = 0; k < 7; k++) mg_device_free(d, own[k]);
+    /* Kept by the forward (mg_linear_forward_kept): X and W rounded there,
+     * once; the backward rounds dY and the ones alone, to the same
+     * gradients (dY is masked already: masking again changes nothing). */
+    CHECK_OK(mg_device_set_bf16(d, true));
+    CHECK_OK(mg_device_set_current(d));
+    size_t kb = mg_linear_kept(N, IN, OUT);
+    CHECK_MSG(kb >= (size_t)(N * IN + OUT * IN) * 2, "kept %zu bytes", kb);
+    void *kept = mg_device_alloc(d, kb);
+    float *yk = mgt_on_device(d, NULL, N * OUT), *gxk = mgt_on_device(d, NULL, N * IN);
+    float *gwk = mgt_on_device(d, NULL, OUT * IN), *gbk = mgt_on_device(d, NULL, OUT);
+    before = mg__dk_bf16_rounded();
+    mg_linear_forward_kept(yk, dx_, dw_, NULL, N, IN, OUT, false, kept);
+    size_t fwd = mg__dk_bf16_rounded() - before;
+    mg_linear_backward_kept(gxk, gwk, gbk, ddy, dyv, dx_, dw_, N, IN, OUT, true, kept);
+    size_t bwd = mg__dk_bf16_rounded() - before - fwd;
+    mg_device_set_current(host);
+    CHECK_OK(mg_device_set_bf16(d, false));
+    CHECK_MSG(fwd == (size_t)N * IN + OUT * IN && bwd == (size_t)N * OUT + N,
+              "kept: the forward rounded %zu elements (X and W: %d), the backward %zu (dY and "
+              "the ones: %d)", fwd, N * IN + OUT * IN, bwd, N * OUT + N);
+    float *kgot[] = {mgt_device_floats(d, gbk, OUT), mgt_device_floats(d, gwk, OUT * IN),
+                     mgt_device_floats(d, gxk, N * IN)};
+    for (int k = 0; k < 3; k++) {
+        mgt_check_scaled(what[k], kgot[k], want[k], n[k], d.kind == MG_DEVICE_EMU ? 0 : 1e-5,
+                         "the CPU's on rounded operands, kept by the forward");
+        free(kgot[k]);
+    }
+    float *own[] = {dx_, dw_, ddy, dyv, gx, gw, gb, yk, gxk, gwk, gbk};
+    for (int k = 0; k < 11; k++) mg_device_free(d, own[k]);
+    mg_device_free(d, kept);
 }
 
 TEST(device_emu_bf16_linear_backward_rounds_dy_once)

@@ -165,6 +165,19 @@ void mg_linear_forward(float *y, const float *x, const float *wt, const float *b
 void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu);
+/* The same keeping operands for the backward: on a device whose GEMMs
+ * round to bfloat16 (mg_device_set_bf16), the forward keeps x and W
+ * rounded in `kept`, mg_linear_kept(n, in, out) bytes (0 elsewhere), and
+ * the backward of the same x and W (unchanged since) takes them from
+ * there instead of rounding them again. kept may be NULL (round each use);
+ * a `kept` sized while the GEMMs did not round holds nothing: pass NULL. */
+size_t mg_linear_kept(int n, int in, int out);
+bool mg_gemm_bf16(void);   /* the current device's GEMMs round to bfloat16 */
+void mg_linear_forward_kept(float *y, const float *x, const float *wt, const float *b, int n,
+                            int in, int out, bool relu, void *kept);
+void mg_linear_backward_kept(float *dx, float *dw, float *db, float *dy, const float *y,
+                             const float *x, const float *wt, int n, int in, int out, bool relu,
+                             const void *kept);
 
 /* y [n, out] += b (b may be NULL), then ReLU if relu: mg_linear_forward's
  * end, for a product summed elsewhere first (a row-parallel layer's). */

@@ -620,6 +620,8 @@ static void gemm_forward(float *y, float *P, const float *qkv, int n, int T, int
     int hd = d / H, W = 3 * d;
     float scale = 1.0f / sqrtf((float)hd);
     bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
+    /* With bf16: Q, K and V rounded once, for both products */
+    dk_bf16_keep_own(0, qkv, (size_t)n * T * W);
     /* S = Q K^T scale; P = softmax(S) over the causal part, zeros after */
     dk_gemm_batched(false, true, T, T, hd, scale, qkv, W, sx, qkv + d, W, sx, 0.0f, P, T, sp, n,
                     H);
@@ -638,6 +640,7 @@ static void gemm_forward(float *y, float *P, const float *qkv, int n, int T, int
     /* y = P V */
     dk_gemm_batched(false, false, T, hd, T, 1.0f, P, T, sp, qkv + 2 * d, W, sx, 0.0f, y, d, sy, n,
                     H);
+    dk_bf16_forget();
 }
 
 static void gemm_backward(float *dqkv, const float *dy, const float *P, const float *qkv, int n,
@@ -648,6 +651,9 @@ static void gemm_backward(float *dqkv, const float *dy, const float *P, const fl
     float *dQ = dqkv, *dK = dqkv + d, *dV = dqkv + 2 * d;
     float scale = 1.0f / sqrtf((float)hd);
     bstride sx = head_cols(T, W, hd), sy = head_cols(T, d, hd), sp = head_scores(T, H);
+    /* With bf16: Q, K, V and dy rounded once, for all four products */
+    dk_bf16_keep_own(0, qkv, (size_t)n * T * W);
+    dk_bf16_keep_own(1, dy, (size_t)n * T * d);
     /* dP = dy V^T, dV = P^T dy */
     dk_gemm_batched(false, true, T, T, hd, 1.0f, dy, d, sy, V, W, sx, 0.0f, dP, T, sp, n, H);
     dk_gemm_batched(true, false, T, hd, T, 1.0f, P, T, sp, dy, d, sy, 0.0f, dV, W, sx, n, H);
@@ -665,4 +671,5 @@ static void gemm_backward(float *dqkv, const float *dy, const float *P, const fl
     dk_gemm_batched(false, false, T, hd, T, 1.0f, dP, T, sp, K, W, sx, 0.0f, dQ, W, sx, n, H);
     dk_gemm_batched(true, false, T, hd, T, 1.0f, dP, T, sp, Q, W, sx, 0.0f, dK, W, sx, n, H);
     dk_bf16_reuse(NULL, 0);
+    dk_bf16_forget();
 }

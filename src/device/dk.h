@@ -82,6 +82,8 @@ int mg__dk_divide_async(void *p, size_t n, mg_dtype t, int by, void *stream);
 /* Elements the current context has rounded to bfloat16 for GEMMs so far
  * (tests: an operand used again is not rounded again). */
 size_t mg__dk_bf16_rounded(void);
+/* Whether the current context's GEMMs round their operands to bfloat16. */
+bool mg_dk_gemm_bf16(void);
 
 /* The CPU's GEMM, which the device kind emu uses (src/tensor/tensor.c). */
 void mg__gemm_host(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -92,10 +94,12 @@ void mg_dk_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float 
                 const float *B, int ldb, float beta, float *C, int ldc);
 void mg_dk_relu_forward(float *y, const float *x, size_t n);
 void mg_dk_relu_backward(float *dx, const float *dy, const float *y, size_t n);
+size_t mg_dk_linear_kept(int n, int in, int out);
 void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b, int n,
-                          int in, int out, bool relu);
+                          int in, int out, bool relu, void *kept);
 void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
-                           const float *x, const float *wt, int n, int in, int out, bool relu);
+                           const float *x, const float *wt, int n, int in, int out, bool relu,
+                           const void *kept);
 void mg_dk_bias_relu(float *y, const float *b, int n, int out, bool relu);
 void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, int n, int out, bool relu);
 void mg_dk_add_into(float *y, const float *a, size_t n);

@@ -37,6 +37,14 @@ struct mg_dk {
     const float *reuse;    /* ... and may give again while dk_bf16_reuse names them */
     size_t reuse_n;
     size_t rounded;        /* elements rounded so far (mg__dk_bf16_rounded) */
+    struct {               /* spans rounded once for the kernel entry running (dk_bf16_keep) */
+        const float *p;
+        size_t n;
+        const void *copy;
+    } kept[4];
+    int n_kept;
+    void *kb[2];           /* the context's own kept copies (dk_bf16_keep_own), grown on demand */
+    size_t kb_n[2];
     void **ptrs;           /* a batched GEMM's operands' addresses (a GPU's), grown on demand */
     size_t ptrs_n;
 #ifdef __CUDACC__
@@ -74,6 +82,18 @@ const float *dk_ones(size_t n);
  * backward: dY, once masked, feeds the bias, weight and input gradients'
  * GEMMs). */
 void dk_bf16_reuse(const float *p, size_t n);
+/* With bf16 on, the bytes of n rounded elements (a GPU's bfloat16: 2 each;
+ * emu's floats holding the rounded values: 4); with it off, 0. */
+size_t dk_bf16_bytes(size_t n);
+/* With bf16 on: until dk_bf16_forget, a GEMM operand lying within the n
+ * floats at p is taken from `copy` (dk_bf16_bytes(n)), not rounded again.
+ * round: p rounded into copy now; else copy holds them rounded already, by
+ * an earlier entry (a linear's forward, for its backward), the floats
+ * unchanged since. Up to 4 spans. */
+void dk_bf16_keep(const float *p, size_t n, void *copy, bool round);
+/* The same, the copy in the context's buffer `which` (0 or 1). */
+void dk_bf16_keep_own(int which, const float *p, size_t n);
+void dk_bf16_forget(void);
 
 /* ---- Launching -------------------------------------------------------------- */
 

@@ -456,35 +456,79 @@ void dk_bf16_reuse(const float *p, size_t n)
 }
 
 extern "C" size_t mg__dk_bf16_rounded(void) { return DK()->rounded; }
+extern "C" bool mg_dk_gemm_bf16(void) { return DK()->bf16; }
 
-/* A GEMM's operand `which`: the n elements at p rounded to bfloat16 (to
- * nearest, ties to even) into the context's buffer, at the same leading
- * dimension and strides: on a GPU bfloat16 by a kernel, on emu floats
- * holding the rounded values. Operand 0 comes again without rounding
- * while dk_bf16_reuse names p and n. */
-static const void *bf16_operand(int which, const float *p, size_t n)
+/* The n floats at p rounded to bfloat16 (to nearest, ties to even) into
+ * o: on a GPU bfloat16 by a kernel, on emu floats holding the rounded
+ * values. */
+static void round_into(const float *p, size_t n, void *o)
 {
-    mg_dk *k = DK();
-    if (which == 0 && p == k->reuse && n == k->reuse_n && p == k->bf0_of && n == k->bf0_n)
-        return k->bf[0];
     PROFILE("bf16 rounding");   /* what rounding once per step would save at most */
-    size_t es = k->emu ? sizeof(float) : 2;
-    if (n > k->bf_n[which]) {
-        dev_free(k->bf[which]);
-        k->bf_n[which] = n + n / 4 + 1024;
-        k->bf[which] = dev_alloc(k->bf_n[which] * es);
-    }
-    if (which == 0) k->bf0_of = p, k->bf0_n = n;
+    mg_dk *k = DK();
     k->rounded += n;
 #ifdef __CUDACC__
     if (!k->emu) {
-        __nv_bfloat16 *o = (__nv_bfloat16 *)k->bf[which];
-        each(n, [=] HD(size_t i) { o[i] = __float2bfloat16_rn(p[i]); });
-        return o;
+        __nv_bfloat16 *b = (__nv_bfloat16 *)o;
+        each(n, [=] HD(size_t i) { b[i] = __float2bfloat16_rn(p[i]); });
+        return;
     }
 #endif
-    float *o = (float *)k->bf[which];
-    for (size_t i = 0; i < n; i++) o[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
+    float *f = (float *)o;
+    for (size_t i = 0; i < n; i++) f[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
+}
+
+size_t dk_bf16_bytes(size_t n)
+{
+    mg_dk *k = DK();
+    return k->bf16 ? n * (k->emu ? sizeof(float) : 2) : 0;
+}
+
+/* *buf holding at least n rounded elements (grown on demand, by a quarter more). */
+static void *grown(void **buf, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        dev_free(*buf);
+        *cap = n + n / 4 + 1024;
+        *buf = dev_alloc(*cap * (DK()->emu ? sizeof(float) : 2));
+    }
+    return *buf;
+}
+
+void dk_bf16_keep(const float *p, size_t n, void *copy, bool round)
+{
+    mg_dk *k = DK();
+    if (!k->bf16 || !p || !n) return;
+    MG_ASSERT(k->n_kept < 4);
+    if (round) round_into(p, n, copy);
+    k->kept[k->n_kept].p = p;
+    k->kept[k->n_kept].n = n;
+    k->kept[k->n_kept++].copy = copy;
+}
+
+void dk_bf16_keep_own(int which, const float *p, size_t n)
+{
+    mg_dk *k = DK();
+    if (k->bf16 && p && n) dk_bf16_keep(p, n, grown(&k->kb[which], &k->kb_n[which], n), true);
+}
+
+void dk_bf16_forget(void) { DK()->n_kept = 0; }
+
+/* A GEMM's operand `which`: the n elements at p rounded, at the same
+ * leading dimension and strides: from a kept span that holds them
+ * (dk_bf16_keep), else into the context's buffer `which`. Operand 0 comes
+ * again without rounding while dk_bf16_reuse names p and n. */
+static const void *bf16_operand(int which, const float *p, size_t n)
+{
+    mg_dk *k = DK();
+    size_t es = k->emu ? sizeof(float) : 2;
+    for (int i = 0; i < k->n_kept; i++)
+        if (p >= k->kept[i].p && p + n <= k->kept[i].p + k->kept[i].n)
+            return (const char *)k->kept[i].copy + (size_t)(p - k->kept[i].p) * es;
+    if (which == 0 && p == k->reuse && n == k->reuse_n && p == k->bf0_of && n == k->bf0_n)
+        return k->bf[0];
+    void *o = grown(&k->bf[which], &k->bf_n[which], n);
+    if (which == 0) k->bf0_of = p, k->bf0_n = n;
+    round_into(p, n, o);
     return o;
 }
 

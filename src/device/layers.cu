@@ -224,11 +224,25 @@ extern "C" void mg_dk_batchnorm2d_backward(float *dx, float *dgamma, float *dbet
     });
 }
 
+/* What a linear keeps with bf16 on: x rounded, then (256-byte aligned) W. */
+static size_t kept_w_at(int n, int in) { return (dk_bf16_bytes((size_t)n * in) + 255) & ~255ul; }
+
+extern "C" size_t mg_dk_linear_kept(int n, int in, int out)
+{
+    size_t w = dk_bf16_bytes((size_t)in * out);
+    return w ? kept_w_at(n, in) + w : 0;
+}
+
 extern "C" void mg_dk_linear_forward(float *y, const float *x, const float *wt, const float *b,
-                                     int n, int in, int out, bool relu)
+                                     int n, int in, int out, bool relu, void *kept)
 {
     PROFILE(__func__);
+    if (kept) {
+        dk_bf16_keep(x, (size_t)n * in, kept, true);
+        dk_bf16_keep(wt, (size_t)in * out, (char *)kept + kept_w_at(n, in), true);
+    }
     mg_dk_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    dk_bf16_forget();
     mg_dk_bias_relu(y, b, n, out, relu);
 }
 
@@ -257,14 +271,20 @@ extern "C" void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, i
 
 extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
                                       const float *x, const float *wt, int n, int in, int out,
-                                      bool relu)
+                                      bool relu, const void *kept)
 {
     PROFILE(__func__);
-    /* dY, once masked, feeds three GEMMs: with bf16, rounded once for them */
+    /* dY, once masked, feeds three GEMMs: with bf16, rounded once for them;
+     * x and W as the forward kept them rounded */
     dk_bf16_reuse(dy, (size_t)n * out);
     mg_dk_bias_relu_backward(dy, db, y, n, out, relu);
+    if (kept) {
+        dk_bf16_keep(x, (size_t)n * in, (void *)kept, false);
+        dk_bf16_keep(wt, (size_t)in * out, (char *)kept + kept_w_at(n, in), false);
+    }
     mg_dk_gemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (dx) mg_dk_gemm(false, false, n, in, out, 1.0f, dy, out, wt, in, 0.0f, dx, in);
+    dk_bf16_forget();
     dk_bf16_reuse(NULL, 0);
 }
 

@@ -80,7 +80,8 @@ static void linear_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratc
 {
     const linear_layer *f = (const linear_layer *)l;
     size_t r = (size_t)n * rows_of(l);
-    *saved = 0;
+    /* The plain GEMMs keep their operands rounded (bfloat16 GEMMs) */
+    *saved = l->chunks ? 0 : mg_linear_kept((int)r, f->in_f, f->out_f);
     *scratch = !mg__seq_split(l) ? 0 : f->role == MG_TP_COLUMN ? 2 * r * f->in_f : r * f->out_f;
     if (l->chunks)   /* the chunks' products and the ranks' gathered roots */
         *scratch = (size_t)(l->chunks + mg__tp_size(l)) * r *
@@ -156,6 +157,13 @@ static void fixed_row_backward(linear_layer *f, const mg_ctx *c, const float *x,
     }
 }
 
+/* Where the plain GEMMs keep their operands rounded: the layer's tape
+ * memory, when the tape was sized for it (NULL: round at each use). */
+static void *kept_of(const mg_layer *l, const mg_ctx *c)
+{
+    return c->bf16_kept && !l->chunks && mg__saved(l, c) ? mg__saved(l, c) : NULL;
+}
+
 static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     linear_layer *f = (linear_layer *)l;
@@ -168,14 +176,16 @@ static void linear_forward(mg_layer *l, const mg_ctx *c, const float *x, float *
         fixed_column_forward(f, x, y, r);
         return;
     }
+    void *kept = kept_of(l, c);
     if (!row_parallel(l)) {   /* whole, or column-parallel: on every position */
         x = mg__tp_all_rows(l, c, x, r, (size_t)f->in_f, c->scratch);
-        mg_linear_forward(y, x, l->p[0].data, l->p[1].data, (int)r, f->in_f, f->out_f, f->relu);
+        mg_linear_forward_kept(y, x, l->p[0].data, l->p[1].data, (int)r, f->in_f, f->out_f,
+                               f->relu, kept);
         return;
     }
     /* The partial products summed over the group, then bias and ReLU. */
     float *part = mg__seq_split(l) ? c->scratch : y;
-    mg_linear_forward(part, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false);
+    mg_linear_forward_kept(part, x, l->p[0].data, NULL, (int)r, f->in_f, f->out_f, false, kept);
     size_t here = mg__tp_sum_rows(l, c, part, y, r, (size_t)f->out_f);
     mg_bias_relu(y, l->p[1].data, (int)here, f->out_f, f->relu);
 }
@@ -197,8 +207,8 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
     if (!row_parallel(l)) {   /* column-parallel: the input gathered again, its gradient summed */
         x = mg__tp_all_rows(l, c, x, r, in, c->scratch);
         float *dxs = dx && mg__seq_split(l) ? c->scratch + r * in : dx;
-        mg_linear_backward(dxs, dw, db, dy, y, x, l->p[0].data, (int)r, f->in_f, f->out_f,
-                           f->relu);
+        mg_linear_backward_kept(dxs, dw, db, dy, y, x, l->p[0].data, (int)r, f->in_f, f->out_f,
+                                f->relu, kept_of(l, c));
         if (dx) mg__tp_sum_rows(l, c, dxs, dx, r, in);
         return;
     }
@@ -209,8 +219,8 @@ static void linear_backward(mg_layer *l, const mg_ctx *c, const float *x, const 
     mg_bias_relu_backward(dy, db, y, (int)here, f->out_f, f->relu);
     /* (mg_linear_backward writes dy only to mask it, which relu false skips) */
     float *dya = (float *)mg__tp_all_rows(l, c, dy, r, (size_t)f->out_f, c->scratch);
-    mg_linear_backward(dx, dw, NULL, dya, NULL, x, l->p[0].data, (int)r, f->in_f, f->out_f,
-                       false);
+    mg_linear_backward_kept(dx, dw, NULL, dya, NULL, x, l->p[0].data, (int)r, f->in_f, f->out_f,
+                            false, kept_of(l, c));
 }
 
 /* Megatron's regions: a column-parallel layer's input gradient is summed

@@ -61,6 +61,7 @@ struct mg_tape {
     char *mem;
     char **slot;
     bool *rerun;               /* recomputation: unit i runs its forward again */
+    bool bf16_kept;            /* sized with bfloat16 GEMMs (mg_ctx.bf16_kept) */
     float *logits, *dlogits, *dinput, *scratch;
     float *grads, *buffers;    /* NULL: the model's */
     mg_grad_window win[MG_GRAD_WINDOWS];

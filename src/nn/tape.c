@@ -164,6 +164,7 @@ mg_status mg_tape_create_range(mg_model *m, int max_batch, int first, int last, 
     t->out_per = mg__per_image(m->units[last - 1].l->out);
     /* The layers size their memory for the device they run on. */
     mg_dk *prev = mg__dk_enter(m->dk);
+    t->bf16_kept = mg_gemm_bf16();
     t->bytes = tape_layout(m, max_batch, first, last, NULL, NULL);
     /* Zeroed: every page is touched now rather than in the first step. */
     t->mem = mg_device_alloc(m->dev, t->bytes);
@@ -251,6 +252,7 @@ static mg_ctx tape_ctx(const mg_tape *t)
 {
     mg_ctx c = t->m->ctx;
     c.recompute = false;
+    c.bf16_kept = t->bf16_kept;
     c.slot = t->slot;
     c.scratch = t->scratch;
     c.grads = t->grads ? t->grads : t->m->grads;

@@ -60,11 +60,24 @@ void mg_mul(float *restrict y, const float *restrict a, const float *restrict b,
     for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i];
 }
 
+size_t mg_linear_kept(int n, int in, int out)
+{
+    return mg__dk_cur ? mg_dk_linear_kept(n, in, out) : 0;
+}
+
+bool mg_gemm_bf16(void) { return mg__dk_cur && mg_dk_gemm_bf16(); }
+
 void mg_linear_forward(float *y, const float *x, const float *wt, const float *b,
                        int n, int in, int out, bool relu)
 {
+    mg_linear_forward_kept(y, x, wt, b, n, in, out, relu, NULL);
+}
+
+void mg_linear_forward_kept(float *y, const float *x, const float *wt, const float *b, int n,
+                            int in, int out, bool relu, void *kept)
+{
     if (mg__dk_cur) {
-        mg_dk_linear_forward(y, x, wt, b, n, in, out, relu);
+        mg_dk_linear_forward(y, x, wt, b, n, in, out, relu, kept);
         return;
     }
     mg_gemm(false, true, n, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
@@ -111,8 +124,15 @@ void mg_linear_backward(float *dx, float *dw, float *db, float *dy, const float 
                         const float *x, const float *wt, int n, int in, int out,
                         bool relu)
 {
+    mg_linear_backward_kept(dx, dw, db, dy, y, x, wt, n, in, out, relu, NULL);
+}
+
+void mg_linear_backward_kept(float *dx, float *dw, float *db, float *dy, const float *y,
+                             const float *x, const float *wt, int n, int in, int out, bool relu,
+                             const void *kept)
+{
     if (mg__dk_cur) {
-        mg_dk_linear_backward(dx, dw, db, dy, y, x, wt, n, in, out, relu);
+        mg_dk_linear_backward(dx, dw, db, dy, y, x, wt, n, in, out, relu, kept);
         return;
     }
     mg_bias_relu_backward(dy, db, y, n, out, relu);
