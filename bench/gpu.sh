@@ -12,11 +12,12 @@
 #    F.scaled_dot_product_attention). Tokens/s of the steps after the
 #    first; --repeat runs of each, alternating. Then both shapes with
 #    bfloat16 GEMMs (`bench/gpt --bf16`) against PyTorch's bfloat16
-#    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Section
-#    bf16big: the 85M shape alone against autocast with SDPA (issue 36's
-#    target), alternating. Section profile: one 85M bf16 run under
-#    MG_DK_PROFILE=1, whose "bf16 rounding" rows are the GPU time spent
-#    rounding GEMM operands.
+#    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Sections
+#    bf16big and f32big: the 85M shape alone, bfloat16 against autocast
+#    and float32 against eager, both with SDPA (issue 36's targets),
+#    alternating, with --before's build beside this one. Section profile:
+#    one 85M run under MG_DK_PROFILE=1 in each precision (the "bf16
+#    rounding" rows: the GPU time spent rounding GEMM operands).
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
 #    each with models.md's defaults: `bench/train --device cuda` against
 #    `bench/train_torch.py --device cuda` (batches gathered on the host and
@@ -33,12 +34,14 @@
 #
 # 6. bench/gpu_nccl.sh: collectives and DDP through NCCL.
 #
-#   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST]
+#   bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST] [--before GPT]
 #     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
 #     build/bench and build/bin); --data is the Fashion-MNIST directory
 #     (default /usr/share/datasets/fashion-mnist); --only runs the sections
-#     named in LIST (comma-separated: gpt, bf16, bf16big, profile, images, mgtrain,
-#     mgbench, attention, nccl), for a GPU lent for minutes
+#     named in LIST (comma-separated: gpt, bf16, bf16big, f32big, profile,
+#     images, mgtrain, mgbench, attention, nccl), for a GPU lent for
+#     minutes; --before is bench/gpt of an earlier build (made in a
+#     worktree) that bf16big and f32big run too
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,14 +49,17 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
-only=gpt,bf16,bf16big,profile,images,mgtrain,mgbench,attention,nccl
+only=gpt,bf16,bf16big,f32big,profile,images,mgtrain,mgbench,attention,nccl
+before=
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeat) repeat=$2; shift 2 ;;
     --bin) bench=$2; tools=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST]" >&2
+    --before) before=$2; shift 2 ;;
+    *) echo "usage: bench/gpu.sh [--repeat N] [--bin DIR] [--data DIR] [--only LIST]" \
+            "[--before GPT]" >&2
        exit 2 ;;
     esac
 done
@@ -81,16 +87,27 @@ want bf16 && for r in $(seq "$repeat"); do
         done
     done
 done
-want bf16big && for r in $(seq "$repeat"); do
-    echo "== run $r: bf16 85M, multigrad"
-    "$bench/gpt" --device cuda --bf16 $big --no-eval | grep -E "^# device|^gpt-mini"
-    echo "== run $r: bf16 85M, torch autocast (sdpa)"
-    python3 bench/gpu_gpt_torch.py $big --attn sdpa --bf16 | tail -1
-done
-want profile && {
-    echo "== bf16 85M, multigrad, MG_DK_PROFILE=1 (the share of 'bf16 rounding')"
-    MG_DK_PROFILE=1 "$bench/gpt" --device cuda --bf16 $big --no-eval 2>&1 | grep -E "^# (device|  )"
+# The 85M shape in one precision ("--bf16" or ""): this build, --before's,
+# PyTorch with SDPA, repeat times in turn.
+big_runs() {
+    local p=$1 name=${1:+bf16}
+    for r in $(seq "$repeat"); do
+        echo "== run $r: ${name:-float32} 85M, multigrad"
+        "$bench/gpt" --device cuda $p $big --no-eval | grep -E "^# device|^gpt-mini"
+        if [ -n "$before" ]; then
+            echo "== run $r: ${name:-float32} 85M, multigrad before ($before)"
+            "$before" --device cuda $p $big --no-eval | grep -E "^gpt-mini"
+        fi
+        echo "== run $r: ${name:-float32} 85M, torch ${name:+autocast }(sdpa)"
+        python3 bench/gpu_gpt_torch.py $big --attn sdpa $p | tail -1
+    done
 }
+want bf16big && big_runs --bf16
+want f32big && big_runs ""
+want profile && for p in --bf16 ""; do
+    echo "== ${p:-float32} 85M, multigrad, MG_DK_PROFILE=1"
+    MG_DK_PROFILE=1 "$bench/gpt" --device cuda $p $big --no-eval 2>&1 | grep -E "^# (device|  )"
+done
 want images && for r in $(seq "$repeat"); do
     echo "== run $r: image models, multigrad"
     "$bench/train" --device cuda --data "$data" | grep -v -E "^# (cpu|gemm|conv|threads):"
@@ -121,4 +138,5 @@ want attention && for T in 256 1024 4096; do
         python3 bench/attention_torch.py --T "$T" --batch $((4096 / T)) $p
     done
 done
-want nccl && bash bench/gpu_nccl.sh --bin "$tools" --data "$data"
+# (the last line: a section not asked for is no failure)
+if want nccl; then bash bench/gpu_nccl.sh --bin "$tools" --data "$data"; fi

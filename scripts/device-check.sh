@@ -5,14 +5,15 @@
 # host, then run
 #   1. the GPU tests (mgtest with the filters in $1, default "gpu": every
 #      test whose name holds it; "none" skips them);
-#   2. bench/gpu.sh --only "$2" (default none), --repeat "$4" (default 2);
+#   2. bench/gpu.sh --only "$2" (default none), --repeat "$4" (default 2),
+#      --before "$5" (an earlier build's bench/gpt, default none);
 #   3. bench/gpu_nccl.sh --only "$3" (default none).
 # Everything goes to stdout and to $OUT/device.log (the tool brings $OUT
 # back). Give the device tool a timeout that leaves room for a rerun.
-#   bash scripts/device-check.sh [TESTS] [GPU_SECTIONS] [NCCL_SECTIONS] [REPEAT]
+#   bash scripts/device-check.sh [TESTS] [GPU_SECTIONS] [NCCL_SECTIONS] [REPEAT] [BEFORE]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tests=${1:-gpu} gpu_only=${2:-} nccl_only=${3:-} repeat=${4:-2}
+tests=${1:-gpu} gpu_only=${2:-} nccl_only=${3:-} repeat=${4:-2} before=${5:-}
 log=${OUT:-/tmp}/device.log
 exec > >(tee "$log") 2>&1
 t0=$(date +%s)
@@ -36,7 +37,8 @@ rc=0
 if [ "$tests" != none ]; then
     MG_BIN=build/bin ./build/tests/mgtest $tests || rc=1
 fi
-[ -n "$gpu_only" ] && { bash bench/gpu.sh --only "$gpu_only" --repeat "$repeat" || rc=1; }
+[ -n "$gpu_only" ] && { bash bench/gpu.sh --only "$gpu_only" --repeat "$repeat" \
+                          ${before:+--before "$before"} || rc=1; }
 [ -n "$nccl_only" ] && { bash bench/gpu_nccl.sh --only "$nccl_only" || rc=1; }
 echo "device-check: done in $(( $(date +%s) - t0 )) s, status $rc"
 exit $rc

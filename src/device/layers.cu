@@ -260,13 +260,55 @@ extern "C" void mg_dk_bias_relu(float *y, const float *b, int n, int out, bool r
     });
 }
 
+/* Column sums of K quantities over nrows rows of D columns, added into
+ * sum.p[k][j]: value(r, j, v) gives row r's K values of column j (and may
+ * write the row, which only it reads). Each column's sums over blocks of
+ * rows (a thread per column and block, neighbours reading neighbouring
+ * columns), then over the blocks, in a fixed order: the same bits from
+ * run to run, on a GPU and on emu. */
+template <int K> struct columns_of {
+    float *p[K];   /* where each quantity's sums are added */
+};
+
+template <int K, class F>
+static void column_sums(size_t nrows, int D, F value, columns_of<K> sum)
+{
+    if (!nrows) return;
+    size_t nb = nrows < 64 ? nrows : 64, per = (nrows + nb - 1) / nb;
+    float *part = (float *)dk_ws(K * nb * D * sizeof(float));
+    each(nb * D, [=] HD(size_t i) {
+        size_t blk = i / D, r1 = (blk + 1) * per < nrows ? (blk + 1) * per : nrows;
+        int j = (int)(i % D);
+        float s[K] = {0}, v[K];
+        for (size_t r = blk * per; r < r1; r++) {
+            value(r, j, v);
+            for (int k = 0; k < K; k++) s[k] += v[k];
+        }
+        for (int k = 0; k < K; k++) part[k * nb * D + i] = s[k];
+    });
+    each((size_t)D, [=] HD(size_t j) {
+        float s[K] = {0};
+        for (size_t blk = 0; blk < nb; blk++)
+            for (int k = 0; k < K; k++) s[k] += part[k * nb * D + blk * D + j];
+        for (int k = 0; k < K; k++) sum.p[k][j] += s[k];
+    });
+}
+
 extern "C" void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, int n, int out,
                                          bool relu)
 {
     PROFILE(__func__);
-    if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
-    /* db += dy^T 1 */
-    if (db) mg_dk_gemm(true, false, out, 1, n, 1.0f, dy, out, dk_ones((size_t)n), 1, 1.0f, db, 1);
+    if (!db) {
+        if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
+        return;
+    }
+    /* db += the columns' sums of dy, masked by ReLU in the same pass */
+    size_t D = (size_t)out;
+    column_sums<1>((size_t)n, out, [=] HD(size_t r, int j, float v[1]) {
+        float g = dy[r * D + j];
+        if (relu) dy[r * D + j] = g = y[r * D + j] > 0.0f ? g : 0.0f;
+        v[0] = g;
+    }, columns_of<1>{{db}});
 }
 
 extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy, const float *y,
@@ -320,33 +362,13 @@ extern "C" void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const 
 {
     PROFILE(__func__);
     if (!nrows) return;
-    /* dw += sum_r dy x-hat, db += sum_r dy: each column's sums over blocks
-     * of rows (a thread per column and block, neighbours reading
-     * neighbouring columns), then over the blocks, in a fixed order. */
-    size_t nb = nrows < 64 ? nrows : 64, per = (nrows + nb - 1) / nb;
-    float *part = (float *)dk_ws(2 * nb * d * sizeof(float));
-    int D = d;
-    each(nb * D, [=] HD(size_t i) {
-        size_t blk = i / D, r1 = (blk + 1) * per < nrows ? (blk + 1) * per : nrows;
-        int j = (int)(i % D);
-        float sw = 0.0f, sb = 0.0f;
-        for (size_t r = blk * per; r < r1; r++) {
-            float g = dy[r * D + j];
-            sw += g * ((x[r * D + j] - mean[r]) * rstd[r]);
-            sb += g;
-        }
-        part[i] = sw;
-        part[nb * D + i] = sb;
-    });
-    each((size_t)D, [=] HD(size_t j) {
-        float sw = 0.0f, sb = 0.0f;
-        for (size_t blk = 0; blk < nb; blk++) {
-            sw += part[blk * D + j];
-            sb += part[nb * D + blk * D + j];
-        }
-        dw[j] += sw;
-        db[j] += sb;
-    });
+    /* dw += sum_r dy x-hat, db += sum_r dy */
+    size_t D = (size_t)d;
+    column_sums<2>(nrows, d, [=] HD(size_t r, int j, float v[2]) {
+        float g = dy[r * D + j];
+        v[0] = g * ((x[r * D + j] - mean[r]) * rstd[r]);
+        v[1] = g;
+    }, columns_of<2>{{dw, db}});
     if (!dx) return;
     rows(nrows, [=] HD(size_t r, int lane, int nl) {
         const float *xr = x + r * d, *gr = dy + r * d;
