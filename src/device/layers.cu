@@ -298,11 +298,18 @@ extern "C" void mg_dk_bias_relu_backward(float *dy, float *db, const float *y, i
                                          bool relu)
 {
     PROFILE(__func__);
-    if (!db) {
+    /* db += the columns' sums of dy. In float32, cuBLAS's product with a
+     * vector of ones (a GEMV): on an H200 the 85M shape trained at 69.6 K
+     * tokens/s so, 68.8 K with the column sums below. With bf16 GEMMs that
+     * product would round dY and run on the tensor cores as a GEMM of one
+     * column (55-60 us a call there, the sums 20 us), so the sums, in
+     * float, masked by ReLU in the same pass. */
+    if (!db || !DK()->bf16) {
         if (relu) each((size_t)n * out, [=] HD(size_t i) { dy[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
+        if (db)
+            mg_dk_gemm(true, false, out, 1, n, 1.0f, dy, out, dk_ones((size_t)n), 1, 1.0f, db, 1);
         return;
     }
-    /* db += the columns' sums of dy, masked by ReLU in the same pass */
     size_t D = (size_t)out;
     column_sums<1>((size_t)n, out, [=] HD(size_t r, int j, float v[1]) {
         float g = dy[r * D + j];
