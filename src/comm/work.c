@@ -140,28 +140,22 @@ static void make_req(mg_group *g, const mg_call *c, mg__req *r);
 #define LINK_SEND 1   /* linked[peer]: this rank to peer connected */
 #define LINK_RECV 2   /* peer to this rank */
 
-static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
+/* One int32 sent to (tell) or received from the peer under a tag of the
+ * library's, on the group's own transport. */
+static mg_status note(mg_group *g, bool tell, int peer, int tag, int32_t *v)
 {
     mg_call c = {.coll = tell ? MG_COLL_SEND : MG_COLL_RECV, .count = 1, .dtype = MG_I32,
-                 .root = peer, .tag = POSTED_TAG, .file = __FILE__, .line = __LINE__};
-    if (tell) c.sendbuf = tag;
-    else c.recvbuf = tag;
+                 .root = peer, .tag = tag, .file = __FILE__, .line = __LINE__};
+    if (tell) c.sendbuf = v;
+    else c.recvbuf = v;
     mg__req r;
     make_req(g, &c, &r);
     return g->be->run(g, &r);
 }
 
-/* One token each way with the peer, under the tag of a direction. */
-static mg_status link_token(mg_group *g, bool tell, int peer, int32_t tag)
+static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
 {
-    int32_t one = 1;
-    mg_call c = {.coll = tell ? MG_COLL_SEND : MG_COLL_RECV, .count = 1, .dtype = MG_I32,
-                 .root = peer, .tag = tag, .file = __FILE__, .line = __LINE__};
-    if (tell) c.sendbuf = &one;
-    else c.recvbuf = &one;
-    mg__req r;
-    make_req(g, &c, &r);
-    return g->be->run(g, &r);
+    return note(g, tell, peer, POSTED_TAG, tag);
 }
 
 /* The directions this batch uses first: each waits for the peer to post
@@ -183,7 +177,8 @@ static mg_status connect(mg_group *g, const mg__req *r)
             const mg_call *c = &r->sub[first[k]].c;
             bool send = c->coll == MG_COLL_SEND;
             int q = c->root;
-            st = link_token(g, pass == 0, q, send ? LINK_TAG(g->rank, q) : LINK_TAG(q, g->rank));
+            st = note(g, pass == 0, q, send ? LINK_TAG(g->rank, q) : LINK_TAG(q, g->rank),
+                      &(int32_t){1});
             if (st != MG_ETIMEOUT) continue;
             char peer[128];
             mg__rank_name(&g->names, q, NULL, peer, sizeof peer);

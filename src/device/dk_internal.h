@@ -79,7 +79,7 @@ const float *dk_ones(size_t n);
 /* With bf16 on: the n floats at p do not change, once a GEMM has rounded
  * them, until the next call (p NULL: none), so the GEMMs that take them
  * as their first operand round them once, the first time (a linear's
- * backward: dY, once masked, feeds the bias, weight and input gradients'
+ * backward: dY, once masked, feeds the weight and input gradients'
  * GEMMs). */
 void dk_bf16_reuse(const float *p, size_t n);
 /* With bf16 on, the bytes of n rounded elements (a GPU's bfloat16: 2 each;
