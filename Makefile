@@ -129,8 +129,9 @@ $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@$(if $(V),,echo "  $(if $(NVCC),NVCC,CXX)  $<")
 	$(Q)$(KCC) $(KFLAGS) -c $< -o $@
 
-# GELU's exp loops vectorise only with glibc's vector math (src/tensor/gelu.c).
-$(BUILD)/obj/src/tensor/gelu.o: CFLAGS += -ffast-math
+# GELU's and the softmax rows' exp loops vectorise only with glibc's vector
+# math (src/tensor/gelu.c, src/tensor/exp.c).
+$(BUILD)/obj/src/tensor/gelu.o $(BUILD)/obj/src/tensor/exp.o: CFLAGS += -ffast-math
 
 $(BUILD)/lib/libmultigrad.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

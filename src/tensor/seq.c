@@ -12,6 +12,7 @@
 #include <string.h>
 #include "multigrad/tensor.h"
 #include "device/dk.h"
+#include "tensor/lanes.h"
 
 /* ---- LayerNorm --------------------------------------------------------- */
 
@@ -25,14 +26,8 @@ void mg_layernorm_forward(float *y, float *mean, float *rstd, const float *x, co
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
-        float s = 0.0f;
-        for (int i = 0; i < d; i++) s += xr[i];
-        float mu = s / d, v = 0.0f;
-        for (int i = 0; i < d; i++) {
-            float c = xr[i] - mu;
-            v += c * c;
-        }
-        float rs = 1.0f / sqrtf(v / d + eps);
+        float mu = mg__lanes_sum(xr, d) / d;
+        float rs = 1.0f / sqrtf(mg__lanes_sqdev(xr, d, mu) / d + eps);
         for (int i = 0; i < d; i++) yr[i] = (xr[i] - mu) * rs * w[i] + b[i];
         mean[r] = mu;
         rstd[r] = rs;
@@ -49,15 +44,19 @@ void mg_layernorm_backward(float *dx, float *dw, float *db, const float *dy, con
     }
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * d, *gr = dy + r * d;
-        float mu = mean[r], rs = rstd[r], s1 = 0.0f, s2 = 0.0f;
+        float mu = mean[r], rs = rstd[r], a1[MG__LANES] = {0}, a2[MG__LANES] = {0};
         for (int i = 0; i < d; i++) {
-            float xh = (xr[i] - mu) * rs, g = gr[i] * w[i];
-            dw[i] += gr[i] * xh;
+            dw[i] += gr[i] * ((xr[i] - mu) * rs);
             db[i] += gr[i];
-            s1 += g;
-            s2 += g * xh;
         }
         if (!dx) continue;
+        /* s1 = sum g, s2 = sum g x-hat, g = dy w: in lanes (lanes.h) */
+        MG__LANES_LOOP(d, {
+            float g = gr[i] * w[i];
+            a1[j] += g;
+            a2[j] += g * ((xr[i] - mu) * rs);
+        });
+        float s1 = mg__lanes_fold(a1), s2 = mg__lanes_fold(a2);
         float *dr = dx + r * d, m1 = s1 / d, m2 = s2 / d;
         for (int i = 0; i < d; i++) {
             float xh = (xr[i] - mu) * rs;
@@ -149,13 +148,9 @@ void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, 
                 for (int r = 0; r < nb; r++) {
                     float *sr = S + (size_t)r * nk;
                     int ns = t0 + r + 1;   /* keys 0..t0+r */
-                    float mx = sr[0];
-                    for (int s = 1; s < ns; s++) mx = sr[s] > mx ? sr[s] : mx;
-                    float sum = 0.0f;
-                    for (int s = 0; s < ns; s++) {
-                        sr[s] = expf(sr[s] - mx);
-                        sum += sr[s];
-                    }
+                    float mx = mg__lanes_max(sr, ns);
+                    mg__exp_shifted(sr, ns, mx);
+                    float sum = mg__lanes_sum(sr, ns);
                     float inv = 1.0f / sum;
                     for (int s = 0; s < ns; s++) sr[s] *= inv;
                     for (int s = ns; s < nk; s++) sr[s] = 0.0f;
@@ -199,7 +194,7 @@ void mg_attention_backward(float *dqkv, const float *dy, const float *y, const f
                 for (int r = 0; r < nb; r++) {
                     float *pr = P + (size_t)r * nk, lr = l[t0 + r];
                     int ns = t0 + r + 1;
-                    for (int s = 0; s < ns; s++) pr[s] = expf(pr[s] - lr);
+                    mg__exp_shifted(pr, ns, lr);
                     for (int s = ns; s < nk; s++) pr[s] = 0.0f;
                 }
                 /* dV += P^T dO;  dP = dO V^T. */
@@ -208,8 +203,7 @@ void mg_attention_backward(float *dqkv, const float *dy, const float *y, const f
                 /* dS = P * (dP - rowsum(dO * O)), times the scale. */
                 for (int r = 0; r < nb; r++) {
                     const float *gr = go + (size_t)(t0 + r) * d, *orow = o + (size_t)(t0 + r) * d;
-                    float D = 0.0f;
-                    for (int c = 0; c < hd; c++) D += gr[c] * orow[c];
+                    float D = mg__lanes_dot(gr, orow, hd);
                     float *pr = P + (size_t)r * nk, *dpr = dP + (size_t)r * nk;
                     for (int s = 0; s < nk; s++) dpr[s] = pr[s] * (dpr[s] - D) * scale;
                 }
