@@ -1,9 +1,10 @@
 /* Internal: sums, dot products and maxima of a row of floats in 16 fixed
  * lanes (element i goes to lane i % 16, each lane adding in order), the
  * lanes then folded in a fixed tree (16 -> 8 -> 4 -> 2 -> 1). The loops
- * vectorise without -ffast-math, and the result is the same bits on every
- * CPU, with SIMD or without: the order of the additions is the code's, not
- * the compiler's. A plain `s += x[i]` is one dependent chain (one add per
+ * vectorise without -ffast-math, and the result is the same bits whether
+ * the compiler vectorises them or not: the order of the additions is the
+ * code's (a build for a CPU without FMA contracts fewer products, as
+ * everywhere else). A plain `s += x[i]` is one dependent chain (one add per
  * 4 cycles); this is 16 chains in one or two vector registers. The CPU's
  * row kernels of LayerNorm and the attention's softmax use them. */
 #ifndef MG_TENSOR_LANES_H
