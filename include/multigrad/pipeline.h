@@ -25,7 +25,7 @@ extern "C" {
  * text form of an action is "<stage><kind><micro-batch>": 0F3, 1B0,
  * 1RECV_F3, 0SEND_B2. */
 typedef enum { MG_PIPE_NAIVE, MG_PIPE_GPIPE, MG_PIPE_1F1B, MG_PIPE_INTERLEAVED } mg_pipe_kind;
-/* The pipeline strategy's schedule (the executor, pipeline.c, below). */
+/* The pipeline strategy's schedule (the executor, pipeline_exec.c, below). */
 typedef struct mg_pipe_options {
     mg_pipe_kind kind;
     int micro_batches;   /* M: micro-batches per step */
@@ -152,7 +152,7 @@ mg_status mg_pipe_simulate_rendezvous(mg_pipe_kind k, int P, int M, int V, bool 
 
 
 
-/* ---- the pipeline executor (pipeline.c) ----------------------------------
+/* ---- the pipeline executor (pipeline.c, pipeline_exec.c) -----------------
  *
  * Runs any schedule above on a group of P ranks (the mesh's pp group):
  * the model is cut into S = P·V stages at unit boundaries (first, or

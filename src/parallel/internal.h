@@ -100,7 +100,7 @@ mg_scratch *mg__zero_param_store(const mg_zero *z);
 mg_scratch *mg__zero_grad_store(const mg_zero *z);
 double mg__zero_grad_sumsq(const mg_zero *z);
 
-/* ---- the pipeline executor's parts (pipeline.c), run by its component ---- */
+/* ---- the pipeline's parts (pipeline.c, pipeline_exec.c), run by its component */
 /* Collective over g: the ranks check that they were given the same
  * schedule, counts, batch and cut (MG_EMISMATCH naming a rank that was
  * not). max_batch: the largest micro-batch. */

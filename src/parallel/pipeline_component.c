@@ -1,4 +1,4 @@
-/* The pipeline executor (pipeline.c) as a strategy's component: it
+/* The pipeline executor (pipeline.c, pipeline_exec.c) as a strategy's component: it
  * drives the step (the schedule's forwards and backwards of every
  * micro-batch), keeps its stages' ranges, adds tied parameters'
  * gradients after the step, and runs evaluation and generation through
