@@ -477,10 +477,13 @@ static void round_into(const float *p, size_t n, void *o)
     for (size_t i = 0; i < n; i++) f[i] = mg__bf16_to_f32(mg__f32_to_bf16(p[i]));
 }
 
+/* Bytes of a rounded element: a GPU's bfloat16, emu's float. */
+static size_t rounded_size(const mg_dk *k) { return k->emu ? sizeof(float) : 2; }
+
 size_t dk_bf16_bytes(size_t n)
 {
     mg_dk *k = DK();
-    return k->bf16 ? n * (k->emu ? sizeof(float) : 2) : 0;
+    return k->bf16 ? n * rounded_size(k) : 0;
 }
 
 /* *buf holding at least n rounded elements (grown on demand, by a quarter more). */
@@ -489,7 +492,7 @@ static void *grown(void **buf, size_t *cap, size_t n)
     if (n > *cap) {
         dev_free(*buf);
         *cap = n + n / 4 + 1024;
-        *buf = dev_alloc(*cap * (DK()->emu ? sizeof(float) : 2));
+        *buf = dev_alloc(*cap * rounded_size(DK()));
     }
     return *buf;
 }
@@ -520,10 +523,9 @@ void dk_bf16_forget(void) { DK()->n_kept = 0; }
 static const void *bf16_operand(int which, const float *p, size_t n)
 {
     mg_dk *k = DK();
-    size_t es = k->emu ? sizeof(float) : 2;
     for (int i = 0; i < k->n_kept; i++)
         if (p >= k->kept[i].p && p + n <= k->kept[i].p + k->kept[i].n)
-            return (const char *)k->kept[i].copy + (size_t)(p - k->kept[i].p) * es;
+            return (const char *)k->kept[i].copy + (size_t)(p - k->kept[i].p) * rounded_size(k);
     if (which == 0 && p == k->reuse && n == k->reuse_n && p == k->bf0_of && n == k->bf0_n)
         return k->bf[0];
     void *o = grown(&k->bf[which], &k->bf_n[which], n);

@@ -323,8 +323,9 @@ extern "C" void mg_dk_linear_backward(float *dx, float *dw, float *db, float *dy
                                       bool relu, const void *kept)
 {
     PROFILE(__func__);
-    /* dY, once masked, feeds three GEMMs: with bf16, rounded once for them;
-     * x and W as the forward kept them rounded */
+    /* dY, once masked, feeds the weight and input gradients' GEMMs (and in
+     * float32 the bias's): with bf16, rounded once for both; x and W as the
+     * forward kept them rounded */
     dk_bf16_reuse(dy, (size_t)n * out);
     mg_dk_bias_relu_backward(dy, db, y, n, out, relu);
     if (kept) {
