@@ -158,23 +158,28 @@ static mg_status posted(mg_group *g, bool tell, int peer, int32_t *tag)
     return note(g, tell, peer, POSTED_TAG, tag);
 }
 
+static uint8_t link_bit(const mg_call *c) { return c->coll == MG_COLL_SEND ? LINK_SEND : LINK_RECV; }
+
+/* Whether sub-operation i of batch r is the first message of its
+ * direction: not linked yet, and none before it in the batch the same. */
+static bool first_of_direction(const mg_group *g, const mg__req *r, int i)
+{
+    const mg_call *c = &r->sub[i].c;
+    if (g->linked[c->root] & link_bit(c)) return false;
+    for (int k = 0; k < i; k++)
+        if (r->sub[k].c.root == c->root && link_bit(&r->sub[k].c) == link_bit(c)) return false;
+    return true;
+}
+
 /* The directions this batch uses first: each waits for the peer to post
  * the batch with its other end, before any of the batch's operations. */
 static mg_status connect(mg_group *g, const mg__req *r)
 {
-    int *first = malloc(sizeof *first * (size_t)r->nsub), n = 0;   /* sub-operations */
-    if (!first) return mg_error(MG_ENOMEM, "batch: out of memory");
     mg_status st = MG_OK;
-    for (int i = 0; i < r->nsub; i++) {
-        const mg_call *c = &r->sub[i].c;
-        uint8_t bit = c->coll == MG_COLL_SEND ? LINK_SEND : LINK_RECV;
-        if (g->linked[c->root] & bit) continue;
-        g->linked[c->root] |= bit;
-        first[n++] = i;
-    }
     for (int pass = 0; pass < 2 && !st; pass++)
-        for (int k = 0; k < n && !st; k++) {
-            const mg_call *c = &r->sub[first[k]].c;
+        for (int i = 0; i < r->nsub && !st; i++) {
+            if (!first_of_direction(g, r, i)) continue;
+            const mg_call *c = &r->sub[i].c;
             bool send = c->coll == MG_COLL_SEND;
             int q = c->root;
             st = note(g, pass == 0, q, send ? LINK_TAG(g->rank, q) : LINK_TAG(q, g->rank),
@@ -190,7 +195,7 @@ static mg_status connect(mg_group *g, const mg__req *r)
                           "way in one batch before the others", send ? "send to" : "receive from",
                           peer, g->timeout, peer);
         }
-    free(first);
+    for (int i = 0; i < r->nsub; i++) g->linked[r->sub[i].c.root] |= link_bit(&r->sub[i].c);
     return st;
 }
 
