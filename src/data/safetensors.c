@@ -376,24 +376,22 @@ static mg_status check_layout(const char *path, mg_st_file *f, uint64_t *offs, u
     return MG_OK;
 }
 
-/* The CRC-32 of each tensor's data of a file not in memory, read in
- * pieces of at most 1 MB. */
+static mg_status crc_piece(void *ud, const void *piece, size_t n)
+{
+    uLong *c = ud;
+    *c = crc32_z(*c, piece, n);
+    return MG_OK;
+}
+
+/* The CRC-32 of each tensor's data of a file not in memory. */
 static mg_status data_crcs(const mg_st_file *f, uint32_t *crc)
 {
-    enum { PIECE = 1 << 20 };
-    uint8_t *b = malloc(PIECE);
-    if (!b) return mg_error(MG_ENOMEM, "safetensors: out of memory");
     mg_status st = MG_OK;
     for (int i = 0; i < f->n && !st; i++) {
         uLong c = crc32_z(0L, Z_NULL, 0);
-        for (size_t at = 0, k; at < f->t[i].nbytes && !st; at += k) {
-            k = f->t[i].nbytes - at < PIECE ? f->t[i].nbytes - at : PIECE;
-            st = mg_st_read(f, &f->t[i], at, k, b);
-            c = crc32_z(c, b, k);
-        }
+        st = mg_st_each_piece(f, &f->t[i], crc_piece, &c);
         crc[i] = (uint32_t)c;
     }
-    free(b);
     return st;
 }
 
@@ -591,6 +589,22 @@ mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, si
         return MG_OK;
     }
     return f->read(f->read_ud, f->head + x->offset + from, n, dst);
+}
+
+mg_status mg_st_each_piece(const mg_st_file *f, const mg_st_tensor *x,
+                           mg_status (*eat)(void *ud, const void *piece, size_t n), void *ud)
+{
+    enum { PIECE = 1 << 20 };
+    uint8_t *b = x->nbytes ? malloc(x->nbytes < PIECE ? x->nbytes : PIECE) : NULL;
+    if (x->nbytes && !b) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    mg_status st = MG_OK;
+    for (size_t at = 0, k; at < x->nbytes && !st; at += k) {
+        k = x->nbytes - at < PIECE ? x->nbytes - at : PIECE;
+        st = mg_st_read(f, x, at, k, b);
+        if (!st) st = eat(ud, b, k);
+    }
+    free(b);
+    return st;
 }
 
 void mg_st_close(mg_st_file *f)
