@@ -90,10 +90,11 @@ bool mg_st_checks_contents(const mg_st_file *f);
  * memory through its read function). */
 mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, size_t n,
                      void *dst);
-/* Tensor x's bytes in order, in pieces of at most 1 MB, each given to
- * eat (a checksum, a digest), so that memory does not grow with the
- * tensor; eat's failure ends it. */
-mg_status mg_st_each_piece(const mg_st_file *f, const mg_st_tensor *x,
+/* Tensor x's bytes in order, in pieces read into buf (cap bytes, the
+ * caller's, for all its tensors), each given to eat (a checksum, a
+ * digest), so that memory does not grow with the tensor; eat's failure
+ * ends it. */
+mg_status mg_st_each_piece(const mg_st_file *f, const mg_st_tensor *x, void *buf, size_t cap,
                            mg_status (*eat)(void *ud, const void *piece, size_t n), void *ud);
 /* The file's length and header bytes (*len of them), its size, and its
  * bytes [off, off + len) into dst (MG_EINVAL past its end): what a holder

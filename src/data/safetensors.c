@@ -383,15 +383,19 @@ static mg_status crc_piece(void *ud, const void *piece, size_t n)
     return MG_OK;
 }
 
-/* The CRC-32 of each tensor's data of a file not in memory. */
+/* The CRC-32 of each tensor's data of a file not in memory, read in
+ * pieces of 1 MB. */
 static mg_status data_crcs(const mg_st_file *f, uint32_t *crc)
 {
-    mg_status st = MG_OK;
+    enum { PIECE = 1 << 20 };
+    uint8_t *b = malloc(PIECE);
+    mg_status st = b ? MG_OK : mg_error(MG_ENOMEM, "safetensors: out of memory");
     for (int i = 0; i < f->n && !st; i++) {
         uLong c = crc32_z(0L, Z_NULL, 0);
-        st = mg_st_each_piece(f, &f->t[i], crc_piece, &c);
+        st = mg_st_each_piece(f, &f->t[i], b, PIECE, crc_piece, &c);
         crc[i] = (uint32_t)c;
     }
+    free(b);
     return st;
 }
 
@@ -591,19 +595,16 @@ mg_status mg_st_read(const mg_st_file *f, const mg_st_tensor *x, size_t from, si
     return f->read(f->read_ud, f->head + x->offset + from, n, dst);
 }
 
-mg_status mg_st_each_piece(const mg_st_file *f, const mg_st_tensor *x,
+mg_status mg_st_each_piece(const mg_st_file *f, const mg_st_tensor *x, void *buf, size_t cap,
                            mg_status (*eat)(void *ud, const void *piece, size_t n), void *ud)
 {
-    enum { PIECE = 1 << 20 };
-    uint8_t *b = x->nbytes ? malloc(x->nbytes < PIECE ? x->nbytes : PIECE) : NULL;
-    if (x->nbytes && !b) return mg_error(MG_ENOMEM, "safetensors: out of memory");
+    MG_ASSERT(cap > 0);
     mg_status st = MG_OK;
     for (size_t at = 0, k; at < x->nbytes && !st; at += k) {
-        k = x->nbytes - at < PIECE ? x->nbytes - at : PIECE;
-        st = mg_st_read(f, x, at, k, b);
-        if (!st) st = eat(ud, b, k);
+        k = x->nbytes - at < cap ? x->nbytes - at : cap;
+        st = mg_st_read(f, x, at, k, buf);
+        if (!st) st = eat(ud, buf, k);
     }
-    free(b);
     return st;
 }
 

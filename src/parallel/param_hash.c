@@ -30,10 +30,12 @@ static mg_status digest_piece(void *md, const void *piece, size_t n)
 /* Rank 0: the digest of the parameters in the file at path. */
 static mg_status digest_file(mg_model *m, const char *path, uint8_t out[32])
 {
+    enum { PIECE = 1 << 20 };
     mg_st_file *f;
     MG_TRY(mg_st_open_on_disk(path, &f));
     EVP_MD_CTX *md = EVP_MD_CTX_new();
-    mg_status st = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1
+    uint8_t *b = malloc(PIECE);
+    mg_status st = md && b && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1
                        ? MG_OK : mg_error(MG_ENOMEM, "--print-hash: cannot start SHA-256");
     for (int i = 0; !st && i < mg_model_num_tensors(m); i++) {
         const mg_param *p = mg_model_tensor(m, i);
@@ -50,12 +52,13 @@ static mg_status digest_file(mg_model *m, const char *path, uint8_t out[32])
             EVP_DigestUpdate(md, dt, strlen(dt) + 1) != 1 ||
             EVP_DigestUpdate(md, dims, sizeof *dims * (size_t)(x->ndim + 1)) != 1)
             st = mg_error(MG_ENOMEM, "--print-hash: SHA-256 failed");
-        if (!st) st = mg_st_each_piece(f, x, digest_piece, md);
+        if (!st) st = mg_st_each_piece(f, x, b, PIECE, digest_piece, md);   /* the data */
     }
     unsigned len = 0;
     if (!st && (EVP_DigestFinal_ex(md, out, &len) != 1 || len != 32))
         st = mg_error(MG_ENOMEM, "--print-hash: SHA-256 failed");
     EVP_MD_CTX_free(md);
+    free(b);
     mg_st_close(f);
     return st;
 }
