@@ -15,7 +15,9 @@
 #    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Sections
 #    bf16big and f32big: the 85M shape alone, bfloat16 against autocast
 #    and float32 against eager, both with SDPA (issue 36's targets),
-#    alternating, with --before's build beside this one. Section profile:
+#    alternating, with --before's build beside this one; bf16fused: the
+#    85M shape in bfloat16 with MG_ATTENTION=fused (the tensor-core
+#    attention kernel) against autocast. Section profile:
 #    one 85M run under MG_DK_PROFILE=1 in each precision (the "bf16
 #    rounding" rows: the GPU time spent rounding GEMM operands).
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
@@ -30,7 +32,7 @@
 # 5. Attention alone (issue 36): `bench/attention` with the fused kernel
 #    and with the batched GEMMs against bench/attention_torch.py (SDPA),
 #    4096 tokens of 12 heads of 64 at T = 256, 1024 and 4096, float32 and
-#    bfloat16.
+#    bfloat16 (section attention16: bfloat16 alone).
 #
 # 6. bench/gpu_nccl.sh: collectives and DDP through NCCL.
 #
@@ -38,8 +40,8 @@
 #     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
 #     build/bench and build/bin); --data is the Fashion-MNIST directory
 #     (default /usr/share/datasets/fashion-mnist); --only runs the sections
-#     named in LIST (comma-separated: gpt, bf16, bf16big, f32big, profile,
-#     images, mgtrain, mgbench, attention, nccl), for a GPU lent for
+#     named in LIST (comma-separated: gpt, bf16, bf16big, f32big, bf16fused,
+#     profile, images, mgtrain, mgbench, attention, attention16, nccl), for a GPU lent for
 #     minutes; --before is bench/gpt of an earlier build (made in a
 #     worktree) that bf16big and f32big run too
 set -uo pipefail
@@ -49,7 +51,7 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
-only=gpt,bf16,bf16big,f32big,profile,images,mgtrain,mgbench,attention,nccl
+only=gpt,bf16,bf16big,f32big,bf16fused,profile,images,mgtrain,mgbench,attention,nccl
 before=
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -104,6 +106,7 @@ big_runs() {
 }
 want bf16big && big_runs --bf16
 want f32big && big_runs ""
+want bf16fused && (echo "== MG_ATTENTION=fused"; export MG_ATTENTION=fused; big_runs --bf16)
 want profile && for p in --bf16 ""; do
     echo "== ${p:-float32} 85M, multigrad, MG_DK_PROFILE=1"
     MG_DK_PROFILE=1 "$bench/gpt" --device cuda $p $big --no-eval 2>&1 | grep -E "^# (device|  )"
@@ -130,8 +133,9 @@ want mgbench && for where in "--device cuda" ""; do
     echo "== mgbench, buffers ${where:-in host memory}"
     "$tools/mgbench" -n 2 all_reduce all_gather -b 1M -e 256M -f 4 -i 10 $where | grep -v "^#  "
 done
-want attention && for T in 256 1024 4096; do
+{ want attention || want attention16; } && for T in 256 1024 4096; do
     for p in "" "--bf16"; do
+        [ -z "$p" ] && ! want attention && continue
         echo "== attention alone, T $T ${p:-float32}: fused, gemm, torch sdpa"
         "$bench/attention" --T "$T" --batch $((4096 / T)) $p
         "$bench/attention" --T "$T" --batch $((4096 / T)) $p --gemm

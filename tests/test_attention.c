@@ -2,7 +2,8 @@
  * CPU's kernel (src/tensor/seq.c): the fused kernel at every padded head
  * size (32, 64, 128, and sizes that are not multiples of 16), sequence
  * lengths that leave partial tiles, 4 and 8 query rows a thread, the GEMM
- * path (heads over 128, MG_ATTENTION=gemm), bfloat16 operands in both,
+ * path (heads over 128, MG_ATTENTION=gemm), bfloat16 operands in both
+ * (the fused path's: its tensor-core kernels, src/device/attention_tc.cu),
  * two runs that agree bit for bit, and which path auto takes. On emu
  * (always) and on a GPU (skips without one). */
 #include <stdlib.h>
@@ -108,8 +109,13 @@ static void attention_equals_cpu(mg_device dev)
         setenv("MG_ATTENTION_ROWS", "8", 1);
         check_run(dev, false, c, qkv, dy, ya, dxa, 2e-5, "fused, 8 rows a thread", NULL, NULL);
         unsetenv("MG_ATTENTION_ROWS");
-        /* bfloat16 operands: within bfloat16's rounding of the CPU's float */
-        check_run(dev, true, c, qkv, dy, ya, dxa, 3e-2, "fused, bf16", NULL, NULL);
+        /* bfloat16 operands (the tensor-core kernels): within bfloat16's
+         * rounding of the CPU's float, and the same bits again */
+        float *yt, *dxt;
+        check_run(dev, true, c, qkv, dy, ya, dxa, 3e-2, "fused, bf16", &yt, &dxt);
+        run_on(dev, true, c, qkv, dy, &y, &dx);
+        CHECK(same(y, yt, ny) && same(dx, dxt, nx));
+        free(y), free(dx), free(yt), free(dxt);
         /* the batched GEMMs' path */
         setenv("MG_ATTENTION", "gemm", 1);
         check_run(dev, false, c, qkv, dy, ya, dxa, 2e-5, "GEMMs", &yg, &dxg);

@@ -22,175 +22,32 @@
  * 4 or 8) of 4 keys of the scores (keys tx, tx + 16, tx + 32, tx + 48) and
  * of the outputs RT rows x hd/16 columns. Row maxima and sums go through
  * shared memory. Head sizes up to 128 (zero-padded to 32, 64 or 128).
- * With bf16 on, Q, K, V, dO, P and dS are rounded to bfloat16 as they
- * enter the tiles and the products summed in float, as the bfloat16 GEMMs
- * do. Limits: the products are float FMAs, not tensor-core matrices, so
- * bfloat16 runs no faster than float32 here (FlashAttention's bf16 is
- * several times faster at long T).
+ * These kernels multiply in float FMAs; with bf16 on, the fused path is
+ * attention_tc.cu's, the same algorithm on the tensor cores.
  *
  * Each kernel is a struct of phases (block_kernel below): on a GPU the
  * threads run a phase and meet at a barrier; under the device kind emu
  * the host runs each phase for all the block's threads in turn, so the
  * very same indexing, masks and arithmetic are tested where there is no
  * GPU. */
-#include "core/bf16.h"
-#include "device/dk_internal.h"
+#include "device/attention_blocks.h"
 
-/* ---- Blocks of threads in phases ------------------------------------------------ *
- * A block kernel K: K::threads threads share a K::shared; each has its own
- * K::thread. k.init(blk, tid, t, sh) runs once, then for each tile in
- * [k.begin(blk), k.end(blk)) the phases 0 .. K::phases - 1, a barrier
- * after each (and after init), then k.finish(blk, tid, t, sh). */
-#ifdef __CUDACC__
-template <class K> __global__ void __launch_bounds__(K::threads) k_blocks(K k)
-{
-    extern __shared__ float4 smem_[];
-    typename K::shared &sh = *reinterpret_cast<typename K::shared *>(smem_);
-    typename K::thread t;
-    int blk = (int)blockIdx.x, tid = (int)threadIdx.x;
-    k.init(blk, tid, t, sh);
-    __syncthreads();
-    int end = k.end(blk);
-    for (int tile = k.begin(blk); tile < end; tile++) {
-#pragma unroll
-        for (int p = 0; p < K::phases; p++) {
-            k.phase(p, blk, tile, tid, t, sh);
-            __syncthreads();
-        }
-    }
-    k.finish(blk, tid, t, sh);
-}
-#endif
-
-template <class K> static void block_kernel(int blocks, const K &k)
-{
-    if (blocks <= 0) return;
-#ifdef __CUDACC__
-    if (!DK()->emu) {
-        size_t bytes = sizeof(typename K::shared);
-        ck(cudaFuncSetAttribute(k_blocks<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)bytes),
-           "attention's shared memory");
-        k_blocks<K><<<blocks, K::threads, bytes, DK()->stream>>>(k);
-        ck(cudaGetLastError(), "launching attention");
-        return;
-    }
-#endif
-    typename K::shared *sh = (typename K::shared *)malloc(sizeof *sh);
-    typename K::thread *t = (typename K::thread *)malloc(K::threads * sizeof *t);
-    if (!sh || !t) {
-        fprintf(stderr, "multigrad: emu: out of memory for an attention block\n");
-        abort();
-    }
-    for (int blk = 0; blk < blocks; blk++) {
-        for (int i = 0; i < K::threads; i++) k.init(blk, i, t[i], *sh);
-        for (int tile = k.begin(blk); tile < k.end(blk); tile++)
-            for (int p = 0; p < K::phases; p++)
-                for (int i = 0; i < K::threads; i++) k.phase(p, blk, tile, i, t[i], *sh);
-        for (int i = 0; i < K::threads; i++) k.finish(blk, i, t[i], *sh);
-    }
-    free(sh);
-    free(t);
-}
-
-/* ---- The fused kernels' pieces ----------------------------------------------------- */
-
-enum { AB = 64, APAD = AB + 4 };
-
-/* Inlined into the kernel and loops unrolled, so that a thread's state
- * stays in registers. */
-#ifdef __CUDACC__
-#define AINL __forceinline__
-#else
-#define AINL inline
-#endif
-#ifdef __CUDA_ARCH__
-#define UNROLL _Pragma("unroll")
-#define UNROLL_4 _Pragma("unroll 4")
-#define UNROLL_8 _Pragma("unroll 8")
-#else
-#define UNROLL
-#define UNROLL_4
-#define UNROLL_8
-#endif
-
-/* x, or x rounded to bfloat16 (to nearest even). */
-static HD inline float rnd(float x, bool bf16)
-{
-    if (!bf16) return x;
-#ifdef __CUDA_ARCH__
-    return __bfloat162float(__float2bfloat16_rn(x));
-#else
-    return mg__bf16_to_f32(mg__f32_to_bf16(x));
-#endif
-}
-
-static HD inline void ld4(const float *p, float v[4])
-{
-#ifdef __CUDA_ARCH__
-    float4 f = *reinterpret_cast<const float4 *>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-#else
-    memcpy(v, p, 4 * sizeof(float));
-#endif
-}
-
-static HD inline void st4(float *p, const float v[4])
-{
-#ifdef __CUDA_ARCH__
-    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
-#else
-    memcpy(p, v, 4 * sizeof(float));
-#endif
-}
-
-/* What every fused kernel reads: n sequences x H heads, the qkv rows
- * [n, T, 3d] (head h's q, k and v at columns h hd, d + h hd, 2d + h hd),
- * y and dy [n, T, d], the log-sum-exp and D = rowsum(dO * O) [n, H, T]. */
-struct att_args {
-    const float *qkv, *y, *dy;
-    float *out;          /* y (forward) or dqkv (backward) */
-    float *lse, *D;
-    int T, d, H, hd, tiles;
-    float scale;
-    bool bf16;
-};
-
-/* Block blk's sequence-head and tile: the heaviest tiles (most keys under
- * the mask) first. */
-static HD inline int bh_of(const att_args &a, int blk) { return blk / a.tiles; }
-static HD inline int tile_of(const att_args &a, int blk) { return a.tiles - 1 - blk % a.tiles; }
-
-/* Row r of the [n, T, w]-wide array x, head h's columns (col0 + h hd):
- * bh = b H + h. */
-static HD inline size_t row_at(const att_args &a, int bh, int r, int w, int col0)
-{
-    return ((size_t)(bh / a.H) * a.T + r) * w + col0 + (size_t)(bh % a.H) * a.hd;
-}
+/* ---- The fused kernels' float tiles ---------------------------------------------- */
 
 /* dst[e][r] (or dst[r][e] when !transposed) = x's row r0 + r, column e
- * (of head bh at col0), rounded; zero past T or hd. A thread keeps its
+ * (of head bh at col0); zero past T or hd. A thread keeps its
  * column: threads is a multiple of HDM. */
 template <int HDM, int threads, bool transposed, int ld>
 static HD AINL void load_tile(float (*dst)[ld], const att_args &a, const float *x, int w,
-                              int col0, int bh, int r0, int tid, bool round)
+                              int col0, int bh, int r0, int tid)
 {
     const float *base = x + row_at(a, bh, r0, w, col0);
     int e = tid % HDM;
     for (int r = tid / HDM; r < AB; r += threads / HDM) {
-        float v = r0 + r < a.T && e < a.hd ? rnd(base[(size_t)r * w + e], round) : 0.0f;
+        float v = r0 + r < a.T && e < a.hd ? base[(size_t)r * w + e] : 0.0f;
         if (transposed) dst[e][r] = v;
         else dst[r][e] = v;
     }
-}
-
-/* A row's value (lse or D) per query r0 + r; 0 past T. */
-template <int threads>
-static HD AINL void load_rows(float *dst, const float *v, const att_args &a, int bh, int r0,
-                              int tid)
-{
-    for (int r = tid; r < AB; r += threads)
-        dst[r] = r0 + r < a.T ? v[(size_t)bh * a.T + r0 + r] : 0.0f;
 }
 
 /* s[i][j] = sum_e A[e][RT ty + i] B[e][tx + 16 j]: a thread's micro-tile
@@ -251,14 +108,6 @@ static HD AINL void store_tile(const float (*acc)[CJ], const float *scale, const
     }
 }
 
-/* Query q0 + RT ty + i sees key k0 + tx + 16 j. */
-template <int RT>
-static HD inline bool visible(const att_args &a, int q0, int k0, int ty, int tx, int i, int j)
-{
-    int q = q0 + RT * ty + i, k = k0 + tx + 16 * j;
-    return k <= q && q < a.T;
-}
-
 /* ---- Forward ----------------------------------------------------------------------- */
 
 /* RT query rows a thread: 16 (AB / RT) threads. */
@@ -282,7 +131,7 @@ template <int HDM, int RT> struct att_fwd {
     HD AINL void init(int blk, int tid, thread &t, shared &sh) const
     {
         load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh_of(a, blk),
-                                AB * tile_of(a, blk), tid, a.bf16);
+                                AB * tile_of(a, blk), tid);
         for (int i = 0; i < RT; i++) {
             t.m[i] = -INFINITY;
             t.l[i] = 0.0f;
@@ -295,8 +144,8 @@ template <int HDM, int RT> struct att_fwd {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), k0 = AB * tile;
         int ty = tid / 16, tx = tid % 16;
         if (p == 0) {   /* the key tile */
-            load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid, a.bf16);
-            load_tile<HDM, threads, false>(sh.v, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid, a.bf16);
+            load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid);
+            load_tile<HDM, threads, false>(sh.v, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid);
         } else if (p == 1) {   /* scores, masked; each row's part of the maximum */
             micro<HDM, RT>(t.s, sh.qt, sh.kt, ty, tx);
             UNROLL
@@ -324,7 +173,7 @@ template <int HDM, int RT> struct att_fwd {
                 for (int j = 0; j < 4; j++) {
                     float e = t.s[i][j] == -INFINITY ? 0.0f : expf(t.s[i][j] - m);
                     sum += e;
-                    t.s[i][j] = rnd(e, a.bf16);
+                    t.s[i][j] = e;
                 }
                 sh.sum[RT * ty + i][tx] = sum;
             }
@@ -387,8 +236,8 @@ static HD AINL void grad_tile(const att_args &a, float p[RT][4], float ds[RT][4]
 template <int HDM, int threads, class S>
 static HD AINL void load_queries(S &sh, const att_args &a, int bh, int q0, int tid)
 {
-    load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh, q0, tid, a.bf16);
-    load_tile<HDM, threads, true>(sh.dot, a, a.dy, a.d, 0, bh, q0, tid, a.bf16);
+    load_tile<HDM, threads, true>(sh.qt, a, a.qkv, 3 * a.d, 0, bh, q0, tid);
+    load_tile<HDM, threads, true>(sh.dot, a, a.dy, a.d, 0, bh, q0, tid);
     load_rows<threads>(sh.lse, a.lse, a, bh, q0, tid);
     load_rows<threads>(sh.D, a.D, a, bh, q0, tid);
 }
@@ -396,8 +245,8 @@ static HD AINL void load_queries(S &sh, const att_args &a, int bh, int q0, int t
 template <int HDM, int threads, class S>
 static HD AINL void load_keys(S &sh, const att_args &a, int bh, int k0, int tid)
 {
-    load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid, a.bf16);
-    load_tile<HDM, threads, true>(sh.vt, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid, a.bf16);
+    load_tile<HDM, threads, true>(sh.kt, a, a.qkv, 3 * a.d, a.d, bh, k0, tid);
+    load_tile<HDM, threads, true>(sh.vt, a, a.qkv, 3 * a.d, 2 * a.d, bh, k0, tid);
 }
 
 /* dK and dV of a key tile: over the query tiles from its own on. */
@@ -438,8 +287,8 @@ template <int HDM, int RT> struct att_dkv {
             for (int i = 0; i < RT; i++)
                 UNROLL
                 for (int j = 0; j < 4; j++) {
-                    sh.p[RT * ty + i][tx + 16 * j] = rnd(pr[i][j], a.bf16);
-                    sh.ds[RT * ty + i][tx + 16 * j] = rnd(ds[i][j], a.bf16);
+                    sh.p[RT * ty + i][tx + 16 * j] = pr[i][j];
+                    sh.ds[RT * ty + i][tx + 16 * j] = ds[i][j];
                 }
         } else {   /* dV += P^T dO, dK += dS^T Q */
             accumulate<RT, CJ>(t.dv, sh.p, ty,
@@ -495,8 +344,7 @@ template <int HDM, int RT> struct att_dq {
             for (int j = 0; j < 4; j++)
                 UNROLL
                 for (int g = 0; g < RT; g += 4) {
-                    float col[4] = {rnd(ds[g][j], a.bf16), rnd(ds[g + 1][j], a.bf16),
-                                    rnd(ds[g + 2][j], a.bf16), rnd(ds[g + 3][j], a.bf16)};
+                    float col[4] = {ds[g][j], ds[g + 1][j], ds[g + 2][j], ds[g + 3][j]};
                     st4(&sh.dst[tx + 16 * j][RT * ty + g], col);
                 }
         } else {   /* dQ += dS K */
@@ -576,7 +424,8 @@ extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv
     if (!width) return gemm_forward(y, saved, qkv, n, T, d, heads);
     att_args a = args_of(T, d, heads);
     a.qkv = qkv, a.out = y, a.lse = saved;
-    launch<att_fwd>(width, n, a);
+    if (a.bf16) attention_tc_forward(width, n, a);
+    else launch<att_fwd>(width, n, a);
 }
 
 extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y,
@@ -598,6 +447,10 @@ extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const flo
         s = lane_sum(s);
         if (lane == 0) w[r] = s;
     });
+    if (a.bf16) {
+        attention_tc_backward(width, n, a);
+        return;
+    }
     launch<att_dkv>(width, n, a);
     launch<att_dq>(width, n, a);
 }
