@@ -15,9 +15,10 @@
 #    autocast (`gpu_gpt_torch.py --bf16`, both attentions). Sections
 #    bf16big and f32big: the 85M shape alone, bfloat16 against autocast
 #    and float32 against eager, both with SDPA (issue 36's targets),
-#    alternating, with --before's build beside this one; bf16fused: the
-#    85M shape in bfloat16 with MG_ATTENTION=fused (the tensor-core
-#    attention kernel) against autocast. Section profile:
+#    alternating, with --before's build beside this one; bf16gemm: the
+#    85M shape in bfloat16 with MG_ATTENTION=gemm (attention as batched
+#    GEMMs, auto's choice before the tensor-core kernels) against
+#    autocast. Section profile:
 #    one 85M run under MG_DK_PROFILE=1 in each precision (the "bf16
 #    rounding" rows: the GPU time spent rounding GEMM operands).
 # 2. The image models (mlp, lenet-d2l, lenet5), one epoch of Fashion-MNIST
@@ -40,7 +41,7 @@
 #     --bin DIR holds gpt, train, attention, mgtrain and mgrun (default
 #     build/bench and build/bin); --data is the Fashion-MNIST directory
 #     (default /usr/share/datasets/fashion-mnist); --only runs the sections
-#     named in LIST (comma-separated: gpt, bf16, bf16big, f32big, bf16fused,
+#     named in LIST (comma-separated: gpt, bf16, bf16big, f32big, bf16gemm,
 #     profile, images, mgtrain, mgbench, attention, attention16, nccl), for a GPU lent for
 #     minutes; --before is bench/gpt of an earlier build (made in a
 #     worktree) that bf16big and f32big run too
@@ -51,7 +52,7 @@ repeat=2
 bench=build/bench
 tools=build/bin
 data=/usr/share/datasets/fashion-mnist
-only=gpt,bf16,bf16big,f32big,bf16fused,profile,images,mgtrain,mgbench,attention,nccl
+only=gpt,bf16,bf16big,f32big,bf16gemm,profile,images,mgtrain,mgbench,attention,nccl
 before=
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -106,7 +107,7 @@ big_runs() {
 }
 want bf16big && big_runs --bf16
 want f32big && big_runs ""
-want bf16fused && (echo "== MG_ATTENTION=fused"; export MG_ATTENTION=fused; big_runs --bf16)
+want bf16gemm && (echo "== MG_ATTENTION=gemm"; export MG_ATTENTION=gemm; big_runs --bf16)
 want profile && for p in --bf16 ""; do
     echo "== ${p:-float32} 85M, multigrad, MG_DK_PROFILE=1"
     MG_DK_PROFILE=1 "$bench/gpt" --device cuda $p $big --no-eval 2>&1 | grep -E "^# (device|  )"

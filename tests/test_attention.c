@@ -111,23 +111,30 @@ static void attention_equals_cpu(mg_device dev)
         unsetenv("MG_ATTENTION_ROWS");
         /* bfloat16 operands (the tensor-core kernels): within bfloat16's
          * rounding of the CPU's float, and the same bits again */
-        float *yt, *dxt;
+        float *yt, *dxt, *ygt, *dxgt;
         check_run(dev, true, c, qkv, dy, ya, dxa, 3e-2, "fused, bf16", &yt, &dxt);
         run_on(dev, true, c, qkv, dy, &y, &dx);
         CHECK(same(y, yt, ny) && same(dx, dxt, nx));
-        free(y), free(dx), free(yt), free(dxt);
+        free(y), free(dx);
         /* the batched GEMMs' path */
         setenv("MG_ATTENTION", "gemm", 1);
         check_run(dev, false, c, qkv, dy, ya, dxa, 2e-5, "GEMMs", &yg, &dxg);
-        check_run(dev, true, c, qkv, dy, ya, dxa, 3e-2, "GEMMs, bf16", NULL, NULL);
-        /* auto: the GEMMs up to 512 positions, the fused kernel above */
+        check_run(dev, true, c, qkv, dy, ya, dxa, 3e-2, "GEMMs, bf16", &ygt, &dxgt);
+        /* auto: in float32 the GEMMs up to 512 positions, the fused kernel
+         * above; in bfloat16 the fused path at any length */
         unsetenv("MG_ATTENTION");
         run_on(dev, false, c, qkv, dy, &y, &dx);
-        bool gemm = c->T <= 512 || c->d / c->heads > 128;
+        bool wide = c->d / c->heads > 128, gemm = c->T <= 512 || wide;
         CHECK_MSG(same(y, gemm ? yg : yf, ny) && same(dx, gemm ? dxg : dxf, nx),
                   "T %d, head %d: auto is not the %s path", c->T, c->d / c->heads,
                   gemm ? "GEMM" : "fused");
+        free(y), free(dx);
+        run_on(dev, true, c, qkv, dy, &y, &dx);
+        CHECK_MSG(same(y, wide ? ygt : yt, ny) && same(dx, wide ? dxgt : dxt, nx),
+                  "T %d, head %d, bf16: auto is not the %s path", c->T, c->d / c->heads,
+                  wide ? "GEMM" : "fused");
         free(y), free(dx), free(yf), free(dxf), free(yg), free(dxg);
+        free(yt), free(dxt), free(ygt), free(dxgt);
         free(ya), free(dxa), free(qkv), free(dy);
     }
 }

@@ -1,10 +1,12 @@
 /* Causal self-attention on a device (dk.h's mg_dk_attention_*): a fused
  * kernel in the manner of FlashAttention-2, and batched GEMMs that keep
  * the T x T probabilities, as PyTorch's eager attention does. MG_ATTENTION
- * chooses; by default (auto) the GEMMs up to 512 positions, where cuBLAS
- * made them faster on an H100, and the fused kernel above, where it is as
- * fast and its memory grows with T, not T^2 (docs/PERFORMANCE.md, issue
- * 36). Heads over 128 wide always take the GEMMs.
+ * chooses; by default (auto) in float32 the GEMMs up to 512 positions,
+ * where cuBLAS made them faster on an H100, and the fused kernel above,
+ * where it is as fast and its memory grows with T, not T^2; in bfloat16
+ * the fused path (attention_tc.cu's tensor-core kernels) at any length,
+ * faster than the GEMMs at every length measured (docs/PERFORMANCE.md,
+ * issue 36). Heads over 128 wide always take the GEMMs.
  *
  * The fused kernel never writes the T x T scores. A block takes 64 query
  * rows of one sequence's head and walks the key tiles of 64 that the
@@ -363,15 +365,18 @@ template <int HDM, int RT> struct att_dq {
 /* ---- Entry points ------------------------------------------------------------------ */
 
 /* The fused kernels' padded head size for hd; 0 for the GEMM path: heads
- * over 128 wide, MG_ATTENTION=gemm, or by default (auto) sequences of up
- * to AUTO_GEMM_T positions, where the batched GEMMs were faster on an
- * H100 (docs/PERFORMANCE.md) and their T x T probabilities small. */
+ * over 128 wide, MG_ATTENTION=gemm, or by default (auto) in float32
+ * sequences of up to AUTO_GEMM_T positions, where the batched GEMMs were
+ * faster on an H100 (docs/PERFORMANCE.md) and their T x T probabilities
+ * small. With bf16 (the tensor-core kernels), auto is the fused path at
+ * any length. A tape keeps room for the path float32 takes (the more), so
+ * that bf16 may be turned on or off after it is sized. */
 enum { AUTO_GEMM_T = 512 };
 
-static int fused_width(int T, int hd)
+static int fused_width(int T, int hd, bool bf16)
 {
     const char *how = mg_env_str("MG_ATTENTION", "auto");
-    if (!strcmp(how, "gemm") || (!strcmp(how, "auto") && T <= AUTO_GEMM_T)) return 0;
+    if (!strcmp(how, "gemm") || (!strcmp(how, "auto") && T <= AUTO_GEMM_T && !bf16)) return 0;
     return hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : 0;
 }
 
@@ -404,7 +409,7 @@ template <template <int, int> class K> static void launch(int width, int n, cons
  * [n, H, T, T]). Workspace: D [n, H, T] (the GEMM path: dS [n, H, T, T]). */
 extern "C" size_t mg_dk_attention_saved(int n, int T, int d, int heads)
 {
-    return (size_t)n * heads * T * (fused_width(T, d / heads) ? 1 : (size_t)T);
+    return (size_t)n * heads * T * (fused_width(T, d / heads, false) ? 1 : (size_t)T);
 }
 
 extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
@@ -420,7 +425,7 @@ extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv
                                         int d, int heads, float *w)
 {
     PROFILE(__func__);
-    int width = fused_width(T, d / heads);
+    int width = fused_width(T, d / heads, DK()->bf16);
     if (!width) return gemm_forward(y, saved, qkv, n, T, d, heads);
     att_args a = args_of(T, d, heads);
     a.qkv = qkv, a.out = y, a.lse = saved;
@@ -433,7 +438,7 @@ extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const flo
                                          int d, int heads, float *w)
 {
     PROFILE(__func__);
-    int width = fused_width(T, d / heads);
+    int width = fused_width(T, d / heads, DK()->bf16);
     if (!width) return gemm_backward(dqkv, dy, saved, qkv, n, T, d, heads, w);
     att_args a = args_of(T, d, heads);
     a.qkv = qkv, a.y = y, a.dy = dy, a.out = dqkv, a.lse = (float *)saved, a.D = w;
