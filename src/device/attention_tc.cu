@@ -193,6 +193,11 @@ static HD AINL void acc_write(const warp_acc<NT> &acc, float *scratch, int lane,
 #endif
 }
 
+/* Scores are taken in base 2, S scale log2(e), so that an exponential is
+ * one exp2f (as FlashAttention does); the log-sum-exp is kept in natural
+ * units, as the float kernels and the CPU keep it. */
+static constexpr float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f;
+
 /* ---- Tiles ------------------------------------------------------------------------- */
 
 /* 16 bytes (4: 4) from global memory into shared memory: on a GPU queued
@@ -335,7 +340,8 @@ template <int HDM> struct tc_fwd {
         bf p[AB][AB + BPAD];           /* the probabilities (unnormalised) */
         float s[AB][OLD];              /* the scores, then P V */
     };
-    struct thread {   /* a lane's rows: the running maximum and sum, its half of the output */
+    struct thread {   /* a lane's rows: the running maximum (base 2) and sum, its half of
+                         the output */
         float m[RPL], l[RPL], o[RPL][OC];
     };
     att_args a;
@@ -378,19 +384,19 @@ template <int HDM> struct tc_fwd {
         UNROLL
         for (int i = 0; i < RPL; i++) {
             int k = lane_row(lane, i), q = q0 + r0 + k, c0 = half * KC;
-            float x[KC], mx = -INFINITY;
+            float x[KC], mx = -INFINITY, scale2 = a.scale * LOG2E;
             UNROLL
             for (int j = 0; j < KC; j += 4) ld4(&s[k][c0 + j], x + j);
             UNROLL
             for (int j = 0; j < KC; j++) {
-                x[j] = k0 + c0 + j <= q && q < a.T ? x[j] * a.scale : -INFINITY;
+                x[j] = k0 + c0 + j <= q && q < a.T ? x[j] * scale2 : -INFINITY;
                 mx = fmaxf(mx, x[j]);
             }
             float m = fmaxf(t.m[i], pair_max(mx)), sum = 0.0f;
-            float alpha = m == -INFINITY ? 1.0f : expf(t.m[i] - m);
+            float alpha = m == -INFINITY ? 1.0f : exp2f(t.m[i] - m);
             UNROLL
             for (int j = 0; j < KC; j++) {
-                x[j] = x[j] == -INFINITY ? 0.0f : expf(x[j] - m);
+                x[j] = x[j] == -INFINITY ? 0.0f : exp2f(x[j] - m);
                 sum += x[j];
             }
             UNROLL
@@ -427,7 +433,7 @@ template <int HDM> struct tc_fwd {
         for (int i = 0; i < RPL; i++) {
             int q = q0 + r0 + lane_row(lane, i);
             if (q >= a.T) continue;
-            if (half == 0) a.lse[(size_t)bh * a.T + q] = t.m[i] + logf(t.l[i]);
+            if (half == 0) a.lse[(size_t)bh * a.T + q] = t.m[i] * LN2 + logf(t.l[i]);
             float *row = a.out + row_at(a, bh, q, a.d, 0), inv = 1.0f / t.l[i];
             for (int c = 0; c < OC; c++)
                 if (half * OC + c < a.hd) row[half * OC + c] = t.o[i][c] * inv;
@@ -499,7 +505,8 @@ template <int HDM> struct tc_dkv {
                 UNROLL
                 for (int e = 0; e < 8; e++) {
                     int qi = q0 + j + e;
-                    sv[e] = key <= qi && qi < a.T ? expf(sv[e] * a.scale - lse[e]) : 0.0f;
+                    float x = fmaf(sv[e], a.scale * LOG2E, -lse[e] * LOG2E);
+                    sv[e] = key <= qi && qi < a.T ? exp2f(x) : 0.0f;
                     dv[e] = sv[e] * (dv[e] - D[e]) * a.scale;
                 }
                 st_bf8(&sh.p[r0 + k][j], sv);
@@ -570,7 +577,7 @@ template <int HDM> struct tc_dq {
         UNROLL
         for (int i = 0; i < RPL; i++) {
             int k = lane_row(lane, i), qi = q0 + r0 + k;
-            float lse = sh.rows[0][r0 + k], D = sh.rows[1][r0 + k];
+            float lse2 = sh.rows[0][r0 + k] * LOG2E, D = sh.rows[1][r0 + k];
             for (int j = c0; j < c0 + KC; j += 8) {
                 float sv[8], dv[8];
                 for (int h = 0; h < 8; h += 4) {
@@ -579,7 +586,8 @@ template <int HDM> struct tc_dq {
                 }
                 UNROLL
                 for (int e = 0; e < 8; e++) {
-                    float pr = k0 + j + e <= qi && qi < a.T ? expf(sv[e] * a.scale - lse) : 0.0f;
+                    float x = fmaf(sv[e], a.scale * LOG2E, -lse2);
+                    float pr = k0 + j + e <= qi && qi < a.T ? exp2f(x) : 0.0f;
                     dv[e] = pr * (dv[e] - D) * a.scale;
                 }
                 st_bf8(&sh.ds[r0 + k][j], dv);
