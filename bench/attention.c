@@ -8,7 +8,8 @@
  *             [--bf16] [--gemm] [--iters N]
  *
  * The fused kernel (MG_ATTENTION=fused; MG_ATTENTION_ROWS as set), or with
- * --gemm the batched GEMMs' path; --bf16: bfloat16 operands. After 3
+ * --gemm the batched GEMMs' path; --bf16: bfloat16 operands (the fused
+ * path's then runs on the tensor cores: src/device/attention_tc.cu). After 3
  * warm-up rounds, N rounds of forward then backward, timed with the
  * device synchronised at both ends, and N forwards alone. Prints one line:
  *
