@@ -27,11 +27,11 @@
  * These kernels multiply in float FMAs; with bf16 on, the fused path is
  * attention_tc.cu's, the same algorithm on the tensor cores.
  *
- * Each kernel is a struct of phases (block_kernel below): on a GPU the
- * threads run a phase and meet at a barrier; under the device kind emu
- * the host runs each phase for all the block's threads in turn, so the
- * very same indexing, masks and arithmetic are tested where there is no
- * GPU. */
+ * Each kernel is a struct of phases (block_kernel, attention_blocks.h):
+ * on a GPU the threads run a phase and meet at a barrier; under the device
+ * kind emu the host runs each phase for all the block's threads in turn,
+ * so the very same indexing, masks and arithmetic are tested where there
+ * is no GPU. */
 #include "device/attention_blocks.h"
 
 /* ---- The fused kernels' float tiles ---------------------------------------------- */

@@ -6,7 +6,6 @@
 #ifndef MG_DEVICE_ATTENTION_BLOCKS_H
 #define MG_DEVICE_ATTENTION_BLOCKS_H
 
-#include "core/bf16.h"
 #include "device/dk_internal.h"
 
 /* ---- Blocks of threads in phases ------------------------------------------------ *

@@ -26,6 +26,7 @@
  * load element by element). Limits: the scores go through shared memory
  * between products (FlashAttention-2 keeps them in registers). */
 #include <type_traits>
+#include "core/bf16.h"
 #include "device/attention_blocks.h"
 #ifdef __CUDACC__
 #include <mma.h>
@@ -200,9 +201,9 @@ static constexpr float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f
 
 /* ---- Tiles ------------------------------------------------------------------------- */
 
-/* 16 bytes (4: 4) from global memory into shared memory: on a GPU queued
- * (cp.async), complete once copies_wait_but_last says so; on the host at
- * once. zero16: 16 bytes of zeros, at once. */
+/* copy16 and copy4: 16 or 4 bytes from global memory into shared memory,
+ * on a GPU queued (cp.async) and complete once copies_wait_but_last says
+ * so, on the host at once. zero16: 16 bytes of zeros, at once. */
 static HD AINL void copy16(void *dst, const void *src)
 {
 #ifdef __CUDA_ARCH__
@@ -302,21 +303,28 @@ static HD AINL void copy_queries(bf (*qd)[AB][HDM + BPAD], float (*rows)[AB], co
     copy_rows(rows[1], a.D, a, bh, q0, tid);
 }
 
-/* The warps' S = A B^T and dP = dO V^T-like pair: s = a1 b1^T, dp = a2
- * b2^T, each 16 x 64 (the warp's rows of a1 and a2, b1 and b2 64 rows),
- * floats in shared memory for the warp's lanes. */
+/* A warp's scores s = a b^T, 16 x 64 (a: the warp's 16 rows, b: the
+ * tile's 64), floats in shared memory for the warp's lanes (after a
+ * warp_sync). */
+template <int HDM, int LD>
+static HD AINL void scores(float (*s)[LD], const bf (*a)[HDM + BPAD], const bf (*b)[HDM + BPAD],
+                           int lane)
+{
+    warp_acc<4> acc;
+    acc_zero(acc, lane);
+    acc_mma<4, HDM, true>(acc, a[0], HDM + BPAD, b[0], HDM + BPAD, lane);
+    acc_store(acc, s[0], LD, lane);
+}
+
+/* The backward's pair: s = a1 b1^T and dp = a2 b2^T (S and dP, or their
+ * transposes), then a warp_sync. */
 template <int HDM>
 static HD AINL void score_pair(float (*s)[SLD], float (*dp)[SLD], const bf (*a1)[HDM + BPAD],
                                const bf (*b1)[HDM + BPAD], const bf (*a2)[HDM + BPAD],
                                const bf (*b2)[HDM + BPAD], int lane)
 {
-    warp_acc<4> acc;
-    acc_zero(acc, lane);
-    acc_mma<4, HDM, true>(acc, a1[0], HDM + BPAD, b1[0], HDM + BPAD, lane);
-    acc_store(acc, s[0], SLD, lane);
-    acc_zero(acc, lane);
-    acc_mma<4, HDM, true>(acc, a2[0], HDM + BPAD, b2[0], HDM + BPAD, lane);
-    acc_store(acc, dp[0], SLD, lane);
+    scores<HDM, SLD>(s, a1, b1, lane);
+    scores<HDM, SLD>(dp, a2, b2, lane);
     warp_sync();
 }
 
@@ -374,11 +382,7 @@ template <int HDM> struct tc_fwd {
         if (lane >= LANES) return;
         const bf(*kv)[AB][HDM + BPAD] = sh.kv[tile % 2];
         float(*s)[OLD] = sh.s + r0;
-        /* S = Q K^T, the warp's rows */
-        warp_acc<4> acc;
-        acc_zero(acc, lane);
-        acc_mma<4, HDM, true>(acc, sh.q[r0], HDM + BPAD, kv[0][0], HDM + BPAD, lane);
-        acc_store(acc, s[0], OLD, lane);
+        scores<HDM, OLD>(s, sh.q + r0, kv[0], lane);   /* S = Q K^T, the warp's rows */
         warp_sync();
         /* the softmax, online: a lane's rows, its half of their keys */
         UNROLL
