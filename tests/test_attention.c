@@ -4,7 +4,8 @@
  * lengths that leave partial tiles, 4 and 8 query rows a thread, the GEMM
  * path (heads over 128, MG_ATTENTION=gemm), bfloat16 operands in both
  * (the fused path's: its tensor-core kernels, src/device/attention_tc.cu),
- * two runs that agree bit for bit, and which path auto takes. On emu
+ * two runs that agree bit for bit, which path auto takes, and that the
+ * precision the buffers were sized for chooses it. On emu
  * (always) and on a GPU (skips without one). */
 #include <stdlib.h>
 #include "devices.h"
@@ -26,24 +27,26 @@ static double rel_diff(const float *a, const float *b, size_t n)
 }
 
 /* y and dqkv of one forward and backward on dev (bf16 GEMMs as asked),
- * into host copies to free. */
-static void run_on(mg_device dev, bool bf16, const att_case *c, const float *qkv, const float *dy,
-                   float **y_out, float **dx_out)
+ * the buffers sized for the precision `sized`, into host copies to free. */
+static void run_sized(mg_device dev, bool bf16, bool sized, const att_case *c, const float *qkv,
+                      const float *dy, float **y_out, float **dx_out)
 {
     size_t nx = (size_t)c->n * c->T * 3 * c->d, ny = (size_t)c->n * c->T * c->d;
     bool cpu = dev.kind == MG_DEVICE_CPU;
-    if (!cpu) CHECK_OK(mg_device_set_bf16(dev, bf16));
     CHECK_OK(mg_device_set_current(dev));
+    if (!cpu) CHECK_OK(mg_device_set_bf16(dev, sized));
     size_t ns = mg_attention_saved(c->n, c->T, c->d, c->heads);
     size_t nw = mg_attention_scratch(c->n, c->T, c->d, c->heads);
+    CHECK(ns == mg_attention_saved_as(c->n, c->T, c->d, c->heads, sized));
+    if (!cpu) CHECK_OK(mg_device_set_bf16(dev, bf16));
     float *x = cpu ? (float *)qkv : mgt_on_device(dev, qkv, nx);
     float *g = cpu ? (float *)dy : mgt_on_device(dev, dy, ny);
     float *y = cpu ? calloc(ny, sizeof(float)) : mgt_on_device(dev, NULL, ny);
     float *dx = cpu ? calloc(nx, sizeof(float)) : mgt_on_device(dev, NULL, nx);
     float *s = cpu ? calloc(ns, sizeof(float)) : mgt_on_device(dev, NULL, ns);
     float *w = cpu ? calloc(nw + 1, sizeof(float)) : mgt_on_device(dev, NULL, nw);
-    mg_attention_forward(y, s, x, c->n, c->T, c->d, c->heads, w);
-    mg_attention_backward(dx, g, y, s, x, c->n, c->T, c->d, c->heads, w);
+    mg_attention_forward_as(y, s, x, c->n, c->T, c->d, c->heads, w, sized);
+    mg_attention_backward_as(dx, g, y, s, x, c->n, c->T, c->d, c->heads, w, sized);
     CHECK_OK(mg_device_set_current((mg_device){MG_DEVICE_CPU, 0}));
     if (cpu) {
         *y_out = y;
@@ -57,6 +60,13 @@ static void run_on(mg_device dev, bool bf16, const att_case *c, const float *qkv
     float *own[] = {x, g, y, dx, s, w};
     for (int i = 0; i < 6; i++) mg_device_free(dev, own[i]);
     CHECK_OK(mg_device_set_bf16(dev, false));
+}
+
+/* The same, the buffers sized in the precision the run takes. */
+static void run_on(mg_device dev, bool bf16, const att_case *c, const float *qkv, const float *dy,
+                   float **y_out, float **dx_out)
+{
+    run_sized(dev, bf16, bf16, c, qkv, dy, y_out, dx_out);
 }
 
 /* y and dqkv on dev within tol of the CPU's (ya, dxa); the host copies
@@ -133,6 +143,20 @@ static void attention_equals_cpu(mg_device dev)
         CHECK_MSG(same(y, wide ? ygt : yt, ny) && same(dx, wide ? dxgt : dxt, nx),
                   "T %d, head %d, bf16: auto is not the %s path", c->T, c->d / c->heads,
                   wide ? "GEMM" : "fused");
+        free(y), free(dx);
+        /* the path follows the precision the buffers were sized for: sized
+         * in bfloat16 and run in float32, the float fused kernel (in the
+         * bfloat16 path's room); sized in float32 and run in bfloat16, the
+         * float32 choice in bfloat16 */
+        run_sized(dev, false, true, c, qkv, dy, &y, &dx);
+        CHECK_MSG(same(y, wide ? yg : yf, ny) && same(dx, wide ? dxg : dxf, nx),
+                  "T %d, head %d, sized for bf16, run in float32: not the %s path", c->T,
+                  c->d / c->heads, wide ? "GEMM" : "fused");
+        free(y), free(dx);
+        run_sized(dev, true, false, c, qkv, dy, &y, &dx);
+        CHECK_MSG(same(y, gemm ? ygt : yt, ny) && same(dx, gemm ? dxgt : dxt, nx),
+                  "T %d, head %d, sized for float32, run in bf16: not the %s path", c->T,
+                  c->d / c->heads, gemm ? "GEMM" : "fused");
         free(y), free(dx), free(yf), free(dxf), free(yg), free(dxg);
         free(yt), free(dxt), free(ygt), free(dxgt);
         free(ya), free(dxa), free(qkv), free(dy);

@@ -221,10 +221,13 @@ void mg_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
  * 1/sqrt(d/heads). lse, mg_attention_saved(n, T, d, heads) floats, keeps
  * what the backward needs: each softmax row's log-sum-exp [n, heads, T],
  * from which the backward recomputes the probabilities; on a device
- * where the batched GEMMs run (MG_ATTENTION: by default up to 512
- * positions, and heads over 128 wide), the probabilities [n, heads, T, T]
- * themselves, as PyTorch's eager attention keeps them. MG_ATTENTION is
- * read at each call: keep it the same from sizing to backward. ws holds
+ * where the batched GEMMs run (MG_ATTENTION: by default in float32 up to
+ * 512 positions, and heads over 128 wide), the probabilities [n, heads,
+ * T, T] themselves, as PyTorch's eager attention keeps them. The path
+ * follows MG_ATTENTION and the GEMMs' precision (mg_gemm_bf16) as they
+ * were when the buffers were sized: keep MG_ATTENTION the same from
+ * sizing to backward; a precision switched since takes the _as calls with
+ * the one sized for (a model's tape does). ws holds
  * mg_attention_scratch(n, T, d, heads) floats (on a device, its kernels'
  * need, which grows with n; on the CPU one sequence's). */
 size_t mg_attention_saved(int n, int T, int d, int heads);
@@ -234,6 +237,14 @@ void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, 
 /* dqkv [n, T, 3d] = the input gradient (overwritten). */
 void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
                            const float *qkv, int n, int T, int d, int heads, float *ws);
+/* The same for buffers sized while the GEMMs rounded to bfloat16
+ * (sized_bf16) or not; the plain calls take the current precision. */
+size_t mg_attention_saved_as(int n, int T, int d, int heads, bool sized_bf16);
+void mg_attention_forward_as(float *y, float *lse, const float *qkv, int n, int T, int d,
+                             int heads, float *ws, bool sized_bf16);
+void mg_attention_backward_as(float *dqkv, const float *dy, const float *y, const float *lse,
+                              const float *qkv, int n, int T, int d, int heads, float *ws,
+                              bool sized_bf16);
 
 /* Token and position embedding of n sequences of T tokens: y [n, T, d] =
  * wte[tok] + wpe[t], where wte holds the rows of tokens [lo, lo + rows)

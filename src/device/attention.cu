@@ -6,7 +6,8 @@
  * where it is as fast and its memory grows with T, not T^2; in bfloat16
  * the fused path (attention_tc.cu's tensor-core kernels) at any length,
  * faster than the GEMMs at every length measured (docs/PERFORMANCE.md,
- * issue 36). Heads over 128 wide always take the GEMMs.
+ * issue 36). The precision the buffers were sized for chooses the path,
+ * the current one the kernels. Heads over 128 wide always take the GEMMs.
  *
  * The fused kernel never writes the T x T scores. A block takes 64 query
  * rows of one sequence's head and walks the key tiles of 64 that the
@@ -368,9 +369,10 @@ template <int HDM, int RT> struct att_dq {
  * over 128 wide, MG_ATTENTION=gemm, or by default (auto) in float32
  * sequences of up to AUTO_GEMM_T positions, where the batched GEMMs were
  * faster on an H100 (docs/PERFORMANCE.md) and their T x T probabilities
- * small. With bf16 (the tensor-core kernels), auto is the fused path at
- * any length. A tape keeps room for the path float32 takes (the more), so
- * that bf16 may be turned on or off after it is sized. */
+ * small. In bfloat16 (the tensor-core kernels) auto is the fused path at
+ * any length. bf16: the precision the buffers were sized for, so that
+ * the path stays the one they hold room for when bf16 is switched after
+ * (the float kernels or the GEMMs then run in the other precision). */
 enum { AUTO_GEMM_T = 512 };
 
 static int fused_width(int T, int hd, bool bf16)
@@ -407,14 +409,14 @@ template <template <int, int> class K> static void launch(int width, int n, cons
 
 /* Saved: the log-sum-exp [n, H, T] (the GEMM path: the probabilities
  * [n, H, T, T]). Workspace: D [n, H, T] (the GEMM path: dS [n, H, T, T]). */
-extern "C" size_t mg_dk_attention_saved(int n, int T, int d, int heads)
+extern "C" size_t mg_dk_attention_saved(int n, int T, int d, int heads, bool sized_bf16)
 {
-    return (size_t)n * heads * T * (fused_width(T, d / heads, false) ? 1 : (size_t)T);
+    return (size_t)n * heads * T * (fused_width(T, d / heads, sized_bf16) ? 1 : (size_t)T);
 }
 
-extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads)
+extern "C" size_t mg_dk_attention_scratch(int n, int T, int d, int heads, bool sized_bf16)
 {
-    return mg_dk_attention_saved(n, T, d, heads);
+    return mg_dk_attention_saved(n, T, d, heads, sized_bf16);
 }
 
 static void gemm_forward(float *y, float *P, const float *qkv, int n, int T, int d, int H);
@@ -422,10 +424,10 @@ static void gemm_backward(float *dqkv, const float *dy, const float *P, const fl
                           int T, int d, int H, float *dP);
 
 extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T,
-                                        int d, int heads, float *w)
+                                        int d, int heads, float *w, bool sized_bf16)
 {
     PROFILE(__func__);
-    int width = fused_width(T, d / heads, DK()->bf16);
+    int width = fused_width(T, d / heads, sized_bf16);
     if (!width) return gemm_forward(y, saved, qkv, n, T, d, heads);
     att_args a = args_of(T, d, heads);
     a.qkv = qkv, a.out = y, a.lse = saved;
@@ -435,10 +437,10 @@ extern "C" void mg_dk_attention_forward(float *y, float *saved, const float *qkv
 
 extern "C" void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y,
                                          const float *saved, const float *qkv, int n, int T,
-                                         int d, int heads, float *w)
+                                         int d, int heads, float *w, bool sized_bf16)
 {
     PROFILE(__func__);
-    int width = fused_width(T, d / heads, DK()->bf16);
+    int width = fused_width(T, d / heads, sized_bf16);
     if (!width) return gemm_backward(dqkv, dy, saved, qkv, n, T, d, heads, w);
     att_args a = args_of(T, d, heads);
     a.qkv = qkv, a.y = y, a.dy = dy, a.out = dqkv, a.lse = (float *)saved, a.D = w;

@@ -128,12 +128,15 @@ void mg_dk_layernorm_backward(float *dx, float *dw, float *db, const float *dy, 
 void mg_dk_gelu_forward(float *y, const float *x, size_t n);
 void mg_dk_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
 void mg_dk_gelu_forward_deriv(float *y, float *dydx, const float *x, size_t n);
-size_t mg_dk_attention_saved(int n, int T, int d, int heads);
-size_t mg_dk_attention_scratch(int n, int T, int d, int heads);
+/* sized_bf16: the GEMMs' precision when the buffers were sized, which
+ * chooses the path (tensor.h's mg_attention_*_as). */
+size_t mg_dk_attention_saved(int n, int T, int d, int heads, bool sized_bf16);
+size_t mg_dk_attention_scratch(int n, int T, int d, int heads, bool sized_bf16);
 void mg_dk_attention_forward(float *y, float *saved, const float *qkv, int n, int T, int d,
-                             int heads, float *ws);
+                             int heads, float *ws, bool sized_bf16);
 void mg_dk_attention_backward(float *dqkv, const float *dy, const float *y, const float *saved,
-                              const float *qkv, int n, int T, int d, int heads, float *ws);
+                              const float *qkv, int n, int T, int d, int heads, float *ws,
+                              bool sized_bf16);
 size_t mg_dk_conv2d_saved_bytes(const mg_conv2d_shape *s);
 size_t mg_dk_conv2d_workspace(const mg_conv2d_shape *s, int n);
 void mg_dk_conv2d_forward(float *y, uint8_t *saved, const float *x, const float *wt,

@@ -36,7 +36,8 @@ typedef struct mg_ctx {
     bool training;
     bool recompute;       /* a forward run again before its backward: updates no state */
     bool bf16_kept;       /* the tape was sized with the GEMMs rounding to bfloat16: a
-                             layer's memory holds room for the rounded operands it keeps */
+                             layer's memory holds room for the rounded operands it keeps,
+                             and attention's for the path of that precision */
     uint64_t dropout_seed;
     uint64_t step;        /* the dropout counter of this forward */
     float *scratch;       /* this call's workspace */

@@ -377,21 +377,24 @@ static void attn_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch)
 static float *attn_lse(mg_layer *l, const mg_ctx *c, int i0)
 {
     const attn_layer *a = (const attn_layer *)l;
-    return (float *)mg__saved(l, c) + mg_attention_saved(i0, l->in[1], a->d, a->heads);
+    return (float *)mg__saved(l, c) +
+           mg_attention_saved_as(i0, l->in[1], a->d, a->heads, c->bf16_kept);
 }
 
 static void attn_seqs_forward(mg_layer *l, const mg_ctx *c, float *y, const float *x, int i0,
                               int n, float *ws)
 {
     attn_layer *a = (attn_layer *)l;
-    mg_attention_forward(y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws);
+    mg_attention_forward_as(y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws,
+                            c->bf16_kept);
 }
 
 static void attn_seqs_backward(mg_layer *l, const mg_ctx *c, float *dx, const float *dy,
                                const float *y, const float *x, int i0, int n, float *ws)
 {
     attn_layer *a = (attn_layer *)l;
-    mg_attention_backward(dx, dy, y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws);
+    mg_attention_backward_as(dx, dy, y, attn_lse(l, c, i0), x, n, l->in[1], a->d, a->heads, ws,
+                             c->bf16_kept);
 }
 
 static void attn_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)

@@ -112,23 +112,40 @@ void mg_embedding_backward(float *gte, float *gpe, const float *dy, const int32_
 /* Query rows per block: the keys a block needs end at its last row. */
 #define ATT_BLOCK 32
 
+size_t mg_attention_saved_as(int n, int T, int d, int heads, bool sized_bf16)
+{
+    if (mg__dk_cur) return mg_dk_attention_saved(n, T, d, heads, sized_bf16);
+    return (size_t)n * heads * T;
+}
+
 size_t mg_attention_saved(int n, int T, int d, int heads)
 {
-    if (mg__dk_cur) return mg_dk_attention_saved(n, T, d, heads);
-    return (size_t)n * heads * T;
+    return mg_attention_saved_as(n, T, d, heads, mg_gemm_bf16());
 }
 
 size_t mg_attention_scratch(int n, int T, int d, int heads)
 {
-    if (mg__dk_cur) return mg_dk_attention_scratch(n, T, d, heads);
+    if (mg__dk_cur) return mg_dk_attention_scratch(n, T, d, heads, mg_gemm_bf16());
     return 2 * (size_t)ATT_BLOCK * T;
 }
 
 void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, int d,
                           int heads, float *ws)
 {
+    mg_attention_forward_as(y, lse, qkv, n, T, d, heads, ws, mg_gemm_bf16());
+}
+
+void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
+                           const float *qkv, int n, int T, int d, int heads, float *ws)
+{
+    mg_attention_backward_as(dqkv, dy, y, lse, qkv, n, T, d, heads, ws, mg_gemm_bf16());
+}
+
+void mg_attention_forward_as(float *y, float *lse, const float *qkv, int n, int T, int d,
+                             int heads, float *ws, bool sized_bf16)
+{
     if (mg__dk_cur) {
-        mg_dk_attention_forward(y, lse, qkv, n, T, d, heads, ws);
+        mg_dk_attention_forward(y, lse, qkv, n, T, d, heads, ws, sized_bf16);
         return;
     }
     int hd = d / heads, ld = 3 * d;
@@ -163,11 +180,12 @@ void mg_attention_forward(float *y, float *lse, const float *qkv, int n, int T, 
     }
 }
 
-void mg_attention_backward(float *dqkv, const float *dy, const float *y, const float *lse,
-                           const float *qkv, int n, int T, int d, int heads, float *ws)
+void mg_attention_backward_as(float *dqkv, const float *dy, const float *y, const float *lse,
+                              const float *qkv, int n, int T, int d, int heads, float *ws,
+                              bool sized_bf16)
 {
     if (mg__dk_cur) {
-        mg_dk_attention_backward(dqkv, dy, y, lse, qkv, n, T, d, heads, ws);
+        mg_dk_attention_backward(dqkv, dy, y, lse, qkv, n, T, d, heads, ws, sized_bf16);
         return;
     }
     int hd = d / heads, ld = 3 * d;
