@@ -201,16 +201,19 @@ static constexpr float LOG2E = 1.44269504088896341f, LN2 = 0.693147180559945309f
 
 /* ---- Tiles ------------------------------------------------------------------------- */
 
-/* copy16 and copy4: 16 or 4 bytes from global memory into shared memory,
- * on a GPU queued (cp.async) and complete once copies_wait_but_last says
- * so, on the host at once. zero16: 16 bytes of zeros, at once. */
-static HD AINL void copy16(void *dst, const void *src)
+/* N (16 or 4) bytes from global memory into shared memory: on a GPU
+ * queued (cp.async; 16 bytes past L1) and complete once
+ * copies_wait_but_last says so, on the host at once. zero16: 16 bytes of
+ * zeros, at once. */
+template <int N> static HD AINL void copy_async(void *dst, const void *src)
 {
+    static_assert(N == 16 || N == 4, "cp.async copies 16 or 4 bytes here");
 #ifdef __CUDA_ARCH__
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+    if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
 #else
-    memcpy(dst, src, 16);
+    memcpy(dst, src, N);
 #endif
 }
 
@@ -220,16 +223,6 @@ static HD AINL void zero16(void *dst)
     *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
 #else
     memset(dst, 0, 16);
-#endif
-}
-
-static HD AINL void copy4(void *dst, const void *src)
-{
-#ifdef __CUDA_ARCH__
-    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-#else
-    memcpy(dst, src, 4);
 #endif
 }
 
@@ -262,7 +255,7 @@ static HD AINL void copy_tile(bf (*dst)[HDM + BPAD], const att_args &a, const bf
         enum { per_row = HDM / 8 };
         int e = tid % per_row * 8;
         for (int r = tid / per_row; r < AB; r += threads / per_row) {
-            if (r0 + r < a.T && e < a.hd) copy16(&dst[r][e], base + (size_t)r * w + e);
+            if (r0 + r < a.T && e < a.hd) copy_async<16>(&dst[r][e], base + (size_t)r * w + e);
             else zero16(&dst[r][e]);
         }
         return;
@@ -277,7 +270,7 @@ static HD AINL void copy_rows(float *dst, const float *v, const att_args &a, int
                               int tid)
 {
     for (int r = tid; r < AB; r += 32 * WARPS) {
-        if (r0 + r < a.T) copy4(&dst[r], &v[(size_t)bh * a.T + r0 + r]);
+        if (r0 + r < a.T) copy_async<4>(&dst[r], &v[(size_t)bh * a.T + r0 + r]);
         else dst[r] = 0.0f;
     }
 }
