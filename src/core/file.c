@@ -164,39 +164,38 @@ mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap
     return MG_OK;
 }
 
-mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, const char *path)
+/* len bytes at byte off written (wr) or read whole, in pieces of at most
+ * 1 GiB, retried when a signal cuts one short. */
+static mg_status at_offset(int fd, char *p, size_t len, uint64_t off, bool wr, const char *path)
 {
-    const char *p = data;
     while (len > 0) {
-        ssize_t w = pwrite(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0)
-            return mg_error(MG_EIO, "cannot write %s: %s%s", path,
-                            w < 0 ? strerror(errno) : "no progress",
-                            w < 0 && errno == ENOSPC ? ": free space on that file system or "
-                            "give another path" : "");
-        p += w;
-        len -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return MG_OK;
-}
-
-mg_status mg_pread_all(int fd, void *data, size_t len, uint64_t off, const char *path)
-{
-    char *p = data;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, len > (1u << 30) ? (1u << 30) : len, (off_t)off);
+        size_t n = len > (1u << 30) ? (1u << 30) : len;
+        ssize_t r = wr ? pwrite(fd, p, n, (off_t)off) : pread(fd, p, n, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return mg_error(MG_EIO, "cannot read %s at byte %llu: %s", path,
-                            (unsigned long long)off,
-                            r < 0 ? strerror(errno) : "it ends there (it was shortened)");
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            return mg_error(MG_EIO, "cannot %s %s at byte %llu: %s%s", wr ? "write" : "read",
+                            path, (unsigned long long)off,
+                            e ? strerror(e) : wr ? "no progress" : "it ends there (it was "
+                            "shortened)", e == ENOSPC || e == EFBIG || e == EDQUOT
+                                ? ": free space on that file system or give another path"
+                                : "");
+        }
         p += r;
         len -= (size_t)r;
         off += (uint64_t)r;
     }
     return MG_OK;
+}
+
+mg_status mg_pwrite_all(int fd, const void *data, size_t len, uint64_t off, const char *path)
+{
+    return at_offset(fd, (char *)data, len, off, true, path);
+}
+
+mg_status mg_pread_all(int fd, void *data, size_t len, uint64_t off, const char *path)
+{
+    return at_offset(fd, data, len, off, false, path);
 }
 
 mg_status mg_atomic_commit(const char *path, const char *tmp, int fd)

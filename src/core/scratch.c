@@ -18,6 +18,7 @@ struct mg_scratch {
     uint64_t bytes;
     char what[64];
     char dir[4096];
+    char label[4200];   /* the file, for messages */
 };
 
 static mg_status dir_error(const char *dir, const char *what, int err)
@@ -42,6 +43,7 @@ mg_status mg_scratch_create(const char *dir, uint64_t bytes, const char *what, m
     s->bytes = bytes;
     snprintf(s->what, sizeof s->what, "%s", what);
     snprintf(s->dir, sizeof s->dir, "%s", dir);
+    snprintf(s->label, sizeof s->label, "the %s's file in the offload directory %s", what, dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/multigrad-offload-XXXXXX", dir);
     mode_t old = umask(077);   /* mkstemp makes 0600; no wider whatever the umask */
@@ -83,22 +85,8 @@ static mg_status io(mg_scratch *s, void *buf, size_t len, uint64_t off, bool wr)
         return mg_error(MG_EINVAL, "offload: %s of %zu bytes at %llu is outside the %s file "
                         "(%llu bytes)", wr ? "write" : "read", len, (unsigned long long)off,
                         s->what, (unsigned long long)s->bytes);
-    char *p = buf;
-    while (len > 0) {
-        size_t n = len > (1u << 30) ? (1u << 30) : len;
-        ssize_t r = wr ? pwrite(s->fd, p, n, (off_t)off) : pread(s->fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
-            return mg_error(MG_EIO, "offload directory %s: cannot %s the %s: %s%s", s->dir,
-                            wr ? "write" : "read", s->what, r < 0 ? strerror(errno) : "end of file",
-                            r < 0 && (errno == ENOSPC || errno == EFBIG || errno == EDQUOT)
-                                ? ": free space there or give a directory on a larger disk"
-                                : "");
-        p += r;
-        len -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return MG_OK;
+    return wr ? mg_pwrite_all(s->fd, buf, len, off, s->label)
+              : mg_pread_all(s->fd, buf, len, off, s->label);
 }
 
 mg_status mg_scratch_read(mg_scratch *s, void *dst, size_t len, uint64_t off)
