@@ -553,6 +553,46 @@ TEST_T(p2p_recv_any_contains_a_dead_peer, 120)
     expect_contained(NULL, false);
 }
 
+/* ULFM's revoke: of 3 ranks, rank 1 gives the group up instead of
+ * joining the next all-reduce (mg_group_revoke): ranks 0 and 2, waiting
+ * in it, fail at once (not at the group's 30 s deadline), naming rank 1
+ * and its reason; rank 1's own next operation fails too, and every rank
+ * still destroys the group. */
+static int revoke_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 30);
+    if (!g) return 2;
+    CHECK_OK(mg_barrier(g));
+    int32_t v = rank, sum = -1;
+    double t0 = mg_now();
+    if (rank == 1) {
+        usleep(200 * 1000);   /* the others wait in the all-reduce */
+        mg_group_revoke(g, "giving up for a test");
+    }
+    CHECK_ERR(mg_all_reduce(g, &v, &sum, 1, MG_I32, MG_SUM), MG_EPEER);
+    const char *e = mg_last_error();
+    if (rank != 1)
+        CHECK_MSG(strstr(e, "rank 1 failed and aborted the group: giving up for a test"), "%s", e);
+    else
+        CHECK_MSG(strstr(e, "giving up for a test"), "%s", e);
+    CHECK_MSG(mg_now() - t0 < 10, "rank %d: %.1f s", rank, mg_now() - t0);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(group_revoke_ends_the_peers_operations, 120)
+{
+    const char *transports[2] = {NULL, "tcp"};
+    for (int t = 0; t < 2; t++) {
+        job j = new_job(transports[t]);
+        int st[3];
+        mgt_fork_ranks(3, revoke_rank, &j, 40, st);
+        for (int r = 0; r < 3; r++)
+            CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d status %d",
+                      transports[t] ? transports[t] : "shm", r, st[r]);
+    }
+}
+
 /* ULFM's shrink: of 4 ranks, rank 2 is killed; the other three make the
  * group without it (mg_group_exclude; rank 2 takes no part) and run a
  * collective there, which names its ranks as the job does; leaving

@@ -155,6 +155,14 @@ mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out);
  * remain, which must have made the same exclusions of g before; the
  * builtin backend only (MG_EUNSUPPORTED elsewhere). */
 mg_status mg_group_exclude(mg_group *g, const int *gone, int n_gone, mg_group **out);
+/* Ends g on every rank, as ULFM's MPIX_Comm_revoke: from now on this
+ * rank's operations on g fail at once, and its peers' (those under way and
+ * those to come) fail naming this rank and why. A rank whose collective
+ * on g failed needs no call (its failure already ended g); one that gives
+ * up on g for a failure elsewhere makes its peers give up too, instead of
+ * waiting for it. Local, with no work of g outstanding on this rank; g is
+ * still to be destroyed. */
+void mg_group_revoke(mg_group *g, const char *why);
 
 /* Names of ranks in messages. Every message of a group that names one of
  * its ranks (the rank speaking, a peer that failed or was waited for)

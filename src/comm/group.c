@@ -254,6 +254,11 @@ mg_status mg_group_exclude(mg_group *g, const int *gone, int n_gone, mg_group **
     return made_sub(g, mg__run_req(g, &r), out);
 }
 
+void mg_group_revoke(mg_group *g, const char *why)
+{
+    mg__group_fail(g, MG_EPEER, why);   /* peers: "rank R failed and aborted the group: why" */
+}
+
 mg_status mg_group_set_label(mg_group *g, const char *label)
 {
     MG_TRY(mg__label_check(label));
