@@ -1337,9 +1337,8 @@ TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
 
 /* --elastic, under mgrun --elastic: a worker killed once training runs
  * (a quarter of its first 20 steps' time after their row is in the log:
- * amid the next steps, not in the job's collectives that end an
- * evaluation, which stop the job, README's limits) leaves the job and the
- * others go on
+ * amid the next steps; the next test kills one amid the job's collectives
+ * that end an evaluation) leaves the job and the others go on
  * to the end: the servers say whom they lost and how many go on, mgrun
  * that the job went without it, and the log has every row. Worker 1 of a
  * synchronous job (every push before its death and after it applied, in
@@ -1400,6 +1399,75 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         {"--parallel ddp --elastic", "--parallel ps"},
         {"--parallel ps --elastic", "mgrun --elastic"},
         {NULL, NULL}});
+}
+
+/* --elastic: a worker lost amid the job's collectives between steps (the
+ * training figures' sum, evaluation, the log, a checkpoint): every rank
+ * that remains does them again over the ranks that remain, and the job
+ * runs to its end with every row in the log once. The evaluations (512
+ * windows every 2 steps) take most of the job's time, so a signal sent
+ * after the first row is in the log lands in one most times; a run where
+ * it landed amid steps instead (no line says they were done again) is
+ * run again with another delay, up to 3 times.
+ *   - Worker 1 killed, with --save: the others do them again without it.
+ *   - Worker 0, which writes the log and checkpoints, stopped (SIGSTOP)
+ *     past MG_PEER_TIMEOUT, so that the others' collectives fail, and
+ *     resumed before the roll call gives it up: done again by all 3. */
+TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
+{
+    const char *t = mgt_tmpdir();
+    char bin[512], run[512], log[512], ck[512], *out = NULL;
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(log, sizeof log, "%s/amid.csv", t);
+    snprintf(ck, sizeof ck, "%s/amid.mgc", t);
+    const double delays[] = {0.5, 0.3, 0.7};
+    for (int stop = 0; stop < 2; stop++) {
+        const char *want = stop ? "failed on rank 0 while every worker remains: done again"
+                                : "as a worker left amid them: the 2 worker(s) that remain do "
+                                  "them again";
+        bool hit = false;
+        for (int a = 0; a < 3 && !hit; a++) {
+            char signal[160];
+            if (stop) snprintf(signal, sizeof signal, "kill -STOP $$; sleep 4.5; kill -CONT $$");
+            else snprintf(signal, sizeof signal, "kill -9 $$");
+            remove(log);
+            free(out);
+            int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=3 MG_VERBOSE=1 %s --elastic -n 4 sh -c 'if "
+                            "[ $RANK = %d ]; then (while ! grep -q ^2, %s 2>/dev/null; do sleep "
+                            "0.02; done; sleep %.2f; %s) & fi; exec %s --model gpt-mini --batch "
+                            "12 --steps 12 --eval-every 2 --eval-windows 512 --no-eval-on-start "
+                            "--parallel ps --elastic --log %s --save %s'", run, stop ? 0 : 1, log,
+                            delays[a], signal, bin, log, ck);
+            hit = strstr(out, want) != NULL;
+            printf("%s, after %.2f s: %s\n", stop ? "stopped" : "killed", delays[a],
+                   hit ? "amid the collectives" : "amid steps");
+            if (!hit && !stop)   /* killed amid steps: the others go on too */
+                CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+            if (!hit) continue;
+            CHECK_MSG(rc == 0 && strstr(out, "final: validation loss"), "rc %d: %s", rc, out);
+            double tl[8], vl[8];
+            CHECK_MSG(csv_losses(log, tl, vl, 8) == 6 && vl[5] < vl[0], "the log %s: %s", log,
+                      out);
+            char *csv = mgt_slurp(log, NULL);   /* each row once, in order */
+            CHECK_MSG(csv && strstr(csv, "\n2,") && strstr(csv, "\n4,") &&
+                      strstr(csv, "\n12,") && !strstr(strstr(csv, "\n4,") + 1, "\n4,"),
+                      "%s", csv ? csv : "(no log)");
+            free(csv);
+            if (!stop)
+                CHECK_MSG(strstr(out, "2 of 3 workers go on") &&
+                          strstr(out, "mgrun: the job went on without the 1 worker(s) it lost"),
+                          "%s", out);
+        }
+        CHECK_MSG(hit, "3 runs, and the signal landed amid steps each time: %s", out);
+    }
+    free(out);
+    /* The checkpoint of the last run, written after the collectives were
+     * done again, resumes. */
+    int rc = mgt_sh(&out, "%s -n 4 %s --model gpt-mini --batch 12 --steps 14 --eval-every 2 "
+                    "--eval-windows 4 --parallel ps --resume %s", run, bin, ck);
+    CHECK_MSG(rc == 0 && strstr(out, "step    14/14"), "rc %d: %s", rc, out);
+    free(out);
 }
 
 /* A worker stopped (SIGSTOP) for 2 s under staleness 3, once training

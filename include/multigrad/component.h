@@ -119,13 +119,16 @@ typedef struct mg_component_ops {
 
     /* ---- between steps ------------------------------------------------------
      * settle: on every rank, before the job's collectives between steps
-     * (the training figures, evaluation, the log, checkpoints): a
-     * component whose ranks may leave the job (an elastic parameter
-     * server's workers) agrees with the others which remain; when some
-     * have left since, *job is the group of those that remain (the
-     * component's), which the job's collectives use from then on
-     * (mg_strategy_group). */
-    mg_status (*settle)(void *c, mg_group **job);
+     * (the training figures, evaluation, the log, checkpoints) and again
+     * after them (failed: they failed on this rank): a component whose
+     * ranks may leave the job (an elastic parameter server's workers)
+     * agrees with the others which remain; when some have left since,
+     * *job is the group of those that remain (the component's), which the
+     * job's collectives use from then on (mg_strategy_group). After
+     * collectives that failed on some rank because one left amid them,
+     * *again: every rank that remains does them again, over *job; when
+     * they failed otherwise, an error on the ranks where they worked. */
+    mg_status (*settle)(void *c, bool failed, bool *again, mg_group **job);
 } mg_component_ops;
 
 /* For components: the options the strategy was made with, and every rank

@@ -155,11 +155,16 @@ void mg_strategy_data_share(const mg_strategy *s, int *rank, int *size);
 /* The share of an evaluation's data this rank takes: the data share,
  * spread over the ranks that remain once some left (an elastic job). */
 void mg_strategy_eval_share(const mg_strategy *s, int *rank, int *size);
-/* Between steps, before the job's collectives (figures, evaluation, the
+/* Between steps, around the job's collectives (figures, evaluation, the
  * log, checkpoints): every component agrees which ranks remain (an
- * elastic parameter server's roll call); collective over the job.
- * Nothing to do for the other plans. */
-mg_status mg_strategy_settle(mg_strategy *s);
+ * elastic parameter server's roll call). Call it before them with done
+ * MG_OK, and after them with how they ended on this rank: when a rank
+ * left amid them, *again comes back true on every rank that remains, to
+ * do them again over those (mg_strategy_group); else done comes back,
+ * its message kept, or an error where they worked here but failed on
+ * another rank. Collective over the job; for the other plans it returns
+ * done at once. */
+mg_status mg_strategy_settle(mg_strategy *s, mg_status done, bool *again);
 /* The job's group for its collectives now: the options' group, or the
  * group of the ranks that remain once some left (NULL: one process). */
 mg_group *mg_strategy_group(const mg_strategy *s);

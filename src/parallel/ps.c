@@ -44,15 +44,21 @@
  *     and tells each which workers left, and the ranks that remain make
  *     the groups of those that remain (mg_group_exclude). The survivors
  *     keep their shares of each batch (the one lost is not trained on);
- *     evaluation spreads over them, whole.
+ *     evaluation spreads over them, whole. The job's collectives between
+ *     steps run on those groups, never on the job's own (a failed
+ *     collective ends its group), and a second roll call follows them:
+ *     where they failed, the rank gives them up first (mg_group_revoke,
+ *     so that no peer waits on it), and when a worker left meanwhile (or
+ *     none did: a stall past MG_PEER_TIMEOUT, at most twice in a row)
+ *     every rank that remains does them again over new groups.
  * This file: the job both roles share (the runs, the roles, the roll
  * call); ps_server.c and ps_worker.c the two components.
  * Limits: memory for (S + 1) x workers pushes of its run on a server under
  * bounded staleness; no tensor or pipeline parallelism with it; the
  * model's buffers (batch statistics) stay each worker's; a server's
- * failure stops the job, as does a worker's during the roll call itself
- * or the job's collectives after it (the ranks that remain then wait for
- * it at most MG_PEER_TIMEOUT). */
+ * failure stops the job, as does a worker's before the first roll call
+ * (the job's set-up), and a worker taken as lost that comes back fails
+ * itself. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,78 +188,140 @@ mg_status mg__ps_lost(ps_job *j, int w, mg_status st)
 
 mg_group *mg__ps_workers_now(ps_job *j) { return j->role_left ? j->role_left : j->role; }
 
-/* The roll call's exchange: server 0 hears every rank that remains (their
- * lists of workers gone, added to its own), the others hear its list. */
-static mg_status roll_call(ps_job *j, uint8_t *gone)
+/* The roll call's exchange, over the job's own group (which contains the
+ * workers' failures), of `said`: per worker whether it left, then the
+ * rank whose collectives failed since the last roll call (-1: none).
+ * Server 0 hears every rank that remains (their workers gone, added to
+ * its own; the first rank that failed; a worker whose link fails
+ * meanwhile has left too) and answers each. A worker lost while it is
+ * answered is left for the next roll call: the others have the list
+ * without it. */
+static mg_status roll_call(ps_job *j, int32_t *said)
 {
-    int world = j->workers + j->servers, root = j->workers, me = mg_group_rank(j->g);
+    int W = j->workers, world = W + j->servers, root = W, me = mg_group_rank(j->g);
+    size_t len = (size_t)W + 1;
     if (me != root) {
-        MG_TRY(mg_send(j->g, gone, (size_t)j->workers, MG_U8, root, TAG_ROLL));
-        return mg_recv(j->g, gone, (size_t)j->workers, MG_U8, root, TAG_GONE);
+        MG_TRY(mg_send(j->g, said, len, MG_I32, root, TAG_ROLL));
+        return mg_recv(j->g, said, len, MG_I32, root, TAG_GONE);
     }
     int *from = malloc((size_t)world * sizeof *from), n = 0;
-    uint8_t *theirs = malloc((size_t)j->workers);
+    int32_t *theirs = malloc(len * sizeof *theirs);
     mg_status st = from && theirs ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
     for (int r = 0; !st && r < world; r++)
-        if (r != me && (r >= j->workers || !j->gone[r])) from[n++] = r;
+        if (r != me && (r >= W || !j->gone[r])) from[n++] = r;
     while (!st && n > 0) {
         int who = -1;
-        mg_status e = mg_recv_any(j->g, theirs, (size_t)j->workers, MG_U8, from, n, TAG_ROLL,
-                                  &who);
+        mg_status e = mg_recv_any(j->g, theirs, len, MG_I32, from, n, TAG_ROLL, &who);
         st = mg__ps_lost(j, who, e);
-        for (int w = 0; !st && !e && w < j->workers; w++) gone[w] |= theirs[w];
+        for (int w = 0; !st && !e && w < W; w++) said[w] |= theirs[w] != 0;
+        if (!st && !e && theirs[W] >= 0 && (said[W] < 0 || theirs[W] < said[W]))
+            said[W] = theirs[W];
         int k = 0;
         for (int i = 0; i < n; i++)
             if (from[i] != who) from[k++] = from[i];
         n = k;
     }
-    for (int w = 0; w < j->workers; w++) gone[w] |= j->gone[w];
+    for (int w = 0; w < W; w++) said[w] |= j->gone[w];
     for (int r = 0; !st && r < world; r++)
-        if (r != me && (r >= j->workers || !gone[r]))
-            st = mg_send(j->g, gone, (size_t)j->workers, MG_U8, r, TAG_GONE);
+        if (r != me && (r >= W || !said[r])) {
+            mg_status e = mg_send(j->g, said, len, MG_I32, r, TAG_GONE);
+            st = r < W ? mg__ps_lost(j, r, e) : e;
+        }
     free(from);
     free(theirs);
     return st;
 }
 
-mg_status mg__ps_settle(void *c, mg_group **job)
+/* How many times in a row the job's collectives between steps are done
+ * again when they failed and no worker left. */
+enum { REDO_WITHOUT_LEAVING = 2 };
+
+/* The groups of the ranks that remain, without the `n` workers in out
+ * (the job's, and the workers' own), in place of the last ones. Every
+ * rank that remains makes them together. */
+static mg_status remake_groups(ps_job *j, const int *out, int n)
+{
+    int me = mg_group_rank(j->g);
+    mg_group *now = NULL, *workers = NULL;
+    mg_status st = mg_group_exclude(j->g, out, n, &now);
+    /* A worker's rank in the workers' group is its rank in the job. */
+    if (!st && me < j->workers) st = mg_group_exclude(j->role, out, n, &workers);
+    if (st) {
+        mg_group_destroy(now);
+        return st;
+    }
+    mg_group_destroy(j->job_left);
+    mg_group_destroy(j->role_left);
+    j->job_left = now;
+    j->role_left = workers;
+    j->excluded = n;
+    return MG_OK;
+}
+
+/* The job's collectives between steps run on groups of their own, made
+ * at the first roll call (j->job_left, j->role_left), never on the job's
+ * group: a collective that fails ends its group on every rank, and the
+ * roll call after it still needs the job's. */
+mg_status mg__ps_settle(void *c, bool failed, bool *again, mg_group **job)
 {
     ps_job *j = c;
     *job = NULL;
+    *again = false;
     if (!j->elastic) return MG_OK;
-    int me = mg_group_rank(j->g);
-    uint8_t *gone = malloc((size_t)j->workers);
-    int *out = malloc((size_t)j->workers * sizeof *out), n = 0;
-    mg_status st = gone && out ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
-    for (int w = 0; !st && w < j->workers; w++) gone[w] = j->gone[w];
-    if (!st) st = roll_call(j, gone);
-    if (!st && me < j->workers && gone[me])
+    int me = mg_group_rank(j->g), W = j->workers;
+    char who[96];
+    if (failed) {   /* the peers still in them give them up too, instead of waiting */
+        if (j->job_left) mg_group_revoke(j->job_left, "its collectives between steps failed");
+        if (j->role_left) mg_group_revoke(j->role_left, "its collectives between steps failed");
+    }
+    int32_t *said = malloc(((size_t)W + 1) * sizeof *said);
+    int *out = malloc((size_t)W * sizeof *out), n = 0;
+    mg_status st = said && out ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
+    for (int w = 0; !st && w < W; w++) said[w] = j->gone[w];
+    if (!st) said[W] = failed ? me : -1;
+    if (!st) st = roll_call(j, said);
+    if (!st && me < W && said[me])
         st = mg_error(MG_EPEER, "ps: the servers lost their link to this worker, and the job "
                       "goes on without it (--elastic)");
-    for (int w = 0; !st && w < j->workers; w++) {
-        if (gone[w]) leaves(j, w);
-        if (j->gone[w]) out[n++] = w;
-    }
-    if (!st && n > j->excluded) {   /* the groups of the ranks that remain */
-        if (me == j->workers)
-            mg_log("ps: %d of %d workers go on; each keeps its share of the batch, so a step "
-                   "trains on %d/%d of it (--elastic)", j->n_live, j->workers, j->n_live,
-                   j->workers);
-        mg_group *now = NULL, *workers = NULL;
-        st = mg_group_exclude(j->g, out, n, &now);
-        /* A worker's rank in the workers' group is its rank in the job. */
-        if (!st && me < j->workers) st = mg_group_exclude(j->role, out, n, &workers);
-        if (st) {
-            mg_group_destroy(now);
-        } else {
-            mg_group_destroy(j->job_left);
-            mg_group_destroy(j->role_left);
-            j->job_left = *job = now;
-            j->role_left = workers;
-            j->excluded = n;
+    for (int w = 0; !st && w < W; w++)
+        if (said[w]) {
+            leaves(j, w);
+            out[n++] = w;
         }
+    int first_failed = st ? -1 : said[W];
+    bool left = n > j->excluded;
+    /* Failed with no worker gone: a peer stalled past MG_PEER_TIMEOUT that
+     * came back, or a failure of their own, which a few tries show. */
+    j->failed_in_a_row = first_failed < 0 ? 0 : j->failed_in_a_row + 1;
+    bool redo = first_failed >= 0 && (left || j->failed_in_a_row <= REDO_WITHOUT_LEAVING);
+    if (!st && first_failed >= 0 && !redo && !failed)
+        st = mg_error(MG_EPEER, "ps: the job's collectives between steps (evaluation, the log, a "
+                      "checkpoint) failed on %s %d times in a row, and no worker left: the job "
+                      "stops (its message says why)",
+                      mg_group_rank_name(j->g, first_failed, who, sizeof who), j->failed_in_a_row);
+    if (!st && (first_failed < 0 || redo)) {
+        if (left && me == W)
+            mg_log("ps: %d of %d workers go on; each keeps its share of the batch, so a step "
+                   "trains on %d/%d of it (--elastic)", j->n_live, W, j->n_live, W);
+        if (redo && me == W && left)
+            mg_log("ps: the job's collectives between steps (evaluation, the log, a checkpoint) "
+                   "failed on %s as a worker left amid them: the %d worker(s) that remain do "
+                   "them again (--elastic)", mg_group_rank_name(j->g, first_failed, who,
+                   sizeof who), j->n_live);
+        else if (redo && me == W)
+            mg_log("ps: the job's collectives between steps (evaluation, the log, a checkpoint) "
+                   "failed on %s while every worker remains: done again, try %d of %d "
+                   "(--elastic)", mg_group_rank_name(j->g, first_failed, who, sizeof who),
+                   j->failed_in_a_row + 1, REDO_WITHOUT_LEAVING + 1);
+        if (redo) {   /* given up on every rank: gone at once */
+            if (j->job_left) mg_group_revoke(j->job_left, "they are done again");
+            if (j->role_left) mg_group_revoke(j->role_left, "they are done again");
+        }
+        if (!j->job_left || left || redo) st = remake_groups(j, out, n);
+        if (!st) *job = j->job_left;
+        *again = !st && redo;
     }
-    free(gone);
+    free(said);
     free(out);
     return st;
 }

@@ -27,8 +27,10 @@ typedef struct {
     bool *gone;         /* per worker: it left the job (--elastic) */
     int *live, n_live;  /* the workers that remain, ascending */
     int excluded;       /* workers left out of the groups below so far */
-    /* Once a worker has left: the groups of the ranks that remain (the
-     * job's, and the workers'), for the collectives between steps. */
+    int failed_in_a_row;   /* roll calls that found the collectives between steps failed */
+    /* Under --elastic, from the first roll call: the groups of the ranks
+     * that remain (the job's, and the workers'), for the collectives
+     * between steps. */
     mg_group *job_left, *role_left;
 } ps_job;
 
@@ -54,11 +56,15 @@ mg_status mg__ps_lost(ps_job *j, int w, mg_status st);
 
 /* The component's settle (component.h), both roles: under --elastic,
  * the roll call through server 0 (each rank says which workers it saw
- * leave; server 0 hears every rank that remains, a worker whose link
- * fails meanwhile has left too, and tells every rank who left); when
- * workers left since the last one, the groups of the ranks that remain
- * (*job, and the workers' own). */
-mg_status mg__ps_settle(void *c, mg_group **job);
+ * leave and whether its collectives between steps failed; server 0 hears
+ * every rank that remains, a worker whose link fails meanwhile has left
+ * too, and tells every rank who left and who failed); the groups of the
+ * ranks that remain (*job, and the workers' own) at the first, and again
+ * when workers left since the last or collectives failed. When they
+ * failed (this rank's given up first, so that no peer waits on it) and a
+ * worker left meanwhile, *again: they are done again over the new
+ * groups. */
+mg_status mg__ps_settle(void *c, bool failed, bool *again, mg_group **job);
 
 /* The workers' group for the collectives between steps (those that
  * remain). */

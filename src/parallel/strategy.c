@@ -238,18 +238,23 @@ void mg_strategy_eval_share(const mg_strategy *s, int *rank, int *size)
 
 mg_group *mg_strategy_group(const mg_strategy *s) { return s->g; }
 
-mg_status mg_strategy_settle(mg_strategy *s)
+mg_status mg_strategy_settle(mg_strategy *s, mg_status done, bool *again)
 {
+    char why[1024] = "";   /* done's message, past the roll calls' own */
+    if (done) snprintf(why, sizeof why, "%s", mg_last_error());
+    *again = false;
     EACH(s, settle) {
         mg_group *job = NULL;
-        MG_TRY(CALL(settle, &job));
+        bool redo = false;
+        MG_TRY(CALL(settle, done != MG_OK, &redo, &job));
         if (job) {
             s->g = job;
             s->rank = mg_group_rank(job);
             s->world = mg_group_size(job);
         }
+        *again = *again || redo;
     }
-    return MG_OK;
+    return *again || !done ? MG_OK : mg_error(done, "%s", why);
 }
 
 mg_ddp *mg_strategy_ddp(const mg_strategy *s) { return mg_strategy_part(s, &mg__ddp_component); }

@@ -4,8 +4,10 @@
  * each step through mg_train_step, whatever the plan. After an epoch, or
  * every eval_every steps, the figures summed over the data-parallel
  * replicas, the evaluation (one copy for both kinds: the test set, or the
- * validation windows), the row handed to on_row, the log and its plot
- * (rank 0, every rank learning whether it worked) and the checkpoint. */
+ * validation windows), the log and its plot (rank 0, every rank learning
+ * whether it worked), the checkpoint, and the row handed to on_row; all
+ * of it done again over the ranks that remain when one left amid it (an
+ * elastic job's worker, mg_strategy_settle). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,18 +109,19 @@ static mg_status sum_over_replicas(mg_trainer *t, double *v, int n)
     return mg_strategy_sum(t->s, v, n) ? mg__train_step_error(t) : MG_OK;
 }
 
-/* Between steps, before the job's collectives: the ranks that remain
- * agree (an elastic job's roll call), and this rank learns its place
- * among them. */
-static mg_status settle(mg_trainer *t)
+/* Between steps, before the job's collectives (done MG_OK) and after
+ * them: the ranks that remain agree (an elastic job's roll call), and this
+ * rank learns its place among them; *again: do them again. */
+static mg_status settle(mg_trainer *t, mg_status done, bool *again)
 {
-    if (mg_strategy_settle(t->s)) return mg__train_step_error(t);
+    mg_status st = mg_strategy_settle(t->s, done, again);
+    if (st && !done) return mg__train_step_error(t);
     mg_group *job = mg_strategy_group(t->s);
     if (job) {
         t->info.rank = mg_group_rank(job);
         t->info.world = mg_group_size(job);
     }
-    return MG_OK;
+    return st;
 }
 
 /* ---- evaluation ------------------------------------------------------------ */
@@ -195,15 +198,14 @@ mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
 
 /* ---- after an epoch or evaluation ------------------------------------------ */
 
-/* The row to the callback and the log (rank 0 writes it and its plot;
- * every rank learns whether it worked: also the barrier before a save),
- * then the checkpoint. */
+/* The row to the log (rank 0 writes it and its plot; every rank learns
+ * whether it worked: also the barrier before a save), then the
+ * checkpoint. */
 static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
 {
     const mg_train_config *c = &t->c;
     r->elapsed = mg_now() - t->began;
     MG_TRY(mg__metrics_add(&t->log, r));
-    if (c->on_row) c->on_row(r, c->ud);
     mg_status st = MG_OK;
     if (t->info.rank == 0 && c->log) st = mg__log_write(c->log, c->model, &t->log);
     MG_TRY(mg_trainer_agree(t, st));
@@ -215,10 +217,58 @@ static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
     meta.epoch = r->epoch;
     meta.seed = c->seed;
     snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
-    if (mg_strategy_save(t->s, c->save, t->opt, &meta))
-        return mg_error(MG_EIO, "--save: %s (the previous checkpoint, if any, is intact)",
+    if ((st = mg_strategy_save(t->s, c->save, t->opt, &meta)))   /* a peer's loss stays one */
+        return mg_error(st == MG_EPEER || st == MG_ETIMEOUT ? st : MG_EIO,
+                        "--save: %s (the previous checkpoint, if any, is intact)",
                         mg_last_error());
     return MG_OK;
+}
+
+/* What ends an epoch or an evaluation interval: this rank's training
+ * sums over the replicas (n of them: images: loss, correct, images; text:
+ * loss, steps; none before the first step), the row made of them and
+ * evaluated, recorded and (save) checkpointed. */
+typedef struct {
+    double mine[3], sums[3];
+    int n;
+    bool save;
+    mg_train_row row;   /* its figures apart from the sums' and evaluation's */
+    double tokens_per_step;
+} interval_end;
+
+static mg_status end_interval(mg_trainer *t, interval_end *e)
+{
+    mg_train_row r = e->row;
+    memcpy(e->sums, e->mine, sizeof e->sums);
+    if (e->n) MG_TRY(sum_over_replicas(t, e->sums, e->n));
+    const double *v = e->sums;
+    if (e->n == 3) {
+        r.train_loss = v[0] / v[2];
+        r.train_acc = v[1] / v[2];
+        r.per_s = v[2] / r.seconds;
+    } else if (e->n == 2) {
+        r.train_loss = v[0] / v[1];
+        r.per_s = v[1] / t->info.dp_size * e->tokens_per_step / r.seconds;
+    }
+    MG_TRY(mg_trainer_evaluate(t, &r));
+    return record(t, &r, e->save);
+}
+
+/* end_interval between two settles: when a rank left amid it (an elastic
+ * job's worker), the ranks that remain agree on it and do it again
+ * (another row in the log's place). The row goes to on_row once. */
+static mg_status between_steps(mg_trainer *t, interval_end *e)
+{
+    bool again = false;
+    mg_status st = settle(t, MG_OK, &again);
+    int logged = t->log.n;
+    while (!st) {
+        t->log.n = logged;
+        st = settle(t, end_interval(t, e), &again);
+        if (!again) break;
+    }
+    if (t->log.n > logged && t->c.on_row) t->c.on_row(&t->log.rows[t->log.n - 1], t->c.ud);
+    return st;
 }
 
 static void progress(mg_trainer *t, mg_train_progress *p)
@@ -278,19 +328,15 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
             progress(t, &p);
         }
         if (st) break;
-        double secs = mg_now() - t0;
-        if ((st = settle(t)) || (st = sum_over_replicas(t, v, 3))) break;
-        sum->seconds += secs;
-        mg_train_row r = mg__train_row_empty();
-        r.epoch = e + 1;
-        r.step = step;
-        r.train_loss = v[0] / v[2];
-        r.train_acc = v[1] / v[2];
-        r.seconds = secs;
-        r.per_s = v[2] / secs;
-        r.lr = lr;
-        sum->per_s += v[2];   /* images, divided below */
-        if ((st = evaluate_images(t, &r)) || (st = record(t, &r, true))) break;
+        interval_end end = {.mine = {v[0], v[1], v[2]}, .n = 3, .save = true,
+                            .row = mg__train_row_empty()};
+        end.row.epoch = e + 1;
+        end.row.step = step;
+        end.row.seconds = mg_now() - t0;
+        end.row.lr = lr;
+        if ((st = between_steps(t, &end))) break;
+        sum->seconds += end.row.seconds;
+        sum->per_s += end.sums[2];   /* images, divided below */
     }
     mg_loader_destroy(loader);
     mg_sampler_free(&sampler);
@@ -305,9 +351,8 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
     t->sched.total_steps = c->steps;
     mg_status st = MG_OK;
     if (step == 0 && !c->no_eval_on_start) {   /* the curve starts at initialisation */
-        mg_train_row r = mg__train_row_empty();
-        MG_TRY(mg_trainer_evaluate(t, &r));
-        MG_TRY(record(t, &r, false));
+        interval_end start = {.row = mg__train_row_empty()};
+        MG_TRY(between_steps(t, &start));
     }
     int32_t *x = malloc(sizeof(int32_t) * (size_t)local * T);
     int32_t *y = malloc(sizeof(int32_t) * (size_t)local * T);
@@ -338,17 +383,14 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         p.loss = v[0] / v[1];
         progress(t, &p);
         if (step % c->eval_every && step < c->steps) continue;
-        double secs = mg_now() - t0;
-        sum->seconds += secs;
-        if ((st = settle(t)) || (st = sum_over_replicas(t, v, 2))) break;
-        mg_train_row r = mg__train_row_empty();
-        r.step = step;
-        r.train_loss = v[0] / v[1];
-        r.seconds = secs;
-        r.per_s = v[1] / t->info.dp_size * tokens_per_step / secs;
-        r.lr = lr;
-        sum->per_s += v[1] / t->info.dp_size * tokens_per_step;   /* tokens, divided below */
-        if ((st = mg_trainer_evaluate(t, &r)) || (st = record(t, &r, true))) break;
+        interval_end end = {.mine = {v[0], v[1]}, .n = 2, .save = true,
+                            .row = mg__train_row_empty(), .tokens_per_step = tokens_per_step};
+        end.row.step = step;
+        end.row.seconds = mg_now() - t0;
+        end.row.lr = lr;
+        sum->seconds += end.row.seconds;
+        if ((st = between_steps(t, &end))) break;
+        sum->per_s += end.sums[1] / t->info.dp_size * tokens_per_step;   /* tokens, below */
         v[0] = v[1] = 0;
         t0 = mg_now();
     }
