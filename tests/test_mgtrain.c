@@ -1132,6 +1132,8 @@ TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
         {"--parallel ps --staleness forever", "inf (fully asynchronous)"},
         {"--parallel ddp --servers 1", "--parallel ps"},
         {"--parallel ps --zero 1", "--zero"},
+        {"--parallel ps --staleness inf --save /tmp/mg-never-written.st",
+         "--save with --staleness inf"},
         {NULL, NULL}});
     /* More servers than the model has units: every rank says so at once. */
     double t0 = mg_now();
