@@ -553,6 +553,110 @@ TEST_T(p2p_recv_any_contains_a_dead_peer, 120)
     expect_contained(NULL, false);
 }
 
+/* A peer that a group containing failures took as lost, and that comes
+ * back: rank 1 is stopped (SIGSTOP from a child of its own, SIGCONT 3 s
+ * later) while rank 0 waits for it; past MG_PEER_TIMEOUT (1 s) rank 0's
+ * receive fails, contained, and a send to rank 1 fails at once. Rank 1,
+ * resumed, waits for rank 0: its receive fails within a second with
+ * MG_ELEFT naming rank 0 (before: shared memory waited for the group's
+ * 30 s deadline, TCP read the closed link as rank 0's death); over TCP
+ * it also gives rank 0's reason. */
+static int left_rank(int rank, int n, void *arg)
+{
+    const job *j = arg;
+    setenv("MG_PEER_TIMEOUT", "1", 1);
+    mg_group *g = join_group(rank, n, j, 30);
+    if (!g) return 2;
+    CHECK_OK(mg_group_contain_peer_failures(g));
+    CHECK_OK(mg_barrier(g));
+    int32_t v = rank;
+    double t0 = mg_now();
+    if (rank == 0) {
+        mg_status st = mg_recv(g, &v, 1, MG_I32, 1, 1);
+        CHECK_MSG((st == MG_EPEER || st == MG_ETIMEOUT) && strstr(mg_last_error(), "stopped"),
+                  "status %d: %s", st, mg_last_error());
+        CHECK_ERR(mg_send(g, &v, 1, MG_I32, 1, 2), MG_EPEER);
+        usleep(6 * 1000 * 1000);   /* rank 1 asks the store while rank 0 serves it */
+    } else {
+        pid_t me = getpid();
+        if (fork() == 0) {
+            kill(me, SIGSTOP);
+            usleep(3 * 1000 * 1000);
+            kill(me, SIGCONT);
+            _exit(0);
+        }
+        CHECK_ERR(mg_recv(g, &v, 1, MG_I32, 0, 3), MG_ELEFT);
+        const char *e = mg_last_error();
+        CHECK_MSG(strstr(e, "rank 0 took this rank as lost") &&
+                  (!j->transport || strstr(e, "it found: rank 1")), "%s", e);
+        double dt = mg_now() - t0;
+        printf("%s: rank 1 learned it %.2f s after the barrier (stopped for 3 s)\n",
+               j->transport ? j->transport : "shm", dt);
+        CHECK_MSG(dt > 2.5 && dt < 5, "%.1f s: %s", dt, e);
+        wait(NULL);
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+/* fn on n ranks, over shared memory then TCP: every rank exits 0 but
+ * `killed` (-1: none), which SIGKILL ends. */
+static void on_both_transports(int n, int (*fn)(int, int, void *), int killed)
+{
+    const char *transports[2] = {NULL, "tcp"};
+    for (int t = 0; t < 2; t++) {
+        job j = new_job(transports[t]);
+        int st[8];
+        MG_ASSERT(n <= 8);
+        mgt_fork_ranks(n, fn, &j, 40, st);
+        for (int r = 0; r < n; r++)
+            CHECK_MSG(r == killed ? WIFSIGNALED(st[r]) && WTERMSIG(st[r]) == SIGKILL
+                                  : WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0,
+                      "%s: rank %d status %d", transports[t] ? transports[t] : "shm", r, st[r]);
+    }
+}
+
+TEST_T(p2p_a_peer_taken_as_lost_learns_it_when_it_comes_back, 120)
+{
+    on_both_transports(2, left_rank, -1);
+}
+
+/* In a group that contains peer failures, a peer that dies while this
+ * rank waits for another is that peer's failure alone: rank 2 sends rank
+ * 1 a message it never reads, so rank 1's death 0.3 s later resets their
+ * TCP link (shared memory: its process is gone) while rank 2 waits for
+ * rank 0, which sends a second later. Rank 2's receive from rank 0 completes
+ * (before: it failed naming rank 1, and the group dropped rank 0 as if it
+ * had failed). */
+static int bystander_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 5);   /* rank 0 serves the store: waits 5 s at the end */
+    if (!g) return 2;
+    CHECK_OK(mg_group_contain_peer_failures(g));
+    int32_t v = rank;
+    CHECK_OK(mg_barrier(g));
+    if (rank == 2) CHECK_OK(mg_send(g, &v, 1, MG_I32, 1, 7));   /* never read */
+    if (rank == 1) {
+        usleep(300 * 1000);
+        raise(SIGKILL);
+    }
+    if (rank == 0) {
+        usleep(1000 * 1000);
+        CHECK_OK(mg_send(g, &v, 1, MG_I32, 2, 8));
+    } else {
+        v = -1;
+        CHECK_OK(mg_recv(g, &v, 1, MG_I32, 0, 8));
+        CHECK(v == 0);
+    }
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(p2p_a_bystanders_death_is_its_own_where_failures_are_contained, 120)
+{
+    on_both_transports(3, bystander_rank, 1);
+}
+
 /* ULFM's revoke: of 3 ranks, rank 1 gives the group up instead of
  * joining the next all-reduce (mg_group_revoke): ranks 0 and 2, waiting
  * in it, fail at once (not at the group's 30 s deadline), naming rank 1
@@ -582,15 +686,7 @@ static int revoke_rank(int rank, int n, void *arg)
 
 TEST_T(group_revoke_ends_the_peers_operations, 120)
 {
-    const char *transports[2] = {NULL, "tcp"};
-    for (int t = 0; t < 2; t++) {
-        job j = new_job(transports[t]);
-        int st[3];
-        mgt_fork_ranks(3, revoke_rank, &j, 40, st);
-        for (int r = 0; r < 3; r++)
-            CHECK_MSG(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "%s: rank %d status %d",
-                      transports[t] ? transports[t] : "shm", r, st[r]);
-    }
+    on_both_transports(3, revoke_rank, -1);
 }
 
 /* ULFM's shrink: of 4 ranks, rank 2 is killed; the other three make the

@@ -140,6 +140,12 @@ void mg_group_set_name(mg_group *g, const char *name);
  * neither blocks nor poisons the others. Local; the builtin backend only
  * (MPI ends the job on a dead peer): MG_EUNSUPPORTED elsewhere. */
 mg_status mg_group_contain_peer_failures(mg_group *g);
+/* A peer that took this rank as lost this way (it was silent past
+ * MG_PEER_TIMEOUT, say, and came back) tells it so: this rank's
+ * operations with that peer fail with MG_ELEFT, contained as above. A
+ * program whose job went on without it exits with MG_EXIT_LEFT, which
+ * mgrun --elastic counts as a worker lost, not a failure of the job. */
+#define MG_EXIT_LEFT 3
 
 /* As MPI_Comm_split: ranks with the same color form a group, ordered by
  * (key, old rank). color MG_UNDEFINED: *out = NULL. Collective. */

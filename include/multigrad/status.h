@@ -24,15 +24,19 @@ enum {
     MG_EPEER,       /* a peer died or closed its connection */
     MG_EAUTH,       /* authentication failed */
     MG_EMISMATCH,   /* ranks disagree (collective, count, world size, model) */
-    MG_EUNSUPPORTED /* not available in this build or configuration */
+    MG_EUNSUPPORTED, /* not available in this build or configuration */
+    MG_ELEFT        /* this rank's peers took it as lost and went on without it (a group
+                       that contains peer failures, mg_group_contain_peer_failures) */
 };
 
 /* Record an error message (printf-style) for this thread; returns code.
  * The arguments may include mg_last_error() (wrapping it in context). */
 mg_status mg_error(mg_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* The last message recorded on this thread ("" if none). */
+/* The last message recorded on this thread ("" if none), and its code
+ * (MG_OK if none). */
 const char *mg_last_error(void);
+mg_status mg_last_error_code(void);
 /* msg past a leading "rank R: " or "rank R (LABEL): " (group errors name
  * their rank by its world rank R, comm.h; a caller that names the rank
  * itself, or forwards the message to its peers, says it once). */

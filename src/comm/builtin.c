@@ -634,10 +634,11 @@ static mg_status bi_run(mg_group *g, mg__req *r)
         mg__call_describe_p2p(&r->c, &g->names, r->seq, d, sizeof d);
         /* A peer's failure, contained to this operation (and that peer):
          * a receive from any source that nobody answered in time, or one
-         * peer dead, closed, silent or late. */
-        if (atomic_load(&g->contain) && (st == MG_EPEER || st == MG_ETIMEOUT) &&
+         * peer dead, closed, silent or late, or one that dropped this rank
+         * (which does not fail the group for the others either). */
+        if (atomic_load(&g->contain) && (st == MG_EPEER || st == MG_ETIMEOUT || st == MG_ELEFT) &&
             (peer >= 0 || r->c.root == MG_ANY_SOURCE) && peer != g->rank) {
-            if (peer >= 0) mg__bi_drop_peer(b, peer);
+            if (peer >= 0) mg__bi_drop_peer(b, peer, mg_last_error());
             r->contained = true;
         }
         return fail_with(st, d, g);

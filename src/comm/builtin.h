@@ -81,9 +81,11 @@ mg_status mg__bi_recv(mg__bi *b, const mg__req *r);
 /* A receive from MG_ANY_SOURCE (the call's set, or every rank): *peer gets
  * the sender, or the rank of the set that failed (-1: none did). */
 mg_status mg__bi_recv_any(mg__bi *b, const mg__req *r, int *peer);
-/* A peer whose failure the group contains: its link is never used again
- * (a TCP one is shut, which the peer sees). */
-void mg__bi_drop_peer(mg__bi *b, int peer);
+/* A peer whose failure the group contains, for `why`: its link is never
+ * used again (a TCP one is shut, which the peer sees); should the peer
+ * come back, its operations with this rank fail with MG_ELEFT (a flag in
+ * this rank's shared memory, a record in the store). */
+void mg__bi_drop_peer(mg__bi *b, int peer, const char *why);
 /* Tell TCP peers we failed: an abort frame where the stream is at a frame
  * boundary, else a shutdown. */
 void mg__bi_abort_links(mg__bi *b, const char *msg);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,10 +16,19 @@
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
 
-void mg__bi_drop_peer(mg__bi *b, int peer)
+void mg__bi_drop_peer(mg__bi *b, int peer, const char *why)
 {
     mg__link *l = &b->link[peer];
-    if (l->ch.kind == MG__CH_TCP && !l->ch.dead) shutdown(l->ch.fd, SHUT_RDWR);
+    if (l->ch.dead) return;
+    /* Should the peer come back, it learns that it was dropped (a flag in
+     * this rank's segment, or its link's close) and why (the store), so
+     * that it fails with MG_ELEFT instead of waiting. */
+    char key[MG_STORE_MAX_KEY + 1];
+    int k = snprintf(key, sizeof key, "%s/drop/%d/%d", b->prefix, b->g->rank, peer);
+    if (b->store && k > 0 && (size_t)k < sizeof key)
+        (void)mg__store_set_quick(b->store, key, why, strlen(why), 0.5);
+    if (b->shm_transport) mg__shm_transport_drop(b->shm_transport, peer);
+    if (l->ch.kind == MG__CH_TCP) shutdown(l->ch.fd, SHUT_RDWR);
     l->ch.dead = true;
 }
 

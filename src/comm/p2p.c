@@ -127,6 +127,16 @@ static int link_broken(mg__bi *b, mg__link *l)
         free(why);
         return -1;
     }
+    /* A peer that took this rank as lost (mg__bi_drop_peer). */
+    k = snprintf(key, sizeof key, "%s/drop/%d/%d", b->prefix, l->ch.peer, b->g->rank);
+    if (b->store && k > 0 && (size_t)k < sizeof key &&
+        !mg__store_get_quick(b->store, key, 0.5, &why, &n)) {
+        l->err = MG_ELEFT;
+        mg_error(MG_ELEFT, "%s took this rank as lost and went on without it (it found: "
+                 "%.700s)", who(b, l->ch.peer, w, sizeof w), (char *)why);
+        free(why);
+        return -1;
+    }
     other_losses(b, l->ch.peer, lost, sizeof lost);
     if (lost[0])
         mg_error(MG_EPEER, "%s; connections closed too: %s (one of these ranks may have "
@@ -556,7 +566,13 @@ static mg_status drive(mg__bi *b, txop *t, mg__link *rl, want *w)
         for (int p = 0; p < b->g->size; p++) {
             mg__link *l = &b->link[p];
             if (!drainable(b, l, rl)) continue;
-            if ((r = rx_step(b, l, NULL)) < 0) return l->err;
+            if ((r = rx_step(b, l, NULL)) < 0) {
+                /* Another peer's failure: in a group that contains them, that
+                 * peer's alone (dropped; this operation goes on). */
+                if (!atomic_load(&b->g->contain)) return l->err;
+                mg__bi_drop_peer(b, p, mg_last_error());
+                continue;
+            }
             prog |= r;
         }
         if (prog) continue;

@@ -6,6 +6,7 @@
 #include "multigrad/status.h"
 
 static _Thread_local char last_error[1024];
+static _Thread_local mg_status last_code;
 
 mg_status mg_error(mg_status code, const char *fmt, ...)
 {
@@ -15,10 +16,12 @@ mg_status mg_error(mg_status code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     memcpy(last_error, msg, sizeof msg);
+    last_code = code;
     return code;
 }
 
 const char *mg_last_error(void) { return last_error; }
+mg_status mg_last_error_code(void) { return last_code; }
 
 const char *mg_error_past_rank(const char *msg, int rank)
 {
@@ -34,7 +37,7 @@ const char *mg_status_name(mg_status s)
 {
     static const char *names[] = {
         "MG_OK", "MG_EINVAL", "MG_EIO", "MG_ENOMEM", "MG_EFORMAT",
-        "MG_ETIMEOUT", "MG_EPEER", "MG_EAUTH", "MG_EMISMATCH", "MG_EUNSUPPORTED",
+        "MG_ETIMEOUT", "MG_EPEER", "MG_EAUTH", "MG_EMISMATCH", "MG_EUNSUPPORTED", "MG_ELEFT",
     };
     if (s < 0 || s >= (int)(sizeof names / sizeof names[0])) return "MG_E?";
     return names[s];

@@ -12,7 +12,7 @@
  *   2048  the last 16 fingerprints in full (for messages, and for peers
  *         that fell behind), each under a seqlock
  *   4096  ring indices, 128 B per group rank (tail written by that sender,
- *         head by o, on separate lines)
+ *         head and whether o dropped that sender by o, on separate lines)
  *         ring data, one power-of-two ring per local peer
  *         slot (all-local groups only)
  *
@@ -104,7 +104,8 @@ struct mg__ring {
     _Atomic uint64_t tail;
     char pad1[56];
     _Atomic uint64_t head;
-    char pad2[56];
+    _Atomic uint32_t dropped;   /* the owner took the sender as lost (mg__shm_transport_drop) */
+    char pad2[52];
 };
 
 _Static_assert(sizeof(seg_hdr) <= OFF_HOT - 0, "header fits");
@@ -384,6 +385,8 @@ int mg__shm_transport_aborted(mg__shm_transport *x, char *msg, size_t n)
 {
     for (int i = 0; i < x->npeers; i++) {
         abort_area *a = abt(x, x->peers[i]);
+        if (atomic_load_explicit(&ring(x, x->rank, x->peers[i])->dropped, memory_order_relaxed))
+            continue;   /* gone for this rank, whatever it says */
         if (atomic_load_explicit(&a->flag, memory_order_acquire)) {
             size_t k = strnlen(a->msg, MAX_ABORT - 1);
             if (k >= n) k = n - 1;
@@ -393,6 +396,12 @@ int mg__shm_transport_aborted(mg__shm_transport *x, char *msg, size_t n)
         }
     }
     return -1;
+}
+
+void mg__shm_transport_drop(mg__shm_transport *x, int peer)
+{
+    atomic_store_explicit(&ring(x, x->rank, peer)->dropped, 1, memory_order_release);
+    if (x->local[peer]) mg__shm_transport_wake(x, peer);
 }
 
 void mg__shm_transport_abort(mg__shm_transport *x, const char *msg)
@@ -437,6 +446,16 @@ mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n,
                                   int *failed)
 {
     char msg[MAX_ABORT], who[160];
+    for (int i = 0; i < n; i++) {
+        int p = peers[i];
+        if (!x->local[p] || p == x->rank ||
+            !atomic_load_explicit(&ring(x, p, x->rank)->dropped, memory_order_acquire))
+            continue;
+        if (failed) *failed = p;
+        return mg_error(MG_ELEFT, "%s took this rank as lost (silent past MG_PEER_TIMEOUT, or "
+                        "its link failed) and went on without it, while this rank was %s",
+                        mg__rank_name(x->names, p, NULL, who, sizeof who), what);
+    }
     int r = mg__shm_transport_aborted(x, msg, sizeof msg);
     if (r >= 0 && failed) *failed = r;
     if (r >= 0)

@@ -84,6 +84,10 @@ mg_status mg__shm_transport_check(mg__shm_transport *x, const int *peers, int n,
 int mg__shm_transport_aborted(mg__shm_transport *x, char *msg, size_t n);
 /* Announce this rank's failure to every local peer and wake them. */
 void mg__shm_transport_abort(mg__shm_transport *x, const char *msg);
+/* This rank took local peer `peer` as lost (a group that contains peer
+ * failures): the peer's waits on this rank fail with MG_ELEFT, and its
+ * abort notices are not this rank's concern any more. */
+void mg__shm_transport_drop(mg__shm_transport *x, int peer);
 
 /* Group memory: collective among the (all local) ranks, on the executor,
  * inside an operation begun with mg__shm_transport_begin. */
