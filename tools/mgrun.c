@@ -14,8 +14,9 @@
  * mgrun serves the job's rendezvous store and chooses the workers'
  * MASTER_PORT, which the other nodes read from it (mgrun_rdzv.h).
  *
- * With --elastic a worker killed by a signal is reported and the others
- * go on (MG_ELASTIC=1 tells them to contain its loss).
+ * With --elastic a worker killed by a signal, or one that exits with
+ * MG_EXIT_LEFT (the others took it as lost and went on), is reported and
+ * the others go on (MG_ELASTIC=1 tells them to contain its loss).
  * Limits: it is not torchrun's elastic agent (no re-rendezvous, no new
  * workers): on a multi-node job each node restarts only its own workers —
  * the other nodes restart theirs when their workers fail on losing a peer.
@@ -253,6 +254,9 @@ static void describe(char *buf, size_t cap, const worker *w)
     if (w->stopped_by)
         snprintf(buf, cap, "rank %d (pid %d) was stopped by signal %d (%s)", w->rank,
                  (int)w->pid, w->stopped_by, sig_name(w->stopped_by));
+    else if (WIFEXITED(w->status) && w->lost)
+        snprintf(buf, cap, "rank %d (pid %d) left the job (exit status %d: the others took it "
+                 "as lost and went on)", w->rank, (int)w->pid, WEXITSTATUS(w->status));
     else if (WIFEXITED(w->status))
         snprintf(buf, cap, "rank %d (pid %d) exited with status %d", w->rank,
                  (int)w->pid, WEXITSTATUS(w->status));
@@ -311,12 +315,18 @@ static void reap(job *j, double grace, bool elastic)
             w->running = false;
             w->status = st;
             j->running--;
-            if (elastic && WIFSIGNALED(st) && !j->stopping && j->running > 0) {
+            /* Lost: killed while others run, or told that the others went
+             * on without it (whenever it ends). */
+            bool left = WIFEXITED(st) && WEXITSTATUS(st) == MG_EXIT_LEFT;
+            if (elastic && !j->stopping && ((WIFSIGNALED(st) && j->running > 0) || left)) {
                 w->lost = true;
                 char d[160];
                 describe(d, sizeof d, w);
-                fprintf(stderr, "mgrun: %s; the other %d worker(s) go on without it "
-                        "(--elastic)\n", d, j->running);
+                if (j->running > 0)
+                    fprintf(stderr, "mgrun: %s; the other %d worker(s) go on without it "
+                            "(--elastic)\n", d, j->running);
+                else
+                    fprintf(stderr, "mgrun: %s, after the others ended (--elastic)\n", d);
                 continue;
             }
             if (!succeeded(st) && !j->stopping) {

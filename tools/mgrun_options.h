@@ -31,7 +31,7 @@ typedef struct {
     int worker_port;            /* the workers' MASTER_PORT (mgrun_rdzv.h) */
     const char *master_addr;
     bool tag_output;
-    bool elastic;               /* a worker killed by a signal does not stop the others */
+    bool elastic;               /* a worker killed by a signal, or left, does not stop the others */
     int bind;                   /* BIND_NONE or BIND_CORE, after auto is decided */
     cpu_set_t cpus;             /* the CPUs mgrun may use */
     int ncpus;
@@ -60,11 +60,13 @@ static void usage(FILE *f)
 "      --max-restarts N    restart the whole job up to N times after a\n"
 "                          failure (default 0)\n"
 "      --tag-output        prefix each output line with \"[rank]: \"\n"
-"      --elastic           a worker killed by a signal does not stop the\n"
-"                          others: mgrun says so and the job goes on\n"
-"                          without it, for programs that go on with the\n"
-"                          ranks that remain (mgtrain --parallel ps\n"
-"                          --elastic); the workers get MG_ELASTIC=1\n"
+"      --elastic           a worker killed by a signal, or one that exits\n"
+"                          with status 3 (the others took it as lost and\n"
+"                          went on), does not stop the others: mgrun says\n"
+"                          so and the job goes on without it, for programs\n"
+"                          that go on with the ranks that remain (mgtrain\n"
+"                          --parallel ps --elastic); the workers get\n"
+"                          MG_ELASTIC=1\n"
 "      --bind MODE         core: each worker runs on its own equal share of\n"
 "                          the CPUs mgrun may use (as Open MPI's --bind-to\n"
 "                          core); none: the workers are not bound; auto\n"

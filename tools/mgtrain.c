@@ -655,7 +655,12 @@ static void train(options *o)
     }
     if (speaks(o)) print_header(o);
     mg_train_summary s;
-    TRY(mg_trainer_run(o->t, &s));
+    mg_status st = mg_trainer_run(o->t, &s);
+    if (st == MG_ELEFT) {   /* an elastic job went on without this worker: mgrun's "lost" */
+        mg_eprintf(prog, "%s", mg_last_error());
+        exit(MG_EXIT_LEFT);
+    }
+    TRY(st);
     in = mg_trainer_get_info(o->t);   /* an elastic job's rank 0 may be another now */
     if (in.rank == 0 && c->text)
         printf("final: validation loss %.4f, perplexity %.2f, %.1f s training, %.0f tokens/s "

@@ -281,7 +281,7 @@ mg_status mg__ps_settle(void *c, bool failed, bool *again, mg_group **job)
     if (!st) said[W] = failed ? me : -1;
     if (!st) st = roll_call(j, said);
     if (!st && me < W && said[me])
-        st = mg_error(MG_EPEER, "ps: the servers lost their link to this worker, and the job "
+        st = mg_error(MG_ELEFT, "ps: the servers lost their link to this worker, and the job "
                       "goes on without it (--elastic)");
     for (int w = 0; !st && w < W; w++)
         if (said[w]) {

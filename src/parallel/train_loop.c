@@ -24,7 +24,9 @@ mg_status mg__train_step_error(const mg_trainer *t)
     char msg[1024];
     int rank = mg_group_rank(t->g);
     snprintf(msg, sizeof msg, "%s", mg_error_past_rank(e, rank));
-    return mg_error(MG_EPEER, "%s: %s", mg_group_rank_name(t->g, rank, me, sizeof me), msg);
+    /* A rank the others went on without says so to its caller. */
+    mg_status code = mg_last_error_code() == MG_ELEFT ? MG_ELEFT : MG_EPEER;
+    return mg_error(code, "%s: %s", mg_group_rank_name(t->g, rank, me, sizeof me), msg);
 }
 
 /* ---- batches --------------------------------------------------------------- */
