@@ -1407,9 +1407,9 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
  * training figures' sum, evaluation, the log, a checkpoint): every rank
  * that remains does them again over the ranks that remain, and the job
  * runs to its end with every row in the log once. The evaluations (256
- * windows after every step: some 20 forwards against a step's one
- * forward and backward, in any build) take most of the job's time, so a
- * signal sent after the first row is in the log lands in one most times; a
+ * windows after every step) take most of the job's time, and a signal
+ * sent half their time (measured from the log) after the step that
+ * follows the second row lands amid them most times, in any build; a
  * run where
  * it landed amid steps instead (no line says they were done again) is
  * run again with another delay, up to 3 times.
@@ -1425,7 +1425,7 @@ TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     snprintf(log, sizeof log, "%s/amid.csv", t);
     snprintf(ck, sizeof ck, "%s/amid.mgc", t);
-    const double delays[] = {0.5, 0.3, 0.7};
+    const double into[] = {0.5, 0.3, 0.7};   /* of the collectives' time */
     for (int stop = 0; stop < 2; stop++) {
         const char *want = stop ? "failed on rank 0 while every worker remains: done again"
                                 : "as a worker left amid them: the 2 worker(s) that remain do "
@@ -1437,15 +1437,20 @@ TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
             else snprintf(signal, sizeof signal, "kill -9 $$");
             remove(log);
             free(out);
+            /* Once row 2 is in the log: row 2's step time, then `into` of
+             * the collectives' time (rows 1 to 2's elapsed time, less the
+             * step's): in any build, amid the third's. */
             int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=3 MG_VERBOSE=1 %s --elastic -n 4 sh -c 'if "
-                            "[ $RANK = %d ]; then (while ! grep -q ^1, %s 2>/dev/null; do sleep "
-                            "0.02; done; sleep %.2f; %s) & fi; exec %s --model gpt-mini --batch "
-                            "12 --steps 8 --eval-every 1 --eval-windows 256 --no-eval-on-start "
-                            "--parallel ps --elastic --log %s --save %s'", run, stop ? 0 : 1, log,
-                            delays[a], signal, bin, log, ck);
+                            "[ $RANK = %d ]; then (while ! grep -q ^2, %s 2>/dev/null; do sleep "
+                            "0.02; done; sleep $(awk -F, \"/^1,/ {e = \\$8} /^2,/ {s = \\$5; "
+                            "c = \\$8 - e - s} END {print s + c * %.2f}\" %s); %s) & fi; exec "
+                            "%s --model gpt-mini --batch 12 --steps 8 --eval-every 1 "
+                            "--eval-windows 256 --no-eval-on-start --parallel ps --elastic --log "
+                            "%s --save %s'", run, stop ? 0 : 1, log, into[a], log, signal, bin,
+                            log, ck);
             hit = strstr(out, want) != NULL;
-            printf("%s, after %.2f s: %s\n", stop ? "stopped" : "killed", delays[a],
-                   hit ? "amid the collectives" : "amid steps");
+            printf("%s, %.0f%% into the collectives: %s\n", stop ? "stopped" : "killed",
+                   100 * into[a], hit ? "amid them" : "amid steps");
             if (!hit && !stop)   /* killed amid steps: the others go on too */
                 CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
             if (!hit) continue;

@@ -258,6 +258,14 @@ static mg_status remake_groups(ps_job *j, const int *out, int n)
     return MG_OK;
 }
 
+/* The groups between steps given up on this rank: their peers'
+ * operations there fail at once, naming this rank and why. */
+static void give_up(ps_job *j, const char *why)
+{
+    if (j->job_left) mg_group_revoke(j->job_left, why);
+    if (j->role_left) mg_group_revoke(j->role_left, why);
+}
+
 /* The job's collectives between steps run on groups of their own, made
  * at the first roll call (j->job_left, j->role_left), never on the job's
  * group: a collective that fails ends its group on every rank, and the
@@ -270,10 +278,7 @@ mg_status mg__ps_settle(void *c, bool failed, bool *again, mg_group **job)
     if (!j->elastic) return MG_OK;
     int me = mg_group_rank(j->g), W = j->workers;
     char who[96];
-    if (failed) {   /* the peers still in them give them up too, instead of waiting */
-        if (j->job_left) mg_group_revoke(j->job_left, "its collectives between steps failed");
-        if (j->role_left) mg_group_revoke(j->role_left, "its collectives between steps failed");
-    }
+    if (failed) give_up(j, "its collectives between steps failed");   /* no peer waits on it */
     int32_t *said = malloc(((size_t)W + 1) * sizeof *said);
     int *out = malloc((size_t)W * sizeof *out), n = 0;
     mg_status st = said && out ? MG_OK : mg_error(MG_ENOMEM, "ps: out of memory");
@@ -313,10 +318,7 @@ mg_status mg__ps_settle(void *c, bool failed, bool *again, mg_group **job)
                    "failed on %s while every worker remains: done again, try %d of %d "
                    "(--elastic)", mg_group_rank_name(j->g, first_failed, who, sizeof who),
                    j->failed_in_a_row + 1, REDO_WITHOUT_LEAVING + 1);
-        if (redo) {   /* given up on every rank: gone at once */
-            if (j->job_left) mg_group_revoke(j->job_left, "they are done again");
-            if (j->role_left) mg_group_revoke(j->role_left, "they are done again");
-        }
+        if (redo) give_up(j, "they are done again");   /* on every rank: closed at once */
         if (!j->job_left || left || redo) st = remake_groups(j, out, n);
         if (!st) *job = j->job_left;
         *again = !st && redo;
