@@ -188,6 +188,15 @@ mg_status mg__ps_lost(ps_job *j, int w, mg_status st)
 
 mg_group *mg__ps_workers_now(ps_job *j) { return j->role_left ? j->role_left : j->role; }
 
+/* A roll call message from `from` whose failed rank is not the job's. */
+static mg_status malformed(ps_job *j, int from, int32_t failed)
+{
+    char who[96];
+    return mg_error(MG_EFORMAT, "ps: the roll call from %s names rank %d as the one whose "
+                    "collectives failed, in a job of %d ranks", mg_group_rank_name(j->g, from, who,
+                    sizeof who), (int)failed, mg_group_size(j->g));
+}
+
 /* The roll call's exchange, over the job's own group (which contains the
  * workers' failures), of `said`: per worker whether it left, then the
  * rank whose collectives failed since the last roll call (-1: none).
@@ -202,7 +211,8 @@ static mg_status roll_call(ps_job *j, int32_t *said)
     size_t len = (size_t)W + 1;
     if (me != root) {
         MG_TRY(mg_send(j->g, said, len, MG_I32, root, TAG_ROLL));
-        return mg_recv(j->g, said, len, MG_I32, root, TAG_GONE);
+        MG_TRY(mg_recv(j->g, said, len, MG_I32, root, TAG_GONE));
+        return said[W] >= -1 && said[W] < world ? MG_OK : malformed(j, root, said[W]);
     }
     int *from = malloc((size_t)world * sizeof *from), n = 0;
     int32_t *theirs = malloc(len * sizeof *theirs);
@@ -213,6 +223,8 @@ static mg_status roll_call(ps_job *j, int32_t *said)
         int who = -1;
         mg_status e = mg_recv_any(j->g, theirs, len, MG_I32, from, n, TAG_ROLL, &who);
         st = mg__ps_lost(j, who, e);
+        if (!st && !e && (theirs[W] < -1 || theirs[W] >= world))
+            st = malformed(j, who, theirs[W]);
         for (int w = 0; !st && !e && w < W; w++) said[w] |= theirs[w] != 0;
         if (!st && !e && theirs[W] >= 0 && (said[W] < 0 || theirs[W] < said[W]))
             said[W] = theirs[W];
