@@ -284,6 +284,18 @@ static HD AINL void copy_keys(bf (*kv)[AB][HDM + BPAD], const att_args &a, int b
     copy_tile<HDM>(kv[1], a, a.qkv16, 3 * a.d, 2 * a.d, bh, k0, tid);
 }
 
+/* Phase 0 of a tile over keys (the forward, dQ): the next tile's keys and
+ * values copied in behind this one's, which is then waited for. kv: the
+ * two buffers, tile t's in kv[t % 2]. */
+template <int HDM>
+static HD AINL void next_keys(bf (*kv)[2][AB][HDM + BPAD], const att_args &a, int bh, int tile,
+                              int end, int tid)
+{
+    if (tile + 1 < end) copy_keys<HDM>(kv[(tile + 1) % 2], a, bh, AB * (tile + 1), tid);
+    copies_commit();
+    copies_wait_but_last();
+}
+
 /* Query tile q0's queries and output gradients into qd[0] and qd[1],
  * their rows' log-sum-exp and D into rows[0] and rows[1]. */
 template <int HDM>
@@ -366,9 +378,7 @@ template <int HDM> struct tc_fwd {
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), k0 = AB * tile;
         if (p == 0) {
-            if (tile + 1 < end(blk)) copy_keys<HDM>(sh.kv[(tile + 1) % 2], a, bh, k0 + AB, tid);
-            copies_commit();
-            copies_wait_but_last();
+            next_keys<HDM>(sh.kv, a, bh, tile, end(blk), tid);
             return;
         }
         int lane = tid % 32, r0 = 16 * (tid / 32), half = lane_half(lane);
@@ -560,9 +570,7 @@ template <int HDM> struct tc_dq {
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), k0 = AB * tile;
         if (p == 0) {
-            if (tile + 1 < end(blk)) copy_keys<HDM>(sh.kv[(tile + 1) % 2], a, bh, k0 + AB, tid);
-            copies_commit();
-            copies_wait_but_last();
+            next_keys<HDM>(sh.kv, a, bh, tile, end(blk), tid);
             return;
         }
         int lane = tid % 32, r0 = 16 * (tid / 32);
