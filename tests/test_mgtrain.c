@@ -1091,6 +1091,17 @@ static int csv_losses(const char *path, double *tl, double *vl, int cap)
     return n;
 }
 
+/* The start of a worker's shell command under mgrun: rank `rank` runs
+ * `then` (shell; $$ is the worker) in the background once the row of
+ * step or epoch `row` is in `log`; the command goes on with "exec ...". */
+static const char *once_row(char *buf, size_t cap, int rank, int row, const char *log,
+                            const char *then)
+{
+    snprintf(buf, cap, "if [ $RANK = %d ]; then (while ! grep -q ^%d, %s 2>/dev/null; do sleep "
+             "0.02; done; %s) & fi;", rank, row, log, then);
+    return buf;
+}
+
 /* --parallel ps, synchronous: W workers and K servers train as DDP on W
  * ranks (one process for W = 1) with the same global batch: the losses of
  * 20 steps agree within 1e-4 relative (the servers sum the pushes in
@@ -1361,13 +1372,14 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         bool server = v >= 3;
         char log[512];
         snprintf(log, sizeof log, "%s/elastic%d.csv", t, i);
+        char then[1024], when[2048];
+        snprintf(then, sizeof then, "sleep $(awk -F, \"/^20,/ {print \\$5 / 4}\" %s); kill -9 $$",
+                 log);
         double t0 = mg_now();
-        int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c 'if [ $RANK = %d ]; then "
-                        "(while ! grep -q ^20, %s 2>/dev/null; do sleep 0.05; done; "
-                        "sleep $(awk -F, \"/^20,/ {print \\$5 / 4}\" %s); kill -9 $$) & "
-                        "fi; exec %s --model gpt-mini --batch 12 --steps 100 --eval-every 20 "
-                        "--eval-windows 4 --no-eval-on-start %s --elastic --log %s'", run, ranks,
-                        v, log, log, bin, cases[i].plan, log);
+        int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c '%s exec %s --model gpt-mini "
+                        "--batch 12 --steps 100 --eval-every 20 --eval-windows 4 "
+                        "--no-eval-on-start %s --elastic --log %s'", run, ranks,
+                        once_row(when, sizeof when, v, 20, log, then), bin, cases[i].plan, log);
         char lost[64], lost_by[96];
         snprintf(lost, sizeof lost, "rank %d (pid ", v);
         snprintf(lost_by, sizeof lost_by, "lost rank %d: rank %d (pid ", v, v);
@@ -1432,22 +1444,20 @@ TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
                                   "them again";
         bool hit = false;
         for (int a = 0; a < 3 && !hit; a++) {
-            char signal[160];
-            if (stop) snprintf(signal, sizeof signal, "kill -STOP $$; sleep 4.5; kill -CONT $$");
-            else snprintf(signal, sizeof signal, "kill -9 $$");
-            remove(log);
-            free(out);
             /* Once row 2 is in the log: row 2's step time, then `into` of
              * the collectives' time (rows 1 to 2's elapsed time, less the
              * step's): in any build, amid the third's. */
-            int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=3 MG_VERBOSE=1 %s --elastic -n 4 sh -c 'if "
-                            "[ $RANK = %d ]; then (while ! grep -q ^2, %s 2>/dev/null; do sleep "
-                            "0.02; done; sleep $(awk -F, \"/^1,/ {e = \\$8} /^2,/ {s = \\$5; "
-                            "c = \\$8 - e - s} END {print s + c * %.2f}\" %s); %s) & fi; exec "
-                            "%s --model gpt-mini --batch 12 --steps 8 --eval-every 1 "
+            char then[1024], when[2048];
+            snprintf(then, sizeof then, "sleep $(awk -F, \"/^1,/ {e = \\$8} /^2,/ {s = \\$5; "
+                     "c = \\$8 - e - s} END {print s + c * %.2f}\" %s); %s", into[a], log,
+                     stop ? "kill -STOP $$; sleep 4.5; kill -CONT $$" : "kill -9 $$");
+            remove(log);
+            free(out);
+            int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=3 MG_VERBOSE=1 %s --elastic -n 4 sh -c '%s "
+                            "exec %s --model gpt-mini --batch 12 --steps 8 --eval-every 1 "
                             "--eval-windows 256 --no-eval-on-start --parallel ps --elastic --log "
-                            "%s --save %s'", run, stop ? 0 : 1, log, into[a], log, signal, bin,
-                            log, ck);
+                            "%s --save %s'", run, once_row(when, sizeof when, stop ? 0 : 1, 2, log,
+                            then), bin, log, ck);
             hit = strstr(out, want) != NULL;
             printf("%s, %.0f%% into the collectives: %s\n", stop ? "stopped" : "killed",
                    100 * into[a], hit ? "amid them" : "amid steps");
@@ -1496,14 +1506,14 @@ TEST_T(mgtrain_ps_elastic_worker_taken_as_lost_leaves_when_it_comes_back, 300)
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     snprintf(log, sizeof log, "%s/back.csv", mgt_tmpdir());
     const char *transports[2] = {"shm", "tcp"};
+    char when[2048];
+    once_row(when, sizeof when, 1, 10, log, "sleep 0.25; kill -STOP $$; sleep 3; kill -CONT $$");
     for (int t = 0; t < 2; t++) {
         remove(log);
-        int rc = mgt_sh(&out, "MG_TRANSPORT=%s MG_PEER_TIMEOUT=2 %s --elastic -n 4 sh -c 'if [ "
-                        "$RANK = 1 ]; then (while ! grep -q ^10, %s 2>/dev/null; do sleep 0.02; "
-                        "done; sleep 0.25; kill -STOP $$; sleep 3; kill -CONT $$) & fi; exec %s "
-                        "--model gpt-mini --batch 12 --steps 80 --eval-every 10 --eval-windows 4 "
-                        "--no-eval-on-start --parallel ps --elastic --log %s'", transports[t],
-                        run, log, bin, log);
+        int rc = mgt_sh(&out, "MG_TRANSPORT=%s MG_PEER_TIMEOUT=2 %s --elastic -n 4 sh -c '%s exec "
+                        "%s --model gpt-mini --batch 12 --steps 80 --eval-every 10 "
+                        "--eval-windows 4 --no-eval-on-start --parallel ps --elastic --log %s'",
+                        transports[t], run, when, bin, log);
         const char *left = strstr(out, "rank 1: "), *lost = strstr(out, "mgrun: rank 1 (pid ");
         CHECK_MSG(rc == 0 && strstr(out, "lost rank 1: rank 1 (pid ") && left &&
                   strstr(left, "rank 3 took this rank as lost") && lost &&
@@ -1530,13 +1540,13 @@ TEST_T(mgtrain_ps_stopped_worker_holds_the_others_only_at_the_bound, 300)
     /* Stopped for 2 s, or 6 steps' time where steps are slower (the
      * sanitizer builds): long enough for the others to reach the bound,
      * and at most 10 s, within MG_PEER_TIMEOUT. */
-    int rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n 3 sh -c 'if [ $RANK = 1 ]; then (while ! grep -q "
-                    "^10, %s 2>/dev/null; do sleep 0.05; done; kill -STOP $$; sleep $(awk -F, "
-                    "\"/^10,/ {t = \\$5 * 0.6; print (t < 2 ? 2 : t > 10 ? 10 : t)}\" %s); "
-                    "kill -CONT $$) & fi; exec %s --model gpt-mini --batch 16 --steps %d "
-                    "--eval-every 10 --no-eval-on-start --eval-windows 2 --parallel ps "
-                    "--staleness 3 --log %s'",
-                    run, log, log, bin, steps, log);
+    char then[1024], when[2048];
+    snprintf(then, sizeof then, "kill -STOP $$; sleep $(awk -F, \"/^10,/ {t = \\$5 * 0.6; print "
+             "(t < 2 ? 2 : t > 10 ? 10 : t)}\" %s); kill -CONT $$", log);
+    int rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n 3 sh -c '%s exec %s --model gpt-mini --batch 16 "
+                    "--steps %d --eval-every 10 --no-eval-on-start --eval-windows 2 --parallel "
+                    "ps --staleness 3 --log %s'", run, once_row(when, sizeof when, 1, 10, log,
+                    then), bin, steps, log);
     const char *l = strstr(out, "ps server 0: ");
     int pushes = 0, updates = 0, stalest = -1;
     if (l) sscanf(l, "ps server 0: %d pushes in %d updates, staleness at most %d", &pushes,
