@@ -653,10 +653,7 @@ static void bi_abort(mg_group *g, const char *msg)
     if (!b->link) return;
     bool tcp = false;
     for (int p = 0; p < g->size; p++) tcp = tcp || b->link[p].ch.kind == MG__CH_TCP;
-    /* Before any link closes: a peer that sees one close looks here. */
-    char key[KEYLEN];
-    if (tcp && !key_fmt(key, sizeof key, b->prefix, "abort", g->rank))
-        (void)mg__store_set_quick(b->store, key, msg, strlen(msg), 0.5);
+    if (tcp) mg__bi_notice_put(b, -1, msg);   /* before any link closes */
     mg__bi_abort_links(b, msg);
 }
 

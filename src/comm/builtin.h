@@ -86,6 +86,12 @@ mg_status mg__bi_recv_any(mg__bi *b, const mg__req *r, int *peer);
  * come back, its operations with this rank fail with MG_ELEFT (a flag in
  * this rank's shared memory, a record in the store). */
 void mg__bi_drop_peer(mg__bi *b, int peer, const char *why);
+/* Notices in the store for a peer that sees its link to this rank close
+ * before it could be told on the link: this rank's abort (to < 0) or its
+ * drop of rank to, written before the link closes; get: rank from's
+ * message (NUL-terminated, to free), or NULL. */
+void mg__bi_notice_put(mg__bi *b, int to, const char *msg);
+char *mg__bi_notice_get(mg__bi *b, int from, int to);
 /* Tell TCP peers we failed: an abort frame where the stream is at a frame
  * boundary, else a shutdown. */
 void mg__bi_abort_links(mg__bi *b, const char *msg);

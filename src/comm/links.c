@@ -1,7 +1,8 @@
 /* The builtin backend's links, given up: a peer dropped after its
  * failure (mg_group_contain_peer_failures), abort notices to every peer
- * on a failure, and the orderly close at the group's end that loses no
- * byte already sent.
+ * on a failure, the store's copies of both notices for a peer that sees
+ * its link close first, and the orderly close at the group's end that
+ * loses no byte already sent.
  * Limits: notices travel on TCP links only (shared memory has its own,
  * shm.c); a link mid-frame is shut down instead, which its peer reads as
  * the notice. */
@@ -16,6 +17,32 @@
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
 
+/* The store's key of rank from's notice: its abort (to < 0), or its drop
+ * of rank to. */
+static bool notice_key(const mg__bi *b, int from, int to, char key[MG_STORE_MAX_KEY + 1])
+{
+    int k = to < 0 ? snprintf(key, MG_STORE_MAX_KEY + 1, "%s/abort/%d", b->prefix, from)
+                   : snprintf(key, MG_STORE_MAX_KEY + 1, "%s/drop/%d/%d", b->prefix, from, to);
+    return b->store && k > 0 && k <= MG_STORE_MAX_KEY;
+}
+
+void mg__bi_notice_put(mg__bi *b, int to, const char *msg)
+{
+    char key[MG_STORE_MAX_KEY + 1];
+    if (notice_key(b, b->g->rank, to, key))
+        (void)mg__store_set_quick(b->store, key, msg, strlen(msg), 0.5);
+}
+
+char *mg__bi_notice_get(mg__bi *b, int from, int to)
+{
+    char key[MG_STORE_MAX_KEY + 1];
+    void *msg = NULL;
+    size_t n;
+    if (notice_key(b, from, to, key) && !mg__store_get_quick(b->store, key, 0.5, &msg, &n))
+        return msg;
+    return NULL;
+}
+
 void mg__bi_drop_peer(mg__bi *b, int peer, const char *why)
 {
     mg__link *l = &b->link[peer];
@@ -23,10 +50,7 @@ void mg__bi_drop_peer(mg__bi *b, int peer, const char *why)
     /* Should the peer come back, it learns that it was dropped (a flag in
      * this rank's segment, or its link's close) and why (the store), so
      * that it fails with MG_ELEFT instead of waiting. */
-    char key[MG_STORE_MAX_KEY + 1];
-    int k = snprintf(key, sizeof key, "%s/drop/%d/%d", b->prefix, b->g->rank, peer);
-    if (b->store && k > 0 && (size_t)k < sizeof key)
-        (void)mg__store_set_quick(b->store, key, why, strlen(why), 0.5);
+    mg__bi_notice_put(b, peer, why);
     if (b->shm_transport) mg__shm_transport_drop(b->shm_transport, peer);
     if (l->ch.kind == MG__CH_TCP) shutdown(l->ch.fd, SHUT_RDWR);
     l->ch.dead = true;

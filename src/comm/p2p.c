@@ -115,25 +115,19 @@ static int link_broken(mg__bi *b, mg__link *l)
 {
     l->ch.dead = true;
     l->err = MG_EPEER;
-    char key[MG_STORE_MAX_KEY + 1], keep[1024], lost[512], w[128];
-    void *why = NULL;
-    size_t n;
-    int k = snprintf(key, sizeof key, "%s/abort/%d", b->prefix, l->ch.peer);
+    char keep[1024], lost[512], w[128], *why;
     snprintf(keep, sizeof keep, "%s", mg_last_error());
-    if (b->store && k > 0 && (size_t)k < sizeof key &&
-        !mg__store_get_quick(b->store, key, 0.5, &why, &n)) {
+    if ((why = mg__bi_notice_get(b, l->ch.peer, -1))) {
         mg_error(MG_EPEER, "%s failed and aborted the group: %.850s",
-                 who(b, l->ch.peer, w, sizeof w), (char *)why);
+                 who(b, l->ch.peer, w, sizeof w), why);
         free(why);
         return -1;
     }
     /* A peer that took this rank as lost (mg__bi_drop_peer). */
-    k = snprintf(key, sizeof key, "%s/drop/%d/%d", b->prefix, l->ch.peer, b->g->rank);
-    if (b->store && k > 0 && (size_t)k < sizeof key &&
-        !mg__store_get_quick(b->store, key, 0.5, &why, &n)) {
+    if ((why = mg__bi_notice_get(b, l->ch.peer, b->g->rank))) {
         l->err = MG_ELEFT;
         mg_error(MG_ELEFT, "%s took this rank as lost and went on without it (it found: "
-                 "%.700s)", who(b, l->ch.peer, w, sizeof w), (char *)why);
+                 "%.700s)", who(b, l->ch.peer, w, sizeof w), why);
         free(why);
         return -1;
     }
