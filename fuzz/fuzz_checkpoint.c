@@ -49,6 +49,8 @@ static void load_all(const char *path)
     if (mg_checkpoint_load(path, model, optim, &meta) == MG_OK) {
         FUZZ_CHECK(meta.step >= 0 && meta.epoch >= 0 && mg_optim_steps(optim) >= 0);
         FUZZ_CHECK(meta.step < (1L << 53) && meta.epoch < (1L << 53));
+        FUZZ_CHECK(meta.optimizer_steps == mg_optim_steps(optim) &&
+                   meta.optimizer_steps >= meta.step && meta.optimizer_steps < (1L << 53));
     } else {
         FUZZ_CHECK(unchanged() && mg_optim_steps(optim) == steps && *mg_last_error());
     }

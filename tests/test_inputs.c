@@ -172,9 +172,13 @@ TEST(inputs_checkpoint_counters_out_of_range)
         {"step", "9007199254740993"},
         {"rng_counter", "18446744073709551615"},    /* 2^64 - 1: README's limit is 2^53 - 1 */
         /* Counters that disagree: the optimizer takes one step per step
-         * (Adam's bias correction would silently change with them). */
+         * and the extra ones (Adam's bias correction would silently
+         * change with them). */
         {"optimizer_steps", "1000000"},
         {"optimizer_steps", "0"},
+        {"optimizer_extra_steps", "3"},
+        {"optimizer_extra_steps", "9007199254740992"},
+        {"optimizer_extra_steps", "-1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         craft(good, bad, cases[i].key, cases[i].value);
@@ -187,6 +191,11 @@ TEST(inputs_checkpoint_counters_out_of_range)
         printf("%s\n", mg_last_error());
         CHECK_EQ(mg_optim_steps(o), 1);
     }
+    /* Extra steps that add up load (an asynchronous server's). */
+    craft(good, bad, "optimizer_steps", "4");
+    craft(bad, bad, "optimizer_extra_steps", "3");
+    CHECK_OK(mg_checkpoint_load(bad, m, o, NULL));
+    CHECK_EQ(mg_optim_steps(o), 4);
     /* The largest counters allowed still load. */
     craft(good, bad, "optimizer_steps", "9007199254740991");
     craft(bad, bad, "step", "9007199254740991");

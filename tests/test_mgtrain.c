@@ -1143,8 +1143,6 @@ TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
         {"--parallel ps --staleness forever", "inf (fully asynchronous)"},
         {"--parallel ddp --servers 1", "--parallel ps"},
         {"--parallel ps --zero 1", "--zero"},
-        {"--parallel ps --staleness inf --save /tmp/mg-never-written.st",
-         "--save with --staleness inf"},
         {NULL, NULL}});
     /* More servers than the model has units: every rank says so at once. */
     double t0 = mg_now();
@@ -1234,6 +1232,77 @@ TEST_T(mgtrain_ps_asynchronous_applies_each_push_as_an_update, 240)
         free(out);
     }
     ps_straggler_runs("inf", 3 * 20, 1000, true);
+}
+
+/* A checkpoint's metadata number `key` (-1: none). */
+static long ckpt_count(const char *path, const char *key)
+{
+    mg_st_file *f;
+    if (mg_st_open(path, &f)) return -1;
+    const char *v = mg_st_meta(f, key);
+    long n = v ? atol(v) : -1;
+    mg_st_close(f);
+    return n;
+}
+
+/* Checkpoints of a fully asynchronous server hold every update: with one
+ * worker, 5 steps saved and resumed to 10 are 10 steps digit for digit;
+ * with 3 workers on 2 servers, 6 steps are 18 optimizer steps (12 of them
+ * extra), which a resume under DDP goes on counting (2 more steps: 20),
+ * and under the server again (2 more steps of 3 pushes: 24). */
+TEST_T(mgtrain_ps_asynchronous_checkpoints_hold_every_update, 240)
+{
+    const char *t = mgt_tmpdir();
+    char bin[512], run[512], *out, want[128], got[128], ck[512], ck2[512];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(ck, sizeof ck, "%s/async.st", t);
+    snprintf(ck2, sizeof ck2, "%s/again.st", t);
+    const char *job = GPT_SMALL " --eval-every 5 --no-eval-on-start --parallel ps "
+                      "--staleness inf";
+    int rc = mgt_sh(&out, "%s -n 2 %s %s --steps 10", run, bin, job);
+    CHECK_MSG(rc == 0, "%s", out);
+    final_val(out, want, sizeof want);
+    free(out);
+    rc = mgt_sh(&out, "%s -n 2 %s %s --steps 5 --save %s", run, bin, job, ck);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    CHECK_EQ(ckpt_count(ck, "optimizer_steps"), 5);
+    rc = mgt_sh(&out, "%s -n 2 %s %s --steps 10 --resume %s", run, bin, job, ck);
+    final_val(out, got, sizeof got);
+    CHECK_MSG(rc == 0 && want[0] && !strcmp(got, want), "'%s' against '%s': %s", got, want, out);
+    free(out);
+
+    job = GPT_SMALL " --eval-every 2 --no-eval-on-start";
+    rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n 5 %s %s --steps 6 --parallel ps --servers 2 "
+                "--staleness inf --save %s", run, bin, job, ck);
+    CHECK_MSG(rc == 0, "%s", out);
+    /* The servers' runs are balanced by their parameters (the units lie
+     * in the arena last first: server 0 used to get them all). */
+    double mb[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        char who[32];
+        snprintf(who, sizeof who, "rank %d ps-server: ", 3 + k);
+        const char *l = strstr(out, who), *sent = l ? strstr(l, "per step MB sent ") : NULL;
+        if (sent) mb[k] = atof(sent + strlen("per step MB sent "));
+    }
+    CHECK_MSG(mb[0] > 0 && mb[1] > 0 && mb[0] < 2 * mb[1] && mb[1] < 2 * mb[0],
+              "the servers' traffic per step: %.3f and %.3f MB: %s", mb[0], mb[1], out);
+    free(out);
+    CHECK_EQ(ckpt_count(ck, "step"), 6);
+    CHECK_EQ(ckpt_count(ck, "optimizer_steps"), 18);
+    CHECK_EQ(ckpt_count(ck, "optimizer_extra_steps"), 12);
+    rc = mgt_sh(&out, "%s -n 2 %s %s --steps 8 --parallel ddp --resume %s --save %s", run, bin,
+                job, ck, ck2);
+    CHECK_MSG(rc == 0 && strstr(out, "final: validation loss"), "%s", out);
+    free(out);
+    CHECK_EQ(ckpt_count(ck2, "optimizer_steps"), 20);
+    CHECK_EQ(ckpt_count(ck2, "optimizer_extra_steps"), 12);
+    rc = mgt_sh(&out, "%s -n 4 %s %s --steps 8 --parallel ps --staleness inf --resume %s "
+                "--save %s", run, bin, job, ck, ck2);
+    CHECK_MSG(rc == 0 && strstr(out, "final: validation loss"), "%s", out);
+    free(out);
+    CHECK_EQ(ckpt_count(ck2, "optimizer_steps"), 24);
 }
 
 /* The final line's validation loss and perplexity ("validation loss 4.5895,
@@ -1378,8 +1447,9 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         double t0 = mg_now();
         int rc = mgt_sh(&out, "MG_VERBOSE=1 %s --elastic -n %d sh -c '%s exec %s --model gpt-mini "
                         "--batch 12 --steps 100 --eval-every 20 --eval-windows 4 "
-                        "--no-eval-on-start %s --elastic --log %s'", run, ranks,
-                        once_row(when, sizeof when, v, 20, log, then), bin, cases[i].plan, log);
+                        "--no-eval-on-start %s --elastic --log %s --save %s/elastic%d.st'", run,
+                        ranks, once_row(when, sizeof when, v, 20, log, then), bin, cases[i].plan,
+                        log, t, i);
         char lost[64], lost_by[96];
         snprintf(lost, sizeof lost, "rank %d (pid ", v);
         snprintf(lost_by, sizeof lost_by, "lost rank %d: rank %d (pid ", v, v);
@@ -1407,6 +1477,26 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
         else
             CHECK_MSG(updates == pushes && pushes > 2 * 100 && pushes < 3 * 100,
                       "%d pushes in %d updates: %s", pushes, updates, out);
+        /* The checkpoint's optimizer steps: the most a server took (a
+         * fully asynchronous one's count its pushes, and the servers'
+         * can differ by the pushes of the worker lost amid them). */
+        int most = 0, seen = 0;
+        for (l = strstr(out, "ps server "); l; l = strstr(l + 1, "ps server ")) {
+            int who;
+            if (sscanf(l, "ps server %d: %d pushes in %d updates", &who, &pushes, &updates) != 3)
+                continue;
+            seen++;
+            most = updates > most ? updates : most;
+        }
+        char ck[512];
+        snprintf(ck, sizeof ck, "%s/elastic%d.st", t, i);
+        if (ckpt_count(ck, "step") < 0) printf("%s: %s\n%s\n", ck, mg_last_error(), out);
+        CHECK_MSG(seen == cases[i].servers && ckpt_count(ck, "step") == 100 &&
+                  ckpt_count(ck, "optimizer_steps") == most &&
+                  ckpt_count(ck, "optimizer_extra_steps") == most - 100, "%s: step %ld, "
+                  "optimizer steps %ld, %ld extra; the servers' most updates %d",
+                  cases[i].plan, ckpt_count(ck, "step"), ckpt_count(ck, "optimizer_steps"),
+                  ckpt_count(ck, "optimizer_extra_steps"), most);
         free(out);
     }
     refused((const refusal[]){

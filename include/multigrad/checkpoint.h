@@ -109,18 +109,25 @@ size_t mg_st_dtype_size(mg_st_dtype d);
 /* Training state beyond the arenas. */
 typedef struct mg_ckpt_meta {
     char model[32];
-    long step;          /* optimizer steps taken */
+    long step;          /* training steps taken */
     long epoch;         /* epochs completed */
     uint64_t seed;
     uint64_t rng_counter; /* dropout stream position: saved from the model
                              (mg_model_rng_counter), restored into it */
+    /* The optimizer's steps (Adam's bias correction counts them): one per
+     * training step, or under an asynchronous parameter server one per
+     * push (each is an update). Saving, 0 takes the optimizer's own
+     * (mg_optim_steps); loading, the file's. */
+    long optimizer_steps;
     /* Hyper-parameters as "key=value;..." (checked on resume). */
     char hparams[512];
 } mg_ckpt_meta;
 
 /* Save parameters, buffers, optimizer state (o may be NULL) and meta (may
- * be NULL; meta->model is ignored, the model's name is written; with an
- * optimizer, meta->step must be its step count, mg_optim_steps). Optimizer
+ * be NULL: the step is then the optimizer's; meta->model is ignored, the
+ * model's name is written; with an optimizer, its steps may not be fewer
+ * than meta->step, and the file keeps both, the steps beyond one per
+ * training step as "optimizer_extra_steps", which loading checks). Optimizer
  * state is saved as "optim.<state>.<param name>" tensors of the
  * parameter's shape, e.g. optim.momentum_buffer.conv1.weight. A model on
  * a device goes to the host with its optimizer for the file and comes
@@ -130,7 +137,9 @@ mg_status mg_checkpoint_save(const char *path, mg_model *m, mg_optim *o,
 /* A checkpoint written by several processes into one file, each its own
  * byte ranges (a sharded strategy's ranks, each its pieces of the arena):
  * every process makes the same writer (the layout: tensors, offsets, file
- * size) from the same model shape, optimizer kind and meta; one creates
+ * size) from the same model shape, optimizer kind and meta, the same
+ * optimizer steps and model dropout position (the header's numbers place
+ * the tensors: mg_strategy_save agrees them first); one creates
  * the file (mg_atomic_begin with mg_ckpt_writer_size); each writes the
  * parameters and optimizer state of its arena ranges r (the optimizer must
  * hold their state), and the buffers where `buffers`, getting the CRC of

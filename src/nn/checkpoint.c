@@ -221,16 +221,22 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
         return mg_error(MG_EMISMATCH, "%s is a checkpoint of model '%s', not '%s': pass "
                         "--model %s or another checkpoint", path, model ? model : "(none)",
                         mg_model_name(m), model ? model : "?");
-    uint64_t step, epoch, seed, rng, os;
+    uint64_t step, epoch, seed, rng, os, extra = 0;
     MG_TRY(meta_u64(path, f, "step", MAX_COUNT, &step));
     MG_TRY(meta_u64(path, f, "epoch", MAX_COUNT, &epoch));
     MG_TRY(meta_u64(path, f, "seed", UINT64_MAX, &seed));
     MG_TRY(meta_u64(path, f, "rng_counter", MAX_COUNT, &rng));
     MG_TRY(meta_u64(path, f, "optimizer_steps", MAX_COUNT, &os));
-    if (o && os != step)
+    /* The steps beyond one per training step: an asynchronous parameter
+     * server's pushes (files from before it have none). */
+    if (mg_st_meta(f, "optimizer_extra_steps"))
+        MG_TRY(meta_u64(path, f, "optimizer_extra_steps", MAX_COUNT, &extra));
+    if (o && os != step + extra)
         return mg_error(MG_EFORMAT, "%s: metadata 'optimizer_steps' is %" PRIu64 " but 'step' is "
-                        "%" PRIu64 ": a checkpoint's optimizer takes one step per training "
-                        "step, so the file is damaged or crafted", path, os, step);
+                        "%" PRIu64 " and 'optimizer_extra_steps' %" PRIu64 ": a checkpoint's "
+                        "optimizer takes one step per training step and the extra ones (an "
+                        "asynchronous parameter server's pushes), so the file is damaged or "
+                        "crafted", path, os, step, extra);
     const char *hp = mg_st_meta(f, "hparams");
     if (!hp)
         return mg_error(MG_EFORMAT, "%s: metadata 'hparams' missing: the file is damaged", path);
@@ -242,6 +248,7 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
         meta->epoch = (long)epoch;
         meta->seed = seed;
         meta->rng_counter = rng;
+        meta->optimizer_steps = (long)os;
     }
     *osteps = (long)os;
 

@@ -27,7 +27,7 @@ static const char *short_float(char *buf, size_t cap, float x)
 
 /* ---- writing: the layout, then each process's part, then the header ---- */
 
-#define NKV 13
+#define NKV 14
 
 struct mg_ckpt_writer {
     mg_model *m;
@@ -39,7 +39,7 @@ struct mg_ckpt_writer {
     uint64_t *off;          /* file offset of each one's data */
     uint64_t size;
     char *names, *plist;
-    char num[5][24], ocfg[256], hparams[512];
+    char num[6][24], ocfg[256], hparams[512];
     const char *kv[2 * NKV];
 };
 
@@ -59,14 +59,15 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
                                 mg_ckpt_writer **out)
 {
     *out = NULL;
-    /* Without meta, the step is the optimizer's; with it, the two agree
-     * (the loader refuses files where they do not). */
+    /* Without meta, the step is the optimizer's; with it, the optimizer
+     * took at least one step per training step (the loader checks the
+     * file's count against the step and the steps beyond). */
     mg_ckpt_meta zero = {.step = o ? mg_optim_steps(o) : 0};
     if (!meta) meta = &zero;
-    if (o && meta->step != mg_optim_steps(o))
-        return mg_error(MG_EINVAL, "checkpoint: meta step %ld is not the optimizer's step "
-                        "count %ld: a checkpoint's step is the optimizer steps taken", meta->step,
-                        mg_optim_steps(o));
+    long osteps = !o ? 0 : meta->optimizer_steps ? meta->optimizer_steps : mg_optim_steps(o);
+    if (o && (meta->step < 0 || osteps < meta->step))
+        return mg_error(MG_EINVAL, "checkpoint: the optimizer took %ld steps in %ld training "
+                        "steps: it takes at least one per training step", osteps, meta->step);
     int nt = mg_model_num_tensors(m), ns = o ? mg_optim_num_states(o) : 0;
     size_t cap = (size_t)nt * (size_t)(1 + ns) + 1;
     mg_ckpt_writer *w = calloc(1, sizeof *w);
@@ -115,7 +116,8 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
     put_num(w->num[1], 24, (uint64_t)meta->epoch);
     put_num(w->num[2], 24, meta->seed);
     put_num(w->num[3], 24, mg_model_rng_counter(m));
-    put_num(w->num[4], 24, o ? (uint64_t)mg_optim_steps(o) : 0);
+    put_num(w->num[4], 24, (uint64_t)osteps);
+    put_num(w->num[5], 24, o ? (uint64_t)(osteps - meta->step) : 0);
     if (o) {
         const mg_optim_config *c = mg_optim_config_of(o);
         char v[7][24];
@@ -139,6 +141,7 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
         "optimizer", o ? mg_optim_kind_name(mg_optim_config_of(o)->kind) : "none",
         "optimizer_config", w->ocfg,
         "optimizer_steps", w->num[4],
+        "optimizer_extra_steps", w->num[5],
         "parameters", w->plist,
         "producer", "multigrad",
     };

@@ -65,33 +65,56 @@
 #include <string.h>
 #include "parallel/ps.h"
 
+static int by_offset(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
 /* The arena cut at unit borders into `servers` runs of about equal
- * parameters (the last takes the arena's end). */
+ * parameters, each cut at the border nearest its share (the last run takes
+ * the arena's end). A model's units lie in its arena in any order (last
+ * unit first, for DDP's buckets), so the borders are their ends sorted;
+ * units without parameters (a tied output layer) have none. */
 static mg_status cut_runs(ps_job *j)
 {
-    int nu = mg_model_num_units(j->m), K = j->servers;
+    int nu = mg_model_num_units(j->m), K = j->servers, n = 0;
     size_t total = mg_model_arena_size(j->m);
-    if (nu < K)
-        return mg_error(MG_EINVAL, "--servers %d: the model has %d units to split among them; "
-                        "give at most %d", K, nu, nu);
-    if (!(j->run = calloc((size_t)K, sizeof *j->run)))
+    size_t *end = malloc((size_t)(nu ? nu : 1) * sizeof *end);
+    if (!end || !(j->run = calloc((size_t)K, sizeof *j->run))) {
+        free(end);
         return mg_error(MG_ENOMEM, "ps: out of memory");
+    }
+    for (int u = 0; u < nu; u++) {
+        size_t a, b;
+        mg_model_unit_range(j->m, u, &a, &b);
+        if (b > a) end[n++] = b;
+    }
+    if (n < K) {
+        free(end);
+        return mg_error(MG_EINVAL, "--servers %d: the model has %d units with parameters to "
+                        "split among them; give at most %d", K, n, n);
+    }
+    qsort(end, (size_t)n, sizeof *end, by_offset);
     size_t lo = 0;
-    int u = 0;
-    for (int k = 0; k < K; k++) {
+    for (int k = 0, i = 0; k < K; k++) {
         size_t want = total * (size_t)(k + 1) / (size_t)K, hi = lo;
-        /* Whole units up to the share, leaving one for each server after. */
-        while (u < nu - (K - 1 - k)) {
-            size_t a, b;
-            mg_model_unit_range(j->m, u, &a, &b);
-            if (hi > lo && b > want && k + 1 < K) break;
-            hi = b;
-            u++;
+        /* Borders up to the share, leaving one for each run after; the
+         * first past it where it is nearer. */
+        for (; i < n - (K - 1 - k); i++) {
+            bool past = end[i] > want;
+            if (past && hi > lo && end[i] - want >= want - hi) break;
+            hi = end[i];
+            if (past) {
+                i++;
+                break;
+            }
         }
         if (k + 1 == K) hi = total;
         j->run[k] = (mg_range){lo, hi};
         lo = hi;
     }
+    free(end);
     return MG_OK;
 }
 

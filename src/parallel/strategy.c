@@ -414,16 +414,38 @@ static bool writes_its_ranges(mg_strategy *s)
 }
 
 /* The file (ckpt_io.c) takes each rank's own ranges (one copy of each);
- * rank 0 writes the buffers. */
+ * rank 0 writes the buffers. Every rank lays the file out alike (the
+ * header's numbers place each tensor), so the numbers that can differ
+ * between ranks are agreed first, as the most any rank has:
+ *   - the optimizer's steps (an asynchronous parameter server counts its
+ *     pushes, and its servers can differ by the pushes of a worker lost
+ *     amid them; its workers count one per step);
+ *   - the dropout stream's position, which a rank that runs no forward
+ *     pass (a parameter server) takes from the others, as it would from
+ *     the file on resume. */
 static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
+    mg_ckpt_meta agreed = meta ? *meta : (mg_ckpt_meta){.step = o ? mg_optim_steps(o) : 0};
+    int64_t most[2] = {!o ? 0 : agreed.optimizer_steps ? agreed.optimizer_steps
+                                                        : mg_optim_steps(o),
+                       (int64_t)mg_model_rng_counter(s->m)};
+    MG_TRY(mg_all_reduce(s->g, most, most, 2, MG_I64, MG_MAX));
+    agreed.optimizer_steps = (long)most[0];
+    mg_model_set_rng_counter(s->m, (uint64_t)most[1]);
     MG_TRY(hold(s, true));
     int nr = 0;
     const mg_range *r = writes_its_ranges(s) ? own_ranges(s, &nr) : NULL;
     mg_ckpt_writer *w;
-    mg_status st = mg_strategy_agree(s, mg_ckpt_writer_create(s->m, o, meta, &w));
+    mg_status st = mg_strategy_agree(s, mg_ckpt_writer_create(s->m, o, &agreed, &w));
+    int64_t size[2] = {0, 0};   /* the layout's size, and its negation: the same on every rank */
+    if (!st) size[0] = (int64_t)mg_ckpt_writer_size(w), size[1] = -size[0];
+    if (!st) st = mg_all_reduce(s->g, size, size, 2, MG_I64, MG_MAX);
+    if (!st && size[0] != -size[1])
+        st = mg_error(MG_EMISMATCH, "checkpoint %s: the ranks laid the file out differently "
+                      "(%lld to %lld bytes): their header's numbers differ", path,
+                      (long long)-size[1], (long long)size[0]);
     if (!st) st = mg__ckpt_save(s->g, w, path, r, nr, s->rank == 0);
     mg_ckpt_writer_destroy(w);
     mg_status e = mg_strategy_agree(s, mg_strategy_release(s));

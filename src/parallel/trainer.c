@@ -89,13 +89,6 @@ static mg_status check_config(mg_trainer *t)
     if (c->strategy != MG_STRATEGY_PS && (c->ps_servers || c->ps_staleness || c->elastic))
         return mg_error(MG_EINVAL, "--servers, --staleness and --elastic shape a parameter "
                         "server: give --parallel ps");
-    /* A checkpoint's optimizer takes one step per training step (the file
-     * format's check, checkpoint.h); a fully asynchronous server takes one
-     * per push. */
-    if (c->strategy == MG_STRATEGY_PS && c->ps_staleness == MG_STALENESS_UNBOUNDED && c->save)
-        return mg_error(MG_EINVAL, "--save with --staleness inf: a fully asynchronous server's "
-                        "optimizer takes a step per push, and a checkpoint holds one per "
-                        "training step; save with a bounded --staleness (0 to 64)");
     if (c->elastic && mg_env_long("MG_ELASTIC", 0) != 1)
         return mg_error(MG_EINVAL, "--elastic: the launcher stops the job when a worker dies; "
                         "start it with mgrun --elastic, which lets the others go on");
