@@ -1499,6 +1499,24 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
                   ckpt_count(ck, "optimizer_extra_steps"), most);
         free(out);
     }
+    /* The server killed again, under mgrun --max-restarts 1: the job
+     * restarts from its last checkpoint (fully asynchronous: its count of
+     * updates saved) and runs to its end. */
+    char log[512], ck[512], when[2048];
+    snprintf(log, sizeof log, "%s/restart.csv", t);
+    snprintf(ck, sizeof ck, "%s/restart.st", t);
+    int rc = mgt_sh(&out, "%s --elastic --max-restarts 1 -n 4 sh -c '%s exec %s --model gpt-mini "
+                    "--batch 12 --steps 60 --eval-every 20 --eval-windows 4 --no-eval-on-start "
+                    "--parallel ps --staleness inf --elastic --log %s --save %s'", run,
+                    once_row(when, sizeof when, 3, 20, log,
+                             "sleep 0.3; [ \"$MG_RESTART_COUNT\" = 0 ] && kill -9 $$"),
+                    bin, log, ck);
+    double tl[8], vl[8];
+    CHECK_MSG(rc == 0 && strstr(out, "restarting all 4 worker(s)") &&
+              strstr(out, "resuming from") && strstr(out, "final: validation loss") &&
+              csv_losses(log, tl, vl, 8) == 3 && ckpt_count(ck, "step") == 60 &&
+              ckpt_count(ck, "optimizer_steps") > 60, "rc %d: %s", rc, out);
+    free(out);
     refused((const refusal[]){
         {"--parallel ddp --elastic", "--parallel ps"},
         {"--parallel ps --elastic", "mgrun --elastic"},

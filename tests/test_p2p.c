@@ -689,6 +689,42 @@ TEST_T(group_revoke_ends_the_peers_operations, 120)
     on_both_transports(3, revoke_rank, -1);
 }
 
+/* Over TCP, a rank whose operation fails mid-frame cannot put its abort
+ * notice on that link (the stream is inside a frame): it closes the link
+ * and leaves the notice in the job's store. Rank 1's send of 64 MB (past
+ * any socket buffer) times out at the group's 2 s deadline while rank 0
+ * is not reading; rank 0, receiving later, reads the frame's start, then
+ * the closed link, and names rank 1 and its reason from the store, at
+ * once, instead of a bare closed connection. */
+static int midframe_rank(int rank, int n, void *arg)
+{
+    mg_group *g = join_group(rank, n, arg, 2);
+    if (!g) return 2;
+    size_t count = (size_t)16 << 20;
+    float *buf = calloc(count, sizeof *buf);
+    CHECK(buf != NULL);
+    CHECK_OK(mg_barrier(g));
+    if (rank == 1) {
+        CHECK_ERR(mg_send(g, buf, count, MG_F32, 0, 5), MG_ETIMEOUT);
+    } else {
+        usleep(3500 * 1000);   /* past rank 1's deadline */
+        double t0 = mg_now();
+        CHECK_ERR(mg_recv(g, buf, count, MG_F32, 1, 5), MG_EPEER);
+        const char *e = mg_last_error();
+        CHECK_MSG(strstr(e, "rank 1 failed and aborted the group: ") && strstr(e, "send"),
+                  "%s", e);
+        CHECK_MSG(mg_now() - t0 < 1.5, "%.1f s: %s", mg_now() - t0, e);
+    }
+    free(buf);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(p2p_a_peer_that_fails_mid_frame_leaves_its_reason_in_the_store, 60)
+{
+    run(2, midframe_rank, "tcp");
+}
+
 /* ULFM's shrink: of 4 ranks, rank 2 is killed; the other three make the
  * group without it (mg_group_exclude; rank 2 takes no part) and run a
  * collective there, which names its ranks as the job does; leaving

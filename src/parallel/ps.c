@@ -56,9 +56,9 @@
  * Limits: memory for (S + 1) x workers pushes of its run on a server under
  * bounded staleness; no tensor or pipeline parallelism with it; the
  * model's buffers (batch statistics) stay each worker's; a server's
- * failure stops the job, as does a worker's before the first roll call
- * (the job's set-up), and a worker taken as lost that comes back fails
- * itself. */
+ * failure stops the job (mgrun --max-restarts restarts it from its last
+ * checkpoint), as does a worker's before the first roll call (the job's
+ * set-up); a worker taken as lost that comes back leaves (MG_ELEFT). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
