@@ -273,6 +273,7 @@ typedef struct {
     worker *w;
     int running;
     bool stopping, killed;
+    int stop_sig;               /* the signal the stop sent */
     double deadline;            /* SIGKILL then, while stopping */
     int stopped;                /* workers still running when the stop began */
     int interrupted;            /* the signal that stopped mgrun, or 0 */
@@ -292,6 +293,7 @@ static void begin_stop(job *j, int sig, double grace)
 {
     j->stopped = j->running;
     j->stopping = true;
+    j->stop_sig = sig;
     j->deadline = mg_now() + grace;
     signal_all(j, sig);
     /* A stopped worker acts on the signal only once it runs again. */
@@ -329,10 +331,18 @@ static void reap(job *j, double grace, bool elastic)
                     fprintf(stderr, "mgrun: %s, after the others ended (--elastic)\n", d);
                 continue;
             }
-            if (!succeeded(st) && !j->stopping) {
+            /* Killed during the stop by another signal than the stop's
+             * (before mgrun's own SIGKILL): it died of something else,
+             * a moment before the failure mgrun reaped first (a killed
+             * worker's peer can see its links close before mgrun sees
+             * its death), so it is a cause too. */
+            bool killed_meanwhile = j->stopping && !j->killed && !j->interrupted &&
+                                    WIFSIGNALED(st) && WTERMSIG(st) != j->stop_sig;
+            if (!succeeded(st) && (!j->stopping || killed_meanwhile)) {
                 w->root_failure = true;
                 if (j->n_root++ == 0) j->first_root = i;
-                new_failure = true;
+                if (killed_meanwhile) j->stopped--;
+                else new_failure = true;
             }
         }
     }
