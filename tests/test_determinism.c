@@ -175,6 +175,26 @@ static void same_hash_under(const char *job, const plan_run *runs, size_t n)
     }
 }
 
+/* The optimizer's state in files (--offload disk:DIR) takes the same
+ * steps: gpt-mini's parameters after 20 clipped steps are one process's
+ * bits in memory with it in one process, under DDP and ZeRO-1 at 2 and 4
+ * ranks, and over 2 pipeline stages x 2 ZeRO-3 replicas (whose shards
+ * stay in memory). */
+TEST_T(deterministic_with_the_optimizer_in_files_is_the_same_bits, 180)
+{
+    const char *t = mgt_tmpdir();
+    char off[4][600];
+    const char *plans[4] = {"", "--parallel ddp", "--mesh dp=4 --zero 1",
+                            "--mesh pp=2,dp=2 --zero 3"};
+    for (int k = 0; k < 4; k++)
+        snprintf(off[k], sizeof off[k], "%s --offload disk:%s", plans[k], t);
+    const plan_run runs[] = {{1, ""}, {1, off[0]}, {2, off[1]}, {2, "--mesh dp=2 --zero 1"},
+                             {4, off[2]}, {4, off[3]}};
+    same_hash_under(GPT_SMALL " --batch 16 --steps 20 --clip-grad 0.5 --no-eval-on-start "
+                    "--deterministic --print-hash --quiet", runs,
+                    sizeof runs / sizeof *runs);
+}
+
 /* --tp-chunks 4: gpt-mini on tp=4 and on 2 tp ranks x 2 replicas gives
  * one process's bits when every run cuts the splits in 4 chunks. */
 TEST_T(deterministic_tp_4_equals_one_process_with_4_chunks, 120)
@@ -257,7 +277,7 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--deterministic --plan auto", "give one of them"},
         {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) must divide it"},
         {"-n 2", "--mesh dp=2 --zero 3 --offload disk:/tmp --deterministic",
-         "--offload is not built"},
+         "ZeRO-3's --offload disk puts them in files"},
         {"-n 2", "--mesh tp=2 --deterministic --tp-chunks 1", "tensor-parallel size 2 divides"},
         {"-n 2", "--mesh tp=2 --deterministic --device emu", "built for a model on the CPU"},
         {"", "--tp-chunks 2", "give --deterministic too"},

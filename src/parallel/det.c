@@ -46,7 +46,9 @@
  * The figures are the same bits too (each shard's loss is, and the sums
  * of such floats in double are exact; evaluation is shared in whole
  * batches, mg_shard_blocks).
- * Limits: not with ZeRO's disk offload or a parameter server (refused);
+ * Limits: not with ZeRO-2/3's disk offload over the data-parallel group
+ * (its gradient pieces in files; the optimizer's state alone there is
+ * fine) or a parameter server (refused);
  * tensor parallelism on the CPU only; arena-sized buffers, at most
  * log2(V/W) + 2, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
@@ -170,9 +172,14 @@ static mg_status det_attach(mg_strategy *s, void **state)
         return mg_error(MG_EUNSUPPORTED, "--deterministic is built for every plan but a "
                         "parameter server: --parallel ps is not yet (its updates follow the "
                         "order pushes arrive in)");
-    if (o->offload_dir)
+    /* The optimizer's state in files is the same steps; ZeRO-2/3's
+     * gradient (and parameter) pieces in files are not the tree's. Over a
+     * pipeline's replicas ZeRO keeps its shards in memory. */
+    if (o->offload_dir && o->zero_stage >= 2 && !pipe)
         return mg_error(MG_EUNSUPPORTED, "--deterministic keeps the gradients whole in memory: "
-                        "ZeRO's --offload is not built with it; leave out one of them");
+                        "ZeRO-%d's --offload disk puts them in files and is not built with it; "
+                        "give --zero 1 (the optimizer's state alone goes to the files) or leave "
+                        "out one of them", o->zero_stage);
     int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1, borrower;
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
