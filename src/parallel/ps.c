@@ -35,7 +35,10 @@
  *   - The job's group carries the pushes and parameters; the workers'
  *     group sums the training figures and the servers' the gradient norm.
  *     Checkpoints are the strategy's: each server writes its run (its own
- *     ranges), rank 0 the rest; every rank reads what it holds.
+ *     ranges), rank 0 the rest; every rank reads what it holds. A fully
+ *     asynchronous job's hold the most updates a server applied as the
+ *     optimizer's steps (mg_strategy_save), which a resume gives every
+ *     server.
  *   - Elastic (--elastic, under mgrun --elastic): every rank contains its
  *     peers' failures. A server that loses a worker's link goes on
  *     without it: its steps wait for the workers that remain, and a step
