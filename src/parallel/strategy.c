@@ -416,24 +416,29 @@ static bool writes_its_ranges(mg_strategy *s)
 /* The file (ckpt_io.c) takes each rank's own ranges (one copy of each);
  * rank 0 writes the buffers. Every rank lays the file out alike (the
  * header's numbers place each tensor), so the numbers that can differ
- * between ranks are agreed first, as the most any rank has:
+ * between ranks are agreed first:
  *   - the optimizer's steps (an asynchronous parameter server counts its
  *     pushes, and its servers can differ by the pushes of a worker lost
  *     amid them; its workers count one per step);
  *   - the dropout stream's position, which a rank that runs no forward
  *     pass (a parameter server) takes from the others, as it would from
- *     the file on resume. */
+ *     the file on resume;
+ *   - without meta, the step: the optimizer's, the fewest any rank took
+ *     (a worker's, one per step; with meta, every rank's is the same). */
 static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
                               const mg_ckpt_meta *meta)
 {
     if (!s->g) return mg_checkpoint_save(path, s->m, o, meta);
     mg_ckpt_meta agreed = meta ? *meta : (mg_ckpt_meta){.step = o ? mg_optim_steps(o) : 0};
-    int64_t most[2] = {!o ? 0 : agreed.optimizer_steps ? agreed.optimizer_steps
+    /* The most of each: the optimizer's steps, the position, the step
+     * negated (its fewest). */
+    int64_t most[3] = {!o ? 0 : agreed.optimizer_steps ? agreed.optimizer_steps
                                                         : mg_optim_steps(o),
-                       (int64_t)mg_model_rng_counter(s->m)};
-    MG_TRY(mg_all_reduce(s->g, most, most, 2, MG_I64, MG_MAX));
+                       (int64_t)mg_model_rng_counter(s->m), -(int64_t)agreed.step};
+    MG_TRY(mg_all_reduce(s->g, most, most, 3, MG_I64, MG_MAX));
     agreed.optimizer_steps = (long)most[0];
     mg_model_set_rng_counter(s->m, (uint64_t)most[1]);
+    agreed.step = (long)-most[2];   /* without meta, the fewest steps (a server's are pushes) */
     MG_TRY(hold(s, true));
     int nr = 0;
     const mg_range *r = writes_its_ranges(s) ? own_ranges(s, &nr) : NULL;
