@@ -231,27 +231,29 @@ static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
  * loss, steps; none before the first step), the row made of them and
  * evaluated, recorded and (save) checkpointed. */
 typedef struct {
-    double mine[3], sums[3];
+    double mine[3];
     int n;
     bool save;
     mg_train_row row;   /* its figures apart from the sums' and evaluation's */
     double tokens_per_step;
+    double items;       /* out: the images or tokens trained on (row.per_s's) */
 } interval_end;
 
 static mg_status end_interval(mg_trainer *t, interval_end *e)
 {
     mg_train_row r = e->row;
-    memcpy(e->sums, e->mine, sizeof e->sums);
-    if (e->n) MG_TRY(sum_over_replicas(t, e->sums, e->n));
-    const double *v = e->sums;
+    double v[3];   /* summed again on each try: mine stays this rank's */
+    memcpy(v, e->mine, sizeof v);
+    if (e->n) MG_TRY(sum_over_replicas(t, v, e->n));
     if (e->n == 3) {
         r.train_loss = v[0] / v[2];
         r.train_acc = v[1] / v[2];
-        r.per_s = v[2] / r.seconds;
+        e->items = v[2];
     } else if (e->n == 2) {
         r.train_loss = v[0] / v[1];
-        r.per_s = v[1] / t->info.dp_size * e->tokens_per_step / r.seconds;
+        e->items = v[1] / t->info.dp_size * e->tokens_per_step;
     }
+    if (e->n) r.per_s = e->items / r.seconds;
     MG_TRY(mg_trainer_evaluate(t, &r));
     return record(t, &r, e->save);
 }
@@ -338,7 +340,7 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         end.row.lr = lr;
         if ((st = between_steps(t, &end))) break;
         sum->seconds += end.row.seconds;
-        sum->per_s += end.sums[2];   /* images, divided below */
+        sum->per_s += end.items;   /* divided below */
     }
     mg_loader_destroy(loader);
     mg_sampler_free(&sampler);
@@ -392,7 +394,7 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         end.row.lr = lr;
         sum->seconds += end.row.seconds;
         if ((st = between_steps(t, &end))) break;
-        sum->per_s += end.sums[1] / t->info.dp_size * tokens_per_step;   /* tokens, below */
+        sum->per_s += end.items;   /* divided below */
         v[0] = v[1] = 0;
         t0 = mg_now();
     }
