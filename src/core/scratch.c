@@ -17,7 +17,6 @@ struct mg_scratch {
     int fd;
     uint64_t bytes;
     char what[64];
-    char dir[4096];
     char label[4200];   /* the file, for messages */
 };
 
@@ -42,7 +41,6 @@ mg_status mg_scratch_create(const char *dir, uint64_t bytes, const char *what, m
     if (!s) return mg_error(MG_ENOMEM, "offload: out of memory");
     s->bytes = bytes;
     snprintf(s->what, sizeof s->what, "%s", what);
-    snprintf(s->dir, sizeof s->dir, "%s", dir);
     snprintf(s->label, sizeof s->label, "the %s's file in the offload directory %s", what, dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/multigrad-offload-XXXXXX", dir);
