@@ -4,15 +4,16 @@
 # sizes, batch 32, 60 steps, no evaluation) and lenet-d2l (Fashion-MNIST,
 # batch 256, one epoch), each on 2 ranks under --parallel ddp with and
 # without --deterministic (8 virtual shards, --tp-chunks 2: every run cuts
-# what a tp split would), in turn, RUNS times (default 3); and gpt-mini
-# on tp=2 (--mesh tp=2), the same way. Prints per run the whole run's seconds (mgrun to exit, start-up and
+# what a tp split would), in turn, RUNS times (default 3); gpt-mini on
+# tp=2 (--mesh tp=2) and under a parameter server (3 ranks: 2 workers, 1
+# server), the same way. Prints per run the whole run's seconds (mgrun to exit, start-up and
 # the final evaluation included), the rate after the first step and over
 # the training, and the parameters' hash; then the medians and the cost
 # (deterministic / default - 1, of the steady rate and of the whole run).
 # The deterministic hashes agree run to run (and with 1, 4 and 8 ranks:
 # tests/test_determinism.c); the default ones are DDP's.
 #
-#   bash bench/determinism.sh        (about 3 minutes on 2 cores)
+#   bash bench/determinism.sh        (about 4 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -s tools >/dev/null
@@ -21,15 +22,16 @@ RUNS=${RUNS:-3}
 
 echo "# $(date -u +%Y-%m-%d) $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed "s/^ //") (family $(grep -m1 "cpu family" /proc/cpuinfo | cut -d: -f2 | tr -d " ") model $(grep -m1 "^model\s" /proc/cpuinfo | cut -d: -f2 | tr -d " ")), $(nproc) cores"
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-for what in "gpt-mini --parallel ddp" "lenet-d2l --parallel ddp" "gpt-mini --mesh tp=2"; do
-    read -r model plan <<< "$what"
+for what in "2 gpt-mini --parallel ddp" "2 lenet-d2l --parallel ddp" "2 gpt-mini --mesh tp=2" \
+            "3 gpt-mini --parallel ps"; do
+    read -r ranks model plan <<< "$what"
     case $model in
     gpt-mini) job=(--model gpt-mini --steps 60 --eval-every 60 --no-eval-on-start
                    --eval-windows 8); unit=tokens/s ;;
     lenet-d2l) job=(--model lenet-d2l --epochs 1); unit=images/s ;;
     esac
     echo
-    echo "## $model, 2 ranks, $plan"
+    echo "## $model, $ranks ranks, $plan"
     printf "%-14s %4s %8s %10s %10s  %s\n" mode run "whole s" steady "$unit" "parameters sha256"
     rm -f /tmp/det.$$.*
     for run in $(seq "$RUNS"); do
@@ -38,7 +40,7 @@ for what in "gpt-mini --parallel ddp" "lenet-d2l --parallel ddp" "gpt-mini --mes
             [ $mode = deterministic ] && extra=(--deterministic)
             t0=$(date +%s.%N)
             # shellcheck disable=SC2086   # plan: words
-            out=$("$BIN/mgrun" -n 2 "$BIN/mgtrain" "${job[@]}" $plan "${extra[@]}" \
+            out=$("$BIN/mgrun" -n "$ranks" "$BIN/mgtrain" "${job[@]}" $plan "${extra[@]}" \
                   --print-hash --quiet 2>&1)
             t1=$(date +%s.%N)
             whole=$(echo "$t1 - $t0" | bc)

@@ -157,20 +157,70 @@ TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 typedef struct { int ranks; const char *plan; } plan_run;
 
 /* job (mgtrain's flags, with --print-hash) under each of runs ends with
- * the first one's parameters. */
+ * the first one's parameters and figures. */
 static void same_hash_under(const char *job, const plan_run *runs, size_t n)
 {
-    char bin[512], run[512], *out, first[65] = "", got[65];
+    char bin[512], run[512], *out, first[65] = "", got[65], first_fig[65] = "", fig[65];
     snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
     snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
     for (size_t k = 0; k < n; k++) {
         int rc = mgt_sh(&out, "%s -n %d %s %s %s", run, runs[k].ranks, bin, job, runs[k].plan);
         hash_of(out, got);
-        CHECK_MSG(rc == 0 && got[0], "%d rank(s) %s: rc %d: %s", runs[k].ranks, runs[k].plan,
-                  rc, out);
+        digest_of(out, "figures", fig);
+        CHECK_MSG(rc == 0 && got[0] && fig[0], "%d rank(s) %s: rc %d: %s", runs[k].ranks,
+                  runs[k].plan, rc, out);
         if (!k) snprintf(first, sizeof first, "%s", got);
+        if (!k) snprintf(first_fig, sizeof first_fig, "%s", fig);
         CHECK_MSG(!strcmp(got, first), "%d ranks %s: %s against one rank's %s", runs[k].ranks,
                   runs[k].plan, got, first);
+        CHECK_MSG(!strcmp(fig, first_fig), "%d ranks %s: figures %s against one rank's %s",
+                  runs[k].ranks, runs[k].plan, fig, first_fig);
+        free(out);
+    }
+}
+
+/* A parameter server (--staleness 0) is one process's bits: each worker
+ * sums its virtual shards' subtree and pushes the root, the borrowed
+ * gradients' (gpt-mini's tied head) apart, and each server adds the
+ * workers' roots in the tree's upper levels and takes the norm over the
+ * servers' runs. gpt-mini's 40 clipped steps and lenet5's epoch, on 1, 2
+ * and 4 workers of 1 and 2 servers (the embedding, lent to the head, on
+ * either server); and a checkpoint of 2 workers x 2 servers at step 20
+ * resumes under one process, and one process's under the server, to the
+ * bits of the run without a break. */
+TEST_T(deterministic_parameter_server_is_one_process_bits, 240)
+{
+    const plan_run runs[] = {{1, ""}, {2, "--parallel ps"}, {3, "--parallel ps"},
+                             {4, "--parallel ps --servers 2"}, {5, "--parallel ps"},
+                             {6, "--parallel ps --servers 2"}};
+    size_t n = sizeof runs / sizeof *runs;
+    same_hash_under(GPT_SMALL " --batch 16 --steps 40 --eval-every 20 --clip-grad 0.5 "
+                    "--no-eval-on-start --deterministic --print-hash --quiet", runs, n);
+    same_hash_under("--model lenet5 --epochs 1 --clip-grad 0.5 --deterministic --print-hash "
+                    "--quiet", runs, n);
+    char bin[512], run[512], ck[2][512], *out, want[65], got[65];
+    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *job = GPT_SMALL " --batch 16 --eval-every 20 --clip-grad 0.5 --deterministic "
+                      "--quiet";
+    int rc = mgt_sh(&out, "%s %s --steps 40 --print-hash", bin, job);
+    hash_of(out, want);
+    CHECK_MSG(rc == 0 && want[0], "%s", out);
+    free(out);
+    const struct { int ranks; const char *plan; } save[2] = {{4, "--parallel ps --servers 2"},
+                                                             {1, ""}},
+                                                   resume[2] = {{1, ""}, {3, "--parallel ps"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(ck[i], sizeof ck[i], "%s/ps-%d.st", mgt_tmpdir(), i);
+        rc = mgt_sh(&out, "%s -n %d %s %s %s --steps 20 --save %s", run, save[i].ranks, bin, job,
+                    save[i].plan, ck[i]);
+        CHECK_MSG(rc == 0, "saving under %s: %s", save[i].plan, out);
+        free(out);
+        rc = mgt_sh(&out, "%s -n %d %s %s %s --steps 40 --resume %s --print-hash", run,
+                    resume[i].ranks, bin, job, resume[i].plan, ck[i]);
+        hash_of(out, got);
+        CHECK_MSG(rc == 0 && !strcmp(got, want), "saved under '%s', resumed under '%s': %s "
+                  "against %s: %s", save[i].plan, resume[i].plan, got, want, out);
         free(out);
     }
 }
@@ -208,8 +258,9 @@ TEST_T(deterministic_tp_4_equals_one_process_with_4_chunks, 120)
 
 /* A model on a device (emu: the GPU code path on the host; a GPU, the
  * ranks sharing it) sums the tree on the host, each shard's gradient
- * copied out: the same bits at 1, 2 and 4 ranks, under DDP, ZeRO 2 and 3
- * and a pipeline of 2 stages (not the CPU's bits: other kernels). */
+ * copied out: the same bits at 1, 2 and 4 ranks, under DDP, ZeRO 2 and 3,
+ * a pipeline of 2 stages and a parameter server's 2 workers (not the CPU's
+ * bits: other kernels). */
 static void same_hash_on(const char *dev)
 {
     char job[512];
@@ -218,7 +269,7 @@ static void same_hash_on(const char *dev)
              "--quiet", dev);
     const plan_run runs[] = {
         {1, ""}, {2, "--parallel ddp"}, {2, "--mesh dp=2 --zero 3"}, {4, "--mesh dp=4 --zero 2"},
-        {2, "--mesh pp=2"}};
+        {2, "--mesh pp=2"}, {3, "--parallel ps"}};
     same_hash_under(job, runs, sizeof runs / sizeof *runs);
 }
 
@@ -284,7 +335,8 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--deterministic --tp-chunks 3", "a power of two from 1 to 64"},
         {"", "--deterministic --tp-chunks 64", "do not cut into 64 chunks"},
         {"-n 2", "--mesh pp=2 --micro-batches 4 --deterministic", "leave out --micro-batches"},
-        {"-n 2", "--parallel ps --deterministic", "--parallel ps is not yet"},
+        {"-n 3", "--parallel ps --staleness 2 --deterministic", "needs --staleness 0"},
+        {"-n 3 --elastic", "--parallel ps --elastic --deterministic", "give one of them"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = *cases[i].ranks
@@ -300,7 +352,8 @@ TEST_T(deterministic_bad_input, 120)
 /* Dropout keyed by the global shard (the C API: no zoo model has
  * dropout): a convolution, dropout p = 0.5 and a linear layer, 3 steps of
  * 8 virtual shards of 4 rows, on one process, DDP over 2 and 4 forked
- * ranks and 3 DataParallel threads: the same parameters, bit for bit,
+ * ranks, 3 DataParallel threads and a parameter server's 2 and 4
+ * workers: the same parameters, bit for bit,
  * because shard k draws its mask at the step's counter + k whoever runs
  * it, and every rank's counter ends the step at + 8. */
 enum { DROP_V = 8, DROP_ROWS = 4, DROP_STEPS = 3 };
@@ -337,20 +390,25 @@ static bool drop_next(void *ud, mg_micro_batch *b)
     return true;
 }
 
-typedef struct { int port, world; } drop_run;   /* world 0: 3 DataParallel threads */
+/* world 0: 3 DataParallel threads; ps: a parameter server on the last
+ * rank, the others its workers. */
+typedef struct { int port, world; bool ps; } drop_run;
 
 static int dropout_rank(int rank, int ranks, void *arg)
 {
-    int port = ((drop_run *)arg)->port, world = ((drop_run *)arg)->world;
+    const drop_run *run = arg;
+    int world = run->world;
     CHECK_EQ(ranks, world > 1 ? world : 1);
-    mg_group *g = world > 1 ? mgt_join(rank, world, port, NULL, 20) : NULL;
+    mg_group *g = world > 1 ? mgt_join(rank, world, run->port, NULL, 20) : NULL;
     CHECK(world <= 1 || g);
     mg_model *m = dropout_model();
-    mg_strategy_options so = mg_strategy_defaults(world > 1    ? MG_STRATEGY_DDP
-                                                  : world == 0 ? MG_STRATEGY_DP
-                                                               : MG_STRATEGY_SINGLE);
+    mg_strategy_options so = mg_strategy_defaults(run->ps       ? MG_STRATEGY_PS
+                                                  : world > 1   ? MG_STRATEGY_DDP
+                                                  : world == 0  ? MG_STRATEGY_DP
+                                                                : MG_STRATEGY_SINGLE);
     so.group = g;
     so.workers = 3;
+    so.ps_servers = 1;
     so.max_batch = DROP_ROWS;
     so.det_shards = DROP_V;
     mg_strategy *s;
@@ -358,20 +416,26 @@ static int dropout_rank(int rank, int ranks, void *arg)
     mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
     mg_optim *o;
     CHECK_OK(mg_strategy_optim(s, &oc, &o));
-    int W = world > 1 ? world : 1;
+    int W = world > 1 ? world - run->ps : 1;   /* a server counts worker 0's shards */
     mg_step_options opt = {.accumulate = DROP_V / W, .lr = 0.1f};
     for (int step = 0; step < DROP_STEPS; step++) {
-        drop_feed f = {.step = step, .first = rank * (DROP_V / W), .n = DROP_V / W};
+        drop_feed f = {.step = step, .first = rank < W ? rank * (DROP_V / W) : 0,
+                       .n = DROP_V / W};
         mg_step_result r;
         CHECK_OK(mg_train_step(s, o, &opt, drop_next, &f, &r));
     }
     if (rank == 0) {
         char p[512];
-        snprintf(p, sizeof p, "%s/drop-%d.bin", mgt_tmpdir(), world);
-        FILE *fp = fopen(p, "wb");
-        CHECK(fp && fwrite(mg_model_params(m), sizeof(float), mg_model_arena_size(m), fp) ==
-                        mg_model_arena_size(m));
-        fclose(fp);
+        snprintf(p, sizeof p, "%s/drop-%d%s.bin", mgt_tmpdir(), world, run->ps ? "ps" : "");
+        FILE *fp = fopen(p, "wb");   /* each tensor's values (the arena's padding is the plan's) */
+        CHECK(fp);
+        for (int i = 0; fp && i < mg_model_num_tensors(m); i++) {
+            const mg_param *t = mg_model_tensor(m, i);
+            if (!t->is_buffer)
+                CHECK(fwrite(mg_model_params(m) + t->offset, sizeof(float), t->numel, fp) ==
+                      t->numel);
+        }
+        if (fp) fclose(fp);
     }
     mg_optim_destroy(o);
     mg_strategy_destroy(s);
@@ -383,17 +447,21 @@ static int dropout_rank(int rank, int ranks, void *arg)
 TEST_T(deterministic_dropout_is_keyed_by_the_global_shard, 120)
 {
     mgt_tmpdir();   /* created here, so the forked ranks share it */
-    int worlds[] = {1, 0, 2, 4};
+    drop_run runs[] = {{0, 1, false}, {0, 0, false}, {0, 2, false}, {0, 4, false},
+                       {0, 3, true}, {0, 5, true}};
+    int nr = sizeof runs / sizeof *runs;
     char *first = NULL;
     size_t n0 = 0;
-    for (int i = 0; i < 4; i++) {
-        drop_run run = {mgt_free_port(), worlds[i]};
-        CHECK_EQ(mgt_fork_ranks(run.world > 1 ? run.world : 1, dropout_rank, &run, 60, NULL), 0);
+    for (int i = 0; i < nr; i++) {
+        runs[i].port = mgt_free_port();
+        CHECK_EQ(mgt_fork_ranks(runs[i].world > 1 ? runs[i].world : 1, dropout_rank, &runs[i],
+                                60, NULL), 0);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < nr; i++) {
         char p[512];
         size_t n;
-        snprintf(p, sizeof p, "%s/drop-%d.bin", mgt_tmpdir(), worlds[i]);
+        snprintf(p, sizeof p, "%s/drop-%d%s.bin", mgt_tmpdir(), runs[i].world,
+                 runs[i].ps ? "ps" : "");
         char *got = mgt_slurp(p, &n);
         CHECK_MSG(got && n > 0, "%s missing", p);
         if (!first) {
@@ -401,8 +469,8 @@ TEST_T(deterministic_dropout_is_keyed_by_the_global_shard, 120)
             n0 = n;
             continue;
         }
-        CHECK_MSG(n == n0 && !memcmp(got, first, n), "world %d (0: 3 threads) differs from one "
-                  "process's parameters", worlds[i]);
+        CHECK_MSG(n == n0 && !memcmp(got, first, n), "world %d%s (0: 3 threads) differs from "
+                  "one process's parameters", runs[i].world, runs[i].ps ? " (ps)" : "");
         free(got);
     }
     free(first);

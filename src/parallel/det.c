@@ -39,6 +39,12 @@
  * the borrower's part apart too (the model's borrowed-gradient window),
  * sums it in a tree of its own and adds it to the lender's after both
  * trees: the same one addition everywhere.
+ * A parameter server (--staleness 0): rank r of the job is worker r of W;
+ * it sums its shards' subtree and leaves the root undivided in the arena
+ * (the borrowed part's root apart, mg__det_tie_root), which it pushes;
+ * each server adds the workers' roots in the upper levels, divides by W
+ * and adds the two trees' sums (ps_server.c), and here takes the norm over
+ * the servers' runs (each unit on one server).
  * Dropout (every random draw) is keyed by the global shard: shard k of a
  * step draws at the step's counter + k whichever rank runs it (each rank
  * starts at + its first shard; DataParallel threads pin theirs), and
@@ -48,7 +54,7 @@
  * batches, mg_shard_blocks).
  * Limits: not with ZeRO-2/3's disk offload over the data-parallel group
  * (its gradient pieces in files; the optimizer's state alone there is
- * fine) or a parameter server (refused);
+ * fine), nor a parameter server's staleness or --elastic (refused);
  * tensor parallelism on the CPU only; arena-sized buffers, at most
  * log2(V/W) + 2, on each rank.
  * DataParallel threads (dp.c's deterministic driver) push their shards'
@@ -81,6 +87,13 @@ typedef struct {
 typedef struct {
     mg_strategy *s;
     mg_model *m;
+    /* A parameter server's job (--parallel ps --staleness 0): a worker
+     * keeps its shards' subtree and pushes its root (and the borrowed
+     * part's apart); each server sums the workers' roots in the tree's
+     * upper levels (ps_server.c) and, here, takes the norm over the
+     * servers' runs. */
+    bool to_servers;    /* a worker: the servers add the upper levels */
+    bool server;        /* a server: only the norm */
     const mg_range *r;  /* the ranges it sums: a pipeline stage's, else the arena */
     int nr;
     mg_range whole;
@@ -162,16 +175,37 @@ static mg_status find_borrower(mg_model *m, int *unit)
     return MG_OK;
 }
 
+mg_status mg__det_kept_apart(mg_model *m, mg_range *tie)
+{
+    int borrower;
+    size_t lo = 0, hi = 0;
+    MG_TRY(find_borrower(m, &borrower));
+    if (borrower >= 0) mg_model_unit_range(m, mg_model_unit(m, borrower).borrows, &lo, &hi);
+    *tie = (mg_range){lo, hi};
+    return MG_OK;
+}
+
+/* A parameter server's job: what --deterministic needs of it, and the
+ * workers (W). */
+static mg_status ps_check(const mg_strategy_options *o, int *W)
+{
+    if (o->ps_staleness)
+        return mg_error(MG_EUNSUPPORTED, "--deterministic with --parallel ps needs --staleness 0: "
+                        "a stale step's gradients are computed on whichever version of the "
+                        "parameters the servers had when they answered, which timing decides");
+    if (o->ps_elastic)
+        return mg_error(MG_EUNSUPPORTED, "--deterministic gives one process's bits and --elastic "
+                        "goes on without a lost worker's share of the batch: give one of them");
+    *W = mg_group_size(o->group) - o->ps_servers;
+    return MG_OK;
+}
+
 static mg_status det_attach(mg_strategy *s, void **state)
 {
     const mg_strategy_options *o = mg_strategy_options_of(s);
     if (!o->det_shards) return MG_OK;
     mg_mesh *mesh = mg_strategy_mesh(s);
     mg_pipe *pipe = mg_strategy_pipe(s);
-    if (o->kind == MG_STRATEGY_PS)
-        return mg_error(MG_EUNSUPPORTED, "--deterministic is built for every plan but a "
-                        "parameter server: --parallel ps is not yet (its updates follow the "
-                        "order pushes arrive in)");
     /* The optimizer's state in files is the same steps; ZeRO-2/3's
      * gradient (and parameter) pieces in files are not the tree's. Over a
      * pipeline's replicas ZeRO keeps its shards in memory. */
@@ -180,7 +214,9 @@ static mg_status det_attach(mg_strategy *s, void **state)
                         "ZeRO-%d's --offload disk puts them in files and is not built with it; "
                         "give --zero 1 (the optimizer's state alone goes to the files) or leave "
                         "out one of them", o->zero_stage);
+    bool ps = o->kind == MG_STRATEGY_PS;
     int V = o->det_shards, W = mesh ? mg_mesh_size(mesh, MG_MESH_DP) : 1, borrower;
+    if (ps) MG_TRY(ps_check(o, &W));
     if (!power_of_two(V) || V % W)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
                         "divide (each rank takes V/W of them)", V, W);
@@ -200,13 +236,24 @@ static mg_status det_attach(mg_strategy *s, void **state)
     *state = d;
     d->s = s;
     d->m = m;
-    d->g = mesh && W > 1 ? mg_mesh_group(mesh, MG_MESH_DP) : NULL;
-    d->rank = d->g ? mg_group_rank(d->g) : 0;
+    d->n = mg_model_arena_size(m);
+    d->dev = mg_model_device(m);
+    mg_group *servers;
+    const mg_range *run = ps ? mg__ps_server_run(s, &servers) : NULL;
+    if (run) {   /* a server: the norm over the servers' runs, on the host */
+        d->server = true;
+        d->r = run;
+        d->nr = 1;
+        if (d->dev.kind != MG_DEVICE_CPU && !(d->host = mg_alloc(d->n * sizeof(float))))
+            return mg_error(MG_ENOMEM, "--deterministic: out of memory for the gradients");
+        return mg__det_norm_create(m, NULL, servers, run, 1, &d->norm);
+    }
+    d->to_servers = ps;   /* a worker: rank r of the job is worker r */
+    d->g = !ps && mesh && W > 1 ? mg_mesh_group(mesh, MG_MESH_DP) : NULL;
+    d->rank = ps ? mg_group_rank(o->group) : d->g ? mg_group_rank(d->g) : 0;
     d->world = W;
     d->shards = V;
-    d->n = mg_model_arena_size(m);
     d->replaces = o->kind != MG_STRATEGY_ZERO;
-    d->dev = mg_model_device(m);
     d->whole = (mg_range){0, d->n};
     d->r = pipe ? mg__pipe_ranges(pipe, &d->nr) : &d->whole;
     d->nr = pipe ? d->nr : 1;
@@ -293,6 +340,7 @@ static mg_status host_copy(det *d, const mg_range *r, int nr, float *a, float *h
 static void det_zero_grad(void *c)
 {
     det *d = c;
+    if (d->server) return;   /* its run's gradients are the pushes' sum (ps_server.c) */
     for (int i = 0; i < d->ncn; i++) d->cn[i].kept = 0;
     d->tcn.kept = 0;
     /* Dropout keyed by the shard: global shard k draws at base + k (a
@@ -347,6 +395,12 @@ mg_status mg__det_push(void *c, const float *g, const float *part)
 
 mg_range mg__det_tie(const void *c) { return ((const det *)c)->tie; }
 
+const float *mg__det_tie_root(const void *c)
+{
+    const det *d = c;
+    return d->part ? d->tt.node[0] : NULL;
+}
+
 /* After a shard's backward (a pipeline chunk's): its gradient into the
  * tree (the borrowed part into its own); those ranges of the arena zeroed
  * for the next shard. */
@@ -387,7 +441,7 @@ static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int n
         if (d->rank & b) break;
         over_ranges(r, nr, root, t->peer, false);
     }
-    for (int i = 0; i < nr; i++) {
+    for (int i = 0; i < nr && !d->to_servers; i++) {
         size_t lo = r[i].lo, n = r[i].hi - lo;
         if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
         if (d->world > 1) mg_grad_scale(root + lo, n, 1.0f / (float)d->world);
@@ -401,18 +455,24 @@ static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int n
 static mg_status det_reduce(void *c)
 {
     det *d = c;
+    const mg_step_options *so = mg_strategy_step_options(d->s);
+    bool clip = so && so->clip_grad > 0;   /* only clipping reads the norm */
+    if (d->server && clip) {   /* the workers' roots summed into its run (ps_server.c) */
+        float *a = mg_model_grads(d->m), *g = d->host ? d->host : a;
+        MG_TRY(host_copy(d, d->r, d->nr, a, g, true));
+        return mg__det_norm_sumsq(d->norm, g, &d->sumsq);
+    }
+    if (d->server) return MG_OK;
     for (int i = 0; i < d->ncn; i++)   /* every counter's root is slot 0 (disjoint ranges) */
         MG_TRY(tree_root(d, &d->cn[i], &d->t, d->cn[i].r, d->cn[i].nr, TAG_NODE));
     float *root = d->t.node[0];
-    if (d->part) {
-        MG_TRY(tree_root(d, &d->tcn, &d->tt, d->tcn.r, 1, TAG_TIE));
+    if (d->part) MG_TRY(tree_root(d, &d->tcn, &d->tt, d->tcn.r, 1, TAG_TIE));
+    if (d->part && !d->to_servers)   /* a worker pushes the two apart (mg__det_tie_root) */
         mg_add_into(root + d->tie.lo, d->tt.node[0], d->tie.hi - d->tie.lo);
-    }
     float *a = mg_model_grads(d->m);
     MG_TRY(host_copy(d, d->r, d->nr, a, root, false));
     mg_model_set_rng_counter(d->m, d->base + (uint64_t)d->shards);   /* the same at any W */
-    const mg_step_options *so = mg_strategy_step_options(d->s);
-    bool clip = so && so->clip_grad > 0;   /* only clipping reads the norm */
+    if (d->to_servers) return MG_OK;   /* the servers take the norm */
     if (d->pipe && mg__pipe_has_ties(d->pipe)) {   /* the stages' parts added, read back */
         MG_TRY(mg__pipe_sum_ties(d->pipe));
         if (clip) MG_TRY(host_copy(d, d->r, d->nr, a, root, true));

@@ -45,6 +45,15 @@ extern const mg_component_ops mg__tp_component, mg__dp_component, mg__ddp_compon
  * part of its own: mg_tape_set_borrowed_grads). */
 mg_status mg__det_push(void *c, const float *g, const float *part);
 mg_range mg__det_tie(const void *c);
+/* The range of the parameters a unit borrows (a tied head's lender's),
+ * which --deterministic sums apart (empty: none); and, after its reduce,
+ * the tree's root of those gradients, on the host (NULL: none kept
+ * apart): a parameter server's worker pushes it apart. */
+mg_status mg__det_kept_apart(mg_model *m, mg_range *tie);
+const float *mg__det_tie_root(const void *c);
+/* A parameter server's run of the arena and the servers' group, on a
+ * server (ps_server.c); NULL on a worker. */
+const mg_range *mg__ps_server_run(mg_strategy *s, mg_group **servers);
 /* Its gradient norm in one grouping at any plan and tp size (det_norm.c):
  * the units of own (nown ranges) on this rank, the tp ranks' chunks
  * gathered over tp, the stages' units added over stages (either NULL). */

@@ -10,10 +10,12 @@
  *     server's updated parameters back.
  *   - Update k of a server is the mean of the workers' k-th pushes, taken
  *     as they come (recv from any source, then from that worker) into a
- *     slot per worker and summed in worker order, so its bits do not
- *     depend on arrival; it goes through the strategy's step (the mean
- *     over the micro-batches, clipping over the servers' runs, the
- *     optimizer).
+ *     slot per worker and summed in a binary tree over the workers, so its
+ *     bits do not depend on arrival; it goes through the strategy's step
+ *     (the mean over the micro-batches, clipping over the servers' runs,
+ *     the optimizer). Under --deterministic (synchronous only) the pushes
+ *     are the workers' subtrees of det.c and that tree is its upper levels:
+ *     one process's bits.
  *   - Bounded staleness S (SSP, Ho et al. 2013): a worker's k-th gradient
  *     is computed on parameters of version k - S or later (the version:
  *     updates applied). A server answers push k with its run as soon as

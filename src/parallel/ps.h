@@ -6,8 +6,9 @@
 #include "parallel/internal.h"
 
 /* The job's messages ("ps"): a push's head and gradients; the answer's
- * version and parameters; under --elastic the roll call and its answer. */
-enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_VERSION, TAG_PARAMS, TAG_ROLL, TAG_GONE };
+ * version and parameters; under --elastic the roll call and its answer;
+ * under --deterministic a push's borrowed gradients (kept apart). */
+enum { TAG_HEAD = 0x7073, TAG_GRADS, TAG_VERSION, TAG_PARAMS, TAG_ROLL, TAG_GONE, TAG_TIE };
 
 /* A push's head: the worker's step, its micro-batches, the version of the
  * server's run it computed on, and (fully asynchronous) the squared norm

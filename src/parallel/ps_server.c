@@ -3,9 +3,13 @@
  * steps takes the workers' pushes as they come and updates the run:
  *   - bounded staleness S: update k is the mean of the k-th pushes, kept
  *     in a slot per worker and round (pushes of the next S steps wait
- *     there) and summed in worker order, so its bits do not depend on
- *     arrival; a push is answered with the run as soon as the server's
- *     version allows the worker's next step;
+ *     there) and summed in a binary tree over the workers (slot w += slot
+ *     w + 2^k at level k), so its bits do not depend on arrival; a push is
+ *     answered with the run as soon as the server's version allows the
+ *     worker's next step; under --deterministic a push also carries the
+ *     borrowed gradients' root (a tied head's) where this run holds the
+ *     lender's range, summed in the same tree and added after the mean,
+ *     as det.c adds its two trees;
  *   - fully asynchronous: each push is its own update as it comes
  *     (mg_strategy_update), answered after it.
  * A step ends when every worker that remains has pushed it (each worker's
@@ -23,6 +27,12 @@ typedef struct {
     mg_range mine;
     int rounds;         /* staleness + 1: the steps whose pushes can be here
                            (fully asynchronous: none wait) */
+    /* --deterministic: the borrowed gradients (a tied head's), which the
+     * workers push apart when this run holds the lender's range (its
+     * offset in the run; tn 0: none). */
+    size_t tie_at, tn;
+    size_t stride;      /* a push's floats: the run's, then tn */
+    int *order;         /* per worker: the workers that pushed a step, ascending */
     float *slots;       /* per round mod rounds, a push of each worker */
     int64_t *micro;     /* per round mod rounds: its micro-batches (-1: none in) */
     int64_t *next;      /* per worker: the step of its next push */
@@ -34,8 +44,7 @@ typedef struct {
 
 static float *slot(ps_server *v, int64_t step, int w)
 {
-    size_t len = v->mine.hi - v->mine.lo;
-    return v->slots + ((size_t)(step % v->rounds) * (size_t)v->j.workers + (size_t)w) * len;
+    return v->slots + ((size_t)(step % v->rounds) * (size_t)v->j.workers + (size_t)w) * v->stride;
 }
 
 static void server_destroy(void *c)
@@ -47,6 +56,7 @@ static void server_destroy(void *c)
              v->pushes, v->version, v->stalest, bound);
     mg__ps_job_free(&v->j);
     mg_free(v->slots);
+    free(v->order);
     free(v->micro);
     free(v->next);
     free(v->due);
@@ -63,13 +73,22 @@ static mg_status server_attach(mg_strategy *s, void **state)
         v->me = mg_group_rank(v->j.g) - W;
         v->mine = v->j.run[v->me];
         size_t len = v->mine.hi - v->mine.lo;
+        mg_range tie = {0, 0};
+        if (mg_strategy_options_of(s)->det_shards && !v->j.async)   /* det.c refuses async */
+            st = mg__det_kept_apart(v->j.m, &tie);
+        if (tie.hi > tie.lo && tie.lo >= v->mine.lo && tie.hi <= v->mine.hi) {
+            v->tie_at = tie.lo - v->mine.lo;
+            v->tn = tie.hi - tie.lo;
+        }
+        v->stride = len + v->tn;
         v->rounds = v->j.async ? 1 : v->j.staleness + 1;
-        size_t floats = v->j.async ? 1 : (size_t)v->rounds * (size_t)W * (len ? len : 1);
-        v->slots = mg_alloc(floats * sizeof(float));
+        size_t floats = v->j.async ? 1 : (size_t)v->rounds * (size_t)W * v->stride;
+        v->slots = mg_alloc((floats ? floats : 1) * sizeof(float));
+        v->order = malloc((size_t)W * sizeof *v->order);
         v->micro = malloc((size_t)v->rounds * sizeof *v->micro);
         v->next = calloc((size_t)W, sizeof *v->next);
         v->due = malloc((size_t)W * sizeof *v->due);
-        if (!v->slots || !v->micro || !v->next || !v->due)
+        if (!st && (!v->slots || !v->order || !v->micro || !v->next || !v->due))
             st = mg_error(MG_ENOMEM, "ps: out of memory for %d x %d pushes of %zu floats",
                           v->rounds, W, len);
         for (int k = 0; !st && k < v->rounds; k++) v->micro[k] = -1;
@@ -137,7 +156,9 @@ static mg_status take_push(ps_server *v, mg_step_result *r, int *w)
     MG_TRY(check_head(v, head, *w));
     int64_t step = head[HEAD_STEP];
     float *into = j->async ? mg_model_grads(j->m) + v->mine.lo : slot(v, step, *w);
-    MG_TRY(mg_recv(j->g, into, v->mine.hi - v->mine.lo, MG_F32, *w, TAG_GRADS));
+    size_t len = v->mine.hi - v->mine.lo;
+    MG_TRY(mg_recv(j->g, into, len, MG_F32, *w, TAG_GRADS));
+    if (v->tn) MG_TRY(mg_recv(j->g, into + len, v->tn, MG_F32, *w, TAG_TIE));
     v->next[*w] = step + 1;
     v->pushes++;
     if (j->async) {
@@ -191,17 +212,22 @@ static mg_status server_run_step(void *c, mg_batch_source next, void *ud, int ma
     if (v->micro[k] != count)
         return mg_error(MG_EMISMATCH, "ps server %d: step %ld has %lld micro-batches where "
                         "its data has %d", v->me, v->version, (long long)v->micro[k], count);
-    size_t len = v->mine.hi - v->mine.lo;
-    float *g = mg_model_grads(j->m) + v->mine.lo;
     int n = 0;
-    for (int w = 0; w < j->workers; w++) {   /* those that pushed it, in worker order */
-        if (v->next[w] <= v->version) continue;
-        if (n++) mg_add_into(g, slot(v, v->version, w), len);
-        else memcpy(g, slot(v, v->version, w), len * sizeof *g);
-    }
-    mg_grad_scale(g, len, 1.0f / (float)n);
+    for (int w = 0; w < j->workers; w++)   /* those that pushed it */
+        if (v->next[w] > v->version) v->order[n++] = w;
+    /* The binary tree over them: slot i += slot i + b, level b = 1, 2, 4 ... */
+    for (int b = 1; b < n; b <<= 1)
+        for (int i = 0; i + b < n; i += 2 * b)
+            mg_add_into(slot(v, v->version, v->order[i]), slot(v, v->version, v->order[i + b]),
+                        v->stride);
+    size_t len = v->mine.hi - v->mine.lo;
+    float *root = slot(v, v->version, v->order[0]);
+    mg_grad_scale(root, v->stride, 1.0f / (float)n);
+    if (v->tn) mg_add_into(root + v->tie_at, root + len, v->tn);   /* the two trees' sum */
     v->micro[k] = -1;
-    return MG_OK;
+    mg_device cpu = {MG_DEVICE_CPU, 0};   /* into the gradients (on the model's device) */
+    return mg_device_copy(mg_model_device(j->m), mg_model_grads(j->m) + v->mine.lo, cpu, root,
+                          len * sizeof *root);
 }
 
 /* After an update: the answers its version now allows (a worker that
@@ -233,6 +259,14 @@ static void server_share(void *c, bool eval, int *rank, int *size)
     (void)eval;
     *rank = 0;   /* the steps of worker 0's share, counted: it takes no data */
     *size = ((ps_server *)c)->j.workers;
+}
+
+const mg_range *mg__ps_server_run(mg_strategy *s, mg_group **servers)
+{
+    ps_server *v = mg_strategy_part(s, &mg__ps_server_component);
+    if (!v) return NULL;
+    *servers = v->j.role;
+    return &v->mine;
 }
 
 const mg_component_ops mg__ps_server_component = {

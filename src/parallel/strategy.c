@@ -8,7 +8,8 @@
  * ZeRO; a pipeline and, over its stages' replicas, DDP; the parameter
  * server's two roles. Under --deterministic the tree of det.c (and, for
  * threads, dp.c's shard driver) sums the gradients in DDP's or ZeRO-1's
- * place; each of those drops itself where it has nothing to do. The
+ * place (a parameter server's workers their subtrees, its servers the
+ * upper levels); each of those drops itself where it has nothing to do. The
  * caller may add its own after them. This file never asks which
  * component it holds: it calls their slots, and where every slot is
  * empty does what one process does.
