@@ -10,8 +10,9 @@
  * fixed binary tree: on a rank, its shards' subtree (a binary counter:
  * two nodes of a level become one of the next as soon as both are there,
  * at most log2(V/W) + 1 nodes kept); across ranks, the subtrees' roots in
- * the tree's upper levels (rank r adds rank r + 2^k's node at level k,
- * then rank 0 broadcasts the root). Every sum in it adds the same two
+ * the tree's upper levels (rank r's node and rank r + 2^k's added at
+ * level k, by recursive halving and doubling: each of the two adds one
+ * half, upper_levels). Every sum in it adds the same two
  * numbers at any W, and floating-point addition is commutative, so the
  * sum is the same bits; the mean divides by powers of two only (W, then
  * the strategy's V/W), which is exact. The model's own kernels see the
@@ -421,9 +422,46 @@ static mg_status det_micro_end(void *c)
     return zero_ranges(d, k->r, k->nr);
 }
 
-/* A counter's root (slot 0) whole: checked, the upper levels across the
- * ranks over ranges r (rank r adds rank r + 2^k's node at level k), the
- * root broadcast and divided by W (exact). */
+/* The tree's upper levels over [lo, hi) of the ranks' roots (W a power
+ * of two), by recursive halving and doubling in the tree's order: at
+ * level k rank r and its partner r ^ 2^k each keep one half of the part
+ * they share and add the other's copy of it (the tree's node r + node
+ * r + 2^k; a + b is b + a, so both halves are the tree's bits); the part
+ * each rank ends with is divided by W (exact) and the parts are gathered
+ * back level by level. Each rank sends and adds about n floats, where a
+ * reduce to rank 0 and its broadcast had rank 0 add log2(W) whole nodes
+ * alone. */
+static mg_status upper_levels(det *d, float *root, float *peer, size_t lo, size_t hi, int tag)
+{
+    size_t parent[32][2];   /* the part shared at each level */
+    int level = 0;
+    for (int b = 1; b < d->world; b <<= 1, level++) {
+        size_t mid = lo + (hi - lo) / 2;
+        bool upper = d->rank & b;
+        parent[level][0] = lo;
+        parent[level][1] = hi;
+        size_t klo = upper ? mid : lo, khi = upper ? hi : mid, glo = upper ? lo : mid;
+        MG_TRY(mg_sendrecv(d->g, root + glo, (upper ? mid : hi) - glo, d->rank ^ b, tag,
+                           peer + klo, khi - klo, d->rank ^ b, tag, MG_F32));
+        mg_add_into(root + klo, peer + klo, khi - klo);
+        lo = klo;
+        hi = khi;
+    }
+    mg_grad_scale(root + lo, hi - lo, 1.0f / (float)d->world);
+    while (level--) {   /* this rank's part out, its partner's in */
+        size_t plo = parent[level][0], phi = parent[level][1], mid = plo + (phi - plo) / 2;
+        bool upper = d->rank & (1 << level);
+        size_t olo = upper ? plo : mid, ohi = upper ? mid : phi;
+        MG_TRY(mg_sendrecv(d->g, root + lo, hi - lo, d->rank ^ (1 << level), tag, root + olo,
+                           ohi - olo, d->rank ^ (1 << level), tag, MG_F32));
+        lo = plo;
+        hi = phi;
+    }
+    return MG_OK;
+}
+
+/* A counter's root (slot 0) whole: checked, then the upper levels across
+ * the ranks over ranges r (the root divided by W). */
 static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int nr, int tag)
 {
     if (k->kept != 1 || (1 << k->level[0]) != d->shards / d->world)
@@ -431,21 +469,8 @@ static mg_status tree_root(det *d, counter *k, tree *t, const mg_range *r, int n
                         "takes %d (the global batch is cut into %d)",
                         k->kept ? 1 << k->level[0] : 0, d->shards / d->world, d->shards);
     k->kept = 0;
-    float *root = t->node[0];
-    for (int b = 1; d->g && b < d->world; b <<= 1) {
-        for (int i = 0; i < nr; i++) {
-            size_t lo = r[i].lo, n = r[i].hi - lo;
-            if (d->rank & b) MG_TRY(mg_send(d->g, root + lo, n, MG_F32, d->rank - b, tag));
-            else MG_TRY(mg_recv(d->g, t->peer + lo, n, MG_F32, d->rank + b, tag));
-        }
-        if (d->rank & b) break;
-        over_ranges(r, nr, root, t->peer, false);
-    }
-    for (int i = 0; i < nr && !d->to_servers; i++) {
-        size_t lo = r[i].lo, n = r[i].hi - lo;
-        if (d->g) MG_TRY(mg_broadcast(d->g, root + lo, n, MG_F32, 0));
-        if (d->world > 1) mg_grad_scale(root + lo, n, 1.0f / (float)d->world);
-    }
+    for (int i = 0; d->g && i < nr; i++)
+        MG_TRY(upper_levels(d, t->node[0], t->peer, r[i].lo, r[i].hi, tag));
     return MG_OK;
 }
 
