@@ -27,7 +27,9 @@
 #    copied in on both sides).
 # 3. mgtrain gpt-mini on the GPU: one process, DDP on 2 ranks sharing the
 #    GPU (their buckets reduced through the host), ZeRO-3, ZeRO-2 with
-#    --offload cpu and a 2-stage pipeline on the same 2 ranks, and --bf16.
+#    --offload cpu and a 2-stage pipeline on the same 2 ranks, a parameter
+#    server on 3 (synchronous, and fully asynchronous with each push
+#    clipped), and --bf16.
 # 4. mgbench all_reduce and all_gather on 2 ranks with the buffers on the
 #    GPU (staged through the host) beside the same in host memory.
 # 5. Attention alone (issue 36): `bench/attention` with the fused kernel
@@ -128,6 +130,11 @@ if want mgtrain; then
     "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --parallel ddp --zero 2 --offload cpu | tail -1
     echo "== mgtrain gpt-mini, a pipeline of 2 stages sharing the GPU"
     "$tools/mgrun" -n 2 "$tools/mgtrain" $g --device cuda --mesh pp=2 | tail -1
+    echo "== mgtrain gpt-mini, a parameter server (2 workers, 1 server) sharing the GPU"
+    "$tools/mgrun" -n 3 "$tools/mgtrain" $g --device cuda --parallel ps | tail -1
+    echo "== mgtrain gpt-mini, the same fully asynchronous, each push clipped"
+    "$tools/mgrun" -n 3 "$tools/mgtrain" $g --device cuda --parallel ps --staleness inf \
+        --clip-grad 1 | tail -1
     echo "== mgtrain gpt-mini, one process, --bf16"; "$tools/mgtrain" $g --device cuda --bf16 | tail -1
 fi
 want mgbench && for where in "--device cuda" ""; do

@@ -76,7 +76,13 @@ static mg_status worker_reduce(void *c)
     const float *g = mg_model_grads(j->m);
     const mg_step_options *so = mg_strategy_step_options(j->s);
     bool clips = j->async && so && so->clip_grad > 0;   /* only clipping reads the norm */
-    double sumsq = clips ? mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro) : 0;
+    double sumsq = 0;
+    if (clips) {   /* on the gradients' device (the step's reductions run on the host's) */
+        mg_device host = mg_device_current();
+        MG_TRY(mg_device_set_current(mg_model_device(j->m)));
+        sumsq = mg_grad_sumsq(g, w->whole.hi) / ((double)w->micro * w->micro);
+        mg_device_set_current(host);
+    }
     int64_t head[HEAD_LEN] = {[HEAD_STEP] = w->step, [HEAD_MICRO] = w->micro};
     memcpy(&head[HEAD_SUMSQ], &sumsq, sizeof sumsq);
     /* --deterministic: the borrowed gradients' own tree, to the server
