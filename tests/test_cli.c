@@ -2,7 +2,8 @@
  * MG_* variable takes is checked against its range (one line, exit 2, no
  * work done); one table lists the variables (mgtrain --print-params) and a
  * misspelt one is named; DDP ranks started with different settings stop
- * at once naming the difference; launchers are told by their variables;
+ * at once naming the difference; a mistake every rank finds is said once;
+ * launchers are told by their variables;
  * each diagnostic line is one write(2), whole, naming its rank and address
  * once. (The README's mpirun lines run in test_mpi.c.)
  * Needs the tools (make -j2 all, or MG_BIN). */
@@ -321,6 +322,44 @@ TEST_T(cli_ranks_that_disagree_on_any_shared_flag_stop_before_work, 180)
     snprintf(f0, sizeof f0, "--model gpt-mini --layers 2 --dim 16 --heads 2 --ctx 16 --steps 2 "
              "--mesh dp=2");
     disagree(gpt, f0, "rank 1 has --mesh dp=2, rank 0 has --mesh pp=2");
+}
+
+/* A mistake every rank of a job finds alike is said once, by rank 0 (a
+ * flag that does not parse, the flags' checks, the mesh, the batch, the
+ * strategy's refusal, the data, a pipeline's split, a checkpoint that is
+ * not there): the other ranks stop without a word (MG_ESTOPPED) and wait
+ * for mgrun, which stops them as soon as rank 0 exits; it names rank 0.
+ * Each line printed once, before, when every rank said it (1 to 4 copies). */
+TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
+{
+    char run[512], train[512], *out;
+    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    snprintf(train, sizeof train, "%s", mgt_tool("mgtrain"));
+    const struct { int n; const char *args, *says; } cases[] = {
+        {4, "--model gpt-mini --epochs 1 --parallel ddp", "gpt-mini trains by steps"},
+        {4, "--model lenet5 --tp-chunks 2 --parallel ddp", "fixes the sums of --deterministic"},
+        {4, "--model lenet5 --mesh dp=3", "has dp*tp*pp = 3 ranks but the job has 4"},
+        {4, "--model lenet5 --parallel ps", "--batch 128 does not divide among 3"},
+        {3, "--model lenet5 --parallel ps --staleness 2 --deterministic", "needs --staleness 0"},
+        {4, "--model lenet5 --parallel ddp --data /nonexistent", "data directory '/nonexistent'"},
+        {4, "--model lenet5 --mesh pp=2 --split foo", "--split: no unit 'foo'"},
+        {4, "--model lenet5 --parallel ddp --resume /nonexistent.st", "--resume: cannot open"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double t0 = mg_now();
+        int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=30 %s -n %d %s %s --epochs 1", run, cases[i].n,
+                        train, cases[i].args);
+        double secs = mg_now() - t0;
+        char stopped[64];
+        snprintf(stopped, sizeof stopped, "stopped the other %d worker(s)", cases[i].n - 1);
+        CHECK_MSG(rc == 2 && count_of(out, cases[i].says) == 1 &&
+                  count_of(out, "mgtrain: ") == 1 && count_lines(out) == 2 &&
+                  strstr(out, "mgrun: rank 0 (pid ") && strstr(out, stopped),
+                  "%s: exit %d: %s", cases[i].args, rc, out);
+        CHECK_MSG(secs < 10, "%s: %.1f s (the silent ranks waited out MG_PEER_TIMEOUT): %s",
+                  cases[i].args, secs, out);
+        free(out);
+    }
 }
 
 /* Issue 30 item 4: an empty prompt is refused before training (it was

@@ -39,19 +39,40 @@ typedef struct {
 } options;
 
 static const char *prog = "mgtrain";
+static bool parsing = true;   /* the flags: every rank of a launched job reads the same */
 
+/* Wait for the launcher to stop this rank, at most MG_PEER_TIMEOUT
+ * seconds: another rank says why the job fails, and exits first. */
+static void wait_to_be_stopped(void) { mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15)); }
+
+/* One line, and exit 2. A mistake in the flags is said by rank 0 of a
+ * launched job alone (the others find it alike). */
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
 {
     va_list ap;
+    mg_launch l = mg_launch_detect();
+    if (parsing && l.by && l.size > 1 && l.rank > 0) wait_to_be_stopped();
     va_start(ap, fmt);
     mg_veprintf(prog, fmt, ap);
     va_end(ap);
     exit(2);
 }
 
-/* A failed library call: its one line, and exit 2. */
-#define TRY(call) do { if (call) die("%s", mg_last_error()); } while (0)
+/* A failed library call: its one line, and exit 2. MG_ESTOPPED: another
+ * rank of the job failed first and says why, and the launcher stops this
+ * one once that rank has exited; only if that takes MG_PEER_TIMEOUT
+ * seconds does it say its own line. */
+static void fail(mg_status st) __attribute__((noreturn));
+static void fail(mg_status st)
+{
+    char why[2048];
+    snprintf(why, sizeof why, "%s", mg_last_error());
+    if (st == MG_ESTOPPED) wait_to_be_stopped();
+    parsing = false;
+    die("%s", why);
+}
+#define TRY(call) do { mg_status st_ = (call); if (st_) fail(st_); } while (0)
 
 static void usage(FILE *f)
 {
@@ -695,6 +716,7 @@ int main(int argc, char **argv)
     o.c.on_row = print_row;
     o.c.ud = &o;
     o.tty = isatty(2);
+    parsing = false;   /* the trainer agrees its own mistakes (MG_ESTOPPED) */
     TRY(mg_trainer_create(&o.c, &o.t));
     o.c = *mg_trainer_config(o.t);   /* resolved: a pipeline's micro-batches */
     print_start(&o);

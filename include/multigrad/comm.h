@@ -216,10 +216,12 @@ const char *mg_group_device_path(const mg_group *g, const char **why);
 /* The one "ranks agree" check. Collective: every rank learns whether st
  * failed on any (g NULL: st). MG_AGREE_SHARE: every rank gets the first
  * failing rank's status and message. MG_AGREE_LEAVE_FIRST (a tool's
- * input checks): failing ranks keep their own; the others wait until the
- * first has left the group (destroyed it or exited: it says why and
- * leaves first, so that a launcher names it as the cause) and fail with
- * "rank R: stopping because rank F failed (its message says why)". */
+ * input checks, which every rank may find alike): the first failing rank
+ * keeps its own; every other rank, failing or not, waits until it has
+ * left the group (destroyed it or exited: it says why and leaves first,
+ * so that a launcher names it as the cause) and fails with MG_ESTOPPED,
+ * "rank R: stopping because rank F failed (its message says why)": a
+ * tool says the one message once. */
 typedef enum { MG_AGREE_SHARE, MG_AGREE_LEAVE_FIRST } mg_agree_mode;
 mg_status mg_group_agree(mg_group *g, mg_status st, mg_agree_mode mode);
 

@@ -25,8 +25,11 @@ enum {
     MG_EAUTH,       /* authentication failed */
     MG_EMISMATCH,   /* ranks disagree (collective, count, world size, model) */
     MG_EUNSUPPORTED, /* not available in this build or configuration */
-    MG_ELEFT        /* this rank's peers took it as lost and went on without it (a group
+    MG_ELEFT,       /* this rank's peers took it as lost and went on without it (a group
                        that contains peer failures, mg_group_contain_peer_failures) */
+    MG_ESTOPPED     /* another rank failed first and says why; this one stops without a
+                       message to tell (mg_group_agree's MG_AGREE_LEAVE_FIRST; a mistake in
+                       the flags that rank 0 of a launched job finds alike) */
 };
 
 /* Record an error message (printf-style) for this thread; returns code.

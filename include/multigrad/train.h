@@ -174,7 +174,12 @@ struct mg_train_progress {
 
 typedef struct mg_trainer mg_trainer;
 /* Join, check, build and load as described above. Collective over the
- * job when the strategy is one of ranks. */
+ * job when the strategy is one of ranks. A mistake the ranks find (alike
+ * or not) fails on the first rank that found it with its message, and
+ * with MG_ESTOPPED on every other rank once that one has left the job
+ * (so that a launcher names it; a tool says the one message once): so
+ * does a mistake in the flags on a launched job's ranks other than 0,
+ * which every rank finds alike before joining (its message kept). */
 mg_status mg_trainer_create(const mg_train_config *c, mg_trainer **out);
 /* Destroys the plan, model, data and group; NULL is fine. */
 void mg_trainer_destroy(mg_trainer *t);

@@ -217,7 +217,7 @@ static mg_status choose_plan(mg_trainer *t)
         st = mg_plan_choose(&job, &cl, &p, why, sizeof why);
         if (st) st = mg_error(st, "--plan auto: %s", mg_last_error());
     }
-    MG_TRY(t->g ? mg_trainer_agree(t, st) : st);
+    MG_TRY(mg_group_agree(t->g, st, MG_AGREE_SHARE));   /* said once by join_job's agreement */
     /* The ranks run one program: the plan goes as its bytes. */
     if (t->g && mg_broadcast(t->g, &p, sizeof p, MG_U8, 0)) return mg__train_step_error(t);
     char flags[512];
@@ -227,8 +227,33 @@ static mg_status choose_plan(mg_trainer *t)
     return MG_OK;
 }
 
-/* One rank of a job: the launcher's group, the settings agreed before any
- * other collective, collectives on the device, the mesh's shape. */
+/* st agreed over the job, where there is one (mg_trainer_agree): a
+ * mistake every rank finds alike is said once, by the first. The step
+ * that made st has no collective, so that every rank comes here. */
+static mg_status agreed(mg_trainer *t, mg_status st)
+{
+    if (!t->g) return st;
+    char why[1024] = "";
+    if (st) snprintf(why, sizeof why, "%s", mg_last_error());
+    mg_status a = mg_trainer_agree(t, st);
+    /* The agreement failed itself (a peer lost): this rank's own says why. */
+    return st && a != st && a != MG_ESTOPPED ? mg_error(st, "%s", why) : a;
+}
+
+/* A mistake in the flags, which every rank of a launched job finds alike
+ * before it joins the others (the same flags and launcher's environment):
+ * rank 0 says it; the others stop without saying it (MG_ESTOPPED, the
+ * message kept for a tool that waits in vain for its launcher). */
+static mg_status said_by_rank_0(mg_status st)
+{
+    mg_launch l = mg_launch_detect();
+    if (!st || !l.by || l.size < 2 || l.rank == 0) return st;
+    return mg_error(MG_ESTOPPED, "%s", mg_last_error());
+}
+
+static mg_status shape_job(mg_trainer *t);
+
+/* One rank of a job: the launcher's group, then its shape (agreed). */
 static mg_status join_job(mg_trainer *t)
 {
     mg_train_config *c = &t->c;
@@ -243,6 +268,16 @@ static mg_status join_job(mg_trainer *t)
     in->distributed = true;
     in->rank = mg_group_rank(t->g);
     in->world = mg_group_size(t->g);
+    return agreed(t, shape_job(t));
+}
+
+/* The settings agreed before any other collective, collectives on the
+ * device, the mesh's shape. Its collectives come first: after them every
+ * rank makes the same checks, so that every rank ends here. */
+static mg_status shape_job(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    mg_trainer_info *in = &t->info;
     /* Ranks that disagree on a setting that shapes the collectives or the
      * numbers are told which, instead of failing later. */
     char settings[2048];
@@ -302,7 +337,7 @@ static mg_status join_job(mg_trainer *t)
         ? mg_error(MG_EINVAL, "--virtual-shards %d: the %d data-parallel rank(s) must divide it "
                    "(each takes V/ranks of the shards)", V, in->dp_size)
         : MG_OK;
-    return mg_trainer_agree(t, st);
+    return st;
 }
 
 mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
@@ -342,8 +377,8 @@ static mg_status load_data(mg_trainer *t)
         t->info.text_bytes = mg_text_size(t->text);
         t->info.text_train_bytes = mg_text_train_size(t->text);
     } else {
-        if (!c->eval_only) MG_TRY(load(c->data, true, &t->train));
-        MG_TRY(load(c->data, false, &t->test));
+        mg_status st = c->eval_only ? MG_OK : load(c->data, true, &t->train);
+        MG_TRY(agreed(t, st ? st : load(c->data, false, &t->test)));
         if (counts)
             mg_debug("rank %d, a parameter server: the data set's shape alone (%d and %d "
                      "images counted, not loaded)", t->info.rank, t->train ? t->train->n : 0,
@@ -411,11 +446,11 @@ static mg_status make_plan(mg_trainer *t)
             for (int u = 0; u < nu; u++) names[u] = mg_model_unit(t->m, u).name;
             mg_status st = mg_pipe_split_parse(c->split, names, nu, S, t->first);
             free(names);
-            MG_TRY(st);
+            MG_TRY(agreed(t, st));
             so.pipe.first = t->first;
         }
     }
-    MG_TRY(mg_strategy_create(t->m, &so, &t->s));
+    MG_TRY(agreed(t, mg_strategy_create(t->m, &so, &t->s)));   /* it shares its failures */
     t->mesh = mg_strategy_mesh(t->s);
     mg_strategy_data_share(t->s, &t->info.dp_rank, &t->info.dp_size);
     return MG_OK;
@@ -476,37 +511,42 @@ static mg_status check_images(mg_trainer *t)
     for (int i = 0; i < 2 && !st; i++)
         if (sets[i]) st = mg_dataset_check_input(sets[i], mg_model_name(t->m), ch, h, w,
                                                  mg_model_classes(t->m));
-    MG_TRY(mg_trainer_agree(t, st));
+    MG_TRY(agreed(t, st));
     if (!t->train || t->info.start_epoch >= c->epochs) return MG_OK;
     long rows = (long)c->batch * c->accumulate;   /* --deterministic: whole global batches */
     long n_local = c->det_shards ? (t->train->n + rows - 1) / rows * (rows / t->info.dp_size)
                  : (t->train->n - t->info.dp_rank + t->info.dp_size - 1) / t->info.dp_size;
     long micro = (n_local + t->info.local - 1) / t->info.local;
     t->steps_per_epoch = (micro + t->leaves - 1) / t->leaves;
-    if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)
-        return mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with --batch %d "
-                        "--accumulate %d", c->resume, t->info.start_step, t->info.start_epoch,
-                        c->batch, c->accumulate);
+    if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)   /* on every rank */
+        return agreed(t, mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with "
+                                  "--batch %d --accumulate %d", c->resume, t->info.start_step,
+                                  t->info.start_epoch, c->batch, c->accumulate));
+    return MG_OK;
+}
+
+/* The text, or the image data set's directory. */
+static mg_status open_data(mg_trainer *t)
+{
+    mg_train_config *c = &t->c;
+    if (c->text) return mg_text_open(c->data, c->gpt.ctx, &t->text);
+    if (!c->data) c->data = mg_env_str("MG_DATA", "/usr/share/datasets/fashion-mnist");
+    struct stat sb;
+    if (stat(c->data, &sb) || !S_ISDIR(sb.st_mode))
+        return mg_error(MG_EIO, "data directory '%s' not found: install the "
+                        "dataset-fashion-mnist package (scripts/install-deps.sh) or pass "
+                        "--data DIR (or set MG_DATA)", c->data);
     return MG_OK;
 }
 
 static mg_status create(mg_trainer *t)
 {
     mg_train_config *c = &t->c;
-    MG_TRY(check_config(t));
-    if (c->text) {
-        MG_TRY(mg_text_open(c->data, c->gpt.ctx, &t->text));
-    } else {
-        if (!c->data) c->data = mg_env_str("MG_DATA", "/usr/share/datasets/fashion-mnist");
-        struct stat sb;
-        if (stat(c->data, &sb) || !S_ISDIR(sb.st_mode))
-            return mg_error(MG_EIO, "data directory '%s' not found: install the "
-                            "dataset-fashion-mnist package (scripts/install-deps.sh) or pass "
-                            "--data DIR (or set MG_DATA)", c->data);
-    }
+    MG_TRY(said_by_rank_0(check_config(t)));
     t->info.world = t->info.dp_size = t->info.pp = 1;
     if (mg_strategy_kind_traits(c->strategy).ranks) MG_TRY(join_job(t));
     else if (c->plan_auto) MG_TRY(choose_plan(t));
+    MG_TRY(agreed(t, open_data(t)));
     mg_trace_open(NULL, t->info.rank, t->info.world);
     mg_set_threads(c->threads ? c->threads : (int)mg_env_long("MG_THREADS", 1));
     /* After mgrun restarted the job: resume from the last save. Rank 0's
@@ -524,12 +564,12 @@ static mg_status create(mg_trainer *t)
         t->info.local = c->batch * c->accumulate / c->det_shards;
         t->leaves = c->det_shards / t->info.dp_size;
     }
-    MG_TRY(make_model(t));
+    MG_TRY(agreed(t, make_model(t)));
     MG_TRY(make_plan(t));
     if (c->plan_only) return MG_OK;
     MG_TRY(make_optimizer(t));
     mg__train_hparams(c, t->hp, sizeof t->hp);
-    MG_TRY(start_state(t));
+    MG_TRY(agreed(t, start_state(t)));
     if (c->text) t->info.val_windows = mg_lm_val_windows(t->text, c->gpt.ctx, c->eval_windows);
     else MG_TRY(check_images(t));
     t->log.text = c->text;
