@@ -74,7 +74,8 @@ const char *mgt_data(const char *name);
 const char *mgt_fashion_dir(void);
 /* A fresh empty directory for this test, removed by the runner afterwards. */
 const char *mgt_tmpdir(void);
-/* Path of a built tool ("mgtrain" -> build/bin/mgtrain). */
+/* Path of a built tool ("mgtrain" -> build/bin/mgtrain), one string per
+ * tool for the whole run: several may be held at once. */
 const char *mgt_tool(const char *name);
 
 /* Run a shell command (printf-style), stdout and stderr together into

@@ -95,9 +95,16 @@ const char *mgt_tmpdir(void)
 
 const char *mgt_tool(const char *name)
 {
-    static _Thread_local char path[512];
-    snprintf(path, sizeof path, "%s/%s", mg_env_str("MG_BIN", "build/bin"), name);
-    return path;
+    static _Thread_local struct { char name[64], path[512]; } tool[16];
+    int i = 0;
+    while (i < 16 && tool[i].name[0] && strcmp(tool[i].name, name)) i++;
+    if (i == 16) mgt_fail(__FILE__, __LINE__, "more than 16 tools");
+    if (!tool[i].name[0]) {
+        snprintf(tool[i].name, sizeof tool[i].name, "%s", name);
+        snprintf(tool[i].path, sizeof tool[i].path, "%s/%s", mg_env_str("MG_BIN", "build/bin"),
+                 name);
+    }
+    return tool[i].path;
 }
 
 int mgt_sh(char **out, const char *fmt, ...)

@@ -205,8 +205,7 @@ TEST_T(cli_print_params_lists_the_table, 30)
 {
     setenv("MG_TIMEOUT", "42", 1);
     setenv("MG_JOB_SECRET", "do-not-print-this-secret", 1);
-    char tool[512];
-    snprintf(tool, sizeof tool, "%s", mgt_tool("mgtrain"));
+    const char *tool = mgt_tool("mgtrain");
     mgt_result *r = mgt_exec(20, (const char *[]){tool, "--print-params", NULL}, NULL);
     CHECK_MSG(mgt_exit_code(r) == 0 && !r->err[0], "exit %d: %s", mgt_exit_code(r), r->err);
     int n;
@@ -232,9 +231,8 @@ TEST_T(cli_print_params_lists_the_table, 30)
 TEST_T(cli_unknown_variable_warned_with_closest_name, 60)
 {
     setenv("MG_TIMOUT", "5", 1);
-    char tool[512], mgrun[512];
-    snprintf(tool, sizeof tool, "%s", mgt_tool("mgtrain"));
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    const char *tool = mgt_tool("mgtrain");
+    const char *mgrun = mgt_tool("mgrun");
     mgt_result *r = mgt_exec(20, (const char *[]){tool, "--print-params", NULL}, NULL);
     CHECK_EQ(mgt_exit_code(r), 0);
     CHECK_MSG(!strcmp(r->err, "multigrad: warning: MG_TIMOUT is not a multigrad variable; did "
@@ -254,9 +252,9 @@ TEST_T(cli_unknown_variable_warned_with_closest_name, 60)
  * stop at once (not after a timeout) naming the first difference. */
 static void disagree(const char *rank0, const char *rank1, const char *says)
 {
-    char *out, run[512], train[512];
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
-    snprintf(train, sizeof train, "%s", mgt_tool("mgtrain"));
+    char *out;
+    const char *run = mgt_tool("mgrun");
+    const char *train = mgt_tool("mgtrain");
     double t0 = mg_now();
     int rc = mgt_sh(&out, "MG_TIMEOUT=60 %s -n 2 sh -c 'if [ $RANK = 1 ]; then exec %s "
                     "--parallel ddp %s; else exec %s --parallel ddp %s; fi'", run, train, rank1,
@@ -332,9 +330,9 @@ TEST_T(cli_ranks_that_disagree_on_any_shared_flag_stop_before_work, 180)
  * Each line printed once, before, when every rank said it (1 to 4 copies). */
 TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
 {
-    char run[512], train[512], *out;
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
-    snprintf(train, sizeof train, "%s", mgt_tool("mgtrain"));
+    char *out;
+    const char *run = mgt_tool("mgrun");
+    const char *train = mgt_tool("mgtrain");
     const struct { int n; const char *args, *says; } cases[] = {
         {4, "--model gpt-mini --epochs 1 --parallel ddp", "gpt-mini trains by steps"},
         {4, "--model lenet5 --tp-chunks 2 --parallel ddp", "fixes the sums of --deterministic"},
@@ -416,10 +414,9 @@ static int stderr_writes(const char *const *argv, const char *prefix)
 
 TEST_T(cli_each_diagnostic_line_is_one_write, 60)
 {
-    char train[512], run[512], bench[512];
-    snprintf(train, sizeof train, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    const char *train = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
+    const char *bench = mgt_tool("mgbench");
     CHECK_EQ(stderr_writes((const char *[]){train, "--threads", "abc", NULL}, "mgtrain: "), 1);
     CHECK_EQ(stderr_writes((const char *[]){run, "-n", "0", "true", NULL}, "mgrun: "), 1);
     CHECK_EQ(stderr_writes((const char *[]){bench, "-n", "0", "all_reduce", NULL}, "mgbench: "), 1);
@@ -434,8 +431,7 @@ static pid_t start_job(const char *dir, const char *err)
     char script[2048];
     snprintf(script, sizeof script, "echo $$ > %s/pid.$RANK; exec %s --model mlp --parallel ddp "
              "--epochs 50", dir, mgt_tool("mgtrain"));
-    char run[512];
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *run = mgt_tool("mgrun");
     fflush(stdout);
     pid_t pid = fork();
     CHECK(pid >= 0);

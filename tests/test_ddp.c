@@ -283,9 +283,8 @@ static double test_acc(const char *out)
 TEST_T(ddp_fp16_compression_within_one_point, 240)
 {
     char *a, *b;
-    char mgrun[512], mgtrain[512];
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
-    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    const char *mgrun = mgt_tool("mgrun");
+    const char *mgtrain = mgt_tool("mgtrain");
     CHECK_EQ(mgt_sh(&a, "%s -n 2 %s --model mlp --parallel ddp --epochs 1", mgrun, mgtrain), 0);
     CHECK_EQ(mgt_sh(&b, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --compress fp16",
                  mgrun, mgtrain), 0);
@@ -300,9 +299,8 @@ TEST_T(ddp_fp16_compression_within_one_point, 240)
 TEST_T(ddp_bad_input_clear_message_on_every_rank, 180)
 {
     char *out;
-    char mgrun[512], mgtrain[512];
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
-    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    const char *mgrun = mgt_tool("mgrun");
+    const char *mgtrain = mgt_tool("mgtrain");
     /* A world size that does not divide the batch: every rank says so. */
     int rc = mgt_sh(&out, "%s -n 3 %s --model mlp --parallel ddp --batch 128 --epochs 1",
                  mgrun, mgtrain);
@@ -378,9 +376,9 @@ static pid_t spawn(const char *cmd, const char *log)
 TEST_T(ddp_killed_rank_stops_job_and_restart_resumes, 300)
 {
     const char *t = mgt_tmpdir();
-    char mgrun[512], mgtrain[512], cmd[2048], log[512], ck[512];
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
-    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    char cmd[2048], log[512], ck[512];
+    const char *mgrun = mgt_tool("mgrun");
+    const char *mgtrain = mgt_tool("mgtrain");
     /* Uninterrupted: 2 epochs. */
     char *out;
     CHECK_EQ(mgt_sh(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 2 --save %s/full.st",
@@ -619,9 +617,9 @@ TEST_T(ddp_parameters_without_gradient_do_not_hang, 60)
 
 TEST_T(ddp_resume_with_other_flags_refused_on_every_rank, 180)
 {
-    char mgrun[512], mgtrain[512], *out;
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
-    snprintf(mgtrain, sizeof mgtrain, "%s", mgt_tool("mgtrain"));
+    char *out;
+    const char *mgrun = mgt_tool("mgrun");
+    const char *mgtrain = mgt_tool("mgtrain");
     const char *t = mgt_tmpdir();
     CHECK_EQ(mgt_sh(&out, "%s -n 2 %s --model mlp --parallel ddp --epochs 1 --save %s/ck.st",
                     mgrun, mgtrain, t), 0);

@@ -57,9 +57,9 @@ static void hash_file(const char *path, const char *const *names, int n, char he
  * of the file; one more step changes it. */
 TEST_T(print_hash_is_the_same_under_every_plan, 180)
 {
-    char bin[512], run[512], ck[512], *out, want[65], got[65];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char ck[512], *out, want[65], got[65];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ck, sizeof ck, "%s/h.st", mgt_tmpdir());
     const char *job = GPT_SMALL " --batch 8 --eval-every 3 --no-eval-on-start --quiet";
     int rc = mgt_sh(&out, "%s %s --steps 3 --save %s --print-hash", bin, job, ck);
@@ -115,9 +115,9 @@ TEST_T(print_hash_is_the_same_under_every_plan, 180)
  * every plan, --tp-chunks' default). */
 TEST_T(deterministic_hash_is_the_same_at_1_2_4_8_ranks, 300)
 {
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *jobs[2] = {
         GPT_SMALL " --batch 16 --steps 100 --eval-every 50 --eval-windows 13 --clip-grad 0.5",
         "--model lenet5 --epochs 1 --clip-grad 0.5"};
@@ -160,9 +160,9 @@ typedef struct { int ranks; const char *plan; } plan_run;
  * the first one's parameters and figures. */
 static void same_hash_under(const char *job, const plan_run *runs, size_t n)
 {
-    char bin[512], run[512], *out, first[65] = "", got[65], first_fig[65] = "", fig[65];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, first[65] = "", got[65], first_fig[65] = "", fig[65];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     for (size_t k = 0; k < n; k++) {
         int rc = mgt_sh(&out, "%s -n %d %s %s %s", run, runs[k].ranks, bin, job, runs[k].plan);
         hash_of(out, got);
@@ -198,9 +198,9 @@ TEST_T(deterministic_parameter_server_is_one_process_bits, 240)
                     "--no-eval-on-start --deterministic --print-hash --quiet", runs, n);
     same_hash_under("--model lenet5 --epochs 1 --clip-grad 0.5 --deterministic --print-hash "
                     "--quiet", runs, n);
-    char bin[512], run[512], ck[2][512], *out, want[65], got[65];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char ck[2][512], *out, want[65], got[65];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = GPT_SMALL " --batch 16 --eval-every 20 --clip-grad 0.5 --deterministic "
                       "--quiet";
     int rc = mgt_sh(&out, "%s %s --steps 40 --print-hash", bin, job);
@@ -286,9 +286,9 @@ TEST_T(deterministic_on_a_gpu_is_the_same_at_1_2_4_ranks, 300)
  * of lenet5. */
 TEST_T(deterministic_checkpoint_at_4_ranks_resumes_at_2_to_the_same_bits, 300)
 {
-    char bin[512], run[512], ck[512], *out, want[65], got[65];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char ck[512], *out, want[65], got[65];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ck, sizeof ck, "%s/half.st", mgt_tmpdir());
     const struct { const char *job, *half, *whole; } cases[] = {
         {GPT_SMALL " --batch 16 --eval-every 25 --no-eval-on-start", "--steps 25", "--steps 50"},
@@ -319,9 +319,9 @@ TEST_T(deterministic_checkpoint_at_4_ranks_resumes_at_2_to_the_same_bits, 300)
  * before any work. */
 TEST_T(deterministic_bad_input, 120)
 {
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const struct { const char *ranks, *args, *want; } cases[] = {
         {"", "--virtual-shards 6", "power of two"},
         {"", "--virtual-shards 256", "divides the step's 128 rows"},

@@ -276,11 +276,9 @@ TEST_T(mgbench_variants_exact, 90)
 /* Under a launcher it is one rank of the launcher's job. */
 TEST_T(mgbench_under_mgrun, 60)
 {
-    char mgrun[512];
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    const char *mgrun = mgt_tool("mgrun");
     if (access(mgrun, X_OK)) mgt_skip("%s not built", mgrun);
-    char bench[512];
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    const char *bench = mgt_tool("mgbench");
     result *r = run_tool(60, (const char *[]){"mgrun", "-n", "2", bench, "all_reduce", "gather",
                                               "-b", "4", "-e", "4K", "-f", "32", NULL});
     CHECK_MSG(exit_code(r) == 0, "exit %d: %s", exit_code(r), r->err);

@@ -125,9 +125,9 @@ TEST_T(mgtrain_resume_does_not_hold_the_file, 180)
 {
     const char *g = "--model gpt-mini --layers 2 --dim 384 --heads 4 --ctx 64 --batch 2 "
                     "--eval-windows 1 --no-eval-on-start";
-    char bin[512], run[512], ck[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char ck[512], *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ck, sizeof ck, "%s/resume-memory.st", mgt_tmpdir());
     int rc = mgt_sh(&out, "%s %s --steps 1 --save %s", bin, g, ck);
     CHECK_MSG(rc == 0, "%s", out);
@@ -242,9 +242,9 @@ static double ckpt_rel_diff(const char *a, const char *b, double *max_rel)
 TEST_T(mgtrain_gpt_ddp_and_dp_equal_one_process, 240)
 {
     const char *t = mgt_tmpdir();
-    char *out, ref[512], other[512], bin[512], run[512];   /* mgt_tool's buffer is reused */
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ref[512], other[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ref, sizeof ref, "%s/one.st", t);
     snprintf(other, sizeof other, "%s/other.st", t);
     int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 10 --save %s", bin, ref);
@@ -287,9 +287,9 @@ static void cpu_reference(const char *bin, const char *args, const char *save)
 static void device_equals_cpu(const char *dev)
 {
     const char *t = mgt_tmpdir();
-    char *out, ref[512], ref20[512], other[512], half[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ref[512], ref20[512], other[512], half[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ref, sizeof ref, "%s/cpu.st", t);
     snprintf(ref20, sizeof ref20, "%s/cpu20.st", t);
     snprintf(other, sizeof other, "%s/dev.st", t);
@@ -407,9 +407,9 @@ TEST_T(mgtrain_device_gpu_through_nccl_equals_cpu, 240)
 {
     mgt_nccl_gpu();
     const char *t = mgt_tmpdir();
-    char *out, ref[512], acc[512], other[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ref[512], acc[512], other[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ref, sizeof ref, "%s/cpu.st", t);
     snprintf(acc, sizeof acc, "%s/cpu-acc.st", t);
     snprintf(other, sizeof other, "%s/nccl.st", t);
@@ -465,8 +465,8 @@ TEST(mgtrain_device_refusals_one_line)
     }
     /* Offload to files, in one process too (issue 30 item 7: it was
      * accepted there), before any work. */
-    char *out, run[512];
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *run = mgt_tool("mgrun");
     const char *says = "--offload disk:DIR keeps the optimizer's state in files for a model on "
                        "the CPU; with --device emu give --offload cpu";
     int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --steps 2 --device emu --parallel ddp "
@@ -485,9 +485,9 @@ TEST(mgtrain_device_refusals_one_line)
 TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
 {
     const char *t = mgt_tmpdir();
-    char *out, a[512], b[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, a[512], b[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(a, sizeof a, "%s/plain.st", t);
     snprintf(b, sizeof b, "%s/recomputed.st", t);
     for (int r = 0; r < 2; r++) {
@@ -530,9 +530,9 @@ TEST_T(mgtrain_recompute_print_plan_and_mesh, 180)
  * wrong place are one clear error each. */
 TEST_T(mgtrain_pipeline_plan_printed, 120)
 {
-    char *out, bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     int rc = mgt_sh(&out, "%s -n 2 %s " GPT_SMALL " --mesh pp=2 --micro-batches 4 --print-plan",
                     run, bin);
     CHECK_MSG(rc == 0 && strstr(out, "stage 0 on rank 0: units 0-1 (embedding .. h.0)") &&
@@ -576,9 +576,9 @@ TEST_T(mgtrain_pipeline_plan_printed, 120)
 TEST_T(mgtrain_pipeline_zero_with_disk_offload_equals_in_memory, 240)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], a[512], b[512], dir[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char a[512], b[512], dir[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(a, sizeof a, "%s/memory.st", t);
     snprintf(b, sizeof b, "%s/disk.st", t);
     snprintf(dir, sizeof dir, "%s/offload", t);
@@ -607,9 +607,9 @@ TEST_T(mgtrain_pipeline_zero_with_disk_offload_equals_in_memory, 240)
 static double train_in_turn(const char *const *mode, const int *ranks, int n, const char *ck,
                             const char *ref)
 {
-    char *out, bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     for (int k = 0; k < n; k++) {
         char launch[600] = "", resume[600] = "";
         if (ranks[k] > 1) snprintf(launch, sizeof launch, "%s -n %d ", run, ranks[k]);
@@ -633,9 +633,8 @@ static double train_in_turn(const char *const *mode, const int *ranks, int n, co
 TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
 {
     const char *t = mgt_tmpdir();
-    char *out, ref[512], ck[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ref[512], ck[512];
+    const char *bin = mgt_tool("mgtrain");
     snprintf(ref, sizeof ref, "%s/straight.st", t);
     snprintf(ck, sizeof ck, "%s/moving.st", t);
     int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 8 --eval-every 2 --save %s", bin, ref);
@@ -658,9 +657,9 @@ TEST_T(mgtrain_checkpoint_moves_between_strategies, 240)
 TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
 {
     const char *t = mgt_tmpdir();
-    char *out, *one, ref[512], ck[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, *one, ref[512], ck[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ref, sizeof ref, "%s/straight.st", t);
     snprintf(ck, sizeof ck, "%s/moving.st", t);
     int rc = mgt_sh(&one, "%s " GPT_SMALL " --accumulate 2 --steps 8 --eval-every 2 --save %s "
@@ -712,9 +711,9 @@ TEST_T(mgtrain_pipeline_equals_one_process_and_checkpoints_move, 300)
 TEST_T(mgtrain_zero_checkpoint_moves_between_stages_and_world_sizes, 300)
 {
     const char *t = mgt_tmpdir();
-    char *out, ref[512], ck[512], bin[512], run[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ref[512], ck[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ref, sizeof ref, "%s/straight.st", t);
     snprintf(ck, sizeof ck, "%s/moving.st", t);
     int rc = mgt_sh(&out, "%s " GPT_SMALL " --steps 10 --eval-every 2 --save %s", bin, ref);
@@ -743,9 +742,9 @@ typedef struct {
 
 static void refused(const refusal *c)
 {
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     for (; c->args; c++) {
         int rc = mgt_sh(&out, "%s -n 2 %s --model mlp --epochs 1 %s", run, bin, c->args);
         CHECK_MSG(rc != 0 && strstr(out, c->want), "%s: rc %d: %s", c->args, rc, out);
@@ -771,9 +770,9 @@ TEST_T(mgtrain_zero_bad_input, 60)
 TEST_T(mgtrain_offload_same_as_in_memory, 240)
 {
     const char *t = mgt_tmpdir();
-    char *out, bin[512], run[512], dir[600], a[600], b[600], c[600];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, dir[600], a[600], b[600], c[600];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(dir, sizeof dir, "%s/offload-dir", t);
     CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     const char *mode[3] = {"--parallel ddp --zero 3", "--parallel ddp --zero 1", ""};
@@ -870,12 +869,10 @@ TEST_T(mgtrain_gpt_resume_log_eval_and_sample, 180)
     /* Under plans where each rank reads only the weights it holds (a
      * pipeline's stages, ZeRO-3's pieces): the same figures and sample. */
     static const char *plans[] = {"--mesh pp=2", "--parallel ddp --zero 3"};
-    char train[512], run[512];
-    snprintf(train, sizeof train, "%s", bin);
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is bin's */
+    const char *run = mgt_tool("mgrun");
     for (int k = 0; k < 2; k++) {
         rc = mgt_sh(&again, "%s -n 2 %s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
-                    "--temperature 0 --prompt 'Q: ' %s", run, train, t, plans[k]);
+                    "--temperature 0 --prompt 'Q: ' %s", run, bin, t, plans[k]);
         const char *a = strstr(out, "gpt-mini: validation"), *b = strstr(again, "gpt-mini: validation");
         CHECK_MSG(rc == 0 && a && b && !strcmp(a, b), "%s:\n%s\none process:\n%s", plans[k],
                   again, out);
@@ -930,9 +927,9 @@ TEST_T(mgtrain_gpt_bad_input_one_line, 120)
 TEST_T(mgtrain_pipeline_resumes_a_checkpoint_of_the_same_global_batch, 180)
 {
     const char *t = mgt_tmpdir();
-    char *out, ck[512], run[512], bin[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ck[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ck, sizeof ck, "%s/single.st", t);
     const char *gpt = "--model gpt-mini --layers 2 --dim 32 --heads 2 --ctx 32 --eval-windows 4";
     int rc = mgt_sh(&out, "%s %s --batch 24 --steps 2 --eval-every 2 --save %s", bin, gpt, ck);
@@ -960,8 +957,8 @@ TEST_T(mgtrain_pipeline_resumes_a_checkpoint_of_the_same_global_batch, 180)
 TEST_T(mgtrain_init_partial_and_evaluation_flags, 180)
 {
     const char *t = mgt_tmpdir();
-    char *out, ck[512], bin[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
+    char *out, ck[512];
+    const char *bin = mgt_tool("mgtrain");
     snprintf(ck, sizeof ck, "%s/four.st", t);
     const char *gpt = "--model gpt-mini --dim 32 --heads 2 --ctx 32 --batch 8";
     int rc = mgt_sh(&out, "%s %s --layers 4 --steps 2 --eval-every 2 --eval-windows 4 "
@@ -995,9 +992,8 @@ TEST_T(mgtrain_init_partial_and_evaluation_flags, 180)
 TEST_T(mgtrain_checkpoints_through_rank_0_are_byte_for_byte, 180)
 {
     const char *t = mgt_tmpdir();
-    char run[512], bin[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *gpt = "--model gpt-mini --layers 2 --dim 32 --heads 2 --ctx 32 --batch 12 "
                       "--eval-every 2 --eval-windows 4 --no-eval-on-start --verbose";
     char off[600];
@@ -1049,9 +1045,9 @@ static double final_seconds(const char *out, char *loss, size_t cap)
 
 TEST_T(mgtrain_slow_rank_waits_and_changes_nothing, 180)
 {
-    char bin[512], run[512], *out, loss[2][16];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, loss[2][16];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = "--model gpt-mini --parallel ddp --batch 16 --steps 8 --eval-every 100 "
                       "--no-eval-on-start --eval-windows 2";
     double secs[2];
@@ -1110,9 +1106,9 @@ static const char *once_row(char *buf, size_t cap, int rank, int row, const char
 TEST_T(mgtrain_ps_synchronous_equals_ddp, 300)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = GPT_SMALL " --steps 20 --eval-every 5 --no-eval-on-start --quiet";
     struct { int workers, servers; } cases[] = {{1, 1}, {2, 1}, {2, 2}, {3, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -1161,9 +1157,9 @@ static void final_val(const char *out, char *buf, size_t cap);
  * `below_ok`, anywhere below). */
 static void ps_straggler_runs(const char *stale, int updates, int most, bool below_ok)
 {
-    char bin[512], run[512], *out, ddp[128], got[128];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, ddp[128], got[128];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = GPT_SMALL " --steps 20 --eval-every 20 --no-eval-on-start --clip-grad 0.5";
     int rc = mgt_sh(&out, "%s -n 3 %s %s --parallel ddp", run, bin, job);
     CHECK_MSG(rc == 0, "%s", out);
@@ -1214,9 +1210,9 @@ TEST_T(mgtrain_ps_bounded_staleness_counts_every_push, 240)
  * of a third of its batch). */
 TEST_T(mgtrain_ps_asynchronous_applies_each_push_as_an_update, 240)
 {
-    char bin[512], run[512], *out, want[128], got[128];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, want[128], got[128];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = GPT_SMALL " --steps 20 --eval-every 20 --no-eval-on-start --clip-grad 0.5";
     int rc = mgt_sh(&out, "%s %s", bin, job);
     CHECK_MSG(rc == 0, "%s", out);
@@ -1253,9 +1249,9 @@ static long ckpt_count(const char *path, const char *key)
 TEST_T(mgtrain_ps_asynchronous_checkpoints_hold_every_update, 240)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], *out, want[128], got[128], ck[512], ck2[512];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, want[128], got[128], ck[512], ck2[512];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(ck, sizeof ck, "%s/async.st", t);
     snprintf(ck2, sizeof ck2, "%s/again.st", t);
     const char *job = GPT_SMALL " --eval-every 5 --no-eval-on-start --parallel ps "
@@ -1321,9 +1317,9 @@ static void final_val(const char *out, char *buf, size_t cap)
 TEST_T(mgtrain_ps_checkpoints_move_to_ddp_and_back, 180)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], *out, want[128], got[128];
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out, want[128], got[128];
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *job = GPT_SMALL " --eval-every 5 --no-eval-on-start";
     const char *legs[][2] = {{"-n 3", "--parallel ps"}, {"-n 2", "--parallel ddp"},
                              {"-n 2", "--parallel ddp"}, {"-n 4", "--parallel ps --servers 2"}};
@@ -1358,9 +1354,9 @@ TEST_T(mgtrain_ps_checkpoints_move_to_ddp_and_back, 180)
  * with the images and a loader of its own). */
 TEST_T(mgtrain_ps_server_counts_images_without_loading_them, 120)
 {
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     double loss[2] = {0, 0};
     for (int ps = 0; ps < 2; ps++) {
         int rc = mgt_sh(&out, "MG_VERBOSE=1 %s -n %d %s --model mlp --epochs 1 --parallel %s",
@@ -1400,9 +1396,9 @@ TEST_T(mgtrain_ps_server_counts_images_without_loading_them, 120)
  * go on without a worker, is to come). */
 TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
 {
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     for (int victim = 1; victim <= 2; victim++) {   /* a worker, then the server */
         double t0 = mg_now();
         int rc = mgt_sh(&out, "%s -n 3 sh -c 'if [ $RANK = %d ]; then (sleep 2; kill -9 $$) & "
@@ -1433,9 +1429,9 @@ TEST_T(mgtrain_ps_killed_rank_stops_the_job_naming_it, 120)
 TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     struct { int victim, servers; const char *plan; } cases[] = {
         {1, 1, "--parallel ps"}, {0, 2, "--parallel ps --servers 2 --staleness inf"},
         {3, 1, "--parallel ps"}};
@@ -1544,9 +1540,9 @@ TEST_T(mgtrain_ps_elastic_goes_on_without_a_killed_worker, 300)
 TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
 {
     const char *t = mgt_tmpdir();
-    char bin[512], run[512], log[512], ck[512], *out = NULL;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char log[512], ck[512], *out = NULL;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(log, sizeof log, "%s/amid.csv", t);
     snprintf(ck, sizeof ck, "%s/amid.mgc", t);
     const double into[] = {0.5, 0.3, 0.7};   /* of the collectives' time */
@@ -1613,9 +1609,9 @@ TEST_T(mgtrain_ps_elastic_does_the_collectives_a_worker_left_again, 300)
  * server's answer to the end and the job exited 2). */
 TEST_T(mgtrain_ps_elastic_worker_taken_as_lost_leaves_when_it_comes_back, 300)
 {
-    char bin[512], run[512], log[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char log[512], *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(log, sizeof log, "%s/back.csv", mgt_tmpdir());
     const char *transports[2] = {"shm", "tcp"};
     char when[2048];
@@ -1644,9 +1640,9 @@ TEST_T(mgtrain_ps_elastic_worker_taken_as_lost_leaves_when_it_comes_back, 300)
  * applied. */
 TEST_T(mgtrain_ps_stopped_worker_holds_the_others_only_at_the_bound, 300)
 {
-    char bin[512], run[512], log[512], *out;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char log[512], *out;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     snprintf(log, sizeof log, "%s/stopped.csv", mgt_tmpdir());
     int steps = 60;
     /* Stopped for 2 s, or 6 steps' time where steps are slower (the

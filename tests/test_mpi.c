@@ -548,8 +548,7 @@ static const char *mpirun_args[] = {"mpirun", "--oversubscribe", "-n"};
 /* mpirun -n N mgbench ARGS... with the MPI backend, every row exact. */
 static void sweep(const char *n, const char *const *args, int min_rows)
 {
-    char bench[512];
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    const char *bench = mgt_tool("mgbench");
     CHECK_MSG(access(bench, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", bench);
     const char *argv[48];
     int k = 0;
@@ -597,8 +596,7 @@ TEST_T(mpi_mgbench_exact_8_ranks_and_large_counts, 120)
 TEST_T(mpi_mgbench_starts_mpirun, 60)
 {
     need_mpi();
-    char bench[512];
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    const char *bench = mgt_tool("mgbench");
     result *r = run(60, (const char *[]){bench, "-n", "3", "--backend", "mpi", "all_reduce",
                                          "gather", "-b", "4", "-e", "64K", "-f", "16", NULL});
     CHECK_MSG(exit_code(r) == 0, "exit %d\n%s\n%s", exit_code(r), r->out, r->err);
@@ -721,8 +719,8 @@ TEST_T(mpi_readme_lines_run_as_written, 300)
 TEST_T(mpi_builtin_backend_takes_mpirun_ranks, 120)
 {
     need_mpi();
-    char bench[512], port[64];
-    snprintf(bench, sizeof bench, "%s", mgt_tool("mgbench"));
+    char port[64];
+    const char *bench = mgt_tool("mgbench");
     snprintf(port, sizeof port, "MASTER_PORT=%d", mgt_free_port());
     result *r = run(90, (const char *[]){"mpirun", "--oversubscribe", "-n", "2", "-x",
                                          "MG_BACKEND=builtin", "-x", "MASTER_ADDR=127.0.0.1", "-x",

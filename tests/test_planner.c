@@ -418,8 +418,8 @@ TEST_T(mgplan_verify_runs_the_plans, 240)
  * with it; with the plan's flags given too it refuses, one line. */
 TEST_T(mgtrain_plan_auto_takes_the_planners_choice, 240)
 {
-    char *out = NULL, run[4096];
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is reused */
+    char *out = NULL;
+    const char *run = mgt_tool("mgrun");
     int rc = mgt_sh(&out, "%s -n 2 %s --model gpt-mini --layers 2 --dim 64 --ctx 32 --batch 8 "
                     "--plan auto --plan-memory 2 --steps 2 --eval-every 2 --eval-windows 2",
                     run, mgt_tool("mgtrain"));
@@ -437,8 +437,8 @@ TEST_T(mgtrain_plan_auto_takes_the_planners_choice, 240)
  * more under ZeRO with its gathers), --plan auto offloads into DIR. */
 TEST_T(mgtrain_plan_auto_offloads_where_nothing_else_fits, 240)
 {
-    char *out = NULL, run[4096];
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));   /* mgt_tool's buffer is reused */
+    char *out = NULL;
+    const char *run = mgt_tool("mgrun");
     int rc = mgt_sh(&out, "%s -n 2 %s --model gpt-mini --layers 4 --dim 512 --heads 4 --ctx 32 "
                     "--batch 2 --plan auto --plan-memory 85 --offload disk:%s --steps 2 "
                     "--eval-every 2 --eval-windows 2", run, mgt_tool("mgtrain"), mgt_tmpdir());

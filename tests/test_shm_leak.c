@@ -132,7 +132,7 @@ static void read_procs(job_procs *j)
 static pid_t start_job(int nodes, int nproc)
 {
     const char *dir = mgt_tmpdir();
-    char driver[600], cmd[2048], mgrun[512];
+    char driver[600], cmd[2048];
     const char *files[] = {"mgruns", "workers", "status"};
     for (int i = 0; i < 3; i++) {
         snprintf(driver, sizeof driver, "%s/%s", dir, files[i]);
@@ -153,7 +153,7 @@ static pid_t start_job(int nodes, int nproc)
           "done\n"
           "for p in $(cat \"$dir/mgruns\"); do wait $p; echo $? >> \"$dir/status\"; done\n", f);
     fclose(f);
-    snprintf(mgrun, sizeof mgrun, "%s", mgt_tool("mgrun"));
+    const char *mgrun = mgt_tool("mgrun");
     int port = mgt_free_port();
     int k = snprintf(cmd, sizeof cmd, "exec ");
     if (private_shm)

@@ -515,9 +515,9 @@ TEST(tp_refuses_sizes_it_does_not_divide)
  * what each mesh dimension moved and MG_TRACE its operations. */
 TEST_T(tp_mgtrain_trains_and_samples_as_one_process, 180)
 {
-    char bin[512], run[512], *one, *four;
-    snprintf(bin, sizeof bin, "%s", mgt_tool("mgtrain"));
-    snprintf(run, sizeof run, "%s", mgt_tool("mgrun"));
+    char *one, *four;
+    const char *bin = mgt_tool("mgtrain");
+    const char *run = mgt_tool("mgrun");
     const char *flags = "--model gpt-mini --layers 2 --dim 64 --heads 4 --ctx 64 --batch 8 "
                         "--steps 3 --eval-every 3 --eval-windows 16 --sample 40 --prompt 'The '";
     int rc = mgt_sh(&one, "%s %s", bin, flags);
