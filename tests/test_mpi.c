@@ -604,6 +604,29 @@ TEST_T(mpi_mgbench_starts_mpirun, 60)
     CHECK_EQ(checked_rows(r->out), 8);   /* 4 sizes, 2 collectives */
 }
 
+/* Under mpirun too a mistake every rank finds alike is one line, and the
+ * job ends at once: a flag's (rank 0 says it, the others wait for mpirun
+ * to end them) and one found once joined (rank 0 says it, the others
+ * leave MPI and exit without a word, and mpirun ends the job once all
+ * have). Before, the second kind printed a line per rank. */
+TEST_T(mpi_a_mistake_every_rank_finds_is_said_once, 60)
+{
+    need_mpi();
+    const char *train = mgt_tool("mgtrain");
+    const char *flags[][2] = {{"--tp-chunks", "2"}, {"--mesh", "dp=2"}};
+    for (int i = 0; i < 2; i++) {
+        double t0 = mg_now();
+        result *r = run(40, (const char *[]){"mpirun", "--oversubscribe", "-n", "3", train,
+                                             "--model", "lenet5", "--parallel", "ddp",
+                                             flags[i][0], flags[i][1], NULL});
+        double secs = mg_now() - t0;
+        int lines = 0;
+        for (const char *p = r->err; (p = strstr(p, "mgtrain: ")); p++) lines++;
+        CHECK_MSG(exit_code(r) != 0 && lines == 1 && secs < 10, "%s %s: exit %d, %d lines, "
+                  "%.1f s\n%s", flags[i][0], flags[i][1], exit_code(r), lines, secs, r->err);
+    }
+}
+
 /* This binary as the MPI program, running worker `name` on n ranks (with
  * VAR=value settings for it, or NULL). */
 static void worker_env(const char *name, const char *n, const char *env1, const char *env2)

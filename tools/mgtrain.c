@@ -60,16 +60,18 @@ static void die(const char *fmt, ...)
 }
 
 /* A failed library call: its one line, and exit 2. MG_ESTOPPED: another
- * rank of the job failed first and says why, and the launcher stops this
- * one once that rank has exited; only if that takes MG_PEER_TIMEOUT
- * seconds does it say its own line. */
+ * rank of the job failed first and says why. mgrun stops this one once
+ * that rank has exited: only if that takes MG_PEER_TIMEOUT seconds does
+ * it say its own line. mpirun (the ranks launched by it directly) ends
+ * the job once every rank has left MPI: it exits at once, saying nothing. */
 static void fail(mg_status st) __attribute__((noreturn));
 static void fail(mg_status st)
 {
     char why[2048];
     snprintf(why, sizeof why, "%s", mg_last_error());
+    mg_launch l = mg_launch_detect();
+    if (st == MG_ESTOPPED && l.mpi && strcmp(l.by, "RANK")) exit(2);
     if (st == MG_ESTOPPED) wait_to_be_stopped();
-    parsing = false;
     die("%s", why);
 }
 #define TRY(call) do { mg_status st_ = (call); if (st_) fail(st_); } while (0)
@@ -716,6 +718,7 @@ int main(int argc, char **argv)
     o.c.on_row = print_row;
     o.c.ud = &o;
     o.tty = isatty(2);
+    TRY(mg_train_config_check(&o.c));
     parsing = false;   /* the trainer agrees its own mistakes (MG_ESTOPPED) */
     TRY(mg_trainer_create(&o.c, &o.t));
     o.c = *mg_trainer_config(o.t);   /* resolved: a pipeline's micro-batches */

@@ -217,11 +217,11 @@ const char *mg_group_device_path(const mg_group *g, const char **why);
  * failed on any (g NULL: st). MG_AGREE_SHARE: every rank gets the first
  * failing rank's status and message. MG_AGREE_LEAVE_FIRST (a tool's
  * input checks, which every rank may find alike): the first failing rank
- * keeps its own; every other rank, failing or not, waits until it has
- * left the group (destroyed it or exited: it says why and leaves first,
- * so that a launcher names it as the cause) and fails with MG_ESTOPPED,
- * "rank R: stopping because rank F failed (its message says why)": a
- * tool says the one message once. */
+ * keeps its own; every other rank, failing or not, fails with MG_ESTOPPED,
+ * "rank R: stopping because rank F failed (its message says why)". A tool
+ * says the one message on rank F and exits; on MG_ESTOPPED it says nothing
+ * and lets rank F exit first (mgtrain waits for its launcher to stop it),
+ * so that a launcher names rank F as the cause. */
 typedef enum { MG_AGREE_SHARE, MG_AGREE_LEAVE_FIRST } mg_agree_mode;
 mg_status mg_group_agree(mg_group *g, mg_status st, mg_agree_mode mode);
 

@@ -173,13 +173,16 @@ struct mg_train_progress {
 };
 
 typedef struct mg_trainer mg_trainer;
+/* The checks mg_trainer_create makes of c before it joins the job (flags
+ * that do not go together, a device that is not there), alone: every rank
+ * finds the same, so a tool makes them as it reads its flags and says a
+ * mistake once (mgtrain: rank 0; the others wait for their launcher). */
+mg_status mg_train_config_check(const mg_train_config *c);
 /* Join, check, build and load as described above. Collective over the
- * job when the strategy is one of ranks. A mistake the ranks find (alike
- * or not) fails on the first rank that found it with its message, and
- * with MG_ESTOPPED on every other rank once that one has left the job
- * (so that a launcher names it; a tool says the one message once): so
- * does a mistake in the flags on a launched job's ranks other than 0,
- * which every rank finds alike before joining (its message kept). */
+ * job when the strategy is one of ranks. A mistake the ranks find once
+ * joined (alike or not) fails on the first rank that found it with its
+ * message, and with MG_ESTOPPED on every other rank (mg_group_agree's
+ * MG_AGREE_LEAVE_FIRST): a tool says the one message once. */
 mg_status mg_trainer_create(const mg_train_config *c, mg_trainer **out);
 /* Destroys the plan, model, data and group; NULL is fine. */
 void mg_trainer_destroy(mg_trainer *t);

@@ -349,12 +349,9 @@ mg_status mg_group_agree(mg_group *g, mg_status st, mg_agree_mode mode)
     int32_t bad = st ? rank : INT32_MAX;   /* the first failing rank */
     MG_TRY(mg_all_reduce(g, &bad, &bad, 1, MG_I32, MG_MIN));
     if (bad == INT32_MAX) return MG_OK;
-    if (mode == MG_AGREE_LEAVE_FIRST) {
-        if (rank == bad) return st;
-        mg_barrier(g);   /* fails once rank bad has left */
-        return mg_error(MG_ESTOPPED, "rank %d: stopping because rank %d failed (its message "
-                        "says why)", rank, bad);
-    }
+    if (mode == MG_AGREE_LEAVE_FIRST)
+        return rank == bad ? st : mg_error(MG_ESTOPPED, "rank %d: stopping because rank %d "
+                                           "failed (its message says why)", rank, bad);
     struct { int32_t st; char msg[500]; } w = {st, ""};
     if (st) snprintf(w.msg, sizeof w.msg, "%s", mg_last_error());
     MG_TRY(mg_broadcast(g, &w, sizeof w, MG_U8, bad));

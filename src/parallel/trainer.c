@@ -240,17 +240,6 @@ static mg_status agreed(mg_trainer *t, mg_status st)
     return st && a != st && a != MG_ESTOPPED ? mg_error(st, "%s", why) : a;
 }
 
-/* A mistake in the flags, which every rank of a launched job finds alike
- * before it joins the others (the same flags and launcher's environment):
- * rank 0 says it; the others stop without saying it (MG_ESTOPPED, the
- * message kept for a tool that waits in vain for its launcher). */
-static mg_status said_by_rank_0(mg_status st)
-{
-    mg_launch l = mg_launch_detect();
-    if (!st || !l.by || l.size < 2 || l.rank == 0) return st;
-    return mg_error(MG_ESTOPPED, "%s", mg_last_error());
-}
-
 static mg_status shape_job(mg_trainer *t);
 
 /* One rank of a job: the launcher's group, then its shape (agreed). */
@@ -542,7 +531,7 @@ static mg_status open_data(mg_trainer *t)
 static mg_status create(mg_trainer *t)
 {
     mg_train_config *c = &t->c;
-    MG_TRY(said_by_rank_0(check_config(t)));
+    MG_TRY(check_config(t));
     t->info.world = t->info.dp_size = t->info.pp = 1;
     if (mg_strategy_kind_traits(c->strategy).ranks) MG_TRY(join_job(t));
     else if (c->plan_auto) MG_TRY(choose_plan(t));
@@ -578,6 +567,16 @@ static mg_status create(mg_trainer *t)
                             (double)(c->text ? t->info.start_step : t->info.start_epoch)));
     t->log.read = t->log.n;
     return MG_OK;
+}
+
+mg_status mg_train_config_check(const mg_train_config *c)
+{
+    mg_trainer *t = calloc(1, sizeof *t);
+    if (!t) return mg_error(MG_ENOMEM, "out of memory for the trainer");
+    t->c = *c;
+    mg_status st = check_config(t);
+    free(t);
+    return st;
 }
 
 mg_status mg_trainer_create(const mg_train_config *c, mg_trainer **out)
