@@ -325,8 +325,9 @@ TEST_T(cli_ranks_that_disagree_on_any_shared_flag_stop_before_work, 180)
 /* A mistake every rank of a job finds alike is said once, by rank 0 (a
  * flag that does not parse, the flags' checks, the mesh, the batch, the
  * strategy's refusal, the data, a pipeline's split, a checkpoint that is
- * not there): the other ranks stop without a word (MG_ESTOPPED) and wait
- * for mgrun, which stops them as soon as rank 0 exits; it names rank 0.
+ * not there; mgbench's and mgplan's flags): the other ranks stop without
+ * a word (MG_ESTOPPED) and wait for mgrun, which stops them as soon as
+ * rank 0 exits; it names rank 0.
  * Each line printed once, before, when every rank said it (1 to 4 copies). */
 TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
 {
@@ -356,6 +357,18 @@ TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
                   "%s: exit %d: %s", cases[i].args, rc, out);
         CHECK_MSG(secs < 10, "%s: %.1f s (the silent ranks waited out MG_PEER_TIMEOUT): %s",
                   cases[i].args, secs, out);
+        free(out);
+    }
+    /* The other tools' flags too (mg_launch_defer_to_rank_0). */
+    const char *tools[] = {"mgbench", "mgplan"};
+    for (int i = 0; i < 2; i++) {
+        double t0 = mg_now();
+        int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=30 %s -n 4 %s --bogus", run, mgt_tool(tools[i]));
+        char says[32];
+        snprintf(says, sizeof says, "%s: ", tools[i]);
+        CHECK_MSG(rc == 2 && count_of(out, says) == 1 && count_of(out, "'--bogus'") == 1 &&
+                  strstr(out, "mgrun: rank 0 (pid ") && mg_now() - t0 < 10, "%s: exit %d: %s",
+                  tools[i], rc, out);
         free(out);
     }
 }

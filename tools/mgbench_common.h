@@ -56,6 +56,7 @@ static inline void __attribute__((noreturn, format(printf, 1, 2)))
 mgb_bad_input(const char *fmt, ...)
 {
     if (!mgb_quiet) {
+        mg_launch_defer_to_rank_0();   /* under mgrun every rank reads the same flags */
         char msg[2048];
         va_list ap;
         va_start(ap, fmt);

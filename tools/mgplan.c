@@ -30,6 +30,7 @@ static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1,
 static void die(const char *fmt, ...)
 {
     va_list ap;
+    mg_launch_defer_to_rank_0();   /* run by mgrun, every rank finds the same */
     va_start(ap, fmt);
     mg_veprintf(prog, fmt, ap);
     va_end(ap);

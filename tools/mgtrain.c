@@ -41,18 +41,13 @@ typedef struct {
 static const char *prog = "mgtrain";
 static bool parsing = true;   /* the flags: every rank of a launched job reads the same */
 
-/* Wait for the launcher to stop this rank, at most MG_PEER_TIMEOUT
- * seconds: another rank says why the job fails, and exits first. */
-static void wait_to_be_stopped(void) { mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15)); }
-
 /* One line, and exit 2. A mistake in the flags is said by rank 0 of a
  * launched job alone (the others find it alike). */
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
 {
     va_list ap;
-    mg_launch l = mg_launch_detect();
-    if (parsing && l.by && l.size > 1 && l.rank > 0) wait_to_be_stopped();
+    if (parsing) mg_launch_defer_to_rank_0();
     va_start(ap, fmt);
     mg_veprintf(prog, fmt, ap);
     va_end(ap);
@@ -71,7 +66,7 @@ static void fail(mg_status st)
     snprintf(why, sizeof why, "%s", mg_last_error());
     mg_launch l = mg_launch_detect();
     if (st == MG_ESTOPPED && l.mpi && strcmp(l.by, "RANK")) exit(2);
-    if (st == MG_ESTOPPED) wait_to_be_stopped();
+    if (st == MG_ESTOPPED) mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15));
     die("%s", why);
 }
 #define TRY(call) do { mg_status st_ = (call); if (st_) fail(st_); } while (0)

@@ -80,6 +80,13 @@ typedef struct mg_launch {
     int rank, size, local_rank, local_size;
 } mg_launch;
 mg_launch mg_launch_detect(void);
+/* A tool's mistake that every rank of a launched job finds alike (its
+ * flags): on a rank other than 0 of a job of more than one, wait for the
+ * launcher to end this process once rank 0 has said it and exited (mgrun
+ * and mpirun stop the others then), at most MG_PEER_TIMEOUT seconds, so
+ * that the job says it once; elsewhere return at once. A tool says it
+ * after, in case no launcher ended it. */
+void mg_launch_defer_to_rank_0(void);
 
 /* Options that take everything from the environment. */
 mg_group_options mg_group_options_default(void);

@@ -88,6 +88,12 @@ mg_launch mg_launch_detect(void)
     return l;
 }
 
+void mg_launch_defer_to_rank_0(void)
+{
+    mg_launch l = mg_launch_detect();
+    if (l.by && l.size > 1 && l.rank > 0) mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15));
+}
+
 /* given (>= 0), else the environment variable env, else what an MPI
  * launcher said (launched >= 0). */
 static mg_status pick(int given, const char *env, int launched, bool required, int *out)
