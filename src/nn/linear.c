@@ -96,10 +96,11 @@ static void fixed_column_forward(const linear_layer *f, const float *x, float *y
 {
     int out = f->out_f, in = f->in_f, bs = out / f->stride, nc = bs / f->base.chunks;
     const float *w = f->base.p[0].data;
+    memset(y, 0, r * (size_t)out * sizeof *y);   /* once, not each strided block (beta 0) */
     for (int j = 0; j < f->base.chunks; j++)
         for (int s = 0; s < f->stride; s++) {
             int col = s * bs + j * nc;
-            mg_gemm(false, true, (int)r, nc, in, 1.0f, x, in, w + (size_t)col * in, in, 0.0f,
+            mg_gemm(false, true, (int)r, nc, in, 1.0f, x, in, w + (size_t)col * in, in, 1.0f,
                     y + col, out);
         }
     mg_bias_relu(y, f->base.p[1].data, (int)r, out, f->relu);
@@ -148,11 +149,12 @@ static void fixed_row_backward(linear_layer *f, const mg_ctx *c, const float *x,
     const float *w = l->p[0].data;
     float *dw = mg__grad(l, c, 0);
     mg_bias_relu_backward(dy, mg__grad(l, c, 1), y, (int)r, out, f->relu);
+    if (dx) memset(dx, 0, r * (size_t)in * sizeof *dx);   /* once, not each strided block */
     for (int j = 0; j < nl; j++) {
         mg_gemm(true, false, out, kc, (int)r, 1.0f, dy, out, x + j * kc, in, 1.0f, dw + j * kc,
                 in);
         if (dx)
-            mg_gemm(false, false, (int)r, kc, out, 1.0f, dy, out, w + j * kc, in, 0.0f,
+            mg_gemm(false, false, (int)r, kc, out, 1.0f, dy, out, w + j * kc, in, 1.0f,
                     dx + j * kc, in);
     }
 }
