@@ -160,11 +160,13 @@ static void det_destroy(void *c)
     free(d);
 }
 
-/* The unit that borrows another's parameters (a tied head), or -1; two
- * of them are refused (none in the zoo). */
-static mg_status find_borrower(mg_model *m, int *unit)
+/* The unit that borrows another's parameters (a tied head), or -1, and
+ * the range it borrows (empty: none); two of them are refused (none in
+ * the zoo). */
+static mg_status find_borrower(mg_model *m, int *unit, mg_range *lent)
 {
     *unit = -1;
+    *lent = (mg_range){0, 0};
     for (int u = 0; u < mg_model_num_units(m); u++) {
         if (mg_model_unit(m, u).borrows < 0) continue;
         if (*unit >= 0)
@@ -172,6 +174,7 @@ static mg_status find_borrower(mg_model *m, int *unit)
                             "borrows another's parameters; one (a tied head) is built",
                             mg_model_name(m));
         *unit = u;
+        mg_model_unit_range(m, mg_model_unit(m, u).borrows, &lent->lo, &lent->hi);
     }
     return MG_OK;
 }
@@ -179,11 +182,7 @@ static mg_status find_borrower(mg_model *m, int *unit)
 mg_status mg__det_kept_apart(mg_model *m, mg_range *tie)
 {
     int borrower;
-    size_t lo = 0, hi = 0;
-    MG_TRY(find_borrower(m, &borrower));
-    if (borrower >= 0) mg_model_unit_range(m, mg_model_unit(m, borrower).borrows, &lo, &hi);
-    *tie = (mg_range){lo, hi};
-    return MG_OK;
+    return find_borrower(m, &borrower, tie);
 }
 
 /* A parameter server's job: what --deterministic needs of it, and the
@@ -222,7 +221,8 @@ static mg_status det_attach(mg_strategy *s, void **state)
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that %d rank(s) "
                         "divide (each rank takes V/W of them)", V, W);
     mg_model *m = mg_strategy_model(s);
-    MG_TRY(find_borrower(m, &borrower));
+    mg_range lent;
+    MG_TRY(find_borrower(m, &borrower, &lent));
     bool tp = mesh && mg_mesh_size(mesh, MG_MESH_TP) > 1;
     if (tp && !o->det_chunks)
         return mg_error(MG_EINVAL, "--deterministic under tensor parallelism needs fixed sums: "
@@ -272,17 +272,15 @@ static mg_status det_attach(mg_strategy *s, void **state)
     /* A pipeline keeps a tie's two parts on two stages and adds them after
      * the trees (here, so that the norms see the sum); elsewhere the
      * borrower's part goes into `part`. */
-    size_t tlo = 0, thi = 0;
-    if (borrower >= 0) mg_model_unit_range(m, mg_model_unit(m, borrower).borrows, &tlo, &thi);
     if (pipe && mg__pipe_has_ties(pipe)) mg__pipe_leave_ties(pipe);
-    else if (borrower >= 0 && thi > tlo) d->tie = (mg_range){tlo, thi};
+    else if (lent.hi > lent.lo) d->tie = lent;
     for (int i = 0; ok && i < d->ncn; i++) {
         counter *c = &d->cn[i];
         c->node = d->t.node;
         if (d->chunked) {
             c->own[c->nr++] = mg__pipe_chunk_range(pipe, i);
-            if (borrower >= 0 && mg__pipe_chunk_of(pipe, borrower) == i && thi > tlo)
-                c->own[c->nr++] = (mg_range){tlo, thi};   /* its borrowed part */
+            if (lent.hi > lent.lo && mg__pipe_chunk_of(pipe, borrower) == i)
+                c->own[c->nr++] = lent;   /* its borrowed part */
             c->r = c->own;
         } else {
             c->r = d->r;

@@ -44,6 +44,15 @@ static inline bool mg__ps_is_server(int rank, int world, int servers)
     return servers >= 1 && rank >= world - servers;
 }
 
+/* The server whose run holds range r (runs are whole units, r within
+ * one), or -1 (r empty). */
+static inline int mg__ps_server_of(const ps_job *j, mg_range r)
+{
+    for (int k = 0; r.hi > r.lo && k < j->servers; k++)
+        if (r.lo >= j->run[k].lo && r.hi <= j->run[k].hi) return k;
+    return -1;
+}
+
 /* A role's state (size bytes, its ps_job first) on the ranks of that
  * role; *state stays NULL on the others (the component drops itself).
  * Collective over the job. */

@@ -76,7 +76,7 @@ static mg_status server_attach(mg_strategy *s, void **state)
         mg_range tie = {0, 0};
         if (mg_strategy_options_of(s)->det_shards && !v->j.async)   /* det.c refuses async */
             st = mg__det_kept_apart(v->j.m, &tie);
-        if (tie.hi > tie.lo && tie.lo >= v->mine.lo && tie.hi <= v->mine.hi) {
+        if (mg__ps_server_of(&v->j, tie) == v->me) {
             v->tie_at = tie.lo - v->mine.lo;
             v->tn = tie.hi - tie.lo;
         }

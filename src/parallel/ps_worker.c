@@ -90,14 +90,14 @@ static mg_status worker_reduce(void *c)
     void *det = mg_strategy_part(j->s, &mg__det_component);
     const float *tied = det ? mg__det_tie_root(det) : NULL;
     mg_range tie = tied ? mg__det_tie(det) : (mg_range){0, 0};
+    int holder = mg__ps_server_of(j, tie);
     for (int k = 0; k < j->servers; k++) {
         int to = j->workers + k;
         head[HEAD_BASE] = w->base[k];
         MG_TRY(mg_send(j->g, head, HEAD_LEN, MG_I64, to, TAG_HEAD));
         MG_TRY(mg_send(j->g, g + j->run[k].lo, j->run[k].hi - j->run[k].lo, MG_F32, to,
                        TAG_GRADS));
-        if (tied && tie.lo >= j->run[k].lo && tie.hi <= j->run[k].hi)
-            MG_TRY(mg_send(j->g, tied, tie.hi - tie.lo, MG_F32, to, TAG_TIE));
+        if (k == holder) MG_TRY(mg_send(j->g, tied, tie.hi - tie.lo, MG_F32, to, TAG_TIE));
     }
     return MG_OK;
 }
