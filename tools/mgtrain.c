@@ -54,19 +54,15 @@ static void die(const char *fmt, ...)
     exit(2);
 }
 
-/* A failed library call: its one line, and exit 2. MG_ESTOPPED: another
- * rank of the job failed first and says why. mgrun stops this one once
- * that rank has exited: only if that takes MG_PEER_TIMEOUT seconds does
- * it say its own line. mpirun (the ranks launched by it directly) ends
- * the job once every rank has left MPI: it exits at once, saying nothing. */
+/* A failed library call: its one line, and exit 2; MG_ESTOPPED (another
+ * rank failed first and says why): the line only if the launcher did not
+ * end this rank meanwhile (mg_launch_defer_to_the_first). */
 static void fail(mg_status st) __attribute__((noreturn));
 static void fail(mg_status st)
 {
     char why[2048];
     snprintf(why, sizeof why, "%s", mg_last_error());
-    mg_launch l = mg_launch_detect();
-    if (st == MG_ESTOPPED && l.mpi && strcmp(l.by, "RANK")) exit(2);
-    if (st == MG_ESTOPPED) mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15));
+    if (st == MG_ESTOPPED && !mg_launch_defer_to_the_first()) exit(2);
     die("%s", why);
 }
 #define TRY(call) do { mg_status st_ = (call); if (st_) fail(st_); } while (0)

@@ -87,6 +87,13 @@ mg_launch mg_launch_detect(void);
  * that the job says it once; elsewhere return at once. A tool says it
  * after, in case no launcher ended it. */
 void mg_launch_defer_to_rank_0(void);
+/* Another rank of the job failed first and says why (MG_ESTOPPED): may
+ * this one still say its own line? Under mgrun (or none) it waits for the
+ * launcher to end it once that rank has exited, at most MG_PEER_TIMEOUT
+ * seconds, and returns true if it was not; started by an MPI launcher
+ * itself it returns false at once (mpirun ends the job once every rank
+ * has left MPI: this one exits without a word). */
+bool mg_launch_defer_to_the_first(void);
 
 /* Options that take everything from the environment. */
 mg_group_options mg_group_options_default(void);

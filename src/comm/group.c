@@ -88,10 +88,21 @@ mg_launch mg_launch_detect(void)
     return l;
 }
 
+/* Until the launcher ends this process, at most MG_PEER_TIMEOUT seconds. */
+static void wait_for_the_launcher(void) { mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15)); }
+
 void mg_launch_defer_to_rank_0(void)
 {
     mg_launch l = mg_launch_detect();
-    if (l.by && l.size > 1 && l.rank > 0) mg_sleep(mg_env_double("MG_PEER_TIMEOUT", 15));
+    if (l.by && l.size > 1 && l.rank > 0) wait_for_the_launcher();
+}
+
+bool mg_launch_defer_to_the_first(void)
+{
+    mg_launch l = mg_launch_detect();
+    if (l.mpi && l.by && strcmp(l.by, "RANK")) return false;
+    wait_for_the_launcher();
+    return true;
 }
 
 /* given (>= 0), else the environment variable env, else what an MPI
