@@ -1,424 +1,14 @@
-/* Tests of safetensors files (src/data/safetensors.c) and checkpoints
- * (src/nn/checkpoint.c): reading PyTorch's reference file, round trips of
- * every dtype, a strict reader (malformed headers and layouts generated
- * here), the CRC catching any flipped byte, atomic writes that leave the
- * previous file intact, checkpoints that round-trip bit-exactly and refuse
- * damaged or mismatched files without touching the model, and PyTorch
- * reading what we write. */
-#define _GNU_SOURCE
-#include <dirent.h>
+/* Tests of checkpoints (src/nn/checkpoint.c): checkpoints that
+ * round-trip bit-exactly and refuse damaged or mismatched files without
+ * touching the model, weights loaded from PyTorch's export, and PyTorch
+ * reading what we write. The safetensors format itself is tested in
+ * test_safetensors.c. */
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "harness.h"
+#include "st_files.h"
 #include "multigrad/checkpoint.h"
-
-static const char *tpath(const char *name)
-{
-    static char path[4][512];
-    static int k;
-    char *p = path[k++ % 4];
-    snprintf(p, 512, "%s/%s", mgt_tmpdir(), name);
-    return p;
-}
-
-static size_t read_all(const char *path, uint8_t **out)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK(f != NULL);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *out = malloc((size_t)n + 1);
-    CHECK(*out && fread(*out, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    return (size_t)n;
-}
-
-/* mg_st_open, checking that mg_st_open_on_disk (only the header in
- * memory, the checksum read in pieces) takes the file alike: the same
- * outcome and message, the same tensors and verification, and its reads
- * the same bytes. */
-static mg_status open_both(const char *path, mg_st_file **out)
-{
-    mg_st_file *d = (mg_st_file *)1;
-    mg_status sd = mg_st_open_on_disk(path, &d);
-    char disk_error[1024];
-    snprintf(disk_error, sizeof disk_error, "%s", mg_last_error());
-    mg_status st = mg_st_open(path, out);
-    CHECK_MSG(sd == st && (st || !strcmp(disk_error, mg_last_error())), "%s: on disk %s (%s), "
-              "whole %s (%s)", path, mg_status_name(sd), disk_error, mg_status_name(st),
-              mg_last_error());
-    if (st || sd) {
-        CHECK(sd || (mg_st_close(d), false));
-        CHECK(d == NULL);
-        return st;
-    }
-    CHECK(mg_st_count(d) == mg_st_count(*out) && mg_st_verified(d) == mg_st_verified(*out) &&
-          mg_st_checks_contents(d) && mg_st_size(d) == mg_st_size(*out));
-    for (int i = 0; i < mg_st_count(d); i++) {
-        const mg_st_tensor *x = mg_st_get(d, i), *y = mg_st_get(*out, i);
-        CHECK(x->data == NULL && !strcmp(x->name, y->name) && x->nbytes == y->nbytes);
-        uint8_t *b = malloc(x->nbytes + 1);
-        CHECK_OK(mg_st_read(d, x, 0, x->nbytes, b));
-        CHECK(!x->nbytes || !memcmp(b, y->data, x->nbytes));
-        free(b);
-    }
-    uint8_t last;
-    CHECK_ERR(mg_st_pread(d, mg_st_size(d), 1, &last), MG_EINVAL);
-    CHECK(!mg_st_size(d) || !mg_st_pread(d, mg_st_size(d) - 1, 1, &last));
-    mg_st_close(d);
-    return st;
-}
-
-static void write_raw(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    CHECK(fwrite(p, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
-/* No leftover temporary files in the test directory. */
-static int count_tmp_files(void)
-{
-    DIR *d = opendir(mgt_tmpdir());
-    CHECK(d != NULL);
-    struct dirent *e;
-    int n = 0;
-    while ((e = readdir(d))) n += strstr(e->d_name, ".tmp.") != NULL;
-    closedir(d);
-    return n;
-}
-
-TEST(st_reads_pytorch_reference)
-{
-    mg_st_file *f;
-    CHECK_OK(open_both(mgt_data("lenet5.safetensors"), &f));
-    CHECK_EQ(mg_st_count(f), 35);
-    CHECK(!mg_st_verified(f));                      /* written by PyTorch: no CRC */
-    CHECK(!strcmp(mg_st_meta(f, "model"), "lenet5"));
-    CHECK(!strcmp(mg_st_meta(f, "seed"), "0") && !strcmp(mg_st_meta(f, "batch"), "128"));
-    CHECK(!strcmp(mg_st_meta(f, "lr"), "0.05") && !strcmp(mg_st_meta(f, "momentum"), "0.9"));
-    CHECK(mg_st_meta(f, "nope") == NULL);
-    CHECK_EQ(mg_st_meta_count(f), 11);
-    const mg_st_tensor *t = mg_st_find(f, "init.conv1.weight");
-    CHECK(t && t->dtype == MG_ST_F32 && t->ndim == 4 && t->nbytes == 600);
-    CHECK(t->shape[0] == 6 && t->shape[1] == 1 && t->shape[2] == 5 && t->shape[3] == 5);
-    float v[3];
-    memcpy(v, t->data, sizeof v);
-    CHECK(v[0] == -0.0014973640209063888f && v[1] == 0.10728871822357178f &&
-          v[2] == -0.16460902988910675f);
-    t = mg_st_find(f, "init.fc1.weight");
-    CHECK(t && t->ndim == 2 && t->shape[0] == 120 && t->shape[1] == 400);
-    t = mg_st_find(f, "steps.indices");
-    CHECK(t && t->dtype == MG_ST_I32 && t->shape[0] == 20 && t->shape[1] == 128);
-    int32_t idx[4];
-    memcpy(idx, t->data, sizeof idx);
-    CHECK(idx[0] == 36044 && idx[1] == 10678 && idx[2] == 57327 && idx[3] == 55074);
-    t = mg_st_find(f, "losses");
-    CHECK(t && t->ndim == 1 && t->shape[0] == 20);
-    memcpy(v, t->data, 8);
-    CHECK(v[0] == 2.3004724979400635f && v[1] == 2.307201385498047f);
-    CHECK(!strcmp(mg_st_get(f, 0)->name, "init.conv1.weight"));
-    mg_st_close(f);
-}
-
-TEST(st_round_trip_every_dtype)
-{
-    float f32[6] = {1.5f, -2.0f, 0.0f, 3.25f, -0.0f, 1e-30f};
-    double f64[2] = {1.0 / 3, -1e300};
-    uint16_t f16[3] = {0x3c00, 0xc000, 0x0001}, bf16[2] = {0x3f80, 0xff80};
-    int32_t i32[4] = {1, -2, 2147483647, -2147483647 - 1};
-    int64_t i64[1] = {-9007199254740993LL};
-    uint8_t u8[5] = {0, 1, 127, 128, 255}, scalar = 42;
-    const mg_st_tensor in[] = {
-        {"w \"quoted\" \\ back", MG_ST_F32, 2, {2, 3}, f32, sizeof f32},
-        {"f64", MG_ST_F64, 1, {2}, f64, sizeof f64},
-        {"f16", MG_ST_F16, 1, {3}, f16, sizeof f16},
-        {"bf16.\xc3\xbc", MG_ST_BF16, 2, {1, 2}, bf16, sizeof bf16},
-        {"i32", MG_ST_I32, 2, {2, 2}, i32, sizeof i32},
-        {"i64", MG_ST_I64, 8, {1, 1, 1, 1, 1, 1, 1, 1}, i64, sizeof i64},
-        {"u8", MG_ST_U8, 1, {5}, u8, sizeof u8},
-        {"scalar", MG_ST_U8, 0, {0}, &scalar, 1},
-        {"empty", MG_ST_F32, 2, {0, 4}, NULL, 0},
-    };
-    const int n = (int)(sizeof in / sizeof in[0]);
-    const char *meta[] = {"model", "test", "note", "tab\there \"q\" \xe2\x82\xac", "empty", ""};
-    const char *p = tpath("rt.safetensors");
-    CHECK_OK(mg_st_write(p, in, n, meta, 3));
-    CHECK_EQ(count_tmp_files(), 0);
-
-    uint8_t *raw;
-    size_t size = read_all(p, &raw);
-    uint64_t hl;
-    memcpy(&hl, raw, 8);
-    CHECK_EQ(hl % 8, 0);                                /* padded like the HF writer */
-    CHECK(raw[8] == '{' && raw[8 + hl - 1] != 0);
-    size_t data = 0;
-    for (int i = 0; i < n; i++) data += in[i].nbytes;
-    CHECK_EQ(size, 8 + hl + data);
-    free(raw);
-
-    mg_st_file *f;
-    CHECK_OK(mg_st_open(p, &f));
-    CHECK(mg_st_verified(f));
-    CHECK_EQ(mg_st_count(f), n);
-    for (int i = 0; i < n; i++) {
-        const mg_st_tensor *t = mg_st_get(f, i), *w = &in[i];
-        CHECK(!strcmp(t->name, w->name) && mg_st_find(f, w->name) == t);
-        CHECK(t->dtype == w->dtype && t->ndim == w->ndim && t->nbytes == w->nbytes);
-        for (int d = 0; d < w->ndim; d++) CHECK_EQ(t->shape[d], w->shape[d]);
-        CHECK(w->nbytes == 0 || memcmp(t->data, w->data, w->nbytes) == 0);
-    }
-    CHECK(!strcmp(mg_st_meta(f, "model"), "test"));
-    CHECK(!strcmp(mg_st_meta(f, "note"), meta[3]));
-    CHECK(!strcmp(mg_st_meta(f, "empty"), ""));
-    CHECK_EQ(mg_st_meta_count(f), 4);                   /* and multigrad.crc32 */
-    CHECK(mg_st_meta(f, "multigrad.crc32") != NULL);
-    CHECK(!strcmp(mg_st_dtype_name(MG_ST_BF16), "BF16") && mg_st_dtype_size(MG_ST_I64) == 8);
-    mg_st_close(f);
-
-    /* No tensors, no metadata: still a valid file. */
-    CHECK_OK(mg_st_write(p, NULL, 0, NULL, 0));
-    CHECK_OK(mg_st_open(p, &f));
-    CHECK_EQ(mg_st_count(f), 0);
-    mg_st_close(f);
-}
-
-TEST(st_write_refuses_bad_arguments)
-{
-    float x[4] = {0};
-    const char *p = tpath("bad.safetensors");
-    mg_st_tensor t[2] = {{"a", MG_ST_F32, 1, {4}, x, 16}, {"a", MG_ST_F32, 1, {4}, x, 16}};
-    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);       /* duplicate name */
-    t[1].name = "__metadata__";
-    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);
-    t[1].name = "b";
-    t[1].nbytes = 12;                                          /* size != dtype x shape */
-    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);
-    t[1].nbytes = 16;
-    const char *m1[] = {"multigrad.crc32", "0"}, *m2[] = {"k", "1", "k", "2"};
-    CHECK_ERR(mg_st_write(p, t, 2, m1, 1), MG_EINVAL);        /* reserved key */
-    CHECK_ERR(mg_st_write(p, t, 2, m2, 2), MG_EINVAL);        /* duplicate key */
-    CHECK(access(p, F_OK) != 0);                               /* nothing written */
-    CHECK_EQ(count_tmp_files(), 0);
-}
-
-/* A file from a header string and `data` zero bytes of data. */
-static const char *raw_st(const char *name, const char *header, size_t data)
-{
-    size_t hl = strlen(header);
-    uint8_t *buf = calloc(1, 8 + hl + data + 1);
-    uint64_t l = hl;
-    memcpy(buf, &l, 8);
-    memcpy(buf + 8, header, hl);
-    const char *p = tpath(name);
-    write_raw(p, buf, 8 + hl + data);
-    free(buf);
-    return p;
-}
-
-TEST(st_reader_is_strict)
-{
-    struct { const char *header; size_t data; const char *why; } bad[] = {
-        {"hello", 0, "not JSON"},
-        {"[]", 0, "not an object"},
-        {"{", 0, "unterminated"},
-        {"{} x", 0, "trailing garbage"},
-        {"{}{}", 0, "two objects"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "no data_offsets"},
-        {"{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "no dtype"},
-        {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "no shape"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
-         "\"data_offsets\":[0,4],\"x\":1}}", 4, "unknown key"},
-        {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],"
-         "\"data_offsets\":[0,4]}}", 4, "dup key"},
-        {"{\"a\":{\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "unknown dtype"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "negative"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, "fraction"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", 4, "exponent"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, "leading zero"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,],\"data_offsets\":[0,4]}}", 4, "trailing comma"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}", 4, "shape string"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8, "3 offsets"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "begin > end"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "size vs shape"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 3, "past the end"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 5, "trailing data"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap at 0"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "overlap"},
-        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate name"},
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
-         "\"data_offsets\":[0,1]}}", 1, "9 dims"},
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,4294967296],"
-         "\"data_offsets\":[0,1]}}", 1, "size overflow"},
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],"
-         "\"data_offsets\":[0,99999999999999999999]}}", 1, "huge int"},
-        {"{\"__metadata__\":{\"k\":1}}", 0, "metadata number"},
-        {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "metadata dup"},
-        {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "two metadata"},
-        {"{\"__metadata__\":null}", 0, "metadata null"},
-        {"{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "bad UTF-8"},
-        {"{\"a\xc0\x80\":{\"dtype\":\"U8\",\"shape\":[1],"
-         "\"data_offsets\":[0,1]}}", 1, "overlong UTF-8"},
-        {"{\"a\n\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "raw newline"},
-        {"{\"a\\q\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "bad escape"},
-        {"{\"a\\ud800\":{\"dtype\":\"U8\",\"shape\":[1],"
-         "\"data_offsets\":[0,1]}}", 1, "lone surrogate"},
-        {"{\"a\\u0000\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "NUL"},
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}", 1, "unclosed"},
-        {"{\"__metadata__\":{\"multigrad.crc32\":\"12345678\"}}", 0, "wrong CRC"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *p = raw_st("bad.st", bad[i].header, bad[i].data);
-        mg_st_file *f = (mg_st_file *)1;
-        mg_status st = open_both(p, &f);
-        CHECK_MSG(st == MG_EFORMAT, "%s: accepted or wrong code %s", bad[i].why,
-                  mg_status_name(st));
-        CHECK_MSG(f == NULL && strstr(mg_last_error(), p), "%s: %s", bad[i].why, mg_last_error());
-        printf("%-16s %s\n", bad[i].why, mg_last_error() + strlen(p));
-    }
-    /* Valid, if unusual: whitespace, escapes, key order, empty and zero-size. */
-    const char *good = " {\n \"b\\u00fc\\ud83d\\ude00\\/\" : { \"data_offsets\" : [ 1 , 5 ] , "
-                       "\"shape\" : [ 2 , 2 ] , \"dtype\" : \"U8\" } , \"z\":{\"dtype\":\"I64\","
-                       "\"shape\":[0],\"data_offsets\":[5,5]},\"a\":{\"dtype\":\"U8\",\"shape\":[],"
-                       "\"data_offsets\":[0,1]}, \"__metadata__\":{} }\t\r\n  ";
-    mg_st_file *f;
-    CHECK_OK(open_both(raw_st("good.st", good, 5), &f));
-    CHECK_EQ(mg_st_count(f), 3);
-    CHECK(mg_st_find(f, "b\xc3\xbc\xf0\x9f\x98\x80/") != NULL);
-    CHECK(mg_st_find(f, "a")->ndim == 0 && mg_st_find(f, "z")->nbytes == 0);
-    mg_st_close(f);
-    CHECK_OK(open_both(raw_st("empty.st", "{}", 0), &f));
-    mg_st_close(f);
-
-    /* Framing: too short, header longer than the file or than 100 MB. */
-    uint8_t buf[16] = {0};
-    write_raw(tpath("short.st"), buf, 5);
-    CHECK_ERR(open_both(tpath("short.st"), &f), MG_EFORMAT);
-    uint64_t l = 9;
-    memcpy(buf, &l, 8);
-    memcpy(buf + 8, "{}      ", 8);
-    write_raw(tpath("long.st"), buf, 16);
-    CHECK_ERR(open_both(tpath("long.st"), &f), MG_EFORMAT);
-    CHECK(strstr(mg_last_error(), "truncated"));
-    l = 200000000;
-    memcpy(buf, &l, 8);
-    write_raw(tpath("huge.st"), buf, 16);
-    CHECK_ERR(open_both(tpath("huge.st"), &f), MG_EFORMAT);
-    CHECK(strstr(mg_last_error(), "100 MB"));
-    CHECK_ERR(open_both(tpath("missing.st"), &f), MG_EIO);
-    CHECK(strstr(mg_last_error(), "missing.st"));
-}
-
-/* Any single flipped bit (XOR 1) in the length or header, and a flipped
- * byte in the data, is refused: by the parser, the layout checks or the
- * CRC; except that a flip in the CRC's key turns it into plain metadata,
- * and the file opens unverified (checkpoints refuse that; see below). */
-TEST(st_crc_catches_any_flipped_byte)
-{
-    float w[12];
-    int32_t ids[3] = {7, 8, 9};
-    for (int i = 0; i < 12; i++) w[i] = (float)i * 0.5f;
-    const mg_st_tensor t[] = {{"layer.weight", MG_ST_F32, 2, {3, 4}, w, sizeof w},
-                              {"ids", MG_ST_I32, 1, {3}, ids, sizeof ids}};
-    const char *meta[] = {"step", "120", "model", "m"};
-    const char *p = tpath("crc.st"), *q = tpath("crc-flip.st");
-    CHECK_OK(mg_st_write(p, t, 2, meta, 2));
-    uint8_t *raw;
-    size_t size = read_all(p, &raw);
-    uint64_t hl;
-    memcpy(&hl, raw, 8);
-    const uint8_t *kp = memmem(raw, size, "multigrad.crc32", 15);
-    CHECK(kp != NULL);
-    size_t key = (size_t)(kp - raw);
-    int accepted = 0;
-    for (size_t i = 0; i < 8 + hl; i++) {
-        raw[i] ^= 1;
-        write_raw(q, raw, size);
-        mg_st_file *f;
-        mg_status st = open_both(q, &f);
-        if (st == MG_OK) {
-            if (!(i >= key && i < key + 15 && !mg_st_verified(f))) {
-                printf("flip at byte %zu accepted\n", i);
-                accepted++;
-            }
-            mg_st_close(f);
-        }
-        raw[i] ^= 1;
-    }
-    CHECK_EQ(accepted, 0);
-    for (size_t i = 8 + hl; i < size; i += 7) {
-        raw[i] ^= 0x40;
-        write_raw(q, raw, size);
-        mg_st_file *f;
-        CHECK_ERR(open_both(q, &f), MG_EFORMAT);
-        CHECK(strstr(mg_last_error(), "checksum"));
-        raw[i] ^= 0x40;
-    }
-    free(raw);
-}
-
-static bool same_file(const char *p, const uint8_t *want, size_t n)
-{
-    uint8_t *raw;
-    size_t m = read_all(p, &raw);
-    bool same = m == n && memcmp(raw, want, n) == 0;
-    free(raw);
-    return same;
-}
-
-TEST(st_write_is_atomic)
-{
-    static float big[1 << 18];
-    float small[2] = {1, 2};
-    const char *p = tpath("ckpt.st");
-    const mg_st_tensor t1 = {"x", MG_ST_F32, 1, {2}, small, sizeof small};
-    CHECK_OK(mg_st_write(p, &t1, 1, NULL, 0));
-    uint8_t *v1;
-    size_t n1 = read_all(p, &v1);
-    struct stat sb;
-    CHECK(stat(p, &sb) == 0 && (sb.st_mode & 0777) == 0644);
-
-    /* The disk "fills up" half way (file size limit): the write fails,
-     * the previous file is intact and the temporary file is gone. */
-    const mg_st_tensor t2 = {"x", MG_ST_F32, 1, {1 << 18}, big, sizeof big};
-    signal(SIGXFSZ, SIG_IGN);
-    struct rlimit old, lim;
-    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
-    lim = old;
-    lim.rlim_cur = 100000;
-    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
-    mg_status st = mg_st_write(p, &t2, 1, NULL, 0);
-    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
-    CHECK_ERR(st, MG_EIO);
-    printf("%s\n", mg_last_error());
-    CHECK(same_file(p, v1, n1));
-    CHECK_EQ(count_tmp_files(), 0);
-
-    /* The rename fails (the target is a directory): nothing left behind. */
-    const char *d = tpath("adir");
-    CHECK(mkdir(d, 0755) == 0);
-    CHECK_ERR(mg_st_write(d, &t1, 1, NULL, 0), MG_EIO);
-    CHECK_EQ(count_tmp_files(), 0);
-    /* A directory that does not exist. */
-    CHECK_ERR(mg_st_write(tpath("no/such/dir.st"), &t1, 1, NULL, 0), MG_EIO);
-    CHECK(strstr(mg_last_error(), "no/such/dir.st"));
-    CHECK(same_file(p, v1, n1));
-
-    /* And a successful overwrite replaces it. */
-    CHECK_OK(mg_st_write(p, &t2, 1, NULL, 0));
-    mg_st_file *f;
-    CHECK_OK(mg_st_open(p, &f));
-    CHECK(mg_st_find(f, "x")->nbytes == sizeof big);
-    mg_st_close(f);
-    CHECK_EQ(count_tmp_files(), 0);
-    free(v1);
-}
 
 /* ---- checkpoints of models ---- */
 
@@ -498,9 +88,9 @@ TEST(ckpt_round_trip_lenet5_sgd_bit_exact)
     mg_model_set_rng_counter(a, 12345);
     mg_ckpt_meta meta = {.step = 3, .epoch = 1, .seed = 0xfedcba9876543210ull};
     snprintf(meta.hparams, sizeof meta.hparams, "model=lenet5;batch=128;lr=0.05;momentum=0.9");
-    const char *p = tpath("lenet5.ckpt");
+    const char *p = mgt_tpath("lenet5.ckpt");
     CHECK_OK(mg_checkpoint_save(p, a, oa, &meta));
-    CHECK_EQ(count_tmp_files(), 0);
+    CHECK_EQ(mgt_count_tmp_files(), 0);
 
     snapshot sa = snap(a, oa);
     CHECK(!same_as(b, ob, &sa));
@@ -538,13 +128,13 @@ TEST(ckpt_round_trip_lenet5_sgd_bit_exact)
     mg_model *c;
     CHECK_OK(mg_model_create("lenet5", 2, &c));
     CHECK_OK(mg_checkpoint_load(p, c, NULL, NULL));
-    CHECK_OK(mg_checkpoint_save(tpath("noopt.ckpt"), a, NULL, NULL));
-    CHECK_OK(mg_checkpoint_load(tpath("noopt.ckpt"), c, NULL, &got));
+    CHECK_OK(mg_checkpoint_save(mgt_tpath("noopt.ckpt"), a, NULL, NULL));
+    CHECK_OK(mg_checkpoint_load(mgt_tpath("noopt.ckpt"), c, NULL, &got));
     CHECK(same_as(c, NULL, &sa2) && got.step == 0 && got.hparams[0] == 0);
     /* A checkpoint is also a state_dict for --init (optimizer state ignored). */
     CHECK_OK(mg_model_init_params(c, 4));
     CHECK(!same_as(c, NULL, &sa2));
-    CHECK_OK(mg_model_load_weights(tpath("noopt.ckpt"), c, NULL, NULL));
+    CHECK_OK(mg_model_load_weights(mgt_tpath("noopt.ckpt"), c, NULL, NULL));
     CHECK(same_as(c, NULL, &sa2));
     free_snap(&sa);
     free_snap(&sa2);
@@ -581,7 +171,7 @@ TEST(ckpt_round_trip_buffers_and_adam)
         CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
         CHECK_OK(mg_optim_create(&c, mg_model_arena_size(b), &ob));
         train_fake(a, oa, 4, (uint32_t)k);
-        const char *p = tpath("bn.ckpt");
+        const char *p = mgt_tpath("bn.ckpt");
         CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
         snapshot sa = snap(a, oa);
         CHECK_OK(mg_checkpoint_load(p, b, ob, NULL));
@@ -712,7 +302,7 @@ TEST(ckpt_refuses_values_no_model_holds)
     CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
     CHECK_OK(mg_optim_create(&c, mg_model_arena_size(b), &ob));
     train_fake(a, oa, 2, 1);
-    const char *good = tpath("good.ckpt"), *bad = tpath("bad.ckpt");
+    const char *good = mgt_tpath("good.ckpt"), *bad = mgt_tpath("bad.ckpt");
     CHECK_OK(mg_checkpoint_save(good, a, oa, NULL));
     const struct { const char *tensor; size_t at; float v; const char *says; } cases[] = {
         {"fc.weight", 17, NAN, "holds nan at element 17"},
@@ -781,7 +371,7 @@ TEST(ckpt_load_weights_says_what_it_leaves_out)
     mg_optim_config c = mg_optim_defaults(MG_OPTIM_ADAMW, 1e-3f);
     mg_optim *oa;
     CHECK_OK(mg_optim_create(&c, mg_model_arena_size(a), &oa));
-    const char *p = tpath("big.ckpt");
+    const char *p = mgt_tpath("big.ckpt");
     CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
     snapshot s = snap(b, NULL);
     CHECK_ERR(mg_model_load_weights(p, b, NULL, NULL), MG_EMISMATCH);
@@ -815,7 +405,7 @@ TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
     train_fake(a, oa, 2, 3);
     train_fake(b, ob, 1, 4);
     train_fake(mlp, om, 1, 5);
-    const char *p = tpath("good.ckpt"), *q = tpath("bad.ckpt");
+    const char *p = mgt_tpath("good.ckpt"), *q = mgt_tpath("bad.ckpt");
     CHECK_OK(mg_checkpoint_save(p, a, oa, NULL));
     snapshot sb = snap(b, ob);
     long steps_b = mg_optim_steps(ob);
@@ -831,18 +421,18 @@ TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
 
     /* Truncated anywhere. */
     uint8_t *raw;
-    size_t size = read_all(p, &raw);
+    size_t size = mgt_read_all(p, &raw);
     uint64_t hl;
     memcpy(&hl, raw, 8);
     const size_t cuts[] = {0, 7, 8, 8 + hl / 2, 8 + hl, 8 + hl + 1000, size - 1};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-        write_raw(q, raw, cuts[i]);
+        mgt_write_raw(q, raw, cuts[i]);
         REFUSED(q, MG_EFORMAT, "bad.ckpt");
     }
     /* Any flipped bit in the header (every 3rd byte, to keep it quick). */
     for (size_t i = 0; i < 8 + hl; i += 3) {
         raw[i] ^= 1;
-        write_raw(q, raw, size);
+        mgt_write_raw(q, raw, size);
         mg_status st = mg_checkpoint_load(q, b, ob, NULL);
         CHECK_MSG(st != MG_OK, "flip at byte %zu accepted", i);
         CHECK(same_as(b, ob, &sb));
@@ -850,7 +440,7 @@ TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
     }
     /* A flipped byte in the data. */
     raw[size - 100] ^= 0x10;
-    write_raw(q, raw, size);
+    mgt_write_raw(q, raw, size);
     REFUSED(q, MG_EFORMAT, "checksum");
     free(raw);
 
@@ -881,7 +471,7 @@ TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
     REFUSED(q, MG_EMISMATCH, "optim.momentum_buffer.fc3.weight");
     rewrite(p, q, extra_tensor);
     REFUSED(q, MG_EMISMATCH, "fc4.weight");
-    REFUSED(tpath("missing.ckpt"), MG_EIO, "missing.ckpt");
+    REFUSED(mgt_tpath("missing.ckpt"), MG_EIO, "missing.ckpt");
 
     /* And the good file still loads. */
     CHECK_OK(mg_checkpoint_load(p, b, ob, NULL));
@@ -905,7 +495,7 @@ TEST(ckpt_failed_save_keeps_previous)
     CHECK_OK(mg_model_create("mlp", 0, &m));
     mg_optim *o = sgd_for(m, 0.9f);
     train_fake(m, o, 1, 1);
-    const char *p = tpath("prev.ckpt");
+    const char *p = mgt_tpath("prev.ckpt");
     mg_ckpt_meta meta = {.step = 1};
     CHECK_OK(mg_checkpoint_save(p, m, o, &meta));
     snapshot s1 = snap(m, o);
@@ -921,8 +511,8 @@ TEST(ckpt_failed_save_keeps_previous)
     mg_status st = mg_checkpoint_save(p, m, o, &meta);
     CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
     CHECK_ERR(st, MG_EIO);
-    CHECK_EQ(count_tmp_files(), 0);
-    CHECK_ERR(mg_checkpoint_save(tpath("nodir/x.ckpt"), m, o, &meta), MG_EIO);
+    CHECK_EQ(mgt_count_tmp_files(), 0);
+    CHECK_ERR(mg_checkpoint_save(mgt_tpath("nodir/x.ckpt"), m, o, &meta), MG_EIO);
     /* The previous checkpoint is intact and loads into a fresh model. */
     mg_model *n;
     CHECK_OK(mg_model_create("mlp", 5, &n));
@@ -985,10 +575,10 @@ TEST(ckpt_load_weights_from_pytorch_export)
             }
             t[i].data = pass ? (void *)bf[i] : (void *)d64[i];
         }
-        CHECK_OK(mg_st_write(tpath("conv.st"), t, nt, NULL, 0));
+        CHECK_OK(mg_st_write(mgt_tpath("conv.st"), t, nt, NULL, 0));
         mg_model *c;
         CHECK_OK(mg_model_create("lenet5", 9, &c));
-        CHECK_OK(mg_model_load_weights(tpath("conv.st"), c, "", NULL));
+        CHECK_OK(mg_model_load_weights(mgt_tpath("conv.st"), c, "", NULL));
         for (int i = 0; i < nt; i++) {
             const mg_param *p = mg_model_tensor(c, i);
             for (size_t j = 0; j < p->numel; j++) {
@@ -1016,9 +606,9 @@ TEST(ckpt_load_weights_from_pytorch_export)
         t[i].nbytes = p->numel * 2;
         t[i].data = h;
     }
-    CHECK_OK(mg_st_write(tpath("f16.st"), t, nt, NULL, 0));
+    CHECK_OK(mg_st_write(mgt_tpath("f16.st"), t, nt, NULL, 0));
     for (int i = 0; i < nt; i++) free((void *)t[i].data);
-    CHECK_OK(mg_model_load_weights(tpath("f16.st"), c, NULL, NULL));
+    CHECK_OK(mg_model_load_weights(mgt_tpath("f16.st"), c, NULL, NULL));
     const float *w = mg_model_find(c, "fc1.weight")->data;
     CHECK(w[0] == 1.0f && w[1] == -2.0f && w[2] == 0x1p-24f && w[3] == 65504.0f);
     CHECK(w[4] == 0x1.554p-2f && w[5] == -0x1p-14f);
@@ -1075,7 +665,7 @@ TEST_T(ckpt_pytorch_loads_our_checkpoint, 120)
     CHECK_OK(mg_model_create("lenet5", 0, &m));
     mg_optim *o = sgd_for(m, 0.9f);
     train_fake(m, o, 2, 7);
-    const char *ck = tpath("interop.ckpt"), *py = tpath("load.py");
+    const char *ck = mgt_tpath("interop.ckpt"), *py = mgt_tpath("load.py");
     CHECK_OK(mg_checkpoint_save(ck, m, o, NULL));
     FILE *f = fopen(py, "w");
     CHECK(f && fputs(py_script, f) >= 0 && fclose(f) == 0);
