@@ -52,10 +52,16 @@ int main(int argc, char **argv)
         .save = argc > 4 ? argv[4] : NULL,
         .resume = argc > 4 && access(argv[4], R_OK) == 0 ? argv[4] : NULL,
         .on_row = print_row, .ud = &rank};
-    mg_trainer *t;
+    mg_trainer *t = NULL;
     mg_train_summary s;
-    if (mg_trainer_create(&c, &t) || mg_trainer_run(t, &s)) {
-        fprintf(stderr, "train_mesh: %s\n", mg_last_error());
+    mg_status st = mg_trainer_create(&c, &t);
+    if (!st) st = mg_trainer_run(t, &s);
+    if (st) {
+        /* A mistake every rank finds (a mesh that does not fit the job) is
+         * said by the rank that found it first; the others stay quiet. */
+        if (st != MG_ESTOPPED || mg_launch_defer_to_the_first())
+            fprintf(stderr, "train_mesh: %s\n", mg_last_error());
+        mg_trainer_destroy(t);
         return 1;
     }
     if (rank == 0)

@@ -85,6 +85,8 @@ int mgt_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* A whole file as a malloc'd string ("" if it cannot be read); *len (may
  * be NULL) gets its size. */
 char *mgt_slurp(const char *path, size_t *len);
+/* How many times `what` occurs in s, apart ("\n": its lines). */
+int mgt_count(const char *s, const char *what);
 /* A file into buf (at most cap - 1 bytes, NUL-terminated; "" if it cannot
  * be read). */
 void mgt_read_into(const char *path, char *buf, size_t cap);

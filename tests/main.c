@@ -132,6 +132,13 @@ int mgt_sh(char **out, const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+int mgt_count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
 char *mgt_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -19,20 +19,6 @@
 #include "multigrad/comm.h"
 #include "multigrad/core.h"
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
-static int count_of(const char *s, const char *what)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
-    return n;
-}
-
 /* ---- numbers out of range ------------------------------------------------- */
 
 TEST(cli_parse_numbers_whole_and_in_range)
@@ -97,7 +83,7 @@ TEST_T(cli_flag_numbers_out_of_range, 120)
                  : !strcmp(bad[i].tool, "mgrun")
                      ? mgt_sh(&out, "%s %s %s", tool, bad[i].args, save)
                      : mgt_sh(&out, "%s %s", tool, bad[i].args);
-        CHECK_MSG(rc == 2 && count_lines(out) == 1 &&
+        CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 &&
                   !strncmp(out, bad[i].tool, strlen(bad[i].tool)) && strstr(out, bad[i].says),
                   "%s %s: exit %d: %s", bad[i].tool, bad[i].args, rc, out);
         CHECK_MSG(access(save, F_OK) != 0, "%s %s did the work", bad[i].tool, bad[i].args);
@@ -130,7 +116,7 @@ TEST_T(cli_tunables_checked_at_start, 120)
         snprintf(file, sizeof file, "%s/out.%zu", t, i);
         int bench = !strcmp(bad[i].tool, "mgbench");   /* its work: a table */
         int rc = mgt_sh(&out, "%s %s %s %s", bad[i].env, tool, bad[i].args, bench ? "" : file);
-        CHECK_MSG(rc == 2 && count_lines(out) == 1 && strstr(out, bad[i].says) &&
+        CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 && strstr(out, bad[i].says) &&
                   !strstr(out, "# mgbench"), "%s %s: exit %d: %s", bad[i].env, bad[i].tool, rc,
                   out);
         CHECK_MSG(access(file, F_OK) != 0, "%s %s did the work", bad[i].env, bad[i].tool);
@@ -210,7 +196,7 @@ TEST_T(cli_print_params_lists_the_table, 30)
     CHECK_MSG(mgt_exit_code(r) == 0 && !r->err[0], "exit %d: %s", mgt_exit_code(r), r->err);
     int n;
     const mg_tunable *p = mg_tunables(&n);
-    CHECK_EQ(count_lines(r->out), n + 1);
+    CHECK_EQ(mgt_count(r->out, "\n"), n + 1);
     for (int i = 0; i < n; i++) {
         char want[128];
         snprintf(want, sizeof want, "\n%s ", p[i].name);
@@ -241,8 +227,8 @@ TEST_T(cli_unknown_variable_warned_with_closest_name, 60)
     setenv("MG_XYZZY_PLUGH", "1", 1);
     r = mgt_exec(30, (const char *[]){mgrun, "-n", "2", tool, "--print-params", NULL}, NULL);
     CHECK_MSG(mgt_exit_code(r) == 0, "exit %d: %s", mgt_exit_code(r), r->err);
-    CHECK_MSG(count_of(r->err, "MG_TIMOUT") == 1 && count_of(r->err, "MG_XYZZY_PLUGH") == 1 &&
-              count_lines(r->err) == 2, "%s", r->err);
+    CHECK_MSG(mgt_count(r->err, "MG_TIMOUT") == 1 && mgt_count(r->err, "MG_XYZZY_PLUGH") == 1 &&
+              mgt_count(r->err, "\n") == 2, "%s", r->err);
     CHECK(strstr(r->err, "MG_XYZZY_PLUGH is not a multigrad variable (mgtrain"));
 }
 
@@ -351,8 +337,8 @@ TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
         double secs = mg_now() - t0;
         char stopped[64];
         snprintf(stopped, sizeof stopped, "stopped the other %d worker(s)", cases[i].n - 1);
-        CHECK_MSG(rc == 2 && count_of(out, cases[i].says) == 1 &&
-                  count_of(out, "mgtrain: ") == 1 && count_lines(out) == 2 &&
+        CHECK_MSG(rc == 2 && mgt_count(out, cases[i].says) == 1 &&
+                  mgt_count(out, "mgtrain: ") == 1 && mgt_count(out, "\n") == 2 &&
                   strstr(out, "mgrun: rank 0 (pid ") && strstr(out, stopped),
                   "%s: exit %d: %s", cases[i].args, rc, out);
         CHECK_MSG(secs < 10, "%s: %.1f s (the silent ranks waited out MG_PEER_TIMEOUT): %s",
@@ -366,7 +352,7 @@ TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
         int rc = mgt_sh(&out, "MG_PEER_TIMEOUT=30 %s -n 4 %s --bogus", run, mgt_tool(tools[i]));
         char says[32];
         snprintf(says, sizeof says, "%s: ", tools[i]);
-        CHECK_MSG(rc == 2 && count_of(out, says) == 1 && count_of(out, "'--bogus'") == 1 &&
+        CHECK_MSG(rc == 2 && mgt_count(out, says) == 1 && mgt_count(out, "'--bogus'") == 1 &&
                   strstr(out, "mgrun: rank 0 (pid ") && mg_now() - t0 < 10, "%s: exit %d: %s",
                   tools[i], rc, out);
         free(out);
@@ -501,11 +487,11 @@ TEST_T(cli_four_rank_failure_lines_whole_and_cause_named, 120)
         while (k < 3 && strncmp(l, pre[k], strlen(pre[k]))) k++;
         CHECK_MSG(k < 3, "line %d does not start with a tool's name: '%s'", n + 1, l);
         for (int j = 0; j < 3; j++)
-            CHECK_MSG(count_of(l, pre[j]) == (j == k), "line %d: '%s'", n + 1, l);
+            CHECK_MSG(mgt_count(l, pre[j]) == (j == k), "line %d: '%s'", n + 1, l);
         for (int r = 0; r < 4; r++) {
             char me[32];
             snprintf(me, sizeof me, "rank %d: ", r);
-            CHECK_MSG(count_of(l, me) <= 1, "line %d names rank %d twice: '%s'", n + 1, r, l);
+            CHECK_MSG(mgt_count(l, me) <= 1, "line %d names rank %d twice: '%s'", n + 1, r, l);
         }
         ours += k == 0;
         if (!strncmp(l, "mgrun: ", 7) && strstr(l, "was stopped")) {
@@ -562,8 +548,8 @@ TEST_T(cli_unreachable_store_named_once, 60)
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     int rc = mgt_sh(&out, "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
                     "MG_TIMEOUT=1 %s --model mlp --parallel ddp", port, mgt_tool("mgtrain"));
-    CHECK_MSG(rc == 2 && count_lines(out) == 1 && strstr(out, "cannot reach the store at ") &&
-              count_of(out, addr) == 1 && count_of(out, "mgtrain: ") == 1, "exit %d: %s", rc,
+    CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 && strstr(out, "cannot reach the store at ") &&
+              mgt_count(out, addr) == 1 && mgt_count(out, "mgtrain: ") == 1, "exit %d: %s", rc,
               out);
     free(out);
 }

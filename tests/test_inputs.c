@@ -18,13 +18,6 @@
 #include "multigrad/checkpoint.h"
 #include "multigrad/data.h"
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 /* tmpdir/name (eight rotating buffers). */
 static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static const char *tpath(const char *fmt, ...)
@@ -47,7 +40,7 @@ static void expect_refused(const char *flags, const char *n1, const char *n2, co
     char *out;
     int rc = mgt_sh(&out, "%s %s", mgt_tool("mgtrain"), flags);
     CHECK_MSG(rc == 2, "'%s' exited %d: %s", flags, rc, out);
-    CHECK_MSG(count_lines(out) == 1 && strncmp(out, "mgtrain: ", 9) == 0,
+    CHECK_MSG(mgt_count(out, "\n") == 1 && strncmp(out, "mgtrain: ", 9) == 0,
               "'%s' printed: %s", flags, out);
     const char *needles[] = {n1, n2, n3};
     for (int i = 0; i < 3; i++)
@@ -533,7 +526,7 @@ TEST_T(inputs_fifos_are_refused_not_waited_for, 120)
         const char *argv[16] = {mgt_tool("mgtrain"), "--model", "mlp", "--epochs", "1",
                                 cases[i][0], cases[i][1], NULL};
         mgt_result *r = mgt_exec(30, argv, NULL);
-        CHECK_MSG(mgt_exit_code(r) == 2 && strstr(r->err, "FIFO") && count_lines(r->err) == 1,
+        CHECK_MSG(mgt_exit_code(r) == 2 && strstr(r->err, "FIFO") && mgt_count(r->err, "\n") == 1,
                   "%s: exit %d: %s", flags, mgt_exit_code(r), r->err);
     }
 }

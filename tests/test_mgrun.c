@@ -85,13 +85,6 @@ static void run(const char *const *args, result *r)
 
 #define EXITED(r, code) (WIFEXITED((r)->status) && WEXITSTATUS((r)->status) == (code))
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 /* Reads the pid a worker wrote to DIR/pid.RANK, waiting for it. */
 static pid_t worker_pid(int rank)
 {
@@ -224,7 +217,7 @@ TEST_T(mgrun_multinode_env, 30)
     const char *alone[] = {"--nnodes", "2", "--node-rank", "1", "--master-port", "1", "sh",
                            "-c", "exit 0", NULL};
     run(alone, &R);
-    CHECK_MSG(EXITED(&R, 1) && count_lines(R.err) == 1 &&
+    CHECK_MSG(EXITED(&R, 1) && mgt_count(R.err, "\n") == 1 &&
               strstr(R.err, "mgrun: node 1 cannot read the workers' MASTER_PORT from node 0's "
                      "rendezvous store at 127.0.0.1:1") &&
               strstr(R.err, "is mgrun --node-rank 0 running there"), "status %d: '%s'",
@@ -403,9 +396,9 @@ TEST_T(mgrun_tag_output, 30)
     CHECK_MSG(EXITED(&R, 0), "status %d: %s", R.status, R.err);
     CHECK(strstr(R.out, "[0]: hello 0\n") && strstr(R.out, "[1]: hello 1\n"));
     CHECK(strstr(R.out, "[0]: no newline\n") && strstr(R.out, "[1]: no newline\n"));
-    CHECK_EQ(count_lines(R.out), 4);
+    CHECK_EQ(mgt_count(R.out, "\n"), 4);
     CHECK(strstr(R.err, "[0]: oops 0\n") && strstr(R.err, "[1]: oops 1\n"));
-    CHECK_EQ(count_lines(R.err), 2);
+    CHECK_EQ(mgt_count(R.err, "\n"), 2);
 
     /* A line longer than mgrun's buffer keeps one prefix. */
     const char *args2[] = {"--tag-output", "sh", "-c",
@@ -564,7 +557,7 @@ TEST_T(mgrun_bad_input, 30)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run(cases[i].args, &R);
         CHECK_MSG(EXITED(&R, 2), "case %zu: status %d", i, R.status);
-        CHECK_MSG(count_lines(R.err) == 1 && strncmp(R.err, "mgrun: ", 7) == 0 &&
+        CHECK_MSG(mgt_count(R.err, "\n") == 1 && strncmp(R.err, "mgrun: ", 7) == 0 &&
                   strstr(R.err, cases[i].says), "case %zu: stderr '%s'", i, R.err);
         CHECK_MSG(access(marker, F_OK) != 0, "case %zu: a worker ran", i);
     }

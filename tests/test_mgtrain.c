@@ -7,13 +7,6 @@
 #include "mgtrain_runs.h"
 #include "multigrad/checkpoint.h"
 
-static int count_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 TEST_T(mgtrain_bad_input_one_line_and_no_file_touched, 120)
 {
     const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
@@ -32,8 +25,8 @@ TEST_T(mgtrain_bad_input_one_line_and_no_file_touched, 120)
         char *out;
         int rc = mgt_sh(&out, "%s %s --save %s --epochs 1", bin, bad[i], save);
         CHECK_MSG(rc == 2, "'%s' exited %d: %s", bad[i], rc, out);
-        CHECK_MSG(count_lines(out) == 1, "'%s' printed %d lines: %s", bad[i],
-                  count_lines(out), out);
+        CHECK_MSG(mgt_count(out, "\n") == 1, "'%s' printed %d lines: %s", bad[i],
+                  mgt_count(out, "\n"), out);
         CHECK_MSG(strncmp(out, "mgtrain: ", 9) == 0, "'%s': %s", bad[i], out);
         free(out);
     }
@@ -95,7 +88,7 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     /* Resuming with other flags is refused, and the checkpoint survives. */
     rc = mgt_sh(&out, "%s --model mlp --epochs 3 --lr 0.1 --resume %s/half.st --save %s/half.st",
              bin, t, t);
-    CHECK_MSG(rc == 2 && strstr(out, "lr=") && count_lines(out) == 1, "%s", out);
+    CHECK_MSG(rc == 2 && strstr(out, "lr=") && mgt_count(out, "\n") == 1, "%s", out);
     free(out);
     snprintf(b, sizeof b, "%s/half.st", t);
     CHECK_OK(mg_st_open(b, &fb));
@@ -218,7 +211,7 @@ TEST_T(mgtrain_gpt_resume_log_eval_and_sample, 180)
     char path[512];
     snprintf(path, sizeof path, "%s/half.csv", t);
     char *csv = mgt_slurp(path, NULL);
-    CHECK_MSG(count_lines(csv) == 4 && strstr(csv, "step,train_loss,val_loss,val_ppl") &&
+    CHECK_MSG(mgt_count(csv, "\n") == 4 && strstr(csv, "step,train_loss,val_loss,val_ppl") &&
               strstr(csv, "\n0,nan,") && strstr(csv, "\n5,") && strstr(csv, "\n10,"), "%s", csv);
     free(csv);
     struct stat sb;
@@ -226,7 +219,7 @@ TEST_T(mgtrain_gpt_resume_log_eval_and_sample, 180)
     CHECK(stat(path, &sb) == 0 && sb.st_size > 500);
     /* Another head count changes no tensor shape: the flags catch it. */
     rc = mgt_sh(&out, "%s " GPT_SMALL " --heads 2 --steps 20 --resume %s/half.st", bin, t);
-    CHECK_MSG(rc == 2 && count_lines(out) == 1 && strstr(out, "arch="), "%s", out);
+    CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 && strstr(out, "arch="), "%s", out);
     free(out);
     rc = mgt_sh(&out, "%s " GPT_SMALL " --eval-only --init %s/full.st --sample 40 "
                 "--temperature 0 --prompt 'Q: '", bin, t);
@@ -283,7 +276,7 @@ TEST_T(mgtrain_gpt_bad_input_one_line, 120)
         if (p) snprintf(flags, sizeof flags, "%.*s%s", (int)(p - bad[i].flags), bad[i].flags, tiny);
         else snprintf(flags, sizeof flags, "%s", bad[i].flags);
         int rc = mgt_sh(&out, "%s %s --save %s", bin, flags, save);
-        CHECK_MSG(rc == 2 && count_lines(out) == 1 && strncmp(out, "mgtrain: ", 9) == 0 &&
+        CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 && strncmp(out, "mgtrain: ", 9) == 0 &&
                   strstr(out, bad[i].says), "'%s' exited %d: %s", flags, rc, out);
         free(out);
     }

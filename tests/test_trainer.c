@@ -181,4 +181,10 @@ TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
     CHECK_MSG(rc == 0 && strstr(one, "epoch 3: ") && !strstr(one, "epoch 2: ") &&
               strstr(one, "tp4: "), "%s", one);
     free(one);
+    /* A mesh that does not fit the job is said once, by the rank that
+     * found it first (the others get MG_ESTOPPED and stay quiet). */
+    rc = mgt_sh(&one, "cd %s && %s -n 3 %s dp=2", mgt_tmpdir(), run, ex);
+    CHECK_MSG(rc != 0 && mgt_count(one, "train_mesh: ") == 1 && strstr(one, "dp*tp*pp = 2"),
+              "%s", one);
+    free(one);
 }
