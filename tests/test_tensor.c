@@ -412,3 +412,36 @@ TEST(tensor_linear_and_relu)
     mg_relu_backward(rdx, (float[]){5, 5, 5, 5}, ry, 4);
     CHECK(rdx[0] == 0 && rdx[1] == 0 && rdx[2] == 5 && rdx[3] == 0);
 }
+
+/* GELU (forward, backward, and both at once) against double precision
+ * over its whole range, in a vector long enough for the vectorised loops
+ * (gelu.c is built with -ffast-math): finite everywhere. Every v below
+ * about -10.2 gave NaN in the vector loop (an exp overflowing to inf),
+ * which blew up a gpt-mini's training. */
+TEST(tensor_gelu_is_finite_and_exact_over_its_range)
+{
+    enum { N = 1024 };
+    static float x[N], y[N], y2[N], dx[N], dydx[N], ones[N];
+    for (int i = 0; i < N; i++) {
+        double t = (i - N / 2) / (double)(N / 2);   /* -1 .. 1 */
+        double far = copysign(pow(10, 30 * fabs(t)), t);   /* up to 1e30 either way */
+        x[i] = (float)(i % 3 == 0 ? 40 * t : i % 3 == 1 ? 12 * t : far);
+        ones[i] = 1;
+    }
+    mg_gelu_forward(y, x, N);
+    mg_gelu_backward(dx, ones, x, N);
+    mg_gelu_forward_deriv(y2, dydx, x, N);
+    for (int i = 0; i < N; i++) {
+        double v = x[i], u = sqrt(2 / M_PI) * (v + 0.044715 * v * v * v);
+        double sg = 1 / (1 + exp(-2 * u)), want = v * sg;   /* 0.5 (1 + tanh u) = sigmoid 2u */
+        double du = 2 * sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+        double dwant = sg + v * du * sg * (1 - sg);
+        CHECK_MSG(isfinite(y[i]) && isfinite(dx[i]) && y[i] == y2[i] && dx[i] == dydx[i],
+                  "gelu(%g) = %g, derivative %g (both at once: %g, %g)", v, y[i], dx[i], y2[i],
+                  dydx[i]);
+        CHECK_MSG(fabs(y[i] - want) <= 1e-5 * fabs(want) + 1e-30, "gelu(%g) = %.9g, want %.9g",
+                  v, y[i], want);
+        CHECK_MSG(fabs(dx[i] - dwant) <= 1e-5 * fabs(dwant) + 1e-6, "gelu'(%g) = %.9g, want %.9g",
+                  v, dx[i], dwant);
+    }
+}

@@ -79,19 +79,28 @@ static inline MG_HD float mg__bn_dx(float a, float dy, float c0, float x, float 
 }
 
 /* GELU with the tanh approximation (src/tensor/gelu.c):
- * s = sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3); gelu(v) = v s. */
+ * s = sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3); gelu(v) = v s.
+ * Where the exponent -2u passes 80 (v below about -10.3) s is 0: under
+ * -ffast-math an exp that overflows to inf gives a NaN (the vector
+ * reciprocal's refinement takes inf * 0), which every v below about -10.2
+ * did; the true s there is below 1.8e-35, so v s and the derivative are 0
+ * to float's precision. */
 #define MG__GELU_K 0.7978845608028654f   /* sqrt(2/pi) */
 #define MG__GELU_C 0.044715f
 
 static inline MG_HD float mg__gelu_s(float v)
 {
-    float u = MG__GELU_K * (v + MG__GELU_C * v * v * v);
-    return 1.0f / (1.0f + expf(-2.0f * u));
+    float u = MG__GELU_K * (v + MG__GELU_C * v * v * v), a = -2.0f * u;
+    float s = 1.0f / (1.0f + expf(fminf(a, 80.0f)));
+    return a < 80.0f ? s : 0.0f;
 }
 
-/* The derivative of v * s given s. */
+/* The derivative of v * s given s. Beyond |v| = 20, s is 0 or 1 exactly,
+ * so s (1 - s) is 0: v is held there, so that v * du (whose v^2 overflows
+ * past 1.8e19) stays finite and the term 0, not NaN. */
 static inline MG_HD float mg__gelu_deriv(float v, float s)
 {
+    v = fminf(fmaxf(v, -20.0f), 20.0f);
     float du = 2.0f * MG__GELU_K * (1.0f + 3.0f * MG__GELU_C * v * v);
     return s + v * du * s * (1.0f - s);
 }
