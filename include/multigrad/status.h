@@ -27,9 +27,11 @@ enum {
     MG_EUNSUPPORTED, /* not available in this build or configuration */
     MG_ELEFT,       /* this rank's peers took it as lost and went on without it (a group
                        that contains peer failures, mg_group_contain_peer_failures) */
-    MG_ESTOPPED     /* another rank failed first and says why; this one stops without a
+    MG_ESTOPPED,    /* another rank failed first and says why; this one stops without a
                        message to tell (mg_group_agree's MG_AGREE_LEAVE_FIRST; a mistake in
                        the flags that rank 0 of a launched job finds alike) */
+    MG_EDIVERGED    /* training diverged: its loss is no longer a finite number
+                       (mg_trainer_run stops there, keeping the last checkpoint) */
 };
 
 /* Record an error message (printf-style) for this thread; returns code.

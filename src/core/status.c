@@ -38,7 +38,7 @@ const char *mg_status_name(mg_status s)
     static const char *names[] = {
         "MG_OK", "MG_EINVAL", "MG_EIO", "MG_ENOMEM", "MG_EFORMAT",
         "MG_ETIMEOUT", "MG_EPEER", "MG_EAUTH", "MG_EMISMATCH", "MG_EUNSUPPORTED", "MG_ELEFT",
-        "MG_ESTOPPED",
+        "MG_ESTOPPED", "MG_EDIVERGED",
     };
     if (s < 0 || s >= (int)(sizeof names / sizeof names[0])) return "MG_E?";
     return names[s];

@@ -46,6 +46,8 @@ struct mg_trainer {
     mg_dataset *train, *test;
     mg_text *text;
     mg__metrics log;
+    bool saved;               /* a checkpoint written by this run, of step saved_step */
+    long saved_step;
     long steps_per_epoch;     /* images */
     int leaves;               /* micro-batches a rank runs a step: --accumulate, or
                                  --deterministic's V/W virtual shards */

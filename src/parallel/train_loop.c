@@ -200,16 +200,34 @@ mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
 
 /* ---- after an epoch or evaluation ------------------------------------------ */
 
+/* A training loss that is not a finite number, since step `since`: every
+ * later step would only train on NaN, and a checkpoint of NaN parameters
+ * could not be resumed, so the run stops without writing one over the last
+ * good one (the row still goes to the log). */
+static mg_status diverged(mg_trainer *t, const mg_train_row *r, long since)
+{
+    char kept[600] = "";
+    if (t->saved)
+        snprintf(kept, sizeof kept, "; %s keeps step %ld", t->c.save, t->saved_step);
+    else if (t->c.resume)
+        snprintf(kept, sizeof kept, "; %s is untouched", t->c.resume);
+    return mg_error(MG_EDIVERGED, "training diverged: the training loss of steps %ld to %ld is "
+                    "%g%s: lower --lr, warm it up (--schedule ...,warmup:STEPS) or clip the "
+                    "gradients (--clip-grad)", since + 1, r->step, r->train_loss, kept);
+}
+
 /* The row to the log (rank 0 writes it and its plot; every rank learns
- * whether it worked: also the barrier before a save), then the
- * checkpoint. */
-static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
+ * whether it worked, and whether training diverged on a rank that trained
+ * since step `since` (-1: it did not): also the barrier before a save),
+ * then the checkpoint. */
+static mg_status record(mg_trainer *t, mg_train_row *r, bool save, long since)
 {
     const mg_train_config *c = &t->c;
     r->elapsed = mg_now() - t->began;
     MG_TRY(mg__metrics_add(&t->log, r));
     mg_status st = MG_OK;
     if (t->info.rank == 0 && c->log) st = mg__log_write(c->log, c->model, &t->log);
+    if (!st && since >= 0) st = diverged(t, r, since);
     MG_TRY(mg_trainer_agree(t, st));
     if (!save || !c->save) return MG_OK;
     mg_ckpt_meta meta;
@@ -223,6 +241,8 @@ static mg_status record(mg_trainer *t, mg_train_row *r, bool save)
         return mg_error(st == MG_EPEER || st == MG_ETIMEOUT ? st : MG_EIO,
                         "--save: %s (the previous checkpoint, if any, is intact)",
                         mg_last_error());
+    t->saved = true;
+    t->saved_step = r->step;
     return MG_OK;
 }
 
@@ -236,6 +256,7 @@ typedef struct {
     bool save;
     mg_train_row row;   /* its figures apart from the sums' and evaluation's */
     double tokens_per_step;
+    long since;         /* the step before the interval's first */
     double items;       /* out: the images or tokens trained on (row.per_s's) */
 } interval_end;
 
@@ -254,8 +275,10 @@ static mg_status end_interval(mg_trainer *t, interval_end *e)
         e->items = v[1] / t->info.dp_size * e->tokens_per_step;
     }
     if (e->n) r.per_s = e->items / r.seconds;
+    /* A rank that trained (an image server's loss is 0 / 0) and found NaN */
+    bool bad = e->n && v[e->n - 1] > 0 && !isfinite(r.train_loss);
     MG_TRY(mg_trainer_evaluate(t, &r));
-    return record(t, &r, e->save);
+    return record(t, &r, e->save, bad ? e->since : -1);
 }
 
 /* end_interval between two settles: when a rank left amid it (an elastic
@@ -313,14 +336,16 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         if (loader) mg_loader_start(loader, order, n_local, t->info.local, 0);
         double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
         double t0 = mg_now(), lr = c->lr;
+        long since = step;
         mg_train_progress p = {.epoch = e, .epochs = c->epochs, .total = t->train->n,
                                .per_item = 1, .unit = "img", .started = t0};
         source src = {.loader = loader, .left = n_local, .batch = t->info.local};
         for (;;) {
             mg_step_result sr;
-            lr = mg_schedule_lr(&t->sched, step);
+            double step_lr = mg_schedule_lr(&t->sched, step);   /* the row's: the last run */
             double began = mg_now();
-            if ((st = step_run(t, lr, &src, next_images, &sr)) || sr.micro == 0) break;
+            if ((st = step_run(t, step_lr, &src, next_images, &sr)) || sr.micro == 0) break;
+            lr = step_lr;
             first_step(t, sum, began, (double)sr.samples * t->info.dp_size);
             v[0] += sr.loss_sum;
             v[1] += (double)sr.correct;
@@ -336,6 +361,7 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
                             .row = mg__train_row_empty()};
         end.row.epoch = e + 1;
         end.row.step = step;
+        end.since = since;
         end.row.seconds = mg_now() - t0;
         end.row.lr = lr;
         if ((st = between_steps(t, &end))) break;
@@ -380,7 +406,7 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         if ((st = step_run(t, lr, &src, next_text, &sr))) break;
         first_step(t, sum, began, tokens_per_step);
         step++;
-        v[0] += sr.loss_sum / (double)sr.samples;
+        if (sr.samples) v[0] += sr.loss_sum / (double)sr.samples;   /* a server has none */
         v[1] += 1;
         p.step = step;
         p.done = step - first;
@@ -388,7 +414,8 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
         progress(t, &p);
         if (step % c->eval_every && step < c->steps) continue;
         interval_end end = {.mine = {v[0], v[1]}, .n = 2, .save = true,
-                            .row = mg__train_row_empty(), .tokens_per_step = tokens_per_step};
+                            .row = mg__train_row_empty(), .tokens_per_step = tokens_per_step,
+                            .since = step - (long)v[1]};
         end.row.step = step;
         end.row.seconds = mg_now() - t0;
         end.row.lr = lr;
