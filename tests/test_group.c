@@ -139,6 +139,48 @@ TEST(group_init_from_file_store)
     CHECK_EQ(mgt_fork_ranks(3, file_rank, url, 40, NULL), 0);
 }
 
+/* A process may make its world group again after destroying it (a C
+ * program that runs collectives, then the trainer, which makes its own):
+ * over a store that outlives the groups (mgrun's, served here by the
+ * test: MG_STORE_PORT) each group meets at keys of its own. The second
+ * used to read the first's records and map the shared memory it had
+ * removed (found by a probe; a race, so six rounds on 3 ranks, over
+ * shared memory and TCP). */
+static int again_rank(int rank, int n, void *arg)
+{
+    int port = *(const int *)arg;
+    mgt_rank_env(rank, n, port);
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    setenv("MG_STORE_PORT", p, 1);
+    setenv("MG_JOB_SECRET", "again", 1);
+    setenv("MG_TIMEOUT", "20", 1);
+    /* The store in a thread of rank 2, from before its first group to
+     * after its last, as mgrun's (not of the test's process: a fork beside
+     * a running thread may copy a lock it held) */
+    mg_store_server *srv = NULL;
+    if (rank == 2) CHECK_OK(mg_store_server_start("127.0.0.1", port, "again", &srv));
+    for (int k = 0; k < 6; k++) {
+        setenv("MG_TRANSPORT", k % 2 ? "tcp" : "auto", 1);
+        mg_group *g;
+        mg_status st = mg_group_init(NULL, &g);
+        CHECK_MSG(!st, "rank %d, group %d: %s", rank, k, mg_last_error());
+        float v = (float)(rank + k);
+        CHECK_OK(mg_all_reduce(g, &v, &v, 1, MG_F32, MG_SUM));
+        CHECK_EQ(v, (float)(n * (n - 1) / 2 + n * k));
+        if (k == 5) CHECK_OK(mg_barrier(g));   /* rank 2 serves the others to the end */
+        mg_group_destroy(g);
+    }
+    mg_store_server_stop(srv);
+    return 0;
+}
+
+TEST(group_init_again_after_destroy)
+{
+    int port = mgt_free_port();
+    CHECK_EQ(mgt_fork_ranks(3, again_rank, &port, 50, NULL), 0);
+}
+
 /* ---- init errors ---------------------------------------------------------- */
 
 static int size_mismatch_rank(int rank, int n, void *arg)

@@ -2,8 +2,9 @@
  * per peer, collectives through src/comm/coll, split, group memory,
  * failure notices and an orderly teardown.
  *
- * Rendezvous (prefix P: "w" for the world, P/s<k>/c<color> for splits,
- * P/x<k> for exclusions):
+ * Rendezvous (prefix P: "w" for the world, "w.<k>" for this process's
+ * k-th world group after the first, P/s<k>/c<color> for splits, P/x<k>
+ * for exclusions; MG_RUN_ID after the w, an mgrun restart's):
  * every rank publishes P/info/<rank> (world size, pid, host identity,
  * listening address); rank 0 reads them all, checks that they agree and
  * publishes the table (P/table) — or, when they do not, the reason
@@ -16,6 +17,7 @@
  * removes the names of its own ranks. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,7 +411,13 @@ static mg_status bi_init(mg_group *g, const mg_group_options *opt)
     double deadline = mg_now() + g->timeout;
     MG_TRY(open_store(b, opt, rank, deadline));
     b->world = true;
-    snprintf(b->prefix, sizeof b->prefix, "w%s", mg_env_str("MG_RUN_ID", ""));
+    /* A group made after another was destroyed meets at keys of its own:
+     * at the first one's it would read that group's records (its table,
+     * the shared memory it has removed). Every rank makes its world
+     * groups in the same order, so the k-th meets the others' k-th. */
+    static atomic_int made;
+    int k = atomic_fetch_add(&made, 1);
+    snprintf(b->prefix, sizeof b->prefix, k ? "w%s.%d" : "w%s", mg_env_str("MG_RUN_ID", ""), k);
     return join(b, rank, size, lr, ls, deadline);
 }
 
