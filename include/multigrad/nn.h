@@ -384,6 +384,9 @@ void mg_tape_pin_step(mg_tape *t, uint64_t step);
 const float *mg_tape_forward(mg_tape *t, const float *x, int batch);
 const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch);
 float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct);
+/* Between a loss and its backward: the loss's gradient times w (a
+ * micro-batch's weight in its step, mg_micro_batch). */
+void mg_tape_weigh_loss(mg_tape *t, float w);
 void mg_tape_backward(mg_tape *t);
 void mg_tape_backward_from(mg_tape *t, const float *dout);
 /* The tape's own buffer for that dout (batch * outputs per sample floats,
@@ -439,6 +442,8 @@ mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_promp
  * the logits' gradient for backward; *correct (may be NULL) gets the
  * number of argmax hits. */
 float mg_model_loss(mg_model *m, const int32_t *labels, int *correct);
+/* As mg_tape_weigh_loss, on the model's tape. */
+void mg_model_weigh_loss(mg_model *m, float w);
 /* Backward of the last forward and loss: accumulates into the gradient
  * arena, calling the unit hooks around each unit. */
 void mg_model_backward(mg_model *m);

@@ -221,12 +221,19 @@ mg_status mg_strategy_load_weights(mg_strategy *s, const char *path, const char 
 /* One micro-batch as the model takes it (images as floats, a language
  * model's int32 tokens; y one label per position); last: the last of the
  * step (e.g. the end of an epoch). A source fills one and returns true,
- * or returns false when it has none. */
+ * or returns false when it has none.
+ * weight: its mean loss's share of the step, times the step's number of
+ * micro-batches K (0 is 1: a step of K micro-batches of the same rows).
+ * A step whose micro-batches differ in rows (an epoch's short last step:
+ * 64 rows as 48 + 16) gives each K n / N of the step's N rows, so that
+ * the step's gradient is the mean over its rows, as one batch of them
+ * would give, not the mean of the micro-batches' means. */
 typedef struct mg_micro_batch {
     const void *x;
     const int32_t *y;
     int n;
     bool last;
+    float weight;
 } mg_micro_batch;
 typedef bool (*mg_batch_source)(void *ud, mg_micro_batch *out);
 

@@ -356,6 +356,19 @@ float mg_tape_loss(mg_tape *t, const int32_t *labels, int *correct)
     return loss;
 }
 
+void mg_tape_weigh_loss(mg_tape *t, float w)
+{
+    MG_ASSERT(t->have_loss);
+    size_t n = (size_t)t->batch * t->m->positions * t->m->classes;   /* this rank's columns */
+    if (t->dk) {
+        mg_dk *prev = mg__dk_enter(t->dk);
+        mg_dk_scale(t->dlogits, n, w);
+        mg__dk_leave(prev);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) t->dlogits[i] *= w;
+}
+
 static void run_backward(mg_tape *t)
 {
     mg_model *m = t->m;
@@ -484,6 +497,12 @@ float mg_model_loss(mg_model *m, const int32_t *labels, int *correct)
 {
     MG_ASSERT(m->tape);
     return mg_tape_loss(m->tape, labels, correct);
+}
+
+void mg_model_weigh_loss(mg_model *m, float w)
+{
+    MG_ASSERT(m->tape);
+    mg_tape_weigh_loss(m->tape, w);
 }
 
 void mg_model_backward(mg_model *m)

@@ -54,6 +54,7 @@ struct mg_dp {
     bool stop;
     size_t in;         /* input elements (4 bytes) per sample */
     int positions;     /* labels per sample (a language model: T) */
+    float weight;      /* the micro-batch's in its step (mg_micro_batch; 0: 1) */
 };
 
 static void apply(worker *r, uint64_t step)
@@ -294,6 +295,7 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
         if (dp->w[k].n == 0) continue;
         const float *gk = dp->w[k].grads;
         float wk = (float)dp->w[k].n / (float)batch;
+        if (dp->weight > 0) wk *= dp->weight;
         for (size_t i = 0; i < n; i++) g[i] += wk * gk[i];
     }
     if (loss) *loss = l;
@@ -317,7 +319,11 @@ static void dp_destroy(void *c) { mg_dp_destroy(c); }
 
 static mg_status dp_micro(void *c, const mg_micro_batch *b, float *loss, int *correct)
 {
-    return mg_dp_forward_backward(c, b->x, b->y, b->n, loss, correct);
+    mg_dp *dp = c;
+    dp->weight = mg__weighed(b) ? b->weight : 0;
+    mg_status st = mg_dp_forward_backward(dp, b->x, b->y, b->n, loss, correct);
+    dp->weight = 0;
+    return st;
 }
 
 const mg_component_ops mg__dp_component = {
@@ -403,7 +409,7 @@ static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int ma
     while (more && r->micro < max_micro) {
         int k = 0;
         mg_micro_batch b;
-        while (k < dp->workers && r->micro + k < max_micro && next(ud, &b)) {
+        while (k < dp->workers && r->micro + k < max_micro && mg__next_micro(next, ud, &b)) {
             MG_TRY(take_shard(q, k++, &b));
             if (b.last) break;
         }

@@ -27,6 +27,20 @@ mg_status mg__range_buckets(const mg_model *m, size_t first_cap, size_t cap, con
  * and disjoint), ascending; returns how many (strategy.c). */
 int mg__ranges_intersect(const mg_range *a, int na, const mg_range *b, int nb, mg_range *out);
 
+/* The next micro-batch from a source, the fields it leaves zero (a
+ * source of before mg_micro_batch's weight leaves it: 1). */
+static inline bool mg__next_micro(mg_batch_source next, void *ud, mg_micro_batch *b)
+{
+    *b = (mg_micro_batch){0};
+    return next(ud, b);
+}
+
+/* A micro-batch's weight in its step (mg_micro_batch), where it is not 1. */
+static inline bool mg__weighed(const mg_micro_batch *b)
+{
+    return b->weight > 0 && b->weight != 1;
+}
+
 /* The whole model's forward and loss of every micro-batch from next,
  * added into r (strategy.c: evaluation where no component runs it). */
 mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,

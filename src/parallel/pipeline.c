@@ -142,7 +142,8 @@ mg_status mg__pipe_create(mg_group *g, mg_model *m, const mg_pipe_options *o, in
         p->x = malloc(mg__pipe_fl(M * max_batch * p->x_per));
         p->y = malloc(sizeof *p->y * M * max_batch * p->y_per);
         p->n = calloc(M, sizeof *p->n);
-        if (!p->x || !p->y || !p->n) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
+        p->w = calloc(M, sizeof *p->w);
+        if (!p->x || !p->y || !p->n || !p->w) st = mg_error(MG_ENOMEM, "pipeline: out of memory");
     }
     for (int k = 0; k < V && !st; k++) {
         chunk *ck = &p->ch[k];
@@ -208,6 +209,7 @@ void mg__pipe_destroy(mg_pipe *p)
     free(p->x);
     free(p->y);
     free(p->n);
+    free(p->w);
     free(p);
 }
 

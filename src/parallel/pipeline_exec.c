@@ -312,13 +312,14 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
     int count = 0;
     mg_micro_batch b;
     memset(r, 0, sizeof *r);
-    while (count < max_micro && count < p->M && next(ud, &b)) {
+    while (count < max_micro && count < p->M && mg__next_micro(next, ud, &b)) {
         if (b.n < 1 || b.n > p->max_batch)
             return mg_error(MG_EINVAL, "pipeline: micro-batch %d has %d samples; the "
                             "pipeline was made for 1 to %d", count, b.n, p->max_batch);
         size_t k = (size_t)count * p->max_batch;
         memcpy(p->x + k * p->x_per, b.x, mg__pipe_fl((size_t)b.n * p->x_per));
         memcpy(p->y + k * p->y_per, b.y, sizeof *p->y * (size_t)b.n * p->y_per);
+        p->w[count] = mg__weighed(&b) ? b.weight : 1;
         p->n[count++] = b.n;
         if (b.last) break;
     }
@@ -406,6 +407,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
             if (last) {
                 int c = 0;
                 float l = mg_tape_loss(f->t, p->y + (size_t)mb * p->max_batch * p->y_per, &c);
+                if (p->w[mb] != 1) mg_tape_weigh_loss(f->t, p->w[mb]);
                 loss += (double)l * n;
                 correct += c;
                 samples += n;

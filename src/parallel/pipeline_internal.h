@@ -47,6 +47,7 @@ struct mg_pipe {
     float *x;
     int32_t *y;
     int *n;
+    float *w;               /* each micro-batch's weight (mg_micro_batch) */
     size_t x_per, y_per;      /* input floats and labels per sample */
     /* The lowered list made last, for acts_for = 2·count + forward-only
      * (0: none yet). */

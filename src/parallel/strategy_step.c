@@ -47,6 +47,7 @@ static mg_status micro(mg_strategy *s, const mg_micro_batch *b, float slow, floa
         st = mg__strategy_forward_failed(s->m);
     } else {
         *loss = mg_model_loss(s->m, b->y, correct);
+        if (mg__weighed(b)) mg_model_weigh_loss(s->m, b->weight);
         mg_model_backward(s->m);
     }
     if (slow > 1) mg_sleep((slow - 1) * (mg_now() - t0));
@@ -66,7 +67,7 @@ static mg_status step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     part *driver = FIRST(s, run_step);
     if (driver) MG_TRY(driver->ops->run_step(driver->c, next, ud, opt->accumulate, r));
     mg_micro_batch b;
-    while (!driver && r->micro < opt->accumulate && next(ud, &b)) {
+    while (!driver && r->micro < opt->accumulate && mg__next_micro(next, ud, &b)) {
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;

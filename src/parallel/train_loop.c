@@ -34,6 +34,9 @@ mg_status mg__train_step_error(const mg_trainer *t)
 typedef struct {
     mg_loader *loader;
     long left;               /* images of this rank's epoch not yet drawn */
+    int per_step, drawn;     /* micro-batches a step takes, and drawn this epoch */
+    long step_rows;          /* the rows of the step being drawn (this rank's), */
+    int step_micro;          /* in that many micro-batches */
     const mg_text *text;     /* or text */
     uint64_t seed, step;
     int first, micro, batch, T, rank, world;
@@ -47,11 +50,18 @@ static bool next_images(void *ud, mg_micro_batch *b)
     source *s = ud;
     const float *x = NULL;
     const int32_t *y = NULL;
+    if (s->drawn++ % s->per_step == 0) {   /* a step begins: the epoch's last may be short */
+        s->step_rows = s->left < (long)s->per_step * s->batch ? s->left
+                                                              : (long)s->per_step * s->batch;
+        s->step_micro = (int)((s->step_rows + s->batch - 1) / s->batch);
+    }
     int n = !s->loader ? (int)(s->left < s->batch ? s->left : s->batch)
                        : mg_loader_next(s->loader, &x, &y);
     if (n <= 0) return false;
     s->left -= n;
-    *b = (mg_micro_batch){x, y, n, s->left <= 0};
+    /* 1 but where the step's micro-batches differ in rows (64 as 48 + 16) */
+    float weight = (float)((double)s->step_micro * n / (double)s->step_rows);
+    *b = (mg_micro_batch){x, y, n, s->left <= 0, weight};
     return true;
 }
 
@@ -339,7 +349,8 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         long since = step;
         mg_train_progress p = {.epoch = e, .epochs = c->epochs, .total = t->train->n,
                                .per_item = 1, .unit = "img", .started = t0};
-        source src = {.loader = loader, .left = n_local, .batch = t->info.local};
+        source src = {.loader = loader, .left = n_local, .batch = t->info.local,
+                      .per_step = t->leaves};
         for (;;) {
             mg_step_result sr;
             double step_lr = mg_schedule_lr(&t->sched, step);   /* the row's: the last run */
