@@ -116,6 +116,8 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         {"resume and init", "--resume and --init both set"},
         {"pipeline flags", "give --mesh pp=P"},
         {"two factories", "make and make_split both given"},
+        {"threads", "threads -3: give 1 to 1024"},   /* it aborted in mg_set_threads */
+        {"no model", "has no model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mg_train_config c;
@@ -125,6 +127,8 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         if (i == 2) c.resume = c.init = "x.st";
         if (i == 3) c.micro_batches = 2;
         if (i == 4) c.make = never_whole, c.make_split = never_split;
+        if (i == 5) c.threads = -3;
+        if (i == 6) c.model = NULL;
         mg_trainer *t = (mg_trainer *)1;
         mg_status st = mg_trainer_create(&c, &t);
         CHECK_MSG(st == MG_EINVAL && t == NULL && strstr(mg_last_error(), cases[i].msg) &&
@@ -132,6 +136,44 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
     }
     mg_train_config c;
     CHECK(mg_train_config_defaults("resnet", &c) == MG_EINVAL);
+}
+
+/* A NULL where the library needs a pointer is MG_EINVAL naming it, not a
+ * crash (found by a probe: each of these was a SIGSEGV). */
+TEST(library_calls_refuse_a_null_pointer_naming_it)
+{
+    mg_train_config c;
+    mg_trainer *t;
+    mg_group *g;
+    mg_mesh *m;
+    float v = 1;
+    mg_work *w;
+    CHECK_OK(mg_train_config_defaults("mlp", &c));
+    struct { mg_status st; const char *says; } got[] = {
+        {mg_train_config_defaults("mlp", NULL), "mg_train_config_defaults: c is NULL"},
+        {mg_train_config_defaults(NULL, &c), "mg_train_config_defaults: model is NULL"},
+        {mg_train_config_check(NULL), "mg_train_config_check: c is NULL"},
+        {mg_trainer_create(NULL, &t), "mg_trainer_create: c is NULL"},
+        {mg_trainer_create(&c, NULL), "mg_trainer_create: out is NULL"},
+        {mg_trainer_run(NULL, NULL), "mg_trainer_run: t is NULL"},
+        {mg_trainer_evaluate(NULL, NULL), "mg_trainer_evaluate: t is NULL"},
+        {mg_group_init(NULL, NULL), "mg_group_init: out is NULL"},
+        {mg_group_split(NULL, 0, 0, &g), "mg_group_split: g is NULL"},
+        {mg_group_split(NULL, 0, 0, NULL), "mg_group_split: out is NULL"},
+        {mg_all_reduce(NULL, &v, &v, 1, MG_F32, MG_SUM), "all_reduce: g is NULL"},
+        {mg_all_reduce_async(NULL, &v, &v, 1, MG_F32, MG_SUM, &w), "all_reduce: g is NULL"},
+        {mg_all_reduce_async(NULL, &v, &v, 1, MG_F32, MG_SUM, NULL), "all_reduce: out is NULL"},
+        {mg_mesh_create(NULL, "dp=1", &m), "mg_mesh_create: g is NULL"},
+        {mg_mesh_create(NULL, "dp=1", NULL), "mg_mesh_create: out is NULL"},
+    };
+    for (size_t i = 0; i < sizeof got / sizeof *got; i++)
+        CHECK_MSG(got[i].st == MG_EINVAL, "case %zu (%s): %s", i, got[i].says,
+                  mg_status_name(got[i].st));
+    /* The messages, each call again on its own (the last error is one) */
+    CHECK(mg_trainer_create(&c, NULL) == MG_EINVAL &&
+          !strcmp(mg_last_error(), "mg_trainer_create: out is NULL"));
+    CHECK(mg_all_reduce(NULL, &v, &v, 1, MG_F32, MG_SUM) == MG_EINVAL &&
+          strstr(mg_last_error(), "all_reduce: g is NULL"));
 }
 
 /* examples/train_mesh.c: one process, a 2-stage pipeline of ZeRO-2

@@ -57,6 +57,13 @@ void mg__assert_fail(const char *expr, const char *file, int line)
 /* Propagate a failing status. */
 #define MG_TRY(expr) do { mg_status mg__s = (expr); if (mg__s) return mg__s; } while (0)
 
+/* A pointer argument of a library call that must be given: MG_EINVAL
+ * naming it when it is NULL. */
+#define MG_NEED(fn, p)                                                        \
+    do {                                                                      \
+        if (!(p)) return mg_error(MG_EINVAL, "%s: %s is NULL", fn, #p);       \
+    } while (0)
+
 #ifdef __cplusplus
 }
 #endif

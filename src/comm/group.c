@@ -166,6 +166,7 @@ static mg_status mpi_launch_backend(const mg_group_options *opt, const char **na
 
 mg_status mg_group_init(const mg_group_options *opt, mg_group **out)
 {
+    MG_NEED("mg_group_init", out);
     *out = NULL;
     mg_group_options def = mg_group_options_default();
     if (!opt) opt = &def;
@@ -249,7 +250,9 @@ static mg_status made_sub(mg_group *g, mg_status st, mg_group **out)
 
 mg_status mg_group_split(mg_group *g, int color, int key, mg_group **out)
 {
+    MG_NEED("mg_group_split", out);
     *out = NULL;
+    MG_NEED("mg_group_split", g);
     if (color < MG_UNDEFINED)
         return mg_error(MG_EINVAL, "mg_group_split: color %d must be >= 0 or MG_UNDEFINED", color);
     mg__req r = {.kind = MG__REQ_SPLIT, .color = color, .key = key, .out_group = out};

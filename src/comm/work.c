@@ -438,6 +438,7 @@ static mg_status route(mg_group *g, mg__req *r)
 
 mg_status mg_run(mg_group *g, const mg_call *c)
 {
+    MG_NEED(mg_coll_name(c->coll), g);
     MG_TRY(mg__call_check(c, &g->names, g->rank, g->size));
     mg__req r;
     make_req(g, c, &r);
@@ -482,7 +483,9 @@ static void work_release(struct mg_work *w)
 
 mg_status mg_start(mg_group *g, const mg_call *c, mg_work **out)
 {
+    MG_NEED(mg_coll_name(c->coll), out);
     *out = NULL;
+    MG_NEED(mg_coll_name(c->coll), g);
     MG_TRY(mg__call_check(c, &g->names, g->rank, g->size));
     if (atomic_load(&g->failed)) return failed_error(g);
     struct mg_work *w = work_new();

@@ -136,7 +136,10 @@ static mg_status agree(mg_group *g, const char *spec, const int sizes[MG_MESH_DI
 
 mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out)
 {
+    MG_NEED("mg_mesh_create", out);
     *out = NULL;
+    MG_NEED("mg_mesh_create", g);
+    MG_NEED("mg_mesh_create", spec);
     int world = mg_group_size(g), rank = mg_group_rank(g);
     int sizes[MG_MESH_DIMS] = {0};
     mg_status bad = mg_mesh_parse(spec, world, sizes);

@@ -198,6 +198,8 @@ static mg_status evaluate_images(mg_trainer *t, mg_train_row *r)
 
 mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r)
 {
+    MG_NEED("mg_trainer_evaluate", t);
+    MG_NEED("mg_trainer_evaluate", r);
     if (!t->c.text) return evaluate_images(t, r);
     int share, shares;
     mg_strategy_eval_share(t->s, &share, &shares);
@@ -443,6 +445,7 @@ static mg_status run_text(mg_trainer *t, mg_train_summary *sum)
 
 mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
 {
+    MG_NEED("mg_trainer_run", t);
     mg_train_summary mine;
     if (!s) s = &mine;
     memset(s, 0, sizeof *s);

@@ -21,6 +21,8 @@
 
 mg_status mg_train_config_defaults(const char *model, mg_train_config *c)
 {
+    MG_NEED("mg_train_config_defaults", model);
+    MG_NEED("mg_train_config_defaults", c);
     mg_zoo_defaults d;
     MG_TRY(mg_zoo_defaults_of(model, &d));
     *c = (mg_train_config){
@@ -45,6 +47,12 @@ static mg_status check_config(mg_trainer *t)
     if (!c->workers) c->workers = 2;
     if (!c->bucket_mb) c->bucket_mb = 25;
     if (!c->eval_every) c->eval_every = (int)(c->steps < INT32_MAX ? c->steps : INT32_MAX);
+    if (!c->model)
+        return mg_error(MG_EINVAL, "the training config has no model: give its name (a zoo "
+                        "model's, or your make's)");
+    if (c->threads < 0 || c->threads > 1024)
+        return mg_error(MG_EINVAL, "threads %d: give 1 to 1024 BLAS threads, or 0 for "
+                        "MG_THREADS (else 1)", c->threads);
     if (c->batch < 1 || c->accumulate < 1 || (c->text ? c->steps < 1 : c->epochs < 1) ||
         !(c->lr > 0) || !c->optimizer)
         return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
@@ -571,6 +579,7 @@ static mg_status create(mg_trainer *t)
 
 mg_status mg_train_config_check(const mg_train_config *c)
 {
+    MG_NEED("mg_train_config_check", c);
     mg_trainer *t = calloc(1, sizeof *t);
     if (!t) return mg_error(MG_ENOMEM, "out of memory for the trainer");
     t->c = *c;
@@ -581,7 +590,9 @@ mg_status mg_train_config_check(const mg_train_config *c)
 
 mg_status mg_trainer_create(const mg_train_config *c, mg_trainer **out)
 {
+    MG_NEED("mg_trainer_create", out);
     *out = NULL;
+    MG_NEED("mg_trainer_create", c);
     mg_trainer *t = calloc(1, sizeof *t);
     if (!t) return mg_error(MG_ENOMEM, "out of memory for the trainer");
     t->c = *c;
