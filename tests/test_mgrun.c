@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -222,6 +224,24 @@ TEST_T(mgrun_multinode_env, 30)
                      "rendezvous store at 127.0.0.1:1") &&
               strstr(R.err, "is mgrun --node-rank 0 running there"), "status %d: '%s'",
               R.status, R.err);
+
+    /* Nodes started with another -n: node 1 says so at once (its ranks
+     * would have collided with node 0's, and the job waited MG_TIMEOUT). */
+    setenv("MG_TIMEOUT", "30", 1);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", mgt_free_port());
+    const char *n0[] = {"--nnodes", "2", "--node-rank", "0", "--master-port", ps, "-n", "2", "sh",
+                        "-c", "sleep 2", NULL};
+    const char *n1[] = {"--nnodes", "2", "--node-rank", "1", "--master-port", ps, "-n", "1", "sh",
+                        "-c", "exit 0", NULL};
+    double t0 = mg_now();
+    pid_t p0 = start_named("node0", n0), p1 = start_named("node1", n1);
+    finish_named("node1", p1, t0, 20, &R1);
+    finish_named("node0", p0, t0, 20, &R);
+    CHECK_MSG(EXITED(&R1, 1) && R1.secs < 10 &&
+              strstr(R1.err, "mgrun: node 1 was started with -n 1 --nnodes 2, but node 0 with "
+                     "-n 2 --nnodes 2: give every node the same -n and --nnodes"),
+              "status %d after %.1f s: '%s'", R1.status, R1.secs, R1.err);
 }
 
 /* A PyTorch program under mgrun (issue 30 item 10): its rank 0 serves
@@ -361,6 +381,13 @@ TEST_T(mgrun_elastic_goes_on_without_a_killed_worker, 30)
         CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'\nexpected '%s'", R.err, expect);
         CHECK(R.secs < 10);
     }
+    /* Every worker lost (each told the others went on without it): no
+     * worker ended its work, so the job failed (it exited 0). */
+    const char *args[] = {"--elastic", "-n", "2", "sh", "-c", "exit 3", NULL};
+    run(args, &R);
+    CHECK_MSG(EXITED(&R, 3) && strstr(R.err, "mgrun: the job lost every worker (--elastic), "
+                                      "none ended its work: rank 0 (pid "), "status %d: %s",
+              R.status, R.err);
 }
 
 TEST_T(mgrun_forwards_sigterm_and_sigint, 30)
@@ -652,4 +679,23 @@ TEST_T(mgrun_summary_names_killed_worker_as_cause, 30)
              (int)w[1], (int)w[0]);
     CHECK_MSG(strcmp(R.err, expect) == 0, "stderr: '%s'", R.err);
     CHECK(gone(w[2]));
+}
+
+/* A --master-port another process holds: one line naming the flag, status
+ * 1 (it was two lines, the second a vaguer copy of the first). */
+TEST(mgrun_master_port_in_use_is_one_line)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0 &&
+          getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    char port[16], says[64];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    snprintf(says, sizeof says, "on --master-port %s: ", port);
+    const char *args[] = {"--master-port", port, "-n", "1", "true", NULL};
+    run(args, &R);
+    close(fd);
+    CHECK_MSG(EXITED(&R, 1) && mgt_count(R.err, "\n") == 1 && strstr(R.err, says) &&
+              strstr(R.err, "already in use"), "status %d: '%s'", R.status, R.err);
 }

@@ -489,10 +489,16 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         rc = exit_code(j.w[code_from].status);
         *may_restart = rc != 0 && !j.interrupted;
     }
-    int n_lost = 0;
-    for (int i = 0; i < j.nw; i++) n_lost += j.w[i].lost;
+    int n_lost = 0, first_lost = -1;
+    for (int i = 0; i < j.nw; i++)
+        if (j.w[i].lost && n_lost++ == 0) first_lost = i;
+    bool none_left = n_lost == j.nw;   /* no worker ended its work: the job failed */
     if (m && n_lost && !j.n_root && !j.interrupted) {
-        fprintf(m, "mgrun: the job went on without the %d worker(s) it lost (--elastic):", n_lost);
+        if (none_left)
+            fprintf(m, "mgrun: the job lost every worker (--elastic), none ended its work:");
+        else
+            fprintf(m, "mgrun: the job went on without the %d worker(s) it lost (--elastic):",
+                    n_lost);
         for (int i = 0, k = 0; i < j.nw; i++) {
             if (!j.w[i].lost) continue;
             char d[160];
@@ -500,6 +506,10 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
             fprintf(m, "%s %s", k++ ? "," : "", d);
         }
         fprintf(m, "\n");
+        if (none_left) {
+            rc = exit_code(j.w[first_lost].status);
+            *may_restart = true;
+        }
     }
     if (m && j.interrupted) {
         fprintf(m, "mgrun: stopped by %s; forwarded it to %d running worker(s)",
@@ -559,16 +569,16 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     /* Before mgrun handles signals: until its workers run, one ends it. */
     pid_t store = 0;
+    char shape[64];
+    snprintf(shape, sizeof shape, "-n %d --nnodes %d", o.nproc, o.nnodes);
     if (o.node_rank == 0 &&
-        (store = rdzv_serve(o.master_addr, o.master_port, o.secret, &o.master_port,
+        (store = rdzv_serve(o.master_addr, o.master_port, o.secret, shape, &o.master_port,
                             &o.worker_port)) < 0) {
-        fprintf(stderr, "mgrun: cannot start the rendezvous store%s\n",
-                o.master_port ? "; is --master-port in use?" : "");
-        return 1;
+        return 1;   /* its process said why */
     }
     if (o.node_rank > 0 &&
         (o.worker_port = rdzv_worker_port(o.node_rank, o.master_addr, o.master_port,
-                                          o.secret)) < 0)
+                                          o.secret, shape)) < 0)
         return 1;
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));

@@ -34,6 +34,8 @@
 
 /* The store key of the workers' MASTER_PORT. */
 #define RDZV_WORKER_PORT_KEY "mgrun/master-port"
+/* The job's shape as node 0 was told it: "-n N --nnodes K". */
+#define RDZV_SHAPE_KEY "mgrun/shape"
 
 /* A port no socket of this host held a moment ago, on any address: the
  * kernel's choice for the IPv6 wildcard (IPv4 too: dual stack), or for the
@@ -78,13 +80,16 @@ static void rdzv_url(char *url, size_t n, const char *host, int port)
  * MASTER_PORT and publishes it. Returns the child's pid, the store's port
  * (port 0 asks the kernel for a free one) and the workers' port, or -1
  * after printing why. */
-static pid_t rdzv_serve(const char *addr, int port, const char *secret, int *store_port,
-                        int *worker_port)
+static pid_t rdzv_serve(const char *addr, int port, const char *secret, const char *shape,
+                        int *store_port, int *worker_port)
 {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-    pid_t parent = getpid(), pid = fork();
-    if (pid < 0) return -1;
+    pid_t parent = getpid(), pid = -1;
+    if (pipe2(fds, O_CLOEXEC) != 0 || (pid = fork()) < 0) {
+        fprintf(stderr, "mgrun: cannot start the rendezvous store's process: %s\n",
+                strerror(errno));
+        return -1;
+    }
     if (pid == 0) {
         close(fds[0]);
         setpgid(0, 0);                  /* a terminal's ^C goes to the job, not here */
@@ -96,8 +101,8 @@ static pid_t rdzv_serve(const char *addr, int port, const char *secret, int *sto
         int p[2] = {-1, -1};
         char url[300], val[16];
         if (mg_store_server_start(loopback ? addr : NULL, port, secret, &srv) != MG_OK) {
-            fprintf(stderr, "mgrun: cannot serve the rendezvous store on port %d: %s\n", port,
-                    mg_last_error());
+            fprintf(stderr, "mgrun: cannot serve the rendezvous store on --master-port %d: %s\n",
+                    port, mg_last_error());
         } else if ((p[1] = rdzv_free_port()) < 0) {   /* not the store's: it holds that */
             fprintf(stderr, "mgrun: cannot find a free port for the workers' MASTER_PORT: "
                     "%s\n", strerror(errno));
@@ -106,6 +111,7 @@ static pid_t rdzv_serve(const char *addr, int port, const char *secret, int *sto
             rdzv_url(url, sizeof url, loopback ? addr : "127.0.0.1", mg_store_server_port(srv));
             snprintf(val, sizeof val, "%d", p[1]);
             if (mg_store_connect(url, secret, 10, &self) != MG_OK ||
+                mg_store_set(self, RDZV_SHAPE_KEY, shape, strlen(shape)) != MG_OK ||
                 mg_store_set(self, RDZV_WORKER_PORT_KEY, val, strlen(val)) != MG_OK)
                 fprintf(stderr, "mgrun: cannot publish the workers' MASTER_PORT in the "
                         "rendezvous store: %s\n", mg_last_error());
@@ -122,7 +128,9 @@ static pid_t rdzv_serve(const char *addr, int port, const char *secret, int *sto
     ssize_t n;
     while ((n = read(fds[0], p, sizeof p)) < 0 && errno == EINTR) {}
     close(fds[0]);
-    if (n != (ssize_t)sizeof p || p[0] <= 0) {
+    if (n != (ssize_t)sizeof p || p[0] <= 0) {   /* it said why, but if it died first */
+        if (n != (ssize_t)sizeof p)
+            fprintf(stderr, "mgrun: the rendezvous store's process ended before serving\n");
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
@@ -133,20 +141,31 @@ static pid_t rdzv_serve(const char *addr, int port, const char *secret, int *sto
 }
 
 /* On another node: the workers' MASTER_PORT, read from node 0's store at
- * addr:port (waiting for it up to MG_TIMEOUT); -1 after printing why. */
-static int rdzv_worker_port(int node_rank, const char *addr, int port, const char *secret)
+ * addr:port (waiting for it up to MG_TIMEOUT), once node 0's shape of the
+ * job is this node's; -1 after printing why. */
+static int rdzv_worker_port(int node_rank, const char *addr, int port, const char *secret,
+                            const char *shape)
 {
     char url[300];
     rdzv_url(url, sizeof url, addr, port);
-    mg_store *s;
+    mg_store *s = NULL;
     void *v = NULL;
     size_t n = 0;
     long wp = -1;
     mg_status st = mg_store_connect(url, secret, 0, &s);
-    if (!st) {
-        st = mg_store_get(s, RDZV_WORKER_PORT_KEY, &v, &n);
+    if (!st && !(st = mg_store_get(s, RDZV_SHAPE_KEY, &v, &n)) &&
+        (n != strlen(shape) || memcmp(v, shape, n))) {
+        fprintf(stderr, "mgrun: node %d was started with %s, but node 0 with %.*s: give every "
+                "node the same -n and --nnodes\n", node_rank, shape, (int)(n < 64 ? n : 64),
+                (const char *)v);
+        free(v);
         mg_store_destroy(s);
+        return -1;
     }
+    free(v);
+    v = NULL;
+    if (!st) st = mg_store_get(s, RDZV_WORKER_PORT_KEY, &v, &n);
+    if (s) mg_store_destroy(s);
     if (!st) {
         char buf[16] = "";
         if (n < sizeof buf) memcpy(buf, v, n);
