@@ -329,6 +329,9 @@ TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
         {4, "--model lenet5 --parallel ddp --data /nonexistent", "data directory '/nonexistent'"},
         {4, "--model lenet5 --mesh pp=2 --split foo", "--split: no unit 'foo'"},
         {4, "--model lenet5 --parallel ddp --resume /nonexistent.st", "--resume: cannot open"},
+        {3, "--model mlp", "started as one of 3 ranks of a job"},   /* each trained a copy */
+        {4, "--model lenet5 --mesh pp=2,dp=2 --zero 2 --offload disk:/nonexistent",
+         "offload directory /nonexistent: cannot make a file"},   /* each rank checks its own */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         double t0 = mg_now();

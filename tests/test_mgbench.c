@@ -344,3 +344,25 @@ TEST(mgbench_bad_flags)
         CHECK_MSG(!strstr(r->out, "Out of bounds"), "case %zu printed a table", i);
     }
 }
+
+/* Where the machine cannot give what a flag asks of every rank (a GPU
+ * without one, buffers too large for its memory), one line by rank 0 and
+ * status 2: each of 3 ranks said it, with status 1 (found by a probe). */
+TEST_T(mgbench_what_no_rank_can_have_is_said_once, 60)
+{
+    const char *gpu[] = {"mgbench", "-n", "3", "all_reduce", "--device", "cuda", "-b", "4",
+                         "-e", "4", NULL};
+    const char *huge[] = {"mgbench", "-n", "3", "all_reduce", "-b", "1000G", "-e", "1000G",
+                          NULL};
+    const char *const *cases[2] = {huge, gpu};
+    const char *says[2] = {"-e 1073741824000: cannot allocate", "--device: cuda:0: "};
+    for (int i = 0; i < 2; i++) {
+        result *r = run_tool(30, cases[i]);
+        if (i == 1 && exit_code(r) == 0) {   /* there is a GPU: the rest was checked */
+            printf("a GPU is here: --device cuda ran\n");
+            break;
+        }
+        CHECK_MSG(exit_code(r) == 2 && mgt_count(r->err, "\n") == 1 &&
+                  strstr(r->err, says[i]), "%s: exit %d: '%s'", says[i], exit_code(r), r->err);
+    }
+}

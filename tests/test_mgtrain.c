@@ -90,6 +90,12 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
              bin, t, t);
     CHECK_MSG(rc == 2 && strstr(out, "lr=") && mgt_count(out, "\n") == 1, "%s", out);
     free(out);
+    /* Another momentum is named too, before the file's momentum buffers
+     * are found to have no place in this run (they were named instead). */
+    rc = mgt_sh(&out, "%s --model mlp --epochs 3 --momentum 0 --resume %s/half.st", bin, t);
+    CHECK_MSG(rc == 2 && strstr(out, "saved with momentum=0.9 but this run has momentum=0") &&
+              mgt_count(out, "\n") == 1, "%s", out);
+    free(out);
     snprintf(b, sizeof b, "%s/half.st", t);
     CHECK_OK(mg_st_open(b, &fb));
     mg_st_close(fb);

@@ -381,6 +381,9 @@ static int run_rank(const options *given, const char *backend)
     go.backend = backend;
     if (o->timeout > 0) go.timeout_s = o->timeout;
     bench b = {.o = o};
+    if (o->dev.kind != MG_DEVICE_CPU && mg_device_check(o->dev)) {   /* every rank finds it */
+        mgb_bad_input("--device: %s", mg_last_error());
+    }
     mg_status s = mg_group_init(&go, &b.g);
     if (s) {
         fprintf(stderr, "%s: cannot join the group: %s: %s\n", mgb_prog, mg_status_name(s),
@@ -414,11 +417,10 @@ static int run_rank(const options *given, const char *backend)
         b.sbuf = mg_alloc(b.cap);
         b.rbuf = mg_alloc(b.cap);
     }
-    if (!b.sbuf || !b.rbuf) {
-        fprintf(stderr, "%s: rank %d: cannot allocate 2 x %zu B%s: %s\n", mgb_prog, b.rank,
-                b.cap, o->c.group_alloc ? " with mg_group_alloc" : "", mg_last_error());
-        return 1;
-    }
+    if (!b.sbuf || !b.rbuf)   /* every rank asks for as much */
+        mgb_bad_input("-e %zu: cannot allocate 2 x %zu B%s: out of memory: give a smaller -e "
+                      "(the largest size)", o->c.maxb, b.cap,
+                      o->c.group_alloc ? " with mg_group_alloc" : "");
     if (o->dev.kind != MG_DEVICE_CPU &&
         (mg_device_check(o->dev) || !(b.dsbuf = mg_device_alloc(o->dev, b.cap)) ||
          !(b.drbuf = mg_device_alloc(o->dev, b.cap)))) {

@@ -194,6 +194,7 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
     int world = cl->ranks_per_node * cl->nodes;
     list l = {0};
     mg_status st = MG_OK;
+    int units = 0;   /* of a pipeline that asked for more stages than units (0: none) */
     for (int tp = 1; tp <= world && !st; tp++) {
         if (world % tp || (tp > 1 && job->no_tp) || (job->tp && tp != job->tp)) continue;
         for (int seq = 0; seq <= (tp > 1 && is_gpt(job) && !job->no_sequence_parallel) && !st;
@@ -214,6 +215,7 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
                         if (tp == 1) st = MG_EINVAL;   /* the whole model: a real error */
                         break;
                     }
+                    if (pp > s.n) units = s.n;
                     for (p.zero = 0; p.zero <= (dp > 1 && !job->no_zero ? 3 : 0) && !st; p.zero++)
                         if (pp <= s.n && (job->zero < 0 || p.zero == job->zero))
                             st = micro_batches(job, cl, &s, p, &l);
@@ -221,7 +223,10 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
                 }
             }
     }
-    if (!st && !l.n)
+    if (!st && !l.n && units && job->pp)
+        st = mg_error(MG_EINVAL, "pp=%d: %s has %d units, and a pipeline's stage is at least "
+                      "one: give pp=%d or fewer", job->pp, job->model, units, units);
+    else if (!st && !l.n)
         st = mg_error(MG_EINVAL, "no plan of %d ranks%s takes the batch of %d: give a batch "
                       "that a data-parallel size divides (a multiple of %d runs every mesh)%s",
                       world, job->dp || job->pp || job->tp || job->zero >= 0 ? " as asked" : "",

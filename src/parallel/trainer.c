@@ -108,6 +108,13 @@ static mg_status check_config(mg_trainer *t)
         c->strategy = MG_STRATEGY_ZERO;
     }
     mg_strategy_traits kind = mg_strategy_kind_traits(c->strategy);
+    mg_launch l = mg_launch_detect();
+    if (!kind.ranks && l.size > 1)   /* else each rank trains a copy, all saving to one file */
+        return mg_error(MG_EINVAL, "started as one of %d ranks of a job (%s%s), but --parallel "
+                        "%s trains in one process: give --parallel ddp (or --mesh, or "
+                        "--parallel ps), or start one process", l.size,
+                        l.mpi ? "by " : "WORLD_SIZE set by ", l.mpi ? l.by : "mgrun or torchrun",
+                        c->strategy == MG_STRATEGY_DP ? "dp" : "none");
     mg_zoo_defaults d;
     if (c->make && c->make_split)
         return mg_error(MG_EINVAL, "model '%s': make and make_split both given: give one (the "
@@ -326,10 +333,11 @@ static mg_status shape_job(mg_trainer *t)
         return mg_error(MG_EINVAL, "--slow-rank %d:%g: the job has ranks 0 to %d", c->slow_rank,
                         c->slow_factor, in->world - 1);
     int V = c->det_shards;
+    int micro = in->pp > 1 ? c->accumulate : 1;   /* a pipeline's --batch: its micro-batches' */
     mg_status st = c->batch % in->dp_size
-        ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks: use a "
-                   "multiple of %d (--batch is the global batch)", c->batch * c->accumulate,
-                   in->dp_size, in->dp_size * c->accumulate)
+        ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks%s: use "
+                   "a multiple of %d (--batch is the global batch)", c->batch * micro,
+                   in->dp_size, micro > 1 ? " in each micro-batch" : "", in->dp_size * micro)
         : V && V % in->dp_size   /* a power of two dividing the rows: check_config */
         ? mg_error(MG_EINVAL, "--virtual-shards %d: the %d data-parallel rank(s) must divide it "
                    "(each takes V/ranks of the shards)", V, in->dp_size)
@@ -355,6 +363,11 @@ static mg_status check_outputs(mg_trainer *t)
     for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)
         if (path[i] && mg_check_writable(path[i]))
             st = mg_error(MG_EINVAL, "%s: %s", flag[i], mg_last_error());
+    if (!st && c->offload_dir && !c->eval_only) {   /* each rank's own, said once */
+        mg_scratch *s;
+        st = mg_scratch_create(c->offload_dir, 0, "optimizer state", &s);
+        mg_scratch_destroy(s);
+    }
     return mg_trainer_agree(t, st);
 }
 
@@ -473,6 +486,20 @@ static mg_status make_optimizer(mg_trainer *t)
     return st;
 }
 
+/* Rank 0 reads the --resume file's hyper-parameters first: a run of
+ * other ones is told which differs (momentum 0 against 0.9), not that
+ * the file holds a tensor (the momentum) this run has no place for. A
+ * file it cannot read is left to the load, which says why. */
+static mg_status resume_fits(mg_trainer *t)
+{
+    mg_st_file *f;
+    if (t->info.rank || mg_st_open_on_disk(t->c.resume, &f)) return MG_OK;
+    const char *hp = mg_st_meta(f, "hparams");
+    mg_status st = hp ? mg__train_resume_check(hp, t->hp, t->c.resume) : MG_OK;
+    mg_st_close(f);
+    return st;
+}
+
 /* The starting state: --resume or --init, every rank reading its part. */
 static mg_status start_state(mg_trainer *t)
 {
@@ -480,6 +507,7 @@ static mg_status start_state(mg_trainer *t)
     mg_ckpt_meta meta;
     memset(&meta, 0, sizeof meta);
     if (c->resume) {
+        MG_TRY(agreed(t, resume_fits(t)));
         if (mg_strategy_load(t->s, c->resume, t->opt, &meta))
             return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
         MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume));
