@@ -4,6 +4,7 @@
  * test_mgtrain_device.c, the parameter server in test_mgtrain_ps.c. */
 #include <sys/stat.h>
 #include "harness.h"
+#include "idx_files.h"
 #include "mgtrain_runs.h"
 #include "multigrad/checkpoint.h"
 
@@ -417,33 +418,36 @@ TEST_T(mgtrain_slow_rank_waits_and_changes_nothing, 180)
  * what to do, status 2: the row goes to the log, and the checkpoint of
  * the last good epoch is kept, not overwritten with NaN parameters (which
  * a resume would refuse). The same under DDP and a parameter server,
- * whose server has no loss of its own. Here the learning rate is
- * multiplied by 1e7 after the first epoch. */
+ * whose server has no loss of its own. Here 1,024 images (8 steps of 128
+ * an epoch) and a learning rate multiplied by 1e7 after the first epoch. */
 TEST_T(mgtrain_diverged_training_stops_keeping_the_last_checkpoint, 120)
 {
     const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain"), *run = mgt_tool("mgrun");
+    char data[600];
+    snprintf(data, sizeof data, "%s/cut", t);
+    CHECK(mkdir(data, 0700) == 0);
+    CHECK_EQ(mgt_cut_fashion(mgt_fashion_dir(), data, 1024, 256), 0);
     const char *how[3][2] = {{"", ""}, {"-n 2", "--parallel ddp"}, {"-n 3", "--parallel ps"}};
     for (int k = 0; k < 3; k++) {
         char *out, launch[600] = "";
         if (k) snprintf(launch, sizeof launch, "%s %s ", run, how[k][0]);
-        int rc = mgt_sh(&out, "%s%s --model mlp --epochs 3 --schedule step:469:1e7 %s --quiet "
-                        "--save %s/div%d.st --log %s/div%d.csv", launch, bin, how[k][1], t, k,
-                        t, k);
+        int rc = mgt_sh(&out, "%s%s --model mlp --data %s --epochs 3 --schedule step:8:1e7 %s "
+                        "--quiet --save %s/div%d.st --log %s/div%d.csv", launch, bin, data,
+                        how[k][1], t, k, t, k);
         CHECK_MSG(rc == 2 && mgt_count(out, "training diverged") == 1 &&
-                  strstr(out, "training loss of steps 470 to 938 is ") &&
-                  strstr(out, "keeps step 469: lower --lr"), "%s: rc %d: %s", how[k][1], rc,
-                  out);
+                  strstr(out, "training loss of steps 9 to 16 is ") &&
+                  strstr(out, "keeps step 8: lower --lr"), "%s: rc %d: %s", how[k][1], rc, out);
         free(out);
         char path[600];
         snprintf(path, sizeof path, "%s/div%d.st", t, k);
         mg_st_file *f;
         CHECK_OK(mg_st_open(path, &f));
         const char *step = mg_st_meta(f, "step");
-        CHECK_MSG(step && atol(step) == 469, "%s: the checkpoint is of step %s", how[k][1], step);
+        CHECK_MSG(step && atol(step) == 8, "%s: the checkpoint is of step %s", how[k][1], step);
         mg_st_close(f);
         snprintf(path, sizeof path, "%s/div%d.csv", t, k);
         char *log = mgt_slurp(path, NULL);
-        CHECK_MSG(mgt_count(log, "\n") == 3 && strstr(log, "\n2,938,nan,"), "%s", log);
+        CHECK_MSG(mgt_count(log, "\n") == 3 && strstr(log, "\n2,16,nan,"), "%s", log);
         free(log);
     }
 }
