@@ -381,9 +381,14 @@ static int run_rank(const options *given, const char *backend)
     go.backend = backend;
     if (o->timeout > 0) go.timeout_s = o->timeout;
     bench b = {.o = o};
-    if (o->dev.kind != MG_DEVICE_CPU && mg_device_check(o->dev)) {   /* every rank finds it */
+    /* What every rank finds alike, before the group: rank 0's exit would
+     * end the others' rendezvous, each then saying it could not join. */
+    if (o->dev.kind != MG_DEVICE_CPU && mg_device_check(o->dev))
         mgb_bad_input("--device: %s", mg_last_error());
-    }
+    b.cap = o->c.maxb > 64 ? o->c.maxb : 64;
+    if (!o->c.group_alloc && (!(b.sbuf = mg_alloc(b.cap)) || !(b.rbuf = mg_alloc(b.cap))))
+        mgb_bad_input("-e %zu: cannot allocate 2 x %zu B: out of memory: give a smaller -e "
+                      "(the largest size)", o->c.maxb, b.cap);
     mg_status s = mg_group_init(&go, &b.g);
     if (s) {
         fprintf(stderr, "%s: cannot join the group: %s: %s\n", mgb_prog, mg_status_name(s),
@@ -407,20 +412,17 @@ static int run_rank(const options *given, const char *backend)
     }
     if (rc) {
         mg_group_destroy(b.g);
+        mg_free(b.sbuf);
+        mg_free(b.rbuf);
         return rc;
     }
-    b.cap = o->c.maxb > 64 ? o->c.maxb : 64;
     if (o->c.group_alloc) {
         b.sbuf = mg_group_alloc(b.g, b.cap);
         b.rbuf = mg_group_alloc(b.g, b.cap);
-    } else {
-        b.sbuf = mg_alloc(b.cap);
-        b.rbuf = mg_alloc(b.cap);
+        if (!b.sbuf || !b.rbuf)   /* every rank asks for as much */
+            mgb_bad_input("-e %zu: cannot allocate 2 x %zu B with mg_group_alloc: %s",
+                          o->c.maxb, b.cap, mg_last_error());
     }
-    if (!b.sbuf || !b.rbuf)   /* every rank asks for as much */
-        mgb_bad_input("-e %zu: cannot allocate 2 x %zu B%s: out of memory: give a smaller -e "
-                      "(the largest size)", o->c.maxb, b.cap,
-                      o->c.group_alloc ? " with mg_group_alloc" : "");
     if (o->dev.kind != MG_DEVICE_CPU &&
         (mg_device_check(o->dev) || !(b.dsbuf = mg_device_alloc(o->dev, b.cap)) ||
          !(b.drbuf = mg_device_alloc(o->dev, b.cap)))) {
