@@ -356,11 +356,14 @@ TEST_T(mgbench_what_no_rank_can_have_is_said_once, 60)
                           NULL};
     const char *const *cases[2] = {huge, gpu};
     const char *says[2] = {"-e 1073741824000: cannot allocate", "--device: cuda:0: "};
-    /* Under AddressSanitizer too the allocation fails rather than abort */
-    char aopt[1024];
-    snprintf(aopt, sizeof aopt, "%s:allocator_may_return_null=1",
-             getenv("ASAN_OPTIONS") ? getenv("ASAN_OPTIONS") : "");
-    setenv("ASAN_OPTIONS", aopt, 1);
+    /* Under a sanitizer too the allocation fails rather than abort */
+    const char *san[2] = {"ASAN_OPTIONS", "TSAN_OPTIONS"};
+    for (int i = 0; i < 2; i++) {
+        char opt[1024];
+        snprintf(opt, sizeof opt, "%s:allocator_may_return_null=1",
+                 getenv(san[i]) ? getenv(san[i]) : "");
+        setenv(san[i], opt, 1);
+    }
     for (int i = 0; i < 2; i++) {
         result *r = run_tool(30, cases[i]);
         if (i == 1 && exit_code(r) == 0) {   /* there is a GPU: the rest was checked */
