@@ -561,6 +561,12 @@ TEST_T(mgrun_bad_input, 30)
     fputs("#!/bin/sh\ntrue\n", f);
     fclose(f);
     chmod(noexec, 0644);
+    char nointerp[600];   /* its #! interpreter missing: execvp's ENOENT named the script */
+    snprintf(nointerp, sizeof nointerp, "%s/nointerp.sh", mgt_tmpdir());
+    CHECK((f = fopen(nointerp, "w")) != NULL);
+    fputs("#! /no/such/interpreter -e\ntrue\n", f);
+    fclose(f);
+    chmod(nointerp, 0755);
     unsetenv("MG_JOB_SECRET");
     struct { const char *args[12]; const char *says; } cases[] = {
         {{"--bogus", "sh", "-c", touch}, "unknown or ambiguous option '--bogus'"},
@@ -572,6 +578,7 @@ TEST_T(mgrun_bad_input, 30)
         {{"-n", "2"}, "no program to run"},
         {{"no-such-program-mg"}, "cannot run 'no-such-program-mg': not found in PATH"},
         {{noexec}, "Permission denied"},
+        {{nointerp}, "nointerp.sh': its interpreter /no/such/interpreter (its #! line): No such"},
         {{"--nnodes", "2", "--node-rank", "2", "--master-port", "29500", "sh", "-c", touch},
          "--node-rank 2 is out of range for --nnodes 2"},
         {{"--nnodes", "2", "sh", "-c", touch}, "needs --master-port"},

@@ -119,6 +119,24 @@ static int parse_int(const char *flag, const char *s, long lo, long hi)
     return (int)v;
 }
 
+/* A script's #! interpreter: execvp's ENOENT for a missing one reads as
+ * if the script itself were missing, once per worker. */
+static void check_interpreter(const char *name, const char *path)
+{
+    char head[256] = "";
+    FILE *f = fopen(path, "r");
+    if (!f) return;   /* execvp will say why */
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    head[n] = 0;
+    if (strncmp(head, "#!", 2)) return;
+    char *interp = head + 2 + strspn(head + 2, " \t");
+    interp[strcspn(interp, " \t\r\n")] = 0;
+    if (*interp == '/' && access(interp, X_OK) != 0)
+        bad_input("cannot run '%s': its interpreter %s (its #! line): %s", name, interp,
+                  strerror(errno));
+}
+
 /* Fails early, with a clear line, for what execvp would refuse. */
 static void check_program(const char *name)
 {
@@ -128,6 +146,7 @@ static void check_program(const char *name)
         if (S_ISDIR(st.st_mode)) bad_input("cannot run '%s': it is a directory", name);
         if (access(name, X_OK) != 0)
             bad_input("cannot run '%s': %s", name, strerror(errno));
+        check_interpreter(name, name);
         return;
     }
     const char *path = mg_env_other("PATH");
@@ -139,7 +158,10 @@ static void check_program(const char *name)
         int dlen = (int)(colon - p);
         snprintf(full, sizeof full, "%.*s%s%s", dlen, p, dlen ? "/" : "", name);
         if (stat(full, &st) == 0 && !S_ISDIR(st.st_mode)) {
-            if (access(full, X_OK) == 0) return;
+            if (access(full, X_OK) == 0) {
+                check_interpreter(name, full);
+                return;
+            }
             seen = true;
         }
         if (!*colon) break;

@@ -301,9 +301,9 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         return;
     }
     if (ddp && ddp == best) {
-        snprintf(buf, cap, "time: plain data parallelism fits (%.0f MB a rank) and nothing is "
-                 "faster (%.1f ms a step, %.1f ms of it exposed all-reduce)", best->bytes / mb,
-                 best->step * 1e3, best->dp_exposed * 1e3);
+        snprintf(buf, cap, "time: plain data parallelism fits (%.0f MB a rank) and no plan is "
+                 "faster by 1%% or more in the model (%.1f ms a step, %.1f ms of it exposed "
+                 "all-reduce)", best->bytes / mb, best->step * 1e3, best->dp_exposed * 1e3);
         return;
     }
     if (ddp && !ddp->fits) {
