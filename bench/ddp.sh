@@ -45,9 +45,11 @@ best() { sort -n | tail -1; }
 declare -A target=([mlp]=2.5 [lenet-d2l]=2.5 [lenet5]=2.5)
 declare -A batch=([mlp]=128 [lenet-d2l]=256 [lenet5]=128)
 # Summed images/s of two independent single processes at half the batch,
-# started together by mgrun (so bound to CPUs as DDP's ranks are).
+# started together by mgrun (so bound to CPUs as DDP's ranks are), each
+# told it is no rank of a job (mgtrain refuses to train a copy per rank).
 pair() {
-    $bin/mgrun -n 2 $bin/mgtrain --model "$1" --batch $(( ${batch[$1]} / 2 )) --epochs 1 2>/dev/null |
+    $bin/mgrun -n 2 env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE \
+        $bin/mgtrain --model "$1" --batch $(( ${batch[$1]} / 2 )) --epochs 1 2>/dev/null |
         awk '/^epoch/ {for (i = 1; i < NF; i++) if ($(i+1) == "img/s") s += $i} END {print s}'
 }
 printf '# bench/ddp.sh, %s, %s, %d core(s), best of %d\n' "$(date -u +%F)" "$(uname -m)" "$(nproc)" "$repeat"
