@@ -4,6 +4,7 @@
  * reading what we write. The safetensors format itself is tested in
  * test_safetensors.c. */
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include "harness.h"
@@ -513,6 +514,13 @@ TEST(ckpt_failed_save_keeps_previous)
     CHECK_ERR(st, MG_EIO);
     CHECK_EQ(mgt_count_tmp_files(), 0);
     CHECK_ERR(mg_checkpoint_save(mgt_tpath("nodir/x.ckpt"), m, o, &meta), MG_EIO);
+    /* A path that is not a file is never replaced (a FIFO here; as root
+     * /dev/full was replaced by a file). */
+    const char *fifo = mgt_tpath("fifo");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_ERR(mg_checkpoint_save(fifo, m, o, &meta), MG_EINVAL);
+    struct stat sb;
+    CHECK(stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode) && strstr(mg_last_error(), "a FIFO"));
     /* The previous checkpoint is intact and loads into a fresh model. */
     mg_model *n;
     CHECK_OK(mg_model_create("mlp", 5, &n));

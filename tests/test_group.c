@@ -431,6 +431,7 @@ static int async_rank(int rank, int n, void *arg)
     if (rank == 0) {
         CHECK_ERR(mg_work_wait(late, 0.02), MG_ETIMEOUT);
         CHECK(!mg_work_test(late));
+        CHECK_ERR(mg_work_wait(late, NAN), MG_EINVAL);   /* it spun for ever */
     }
     CHECK_OK(mg_work_wait(late, -1));
     CHECK_EQ(x, n);

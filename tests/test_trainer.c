@@ -118,10 +118,12 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         {"two factories", "make and make_split both given"},
         {"threads", "threads -3: give 1 to 1024"},   /* it aborted in mg_set_threads */
         {"no model", "has no model"},
+        {"no heads", "heads 0"},                    /* a division by zero */
+        {"small vocab", "vocab 100: the text's tokens are its bytes"},   /* aborted in run */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mg_train_config c;
-        CHECK_OK(mg_train_config_defaults("mlp", &c));
+        CHECK_OK(mg_train_config_defaults(i < 7 ? "mlp" : "gpt-mini", &c));
         if (i == 0) c.batch = 0;
         if (i == 1) c.optimizer = "adagrad";
         if (i == 2) c.resume = c.init = "x.st";
@@ -129,6 +131,8 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         if (i == 4) c.make = never_whole, c.make_split = never_split;
         if (i == 5) c.threads = -3;
         if (i == 6) c.model = NULL;
+        if (i == 7) c.gpt.heads = 0;
+        if (i == 8) c.gpt.vocab = 100;
         mg_trainer *t = (mg_trainer *)1;
         mg_status st = mg_trainer_create(&c, &t);
         CHECK_MSG(st == MG_EINVAL && t == NULL && strstr(mg_last_error(), cases[i].msg) &&
@@ -229,4 +233,62 @@ TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
     CHECK_MSG(rc != 0 && mgt_count(one, "train_mesh: ") == 1 && strstr(one, "dp*tp*pp = 2"),
               "%s", one);
     free(one);
+}
+
+/* mg_train_step with a source of its own: a micro-batch no model can take
+ * (no rows, no inputs or labels, a weight that is no number) and a rate
+ * or clip that is not a number are MG_EINVAL, not an abort, a segfault or
+ * NaN parameters (found by a probe), and nothing is trained. */
+typedef struct {
+    mg_micro_batch b;
+    float x[2 * 784];
+    int32_t y[2];
+} one_batch;
+
+static bool give_one(void *ud, mg_micro_batch *out)
+{
+    *out = ((one_batch *)ud)->b;
+    return true;
+}
+
+TEST(train_step_refuses_what_no_model_can_take)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.max_batch = 2;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    size_t n = mg_model_arena_size(m);
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, mg_model_params(m), n * sizeof *before);
+    static one_batch d;
+    mg_micro_batch good = {d.x, d.y, 2, true, 0};
+    struct { mg_micro_batch b; mg_step_options opt; const char *says; } cases[] = {
+        {{d.x, d.y, 0, true, 0}, {1, 0.05f, 0, 1}, "of 0 rows"},
+        {{NULL, d.y, 2, true, 0}, {1, 0.05f, 0, 1}, "x NULL"},
+        {{d.x, NULL, 2, true, 0}, {1, 0.05f, 0, 1}, "y NULL"},
+        {{d.x, d.y, 2, true, INFINITY}, {1, 0.05f, 0, 1}, "weight inf"},
+        {good, {1, NAN, 0, 1}, "lr nan"},
+        {good, {1, 0.05f, NAN, 1}, "clip_grad nan"},
+        {good, {0, 0.05f, 0, 1}, "accumulate 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        d.b = cases[i].b;
+        mg_step_result r;
+        CHECK_ERR(mg_train_step(s, o, &cases[i].opt, give_one, &d, &r), MG_EINVAL);
+        CHECK_MSG(strstr(mg_last_error(), cases[i].says), "case %zu: %s", i, mg_last_error());
+    }
+    CHECK(memcmp(before, mg_model_params(m), n * sizeof *before) == 0);
+    d.b = good;   /* and a good one trains */
+    mg_step_result r;
+    CHECK_OK(mg_train_step(s, o, &(mg_step_options){1, 0.05f, 0, 1}, give_one, &d, &r));
+    CHECK(r.micro == 1 && r.samples == 2);
+    free(before);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
 }

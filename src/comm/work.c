@@ -18,6 +18,7 @@
  * the original error. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -615,6 +616,9 @@ void mg_work_times(const mg_work *w, double *start, double *end)
 mg_status mg_work_wait(mg_work *w, double timeout_s)
 {
     if (!w) return mg_error(MG_EINVAL, "mg_work_wait: NULL work");
+    if (isnan(timeout_s))   /* it made the wait's deadline an invalid time: a spin */
+        return mg_error(MG_EINVAL, "mg_work_wait: the timeout is NaN: give seconds, or a "
+                        "negative number to wait without one");
     return wait_done(w, timeout_s < 0 ? 1e30 : timeout_s);
 }
 

@@ -148,10 +148,15 @@ mg_status mg_check_writable(const char *path)
 
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
+    /* A path that is not a file (a FIFO, a device) is never replaced: as
+     * root the rename would replace /dev/full itself. */
+    struct stat old;
+    bool keep = stat(path, &old) == 0;
+    if (keep && !S_ISREG(old.st_mode))
+        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
+                        file_kind(old.st_mode));
     remove_stale_tmp(path);
     /* The mode of the file replaced, else 0666 less the umask. */
-    struct stat old;
-    bool keep = stat(path, &old) == 0 && S_ISREG(old.st_mode);
     *fd = create_tmp(path, tmp, cap, keep ? old.st_mode & 0777 : 0666);
     if (*fd < 0) return no_tmp_error(path);
     if ((keep && fchmod(*fd, old.st_mode & 0777) != 0) || ftruncate(*fd, (off_t)size) != 0) {

@@ -128,7 +128,7 @@ mg_status mg_ckpt_writer_create(mg_model *m, mg_optim *o, const mg_ckpt_meta *me
                  short_float(v[4], 24, c->beta1), short_float(v[5], 24, c->beta2),
                  short_float(v[6], 24, c->eps));
     }
-    snprintf(w->hparams, sizeof w->hparams, "%s", meta->hparams);
+    snprintf(w->hparams, sizeof w->hparams, "%.*s", (int)sizeof meta->hparams, meta->hparams);
     const char *kv[2 * NKV] = {
         "format", FORMAT,
         "format_version", FORMAT_VERSION,

@@ -224,9 +224,10 @@ mg_status mg_optim_create_ranges(const mg_optim_config *cfg, const mg_range *r, 
     for (int i = 0; i < o->nstates; i++) {
         if (n > SIZE_MAX / sizeof(float) ||
             !(o->state[i] = state_alloc(o->dev, n * sizeof(float)))) {
+            const char *what = o->state_names[i];   /* a string constant: outlives o */
             mg_optim_destroy(o);
-            return mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state",
-                            n, o->state_names[i]);
+            return mg_error(MG_ENOMEM, "optimizer: cannot allocate %zu floats of %s state", n,
+                            what);
         }
     }
     *out = o;

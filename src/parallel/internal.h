@@ -3,6 +3,7 @@
 #ifndef MG_PARALLEL_INTERNAL_H
 #define MG_PARALLEL_INTERNAL_H
 
+#include <math.h>
 #include "multigrad/component.h"
 
 /* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
@@ -33,6 +34,18 @@ static inline bool mg__next_micro(mg_batch_source next, void *ud, mg_micro_batch
 {
     *b = (mg_micro_batch){0};
     return next(ud, b);
+}
+
+/* What a source gave is a micro-batch a model can take: rows, inputs and
+ * labels, a weight that is a number (MG_EINVAL naming what is not). */
+static inline mg_status mg__micro_check(const mg_micro_batch *b)
+{
+    if (b->n < 1 || !b->x || !b->y || !(b->weight >= 0) || b->weight == (float)INFINITY)
+        return mg_error(MG_EINVAL, "mg_train_step: the source gave a micro-batch of %d rows, "
+                        "x %s, y %s, weight %g: give 1 or more rows, both arrays, and a weight "
+                        "of 0 (1) or more", b->n, b->x ? "given" : "NULL",
+                        b->y ? "given" : "NULL", b->weight);
+    return MG_OK;
 }
 
 /* A micro-batch's weight in its step (mg_micro_batch), where it is not 1. */

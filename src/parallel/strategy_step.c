@@ -62,12 +62,18 @@ static mg_status step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                      mg_batch_source next, void *ud, mg_step_result *r)
 {
     memset(r, 0, sizeof *r);
+    if (!(opt->lr >= 0) || opt->lr == (float)INFINITY || !(opt->clip_grad >= 0) ||
+        opt->accumulate < 1)
+        return mg_error(MG_EINVAL, "mg_train_step: lr %g, clip_grad %g, accumulate %d: give a "
+                        "finite rate and clip of 0 or more, and 1 or more micro-batches",
+                        opt->lr, opt->clip_grad, opt->accumulate);
     if (!FIRST(s, zero_grad)) mg_model_zero_grad(s->m);
     EACH(s, zero_grad) CALL(zero_grad);
     part *driver = FIRST(s, run_step);
     if (driver) MG_TRY(driver->ops->run_step(driver->c, next, ud, opt->accumulate, r));
     mg_micro_batch b;
     while (!driver && r->micro < opt->accumulate && mg__next_micro(next, ud, &b)) {
+        MG_TRY(mg__micro_check(&b));
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;

@@ -159,9 +159,16 @@ static mg_status check_config(mg_trainer *t)
     if (kind.threads && c->batch < c->workers)
         return mg_error(MG_EINVAL, "--batch %d is smaller than --workers %d: give each worker "
                         "at least one sample", c->batch, c->workers);
-    if (c->text && c->gpt.dim % c->gpt.heads)
+    const mg_gpt_config *g = &c->gpt;
+    if (c->text && (g->layers < 1 || g->dim < 1 || g->heads < 1 || g->ctx < 1))
+        return mg_error(MG_EINVAL, "gpt: layers %d, dim %d, heads %d, context %d: give each at "
+                        "least 1", g->layers, g->dim, g->heads, g->ctx);
+    if (c->text && g->vocab < 256)   /* the text's tokens are its bytes */
+        return mg_error(MG_EINVAL, "gpt: vocab %d: the text's tokens are its bytes, 0 to 255: "
+                        "give at least 256", g->vocab);
+    if (c->text && g->dim % g->heads)
         return mg_error(MG_EINVAL, "--dim %d does not divide into --heads %d: give a multiple "
-                        "of %d", c->gpt.dim, c->gpt.heads, c->gpt.heads);
+                        "of %d", g->dim, g->heads, g->heads);
     /* --device: cuda without an index is the local rank's GPU. */
     t->dev = (mg_device){MG_DEVICE_CPU, 0};
     if (c->device) {
