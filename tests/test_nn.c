@@ -689,6 +689,11 @@ TEST(nn_bad_shapes_rejected)
                                                             NULL, false), 1, 1, 4, 0, &m),
               MG_EINVAL);
     CHECK(strstr(mg_last_error(), "shortcut"));
+    /* Two layers of one name: said at creation (it was at the first save) */
+    mg_layer *twins[] = {mg_layer_linear("a", 4, 4, true), mg_layer_linear("a", 4, 2, true)};
+    CHECK_ERR(mg_model_create_from("twins", mg_layer_sequential(NULL, twins, 2), 1, 1, 4, 0, &m),
+              MG_EINVAL);
+    CHECK(m == NULL && strstr(mg_last_error(), "two tensors are named 'a."));
     CHECK_ERR(mg_model_create("resnet-9000", 0, &m), MG_EINVAL);
     CHECK(strstr(mg_last_error(), "lenet5"));
 }

@@ -158,6 +158,19 @@ TEST(st_write_refuses_bad_arguments)
     const char *m1[] = {"multigrad.crc32", "0"}, *m2[] = {"k", "1", "k", "2"};
     CHECK_ERR(mg_st_write(p, t, 2, m1, 1), MG_EINVAL);        /* reserved key */
     CHECK_ERR(mg_st_write(p, t, 2, m2, 2), MG_EINVAL);        /* duplicate key */
+    /* Not UTF-8, which the reader refuses: it wrote files it could not read */
+    const char *m3[] = {"k", "caf\xe9"};
+    CHECK_ERR(mg_st_write(p, t, 2, m3, 1), MG_EINVAL);
+    t[1].name = "caf\xe9.weight";
+    CHECK_ERR(mg_st_write(p, t, 2, NULL, 0), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "is not UTF-8"));
+    t[1].name = "caf\xc3\xa9.weight";                            /* é, as UTF-8: fine */
+    CHECK_OK(mg_st_write(p, t, 2, NULL, 0));
+    mg_st_file *f;
+    CHECK_OK(mg_st_open(p, &f));
+    CHECK(mg_st_find(f, "caf\xc3\xa9.weight") != NULL);
+    mg_st_close(f);
+    CHECK_EQ(unlink(p), 0);
     CHECK(access(p, F_OK) != 0);                               /* nothing written */
     CHECK_EQ(mgt_count_tmp_files(), 0);
 }
@@ -356,10 +369,12 @@ TEST(st_write_is_atomic)
     CHECK(same_file(p, v1, n1));
     CHECK_EQ(mgt_count_tmp_files(), 0);
 
-    /* The rename fails (the target is a directory): nothing left behind. */
+    /* The target is a directory: refused before anything is written (it
+     * used to fail at the rename), nothing left behind. */
     const char *d = mgt_tpath("adir");
     CHECK(mkdir(d, 0755) == 0);
-    CHECK_ERR(mg_st_write(d, &t1, 1, NULL, 0), MG_EIO);
+    CHECK_ERR(mg_st_write(d, &t1, 1, NULL, 0), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "is a directory"));
     CHECK_EQ(mgt_count_tmp_files(), 0);
     /* A directory that does not exist. */
     CHECK_ERR(mg_st_write(mgt_tpath("no/such/dir.st"), &t1, 1, NULL, 0), MG_EIO);

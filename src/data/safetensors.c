@@ -201,6 +201,9 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
         uint64_t nb;
         if (!t[i].name || !t[i].name[0] || !strcmp(t[i].name, "__metadata__"))
             return mg_error(MG_EINVAL, "%s: tensor %d has no usable name", path, i);
+        if (!mg__st_utf8(t[i].name))   /* the reader would refuse the file */
+            return mg_error(MG_EINVAL, "%s: tensor name '%s' is not UTF-8: give its layers "
+                            "UTF-8 names", path, t[i].name);
         if ((unsigned)t[i].dtype >= MG_DTYPE_COUNT || t[i].ndim < 0 || t[i].ndim > MAX_NDIM ||
             !tensor_bytes(t[i].dtype, t[i].ndim, t[i].shape, &nb) || nb != t[i].nbytes ||
             (nb && need_data && !t[i].data))
@@ -210,6 +213,9 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
     for (int i = 0; i < n_meta; i++) {
         if (!meta[2 * i] || !meta[2 * i + 1])
             return mg_error(MG_EINVAL, "%s: metadata entry %d is NULL", path, i);
+        if (!mg__st_utf8(meta[2 * i]) || !mg__st_utf8(meta[2 * i + 1]))
+            return mg_error(MG_EINVAL, "%s: metadata entry '%s' is not UTF-8", path,
+                            meta[2 * i]);
         if (!strcmp(meta[2 * i], CRC_KEY))
             return mg_error(MG_EINVAL, "%s: metadata key '%s' is reserved", path, CRC_KEY);
     }

@@ -27,6 +27,9 @@ struct mg_st_file {
     bool verified;
 };
 
+/* s is valid UTF-8 (what the reader takes in a header's strings). */
+bool mg__st_utf8(const char *s);
+
 /* Parses the header JSON [json, json + len) into f->t (names, dtypes,
  * shapes; offsets into *offs as [begin, end] pairs) and f->meta, decoding
  * strings into f->strings (len + 1 bytes). Returns NULL, or what is wrong

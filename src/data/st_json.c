@@ -103,6 +103,17 @@ static int utf8_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
+bool mg__st_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+    while (p < end) {
+        int n = *p < 0x80 ? 1 : utf8_len(p, end);
+        if (!n) return false;
+        p += n;
+    }
+    return true;
+}
+
 /* A JSON string, decoded into ps->out (NUL-terminated); NULL on error.
  * The decoded form is never longer than the encoded one, so the strings
  * buffer (as large as the header) cannot overflow. */

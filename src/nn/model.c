@@ -32,6 +32,28 @@ static int count_leaves(const mg_layer *l)
     return n;
 }
 
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Two layers of one name would give two tensors of one name, which no
+ * checkpoint can hold: said at creation, not at the first save. */
+static mg_status unique_names(const mg_model *m)
+{
+    const char **s = malloc(sizeof *s * (size_t)(m->n_tensors ? m->n_tensors : 1));
+    if (!s) return mg_error(MG_ENOMEM, "model: out of memory");
+    for (int i = 0; i < m->n_tensors; i++) s[i] = m->tensors[i].name;
+    qsort(s, (size_t)m->n_tensors, sizeof *s, cmp_names);
+    mg_status st = MG_OK;
+    for (int i = 1; i < m->n_tensors && !st; i++)
+        if (!strcmp(s[i - 1], s[i]))
+            st = mg_error(MG_EINVAL, "model '%s': two tensors are named '%s': give its layers "
+                          "different names", m->name, s[i]);
+    free(s);
+    return st;
+}
+
 /* Pre-order walk: leaves in forward order, with their full names (which
  * must leave room for ".running_mean" in mg_param's 64 bytes); paths[id]
  * gets each layer's. */
@@ -175,7 +197,7 @@ static mg_status build(mg_model *m)
     free(names);
     free(paths);
     free(ul);
-    return st;
+    return st ? st : unique_names(m);
 }
 
 /* Places the units' parameters for ranges padded to `pad` (with assign,
