@@ -627,6 +627,28 @@ TEST_T(mpi_a_mistake_every_rank_finds_is_said_once, 60)
     }
 }
 
+/* Under mpirun a rank stopped amid training (SIGSTOP) is named at
+ * MG_TIMEOUT, and the job then ends: the rank that saw it used to wait in
+ * MPI_Finalize for the stopped one for ever (found by a probe); it ends
+ * the job with MPI_Abort instead. */
+TEST_T(mpi_a_stopped_rank_ends_the_job_at_the_timeout, 90)
+{
+    need_mpi();
+    setenv("MG_TIMEOUT", "5", 1);
+    char script[1024];
+    snprintf(script, sizeof script, "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (sleep %.0f; "
+             "kill -STOP $$) & fi; exec %s --model gpt-mini --layers 2 --dim 64 --heads 4 "
+             "--ctx 64 --batch 12 --steps 100000 --eval-every 100000 --eval-windows 4 "
+             "--parallel ddp --quiet", 3 * mgt_slow(), mgt_tool("mgtrain"));
+    double t0 = mg_now();
+    result *r = run(60, (const char *[]){"mpirun", "--oversubscribe", "-n", "2", "sh", "-c",
+                                         script, NULL});
+    double secs = mg_now() - t0;
+    CHECK_MSG(exit_code(r) != 0 && secs < 3 * mgt_slow() + 20 &&
+              strstr(r->err, "did not complete within 5 s (MG_TIMEOUT)"),
+              "exit %d after %.1f s\n%s", exit_code(r), secs, r->err);
+}
+
 /* This binary as the MPI program, running worker `name` on n ranks (with
  * VAR=value settings for it, or NULL). */
 static void worker_env(const char *name, const char *n, const char *env1, const char *env2)

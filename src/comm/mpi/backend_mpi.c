@@ -66,11 +66,17 @@ static pid_t init_pid;
 static MPI_Datatype ty_f16, ty_bf16;
 static MPI_Op half_ops[MG_OP_COUNT];
 
+static int stuck;
+
+void mg__mpi_mark_stuck(void) { __atomic_store_n(&stuck, 1, __ATOMIC_RELAXED); }
+
 static void finalize_at_exit(void)
 {
     int fin = 0;
     /* A forked child of an MPI process must not finalize its parent's job. */
-    if (getpid() == init_pid && !MPI_Finalized(&fin) && !fin) MPI_Finalize();
+    if (getpid() != init_pid || MPI_Finalized(&fin) != MPI_SUCCESS || fin) return;
+    if (__atomic_load_n(&stuck, __ATOMIC_RELAXED)) MPI_Abort(MPI_COMM_WORLD, 1);
+    else MPI_Finalize();
 }
 
 /* f16/bf16 reductions: MPI hands us (in, inout) with one of our types. */

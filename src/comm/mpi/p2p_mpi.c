@@ -61,10 +61,12 @@ static mg_status poller_idle(mpi_be *m, poller *p, const char *why)
         MG_TRY(check_abort(m));
         p->next_probe = now + 0.01;
     }
-    if (now > m->deadline)
+    if (now > m->deadline) {
+        mg__mpi_mark_stuck();
         return mg_error(MG_ETIMEOUT, "%s on %s %s within %g s (MG_TIMEOUT): a peer is dead or "
                         "stuck, or the ranks called different operations (MG_MPI_CHECK=1 names "
                         "them)", m->what, mg__mpi_this_rank(m), why, m->g->timeout);
+    }
     struct timespec ts = {0, p->sleep_ns};
     nanosleep(&ts, NULL);
     if (p->sleep_ns < 1000000) p->sleep_ns *= 2;
