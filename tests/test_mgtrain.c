@@ -2,6 +2,7 @@
  * plots, checkpoints and exact resume, --init and --eval-only, and a
  * straggler. The plans are in test_mgtrain_plans.c, devices in
  * test_mgtrain_device.c, the parameter server in test_mgtrain_ps.c. */
+#include <limits.h>
 #include <sys/stat.h>
 #include "harness.h"
 #include "idx_files.h"
@@ -450,4 +451,53 @@ TEST_T(mgtrain_diverged_training_stops_keeping_the_last_checkpoint, 120)
         CHECK_MSG(mgt_count(log, "\n") == 3 && strstr(log, "\n2,16,nan,"), "%s", log);
         free(log);
     }
+}
+
+/* An output that is another output or a file the run reads is refused
+ * before any work, the file untouched (found by a probe: a --log named
+ * g.svg was overwritten by its own plot, --data corpus.txt --log
+ * corpus.txt overwrote the training text, --init w.st --log w.st the
+ * weights). A --save may be the --resume file (that is resuming). */
+TEST_T(mgtrain_outputs_that_are_inputs_or_each_other_are_refused, 60)
+{
+    const char *t = mgt_tmpdir();
+    char bin[PATH_MAX];   /* absolute: the runs start in the test's directory */
+    CHECK(realpath(mgt_tool("mgtrain"), bin));
+    char corpus[600], weights[600];
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", t);
+    snprintf(weights, sizeof weights, "%s/w.st", t);
+    FILE *f = fopen(corpus, "w");
+    CHECK(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "line %d of a corpus that must survive.\n", i);
+    fclose(f);
+    char *out, *before = mgt_slurp(corpus, NULL);
+    int rc = mgt_sh(&out, "cd %s && %s --model mlp --epochs 1 --save w.st --quiet", t, bin);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+    const char *gpt = "--model gpt-mini --layers 1 --dim 32 --heads 2 --ctx 16 --batch 4 --steps 2";
+    const struct { const char *args, *says; } cases[] = {
+        {"--model mlp --epochs 1 --log g.svg", "--log g.svg is also the --log (its plot)"},
+        {"--model mlp --epochs 1 --log a.csv --save a.svg", "--save a.svg is also the --log (its"},
+        {"--model mlp --epochs 1 --log same --save same", "--save same is also the --log:"},
+        {"--model mlp --epochs 1 --init w.st --log ./w.st", "is also the --init file this run"},
+        {"--data corpus.txt --log corpus.txt", "--log corpus.txt is also the --data file"},
+        {"--data corpus.txt --save corpus.txt", "--save corpus.txt is also the --data file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        rc = mgt_sh(&out, "cd %s && %s %s %s", t, bin, i < 4 ? "" : gpt, cases[i].args);
+        CHECK_MSG(rc == 2 && mgt_count(out, "\n") == 1 && strstr(out, cases[i].says),
+                  "%s: rc %d: %s", cases[i].args, rc, out);
+        free(out);
+    }
+    char *after = mgt_slurp(corpus, NULL);
+    CHECK(!strcmp(before, after));
+    mg_st_file *w;
+    CHECK_OK(mg_st_open(weights, &w));   /* still the checkpoint */
+    mg_st_close(w);
+    rc = mgt_sh(&out, "cd %s && %s --model mlp --epochs 2 --resume w.st --save w.st --quiet", t,
+                bin);
+    CHECK_MSG(rc == 0, "resume into the same file: %s", out);
+    free(out);
+    free(before);
+    free(after);
 }

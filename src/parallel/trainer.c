@@ -5,6 +5,7 @@
  * its part), the optimizer and the starting state. Messages name mgtrain's
  * flags, which the config's fields mirror. The loop is train_loop.c. */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -357,16 +358,46 @@ mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
     return mg_group_agree(mg_trainer_group(t), st, MG_AGREE_LEAVE_FIRST);
 }
 
+/* a and b name one file: the same file where it is there, else the same
+ * absolute path (its directory resolved). */
+static bool same_path(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!stat(a, &sa) && !stat(b, &sb)) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
+    const char *p[2] = {a, b};
+    char *r[2] = {ra, rb};
+    for (int k = 0; k < 2; k++) {
+        char dir[PATH_MAX], real[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", p[k]);
+        const char *base = strrchr(p[k], '/') ? strrchr(p[k], '/') + 1 : p[k];
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        if (!realpath(slash ? (*dir ? dir : "/") : ".", real)) return false;
+        snprintf(r[k], sizeof ra, "%s/%s", real, base);
+    }
+    return !strcmp(ra, rb);
+}
+
 /* The files rank 0 writes (the checkpoint, the log and the plot beside
- * it) can be written: found before any work, not after the first epoch. */
+ * it) can be written, and none is another of them or a file the run
+ * reads (a --log named g.svg was overwritten by its own plot; --data
+ * corpus.txt --log corpus.txt, the training text): found before any work,
+ * not after the first epoch. A --save may be the --resume or --init file. */
 static mg_status check_outputs(mg_trainer *t)
 {
     const mg_train_config *c = &t->c;
     char plot[4096] = "";
     if (c->log) mg__log_plot_path(c->log, plot, sizeof plot);
-    const char *flag[3] = {"--save", "--log", "--log (its plot)"};
-    const char *path[3] = {c->save, c->log, c->log ? plot : NULL};
+    const char *flag[6] = {"--save", "--log", "--log (its plot)", "--data", "--init",
+                           "--resume"};
+    const char *path[6] = {c->save, c->log, c->log ? plot : NULL, c->data, c->init, c->resume};
     mg_status st = MG_OK;
+    for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)
+        for (int j = i + 1; j < 6 && path[i] && !st; j++)
+            if (path[j] && !(i == 0 && j >= 4) && same_path(path[i], path[j]))
+                st = mg_error(MG_EINVAL, "%s %s is also the %s%s: give them different files",
+                              flag[i], path[i], flag[j], j < 3 ? "" : " file this run reads");
     for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)
         if (path[i] && mg_check_writable(path[i]))
             st = mg_error(MG_EINVAL, "%s: %s", flag[i], mg_last_error());
