@@ -501,3 +501,22 @@ TEST_T(mgtrain_outputs_that_are_inputs_or_each_other_are_refused, 60)
     free(before);
     free(after);
 }
+
+/* A --save that fails amid training (its directory removed) is said
+ * once, by rank 0, on every plan's ranks alike (each of 3 ranks said it). */
+TEST_T(mgtrain_a_save_that_fails_amid_training_is_said_once, 120)
+{
+    const char *t = mgt_tmpdir();
+    char run[PATH_MAX], bin[PATH_MAX], *out;   /* absolute: the run starts in t */
+    CHECK(realpath(mgt_tool("mgrun"), run) && realpath(mgt_tool("mgtrain"), bin));
+    int rc = mgt_sh(&out, "cd %s && mkdir d && (MG_PEER_TIMEOUT=30 %s -n 3 %s " GPT_SMALL
+                    " --steps 2000 --eval-every 4 --parallel ddp --save d/ck.st --quiet "
+                    "> out 2>&1; echo $? > rc) & cd %s && for i in $(seq 1200); do "
+                    "[ -f d/ck.st ] && break; sleep 0.05; done; while [ -d d ]; do rm -rf d 2>/dev/null; "
+                    "done; wait; cat out; cat rc",
+                    t, run, bin, t);
+    printf("%s", out);
+    CHECK_MSG(rc == 0 && mgt_count(out, "mgtrain: --save: ") == 1 &&
+              strstr(out, "mgrun: rank 0 (pid ") && strstr(out, "\n2\n"), "%s", out);
+    free(out);
+}

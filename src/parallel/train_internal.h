@@ -55,6 +55,12 @@ struct mg_trainer {
     int32_t *yb, *ib;
 };
 
+/* st agreed over the job, where there is one (mg_trainer_agree): a
+ * mistake every rank finds alike is said once, by the first. The step
+ * that made st ended alike on every rank (no collective left half done),
+ * so that every rank comes here (trainer.c). */
+mg_status mg__train_agreed(mg_trainer *t, mg_status st);
+
 /* train_settings.c */
 /* The hyper-parameters saved in checkpoints: "model=...;batch=...;...". */
 void mg__train_hparams(const mg_train_config *c, char *out, size_t cap);

@@ -250,9 +250,9 @@ static mg_status record(mg_trainer *t, mg_train_row *r, bool save, long since)
     meta.seed = c->seed;
     snprintf(meta.hparams, sizeof meta.hparams, "%s", t->hp);
     if ((st = mg_strategy_save(t->s, c->save, t->opt, &meta)))   /* a peer's loss stays one */
-        return mg_error(st == MG_EPEER || st == MG_ETIMEOUT ? st : MG_EIO,
-                        "--save: %s (the previous checkpoint, if any, is intact)",
-                        mg_last_error());
+        return mg__train_agreed(t, mg_error(st == MG_EPEER || st == MG_ETIMEOUT ? st : MG_EIO,
+                                            "--save: %s (the previous checkpoint, if any, is "
+                                            "intact)", mg_last_error()));
     t->saved = true;
     t->saved_step = r->step;
     return MG_OK;

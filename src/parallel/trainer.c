@@ -250,10 +250,7 @@ static mg_status choose_plan(mg_trainer *t)
     return MG_OK;
 }
 
-/* st agreed over the job, where there is one (mg_trainer_agree): a
- * mistake every rank finds alike is said once, by the first. The step
- * that made st has no collective, so that every rank comes here. */
-static mg_status agreed(mg_trainer *t, mg_status st)
+mg_status mg__train_agreed(mg_trainer *t, mg_status st)
 {
     if (!t->g) return st;
     char why[1024] = "";
@@ -280,7 +277,7 @@ static mg_status join_job(mg_trainer *t)
     in->distributed = true;
     in->rank = mg_group_rank(t->g);
     in->world = mg_group_size(t->g);
-    return agreed(t, shape_job(t));
+    return mg__train_agreed(t, shape_job(t));
 }
 
 /* The settings agreed before any other collective, collectives on the
@@ -426,7 +423,7 @@ static mg_status load_data(mg_trainer *t)
         t->info.text_train_bytes = mg_text_train_size(t->text);
     } else {
         mg_status st = c->eval_only ? MG_OK : load(c->data, true, &t->train);
-        MG_TRY(agreed(t, st ? st : load(c->data, false, &t->test)));
+        MG_TRY(mg__train_agreed(t, st ? st : load(c->data, false, &t->test)));
         if (counts)
             mg_debug("rank %d, a parameter server: the data set's shape alone (%d and %d "
                      "images counted, not loaded)", t->info.rank, t->train ? t->train->n : 0,
@@ -494,11 +491,11 @@ static mg_status make_plan(mg_trainer *t)
             for (int u = 0; u < nu; u++) names[u] = mg_model_unit(t->m, u).name;
             mg_status st = mg_pipe_split_parse(c->split, names, nu, S, t->first);
             free(names);
-            MG_TRY(agreed(t, st));
+            MG_TRY(mg__train_agreed(t, st));
             so.pipe.first = t->first;
         }
     }
-    MG_TRY(agreed(t, mg_strategy_create(t->m, &so, &t->s)));   /* it shares its failures */
+    MG_TRY(mg__train_agreed(t, mg_strategy_create(t->m, &so, &t->s)));   /* it shares its failures */
     t->mesh = mg_strategy_mesh(t->s);
     mg_strategy_data_share(t->s, &t->info.dp_rank, &t->info.dp_size);
     return MG_OK;
@@ -545,7 +542,7 @@ static mg_status start_state(mg_trainer *t)
     mg_ckpt_meta meta;
     memset(&meta, 0, sizeof meta);
     if (c->resume) {
-        MG_TRY(agreed(t, resume_fits(t)));
+        MG_TRY(mg__train_agreed(t, resume_fits(t)));
         if (mg_strategy_load(t->s, c->resume, t->opt, &meta))
             return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
         MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume));
@@ -574,7 +571,7 @@ static mg_status check_images(mg_trainer *t)
     for (int i = 0; i < 2 && !st; i++)
         if (sets[i]) st = mg_dataset_check_input(sets[i], mg_model_name(t->m), ch, h, w,
                                                  mg_model_classes(t->m));
-    MG_TRY(agreed(t, st));
+    MG_TRY(mg__train_agreed(t, st));
     if (!t->train || t->info.start_epoch >= c->epochs) return MG_OK;
     long rows = (long)c->batch * c->accumulate;   /* --deterministic: whole global batches */
     long n_local = c->det_shards ? (t->train->n + rows - 1) / rows * (rows / t->info.dp_size)
@@ -582,7 +579,7 @@ static mg_status check_images(mg_trainer *t)
     long micro = (n_local + t->info.local - 1) / t->info.local;
     t->steps_per_epoch = (micro + t->leaves - 1) / t->leaves;
     if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)   /* on every rank */
-        return agreed(t, mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with "
+        return mg__train_agreed(t, mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with "
                                   "--batch %d --accumulate %d", c->resume, t->info.start_step,
                                   t->info.start_epoch, c->batch, c->accumulate));
     return MG_OK;
@@ -609,7 +606,7 @@ static mg_status create(mg_trainer *t)
     t->info.world = t->info.dp_size = t->info.pp = 1;
     if (mg_strategy_kind_traits(c->strategy).ranks) MG_TRY(join_job(t));
     else if (c->plan_auto) MG_TRY(choose_plan(t));
-    MG_TRY(agreed(t, open_data(t)));
+    MG_TRY(mg__train_agreed(t, open_data(t)));
     mg_trace_open(NULL, t->info.rank, t->info.world);
     mg_set_threads(c->threads ? c->threads : (int)mg_env_long("MG_THREADS", 1));
     /* After mgrun restarted the job: resume from the last save. Rank 0's
@@ -627,12 +624,12 @@ static mg_status create(mg_trainer *t)
         t->info.local = c->batch * c->accumulate / c->det_shards;
         t->leaves = c->det_shards / t->info.dp_size;
     }
-    MG_TRY(agreed(t, make_model(t)));
+    MG_TRY(mg__train_agreed(t, make_model(t)));
     MG_TRY(make_plan(t));
     if (c->plan_only) return MG_OK;
     MG_TRY(make_optimizer(t));
     mg__train_hparams(c, t->hp, sizeof t->hp);
-    MG_TRY(agreed(t, start_state(t)));
+    MG_TRY(mg__train_agreed(t, start_state(t)));
     if (c->text) t->info.val_windows = mg_lm_val_windows(t->text, c->gpt.ctx, c->eval_windows);
     else MG_TRY(check_images(t));
     t->log.text = c->text;
