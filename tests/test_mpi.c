@@ -629,12 +629,13 @@ TEST_T(mpi_a_mistake_every_rank_finds_is_said_once, 60)
 
 /* Under mpirun a rank stopped amid training (SIGSTOP) is named at
  * MG_TIMEOUT, and the job then ends: the rank that saw it used to wait in
- * MPI_Finalize for the stopped one for ever (found by a probe); it ends
- * the job with MPI_Abort instead. */
+ * MPI_Finalize for the stopped one for ever (found by a probe); it leaves
+ * unfinalized after MG_PEER_TIMEOUT, and mpirun ends the job. */
 TEST_T(mpi_a_stopped_rank_ends_the_job_at_the_timeout, 90)
 {
     need_mpi();
     setenv("MG_TIMEOUT", "5", 1);
+    setenv("MG_PEER_TIMEOUT", "3", 1);
     char script[1024];
     snprintf(script, sizeof script, "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then (sleep %.0f; "
              "kill -STOP $$) & fi; exec %s --model gpt-mini --layers 2 --dim 64 --heads 4 "

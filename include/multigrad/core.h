@@ -217,6 +217,10 @@ uint32_t mg_crc32_combine(uint32_t a, uint32_t b, uint64_t len_b);
  * writing it): not a directory or other non-regular file, and a file can
  * be created next to it. MG_EINVAL or MG_EIO naming path otherwise. */
 mg_status mg_check_writable(const char *path);
+/* a and b name one file: the same file where both are there, else the
+ * same absolute path (its directory resolved): an output that would
+ * overwrite an input or another output. */
+bool mg_same_file(const char *a, const char *b);
 /* Open a regular file for reading: never blocks (a FIFO is refused, not
  * waited on) and refuses what is not a regular file. The descriptor, or
  * -1 with mg_error set (MG_EIO; `how`, may be NULL, is appended as the

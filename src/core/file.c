@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,25 @@ static mg_status no_tmp_error(const char *path)
 {
     return mg_error(MG_EIO, "cannot create a temporary file next to %s: %s: check that the "
                     "directory exists and is writable", path, strerror(errno));
+}
+
+bool mg_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!stat(a, &sa) && !stat(b, &sb)) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
+    const char *p[2] = {a, b};
+    char *r[2] = {ra, rb};
+    for (int k = 0; k < 2; k++) {
+        char dir[PATH_MAX], real[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", p[k]);
+        const char *base = strrchr(p[k], '/') ? strrchr(p[k], '/') + 1 : p[k];
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        if (!realpath(slash ? (*dir ? dir : "/") : ".", real)) return false;
+        snprintf(r[k], sizeof ra, "%s/%s", real, base);
+    }
+    return !strcmp(ra, rb);
 }
 
 mg_status mg_check_writable(const char *path)

@@ -5,7 +5,6 @@
  * its part), the optimizer and the starting state. Messages name mgtrain's
  * flags, which the config's fields mirror. The loop is train_loop.c. */
 #define _GNU_SOURCE
-#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -355,27 +354,6 @@ mg_status mg_trainer_agree(mg_trainer *t, mg_status st)
     return mg_group_agree(mg_trainer_group(t), st, MG_AGREE_LEAVE_FIRST);
 }
 
-/* a and b name one file: the same file where it is there, else the same
- * absolute path (its directory resolved). */
-static bool same_path(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (!stat(a, &sa) && !stat(b, &sb)) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
-    const char *p[2] = {a, b};
-    char *r[2] = {ra, rb};
-    for (int k = 0; k < 2; k++) {
-        char dir[PATH_MAX], real[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", p[k]);
-        const char *base = strrchr(p[k], '/') ? strrchr(p[k], '/') + 1 : p[k];
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        if (!realpath(slash ? (*dir ? dir : "/") : ".", real)) return false;
-        snprintf(r[k], sizeof ra, "%s/%s", real, base);
-    }
-    return !strcmp(ra, rb);
-}
-
 /* The files rank 0 writes (the checkpoint, the log and the plot beside
  * it) can be written, and none is another of them or a file the run
  * reads (a --log named g.svg was overwritten by its own plot; --data
@@ -392,7 +370,7 @@ static mg_status check_outputs(mg_trainer *t)
     mg_status st = MG_OK;
     for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)
         for (int j = i + 1; j < 6 && path[i] && !st; j++)
-            if (path[j] && !(i == 0 && j >= 4) && same_path(path[i], path[j]))
+            if (path[j] && !(i == 0 && j >= 4) && mg_same_file(path[i], path[j]))
                 st = mg_error(MG_EINVAL, "%s %s is also the %s%s: give them different files",
                               flag[i], path[i], flag[j], j < 3 ? "" : " file this run reads");
     for (int i = 0; i < 3 && t->info.rank == 0 && !c->eval_only && !st; i++)

@@ -70,13 +70,30 @@ static int stuck;
 
 void mg__mpi_mark_stuck(void) { __atomic_store_n(&stuck, 1, __ATOMIC_RELAXED); }
 
+/* After a request that never completed, MPI_Finalize waits for a peer
+ * that may be stopped for ever: past MG_PEER_TIMEOUT this process leaves
+ * without it, and mpirun, seeing a rank end unfinalized, ends the job. */
+static void *leave_unfinalized(void *arg)
+{
+    double secs = *(const double *)arg;
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    nanosleep(&ts, NULL);
+    _exit(1);
+    return NULL;
+}
+
 static void finalize_at_exit(void)
 {
     int fin = 0;
     /* A forked child of an MPI process must not finalize its parent's job. */
     if (getpid() != init_pid || MPI_Finalized(&fin) != MPI_SUCCESS || fin) return;
-    if (__atomic_load_n(&stuck, __ATOMIC_RELAXED)) MPI_Abort(MPI_COMM_WORLD, 1);
-    else MPI_Finalize();
+    static double grace;
+    pthread_t th;
+    grace = mg_env_double("MG_PEER_TIMEOUT", 15);
+    if (__atomic_load_n(&stuck, __ATOMIC_RELAXED) &&
+        pthread_create(&th, NULL, leave_unfinalized, &grace) == 0)
+        pthread_detach(th);
+    MPI_Finalize();
 }
 
 /* f16/bf16 reductions: MPI hands us (in, inout) with one of our types. */

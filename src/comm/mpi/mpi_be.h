@@ -46,9 +46,9 @@ typedef struct {
  * its return code also lands in the caller's mpi_rc. */
 extern pthread_mutex_t mg__mpi_call_mu;
 extern int mg__mpi_serialize;
-/* A request passed its deadline and can never complete (a peer stopped or
- * stuck): at exit MPI_Finalize would wait for it for ever, so the process
- * ends the job with MPI_Abort instead (backend_mpi.c). */
+/* A request passed its deadline and may never complete (a peer stopped or
+ * stuck): at exit MPI_Finalize may wait for it for ever, so the process
+ * leaves without it after MG_PEER_TIMEOUT (backend_mpi.c). */
 void mg__mpi_mark_stuck(void);
 #define LOCKED(expr) ({                                                  \
         if (mg__mpi_serialize) pthread_mutex_lock(&mg__mpi_call_mu);     \
