@@ -22,6 +22,7 @@ TEST_T(mgtrain_bad_input_one_line_and_no_file_touched, 120)
         "--optimizer rmsprop", "--data /nonexistent/dir", "--schedule bogus",
         "--momentum 1.5", "--frobnicate", "--eval-only", "--threads 0",
         "--resume /nonexistent.safetensors", "--init /etc/passwd",
+        "--eval-only --init w.st --log e.csv",   /* it wrote no log, silently */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out;

@@ -625,6 +625,10 @@ TEST_T(mpi_a_mistake_every_rank_finds_is_said_once, 60)
         CHECK_MSG(exit_code(r) != 0 && lines == 1 && secs < 10, "%s %s: exit %d, %d lines, "
                   "%.1f s\n%s", flags[i][0], flags[i][1], exit_code(r), lines, secs, r->err);
     }
+    /* --help too, once for the job (each rank printed it) */
+    result *r = run(40, (const char *[]){"mpirun", "--oversubscribe", "-n", "3", train, "--help",
+                                         NULL});
+    CHECK_MSG(exit_code(r) == 0 && mgt_count(r->out, "usage: mgtrain") == 1, "%s", r->out);
 }
 
 /* Under mpirun a rank stopped amid training (SIGSTOP) is named at

@@ -341,7 +341,9 @@ static void parse_args(int argc, char **argv, options *o)
         case O_EVAL: c->eval_only = true; break;
         case O_LOG: c->log = optarg; break;
         case O_QUIET: o->quiet = 1; break;
-        case O_HELP: usage(stdout); exit(0);
+        case O_HELP:   /* under a launcher, rank 0 says it for the job */
+            if (mg_launch_detect().rank <= 0) usage(stdout);
+            exit(0);
         case O_PARALLEL: o->parallel = optarg; break;
         case O_WORKERS: c->workers = (int)int_flag("--workers", 1, 1024); break;
         case O_SERVERS: c->ps_servers = (int)int_flag("--servers", 1, 4096); break;
@@ -351,7 +353,9 @@ static void parse_args(int argc, char **argv, options *o)
         case O_ACCUM: c->accumulate = (int)int_flag("--accumulate", 1, 65536); break;
         case O_COMPRESS: c->compress = optarg; break;
         case O_VERBOSE: mg_set_verbose(true); break;
-        case O_VERSION: mg_print_version("mgtrain"); exit(0);
+        case O_VERSION:
+            if (mg_launch_detect().rank <= 0) mg_print_version("mgtrain");
+            exit(0);
         case O_PARAMS: print_params(); exit(0);
         case O_RECOMPUTE: c->recompute = true; break;
         case O_SEQ_PAR: c->sequence_parallel = true; break;

@@ -156,6 +156,9 @@ static mg_status check_config(mg_trainer *t)
                         "--mesh, under mgrun");
     if (c->eval_only && !c->resume && !c->init)
         return mg_error(MG_EINVAL, "--eval-only needs weights: give --init FILE or --resume FILE");
+    if (c->eval_only && c->log)   /* it wrote none, silently */
+        return mg_error(MG_EINVAL, "--log records training; --eval-only prints its figures "
+                        "alone: leave out --log");
     if (kind.threads && c->batch < c->workers)
         return mg_error(MG_EINVAL, "--batch %d is smaller than --workers %d: give each worker "
                         "at least one sample", c->batch, c->workers);
