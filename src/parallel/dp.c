@@ -54,7 +54,6 @@ struct mg_dp {
     bool stop;
     size_t in;         /* input elements (4 bytes) per sample */
     int positions;     /* labels per sample (a language model: T) */
-    float weight;      /* the micro-batch's in its step (mg_micro_batch; 0: 1) */
 };
 
 static void apply(worker *r, uint64_t step)
@@ -264,8 +263,10 @@ static mg_status run_threads(mg_dp *dp, bool pinned)
     return MG_OK;
 }
 
-mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
-                                 float *loss, int *correct)
+/* As mg_dp_forward_backward, the gradients times the micro-batch's weight
+ * in its step (mg_micro_batch; 1: as they are). */
+static mg_status forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
+                                  float weight, float *loss, int *correct)
 {
     MG_ASSERT(batch > 0);
     int W = dp->workers;
@@ -295,12 +296,18 @@ mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int
         if (dp->w[k].n == 0) continue;
         const float *gk = dp->w[k].grads;
         float wk = (float)dp->w[k].n / (float)batch;
-        if (dp->weight > 0) wk *= dp->weight;
+        if (weight != 1) wk *= weight;
         for (size_t i = 0; i < n; i++) g[i] += wk * gk[i];
     }
     if (loss) *loss = l;
     if (correct) *correct = cor;
     return MG_OK;
+}
+
+mg_status mg_dp_forward_backward(mg_dp *dp, const void *x, const int32_t *y, int batch,
+                                 float *loss, int *correct)
+{
+    return forward_backward(dp, x, y, batch, 1, loss, correct);
 }
 
 /* ---- as a strategy's component: the threads run each micro-batch ------- */
@@ -319,11 +326,7 @@ static void dp_destroy(void *c) { mg_dp_destroy(c); }
 
 static mg_status dp_micro(void *c, const mg_micro_batch *b, float *loss, int *correct)
 {
-    mg_dp *dp = c;
-    dp->weight = mg__weighed(b) ? b->weight : 0;
-    mg_status st = mg_dp_forward_backward(dp, b->x, b->y, b->n, loss, correct);
-    dp->weight = 0;
-    return st;
+    return forward_backward(c, b->x, b->y, b->n, mg__weighed(b) ? b->weight : 1, loss, correct);
 }
 
 const mg_component_ops mg__dp_component = {

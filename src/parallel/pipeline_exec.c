@@ -313,7 +313,8 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
     mg_micro_batch b;
     memset(r, 0, sizeof *r);
     while (count < max_micro && count < p->M && mg__next_micro(next, ud, &b)) {
-        if (b.n < 1 || b.n > p->max_batch)
+        MG_TRY(mg__micro_check(&b));
+        if (b.n > p->max_batch)
             return mg_error(MG_EINVAL, "pipeline: micro-batch %d has %d samples; the "
                             "pipeline was made for 1 to %d", count, b.n, p->max_batch);
         size_t k = (size_t)count * p->max_batch;

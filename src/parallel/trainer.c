@@ -83,7 +83,8 @@ static mg_status check_config(mg_trainer *t)
         return mg_error(MG_EINVAL, "--plan auto chooses the mesh, --zero, the pipeline's flags, "
                         "--accumulate, --recompute and --sequence-parallel: leave them out, or "
                         "give them and leave out --plan auto");
-    if (c->plan_auto && mg_launch_detect().by) c->strategy = MG_STRATEGY_DDP;
+    mg_launch l = mg_launch_detect();   /* a job's rank, or one process */
+    if (c->plan_auto && l.by) c->strategy = MG_STRATEGY_DDP;
     if (c->mesh && !mg_strategy_kind_traits(c->strategy).ranks) c->strategy = MG_STRATEGY_DDP;
     if (c->sequence_parallel && !c->mesh)
         return mg_error(MG_EINVAL, "--sequence-parallel splits the positions over the "
@@ -108,7 +109,6 @@ static mg_status check_config(mg_trainer *t)
         c->strategy = MG_STRATEGY_ZERO;
     }
     mg_strategy_traits kind = mg_strategy_kind_traits(c->strategy);
-    mg_launch l = mg_launch_detect();
     if (!kind.ranks && l.size > 1)   /* else each rank trains a copy, all saving to one file */
         return mg_error(MG_EINVAL, "started as one of %d ranks of a job (%s%s), but --parallel "
                         "%s trains in one process: give --parallel ddp (or --mesh, or "
