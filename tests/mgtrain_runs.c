@@ -1,5 +1,7 @@
 /* The mgtrain end-to-end tests' shared helpers (mgtrain_runs.h). */
+#include <sys/stat.h>
 #include "harness.h"
+#include "idx_files.h"
 #include "mgtrain_runs.h"
 #include "multigrad/checkpoint.h"
 
@@ -40,4 +42,13 @@ void mgt_refused(const mgt_refusal *c)
         CHECK_MSG(rc != 0 && strstr(out, c->want), "%s: rc %d: %s", c->args, rc, out);
         free(out);
     }
+}
+
+const char *mgt_fashion_cut(int n_train, int n_test)
+{
+    static char dir[600];
+    snprintf(dir, sizeof dir, "%s/cut-%d-%d", mgt_tmpdir(), n_train, n_test);
+    CHECK(mkdir(dir, 0700) == 0);
+    CHECK_EQ(mgt_cut_fashion(mgt_fashion_dir(), dir, n_train, n_test), 0);
+    return dir;
 }

@@ -15,6 +15,11 @@
  * max |a_i - b_i| / max |b|. */
 double mgt_ckpt_rel_diff(const char *a, const char *b, double *max_rel);
 
+/* The first n_train training and n_test test images of Fashion-MNIST as a
+ * data set of their own in the test's directory (an epoch of a size the
+ * test chooses, whatever the runner cut MG_DATA to): its path. */
+const char *mgt_fashion_cut(int n_train, int n_test);
+
 /* Each set of flags, on 2 ranks of the mlp, refused with its message
  * (the list ends with NULLs). */
 typedef struct {

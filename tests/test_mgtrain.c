@@ -5,7 +5,6 @@
 #include <limits.h>
 #include <sys/stat.h>
 #include "harness.h"
-#include "idx_files.h"
 #include "mgtrain_runs.h"
 #include "multigrad/checkpoint.h"
 
@@ -425,10 +424,7 @@ TEST_T(mgtrain_slow_rank_waits_and_changes_nothing, 180)
 TEST_T(mgtrain_diverged_training_stops_keeping_the_last_checkpoint, 120)
 {
     const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain"), *run = mgt_tool("mgrun");
-    char data[600];
-    snprintf(data, sizeof data, "%s/cut", t);
-    CHECK(mkdir(data, 0700) == 0);
-    CHECK_EQ(mgt_cut_fashion(mgt_fashion_dir(), data, 1024, 256), 0);
+    const char *data = mgt_fashion_cut(1024, 256);
     const char *how[3][2] = {{"", ""}, {"-n 2", "--parallel ddp"}, {"-n 3", "--parallel ps"}};
     for (int k = 0; k < 3; k++) {
         char *out, launch[600] = "";

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include "harness.h"
-#include "idx_files.h"
 #include "mgtrain_runs.h"
 
 /* DDP on 2 and 3 ranks and DataParallel with 2 and 3 workers equal one
@@ -415,10 +414,7 @@ TEST_T(mgtrain_pipeline_resumes_a_checkpoint_of_the_same_global_batch, 180)
 TEST_T(mgtrain_a_short_last_step_is_one_batch_under_every_cut, 180)
 {
     const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain"), *run = mgt_tool("mgrun");
-    char data[600];
-    snprintf(data, sizeof data, "%s/cut", t);
-    CHECK(mkdir(data, 0700) == 0);
-    CHECK_EQ(mgt_cut_fashion(mgt_fashion_dir(), data, 1000, 512), 0);
+    const char *data = mgt_fashion_cut(1000, 512);
     const struct { int ranks; const char *flags; } how[] = {
         {1, "--batch 128"}, {1, "--batch 64 --accumulate 2"},
         {1, "--batch 64 --accumulate 2 --parallel dp --workers 2"},
