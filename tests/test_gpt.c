@@ -248,7 +248,8 @@ TEST_T(gpt_on_gpu_with_fused_attention_matches_pytorch, 120)
  * position's logits of the context so far (checked by forwarding the
  * growing sequence, also past T where the context slides); top-k 1 is the
  * same at any temperature; sampling is reproducible by seed and stays in
- * the top k; a token outside the vocabulary is refused. */
+ * the top k; a token outside the vocabulary, a temperature that is no
+ * number or negative, n < 0 and NULL arrays are refused. */
 TEST(gpt_generate_greedy_topk_and_seeded)
 {
     mg_gpt_config g = {.layers = 1, .dim = 32, .heads = 2, .ctx = 8, .vocab = 256};
@@ -283,5 +284,16 @@ TEST(gpt_generate_greedy_topk_and_seeded)
     int32_t bad[1] = {256};
     CHECK_ERR(mg_model_generate(m, bad, 1, 4, 1.0f, 0, 0, out), MG_EINVAL);
     CHECK_ERR(mg_model_generate(m, prompt, 0, 4, 1.0f, 0, 0, out), MG_EINVAL);
+    /* parameters no generation can take (a probe), and training mode kept */
+    CHECK_ERR(mg_model_generate(m, prompt, 3, 4, NAN, 0, 0, out), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "temperature nan"));
+    CHECK_ERR(mg_model_generate(m, prompt, 3, 4, -1.0f, 0, 0, out), MG_EINVAL);
+    CHECK_ERR(mg_model_generate(m, prompt, 3, -1, 1.0f, 0, 0, out), MG_EINVAL);
+    CHECK_ERR(mg_model_generate(m, prompt, 3, 4, 1.0f, 0, 0, NULL), MG_EINVAL);
+    CHECK_ERR(mg_model_generate(m, NULL, 3, 4, 1.0f, 0, 0, out), MG_EINVAL);
+    CHECK_OK(mg_model_generate(m, prompt, 3, 0, 1.0f, 0, 0, NULL));
+    mg_model_set_training(m, false);
+    CHECK_OK(mg_model_generate(m, prompt, 3, 2, 1.0f, 0, 0, out));
+    CHECK(!mg_model_training(m));
     mg_model_destroy(m);
 }

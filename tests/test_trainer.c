@@ -236,9 +236,10 @@ TEST_T(trainer_example_trains_its_model_under_a_mesh, 300)
 }
 
 /* mg_train_step with a source of its own: a micro-batch no model can take
- * (no rows, no inputs or labels, a weight that is no number) and a rate
- * or clip that is not a number are MG_EINVAL, not an abort, a segfault or
- * NaN parameters (found by a probe), and nothing is trained. */
+ * (no rows, no inputs or labels, a label that is not a class, a weight
+ * that is no number) and a rate or clip that is not a number are
+ * MG_EINVAL, not an abort, a segfault or NaN parameters (found by a
+ * probe), and nothing is trained; evaluation refuses such labels too. */
 typedef struct {
     mg_micro_batch b;
     float x[2 * 784];
@@ -267,11 +268,14 @@ TEST(train_step_refuses_what_no_model_can_take)
     memcpy(before, mg_model_params(m), n * sizeof *before);
     static one_batch d;
     mg_micro_batch good = {d.x, d.y, 2, true, 0};
+    static const int32_t past[2] = {9, 10}, below[2] = {-1, 0};
     struct { mg_micro_batch b; mg_step_options opt; const char *says; } cases[] = {
         {{d.x, d.y, 0, true, 0}, {1, 0.05f, 0, 1}, "of 0 rows"},
         {{NULL, d.y, 2, true, 0}, {1, 0.05f, 0, 1}, "x NULL"},
         {{d.x, NULL, 2, true, 0}, {1, 0.05f, 0, 1}, "y NULL"},
         {{d.x, d.y, 2, true, INFINITY}, {1, 0.05f, 0, 1}, "weight inf"},
+        {{d.x, past, 2, true, 0}, {1, 0.05f, 0, 1}, "label 10 (row 1, position 0 of 1)"},
+        {{d.x, below, 2, true, 0}, {1, 0.05f, 0, 1}, "label -1 (row 0"},
         {good, {1, NAN, 0, 1}, "lr nan"},
         {good, {1, 0.05f, NAN, 1}, "clip_grad nan"},
         {good, {0, 0.05f, 0, 1}, "accumulate 0"},
@@ -283,6 +287,11 @@ TEST(train_step_refuses_what_no_model_can_take)
         CHECK_MSG(strstr(mg_last_error(), cases[i].says), "case %zu: %s", i, mg_last_error());
     }
     CHECK(memcmp(before, mg_model_params(m), n * sizeof *before) == 0);
+    d.b = (mg_micro_batch){d.x, past, 2, true, 0};
+    mg_step_result e;
+    CHECK_ERR(mg_strategy_evaluate(s, give_one, &d, &e), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "mg_strategy_evaluate: the source gave label 10"), "%s",
+              mg_last_error());
     d.b = good;   /* and a good one trains */
     mg_step_result r;
     CHECK_OK(mg_train_step(s, o, &(mg_step_options){1, 0.05f, 0, 1}, give_one, &d, &r));

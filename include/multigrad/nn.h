@@ -420,7 +420,8 @@ const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int bat
  * drawn from the last position's logits / temperature, restricted to the
  * top_k most likely when top_k > 0; temperature 0: the most likely).
  * Draws come from a generator seeded by seed. MG_EINVAL for a model that
- * is not a language model or a token outside the vocabulary. */
+ * is not a language model, a prompt token outside the vocabulary, a
+ * temperature that is negative or no number, n < 0, or NULL arrays. */
 mg_status mg_model_generate(mg_model *m, const int32_t *prompt, int n_prompt, int n,
                             float temperature, int top_k, uint64_t seed, int32_t *out);
 /* The same loop over any forward of model (a pipeline's): forward gives

@@ -255,7 +255,10 @@ typedef struct mg_step_result {
 /* The training step, the same for every strategy: zero the gradients;
  * forward, loss and backward of up to accumulate micro-batches from next
  * (communication on the last only); the mean over them; clipping; the
- * optimizer over the strategy's range. This process's figures in r. */
+ * optimizer over the strategy's range. This process's figures in r.
+ * MG_EINVAL, the parameters unchanged, for a micro-batch no model can take: no
+ * rows, x or y NULL, a label outside 0 .. mg_model_classes - 1, a weight
+ * that is no number; and for a rate, clip or accumulate out of range. */
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r);
 /* Evaluation: the forward and loss of every micro-batch from next (until
@@ -264,7 +267,7 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
  * summed over the data-parallel replicas (mg_strategy_sum). A pipeline
  * runs M micro-batches at a time through its stages; ZeRO-3 gathers the
  * parameters first and gives them back after. Collective where the
- * strategy communicates. */
+ * strategy communicates. Labels are checked as mg_train_step's. */
 mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
                                mg_step_result *r);
 /* mg_model_generate through the strategy (collective; every rank gets the

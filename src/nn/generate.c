@@ -92,8 +92,15 @@ mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_promp
 {
     int T = f->positions, V = f->vocab;
     mg_model *m = f->model;
+    MG_NEED("generate", prompt);
     if (n_prompt < 1)
         return mg_error(MG_EINVAL, "generate: the prompt needs at least one token");
+    if (n < 0 || (n > 0 && !out))
+        return mg_error(MG_EINVAL, "generate: %d tokens into %s: give 0 or more, and room "
+                        "for them", n, out ? "out" : "out NULL");
+    if (!(temperature >= 0))
+        return mg_error(MG_EINVAL, "generate: temperature %g: give 0 (the most likely token) "
+                        "or more", temperature);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= V)
             return mg_error(MG_EINVAL, "generate: prompt token %d is %d, outside the "
@@ -109,6 +116,7 @@ mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_promp
     memcpy(ctx, prompt + (n_prompt - len), sizeof *ctx * (size_t)len);
     mg_rng rng;
     mg_rng_init(&rng, seed);
+    bool training = mg_model_training(m);
     mg_model_set_training(m, false);
     mg_status st = MG_OK;
     for (int k = 0; k < n; k++) {
@@ -129,7 +137,7 @@ mg_status mg_generate(const mg_lm_forward *f, const int32_t *prompt, int n_promp
             ctx[len++] = tok;
         }
     }
-    mg_model_set_training(m, true);
+    mg_model_set_training(m, training);
     free(ctx);
     free(scratch);
     return st;

@@ -413,7 +413,7 @@ static mg_status dp_det_run_step(void *c, mg_batch_source next, void *ud, int ma
         int k = 0;
         mg_micro_batch b;
         while (k < dp->workers && r->micro + k < max_micro && mg__next_micro(next, ud, &b)) {
-            MG_TRY(mg__micro_check(&b));
+            MG_TRY(mg__micro_check("mg_train_step", &b, dp->m));
             MG_TRY(take_shard(q, k++, &b));
             if (b.last) break;
         }

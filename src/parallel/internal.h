@@ -36,15 +36,25 @@ static inline bool mg__next_micro(mg_batch_source next, void *ud, mg_micro_batch
     return next(ud, b);
 }
 
-/* What a source gave is a micro-batch a model can take: rows, inputs and
- * labels, a weight that is a number (MG_EINVAL naming what is not). */
-static inline mg_status mg__micro_check(const mg_micro_batch *b)
+/* What a source gave is a micro-batch model m can take: rows, inputs and
+ * labels, each label one of m's classes (PyTorch's cross-entropy refuses
+ * the others as out of bounds; here they gave a NaN loss), a weight that
+ * is a number (MG_EINVAL naming what is not). fn: the call, for the
+ * message. */
+static inline mg_status mg__micro_check(const char *fn, const mg_micro_batch *b,
+                                        const mg_model *m)
 {
     if (b->n < 1 || !b->x || !b->y || !(b->weight >= 0) || b->weight == (float)INFINITY)
-        return mg_error(MG_EINVAL, "mg_train_step: the source gave a micro-batch of %d rows, "
-                        "x %s, y %s, weight %g: give 1 or more rows, both arrays, and a weight "
-                        "of 0 (1) or more", b->n, b->x ? "given" : "NULL",
-                        b->y ? "given" : "NULL", b->weight);
+        return mg_error(MG_EINVAL, "%s: the source gave a micro-batch of %d rows, x %s, y %s, "
+                        "weight %g: give 1 or more rows, both arrays, and a weight of 0 (1) or "
+                        "more", fn, b->n, b->x ? "given" : "NULL", b->y ? "given" : "NULL",
+                        b->weight);
+    int classes = mg_model_classes(m), per = mg_model_positions(m);
+    for (size_t i = 0; i < (size_t)b->n * per; i++)
+        if (b->y[i] < 0 || b->y[i] >= classes)
+            return mg_error(MG_EINVAL, "%s: the source gave label %d (row %zu, position %zu of "
+                            "%d) where the model has %d classes: give labels 0 to %d", fn,
+                            (int)b->y[i], i / per, i % per, per, classes, classes - 1);
     return MG_OK;
 }
 

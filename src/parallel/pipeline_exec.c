@@ -313,7 +313,7 @@ static mg_status run(mg_pipe *p, mg_batch_source next, void *ud, int max_micro, 
     mg_micro_batch b;
     memset(r, 0, sizeof *r);
     while (count < max_micro && count < p->M && mg__next_micro(next, ud, &b)) {
-        MG_TRY(mg__micro_check(&b));
+        MG_TRY(mg__micro_check(fwd_only ? "mg_strategy_evaluate" : "mg_train_step", &b, m));
         if (b.n > p->max_batch)
             return mg_error(MG_EINVAL, "pipeline: micro-batch %d has %d samples; the "
                             "pipeline was made for 1 to %d", count, b.n, p->max_batch);

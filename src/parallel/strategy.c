@@ -544,7 +544,8 @@ mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
                                 mg_step_result *r)
 {
     mg_micro_batch b;
-    while (next(ud, &b)) {
+    while (mg__next_micro(next, ud, &b)) {
+        MG_TRY(mg__micro_check("mg_strategy_evaluate", &b, s->m));
         int c = 0;
         if (!mg_model_forward(s->m, (const float *)b.x, b.n)) return mg__strategy_forward_failed(s->m);
         r->loss_sum += (double)mg_model_loss(s->m, b.y, &c) * b.n;

@@ -73,7 +73,7 @@ static mg_status step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     if (driver) MG_TRY(driver->ops->run_step(driver->c, next, ud, opt->accumulate, r));
     mg_micro_batch b;
     while (!driver && r->micro < opt->accumulate && mg__next_micro(next, ud, &b)) {
-        MG_TRY(mg__micro_check(&b));
+        MG_TRY(mg__micro_check("mg_train_step", &b, s->m));
         if (++r->micro == opt->accumulate) b.last = true;
         float loss = 0;
         int correct = 0;
