@@ -101,9 +101,21 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     snprintf(b, sizeof b, "%s/half.st", t);
     CHECK_OK(mg_st_open(b, &fb));
     mg_st_close(fb);
-    /* --eval-only of the checkpoint's weights reports the last test accuracy. */
+    /* --eval-only of the checkpoint's weights reports the last test accuracy;
+     * --eval-only --resume evaluates its model whatever training flags are
+     * given (they were refused as another global batch, another lr, found
+     * by a probe); another model is refused. */
     rc = mgt_sh(&out, "%s --model mlp --eval-only --init %s/full.st", bin, t);
     CHECK_MSG(rc == 0 && strstr(out, "test accuracy"), "%s", out);
+    char *resumed;
+    rc = mgt_sh(&resumed, "%s --model mlp --eval-only --resume %s/full.st --batch 50 --lr 0.3 "
+                "--momentum 0 --optimizer adamw", bin, t);
+    CHECK_MSG(rc == 0 && strcmp(out, resumed) == 0, "%s\nagainst --init's\n%s", resumed, out);
+    free(resumed);
+    free(out);
+    rc = mgt_sh(&out, "%s --model lenet5 --eval-only --resume %s/full.st", bin, t);
+    CHECK_MSG(rc == 2 && strstr(out, "saved with model=mlp but this run has model=lenet5") &&
+              mgt_count(out, "\n") == 1, "%s", out);
     free(out);
 }
 

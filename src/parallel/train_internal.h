@@ -65,8 +65,10 @@ mg_status mg__train_agreed(mg_trainer *t, mg_status st);
 /* The hyper-parameters saved in checkpoints: "model=...;batch=...;...". */
 void mg__train_hparams(const mg_train_config *c, char *out, size_t cap);
 /* MG_EMISMATCH with one line naming the first that differs when a saved
- * checkpoint's hyper-parameters do not let this run resume it. */
-mg_status mg__train_resume_check(const char *saved, const char *now, const char *path);
+ * checkpoint's hyper-parameters do not let this run resume it (model_only:
+ * evaluate it, which needs the same model alone). */
+mg_status mg__train_resume_check(const char *saved, const char *now, const char *path,
+                                 bool model_only);
 /* Every setting the ranks of a job must share (the hyper-parameters, what
  * shapes the collectives, the tool's), as "key=value;...". */
 mg_status mg__train_settings(const mg_trainer *t, char *out, size_t cap);

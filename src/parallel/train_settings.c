@@ -26,8 +26,35 @@ void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
         snprintf(out + n, cap - (size_t)n, "epochs=%d", c->epochs);
 }
 
-mg_status mg__train_resume_check(const char *saved, const char *now, const char *path)
+/* The keys of now that saved has alike, or one line saying which is not
+ * and how to fix it (clip_grad= and arch= are checked when this run has
+ * them: a checkpoint from before they existed saved no clip, 0). */
+static mg_status resume_keys(const char *saved, const char *now, const char *path,
+                             const char *const *keys, size_t n, const char *fix)
 {
+    for (size_t k = 0; k < n; k++) {
+        const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
+        if (!b) continue;
+        if (!a && !strcmp(keys[k], "clip_grad=")) a = "clip_grad=0";
+        if (!a)
+            return mg_error(MG_EMISMATCH, "%s: checkpoint has no '%s' hyper-parameter; it was "
+                            "not written by mgtrain", path, keys[k]);
+        size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
+        if (la != lb || strncmp(a, b, la) != 0)
+            return mg_error(MG_EMISMATCH, "%s was saved with %.*s but this run has %.*s; %s",
+                            path, (int)la, a, (int)lb, b, fix);
+    }
+    return MG_OK;
+}
+
+mg_status mg__train_resume_check(const char *saved, const char *now, const char *path,
+                                 bool model_only)
+{
+    if (model_only) {   /* what makes the model: the rest is training's */
+        static const char *keys[] = {"model=", "arch="};
+        return resume_keys(saved, now, path, keys, 2, "give the flags of the model it "
+                           "holds (--model, and a gpt's sizes)");
+    }
     long gb[2];
     const char *hp[2] = {saved, now};
     for (int k = 0; k < 2; k++) {
@@ -38,24 +65,10 @@ mg_status mg__train_resume_check(const char *saved, const char *now, const char 
         return mg_error(MG_EMISMATCH, "%s was saved with a global batch of %ld (--batch x "
                         "--accumulate) but this run's is %ld; resume with the same global "
                         "batch, or start a new run without --resume", path, gb[0], gb[1]);
-    /* clip_grad= and arch= are checked when this run has them (a
-     * checkpoint from before they existed saved no clip: 0). */
     static const char *keys[] = {"model=", "lr=", "momentum=", "optimizer=", "weight_decay=",
                                  "schedule=", "seed=", "clip_grad=", "arch="};
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-        const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
-        if (!b) continue;
-        if (!a && !strcmp(keys[k], "clip_grad=")) a = "clip_grad=0";
-        if (!a)
-            return mg_error(MG_EMISMATCH, "%s: checkpoint has no '%s' hyper-parameter; it was "
-                            "not written by mgtrain", path, keys[k]);
-        size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
-        if (la != lb || strncmp(a, b, la) != 0)
-            return mg_error(MG_EMISMATCH, "%s was saved with %.*s but this run has %.*s; "
-                            "resume with the same flags, or start a new run without --resume",
-                            path, (int)la, a, (int)lb, b);
-    }
-    return MG_OK;
+    return resume_keys(saved, now, path, keys, sizeof keys / sizeof keys[0],
+                       "resume with the same flags, or start a new run without --resume");
 }
 
 mg_status mg__train_settings(const mg_trainer *t, char *out, size_t cap)

@@ -511,7 +511,7 @@ static mg_status resume_fits(mg_trainer *t)
     mg_st_file *f;
     if (t->info.rank || mg_st_open_on_disk(t->c.resume, &f)) return MG_OK;
     const char *hp = mg_st_meta(f, "hparams");
-    mg_status st = hp ? mg__train_resume_check(hp, t->hp, t->c.resume) : MG_OK;
+    mg_status st = hp ? mg__train_resume_check(hp, t->hp, t->c.resume, t->c.eval_only) : MG_OK;
     mg_st_close(f);
     return st;
 }
@@ -522,11 +522,15 @@ static mg_status start_state(mg_trainer *t)
     const mg_train_config *c = &t->c;
     mg_ckpt_meta meta;
     memset(&meta, 0, sizeof meta);
-    if (c->resume) {
+    if (c->resume && c->eval_only) {   /* its model alone: as PyTorch's model.load_state_dict */
+        MG_TRY(mg__train_agreed(t, resume_fits(t)));
+        if (mg_strategy_load_weights(t->s, c->resume, NULL, NULL))
+            return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
+    } else if (c->resume) {
         MG_TRY(mg__train_agreed(t, resume_fits(t)));
         if (mg_strategy_load(t->s, c->resume, t->opt, &meta))
             return mg_error(MG_EINVAL, "--resume: %s", mg_last_error());
-        MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume));
+        MG_TRY(mg__train_resume_check(meta.hparams, t->hp, c->resume, false));
     } else if (c->init) {   /* every rank reads the weights it holds */
         if (mg_strategy_load_weights(t->s, c->init, c->init_prefix,
                                      c->init_partial ? &t->info.init_left : NULL))
