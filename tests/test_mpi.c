@@ -631,6 +631,18 @@ TEST_T(mpi_a_mistake_every_rank_finds_is_said_once, 60)
     CHECK_MSG(exit_code(r) == 0 && mgt_count(r->out, "usage: mgtrain") == 1, "%s", r->out);
 }
 
+/* --plan auto under mpirun says the command as mpirun's (it said mgrun's,
+ * found by a probe). */
+TEST_T(mpi_plan_auto_says_the_mpirun_command, 120)
+{
+    need_mpi();
+    result *r = run(100, (const char *[]){"mpirun", "--oversubscribe", "-n", "2",
+                                          mgt_tool("mgtrain"), "--model", "mlp", "--plan", "auto",
+                                          "--epochs", "1", NULL});
+    CHECK_MSG(exit_code(r) == 0 && strstr(r->out, "plan auto: mpirun -n 2 mgtrain --model mlp") &&
+              !strstr(r->out, "mgrun"), "exit %d\n%s\n%s", exit_code(r), r->out, r->err);
+}
+
 /* Under mpirun a rank stopped amid training (SIGSTOP) is named at
  * MG_TIMEOUT, and the job then ends: the rank that saw it used to wait in
  * MPI_Finalize for the stopped one for ever (found by a probe); it leaves

@@ -247,7 +247,10 @@ static mg_status choose_plan(mg_trainer *t)
     if (t->g && mg_broadcast(t->g, &p, sizeof p, MG_U8, 0)) return mg__train_step_error(t);
     char flags[512];
     mg_plan_flags(&job, &p, flags, sizeof flags);
-    snprintf(t->info.plan, sizeof t->info.plan, "%s%s%s", flags, *why ? "; because " : "", why);
+    /* The command as this job was launched: under mpirun, mpirun's. */
+    bool mpi = mg_launch_detect().mpi && !strncmp(flags, "mgrun ", 6);
+    snprintf(t->info.plan, sizeof t->info.plan, "%s%s%s%s", mpi ? "mpirun " : "",
+             mpi ? flags + 6 : flags, *why ? "; because " : "", why);
     mg_plan_apply(&p, t->plan_mesh, sizeof t->plan_mesh, c);
     return MG_OK;
 }
