@@ -543,6 +543,9 @@ static void print_header(const options *o)
         if (c->ps_staleness == MG_STALENESS_UNBOUNDED) printf("fully asynchronous)");
         else if (c->ps_staleness) printf("staleness at most %d)", c->ps_staleness);
         else printf("synchronous)");
+    } else if (in.distributed && in.pp == 1 && c->det_shards) {   /* local: a shard's rows */
+        printf(" (%d per rank on %d ranks, in %d virtual shards of %d, %s)", c->batch / in.dp_size,
+               in.world, c->det_shards, in.local, mg_strategy_name(s));
     } else if (in.distributed && in.pp == 1) {
         printf(" (%d per rank on %d ranks, %s)", in.local, in.world, mg_strategy_name(s));
     } else if (in.distributed) {
