@@ -134,7 +134,8 @@ static double size_arg(const char *flag)
     }
     double v;
     if (mg_parse_double(flag, num_part, 0, 1e18, MG_OPEN_LO, &v))
-        die("%s %s is not a size: give bytes with K, M, G or T, e.g. 900M or 2G", flag, optarg);
+        die("%s %s is not a size above 0: give bytes with K, M, G or T, e.g. 900M or 2G", flag,
+            optarg);
     return v * mult;
 }
 
