@@ -474,3 +474,26 @@ TEST(optim_offload_bad_directory)
     CHECK_EQ(mg_scratch_read(s, buf, 8, 4092), MG_EINVAL);   /* past the end */
     mg_scratch_destroy(s);
 }
+
+/* clip_grad_norm_'s cases at the edges (a probe against torch): a NaN
+ * gradient makes every gradient NaN, as torch's (before, the others were
+ * applied unclipped); gradients whose float32 norm overflows are clipped
+ * to max_norm (the norm is a double); the ordinary case is torch's
+ * coefficient max_norm / (norm + 1e-6). */
+TEST(optim_clip_grad_norm_at_the_edges)
+{
+    float g[3] = {1, NAN, 2};
+    CHECK(isnan(mg_clip_grad_norm(g, 3, 1.0f)));
+    CHECK_MSG(isnan(g[0]) && isnan(g[1]) && isnan(g[2]), "%g %g %g", g[0], g[1], g[2]);
+    float h[3] = {1e30f, 1e30f, 1};
+    double norm = mg_clip_grad_norm(h, 3, 1.0f);
+    CHECK_MSG(fabs(norm / (sqrt(2.0) * 1e30) - 1) < 1e-6, "norm %g", norm);
+    double after = sqrt((double)h[0] * h[0] + (double)h[1] * h[1] + (double)h[2] * h[2]);
+    CHECK_MSG(fabs(after - 1) < 1e-5, "clipped norm %g", after);
+    float k[2] = {3, 4};
+    CHECK_EQ(mg_clip_grad_norm(k, 2, 1.0f), 5.0);
+    CHECK(k[0] == 3 * (float)(1.0 / (5 + 1e-6)) && k[1] == 4 * (float)(1.0 / (5 + 1e-6)));
+    float small[2] = {0.3f, 0.4f};   /* under max_norm: unchanged */
+    mg_clip_grad_norm(small, 2, 1.0f);
+    CHECK(small[0] == 0.3f && small[1] == 0.4f);
+}

@@ -70,7 +70,9 @@ mg_status mg_optim_set_groups(mg_optim *o, const mg_optim_group *groups, int n);
  * the norm is sqrt of the sum of squares over every gradient of every
  * rank or shard (sum mg_grad_sumsq of each part, all-reduce where the
  * parts live on different ranks), then every gradient is multiplied by
- * mg_clip_coef(norm, max_norm) = min(1, max_norm / (norm + 1e-6)). */
+ * mg_clip_coef(norm, max_norm) = min(1, max_norm / (norm + 1e-6)) (NaN
+ * for a NaN norm, as torch's; the norm is summed in double, so gradients
+ * whose float32 norm overflows, which torch zeroes, are clipped). */
 double mg_grad_sumsq(const float *g, size_t n);
 float mg_clip_coef(double norm, float max_norm);
 void mg_grad_scale(float *g, size_t n, float s);

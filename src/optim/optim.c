@@ -757,9 +757,13 @@ double mg_grad_sumsq(const float *g, size_t n)
 
 float mg_clip_coef(double norm, float max_norm)
 {
-    /* torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), at most 1. */
+    /* torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), at most 1;
+     * a norm that is NaN makes every gradient NaN, as torch's clamp does
+     * (1 would apply the step's other gradients unclipped). The norm is a
+     * double: gradients whose float norm would overflow are clipped, where
+     * torch's float32 norm is inf and zeroes them. */
     float coef = (float)(dec(max_norm) / (norm + 1e-6));
-    return coef < 1.0f ? coef : 1.0f;
+    return coef >= 1.0f ? 1.0f : coef;
 }
 
 void mg_grad_scale(float *g, size_t n, float s)
