@@ -289,6 +289,10 @@ TEST_T(mgtrain_gpt_bad_input_one_line, 120)
         {"--model gpt-mini --data /nonexistent/text", "/nonexistent/text"},
         {"--model gpt-mini --ctx 64 --data TINY", "tiny.txt"},
         {"--model gpt-mini --batch 3 --parallel dp --workers 4", "--workers"},
+        {"--model gpt-mini --betas 0.9", "B1,B2"},
+        {"--model gpt-mini --betas 0.9,1", "--betas (B2) 1"},
+        {"--model gpt-mini --betas -0.1,0.9", "--betas (B1) -0.1"},
+        {"--model gpt-mini --optimizer sgd --betas 0.9,0.95", "adam and adamw"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char flags[1024], *out;
@@ -303,6 +307,47 @@ TEST_T(mgtrain_gpt_bad_input_one_line, 120)
     char *s = mgt_slurp(save, NULL);
     CHECK(strcmp(s, "precious") == 0);
     free(s);
+}
+
+/* The optimizer config a checkpoint recorded ("...;beta2=0.999;..."). */
+static bool saved_optimizer_has(const char *path, const char *what)
+{
+    mg_st_file *f;
+    if (mg_st_open(path, &f)) return false;
+    const char *cfg = mg_st_meta(f, "optimizer_config");
+    bool has = cfg && strstr(cfg, what);
+    mg_st_close(f);
+    return has;
+}
+
+/* Adam's betas are torch's (0.9, 0.999) unless given, also for gpt-mini
+ * when its optimizer is not its own AdamW (its beta2 0.99 stayed, found
+ * by a probe against torch), and --betas sets them; a resume with other
+ * betas is refused. */
+TEST_T(mgtrain_adam_betas_are_torch_s_unless_given, 120)
+{
+    const char *t = mgt_tmpdir(), *bin = mgt_tool("mgtrain");
+    const char *tiny = "--model gpt-mini --layers 1 --dim 16 --heads 2 --ctx 16 --batch 2 "
+                       "--eval-every 2 --eval-windows 2 --quiet";
+    struct { const char *flags, *has; } runs[] = {
+        {"", "beta1=0.9;beta2=0.99;"},
+        {"--optimizer adam", "beta1=0.9;beta2=0.999;"},
+        {"--betas 0.8,0.95", "beta1=0.8;beta2=0.95;"},
+        {"--optimizer adam --betas 0,0.5", "beta1=0;beta2=0.5;"},
+    };
+    char path[512], *out;
+    snprintf(path, sizeof path, "%s/g.st", t);
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        int rc = mgt_sh(&out, "%s %s --steps 2 %s --save %s", bin, tiny, runs[i].flags, path);
+        CHECK_MSG(rc == 0 && saved_optimizer_has(path, runs[i].has), "'%s': %s", runs[i].flags,
+                  out);
+        free(out);
+    }
+    int rc = mgt_sh(&out, "%s %s --steps 4 --optimizer adam --betas 0,0.6 --resume %s", bin, tiny,
+                    path);
+    CHECK_MSG(rc == 2 && strstr(out, "saved with betas=0,0.5 but this run has betas=0,0.6"), "%s",
+              out);
+    free(out);
 }
 
 /* Issue 30 items 7 and 8: --init of a larger model's weights is refused

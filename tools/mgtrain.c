@@ -85,6 +85,8 @@ static void usage(FILE *f)
 "  --lr X              learning rate (default: the model's)\n"
 "  --momentum X        SGD momentum (default: the model's)\n"
 "  --optimizer NAME    sgd | adam | adamw (default: sgd; gpt-mini adamw)\n"
+"  --betas B1,B2       Adam's and AdamW's betas (default: 0.9,0.999; gpt-mini's\n"
+"                      AdamW 0.9,0.99)\n"
 "  --weight-decay X    weight decay (default 0; AdamW: 0.01; gpt-mini: 0.1 on\n"
 "                      its 2-D parameters only)\n"
 "  --clip-grad X       clip gradients to global L2 norm X (default: none;\n"
@@ -250,6 +252,21 @@ static float real_flag(const char *flag, double lo, double hi, int open)
     return (float)v;
 }
 
+/* --betas B1,B2: torch.optim.Adam's pair, each in [0, 1), B2 above 0. */
+static void betas_flag(mg_train_config *c)
+{
+    char b1[64];
+    const char *comma = strchr(optarg, ',');
+    double v[2];
+    if (!comma || (size_t)(comma - optarg) >= sizeof b1)
+        die("--betas %s: give two numbers as B1,B2 (e.g. 0.9,0.95)", optarg);
+    snprintf(b1, sizeof b1, "%.*s", (int)(comma - optarg), optarg);
+    TRY(mg_parse_double("--betas (B1)", b1, 0, 1, MG_OPEN_HI, &v[0]));
+    TRY(mg_parse_double("--betas (B2)", comma + 1, 0, 1, MG_OPEN_LO | MG_OPEN_HI, &v[1]));
+    c->beta1 = (float)v[0];
+    c->beta2 = (float)v[1];
+}
+
 /* The tunables' table and the values set now; then the check of those
  * (a warning for a name it does not know, exit 2 for a bad value). */
 static void print_params(void)
@@ -274,7 +291,7 @@ static void print_params(void)
  * -1, NULL) until the model's defaults fill it. */
 static void parse_args(int argc, char **argv, options *o)
 {
-    enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD,
+    enum { O_MODEL = 256, O_DATA, O_EPOCHS, O_BATCH, O_LR, O_MOM, O_OPT, O_WD, O_BETAS,
            O_SCHED, O_SEED, O_THREADS, O_SAVE, O_RESUME, O_INIT, O_EVAL, O_LOG,
            O_QUIET, O_HELP, O_INIT_PREFIX, O_PARALLEL, O_WORKERS, O_BUCKET, O_ACCUM,
            O_COMPRESS, O_VERBOSE, O_VERSION, O_CLIP, O_STEPS, O_EVAL_EVERY, O_LAYERS,
@@ -287,6 +304,7 @@ static void parse_args(int argc, char **argv, options *o)
         {"model", 1, 0, O_MODEL}, {"data", 1, 0, O_DATA}, {"epochs", 1, 0, O_EPOCHS},
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"momentum", 1, 0, O_MOM},
         {"optimizer", 1, 0, O_OPT}, {"weight-decay", 1, 0, O_WD},
+        {"betas", 1, 0, O_BETAS},
         {"schedule", 1, 0, O_SCHED}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
         {"save", 1, 0, O_SAVE}, {"resume", 1, 0, O_RESUME}, {"init", 1, 0, O_INIT},
         {"init-prefix", 1, 0, O_INIT_PREFIX}, {"eval-only", 0, 0, O_EVAL}, {"log", 1, 0, O_LOG},
@@ -331,6 +349,7 @@ static void parse_args(int argc, char **argv, options *o)
         case O_MOM: c->momentum = real_flag("--momentum", 0, 1, MG_OPEN_HI); break;
         case O_OPT: c->optimizer = optarg; break;
         case O_WD: c->weight_decay = real_flag("--weight-decay", 0, 1e6, 0); break;
+        case O_BETAS: betas_flag(c); break;
         case O_SCHED: c->schedule = optarg; break;
         case O_SEED: c->seed = (uint64_t)int_flag("--seed", 0, LONG_MAX); break;
         case O_THREADS: c->threads = (int)int_flag("--threads", 1, 1024); break;
@@ -435,7 +454,6 @@ static void model_defaults(options *o)
             "--heads, --ctx and --sample apply to gpt-mini; %s trains by --epochs", c->model);
     c->text = d.text;
     c->normalized_input = d.normalized_input;
-    c->beta2 = d.beta2;
     if (!c->batch) c->batch = d.batch;
     if (!c->lr) c->lr = d.lr;
     if (c->momentum < 0) c->momentum = d.momentum;

@@ -68,7 +68,10 @@ typedef struct mg_train_config {
     int batch, accumulate, epochs;
     long steps;
     const char *optimizer;  /* sgd | adam | adamw */
-    float lr, momentum, beta2;
+    float lr, momentum;
+    /* Adam's and AdamW's betas, a pair: beta2 0 (unset) takes the model's
+     * for its own optimizer, torch's (0.9, 0.999) for another. */
+    float beta1, beta2;
     float weight_decay;     /* < 0: the model's for its optimizer (AdamW 0.01) */
     float clip_grad;        /* < 0: the model's; 0: none */
     const char *schedule;   /* mg_schedule_parse's spec */

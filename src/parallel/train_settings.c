@@ -19,6 +19,8 @@ void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
                      "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;clip_grad=%g;",
                      c->model, c->batch, c->lr, c->momentum, c->optimizer, c->weight_decay,
                      c->schedule, (unsigned long long)c->seed, c->accumulate, c->clip_grad);
+    if (strcmp(c->optimizer, "sgd"))
+        n += snprintf(out + n, cap - (size_t)n, "betas=%g,%g;", c->beta1, c->beta2);
     if (c->text)   /* heads change no tensor shape, so the checkpoint cannot tell */
         snprintf(out + n, cap - (size_t)n, "arch=L%d,d%d,h%d,T%d;steps=%ld", c->gpt.layers,
                  c->gpt.dim, c->gpt.heads, c->gpt.ctx, c->steps);
@@ -27,8 +29,9 @@ void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
 }
 
 /* The keys of now that saved has alike, or one line saying which is not
- * and how to fix it (clip_grad= and arch= are checked when this run has
- * them: a checkpoint from before they existed saved no clip, 0). */
+ * and how to fix it (clip_grad=, betas= and arch= are checked when this
+ * run has them: a checkpoint from before they existed saved no clip, 0,
+ * and betas it does not say). */
 static mg_status resume_keys(const char *saved, const char *now, const char *path,
                              const char *const *keys, size_t n, const char *fix)
 {
@@ -36,6 +39,7 @@ static mg_status resume_keys(const char *saved, const char *now, const char *pat
         const char *a = strstr(saved, keys[k]), *b = strstr(now, keys[k]);
         if (!b) continue;
         if (!a && !strcmp(keys[k], "clip_grad=")) a = "clip_grad=0";
+        if (!a && !strcmp(keys[k], "betas=")) continue;   /* saved before --betas: unknown */
         if (!a)
             return mg_error(MG_EMISMATCH, "%s: checkpoint has no '%s' hyper-parameter; it was "
                             "not written by mgtrain", path, keys[k]);
@@ -66,7 +70,7 @@ mg_status mg__train_resume_check(const char *saved, const char *now, const char 
                         "--accumulate) but this run's is %ld; resume with the same global "
                         "batch, or start a new run without --resume", path, gb[0], gb[1]);
     static const char *keys[] = {"model=", "lr=", "momentum=", "optimizer=", "weight_decay=",
-                                 "schedule=", "seed=", "clip_grad=", "arch="};
+                                 "schedule=", "seed=", "clip_grad=", "betas=", "arch="};
     return resume_keys(saved, now, path, keys, sizeof keys / sizeof keys[0],
                        "resume with the same flags, or start a new run without --resume");
 }

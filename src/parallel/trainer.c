@@ -29,7 +29,7 @@ mg_status mg_train_config_defaults(const char *model, mg_train_config *c)
         .model = model, .gpt = mg_gpt_defaults(), .text = d.language_model,
         .normalized_input = d.normalized_input, .batch = d.batch, .accumulate = 1,
         .epochs = d.epochs, .steps = d.steps, .optimizer = mg_optim_kind_name(d.optimizer),
-        .lr = d.lr, .momentum = d.momentum, .beta2 = d.beta2, .weight_decay = -1,
+        .lr = d.lr, .momentum = d.momentum, .weight_decay = -1,
         .clip_grad = -1, .schedule = "constant", .workers = 2, .bucket_mb = 25,
         .compress = "none", .eval_every = d.eval_every};
     return MG_OK;
@@ -128,6 +128,16 @@ static mg_status check_config(mg_trainer *t)
         c->weight_decay = zoo && t->optim == d.optimizer ? d.weight_decay
                         : t->optim == MG_OPTIM_ADAMW ? 0.01f : 0.0f;
     if (c->clip_grad < 0) c->clip_grad = zoo ? d.clip_grad : 0;
+    if (c->beta2 > 0 && t->optim == MG_OPTIM_SGD)
+        return mg_error(MG_EINVAL, "--betas apply to adam and adamw; this run's optimizer is "
+                        "sgd: leave them out or give --optimizer adam or adamw");
+    if (!(c->beta2 > 0)) {   /* unset: as weight decay, the model's for its own optimizer */
+        c->beta1 = 0.9f;
+        c->beta2 = zoo && t->optim == d.optimizer ? d.beta2 : 0.999f;
+    }
+    if (!(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 < 1))
+        return mg_error(MG_EINVAL, "--betas %g,%g: give two numbers in [0, 1), the second "
+                        "above 0 (torch.optim.Adam's betas)", c->beta1, c->beta2);
     mg_pipe_kind pk;
     if (!mg_pipe_parse(c->schedule, &pk))
         return mg_error(MG_EINVAL, "--schedule %s: --schedule is the learning-rate schedule; "
@@ -493,7 +503,7 @@ static mg_status make_optimizer(mg_trainer *t)
     mg_optim_config oc = mg_optim_defaults(t->optim, c->lr);
     oc.momentum = c->momentum;
     oc.weight_decay = c->weight_decay;
-    if (t->optim != MG_OPTIM_SGD && c->beta2 > 0) oc.beta2 = c->beta2;
+    if (t->optim != MG_OPTIM_SGD) oc.beta1 = c->beta1, oc.beta2 = c->beta2;
     MG_TRY(mg_strategy_optim(t->s, &oc, &t->opt));
     if (!c->text) return MG_OK;
     int n = mg_model_decay_groups(t->m, c->weight_decay, NULL, 0);
