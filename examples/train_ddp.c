@@ -39,15 +39,20 @@ int main(void)
     mg_loader *l;
     CHECK(mg_sampler_init(&smp, train->n, rank, world, true, 0, false) ||
           mg_loader_create(train, local, MG_SCALE_NORMAL, &l));
-    int n;
-    mg_loader_start(l, mg_sampler_indices(&smp, &n), n, local, 0);
+    int n;                                    /* read after the call that sets it */
+    const int32_t *mine = mg_sampler_indices(&smp, &n);
+    mg_loader_start(l, mine, n, local, 0);
     mg_step_options step = {.accumulate = 1, .lr = 0.05f};
     mg_step_result r;
-    for (int i = 0;; i++) {
+    double loss = 0;
+    int i = 0;
+    for (;; i++) {
         CHECK(mg_train_step(s, opt, &step, next, l, &r));   /* an epoch: until no batch */
         if (!r.micro) break;
+        loss += r.loss_sum / r.samples;
         if (rank == 0 && i % 100 == 0) printf("step %d loss %.4f\n", i, r.loss_sum / r.samples);
     }
+    if (rank == 0) printf("epoch: %d steps, train loss %.4f\n", i, loss / (i ? i : 1));
     mg_loader_destroy(l);
     mg_sampler_free(&smp);
     mg_optim_destroy(opt);

@@ -180,6 +180,28 @@ TEST(library_calls_refuse_a_null_pointer_naming_it)
           strstr(mg_last_error(), "all_reduce: g is NULL"));
 }
 
+/* examples/allreduce.c and examples/train_ddp.c run as README says:
+ * every rank gets the sum; DDP on 2 ranks trains an epoch of
+ * Fashion-MNIST (469 steps of 128). train_ddp trained nothing and exited
+ * 0: it passed the sampler's count to the loader in the call that set it
+ * (found by a probe; nothing ran the examples). */
+TEST_T(examples_allreduce_and_train_ddp_run_as_written, 180)
+{
+    char ar[PATH_MAX], ddp[PATH_MAX], run[PATH_MAX];
+    CHECK(realpath(mgt_tool("../examples/allreduce"), ar) &&
+          realpath(mgt_tool("../examples/train_ddp"), ddp) && realpath(mgt_tool("mgrun"), run));
+    char *out;
+    int rc = mgt_sh(&out, "%s -n 3 %s", run, ar);
+    CHECK_MSG(rc == 0 && mgt_count(out, "sum 3 (expected 3), token 42") == 3, "%s", out);
+    free(out);
+    rc = mgt_sh(&out, "cd %s && %s -n 2 %s", mgt_tmpdir(), run, ddp);
+    double loss = 0;
+    const char *p = strstr(out, "epoch: 469 steps, train loss ");
+    CHECK_MSG(rc == 0 && p && sscanf(p, "epoch: 469 steps, train loss %lf", &loss) == 1 &&
+              loss > 0.2 && loss < 0.9, "%s", out);
+    free(out);
+}
+
 /* examples/train_mesh.c: one process, a 2-stage pipeline of ZeRO-2
  * replicas on 4 ranks and the model split over 2 tensor-parallel ranks
  * (its make_split: the hidden linear column-parallel, the last row-
