@@ -79,6 +79,10 @@ TEST_T(trainer_loop_calls_back_logs_and_resumes, 120)
     CHECK_EQ(mg_trainer_get_info(t).start_step, 4);
     CHECK_OK(mg_trainer_run(t, &sum));
     CHECK(s.rows == 1 && s.last_step == 6 && sum.steps_run == 2);
+    /* A second run of the trainer has nothing left: it trained and
+     * logged the steps again (found by a probe). */
+    CHECK_OK(mg_trainer_run(t, &sum));
+    CHECK(s.rows == 1 && sum.steps_run == 0 && mg_trainer_get_info(t).start_step == 6);
     mg_trainer_destroy(t);
     char text[4096] = "";
     FILE *f = fopen(log, "r");

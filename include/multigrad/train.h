@@ -201,7 +201,8 @@ typedef struct mg_train_summary {
     mg_train_row last;     /* the last row (all NaN if none) */
 } mg_train_summary;
 /* Train from the starting state to the config's epochs or steps
- * (nothing when the checkpoint covers them); s may be NULL. */
+ * (nothing when the checkpoint, or a run before, covers them); s may be
+ * NULL. */
 mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s);
 /* Evaluate the weights now: test_loss/test_acc, or val_loss/val_ppl. */
 mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r);
@@ -216,7 +217,8 @@ typedef struct mg_trainer_info {
     bool distributed;         /* one rank of a job */
     bool restarted;           /* resuming after mgrun restarted the job */
     int init_left;            /* init_partial: tensors left out */
-    long start_step, start_epoch;
+    long start_step, start_epoch;   /* where mg_trainer_run starts: the --resume checkpoint's,
+                                       then where the last run ended */
     long train_samples, test_samples;   /* images */
     size_t text_bytes, text_train_bytes; /* text */
     int val_windows;          /* text: windows one evaluation takes */
