@@ -7,6 +7,13 @@
  * size. Every collective has a blocking form and an async form returning
  * an mg_work; operations run in issue order on the group's progress
  * thread; buffers given to async work are borrowed until it completes.
+ * As with MPI and NCCL, every rank must issue a group's collectives in
+ * the same order: a collective is matched by its place in that order
+ * (checked: its kind, count and dtype). Calls from several threads on one
+ * group are safe, but their order across threads is not defined, so two
+ * threads' collectives of one kind and size may pair with each other's on
+ * another rank, silently: give each thread a group of its own
+ * (mg_group_split) or order the calls yourself.
  *
  * Counts follow NCCL: all_gather/gather take `count` elements per rank
  * (the receive buffer holds count * size); reduce_scatter/scatter give
