@@ -137,9 +137,15 @@ $(BUILD)/lib/libmultigrad.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/lib/libmultigrad.so: $(LIB_OBJ)
+# The shared library (installed; the build links the static one): its
+# SONAME carries the version's major.minor, as the ABI may change with
+# either before 1.0; it exports the public API alone (scripts/libmultigrad.map).
+VERSION := $(shell sed -n 's/^\#define MG_VERSION "\(.*\)"/\1/p' include/multigrad/core.h)
+SONAME  := libmultigrad.so.$(word 1,$(subst ., ,$(VERSION))).$(word 2,$(subst ., ,$(VERSION)))
+$(BUILD)/lib/libmultigrad.so: $(LIB_OBJ) scripts/libmultigrad.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SONAME) -Wl,--version-script,scripts/libmultigrad.map \
+	    -o $@ $(LIB_OBJ) $(LDLIBS)
 
 # Tools and tests link the static library: no LD_LIBRARY_PATH needed.
 $(BUILD)/bin/%: $(BUILD)/obj/tools/%.o $(BUILD)/lib/libmultigrad.a
@@ -190,14 +196,15 @@ run: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	bash scripts/main-job.sh $(BUILD)/bin
 
-install: all
+install: lib tools
 	install -d $(DESTDIR)$(PREFIX)/include/multigrad $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/multigrad/*.h $(DESTDIR)$(PREFIX)/include/multigrad/
 	install -m 644 $(BUILD)/lib/libmultigrad.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/lib/libmultigrad.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/lib/libmultigrad.so $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libmultigrad.so
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' scripts/multigrad.pc.in \
-	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/multigrad.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' -e 's|@VERSION@|$(VERSION)|' \
+	    scripts/multigrad.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/multigrad.pc
 
 clean:
 	rm -rf build build-*
