@@ -124,10 +124,13 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         {"no model", "has no model"},
         {"no heads", "heads 0"},                    /* a division by zero */
         {"small vocab", "vocab 100: the text's tokens are its bytes"},   /* aborted in run */
+        {"lr nan", "lr nan, optimizer sgd"},        /* the message said no values */
+        {"momentum inf", "momentum is inf"},
+        {"beta2 1.5", "--betas 0.9,1.5"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mg_train_config c;
-        CHECK_OK(mg_train_config_defaults(i < 7 ? "mlp" : "gpt-mini", &c));
+        CHECK_OK(mg_train_config_defaults(i == 7 || i == 8 ? "gpt-mini" : "mlp", &c));
         if (i == 0) c.batch = 0;
         if (i == 1) c.optimizer = "adagrad";
         if (i == 2) c.resume = c.init = "x.st";
@@ -137,6 +140,9 @@ TEST(trainer_config_mistakes_come_back_as_one_line)
         if (i == 6) c.model = NULL;
         if (i == 7) c.gpt.heads = 0;
         if (i == 8) c.gpt.vocab = 100;
+        if (i == 9) c.lr = NAN;
+        if (i == 10) c.momentum = INFINITY;
+        if (i == 11) c.optimizer = "adam", c.beta1 = 0.9f, c.beta2 = 1.5f;
         mg_trainer *t = (mg_trainer *)1;
         mg_status st = mg_trainer_create(&c, &t);
         CHECK_MSG(st == MG_EINVAL && t == NULL && strstr(mg_last_error(), cases[i].msg) &&

@@ -57,7 +57,16 @@ static mg_status check_config(mg_trainer *t)
         !(c->lr > 0) || !c->optimizer)
         return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
                         "learning rate and %s of at least 1 (mg_train_config_defaults gives "
-                        "a zoo model's)", c->text ? "steps" : "epochs");
+                        "a zoo model's): it has batch %d, accumulate %d, %s %ld, lr %g, "
+                        "optimizer %s", c->text ? "steps" : "epochs", c->batch, c->accumulate,
+                        c->text ? "steps" : "epochs", c->text ? c->steps : (long)c->epochs,
+                        c->lr, c->optimizer ? c->optimizer : "NULL");
+    const float nums[] = {c->lr, c->momentum, c->weight_decay, c->clip_grad, c->beta1, c->beta2};
+    const char *names[] = {"lr", "momentum", "weight_decay", "clip_grad", "beta1", "beta2"};
+    for (int i = 0; i < 6; i++)   /* negative ones mean the model's; NaN and inf nothing */
+        if (!isfinite(nums[i]))
+            return mg_error(MG_EINVAL, "the training config's %s is %g: give a finite number",
+                            names[i], nums[i]);
     int V = c->det_shards, rows = c->batch * c->accumulate;
     if (V < 0 || (V && (V & (V - 1) || rows % V)))
         return mg_error(MG_EINVAL, "--virtual-shards %d: give a power of two that divides the "
