@@ -15,77 +15,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
+#include "mgrun_procs.h"
 #include "multigrad/core.h"
 
-typedef struct {
-    int status;          /* as from waitpid */
-    double secs;
-    char out[200000], err[8192];
-} result;
+static pid_t start(const char *const *args) { return mgr_start("mgrun", args); }
 
-/* Starts mgrun with args (NULL-terminated), its stdout and stderr going
- * to the files NAME.out and NAME.err in the test's directory. */
-static pid_t start_named(const char *name, const char *const *args)
+static void finish(pid_t pid, double t0, double timeout, mgr_result *r)
 {
-    static char tool[512];
-    snprintf(tool, sizeof tool, "%s", mgt_tool("mgrun"));
-    CHECK_MSG(access(tool, X_OK) == 0, "%s not built: run make -j2 all (or set MG_BIN)", tool);
-    const char *argv[64] = {tool};
-    int n = 1;
-    while (args[n - 1]) { MG_ASSERT(n < 63); argv[n] = args[n - 1]; n++; }
-    argv[n] = NULL;
-    char out[600], err[600];
-    snprintf(out, sizeof out, "%s/%s.out", mgt_tmpdir(), name);
-    snprintf(err, sizeof err, "%s/%s.err", mgt_tmpdir(), name);
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        execv(tool, (char *const *)argv);
-        _exit(126);
-    }
-    return pid;
+    mgr_finish("mgrun", pid, t0, timeout, r);
 }
 
-static pid_t start(const char *const *args) { return start_named("mgrun", args); }
-
-static void finish_named(const char *name, pid_t pid, double t0, double timeout, result *r)
-{
-    int st;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (mg_now() - t0 > timeout) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            CHECK_MSG(0, "mgrun still running after %g s", timeout);
-        }
-        usleep(2000);
-    }
-    r->status = st;
-    r->secs = mg_now() - t0;
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s.out", mgt_tmpdir(), name);
-    mgt_read_into(path, r->out, sizeof r->out);
-    snprintf(path, sizeof path, "%s/%s.err", mgt_tmpdir(), name);
-    mgt_read_into(path, r->err, sizeof r->err);
-}
-
-static void finish(pid_t pid, double t0, double timeout, result *r)
-{
-    finish_named("mgrun", pid, t0, timeout, r);
-}
-
-static void run(const char *const *args, result *r)
+static void run(const char *const *args, mgr_result *r)
 {
     double t0 = mg_now();
     finish(start(args), t0, 20, r);
 }
-
-#define EXITED(r, code) (WIFEXITED((r)->status) && WEXITSTATUS((r)->status) == (code))
 
 /* Reads the pid a worker wrote to DIR/pid.RANK, waiting for it. */
 static pid_t worker_pid(int rank)
@@ -104,7 +48,7 @@ static pid_t worker_pid(int rank)
 /* The worker has exited and been reaped (by mgrun, before it exited). */
 static bool gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 
-static result R;   /* big: not on the stack */
+static mgr_result R;   /* big: not on the stack */
 
 TEST_T(mgrun_worker_env, 30)
 {
@@ -157,92 +101,7 @@ TEST_T(mgrun_worker_env, 30)
     CHECK(strcmp(secret0[0], secret0[1]) != 0);
 }
 
-/* Starts two mgrun --nnodes 2 on this host as on two (node ranks 0 and
- * 1, 127.0.0.1:port; node 1 first, as it may come up before node 0),
- * each with the given arguments before PROGRAM, and waits for both:
- * node k's output in r[k]. */
-static void run_two_nodes(const char *const *args, int port, result *r[2])
-{
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    pid_t pid[2];
-    double t0 = mg_now();
-    for (int node = 1; node >= 0; node--) {
-        const char *argv[64] = {"--nnodes", "2", "--node-rank", node ? "1" : "0",
-                                "--master-addr", "127.0.0.1", "--master-port", ps};
-        int n = 8;
-        for (int i = 0; args[i]; i++) { MG_ASSERT(n < 63); argv[n++] = args[i]; }
-        argv[n] = NULL;
-        pid[node] = start_named(node ? "node1" : "node0", argv);
-    }
-    for (int node = 0; node < 2; node++)
-        finish_named(node ? "node1" : "node0", pid[node], t0, 60, r[node]);
-}
-
-static result R1;
-
-/* Every node hands its workers the same MASTER_PORT, chosen by node 0 and
- * read from its store by the others, and MG_STORE_PORT, the store's. */
-TEST_T(mgrun_multinode_env, 30)
-{
-    setenv("MG_JOB_SECRET", "0123456789abcdef-shared", 1);
-    const char *script = "printf '%s %s %s %s %s %s %s %s\\n' \"$RANK\" \"$WORLD_SIZE\" "
-                         "\"$LOCAL_RANK\" \"$GROUP_RANK\" \"$MASTER_ADDR\" \"$MG_STORE_PORT\" "
-                         "\"$MG_JOB_SECRET\" \"$MASTER_PORT\" > \"$1/env.$RANK\"; "
-                         /* as ranks would, wait for the others (node 0 ends its
-                          * store when its workers are done) */
-                         "while [ $(ls \"$1\" | grep -c '^env') -lt 4 ]; do sleep 0.01; done";
-    const char *args[] = {"-n", "2", "sh", "-c", script, "sh", mgt_tmpdir(), NULL};
-    int port = mgt_free_port(), worker_port = -1;
-    result *r[2] = {&R, &R1};
-    run_two_nodes(args, port, r);
-    for (int node = 0; node < 2; node++)
-        CHECK_MSG(EXITED(r[node], 0), "node %d: status %d: %s", node, r[node]->status,
-                  r[node]->err);
-    for (int rank = 0; rank < 4; rank++) {
-        char path[600], buf[512], expect[256];
-        snprintf(path, sizeof path, "%s/env.%d", mgt_tmpdir(), rank);
-        mgt_read_into(path, buf, sizeof buf);
-        char *last = strrchr(buf, ' ');
-        CHECK_MSG(last, "rank %d wrote '%s'", rank, buf);
-        int wp = atoi(last + 1);
-        if (rank == 0) worker_port = wp;
-        CHECK_MSG(wp == worker_port && wp > 0 && wp != port, "rank %d: MASTER_PORT %d (rank 0's "
-                  "%d, the store's %d)", rank, wp, worker_port, port);
-        snprintf(expect, sizeof expect, "%d 4 %d %d 127.0.0.1 %d 0123456789abcdef-shared %d\n",
-                 rank, rank % 2, rank / 2, port, wp);
-        CHECK_MSG(strcmp(buf, expect) == 0, "got '%s', expected '%s'", buf, expect);
-    }
-
-    /* Without node 0 another node cannot learn MASTER_PORT: one line. */
-    setenv("MG_TIMEOUT", "1", 1);
-    const char *alone[] = {"--nnodes", "2", "--node-rank", "1", "--master-port", "1", "sh",
-                           "-c", "exit 0", NULL};
-    run(alone, &R);
-    CHECK_MSG(EXITED(&R, 1) && mgt_count(R.err, "\n") == 1 &&
-              strstr(R.err, "mgrun: node 1 cannot read the workers' MASTER_PORT from node 0's "
-                     "rendezvous store at 127.0.0.1:1") &&
-              strstr(R.err, "is mgrun --node-rank 0 running there"), "status %d: '%s'",
-              R.status, R.err);
-
-    /* Nodes started with another -n: node 1 says so at once (its ranks
-     * would have collided with node 0's, and the job waited MG_TIMEOUT). */
-    setenv("MG_TIMEOUT", "30", 1);
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", mgt_free_port());
-    const char *n0[] = {"--nnodes", "2", "--node-rank", "0", "--master-port", ps, "-n", "2", "sh",
-                        "-c", "sleep 2", NULL};
-    const char *n1[] = {"--nnodes", "2", "--node-rank", "1", "--master-port", ps, "-n", "1", "sh",
-                        "-c", "exit 0", NULL};
-    double t0 = mg_now();
-    pid_t p0 = start_named("node0", n0), p1 = start_named("node1", n1);
-    finish_named("node1", p1, t0, 20, &R1);
-    finish_named("node0", p0, t0, 20, &R);
-    CHECK_MSG(EXITED(&R1, 1) && R1.secs < 10 &&
-              strstr(R1.err, "mgrun: node 1 was started with -n 1 --nnodes 2, but node 0 with "
-                     "-n 2 --nnodes 2: give every node the same -n and --nnodes"),
-              "status %d after %.1f s: '%s'", R1.status, R1.secs, R1.err);
-}
+static mgr_result R1;
 
 /* A PyTorch program under mgrun (issue 30 item 10): its rank 0 serves
  * PyTorch's store at MASTER_PORT, which must be free (mgrun's store is on
@@ -270,10 +129,10 @@ TEST_T(mgrun_launches_pytorch, 180)
     setenv("MG_JOB_SECRET", "0123456789abcdef-torch", 1);
     const char *args[] = {"-n", "2", py, script, mgt_tmpdir(), NULL};
     for (int nodes = 1; nodes <= 2; nodes++) {
-        result *r[2] = {&R, &R1};
+        mgr_result *r[2] = {&R, &R1};
         double t0 = mg_now();
         if (nodes == 1) finish(start(args), t0, 60, &R);
-        else run_two_nodes(args + 2, mgt_free_port(), r);   /* one worker each */
+        else mgr_two_nodes(args + 2, mgt_free_port(), r);   /* one worker each */
         for (int node = 0; node < nodes; node++)
             CHECK_MSG(EXITED(r[node], 0), "%d node(s): node %d: status %d: %s", nodes, node,
                       r[node]->status, r[node]->err);

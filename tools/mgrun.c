@@ -17,9 +17,11 @@
  * With --elastic a worker killed by a signal, or one that exits with
  * MG_EXIT_LEFT (the others took it as lost and went on), is reported and
  * the others go on (MG_ELASTIC=1 tells them to contain its loss).
+ * On a job of several nodes the mgruns share a board in node 0's store
+ * (mgrun_board.h): a failure or interruption on one node stops the
+ * others' workers at once, and --max-restarts restarts every node's.
  * Limits: it is not torchrun's elastic agent (no re-rendezvous, no new
- * workers): on a multi-node job each node restarts only its own workers —
- * the other nodes restart theirs when their workers fail on losing a peer.
+ * workers).
  * One thread: signals arrive through a self-pipe and everything (worker
  * exits, forwarded output, grace deadlines) is handled in one poll loop.
  * Its command line is mgrun_options.h's. */
@@ -46,6 +48,7 @@
 #include "multigrad/core.h"
 #include "multigrad/tensor.h"
 #include "mgrun_rdzv.h"
+#include "mgrun_board.h"
 #include "mgrun_output.h"
 #include "mgrun_options.h"
 
@@ -372,8 +375,10 @@ static void on_user_signal(job *j, int sig, double grace)
 
 /* Runs the workers until all have exited; returns mgrun's exit status.
  * *may_restart: the job failed on its own (not interrupted, not mgrun's
- * own trouble), so --max-restarts applies. */
-static int run_attempt(const options *o, int attempt, bool *may_restart)
+ * own trouble), so --max-restarts applies. On a job of several nodes it
+ * reads the board meanwhile, stopping the workers on another node's
+ * failure, and posts its own (mgrun_board.h). */
+static int run_attempt(const options *o, int attempt, bool *may_restart, board *b)
 {
     *may_restart = false;
     size_t nfd = 1 + 2 * (size_t)o->nproc;
@@ -389,6 +394,8 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         return 1;
     }
     int rc = 0;
+    board_post_t elsewhere;
+    bool stopped_from_elsewhere = false, posted = false;
     for (int i = 0; i < o->nproc; i++) {
         j.w[i].rank = o->node_rank * o->nproc + i;
         if (spawn(o, &j.w[i], i, attempt) != 0) {
@@ -415,6 +422,9 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         if (j.stopping && !j.killed) {
             double left = j.deadline - mg_now();
             timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
+        } else if (b->on) {   /* the board's next read */
+            double left = b->checked + BOARD_POLL_S - mg_now();
+            timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
         }
         int n = poll(pfd, (nfds_t)np, timeout);
         if (n < 0 && errno != EINTR) {
@@ -434,6 +444,26 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         for (int k = 1; n > 0 && k < np; k++)
             if (pfd[k].revents && !pump(ps[k], 4)) close_stream(ps[k]);
         reap(&j, o->grace, o->elastic);
+        if (b->on && !j.stopping && j.running > 0 && mg_now() >= b->checked + BOARD_POLL_S &&
+            board_read(b, attempt, &elsewhere)) {
+            stopped_from_elsewhere = true;
+            for (int i = 0; i < j.nw; i++)   /* a stopped one is the likely cause */
+                j.w[i].stopped_by = j.w[i].running ? j.w[i].stop_sig : 0;
+            begin_stop(&j, SIGTERM, o->grace);
+        }
+        if (b->on && !posted && !stopped_from_elsewhere && (j.n_root || j.interrupted)) {
+            /* this node's failure or interruption, at once, for the others (a
+             * restart then follows each node's policy; an interruption stops
+             * every node) */
+            char d[160];
+            const worker *w = &j.w[j.first_root];
+            if (j.interrupted) snprintf(d, sizeof d, "its mgrun was stopped by %s",
+                                        sig_name(j.interrupted));
+            else describe(d, sizeof d, w);
+            board_post(b, attempt, j.interrupted ? 128 + j.interrupted : exit_code(w->status),
+                       j.interrupted != 0, d);
+            posted = true;
+        }
         if (j.stopping && !j.killed && j.running > 0 && mg_now() >= j.deadline) {
             j.n_killed = j.running;
             signal_all(&j, SIGKILL);
@@ -518,6 +548,20 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
         fprintf(m, "\n");
         rc = 128 + j.interrupted;
     }
+    if (m && stopped_from_elsewhere && !j.interrupted) {
+        fprintf(m, "mgrun: %s; stopped the %d worker(s) here", elsewhere.why, j.stopped);
+        for (int i = 0; i < j.nw; i++) {
+            char d[160];
+            if (!j.w[i].stopped_by) continue;
+            describe(d, sizeof d, &j.w[i]);
+            fprintf(m, ", of which %s", d);
+        }
+        fprintf(m, "\n");
+        if (!j.n_root) {
+            rc = elsewhere.rc ? elsewhere.rc : 1;
+            *may_restart = !elsewhere.fatal;
+        }
+    }
     if (m) fclose(m);
     if (msg_len) write_out(2, msg, msg_len);
     free(msg);
@@ -525,6 +569,17 @@ static int run_attempt(const options *o, int attempt, bool *may_restart)
     free(pfd);
     free(ps);
     return rc;
+}
+
+/* A signal other than SIGCHLD came (SIGINT, SIGTERM, SIGHUP to mgrun). */
+static bool signalled(void)
+{
+    unsigned char sigs[64];
+    ssize_t r;
+    bool any = false;
+    while ((r = read(sig_pipe[0], sigs, sizeof sigs)) > 0)
+        for (ssize_t k = 0; k < r; k++) any |= sigs[k] != SIGCHLD;
+    return any;
 }
 
 /* A janitor for a launcher killed outright (SIGKILL): a child in a session
@@ -576,10 +631,27 @@ int main(int argc, char **argv)
                             &o.worker_port)) < 0) {
         return 1;   /* its process said why */
     }
+    char url[300], refused[200];
+    rdzv_url(url, sizeof url, o.node_rank == 0 && !rdzv_loopback(o.master_addr) ? "127.0.0.1"
+                                                                               : o.master_addr,
+             o.master_port);
+    board b = {0};
     if (o.node_rank > 0 &&
         (o.worker_port = rdzv_worker_port(o.node_rank, o.master_addr, o.master_port,
-                                          o.secret, shape)) < 0)
+                                          o.secret, shape, refused, sizeof refused)) < 0) {
+        if (*refused && board_open(&b, url, o.secret, o.node_rank, o.nnodes, o.shm_tag)) {
+            board_post(&b, 0, 1, true, refused);
+            board_done(&b, 0);
+            board_close(&b);
+        }
         return 1;
+    }
+    if (o.nnodes > 1 && (!board_open(&b, url, o.secret, o.node_rank, o.nnodes, o.shm_tag) ||
+                         !board_join(&b))) {
+        board_close(&b);
+        if (store > 0) kill(store, SIGKILL), waitpid(store, NULL, 0);
+        return 1;
+    }
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         fprintf(stderr, "mgrun: pipe: %s\n", strerror(errno));
         return 1;
@@ -588,12 +660,14 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < N_HANDLED; i++) sigaction(handled_signals[i], &sa, NULL);
-    int rc;
-    for (int attempt = 0;; attempt++) {
+    int rc, attempt;
+    for (attempt = 0;; attempt++) {
         bool may_restart;
-        rc = run_attempt(&o, attempt, &may_restart);
+        rc = run_attempt(&o, attempt, &may_restart, &b);
+        board_done(&b, attempt);
         int left = mg_shm_remove_tagged(o.shm_tag);
-        if (left) mg_debug("mgrun: removed %d shared-memory segment name(s) the workers left", left);
+        if (left)
+            mg_debug("mgrun: removed %d shared-memory segment name(s) the workers left", left);
         if (rc == 0 || !may_restart) break;
         if (attempt >= o.max_restarts) {
             if (o.max_restarts > 0)
@@ -603,9 +677,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "mgrun: restarting all %d worker(s) (restart %d of %d)\n",
                 o.nproc, attempt + 1, o.max_restarts);
     }
-    if (store > 0) {
+    if (store > 0) {   /* the store stays until every node is done (mgrun_board.h) */
+        double wait = rc ? 4 * BOARD_POLL_S : mg_env_double("MG_TIMEOUT", 300);
+        rc = board_wait_done(&b, attempt, rc, wait, signalled);
         kill(store, SIGKILL);
         waitpid(store, NULL, 0);
     }
+    board_close(&b);
     return rc;
 }

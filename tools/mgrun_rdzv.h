@@ -142,10 +142,12 @@ static pid_t rdzv_serve(const char *addr, int port, const char *secret, const ch
 
 /* On another node: the workers' MASTER_PORT, read from node 0's store at
  * addr:port (waiting for it up to MG_TIMEOUT), once node 0's shape of the
- * job is this node's; -1 after printing why. */
+ * job is this node's; -1 after printing why (and, for the nodes' board,
+ * why node 0's shape refuses this node in refused, else ""). */
 static int rdzv_worker_port(int node_rank, const char *addr, int port, const char *secret,
-                            const char *shape)
+                            const char *shape, char *refused, size_t cap)
 {
+    *refused = 0;
     char url[300];
     rdzv_url(url, sizeof url, addr, port);
     mg_store *s = NULL;
@@ -155,9 +157,9 @@ static int rdzv_worker_port(int node_rank, const char *addr, int port, const cha
     mg_status st = mg_store_connect(url, secret, 0, &s);
     if (!st && !(st = mg_store_get(s, RDZV_SHAPE_KEY, &v, &n)) &&
         (n != strlen(shape) || memcmp(v, shape, n))) {
-        fprintf(stderr, "mgrun: node %d was started with %s, but node 0 with %.*s: give every "
-                "node the same -n and --nnodes\n", node_rank, shape, (int)(n < 64 ? n : 64),
-                (const char *)v);
+        snprintf(refused, cap, "was started with %s, but node 0 with %.*s: give every node the "
+                 "same -n and --nnodes", shape, (int)(n < 64 ? n : 64), (const char *)v);
+        fprintf(stderr, "mgrun: node %d %s\n", node_rank, refused);
         free(v);
         mg_store_destroy(s);
         return -1;
