@@ -283,6 +283,7 @@ typedef struct {
     int n_root;                 /* failures that started the stop */
     int first_root;             /* index of the first one */
     int n_killed;               /* workers that needed SIGKILL */
+    int nodes;                  /* the job's (--nnodes) */
 } job;
 
 static void signal_all(job *j, int sig)
@@ -328,8 +329,8 @@ static void reap(job *j, double grace, bool elastic)
                 char d[160];
                 describe(d, sizeof d, w);
                 if (j->running > 0)
-                    fprintf(stderr, "mgrun: %s; the other %d worker(s) go on without it "
-                            "(--elastic)\n", d, j->running);
+                    fprintf(stderr, "mgrun: %s; the other %d worker(s)%s go on without it "
+                            "(--elastic)\n", d, j->running, j->nodes > 1 ? " of this node" : "");
                 else
                     fprintf(stderr, "mgrun: %s, after the others ended (--elastic)\n", d);
                 continue;
@@ -382,7 +383,7 @@ static int run_attempt(const options *o, int attempt, bool *may_restart, board *
 {
     *may_restart = false;
     size_t nfd = 1 + 2 * (size_t)o->nproc;
-    job j = {.nw = o->nproc};
+    job j = {.nw = o->nproc, .nodes = o->nnodes};
     j.w = calloc((size_t)o->nproc, sizeof *j.w);
     struct pollfd *pfd = calloc(nfd, sizeof *pfd);
     stream **ps = calloc(nfd, sizeof *ps);
@@ -626,6 +627,11 @@ int main(int argc, char **argv)
     pid_t store = 0;
     char shape[64];
     snprintf(shape, sizeof shape, "-n %d --nnodes %d", o.nproc, o.nnodes);
+    if (o.node_rank == 0 && o.nnodes > 1 && !rdzv_is_local(o.master_addr))
+        fprintf(stderr, "mgrun: warning: --master-addr %s is not an address of this host, but "
+                "node 0 serves the job's store there: the other nodes and this node's workers "
+                "reach it only if %s leads here (give node 0's own address)\n", o.master_addr,
+                o.master_addr);
     if (o.node_rank == 0 &&
         (store = rdzv_serve(o.master_addr, o.master_port, o.secret, shape, &o.master_port,
                             &o.worker_port)) < 0) {

@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -65,6 +66,22 @@ static int rdzv_free_port(void)
 static bool rdzv_loopback(const char *addr)
 {
     return !strcmp(addr, "127.0.0.1") || !strcmp(addr, "localhost") || !strcmp(addr, "::1");
+}
+
+/* addr names an address of this host (a socket binds to it); a name
+ * that does not resolve is left to the store's own message. */
+static bool rdzv_is_local(const char *addr)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(addr, NULL, &hints, &res) != 0) return true;
+    bool local = false;
+    for (struct addrinfo *a = res; a && !local; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        local = fd >= 0 && bind(fd, a->ai_addr, a->ai_addrlen) == 0;   /* port 0 in it */
+        if (fd >= 0) close(fd);
+    }
+    freeaddrinfo(res);
+    return local;
 }
 
 /* The store's URL at host:port. */
