@@ -177,7 +177,7 @@ static mg_status finish_on_device(mg_strategy *s, mg_optim *o, const mg_step_opt
     if (opt->clip_grad > 0) {
         part *whole = FIRST(s, grad_sumsq);   /* a rank that holds the whole gradient */
         if (sumsq < 0 && whole) sumsq = whole->ops->grad_sumsq(whole->c, r->micro);
-        if (sumsq >= 0) r->grad_norm = sqrt(sumsq);
+        if (!(sumsq < 0)) r->grad_norm = sqrt(sumsq);   /* NaN too: computed, not a number */
         else MG_TRY(grad_norm(s, elsewhere, ss, &r->grad_norm));
         float coef = mg_clip_coef(r->grad_norm, opt->clip_grad);
         if (elsewhere) mg_optim_scale_grads(o, coef);
