@@ -64,6 +64,10 @@ static inline bool mg__weighed(const mg_micro_batch *b)
     return b->weight > 0 && b->weight != 1;
 }
 
+/* The ranges this rank counts in the gradient norm and writes to a
+ * checkpoint: every component's own ranges intersected (strategy.c). */
+const mg_range *mg__strategy_own_ranges(const mg_strategy *s, int *n);
+
 /* The whole model's forward and loss of every micro-batch from next,
  * added into r (strategy.c: evaluation where no component runs it). */
 mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,

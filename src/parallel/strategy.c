@@ -287,7 +287,7 @@ static const mg_range *param_ranges(const mg_strategy *s, int *n)
     return &s->whole;
 }
 
-static const mg_range *own_ranges(const mg_strategy *s, int *n)
+const mg_range *mg__strategy_own_ranges(const mg_strategy *s, int *n)
 {
     *n = s->n_own;
     return s->own;
@@ -442,7 +442,7 @@ static mg_status save_on_host(mg_strategy *s, const char *path, mg_optim *o,
     agreed.step = (long)-most[2];   /* without meta, the fewest steps (a server's are pushes) */
     MG_TRY(hold(s, true));
     int nr = 0;
-    const mg_range *r = writes_its_ranges(s) ? own_ranges(s, &nr) : NULL;
+    const mg_range *r = writes_its_ranges(s) ? mg__strategy_own_ranges(s, &nr) : NULL;
     mg_ckpt_writer *w;
     mg_status st = mg_strategy_agree(s, mg_ckpt_writer_create(s->m, o, &agreed, &w));
     int64_t size[2] = {0, 0};   /* the layout's size, and its negation: the same on every rank */

@@ -103,6 +103,7 @@ struct mg_zero {
     int micro;              /* micro-batches since zero_grad */
     bool reduced_elsewhere; /* under --deterministic: det.c sums the gradients whole */
     bool last;              /* this one is the step's last */
+    const mg_strategy *s;   /* whose own ranges an offloaded piece's norm counts (NULL: all) */
     mg_status err;
     size_t param_bytes, grad_bytes;   /* resident now (counted, not measured) */
     mg_zero_stats stats;
@@ -286,6 +287,25 @@ static void reduce_start(mg_zero *z, zbucket *b)
  * micro-batch scaled to the mean over the micro-batches (the reduce-scatter
  * averaged over the ranks) and its sum of squares kept, as the training
  * step does with a piece in memory. */
+static void grads_to_file(mg_zero *z, zbucket *b, const float *r);
+
+/* The sum of squares of a piece's gradient g over the strategy's own
+ * ranges in it, as the norm of gradients in memory counts them: a tensor
+ * every tp rank holds whole counts on one of them. */
+static double own_sumsq(const mg_zero *z, const zbucket *b, const float *g)
+{
+    int n = 1;
+    const mg_range whole = {b->plo, b->phi};
+    const mg_range *own = z->s ? mg__strategy_own_ranges(z->s, &n) : &whole;
+    double ss = 0;
+    for (int k = 0; k < n; k++) {
+        size_t lo = own[k].lo > b->plo ? own[k].lo : b->plo;
+        size_t hi = own[k].hi < b->phi ? own[k].hi : b->phi;
+        if (lo < hi) ss += mg_grad_sumsq(g + (lo - b->plo), hi - lo);
+    }
+    return ss;
+}
+
 static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
 {
     size_t len = piece_len(b);
@@ -297,7 +317,7 @@ static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
     if (z->last) {
         float scale = 1.0f / (float)z->micro;
         if (scale != 1.0f) mg_grad_scale(acc, len, scale);
-        b->sumsq = mg_grad_sumsq(acc, len);
+        b->sumsq = own_sumsq(z, b, acc);
     }
     if (!st) st = mg_scratch_write(z->gs, acc, len * sizeof(float), b->at);
     if (st && !z->err) z->err = st;
@@ -677,6 +697,7 @@ static mg_status zero_attach(mg_strategy *s, void **state)
     mg_zero *z;
     MG_TRY(mg__zero_create(g, mg_strategy_model(s), o->zero_stage, &o->ddp, &z));
     if (o->det_shards) sum_elsewhere(z);
+    z->s = s;
     mg_status st = o->offload_dir ? mg_strategy_agree(s, mg__zero_offload(z, o->offload_dir))
                                   : MG_OK;
     if (st) mg__zero_destroy(z);
