@@ -535,6 +535,33 @@ TEST(ckpt_failed_save_keeps_previous)
     mg_model_destroy(n);
 }
 
+/* A save through a symbolic link writes the link's target, as torch.save
+ * does, and keeps the link (the link was replaced by a file and the
+ * target kept the old checkpoint, found by a probe); a dangling link gets
+ * its target made. */
+TEST(ckpt_save_through_a_symlink_writes_its_target)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 5, &m));
+    mg_optim *o = sgd_for(m, 0.9f);
+    CHECK(mkdir(mgt_tpath("far"), 0700) == 0 && mkdir(mgt_tpath("run"), 0700) == 0);
+    CHECK_OK(mg_checkpoint_save(mgt_tpath("far/ck.st"), m, o, &(mg_ckpt_meta){.epoch = 1}));
+    CHECK(symlink("../far/ck.st", mgt_tpath("run/ck.st")) == 0);
+    CHECK(symlink("../far/new.st", mgt_tpath("run/new.st")) == 0);   /* dangling */
+    for (int k = 0; k < 2; k++) {
+        const char *link = mgt_tpath(k ? "run/new.st" : "run/ck.st");
+        CHECK_OK(mg_checkpoint_save(link, m, o, &(mg_ckpt_meta){.epoch = 2}));
+        struct stat sb;
+        CHECK_MSG(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "%s is no longer a link", link);
+        mg_ckpt_meta got;
+        CHECK_OK(mg_checkpoint_load(mgt_tpath(k ? "far/new.st" : "far/ck.st"), m, o, &got));
+        CHECK_EQ(got.epoch, 2);
+    }
+    CHECK_EQ(mgt_count_tmp_files(), 0);
+    mg_optim_destroy(o);
+    mg_model_destroy(m);
+}
+
 TEST(ckpt_load_weights_from_pytorch_export)
 {
     mg_model *m;

@@ -4,7 +4,8 @@
  * applies), or the mode of the file it replaces, and stays locked
  * (flock) while it is written: a save removes the leftovers of
  * interrupted saves of the same file, only those no live writer holds
- * (regular files of this user named so). Reading: regular files only,
+ * (regular files of this user named so). A symbolic link is written
+ * through (its target replaced, the link kept). Reading: regular files only,
  * opened without blocking, so a FIFO is refused instead of waited on. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -166,18 +167,42 @@ mg_status mg_check_writable(const char *path)
     return MG_OK;
 }
 
+/* The file a write of path replaces: path, or where a symbolic link at
+ * path leads (its target, or where a dangling one points), so that a save
+ * goes through the link, as torch.save's open() does, instead of
+ * replacing the link with a file beside the target. */
+static const char *through_links(const char *path, char *buf, size_t cap)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    char real[PATH_MAX], link[PATH_MAX], dir[PATH_MAX];
+    if (realpath(path, real)) {
+        snprintf(buf, cap, "%s", real);
+        return buf;
+    }
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) return path;
+    link[n] = 0;
+    snprintf(dir, sizeof dir, "%s", path);
+    int w = link[0] == '/' ? snprintf(buf, cap, "%s", link)
+                           : snprintf(buf, cap, "%s/%s", dirname(dir), link);
+    return w > 0 && (size_t)w < cap ? buf : path;
+}
+
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
+    char buf[PATH_MAX];
+    const char *file = through_links(path, buf, sizeof buf);
     /* A path that is not a file (a FIFO, a device) is never replaced: as
      * root the rename would replace /dev/full itself. */
     struct stat old;
-    bool keep = stat(path, &old) == 0;
+    bool keep = stat(file, &old) == 0;
     if (keep && !S_ISREG(old.st_mode))
         return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
                         file_kind(old.st_mode));
-    remove_stale_tmp(path);
+    remove_stale_tmp(file);
     /* The mode of the file replaced, else 0666 less the umask. */
-    *fd = create_tmp(path, tmp, cap, keep ? old.st_mode & 0777 : 0666);
+    *fd = create_tmp(file, tmp, cap, keep ? old.st_mode & 0777 : 0666);
     if (*fd < 0) return no_tmp_error(path);
     if ((keep && fchmod(*fd, old.st_mode & 0777) != 0) || ftruncate(*fd, (off_t)size) != 0) {
         mg_status st = mg_error(MG_EIO, "cannot make %s (%llu bytes): %s", tmp,
@@ -225,16 +250,18 @@ mg_status mg_pread_all(int fd, void *data, size_t len, uint64_t off, const char 
 
 mg_status mg_atomic_commit(const char *path, const char *tmp, int fd)
 {
+    char buf[PATH_MAX];
+    const char *file = through_links(path, buf, sizeof buf);
     mg_status st = MG_OK;
     if (fsync(fd) != 0) st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (!st && rename(tmp, file) != 0)
+        st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, file, strerror(errno));
     if (st) unlink(tmp);
     if (close(fd) != 0 && !st) st = mg_error(MG_EIO, "cannot write %s: %s", path, strerror(errno));
     if (st) return st;
     /* The rename is durable only once the directory is synced. */
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
+    snprintf(dir, sizeof dir, "%s", file);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
     if (dfd < 0 || fsync(dfd) != 0)
         st = mg_error(MG_EIO, "wrote %s but cannot sync its directory: %s", path,
