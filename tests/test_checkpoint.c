@@ -439,10 +439,13 @@ TEST_T(ckpt_refuses_damaged_and_mismatched_files, 60)
         CHECK(same_as(b, ob, &sb));
         raw[i] ^= 1;
     }
-    /* A flipped byte in the data. */
+    /* A flipped byte in the data, said to be damage or an edit (a file
+     * edited in PyTorch was called damaged, found by a probe). */
     raw[size - 100] ^= 0x10;
     mgt_write_raw(q, raw, size);
-    REFUSED(q, MG_EFORMAT, "checksum");
+    REFUSED(q, MG_EFORMAT, "checksum mismatch");
+    CHECK(strstr(mg_last_error(), "damaged, or edited") &&
+          strstr(mg_last_error(), "'multigrad.crc32'"));
     free(raw);
 
     /* Another model; a plain safetensors file; wrong optimizer. */

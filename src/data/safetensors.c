@@ -428,7 +428,9 @@ static mg_status verify_crc(const char *path, mg_st_file *f)
     if (st) return st;
     if (strcmp(got, want) != 0)
         return mg_error(MG_EFORMAT, "%s: checksum mismatch (stored %.16s, contents %s): the "
-                        "file is damaged", path, want, got);
+                        "file changed after it was written: damaged, or edited (a file edited "
+                        "on purpose loads once its metadata has no 'multigrad.crc32')", path,
+                        want, got);
     f->verified = true;
     return MG_OK;
 }

@@ -49,7 +49,8 @@ static mg_status check_tensor(const char *path, const mg_st_file *f, const char 
     *out = x;
     if (!x)
         return mg_error(MG_EMISMATCH, "%s has no tensor '%s': it was written for another "
-                        "model or is incomplete", path, name);
+                        "model or is incomplete (a file must hold every tensor of the model; "
+                        "only tensors beyond them may be left out)", path, name);
     bool ok = x->dtype == MG_ST_F32 || (any_float && (x->dtype == MG_ST_F64 ||
               x->dtype == MG_ST_F16 || x->dtype == MG_ST_BF16));
     if (!ok)
@@ -214,8 +215,9 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
         return mg_error(MG_EFORMAT, "%s: checkpoint format version '%s', this build reads "
                         "version " FORMAT_VERSION, path, ver ? ver : "(none)");
     if (!mg_st_verified(f))
-        return mg_error(MG_EFORMAT, "%s: the checkpoint's checksum is missing: the file is "
-                        "damaged", path);
+        return mg_error(MG_EFORMAT, "%s: the checkpoint's checksum ('multigrad.crc32') is "
+                        "missing: the file is damaged, or was edited; --init takes its weights "
+                        "without it", path);
     const char *model = mg_st_meta(f, "model");
     if (!model || strcmp(model, mg_model_name(m)) != 0)
         return mg_error(MG_EMISMATCH, "%s is a checkpoint of model '%s', not '%s': pass "

@@ -586,9 +586,12 @@ static mg_status check_images(mg_trainer *t)
     long micro = (n_local + t->info.local - 1) / t->info.local;
     t->steps_per_epoch = (micro + t->leaves - 1) / t->leaves;
     if (t->info.start_step != t->info.start_epoch * t->steps_per_epoch)   /* on every rank */
-        return mg__train_agreed(t, mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch %ld with "
-                                  "--batch %d --accumulate %d", c->resume, t->info.start_step,
-                                  t->info.start_epoch, c->batch, c->accumulate));
+        return mg__train_agreed(t, mg_error(MG_EINVAL, "%s: step %ld is not the end of epoch "
+                                  "%ld of these %ld training images with --batch %d "
+                                  "--accumulate %d (%ld steps an epoch): resume on the data "
+                                  "it was trained on", c->resume, t->info.start_step,
+                                  t->info.start_epoch, (long)t->train->n, c->batch,
+                                  c->accumulate, t->steps_per_epoch));
     return MG_OK;
 }
 
