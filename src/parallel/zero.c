@@ -281,14 +281,6 @@ static void reduce_start(mg_zero *z, zbucket *b)
     if (st) z->err = st;
 }
 
-/* Offloaded gradients: the file's piece plus this micro-batch's r
- * (the sum computed in the part of b's pool buffer the piece does not
- * use, exactly as the arena would add it); on the step's last
- * micro-batch scaled to the mean over the micro-batches (the reduce-scatter
- * averaged over the ranks) and its sum of squares kept, as the training
- * step does with a piece in memory. */
-static void grads_to_file(mg_zero *z, zbucket *b, const float *r);
-
 /* The sum of squares of a piece's gradient g over the strategy's own
  * ranges in it, as the norm of gradients in memory counts them: a tensor
  * every tp rank holds whole counts on one of them. */
@@ -306,6 +298,12 @@ static double own_sumsq(const mg_zero *z, const zbucket *b, const float *g)
     return ss;
 }
 
+/* Offloaded gradients: the file's piece plus this micro-batch's r
+ * (the sum computed in the part of b's pool buffer the piece does not
+ * use, exactly as the arena would add it); on the step's last
+ * micro-batch scaled to the mean over the micro-batches (the reduce-scatter
+ * averaged over the ranks) and its sum of squares kept, as the training
+ * step does with a piece in memory. */
 static void grads_to_file(mg_zero *z, zbucket *b, const float *r)
 {
     size_t len = piece_len(b);

@@ -90,7 +90,8 @@ mg_status mg__sock_listen(const char *host, int port, int *out_fd, int *bound_po
         if (e == EADDRINUSE)
             return mg_error(MG_EIO, "cannot listen on %s:%d: the port is already in use "
                             "(another job or service holds it); choose another port "
-                            "(mgrun --master-port, or MASTER_PORT)", host && *host ? host : "*", port);
+                            "(mgrun --master-port, or MASTER_PORT)", host && *host ? host : "*",
+                            port);
         return mg_error(MG_EIO, "cannot bind %s:%d: %s", host && *host ? host : "*", port,
                         strerror(e));
     }
