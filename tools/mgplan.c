@@ -101,6 +101,7 @@ static void usage(FILE *f)
 "  --probe, --probe-links\n"
 "                      (run by mgplan under mgrun) measure the rates and the\n"
 "                      link with this job's ranks at once, or the link only\n"
+"  --version           version, CPU and kernels of this machine\n"
 "  --help              this text\n");
 }
 
@@ -142,7 +143,7 @@ static double size_arg(const char *flag)
 enum { O_LAYERS = 256, O_DIM, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_OPT, O_RPN, O_NODES, O_MEM,
        O_CORES, O_FLOPS, O_MEMBW, O_IBW, O_ILAT, O_XBW, O_XLAT, O_OVERLAP, O_NOZERO, O_NOPP,
        O_NOTP, O_NORC, O_NOSP, O_TOP, O_FLAGS, O_MODEL, O_VERIFY, O_VTOP, O_VSTEPS, O_MESH, O_ZERO,
-       O_SCHED, O_PROBE, O_PROBE_LINKS, O_NOOFF, O_OFFLOAD, O_DISKBW, O_VRUNS };
+       O_SCHED, O_PROBE, O_PROBE_LINKS, O_NOOFF, O_OFFLOAD, O_DISKBW, O_VRUNS, O_VERSION };
 
 static void print_table(const mg_plan *all, int n, int top)
 {
@@ -370,7 +371,7 @@ int main(int argc, char **argv)
         {"probe", no_argument, 0, O_PROBE}, {"probe-links", no_argument, 0, O_PROBE_LINKS},
         {"no-offload", no_argument, 0, O_NOOFF}, {"offload", required_argument, 0, O_OFFLOAD},
         {"disk-bw", required_argument, 0, O_DISKBW},
-        {"help", no_argument, 0, 'h'},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, O_VERSION},
         {0, 0, 0, 0}};
     const char *model = NULL;
     mg_gpt_config gpt = mg_gpt_defaults();
@@ -419,6 +420,7 @@ int main(int argc, char **argv)
         case O_VSTEPS: vsteps = inum("--verify-steps", 2, 100000); break;
         case O_VRUNS: vruns = inum("--verify-runs", 1, 16); break;
         case 'h': usage(stdout); return 0;
+        case O_VERSION: mg_print_version("mgplan"); return 0;
         case O_PROBE: probing = 1; break;
         case O_PROBE_LINKS: probing = 2; break;
         case O_NOOFF: no_offload = true; break;
@@ -434,6 +436,7 @@ int main(int argc, char **argv)
         }
     }
     if (optind < argc) die("unexpected argument '%s': see mgplan --help", argv[optind]);
+    if (mg_tunables_check()) die("%s", mg_last_error());   /* every MG_* variable, as every tool */
     if (!model) die("give the model: --model NAME (mgplan --help)");
     if (n && cl.ranks_per_node) die("give -n N (one node) or --ranks-per-node R --nodes K, not both");
     if (!n && !cl.ranks_per_node) die("give the ranks: -n N, or --ranks-per-node R --nodes K");

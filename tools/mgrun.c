@@ -321,10 +321,13 @@ static void reap(job *j, double grace, bool elastic)
             w->running = false;
             w->status = st;
             j->running--;
-            /* Lost: killed while others run, or told that the others went
-             * on without it (whenever it ends). */
-            bool left = WIFEXITED(st) && WEXITSTATUS(st) == MG_EXIT_LEFT;
-            if (elastic && !j->stopping && ((WIFSIGNALED(st) && j->running > 0) || left)) {
+            /* Lost: killed while others run or after others were lost (the
+             * last of a job that lost every worker), or told that the others
+             * went on without it (whenever it ends). */
+            bool left = WIFEXITED(st) && WEXITSTATUS(st) == MG_EXIT_LEFT, lost_before = false;
+            for (int k = 0; k < j->nw; k++) lost_before |= j->w[k].lost;
+            if (elastic && !j->stopping &&
+                ((WIFSIGNALED(st) && (j->running > 0 || lost_before)) || left)) {
                 w->lost = true;
                 char d[160];
                 describe(d, sizeof d, w);

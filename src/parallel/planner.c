@@ -387,6 +387,10 @@ void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t c
         if (p->micro > 1)
             len += snprintf(buf + len, cap - (size_t)len, " --accumulate %d", p->micro);
     }
+    mg_plan_job d;   /* the model's optimizer is mgtrain's default: another is said */
+    if (!mg_plan_job_defaults(job->model, &d) && d.optimizer != job->optimizer)
+        len += snprintf(buf + len, cap - (size_t)len, " --optimizer %s",
+                        mg_optim_kind_name(job->optimizer));
     if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " --recompute");
     if (p->sequence_parallel) len += snprintf(buf + len, cap - (size_t)len, " --sequence-parallel");
     if (p->offload)
