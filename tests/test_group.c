@@ -208,6 +208,34 @@ TEST(group_init_world_size_disagreement)
     CHECK_EQ(mgt_fork_ranks(2, size_mismatch_rank, &j, 30, NULL), 0);
 }
 
+/* Ranks of one host that cut shared-memory collectives by another
+ * MG_SHM_CHUNK read each other's chunks at the wrong places: refused at
+ * init on every rank (a probe found the data silently wrong). */
+static int shm_chunk_mismatch_rank(int rank, int n, void *arg)
+{
+    (void)n;
+    const job *j = arg;
+    if (rank == 1) setenv("MG_SHM_CHUNK", "65536", 1);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", j->port);
+    mg_group_options o = mg_group_options_default();
+    o.init_method = url;
+    o.rank = rank;
+    o.size = 2;
+    o.secret = "s";
+    o.timeout_s = 10;
+    mg_group *g;
+    CHECK_ERR(mg_group_init(&o, &g), MG_EMISMATCH);
+    CHECK_MSG(strstr(mg_last_error(), "rank 1 has MG_SHM_CHUNK=65536"), "%s", mg_last_error());
+    return 0;
+}
+
+TEST(group_init_shm_chunk_disagreement)
+{
+    job j = new_job(NULL, 10);
+    CHECK_EQ(mgt_fork_ranks(2, shm_chunk_mismatch_rank, &j, 30, NULL), 0);
+}
+
 TEST(group_init_bad_settings)
 {
     mg_group *g;

@@ -26,6 +26,7 @@
 #include <openssl/rand.h>
 #include "comm/builtin.h"
 #include "comm/call.h"
+#include "comm/coll/algos.h"
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
@@ -135,6 +136,15 @@ static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double d
                      "but rank 0 has %d; give every rank the same WORLD_SIZE", r, in.size, size);
             return publish_error(b, MG_EMISMATCH);
         }
+        /* The shared-memory collectives cut their data by MG_SHM_CHUNK: ranks
+         * that differ read each other's chunks at the wrong places, silently
+         * (found by a probe), where MG_COLL_CHUNK's difference is caught. */
+        if (in.shm_chunk != me->shm_chunk) {
+            mg_error(MG_EMISMATCH, "rank %d has MG_SHM_CHUNK=%d but rank 0 has %d (0: from the "
+                     "slot size); give every rank the same", r, (int)in.shm_chunk,
+                     (int)me->shm_chunk);
+            return publish_error(b, MG_EMISMATCH);
+        }
         table[r] = in;
     }
     MG_TRY(key_fmt(key, sizeof key, b->prefix, "table", -1));
@@ -195,7 +205,8 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     mg_group *g = b->g;
     mg__rinfo me = {.magic = INFO_MAGIC, .version = INFO_VERSION, .rank = rank, .size = size,
                     .pid = (int32_t)getpid(), .force_tcp = b->force_tcp,
-                    .env_local_rank = env_lr, .env_local_size = env_ls};
+                    .env_local_rank = env_lr, .env_local_size = env_ls,
+                    .shm_chunk = (int32_t)mg__shm_chunk_cap()};
     me.start = mg__proc_starttime(getpid());
     strcpy(me.shm_tag, b->shm_tag);
     if (RAND_bytes((unsigned char *)&me.gid, sizeof me.gid) != 1)
