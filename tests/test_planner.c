@@ -377,6 +377,12 @@ TEST(mgplan_bad_input_is_one_line)
         {"--model gpt-mini -n 2 --batch 3 --no-tp --no-pipeline --no-zero", "divides"},
         /* it blamed the batch */
         {"--model lenet5 -n 6 --mesh pp=6", "pp=6: lenet5 has 5 units, and a pipeline's stage"},
+        /* found by a probe: --layers was ignored, an unknown model with
+         * --verify was said to train by epochs, MB figures that read the
+         * same were said to differ */
+        {"--model mlp -n 2 --layers 7", "apply to gpt-mini, not mlp"},
+        {"--model foo -n 2 --verify", "unknown model 'foo'"},
+        {"--model gpt-mini -n 2 --memory 8M", "nothing fits in 8.0 MB"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;

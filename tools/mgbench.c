@@ -282,7 +282,8 @@ static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong, 
         combine(b, &tr[0], MG_F64, MG_MAX);
         combine(b, &tr[1], MG_F64, MG_MAX);
     }
-    /* nccl-tests reports one figure for all ranks: the slowest rank's. */
+    /* One figure for all ranks: the slowest rank's (nccl-tests averages the ranks by
+     * default, -a 1; its -a 3, the maximum, is this one). */
     combine(b, &mean, MG_F64, MG_MAX);
     if (o->check) combine(b, &bad, MG_I64, MG_SUM);
     *us = mean;

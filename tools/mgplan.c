@@ -441,6 +441,14 @@ int main(int argc, char **argv)
     if (n && cl.ranks_per_node) die("give -n N (one node) or --ranks-per-node R --nodes K, not both");
     if (!n && !cl.ranks_per_node) die("give the ranks: -n N, or --ranks-per-node R --nodes K");
     if (n) cl.ranks_per_node = n;
+    mg_plan_job job;
+    if (mg_plan_job_defaults(model, &job))
+        die("unknown model '%s': give mlp, lenet-d2l, lenet5 or gpt-mini", model);
+    mg_gpt_config dflt = mg_gpt_defaults();
+    if (strcmp(model, "gpt-mini") && (gpt.layers != dflt.layers || gpt.dim != dflt.dim ||
+                                      gpt.heads != dflt.heads || gpt.ctx != dflt.ctx ||
+                                      gpt.vocab != dflt.vocab))
+        die("--layers, --dim, --heads, --ctx and --vocab apply to gpt-mini, not %s", model);
     if (verify && (cl.nodes > 1 || cl.flops > 0 || cl.bytes_per_s > 0))
         die("--verify runs the plans on this machine: leave out --nodes, --flops and --mem-bw");
     if (verify && strcmp(model, "gpt-mini"))
@@ -448,9 +456,6 @@ int main(int argc, char **argv)
             "--verify", model);
     if (verify && gpt.vocab != 256)
         die("--verify trains on bytes: leave out --vocab");
-    mg_plan_job job;
-    if (mg_plan_job_defaults(model, &job))
-        die("unknown model '%s': give mlp, lenet-d2l, lenet5 or gpt-mini", model);
     job.gpt = gpt;
     if (batch) job.batch = batch;
     if (optimizer) TRY(mg_optim_parse(optimizer, &job.optimizer));

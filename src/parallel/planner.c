@@ -264,6 +264,15 @@ void mg_plan_describe(const mg_plan *p, char *buf, size_t cap)
     if (p->offload) snprintf(buf + len, cap - (size_t)len, " offload");
 }
 
+/* Decimals that tell MB figures a and b apart (up to 3): "needs 8 MB,
+ * over the 8 MB" said nothing (a probe). */
+static int mb_digits(double a, double b)
+{
+    int d = 0;
+    while (d < 3 && fabs(round(a * pow(10, d)) - round(b * pow(10, d))) < 0.5) d++;
+    return d;
+}
+
 void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, char *buf,
                     size_t cap)
 {
@@ -281,8 +290,9 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
     if (!best->fits) {
         bool offloads = false;
         for (int i = 0; i < n; i++) offloads |= ranked[i].offload;
-        snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank; the smallest plan (%s) "
-                 "needs %.0f MB: give more ranks or memory%s", cl->memory / mb, b,
+        int k = mb_digits(cl->memory / mb, best->bytes / mb);
+        snprintf(buf, cap, "memory: nothing fits in %.*f MB a rank; the smallest plan (%s) "
+                 "needs %.*f MB: give more ranks or memory%s", k, cl->memory / mb, b, k,
                  best->bytes / mb, offloads ? "" : ", or let it offload (--offload disk:DIR)");
         return;
     }
@@ -307,13 +317,16 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         return;
     }
     if (ddp && !ddp->fits) {
-        snprintf(buf, cap, "memory: plain data parallelism needs %.0f MB a rank, over the %.0f "
-                 "MB; the fastest plan that fits is %s (%.0f MB, %.1f ms a step)",
-                 ddp->bytes / mb, cl->memory / mb, b, best->bytes / mb, best->step * 1e3);
+        int k = mb_digits(ddp->bytes / mb, cl->memory / mb);
+        snprintf(buf, cap, "memory: plain data parallelism needs %.*f MB a rank, over the %.*f "
+                 "MB; the fastest plan that fits is %s (%.*f MB, %.1f ms a step; within 1%%, "
+                 "the simplest)", k, ddp->bytes / mb, k, cl->memory / mb, b, k, best->bytes / mb,
+                 best->step * 1e3);
         return;
     }
     if (!ddp) {
-        snprintf(buf, cap, "time: %s is the fastest plan (%.1f ms a step)", b, best->step * 1e3);
+        snprintf(buf, cap, "time: %s is the fastest plan (%.1f ms a step; within 1%%, the "
+                 "simplest)", b, best->step * 1e3);
         return;
     }
     mg_plan_describe(ddp, d, sizeof d);
