@@ -59,7 +59,7 @@ exec $bin/mgtrain --model mlp --parallel ddp --epochs 1 --quiet'"; extra="--max-
     fi
     for p in "${pids[@]}"; do wait "$p"; done
     pkill -KILL -f "mgtrain --model mlp --parallel" 2>/dev/null
-    echo "$(date +%s.%N) - $t0" | bc
+    awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.2f\n", a - b }'
 }
 
 cpu() { grep -m1 "^$1\s*:" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'; }
