@@ -548,14 +548,27 @@ int main(int argc, char **argv)
     }
     int fit = 0;
     for (int i = 0; i < np; i++) fit += all[i].fits;
-    char cap[32] = "no limit";
+    char cap[32] = "no limit", rate[160];
     if (cl.memory > 0) snprintf(cap, sizeof cap, "%.0f MB", cl.memory / 1e6);
-    printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %.3g "
-           "FLOP/s, micro-batch overhead %.2f ms, optimizer %.3g B/s, pages given back refilled at "
+    /* Measured: the rate on the largest micro-batch, beside the line's
+     * slope (the marginal sample's rate, which small batches' overhead
+     * makes far higher than any the CPU reaches; a probe took it for one). */
+    int k = MG_PLAN_SIZES - 1;
+    while (k >= 0 && !(cl.micro_s[1][k] > 0)) k--;
+    double t = k >= 0 ? cl.micro_s[1][k] : 0;
+    if (t > cl.overhead)
+        snprintf(rate, sizeof rate, "%.3g FLOP/s on a micro-batch of %d (%.3g at the margin over "
+                 "a micro-batch overhead of %.2f ms)", cl.flops * (t - cl.overhead) / t, 1 << k,
+                 cl.flops, cl.overhead * 1e3);
+    else
+        snprintf(rate, sizeof rate, "%.3g FLOP/s, micro-batch overhead %.2f ms", cl.flops,
+                 cl.overhead * 1e3);
+    printf("%s: %s, batch %d, %d rank(s) (%d a node x %d), memory a rank %s; a rank %s, "
+           "optimizer %.3g B/s, pages given back refilled at "
            "%.3g B/s, offload files %.3g B/s%s; "
            "links: within a node %.1f us and %.2f GB/s, between nodes %.1f us and %.2f GB/s\n",
            prog, model, job.batch, cl.ranks_per_node * cl.nodes, cl.ranks_per_node, cl.nodes, cap,
-           cl.flops, cl.overhead * 1e3, cl.bytes_per_s, cl.refill_bytes_per_s[1], cl.disk_bytes_per_s,
+           rate, cl.bytes_per_s, cl.refill_bytes_per_s[1], cl.disk_bytes_per_s,
            measured ? " (measured)" : "",
            cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9, cl.inter.latency * 1e6,
            cl.inter.bandwidth / 1e9);
