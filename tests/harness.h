@@ -6,6 +6,8 @@
 #ifndef MG_TEST_HARNESS_H
 #define MG_TEST_HARNESS_H
 
+#include <stdbool.h>
+#include <sys/types.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +102,10 @@ typedef struct mgt_result {
     char out[1 << 20], err[32768];
 } mgt_result;
 mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void));
+/* The same started and not waited for: stdout and stderr into the files
+ * out and err, in a process group of its own when own_group; its pid. */
+pid_t mgt_spawn(const char *const *argv, const char *out, const char *err, bool own_group,
+                void (*child_setup)(void));
 /* Exit status, or 128 + N if a signal N killed it. */
 int mgt_exit_code(const mgt_result *r);
 

@@ -202,13 +202,9 @@ int mgt_wait_for(int (*cond)(void *), void *arg, double secs)
     return 1;
 }
 
-mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void))
+pid_t mgt_spawn(const char *const *argv, const char *out, const char *err, bool own_group,
+                void (*child_setup)(void))
 {
-    timeout_s *= mgt_slow();
-    static mgt_result r;
-    char out[600], err[600];
-    snprintf(out, sizeof out, "%s/exec.out", mgt_tmpdir());
-    snprintf(err, sizeof err, "%s/exec.err", mgt_tmpdir());
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) mgt_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
@@ -218,11 +214,22 @@ mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_set
         if (o < 0 || e < 0) _exit(126);
         dup2(o, 1);
         dup2(e, 2);
-        setpgid(0, 0);
+        if (own_group) setpgid(0, 0);
         if (child_setup) child_setup();
         execvp(argv[0], (char *const *)argv);
         _exit(126);
     }
+    return pid;
+}
+
+mgt_result *mgt_exec(double timeout_s, const char *const *argv, void (*child_setup)(void))
+{
+    timeout_s *= mgt_slow();
+    static mgt_result r;
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/exec.out", mgt_tmpdir());
+    snprintf(err, sizeof err, "%s/exec.err", mgt_tmpdir());
+    pid_t pid = mgt_spawn(argv, out, err, true, child_setup);
     double t0 = mg_now();
     int st;
     while (waitpid(pid, &st, WNOHANG) == 0) {

@@ -1,5 +1,4 @@
 /* The mgrun tests' shared process helpers (mgrun_procs.h). */
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,19 +19,7 @@ pid_t mgr_start(const char *name, const char *const *args)
     char out[600], err[600];
     snprintf(out, sizeof out, "%s/%s.out", mgt_tmpdir(), name);
     snprintf(err, sizeof err, "%s/%s.err", mgt_tmpdir(), name);
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1);
-        dup2(e, 2);
-        execv(tool, (char *const *)argv);
-        _exit(126);
-    }
-    return pid;
+    return mgt_spawn(argv, out, err, false, NULL);
 }
 
 void mgr_finish(const char *name, pid_t pid, double t0, double timeout, mgr_result *r)
