@@ -378,7 +378,7 @@ int main(int argc, char **argv)
     int batch = 0, top = 10, flags_only = 0, cores = 0, n = 0, verify = 0, vtop = 3, vsteps = 10;
     int vruns = 1;
     const char *optimizer = NULL, *mesh = NULL, *schedule = NULL, *offload_dir = "/var/tmp";
-    bool no_offload = false;
+    bool no_offload = false, arch = false;   /* arch: a gpt size flag given */
     int zero = -1, probing = 0;
     bool nos[5] = {false}, links_given[2] = {false, false};
     mg_plan_cluster cl = {.ranks_per_node = 0, .nodes = 1, .overlap = -1,
@@ -388,11 +388,11 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
-        case O_LAYERS: gpt.layers = inum("--layers", 1, 1000); break;
-        case O_DIM: gpt.dim = inum("--dim", 1, 1 << 20); break;
-        case O_HEADS: gpt.heads = inum("--heads", 1, 4096); break;
-        case O_CTX: gpt.ctx = inum("--ctx", 2, 1 << 20); break;
-        case O_VOCAB: gpt.vocab = inum("--vocab", 2, 1 << 24); break;
+        case O_LAYERS: gpt.layers = inum("--layers", 1, 1000), arch = true; break;
+        case O_DIM: gpt.dim = inum("--dim", 1, 1 << 20), arch = true; break;
+        case O_HEADS: gpt.heads = inum("--heads", 1, 4096), arch = true; break;
+        case O_CTX: gpt.ctx = inum("--ctx", 2, 1 << 20), arch = true; break;
+        case O_VOCAB: gpt.vocab = inum("--vocab", 2, 1 << 24), arch = true; break;
         case O_BATCH: batch = inum("--batch", 1, 1 << 24); break;
         case O_OPT: optimizer = optarg; break;
         case 'n': n = inum("-n", 1, 1 << 20); break;
@@ -444,10 +444,7 @@ int main(int argc, char **argv)
     mg_plan_job job;
     if (mg_plan_job_defaults(model, &job))
         die("unknown model '%s': give mlp, lenet-d2l, lenet5 or gpt-mini", model);
-    mg_gpt_config dflt = mg_gpt_defaults();
-    if (strcmp(model, "gpt-mini") && (gpt.layers != dflt.layers || gpt.dim != dflt.dim ||
-                                      gpt.heads != dflt.heads || gpt.ctx != dflt.ctx ||
-                                      gpt.vocab != dflt.vocab))
+    if (arch && strcmp(model, "gpt-mini"))
         die("--layers, --dim, --heads, --ctx and --vocab apply to gpt-mini, not %s", model);
     if (verify && (cl.nodes > 1 || cl.flops > 0 || cl.bytes_per_s > 0))
         die("--verify runs the plans on this machine: leave out --nodes, --flops and --mem-bw");

@@ -457,11 +457,9 @@ mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
     t->began = mg_now();
     if (t->c.text ? t->info.start_step < t->c.steps : t->info.start_epoch < t->c.epochs)
         st = t->c.text ? run_text(t, s) : run_images(t, s);
-    if (!st && t->c.text) {   /* a second run has nothing left (it trained the epochs again) */
-        t->info.start_step = t->c.steps;
-    } else if (!st) {
-        t->info.start_epoch = t->c.epochs;
-        t->info.start_step = t->c.epochs * t->steps_per_epoch;
+    if (!st) {   /* a second run has nothing left (it trained the epochs again) */
+        t->info.start_step = t->c.text ? t->c.steps : t->c.epochs * t->steps_per_epoch;
+        if (!t->c.text) t->info.start_epoch = t->c.epochs;
     }
     s->steps_run = t->info.steps_run - before;
     double items = s->per_s, rest = s->seconds - s->first_step_s;
