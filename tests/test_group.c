@@ -209,13 +209,17 @@ TEST(group_init_world_size_disagreement)
 }
 
 /* Ranks of one host that cut shared-memory collectives by another
- * MG_SHM_CHUNK read each other's chunks at the wrong places: refused at
- * init on every rank (a probe found the data silently wrong). */
-static int shm_chunk_mismatch_rank(int rank, int n, void *arg)
+ * MG_SHM_CHUNK read each other's chunks at the wrong places (a probe found
+ * the data silently wrong); another slot or ring size made a rank's first
+ * line a misleading "name removed". Each is refused at init on every rank
+ * with the setting named. */
+static const char *shm_var; /* set before the ranks fork */
+
+static int shm_size_mismatch_rank(int rank, int n, void *arg)
 {
     (void)n;
     const job *j = arg;
-    if (rank == 1) setenv("MG_SHM_CHUNK", "65536", 1);
+    if (rank == 1) setenv(shm_var, "512", 1);
     char url[64];
     snprintf(url, sizeof url, "tcp://127.0.0.1:%d", j->port);
     mg_group_options o = mg_group_options_default();
@@ -226,14 +230,20 @@ static int shm_chunk_mismatch_rank(int rank, int n, void *arg)
     o.timeout_s = 10;
     mg_group *g;
     CHECK_ERR(mg_group_init(&o, &g), MG_EMISMATCH);
-    CHECK_MSG(strstr(mg_last_error(), "rank 1 has MG_SHM_CHUNK=65536"), "%s", mg_last_error());
+    char want[64];
+    snprintf(want, sizeof want, "rank 1 has %s=512 but rank 0 has 0", shm_var);
+    CHECK_MSG(strstr(mg_last_error(), want), "%s", mg_last_error());
     return 0;
 }
 
-TEST(group_init_shm_chunk_disagreement)
+TEST(group_init_shm_size_disagreement)
 {
-    job j = new_job(NULL, 10);
-    CHECK_EQ(mgt_fork_ranks(2, shm_chunk_mismatch_rank, &j, 30, NULL), 0);
+    const char *vars[] = {"MG_SHM_CHUNK", "MG_SHM_SLOT_KB", "MG_SHM_RING_KB"};
+    for (int i = 0; i < 3; i++) {
+        shm_var = vars[i];
+        job j = new_job(NULL, 10);
+        CHECK_EQ(mgt_fork_ranks(2, shm_size_mismatch_rank, &j, 30, NULL), 0);
+    }
 }
 
 TEST(group_init_bad_settings)

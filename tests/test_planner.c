@@ -383,6 +383,11 @@ TEST(mgplan_bad_input_is_one_line)
         {"--model mlp -n 2 --layers 7", "apply to gpt-mini, not mlp"},
         {"--model foo -n 2 --verify", "unknown model 'foo'"},
         {"--model gpt-mini -n 2 --memory 8M", "nothing fits in 8.0 MB"},
+        /* a tp the heads do not split over was blamed on the batch */
+        {"--model gpt-mini -n 3 --mesh tp=3", "--heads 4 does not split over 3"},
+        /* offload hints that changed nothing: --offload disk:DIR */
+        {"--model gpt-mini -n 2 --memory 8M --no-offload", "(leave out --no-offload)"},
+        {"--model gpt-mini -n 2 --memory 8M", "(give --disk-bw: with --flops"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;
@@ -392,6 +397,12 @@ TEST(mgplan_bad_input_is_one_line)
                   cases[i].args, rc, out);
         free(out);
     }
+    /* ...and said before measuring the machine, which took minutes */
+    char *out = NULL;
+    int rc = mgt_sh(&out, "%s --model gpt-mini -n 3 --mesh tp=3", mgt_tool("mgplan"));
+    CHECK_MSG(rc == 2 && strstr(out, "does not split") && mgt_count(out, "\n") == 1, "rc %d: %s",
+              rc, out);
+    free(out);
 }
 
 /* Two nodes of this host: the link between them is measured through TCP

@@ -487,6 +487,15 @@ int main(int argc, char **argv)
     if (cl.overlap < 0) cl.overlap = measured ? here.overlap : 1;
     if (probing) return probe(&job, cl.nodes, probing == 2);
     if (measured) {
+        /* A job no plan takes is said before the minutes of measuring:
+         * the search's refusals do not depend on the rates. */
+        mg_plan_cluster any = cl;
+        any.flops = any.bytes_per_s = 1;
+        any.intra = any.inter = (mg_link){.bandwidth = 1, .reduce = 1};
+        mg_plan *none;
+        int nn;
+        TRY(mg_plan_search(&job, &any, &none, &nn));
+        free(none);
         if (!flags_only)
             fprintf(stderr, "%s: measuring a rank's rates on this machine with %s, %d rank(s) "
                     "at once (give --flops and --mem-bw to skip)\n", prog, model,
@@ -534,8 +543,14 @@ int main(int argc, char **argv)
     TRY(mg_plan_search(&job, &cl, &all, &np));
     if (!all[0].fits) {
         mg_plan_reason(all, np, &cl, line, sizeof line);
+        bool offloaded = false;
+        for (int i = 0; i < np; i++) offloaded |= all[i].offload;
         free(all);
-        die("%s", line);
+        /* How to search with offload: it said --offload disk:DIR where that
+         * changed nothing (a probe). */
+        die("%s%s", line, offloaded ? ""
+            : job.no_offload ? " (leave out --no-offload)"
+            : " (give --disk-bw: with --flops, offload is searched only then)");
     }
     mg_plan_flags(&job, &all[0], line, sizeof line);
     if (flags_only) {

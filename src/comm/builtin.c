@@ -32,7 +32,7 @@
 #include "multigrad/core.h"
 
 #define INFO_MAGIC 0x4f464e49u
-#define INFO_VERSION 2u
+#define INFO_VERSION 3u
 #define KEYLEN (MG_STORE_MAX_KEY + 1)
 
 static double left(double deadline)
@@ -91,6 +91,9 @@ static mg_status publish_error(mg__bi *b, mg_status code)
     return mg_error(code, "%s", msg);
 }
 
+static const char *const shm_size_names[3] = {"MG_SHM_CHUNK", "MG_SHM_RING_KB",
+                                               "MG_SHM_SLOT_KB"};
+
 static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double deadline,
                               mg__rinfo *table)
 {
@@ -136,15 +139,16 @@ static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double d
                      "but rank 0 has %d; give every rank the same WORLD_SIZE", r, in.size, size);
             return publish_error(b, MG_EMISMATCH);
         }
-        /* The shared-memory collectives cut their data by MG_SHM_CHUNK: ranks
-         * that differ read each other's chunks at the wrong places, silently
-         * (found by a probe), where MG_COLL_CHUNK's difference is caught. */
-        if (in.shm_chunk != me->shm_chunk) {
-            mg_error(MG_EMISMATCH, "rank %d has MG_SHM_CHUNK=%d but rank 0 has %d (0: from the "
-                     "slot size); give every rank the same", r, (int)in.shm_chunk,
-                     (int)me->shm_chunk);
-            return publish_error(b, MG_EMISMATCH);
-        }
+        /* Ranks with other shared-memory sizes read each other's chunks at
+         * the wrong places (MG_SHM_CHUNK: silently, found by a probe) or map
+         * segments of another size: one check here, before any is made. */
+        for (int k = 0; k < 3; k++)
+            if (in.shm_size[k] != me->shm_size[k]) {
+                mg_error(MG_EMISMATCH, "rank %d has %s=%d but rank 0 has %d (0: the built-in "
+                         "size); give every rank the same", r, shm_size_names[k],
+                         (int)in.shm_size[k], (int)me->shm_size[k]);
+                return publish_error(b, MG_EMISMATCH);
+            }
         table[r] = in;
     }
     MG_TRY(key_fmt(key, sizeof key, b->prefix, "table", -1));
@@ -206,7 +210,9 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     mg__rinfo me = {.magic = INFO_MAGIC, .version = INFO_VERSION, .rank = rank, .size = size,
                     .pid = (int32_t)getpid(), .force_tcp = b->force_tcp,
                     .env_local_rank = env_lr, .env_local_size = env_ls,
-                    .shm_chunk = (int32_t)mg__shm_chunk_cap()};
+                    .shm_size = {(int32_t)mg_env_long("MG_SHM_CHUNK", 0),
+                                 (int32_t)mg_env_long("MG_SHM_RING_KB", 0),
+                                 (int32_t)mg_env_long("MG_SHM_SLOT_KB", 0)}};
     me.start = mg__proc_starttime(getpid());
     strcpy(me.shm_tag, b->shm_tag);
     if (RAND_bytes((unsigned char *)&me.gid, sizeof me.gid) != 1)

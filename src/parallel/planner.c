@@ -212,7 +212,10 @@ mg_status mg_plan_search(const mg_plan_job *job, const mg_plan_cluster *cl, mg_p
                                  .sequence_parallel = seq};
                     mg__plan_shape s;
                     if (mg__plan_shape_make(job, &p, 0, &s)) {
-                        if (tp == 1) st = MG_EINVAL;   /* the whole model: a real error */
+                        /* The whole model, or the tp asked for: its
+                         * message names why (a probe found tp=3 of 4
+                         * heads blamed on the batch). */
+                        if (tp == 1 || job->tp == tp) st = MG_EINVAL;
                         break;
                     }
                     if (pp > s.n) units = s.n;
@@ -293,7 +296,7 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         int k = mb_digits(cl->memory / mb, best->bytes / mb);
         snprintf(buf, cap, "memory: nothing fits in %.*f MB a rank; the smallest plan (%s) "
                  "needs %.*f MB: give more ranks or memory%s", k, cl->memory / mb, b, k,
-                 best->bytes / mb, offloads ? "" : ", or let it offload (--offload disk:DIR)");
+                 best->bytes / mb, offloads ? "" : ", or search with offload to files");
         return;
     }
     bool only_tp = !tp1 && !untried && best->tp > 1;
