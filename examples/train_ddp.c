@@ -41,7 +41,7 @@ int main(void)
           mg_loader_create(train, local, MG_SCALE_NORMAL, &l));
     int n;                                    /* read after the call that sets it */
     const int32_t *mine = mg_sampler_indices(&smp, &n);
-    mg_loader_start(l, mine, n, local, 0);
+    CHECK(mg_loader_start(l, mine, n, local, 0));
     mg_step_options step = {.accumulate = 1, .lr = 0.05f};
     mg_step_result r;
     double loss = 0;

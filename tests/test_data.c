@@ -233,7 +233,7 @@ static void check_epoch(mg_loader *l, const mg_dataset *ds, const int32_t *order
 {
     static float want[64 * 12];
     static int32_t wy[64];
-    mg_loader_start(l, order, n, batch, skip);
+    CHECK_OK(mg_loader_start(l, order, n, batch, skip));
     int nb = (n + batch - 1) / batch;
     for (int k = skip; k < nb; k++) {
         const float *x;
@@ -276,10 +276,19 @@ TEST(data_loader_yields_gathered_batches)
     }
     /* Restart before the epoch is drained (one batch held, one ready). */
     mg_permutation(7, order, 50);
-    mg_loader_start(l, order, 50, 5, 0);
+    CHECK_OK(mg_loader_start(l, order, 50, 5, 0));
     CHECK_EQ(mg_loader_next(l, &x, &y), 5);
     check_epoch(l, ds, order, 50, 5, 3, MG_SCALE_NORMAL);
-    mg_loader_start(l, order, 50, 5, 0);                     /* and destroy mid-epoch */
+    /* An index outside the data set, batches the loader cannot hold: said
+     * to the caller (the loader's thread stopped the process; a probe). */
+    int32_t bad[3] = {0, 1, 0};
+    bad[1] = ds->n;
+    CHECK_ERR(mg_loader_start(l, bad, 3, 5, 0), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "index 1 of the epoch's order is"), "%s", mg_last_error());
+    CHECK_ERR(mg_loader_start(l, order, 50, 17, 0), MG_EINVAL);
+    CHECK_ERR(mg_loader_start(l, order, 50, 0, 0), MG_EINVAL);
+    CHECK_ERR(mg_loader_start(l, NULL, 5, 5, 0), MG_EINVAL);
+    CHECK_OK(mg_loader_start(l, order, 50, 5, 0));           /* and destroy mid-epoch */
     mg_loader_destroy(l);
     mg_loader_destroy(NULL);
 
@@ -300,7 +309,7 @@ TEST_T(data_loader_fashion_epoch, 60)
     mg_permutation(3, order, ds->n);
     mg_loader *l;
     CHECK_OK(mg_loader_create(ds, 128, MG_SCALE_NORMAL, &l));
-    mg_loader_start(l, order, ds->n, 128, 0);
+    CHECK_OK(mg_loader_start(l, order, ds->n, 128, 0));
     const float *x;
     const int32_t *y;
     int k = 0, cnt, total = 0;

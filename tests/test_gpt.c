@@ -295,5 +295,20 @@ TEST(gpt_generate_greedy_topk_and_seeded)
     mg_model_set_training(m, false);
     CHECK_OK(mg_model_generate(m, prompt, 3, 2, 1.0f, 0, 0, out));
     CHECK(!mg_model_training(m));
+    /* The forward itself: a token outside the vocabulary and a batch of 0
+     * stopped the process (a probe); an image model read tokens as floats. */
+    int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, -3};
+    CHECK(!mg_model_forward_tokens(m, toks, 1));
+    CHECK_MSG(strstr(mg_last_error(), "token -3 (row 0, position 7 of 8) is outside the "
+                     "vocabulary [0, 256)"), "%s", mg_last_error());
+    CHECK(!mg_model_forward_tokens(m, toks, 0));
+    CHECK(mg_model_vocab(m) == 256);
+    mg_model *img;
+    CHECK_OK(mg_model_create("mlp", 0, &img));
+    CHECK(mg_model_vocab(img) == 0);
+    CHECK(!mg_model_forward_tokens(img, toks, 1));
+    CHECK_MSG(strstr(mg_last_error(), "takes floats, not tokens"), "%s", mg_last_error());
+    CHECK(!mg_model_forward(img, NULL, 0));
+    mg_model_destroy(img);
     mg_model_destroy(m);
 }

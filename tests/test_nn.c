@@ -696,4 +696,30 @@ TEST(nn_bad_shapes_rejected)
     CHECK(m == NULL && strstr(mg_last_error(), "two tensors are named 'a."));
     CHECK_ERR(mg_model_create("resnet-9000", 0, &m), MG_EINVAL);
     CHECK(strstr(mg_last_error(), "lenet5"));
+    /* Sizes that break a constructor's rule stopped the process (a probe):
+     * NULL and MG_EINVAL, and the message passes up through composites to
+     * the model. */
+#define REFUSED(made, says)                                                   \
+    do {                                                                      \
+        mg_layer *l_ = (made);                                                \
+        CHECK_MSG(!l_ && mg_last_error_code() == MG_EINVAL &&                 \
+                  strstr(mg_last_error(), says), "%s: %s", #made, mg_last_error()); \
+    } while (0)
+    REFUSED(mg_layer_linear("fc", -1, 3, false), "linear 'fc': -1 inputs");
+    REFUSED(mg_layer_conv2d("c", 1, 2, 0, 1, 0, false, MG_POOL_NONE), "conv2d 'c'");
+    REFUSED(mg_layer_attention("at", 30, 4), "30 features in 4 heads");
+    REFUSED(mg_layer_dropout("d", 1.5f), "p 1.5");
+    REFUSED(mg_layer_maxpool2d("p", 0, 2), "maxpool2d 'p'");
+    REFUSED(mg_layer_batchnorm2d("bn", 0), "0 channels");
+    REFUSED(mg_layer_layernorm("ln", 0, 1e-5f), "layernorm 'ln'");
+    REFUSED(mg_layer_embedding(0, 4, 8), "embedding: vocabulary 0");
+    REFUSED(mg_layer_tied_head(NULL), "tied_head");
+    REFUSED(mg_layer_linear_split("s", 4, 3, false, MG_TP_COLUMN, (mg_tp_split){.size = 2}),
+            "its 3 outputs do not split");
+#undef REFUSED
+    mg_layer *inner[] = {mg_layer_linear("a", 4, 4, true), mg_layer_dropout("d", -0.5f)};
+    CHECK_ERR(mg_model_create_from("net", mg_layer_sequential(NULL, inner, 2), 1, 1, 4, 0, &m),
+              MG_EINVAL);
+    CHECK_MSG(m == NULL && strstr(mg_last_error(), "model 'net': no root layer (dropout 'd': p "
+                                  "-0.5"), "%s", mg_last_error());
 }

@@ -201,6 +201,20 @@ TEST(optim_range_updates_equal_full)
         mg_optim_destroy(a);
         mg_optim_destroy(b);
     }
+    /* Calls out of their rule stopped the process (a probe): an update
+     * before a step begun, or outside the ranges, a reversed range. */
+    mg_optim *o;
+    CHECK_ERR(mg_optim_create_range(&cfgs[1], 10, 5, &o), MG_EINVAL);
+    CHECK_OK(mg_optim_create_range(&cfgs[1], 100, 200, &o));
+    CHECK_ERR(mg_optim_update(o, pa, g, 100, 120), MG_EINVAL);
+    CHECK(strstr(mg_last_error(), "call mg_optim_begin_step first"));
+    mg_optim_begin_step(o, 0.1f);
+    CHECK_ERR(mg_optim_update(o, pa, g, 150, 201), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "floats [150, 201) lie in none"), "%s", mg_last_error());
+    CHECK_ERR(mg_optim_read_state(o, 0, 0, 10, pb), MG_EINVAL);
+    CHECK_ERR(mg_optim_read_state(o, 3, 100, 110, pb), MG_EINVAL);
+    CHECK_OK(mg_optim_update(o, pa, g, 150, 200));
+    mg_optim_destroy(o);
 }
 
 TEST(optim_state_arenas_aligned_and_zeroed)

@@ -69,15 +69,18 @@ mg_status mg_dataset_gather(const mg_dataset *ds, const int32_t *idx, int n,
                             mg_scaling scaling, float *x, size_t x_len, int32_t *y);
 
 /* Background loader: batches of an index order, assembled one ahead on
- * its own thread (double buffering). One consumer thread. */
+ * its own thread (double buffering). One consumer thread. The data set
+ * must be loaded with its images (not mg_dataset_load_shape). */
 typedef struct mg_loader mg_loader;
 mg_status mg_loader_create(const mg_dataset *ds, int max_batch, mg_scaling scaling,
                            mg_loader **out);
 void mg_loader_destroy(mg_loader *l);
 /* Start an epoch over order[0..n) in batches of `batch` (the last one
  * short). order is borrowed until the epoch ends. Skips the first `skip`
- * batches (resuming mid-epoch). */
-void mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int skip);
+ * batches (resuming mid-epoch). MG_EINVAL, nothing started, for an index
+ * outside the data set, a batch of 0 or over the loader's max_batch, or a
+ * negative n or skip. */
+mg_status mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int skip);
 /* The next batch: returns its size (0 at the end of the epoch); x and y
  * stay valid until the next call. */
 int mg_loader_next(mg_loader *l, const float **x, const int32_t **y);

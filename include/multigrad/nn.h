@@ -197,6 +197,15 @@ int mg_model_classes(const mg_model *m);
 /* Rows of logits per sample: 1 for the image models, T for a language
  * model (whose logits are [batch, T, vocab] and labels [batch, T]). */
 int mg_model_positions(const mg_model *m);
+/* The vocabulary of a model whose input is tokens (its first layer an
+ * embedding); 0 for a model whose input is floats. */
+int mg_model_vocab(const mg_model *m);
+/* MG_OK when tokens [batch, T] (host memory) are a language model's input:
+ * each in [0, vocab). MG_EINVAL naming the first that is not (row,
+ * position), or a model whose input is floats. The forward checks them
+ * (mg_model_forward_tokens); a device's kernels would read such a token
+ * as zeros, the CPU's out of bounds. */
+mg_status mg_model_check_tokens(const mg_model *m, const int32_t *tokens, int batch);
 
 /* The arenas. arena_size is the padded length in floats (each unit's range
  * is a multiple of the unit pad), num_params the floats actually used. */
@@ -467,8 +476,11 @@ void mg_model_backward_from(mg_model *m, const float *dout);
  * Layers are created unattached and owned by the composite or model they
  * are given to (also when that call fails). A NULL or empty name inside a
  * Sequential becomes the child's index, as in torch.nn.Sequential;
- * parameters are named "<path>.weight". Constructors return NULL only when
- * memory runs out (composites then free their children). */
+ * parameters are named "<path>.weight". Constructors return NULL, with
+ * mg_last_error saying why, when memory runs out or a size breaks their
+ * rule (MG_EINVAL: a size below 1, heads that do not divide the features,
+ * dropout p outside [0, 1)); composites then free their children and pass
+ * the NULL on, and mg_model_create_from reports it. */
 typedef struct mg_layer mg_layer;
 typedef enum { MG_INIT_TORCH_DEFAULT, MG_INIT_NORMAL } mg_init_kind;
 
@@ -476,7 +488,7 @@ typedef enum { MG_INIT_TORCH_DEFAULT, MG_INIT_NORMAL } mg_init_kind;
 mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu);
 /* mg_layer_linear of logical sizes in -> out, split over tp as role says
  * (column: out / tp.size outputs; row: in / tp.size inputs, outputs summed
- * over the group); both sizes must divide (checked by the caller). */
+ * over the group); the split size must divide (NULL and MG_EINVAL otherwise). */
 mg_layer *mg_layer_linear_split(const char *name, int in, int out, bool relu, mg_tp_role role,
                                 mg_tp_split tp);
 /* k x k convolution, then ReLU if relu, then a 2x2/2 pool if pool is not

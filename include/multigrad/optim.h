@@ -83,7 +83,8 @@ double mg_clip_grad_norm(float *g, size_t n, float max_norm);
 /* One optimizer step is: begin_step once (advances the step count, sets
  * the learning rate), then update over one or more ranges. */
 void mg_optim_begin_step(mg_optim *o, float lr);
-/* [lo, hi) must lie in one of the optimizer's ranges. */
+/* [lo, hi) must lie in one of the optimizer's ranges, after begin_step
+ * (MG_EINVAL otherwise, nothing updated). */
 mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi);
 /* begin_step + update over all the optimizer's ranges. Both fail only
  * when offloaded (a read or write of the files: MG_EIO with the message). */

@@ -369,7 +369,8 @@ static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, do
         snprintf(host, sizeof host, "%s", a);
     } else if (!strncmp(im, "tcp://", 6)) {
         MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));
-        if (port < 1) return mg_error(MG_EINVAL, "init method '%s': port 0 is not allowed", im);
+        if (port < 1) return mg_error(MG_EINVAL, "init method '%s': port 0 is not allowed: give the "
+                                      "port rank 0 serves (one process alone: file:///PATH)", im);
     } else if (!strncmp(im, "file://", 7)) {
         MG_TRY(mg_store_connect(im, b->secret, left(deadline), &b->store));
         b->store->timeout = b->g->timeout;

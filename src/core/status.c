@@ -46,7 +46,9 @@ const char *mg_status_name(mg_status s)
 
 void mg__assert_fail(const char *expr, const char *file, int line)
 {
-    fprintf(stderr, "multigrad: internal error: assertion '%s' failed at %s:%d\n",
-            expr, file, line);
+    /* Most often a call that broke its header's rule (a pointer from
+     * another object, a call out of order): the caller's bug, or ours. */
+    fprintf(stderr, "multigrad: assertion '%s' failed at %s:%d: a call broke the rule its "
+            "header states, or multigrad has a bug\n", expr, file, line);
     abort();
 }

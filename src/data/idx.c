@@ -45,6 +45,7 @@ static mg_status read_error(gzFile f, const char *path, const char *what)
 static mg_status idx_read(const char *path, mg_idx *out, bool body)
 {
     memset(out, 0, sizeof *out);
+    MG_NEED("mg_idx_load", path);
     struct stat sb;
     int fd = mg_open_regular(path, NULL, &sb);
     if (fd < 0) return MG_EIO;

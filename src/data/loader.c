@@ -54,7 +54,7 @@ static void *worker(void *arg)
         int count = left < l->batch ? (int)left : l->batch;
         pthread_mutex_unlock(&l->mu);
         /* Cannot fail: the slot holds max_batch images of the data set's
-         * size, and order's indices are the caller's contract. */
+         * size, and mg_loader_start checked order's indices. */
         mg_status st = mg_dataset_gather(l->ds, idx, count, l->scaling, s->x,
                                          (size_t)l->max_batch * l->img, s->y);
         MG_ASSERT(st == MG_OK);
@@ -73,6 +73,9 @@ mg_status mg_loader_create(const mg_dataset *ds, int max_batch, mg_scaling scali
     *out = NULL;
     if (max_batch <= 0)
         return mg_error(MG_EINVAL, "loader: batch size %d must be positive", max_batch);
+    if (!ds || !ds->images)
+        return mg_error(MG_EINVAL, "loader: %s: give a data set loaded with its images "
+                        "(mg_dataset_load)", ds ? "the data set is its shape alone" : "no data set");
     mg_loader *l = calloc(1, sizeof *l);
     if (!l) return mg_error(MG_ENOMEM, "loader: out of memory");
     l->ds = ds;
@@ -121,9 +124,19 @@ void mg_loader_destroy(mg_loader *l)
     free(l);
 }
 
-void mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int skip)
+mg_status mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int skip)
 {
-    MG_ASSERT(n >= 0 && batch > 0 && batch <= l->max_batch && skip >= 0);
+    if (n < 0 || (n > 0 && !order) || batch < 1 || batch > l->max_batch || skip < 0)
+        return mg_error(MG_EINVAL, "loader: an epoch of %d indices%s in batches of %d, %d "
+                        "skipped: give 0 or more indices, batches of 1 to the loader's %d, 0 "
+                        "or more skipped", n, n > 0 && !order ? " at NULL" : "", batch, skip,
+                        l->max_batch);
+    /* Checked here, where the caller hears of it: the worker's gather
+     * would find it on a thread that cannot say so (a probe). */
+    for (int i = 0; i < n; i++)
+        if (order[i] < 0 || order[i] >= l->ds->n)
+            return mg_error(MG_EINVAL, "loader: index %d of the epoch's order is %d, outside "
+                            "the %d images of %s", i, (int)order[i], l->ds->n, l->ds->path);
     pthread_mutex_lock(&l->mu);
     while (l->slots[0].state == FILLING || l->slots[1].state == FILLING)
         pthread_cond_wait(&l->done, &l->mu);
@@ -136,6 +149,7 @@ void mg_loader_start(mg_loader *l, const int32_t *order, int n, int batch, int s
     l->next_fill = l->next_take = skip < l->nbatches ? skip : l->nbatches;
     pthread_cond_signal(&l->work);
     pthread_mutex_unlock(&l->mu);
+    return MG_OK;
 }
 
 int mg_loader_next(mg_loader *l, const float **x, const int32_t **y)

@@ -104,6 +104,7 @@ mg_status mg_model_create(const char *name, uint64_t seed, mg_model **out)
 
 mg_status mg_model_create_split(const char *name, uint64_t seed, mg_tp_split tp, mg_model **out)
 {
+    MG_NEED("mg_model_create", out);
     *out = NULL;
     const zoo_entry *e = find(name);
     if (!e) return unknown(name);

@@ -92,7 +92,8 @@ static const mg_layer_vt maxpool_vt = {
 
 static mg_layer *pool_new(const char *name, int k, int s, const mg_layer_vt *vt)
 {
-    MG_ASSERT(k > 0 && s > 0);
+    MG__LAYER_RULE(k > 0 && s > 0, "%s '%s': kernel %d, stride %d: give 1 or more of each",
+                   vt->kind, name ? name : "", k, s);
     pool_layer *p = (pool_layer *)mg__layer_alloc(sizeof *p, vt, name);
     if (!p) return NULL;
     p->k = k;
@@ -192,7 +193,8 @@ static const mg_layer_vt dropout_vt = {
 
 mg_layer *mg_layer_dropout(const char *name, float p)
 {
-    MG_ASSERT(p >= 0.0f && p < 1.0f);
+    MG__LAYER_RULE(p >= 0.0f && p < 1.0f, "dropout '%s': p %g: give 0 <= p < 1",
+                   name ? name : "", p);
     dropout_layer *d = (dropout_layer *)mg__layer_alloc(sizeof *d, &dropout_vt, name);
     if (!d) return NULL;
     d->p = p;

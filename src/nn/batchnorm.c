@@ -64,7 +64,7 @@ static const mg_layer_vt bn_vt = {
 
 mg_layer *mg_layer_batchnorm2d(const char *name, int ch)
 {
-    MG_ASSERT(ch > 0);
+    MG__LAYER_RULE(ch > 0, "batchnorm2d '%s': %d channels: give 1 or more", name ? name : "", ch);
     bn_layer *b = (bn_layer *)mg__layer_alloc(sizeof *b, &bn_vt, name);
     if (!b) return NULL;
     b->ch = ch;

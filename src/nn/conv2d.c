@@ -64,7 +64,10 @@ static const mg_layer_vt conv_vt = {
 mg_layer *mg_layer_conv2d(const char *name, int in_ch, int out_ch, int k, int stride,
                           int pad, bool relu, mg_pool_kind pool)
 {
-    MG_ASSERT(in_ch > 0 && out_ch > 0 && k > 0 && stride > 0 && pad >= 0);
+    MG__LAYER_RULE(in_ch > 0 && out_ch > 0 && k > 0 && stride > 0 && pad >= 0, "conv2d '%s': "
+                   "%d -> %d channels, kernel %d, stride %d, padding %d: give channels, kernel "
+                   "and stride of 1 or more, padding of 0 or more", name ? name : "", in_ch,
+                   out_ch, k, stride, pad);
     conv_layer *cv = (conv_layer *)mg__layer_alloc(sizeof *cv, &conv_vt, name);
     if (!cv) return NULL;
     cv->in_ch = in_ch;

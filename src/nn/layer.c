@@ -10,7 +10,7 @@ mg_layer *mg__layer_alloc(size_t size, const mg_layer_vt *vt, const char *name)
 {
     MG_ASSERT(size >= sizeof(mg_layer));
     mg_layer *l = calloc(1, size);
-    if (!l) return NULL;
+    if (!l) return mg_error(MG_ENOMEM, "layer '%s': out of memory", name ? name : ""), NULL;
     l->vt = vt;
     l->init_kind = MG_INIT_TORCH_DEFAULT;
     l->need_dx = true;

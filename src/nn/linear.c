@@ -258,7 +258,8 @@ static const mg_layer_vt linear_vt = {
 
 mg_layer *mg_layer_linear(const char *name, int in, int out, bool relu)
 {
-    MG_ASSERT(in > 0 && out > 0);
+    MG__LAYER_RULE(in > 0 && out > 0, "linear '%s': %d inputs and %d outputs: give 1 or more of "
+                   "each", name ? name : "", in, out);
     linear_layer *f = (linear_layer *)mg__layer_alloc(sizeof *f, &linear_vt, name);
     if (!f) return NULL;
     f->in_f = in;
@@ -280,7 +281,9 @@ mg_layer *mg__layer_linear_split(const char *name, int in, int out, bool relu, b
                                  mg_tp_role role, mg_tp_split tp, int stride)
 {
     bool split = tp.size > 1, col = role == MG_TP_COLUMN;
-    MG_ASSERT(!split || (col ? out : in) % (tp.size * stride) == 0);
+    MG__LAYER_RULE(!split || (col ? out : in) % (tp.size * stride) == 0, "linear '%s': its %d "
+                   "%s do not split over %d tensor-parallel ranks: give sizes tp divides",
+                   name ? name : "", col ? out : in, col ? "outputs" : "inputs", tp.size);
     int li = split && !col ? in / tp.size : in, lo = split && col ? out / tp.size : out;
     mg_layer *l = mg_layer_linear(name, li, lo, relu);
     if (!l) return NULL;

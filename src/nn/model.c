@@ -341,7 +341,10 @@ mg_status mg_model_create_from(const char *name, mg_layer *root, int c, int h, i
                                uint64_t seed, mg_model **out)
 {
     *out = NULL;
-    if (!root) return mg_error(MG_ENOMEM, "model '%s': out of memory building layers", name);
+    if (!root)   /* a constructor's NULL, passed up by its composites, says why */
+        return mg_error(mg_last_error_code() ? mg_last_error_code() : MG_EINVAL, "model '%s': no "
+                        "root layer (%s)", name, *mg_last_error() ? mg_last_error()
+                        : "NULL given");
     if (c <= 0 || h <= 0 || w <= 0) {
         mg_layer_destroy(root);
         return mg_error(MG_EINVAL, "model '%s': bad input shape %dx%dx%d", name, c, h, w);
@@ -600,6 +603,28 @@ void mg_model_input_shape(const mg_model *m, int *c, int *h, int *w)
 /* Logical: a vocabulary split over tp ranks is all of it. */
 int mg_model_classes(const mg_model *m) { return m->classes * (m->vocab_split ? m->tp.split.size : 1); }
 int mg_model_positions(const mg_model *m) { return m->positions; }
+
+int mg_model_vocab(const mg_model *m)
+{
+    return m->n_leaves ? mg__embedding_vocab(m->leaves[0]) : 0;
+}
+
+mg_status mg_model_check_tokens(const mg_model *m, const int32_t *tokens, int batch)
+{
+    int V = mg_model_vocab(m), T = m->in[2];
+    if (!V)
+        return mg_error(MG_EINVAL, "model '%s' takes floats, not tokens: give them to "
+                        "mg_model_forward", m->name);
+    if (batch < 1 || !tokens)
+        return mg_error(MG_EINVAL, "model '%s': %d rows of tokens%s: give 1 or more", m->name,
+                        batch, tokens ? "" : " at NULL");
+    for (size_t i = 0; i < (size_t)batch * T; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return mg_error(MG_EINVAL, "model '%s': token %d (row %zu, position %zu of %d) is "
+                            "outside the vocabulary [0, %d)", m->name, (int)tokens[i], i / T,
+                            i % T, T, V);
+    return MG_OK;
+}
 
 int mg_model_decay_groups(const mg_model *m, float wd, mg_optim_group *out, int cap)
 {

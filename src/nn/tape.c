@@ -332,7 +332,14 @@ const float *mg_tape_forward(mg_tape *t, const float *x, int batch)
 
 const float *mg_tape_forward_tokens(mg_tape *t, const int32_t *tokens, int batch)
 {
-    /* The embedding layer reads its input as int32 (nn/transformer.c). */
+    /* The embedding layer reads its input as int32 (nn/transformer.c):
+     * the first unit's, checked here where they are on the host. */
+    if (t->u0 != 0)
+        return mg_error(MG_EINVAL, "model '%s': this tape runs from unit %d, whose input is "
+                        "floats: give them to mg_tape_forward", t->m->name, t->u0), NULL;
+    if (mg_device_of(tokens).kind == MG_DEVICE_CPU &&
+        mg_model_check_tokens(t->m, tokens, batch))
+        return NULL;
     return mg_tape_forward(t, (const float *)(const void *)tokens, batch);
 }
 
@@ -481,15 +488,13 @@ mg_tape *mg_model_tape(mg_model *m) { return m->tape; }
 
 const float *mg_model_forward(mg_model *m, const float *x, int batch)
 {
-    MG_ASSERT(batch > 0);
-    if (mg_model_reserve(m, batch)) return NULL;
+    if (mg_model_reserve(m, batch)) return NULL;   /* batch < 1: MG_EINVAL */
     return mg_tape_forward(m->tape, x, batch);
 }
 
 const float *mg_model_forward_tokens(mg_model *m, const int32_t *tokens, int batch)
 {
-    MG_ASSERT(batch > 0);
-    if (mg_model_reserve(m, batch)) return NULL;
+    if (mg_model_reserve(m, batch)) return NULL;   /* batch < 1: MG_EINVAL */
     return mg_tape_forward_tokens(m->tape, tokens, batch);
 }
 

@@ -63,9 +63,7 @@ static void embed_sizes(const mg_layer *l, int n, size_t *saved, size_t *scratch
 static void embed_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int n)
 {
     embed_layer *e = (embed_layer *)l;
-    const int32_t *tok = (const int32_t *)(const void *)x;
-    if (!mg__dk_cur)   /* on a device the tape checked the tokens as it copied them */
-        for (size_t i = 0; i < (size_t)n * e->ctx; i++) MG_ASSERT(tok[i] >= 0 && tok[i] < e->vocab);
+    const int32_t *tok = (const int32_t *)(const void *)x;   /* checked by the tape's forward */
     float *part = mg__seq_split(l) ? c->scratch : y;
     mg_embedding_forward(part, tok, l->p[0].data, e->lo, e->nv,
                          l->tp.rank == 0 ? l->p[1].data : NULL, n, e->ctx, e->d);
@@ -98,10 +96,18 @@ static const mg_layer_vt embed_vt = {
     .forward = embed_forward, .backward = embed_backward, .tp_floats = embed_tp_floats,
 };
 
+int mg__embedding_vocab(const mg_layer *l)
+{
+    return l->vt == &embed_vt ? ((const embed_layer *)l)->vocab : 0;
+}
+
 /* tp: this rank's rows of wte (vocab must divide). */
 static mg_layer *embedding(int vocab, int ctx, int d, mg_tp_split tp)
 {
-    MG_ASSERT(vocab > 0 && ctx > 0 && d > 0 && (tp.size <= 1 || vocab % tp.size == 0));
+    MG__LAYER_RULE(vocab > 0 && ctx > 0 && d > 0 && (tp.size <= 1 || vocab % tp.size == 0),
+                   "embedding: vocabulary %d, %d positions, %d features%s: give 1 or more of "
+                   "each%s", vocab, ctx, d, tp.size > 1 ? " over tensor-parallel ranks" : "",
+                   tp.size > 1 ? ", a vocabulary tp divides" : "");
     embed_layer *e = (embed_layer *)mg__layer_alloc(sizeof *e, &embed_vt, NULL);
     if (!e) return NULL;
     bool split = tp.size > 1;
@@ -231,7 +237,8 @@ static const mg_layer_vt head_vt = {
 
 mg_layer *mg_layer_tied_head(mg_layer *embedding)
 {
-    MG_ASSERT(embedding && embedding->vt == &embed_vt);
+    MG__LAYER_RULE(embedding && embedding->vt == &embed_vt, "tied_head: give it the model's "
+                   "embedding layer (mg_layer_embedding)");
     head_layer *h = (head_layer *)mg__layer_alloc(sizeof *h, &head_vt, NULL);
     if (!h) return NULL;
     h->embed = embedding;
@@ -315,7 +322,8 @@ static const mg_layer_vt ln_vt = {
 
 mg_layer *mg_layer_layernorm(const char *name, int d, float eps)
 {
-    MG_ASSERT(d > 0 && eps >= 0.0f);
+    MG__LAYER_RULE(d > 0 && eps >= 0.0f, "layernorm '%s': %d features, eps %g: give 1 or more "
+                   "features and eps of 0 or more", name ? name : "", d, eps);
     ln_layer *f = (ln_layer *)mg__layer_alloc(sizeof *f, &ln_vt, name);
     if (!f) return NULL;
     f->d = d;
@@ -423,7 +431,8 @@ static const mg_layer_vt attn_vt = {
 
 mg_layer *mg_layer_attention(const char *name, int d, int heads)
 {
-    MG_ASSERT(d > 0 && heads > 0 && d % heads == 0);
+    MG__LAYER_RULE(d > 0 && heads > 0 && d % heads == 0, "attention '%s': %d features in %d "
+                   "heads: give heads that divide the features", name ? name : "", d, heads);
     attn_layer *a = (attn_layer *)mg__layer_alloc(sizeof *a, &attn_vt, name);
     if (!a) return NULL;
     a->d = d;

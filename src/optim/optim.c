@@ -177,7 +177,6 @@ mg_status mg_optim_create(const mg_optim_config *cfg, size_t n, mg_optim **out)
 
 mg_status mg_optim_create_range(const mg_optim_config *cfg, size_t lo, size_t hi, mg_optim **out)
 {
-    MG_ASSERT(lo <= hi);
     return mg_optim_create_ranges(cfg, &(mg_range){lo, hi}, 1, out);
 }
 
@@ -337,8 +336,9 @@ void mg_optim_begin_step(mg_optim *o, float lr)
     }
 }
 
-/* The range holding [lo, hi): its index. */
-static int range_of(const mg_optim *o, size_t lo, size_t hi)
+/* The range holding [lo, hi): its index; -1 and MG_EINVAL naming fn when
+ * none holds it. */
+static int range_of(const mg_optim *o, size_t lo, size_t hi, const char *fn)
 {
     int a = 0, b = o->nr - 1;
     while (a < b) {   /* the last range starting at or before lo */
@@ -346,8 +346,10 @@ static int range_of(const mg_optim *o, size_t lo, size_t hi)
         if (o->r[mid].lo <= lo) a = mid;
         else b = mid - 1;
     }
-    MG_ASSERT(o->r[a].lo <= lo && lo <= hi && hi <= o->r[a].hi);
-    return a;
+    if (o->r[a].lo <= lo && lo <= hi && hi <= o->r[a].hi) return a;
+    mg_error(MG_EINVAL, "%s: floats [%zu, %zu) lie in none of the optimizer's %d range(s) (the "
+             "first [%zu, %zu)): give a part of one", fn, lo, hi, o->nr, o->r[0].lo, o->r[0].hi);
+    return -1;
 }
 
 /* Update floats [a, b) of range k, given where parameter, gradient and
@@ -373,8 +375,11 @@ static mg_status stream(mg_optim *o, float *params, const float *grads, size_t l
 
 mg_status mg_optim_update(mg_optim *o, float *params, const float *grads, size_t lo, size_t hi)
 {
-    MG_ASSERT(o->steps > 0);   /* begin_step first */
-    int k = range_of(o, lo, hi);
+    if (o->steps <= 0)
+        return mg_error(MG_EINVAL, "mg_optim_update: no step begun: call mg_optim_begin_step "
+                        "first");
+    int k = range_of(o, lo, hi, "mg_optim_update");
+    if (k < 0) return MG_EINVAL;
     if (o->off_) return stream(o, params, grads, lo, hi);
     float *st[MAX_STATES] = {NULL, NULL};
     for (int s = 0; s < o->nstates; s++) st[s] = o->state[s] + o->off[k] + (lo - o->r[k].lo);
@@ -675,8 +680,11 @@ static mg_status copy_state_(mg_optim *o, int s, size_t lo, size_t hi, float *bu
 {
     offload *f = o->off_;
     mg_scratch *store = !f ? NULL : s < 0 ? f->ps : f->ss;
-    MG_ASSERT(s >= -1 && s < o->nstates && (s >= 0 || store));
-    int k = range_of(o, lo, hi);
+    if (s < -1 || s >= o->nstates || (s < 0 && !store))
+        return mg_error(MG_EINVAL, "optimizer state %d: it has %d (-1: the parameters, only "
+                        "when offloaded)", s, o->nstates);
+    int k = range_of(o, lo, hi, in ? "mg_optim_write_state" : "mg_optim_read_state");
+    if (k < 0) return MG_EINVAL;
     size_t len = (hi - lo) * sizeof(float);
     if (store) {
         uint64_t at = store_off(o, k, lo, s);
@@ -722,7 +730,8 @@ size_t mg_optim_bytes(const mg_optim *o)
 float *mg_optim_state_at(mg_optim *o, int i, size_t lo, size_t hi)
 {
     MG_ASSERT(i >= 0 && i < o->nstates && o->state[i]);
-    int k = range_of(o, lo, hi);
+    int k = range_of(o, lo, hi, "mg_optim_state_at");
+    if (k < 0) return NULL;
     return o->state[i] + o->off[k] + (lo - o->r[k].lo);
 }
 

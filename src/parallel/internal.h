@@ -4,6 +4,7 @@
 #define MG_PARALLEL_INTERNAL_H
 
 #include <math.h>
+#include <string.h>
 #include "multigrad/component.h"
 
 /* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
@@ -49,6 +50,10 @@ static inline mg_status mg__micro_check(const char *fn, const mg_micro_batch *b,
                         "weight %g: give 1 or more rows, both arrays, and a weight of 0 (1) or "
                         "more", fn, b->n, b->x ? "given" : "NULL", b->y ? "given" : "NULL",
                         b->weight);
+    if (mg_model_vocab(m) && mg_device_of(b->x).kind == MG_DEVICE_CPU &&
+        mg_model_check_tokens(m, (const int32_t *)(const void *)b->x, b->n))
+        return mg_error(MG_EINVAL, "%s: the source gave a micro-batch whose %s", fn,
+                        strstr(mg_last_error(), "token"));
     int classes = mg_model_classes(m), per = mg_model_positions(m);
     for (size_t i = 0; i < (size_t)b->n * per; i++)
         if (b->y[i] < 0 || b->y[i] >= classes)
