@@ -3,7 +3,9 @@
 #   make test       install missing system packages, build, run every test
 #   make run        install missing system packages, build, run the main job
 #   make install PREFIX=/usr/local
+#   make ARCH=x86-64-v3   code for that CPU level, not this machine's (native)
 #   make GPU=0      leave the CUDA backend out (built when the toolkit is found)
+#   make MPI=0      leave the Open MPI backend out (built when mpicc is found)
 #   make test SAN=address|thread|undefined   the suite under a sanitizer
 #                                            (built into build-$(SAN)/)
 #   make fuzz       the libFuzzer targets fuzz/fuzz_<name>.c (clang) into
@@ -13,11 +15,12 @@
 CC      ?= gcc
 PREFIX  ?= /usr/local
 SAN     ?=
+ARCH    ?= native
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 ifeq ($(SAN),)
 BUILD   := build
-OPT     := -O3 -march=native
+OPT     := -O3 -march=$(ARCH)
 else ifeq ($(SAN),fuzz)
 # The library for the fuzz targets: clang's coverage for libFuzzer, ASan
 # and UBSan (any undefined behaviour is a crash the fuzzer reports).
@@ -34,8 +37,10 @@ OPT     += -fno-sanitize-recover=undefined
 endif
 endif
 
-# Open MPI backend: built when mpicc is present (flags taken from its wrapper).
-MPICC   := $(shell command -v mpicc 2>/dev/null)
+# Open MPI backend: built when mpicc is present (flags taken from its
+# wrapper); MPI=0 leaves it out (a static program: Debian has no libmpi.a).
+MPI     ?= 1
+MPICC   := $(if $(filter 0,$(MPI)),,$(shell command -v mpicc 2>/dev/null))
 ifneq ($(MPICC),)
 MPI_CFLAGS := -DMG_HAVE_MPI $(shell mpicc --showme:compile)
 MPI_LIBS   := $(shell mpicc --showme:link)

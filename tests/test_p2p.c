@@ -172,7 +172,11 @@ TEST(p2p_self_and_collectives_tcp) { run(3, mixed_rank, "tcp"); }
 
 /* ---- mismatches -------------------------------------------------------------------- */
 
-static int size_mismatch_rank(int rank, int n, void *arg)
+/* A receive that does not fit the send: 20 int32 for 10, or the same
+ * bytes as float32 (taken as reinterpreted bits until a probe found it). */
+static bool other_dtype;   /* set before the ranks fork */
+
+static int mismatch_rank(int rank, int n, void *arg)
 {
     mg_group *g = join_group(rank, n, arg, 10);
     if (!g) return 2;
@@ -187,19 +191,29 @@ static int size_mismatch_rank(int rank, int n, void *arg)
     } else {
         int32_t guard[24];
         for (int i = 0; i < 24; i++) guard[i] = -7;
-        CHECK_ERR(mg_recv(g, guard + 2, 20, MG_I32, 0, 1), MG_EMISMATCH);
-        CHECK_MSG(strstr(mg_last_error(), "sizes differ"), "message: %s", mg_last_error());
+        CHECK_ERR(mg_recv(g, guard + 2, other_dtype ? 10 : 20, other_dtype ? MG_F32 : MG_I32, 0,
+                          1), MG_EMISMATCH);
+        CHECK_MSG(strstr(mg_last_error(), other_dtype ? "dtypes differ" : "sizes differ"),
+                  "message: %s", mg_last_error());
         for (int i = 0; i < 24; i++) CHECK_EQ(guard[i], -7); /* untouched */
         /* The group is now unusable, and says why. */
         CHECK_ERR(mg_barrier(g), MG_EMISMATCH);
-        CHECK_MSG(strstr(mg_last_error(), "failed earlier"), "message: %s", mg_last_error());
+        CHECK_MSG(strstr(mg_last_error(), "the group failed then and cannot be used any more"),
+                  "message: %s", mg_last_error());
     }
     mg_group_destroy(g);
     return 0;
 }
 
-TEST(p2p_size_mismatch_shm) { run(2, size_mismatch_rank, NULL); }
-TEST(p2p_size_mismatch_tcp) { run(2, size_mismatch_rank, "tcp"); }
+TEST(p2p_size_mismatch_shm) { run(2, mismatch_rank, NULL); }
+TEST(p2p_size_mismatch_tcp) { run(2, mismatch_rank, "tcp"); }
+TEST(p2p_dtype_mismatch)
+{
+    other_dtype = true;
+    run(2, mismatch_rank, NULL);
+    run(2, mismatch_rank, "tcp");
+    other_dtype = false;
+}
 
 static int recv_vs_coll_rank(int rank, int n, void *arg)
 {

@@ -43,3 +43,43 @@ TEST_T(shared_library_exports_the_api_alone_and_runs_a_program, 120)
     CHECK_MSG(rc == 0 && mgt_count(out, "sum 1 (expected 1), token 42") == 2, "%s", out);
     free(out);
 }
+
+/* Each public header alone in C99 -pedantic (a typedef given twice broke
+ * it), and every collective and point-to-point macro in C++ (they took a
+ * compound literal's address, which C++ refuses; found by a probe). */
+TEST_T(public_headers_compile_alone_in_c99_and_their_macros_in_cpp, 120)
+{
+    char root[PATH_MAX], *out;
+    CHECK(realpath(mgt_tool("../.."), root));
+    int rc = mgt_sh(&out, "cd %s/include && for h in multigrad/*.h; do echo \"#include <$h>\" | "
+                    "cc -std=c99 -pedantic -Wall -Wextra -Werror -I. -x c -fsyntax-only - || "
+                    "echo \"FAILED: $h\"; done", root);
+    CHECK_MSG(rc == 0 && !strstr(out, "FAILED"), "%s", out);
+    free(out);
+    const char *t = mgt_tmpdir();
+    char src[PATH_MAX];
+    snprintf(src, sizeof src, "%s/calls.cc", t);
+    FILE *f = fopen(src, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("#include <multigrad/multigrad.h>\n"
+          "int calls(mg_group *g, float *x, int32_t *y, int *src, mg_work **w) {\n"
+          "    int from[2] = {0, 1};\n"
+          "    int s = mg_broadcast(g, x, 4, MG_F32, 0) | mg_reduce(g, x, x, 4, MG_F32, MG_SUM, 0)\n"
+          "        | mg_all_reduce(g, MG_IN_PLACE, x, 4, MG_F32, MG_SUM)\n"
+          "        | mg_all_gather(g, x, x, 4, MG_F32) | mg_gather(g, x, x, 4, MG_F32, 0)\n"
+          "        | mg_scatter(g, x, x, 4, MG_F32, 0) | mg_all_to_all(g, x, x, 4, MG_F32)\n"
+          "        | mg_reduce_scatter(g, x, x, 4, MG_F32, MG_SUM) | mg_barrier(g)\n"
+          "        | mg_send(g, y, 4, MG_I32, 1, 0) | mg_recv(g, y, 4, MG_I32, 1, 0)\n"
+          "        | mg_recv_any(g, y, 4, MG_I32, from, 2, 0, src)\n"
+          "        | mg_all_reduce_async(g, MG_IN_PLACE, x, 4, MG_F32, MG_SUM, w)\n"
+          "        | mg_broadcast_async(g, x, 4, MG_F32, 0, w) | mg_barrier_async(g, w)\n"
+          "        | mg_all_to_all_async(g, x, x, 4, MG_F32, w)\n"
+          "        | mg_isend(g, y, 4, MG_I32, 1, 0, w) | mg_irecv(g, y, 4, MG_I32, 1, 0, w)\n"
+          "        | mg_irecv_any(g, y, 4, MG_I32, from, 2, 0, src, w);\n"
+          "    return s;\n}\n", f);
+    fclose(f);
+    rc = mgt_sh(&out, "c++ -std=c++20 -Wall -Werror -I%s/include -fsyntax-only %s", root, src);
+    CHECK_MSG(rc == 0, "%s", out);
+    free(out);
+}

@@ -54,6 +54,8 @@
 extern "C" {
 #endif
 
+/* MG_AVG: the sum divided by the group's size, in the dtype (an integer
+ * average is truncated toward zero, as C divides; torch refuses it). */
 typedef enum { MG_SUM, MG_PROD, MG_MIN, MG_MAX, MG_AVG, MG_OP_COUNT } mg_op;
 
 const char *mg_op_name(mg_op op);
@@ -357,8 +359,6 @@ typedef struct mg_call {
     int root;        /* root for rooted collectives; peer for send/recv
                         (a receive: MG_ANY_SOURCE, one of `from`) */
     int tag;         /* send/recv */
-    const char *file;
-    int line;
     /* A receive from MG_ANY_SOURCE: the nfrom ranks it takes a message
      * from (NULL: every rank), and where it writes the rank the message
      * came from (or, when it fails on one, that peer's rank; NULL: not
@@ -366,6 +366,8 @@ typedef struct mg_call {
     const int *from;
     int nfrom;
     int *source;
+    const char *file; /* the call's place, for messages (the macros fill it) */
+    int line;
 } mg_call;
 
 /* Start an operation; *work completes it. A bad argument (MG_EINVAL) or a
@@ -395,7 +397,17 @@ void mg_work_times(const mg_work *w, double *start, double *end);
  * is pending. */
 void mg_work_free(mg_work *w);
 
+/* The call of a macro below, with its place. In C++ (20, or 17 with GNU
+ * designated initializers) a temporary that lives to the end of the
+ * statement: a compound literal's address is C only. */
+#ifdef __cplusplus
+static inline const mg_call *mg__call_here(const mg_call &c) { return &c; }
+/* (g++ -Wextra warns of the fields a call leaves out, which are zero as
+ * in C: -Wno-missing-field-initializers.) */
+#define MG__CALL(...) mg__call_here(mg_call{ __VA_ARGS__, .file = __FILE__, .line = __LINE__ })
+#else
 #define MG__CALL(...) (&(mg_call){ __VA_ARGS__, .file = __FILE__, .line = __LINE__ })
+#endif
 
 /* Blocking forms. */
 #define mg_broadcast(g, buf_, count_, dtype_, root_) \

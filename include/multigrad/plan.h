@@ -290,7 +290,6 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
  * evaluation is slow): data-parallel replica `replica` of `replicas` takes
  * its contiguous share of them, evaluated by mg_strategy_evaluate; every
  * rank gets the whole figure. */
-typedef struct mg_strategy mg_strategy;
 mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, int replica,
                                   int replicas, int n_windows, double *loss);
 /* How many windows that evaluates: mg_text_val_windows, at most max

@@ -154,6 +154,21 @@ static void describe_frame_p2p(const mg__bi *b, const mg__fp *h, int peer, char 
              (unsigned long long)h->len, file, h->line);
 }
 
+/* Whether send h fits receive r of n bytes: the same bytes and dtype (a
+ * float sent was taken as integers, bits reinterpreted; a probe);
+ * MG_EMISMATCH naming both when not. */
+static mg_status p2p_match(const mg__bi *b, const mg__fp *h, int peer, const mg__req *r,
+                           size_t n)
+{
+    if (h->len == n && h->dtype == (uint8_t)r->c.dtype) return MG_OK;
+    char d1[320], d2[320];
+    describe_frame_p2p(b, h, peer, d1, sizeof d1);
+    mg__call_describe_p2p(&r->c, &b->g->names, r->seq, d2, sizeof d2);
+    return mg_error(MG_EMISMATCH, "message %s differ: the %s does not fit this rank's %s; send "
+                    "and receive counts and dtypes must match",
+                    h->len != n ? "sizes" : "dtypes", d1, d2);
+}
+
 /* ---- receiving ---------------------------------------------------------- */
 
 /* The frame header in l->h is complete: decide where its payload goes.
@@ -163,7 +178,7 @@ static int claim(mg__bi *b, mg__link *l, want *w)
 {
     mg__fp *h = &l->h;
     int peer = l->ch.peer;
-    char d1[320], d2[320], pn[128];
+    char d1[320], pn[128];
     who(b, peer, pn, sizeof pn);
     const char *bad = mg__frame_check(h);
     if (bad)
@@ -182,13 +197,8 @@ static int claim(mg__bi *b, mg__link *l, want *w)
     }
     if (h->kind == MG__FRAME_P2P) {
         if (w && w->kind != WANT_COLL && h->root == w->tag) {
-            if (h->len != w->n) {
-                describe_frame_p2p(b, h, peer, d1, sizeof d1);
-                mg__call_describe_p2p(&w->req->c, &b->g->names, w->req->seq, d2, sizeof d2);
-                return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: the %s does "
-                                             "not fit this rank's %s; send and receive counts "
-                                             "and dtypes must match", d1, d2));
-            }
+            mg_status st = p2p_match(b, h, peer, w->req, w->n);
+            if (st) return link_fail(l, st);
             l->mode = MG__RX_DIRECT;
             l->dst = w->buf;
             l->left = w->n;
@@ -295,15 +305,11 @@ static int rx_step(mg__bi *b, mg__link *l, want *w)
             /* Drained while we were busy sending, and it is the one we now
              * wait for: the earliest of its tag, since links are FIFO. */
             if (w && w->kind != WANT_COLL && um->h.root == w->tag) {
-                if (um->h.len != w->n) {
-                    char d1[320], d2[320];
-                    describe_frame_p2p(b, &um->h, l->ch.peer, d1, sizeof d1);
-                    mg__call_describe_p2p(&w->req->c, &b->g->names, w->req->seq, d2, sizeof d2);
+                mg_status st = p2p_match(b, &um->h, l->ch.peer, w->req, w->n);
+                if (st) {
                     b->ubytes -= um->h.len;
                     free(um);
-                    return link_fail(l, mg_error(MG_EMISMATCH, "message sizes differ: the %s "
-                                                 "does not fit this rank's %s; send and "
-                                                 "receive counts and dtypes must match", d1, d2));
+                    return link_fail(l, st);
                 }
                 if (w->n) memcpy(w->buf, um->data, w->n);
                 b->ubytes -= um->h.len;
@@ -667,14 +673,7 @@ static int take_unexpected(mg__bi *b, const mg__req *r, const bool *in, size_t n
         mg__umsg *um = *pp;
         if (!(in ? in[um->peer] : um->peer == r->c.root) || um->h.root != r->c.tag) continue;
         *peer = um->peer;
-        if (um->h.len != n) {
-            char d1[320], d2[320];
-            describe_frame_p2p(b, &um->h, um->peer, d1, sizeof d1);
-            mg__call_describe_p2p(&r->c, &b->g->names, r->seq, d2, sizeof d2);
-            mg_error(MG_EMISMATCH, "message sizes differ: the %s does not fit this rank's %s; "
-                     "send and receive counts and dtypes must match", d1, d2);
-            return -1;
-        }
+        if (p2p_match(b, &um->h, um->peer, r, n)) return -1;
         if (n) memcpy(r->c.recvbuf, um->data, n);
         *pp = um->next;
         b->ubytes -= n;
