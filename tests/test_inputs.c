@@ -475,6 +475,65 @@ TEST_T(inputs_mgtrain_checks_outputs_before_any_work, 120)
     CHECK(!exists(tpath("nodir")));
 }
 
+/* A log on a file system that fills mid-run: one line naming --log and
+ * the log's own path (it named the temporary file beside it and no flag;
+ * a probe), exit status 2; a checkpoint that cannot fit, before training. As root, in a mount namespace of its own with a
+ * tmpfs of 8 KiB; skipped otherwise. */
+TEST_T(inputs_mgtrain_full_disk_names_the_log, 120)
+{
+    if (geteuid() != 0 || mgt_sh(NULL, "unshare --mount true") != 0)
+        mgt_skip("needs root and unshare (a small file system of the test's own)");
+    const char *dir = tpath("small");
+    CHECK(mkdir(dir, 0755) == 0);
+    char *out;
+    int rc = mgt_sh(&out, "unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=8k "
+                    "tmpfs %s && %s --model gpt-mini --layers 1 --dim 16 --heads 2 --ctx 8 "
+                    "--steps 400 --eval-every 2 --eval-windows 2 --log %s/l.csv'", dir,
+                    mgt_tool("mgtrain"), dir);
+    CHECK_MSG(rc == 2 && strstr(out, "mgtrain: --log: cannot write ") &&
+              strstr(out, "No space left") && !strstr(out, ".tmp.") &&
+              !strstr(out, "step   400/400"), "rc %d: %s", rc, out);
+    free(out);
+    /* A checkpoint that cannot fit is said before training (it was found
+     * at the first save) */
+    rc = mgt_sh(&out, "unshare --mount --propagation private sh -c 'mount -t tmpfs -o size=8k "
+                "tmpfs %s && %s --model gpt-mini --layers 1 --dim 16 --heads 2 --ctx 8 "
+                "--steps 400 --eval-every 200 --save %s/ck.st'", dir, mgt_tool("mgtrain"), dir);
+    CHECK_MSG(rc == 2 && strstr(out, "its file system has") && !strstr(out, "step "),
+              "rc %d: %s", rc, out);
+    free(out);
+}
+
+/* Another user's file in a sticky directory (/tmp) cannot be replaced: the
+ * check made a file beside it and passed, and the run trained until its
+ * first save or log row (a probe). As a user other than the file's (root
+ * may replace it), so as root through setpriv; skipped without them. */
+TEST_T(inputs_mgtrain_refuses_outputs_a_sticky_directory_keeps, 120)
+{
+    if (geteuid() != 0 || mgt_sh(NULL, "command -v setpriv") != 0)
+        mgt_skip("needs root and setpriv (to run mgtrain as nobody beside root's file)");
+    if (mgt_sh(NULL, "setpriv --reuid=nobody --regid=nogroup --clear-groups test -x %s",
+               mgt_tool("mgtrain")) != 0)
+        mgt_skip("user nobody cannot run %s (a directory above it is closed)",
+                 mgt_tool("mgtrain"));
+    char dir[] = "/tmp/mgtest-sticky-XXXXXX", file[64], *out;
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK(chmod(dir, 01777) == 0);
+    snprintf(file, sizeof file, "%s/ck.st", dir);
+    touch(file);
+    const char *flags[] = {"--save", "--log"};
+    for (int i = 0; i < 2; i++) {
+        int rc = mgt_sh(&out, "setpriv --reuid=nobody --regid=nogroup --clear-groups %s --model "
+                        "gpt-mini --layers 1 --dim 16 --heads 2 --ctx 8 --steps 4 --eval-every 2 "
+                        "%s %s", mgt_tool("mgtrain"), flags[i], file);
+        CHECK_MSG(rc == 2 && strstr(out, "belongs to another user in a sticky directory") &&
+                  !strstr(out, "step ") && mgt_count(out, "\n") == 1, "%s: rc %d: %s",
+                  flags[i], rc, out);
+        free(out);
+    }
+    mgt_sh(NULL, "rm -rf %s", dir);
+}
+
 /* The call in a child that must return within 20 s (a FIFO opened for
  * reading blocks until a writer comes, which is never). */
 static void within_20s(void (*fn)(void))

@@ -117,6 +117,11 @@ TEST_T(mgtrain_resume_continues_exactly, 240)
     CHECK_MSG(rc == 2 && strstr(out, "saved with model=mlp but this run has model=lenet5") &&
               mgt_count(out, "\n") == 1, "%s", out);
     free(out);
+    /* ...and to train on: the model is named, not its other batch (a probe) */
+    rc = mgt_sh(&out, "%s --model gpt-mini --steps 2 --resume %s/full.st", bin, t);
+    CHECK_MSG(rc == 2 && strstr(out, "saved with model=mlp but this run has model=gpt-mini"),
+              "%s", out);
+    free(out);
 }
 
 /* The whole-process peak a run printed ("peak memory N MB"), or -1. */

@@ -430,3 +430,27 @@ TEST(shm_missing_peer_segment_explained)
         CHECK(access(path, F_OK) != 0);
     }
 }
+
+/* A /dev/shm too small for the job (Docker's default is 64 MB): tmpfs
+ * sized the segments without a word and the first touch of a page past
+ * its room killed every worker with SIGBUS (a probe). Now each segment's
+ * pages are reserved when it is made: one line naming /dev/shm and the
+ * way out, exit status 2, at once. In a mount namespace of its own, as
+ * root; skipped otherwise. */
+TEST_T(shm_too_small_dev_shm_is_said_not_sigbus, 120)
+{
+    if (geteuid() != 0 || mgt_sh(NULL, "unshare --mount true") != 0)
+        mgt_skip("needs root and unshare (a /dev/shm of the test's own)");
+    const char *sizes[] = {"4m", "12m"};   /* no segment fits; one rank's does */
+    for (int i = 0; i < 2; i++) {
+        char *out;
+        int rc = mgt_sh(&out, "unshare --mount --propagation private sh -c 'mount -t tmpfs -o "
+                        "size=%s tmpfs /dev/shm && %s -n 2 %s --model gpt-mini --parallel ddp "
+                        "--steps 1 --eval-every 1 --eval-windows 1 --no-eval-on-start'", sizes[i],
+                        mgt_tool("mgrun"), mgt_tool("mgtrain"));
+        CHECK_MSG(rc == 2 && strstr(out, "/dev/shm has too little room") &&
+                  strstr(out, "MG_TRANSPORT=tcp") && !strstr(out, "SIGBUS"), "size=%s: rc %d: %s",
+                  sizes[i], rc, out);
+        free(out);
+    }
+}

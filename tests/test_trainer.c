@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "harness.h"
+#include "idx_files.h"
 #include "multigrad/multigrad.h"
 
 typedef struct {
@@ -53,6 +54,25 @@ static mg_train_config small_gpt(seen *s, const char *dir, char *ck, char *log)
     c.on_row = on_row;
     c.ud = s;
     return c;
+}
+
+/* An image model's epochs: the steps counted are the batches (it counted
+ * the empty call that ends an epoch as one more; a probe). */
+TEST_T(trainer_counts_the_steps_of_epochs, 60)
+{
+    const char *dir = mgt_tmpdir();
+    CHECK_EQ(mgt_cut_fashion(mgt_fashion_dir(), dir, 100, 20), 0);
+    mg_train_config c;
+    CHECK_OK(mg_train_config_defaults("mlp", &c));
+    c.data = dir;
+    c.batch = 32;   /* 32, 32, 32, 4 */
+    c.epochs = 2;
+    mg_trainer *t;
+    mg_train_summary sum;
+    CHECK_OK(mg_trainer_create(&c, &t));
+    CHECK_OK(mg_trainer_run(t, &sum));
+    CHECK_MSG(sum.steps_run == 8, "%ld steps", sum.steps_run);
+    mg_trainer_destroy(t);
 }
 
 TEST_T(trainer_loop_calls_back_logs_and_resumes, 120)
@@ -329,6 +349,23 @@ TEST(train_step_refuses_what_no_model_can_take)
     CHECK_OK(mg_train_step(s, o, &(mg_step_options){1, 0.05f, 0, 1}, give_one, &d, &r));
     CHECK(r.micro == 1 && r.samples == 2);
     free(before);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    /* A language model's token outside the vocabulary: an assertion that
+     * stopped the process (a probe), now MG_EINVAL naming it. */
+    mg_gpt_config g = {.layers = 1, .dim = 16, .heads = 2, .ctx = 4, .vocab = 256};
+    CHECK_OK(mg_model_create_gpt(&g, 0, &m));
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    static const int32_t tok[8] = {1, 2, 3, 4, 5, 256, 7, 8}, next[8] = {0};
+    d.b = (mg_micro_batch){(const float *)(const void *)tok, next, 2, true, 0};
+    CHECK_ERR(mg_train_step(s, o, &(mg_step_options){1, 0.05f, 0, 1}, give_one, &d, &r),
+              MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "mg_train_step: the source gave a micro-batch whose token "
+                     "256 (row 1, position 1 of 4) is outside the vocabulary [0, 256)"), "%s",
+              mg_last_error());
+    CHECK_ERR(mg_strategy_evaluate(s, give_one, &d, &e), MG_EINVAL);
     mg_optim_destroy(o);
     mg_strategy_destroy(s);
     mg_model_destroy(m);

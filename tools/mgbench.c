@@ -555,9 +555,15 @@ static int launch_local(const options *o, int n, const char *backend)
                     fprintf(stderr, "%s: rank %d was killed by signal %d (%s)\n", mgb_prog, r,
                             WTERMSIG(st), strsignal(WTERMSIG(st)));
                 /* The failed rank said why; the others would only wait for it
-                 * until the deadline. SIGKILL whoever ignores SIGTERM. */
-                kill_at = mg_now() + 10;
-                for (int k = 0; k < n; k++) if (pids[k]) kill(pids[k], SIGTERM);
+                 * until the deadline. SIGCONT a stopped one, so that it acts
+                 * on SIGTERM; SIGKILL after MG_GRACE whoever ignores it, as
+                 * mgrun does (a fixed 10 s, a probe). */
+                kill_at = mg_now() + mg_env_double("MG_GRACE", 5);
+                for (int k = 0; k < n; k++)
+                    if (pids[k]) {
+                        kill(pids[k], SIGTERM);
+                        kill(pids[k], SIGCONT);
+                    }
             }
         }
     }

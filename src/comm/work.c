@@ -114,9 +114,12 @@ void mg__group_fail(mg_group *g, mg_status code, const char *msg)
 
 static mg_status failed_error(mg_group *g)
 {
-    /* The message is complete once failed reads 2 (set by the one writer). */
+    /* The message is complete once failed reads 2 (set by the one writer).
+     * It names the operation that failed, often the one the caller hears
+     * of first (an asynchronous one, or a peer's silence found between
+     * operations): "failed earlier" read as another failure (a probe). */
     while (atomic_load(&g->failed) == 1) sched_yield();
-    return mg_error(g->fail_code, "%s (the group failed earlier and cannot be used any more)",
+    return mg_error(g->fail_code, "%s; the group failed then and cannot be used any more",
                     g->fail_msg);
 }
 

@@ -153,20 +153,6 @@ bool mg_same_file(const char *a, const char *b)
     return !strcmp(ra, rb);
 }
 
-mg_status mg_check_writable(const char *path)
-{
-    struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
-                        file_kind(sb.st_mode));
-    char tmp[4096];
-    int fd = create_tmp(path, tmp, sizeof tmp, 0600);
-    if (fd < 0) return no_tmp_error(path);
-    close(fd);
-    unlink(tmp);
-    return MG_OK;
-}
-
 /* The file a write of path replaces: path, or where a symbolic link at
  * path leads (its target, or where a dangling one points), so that a save
  * goes through the link, as torch.save's open() does, instead of
@@ -189,6 +175,35 @@ static const char *through_links(const char *path, char *buf, size_t cap)
     return w > 0 && (size_t)w < cap ? buf : path;
 }
 
+mg_status mg_check_writable(const char *path)
+{
+    char buf[PATH_MAX];
+    const char *file = through_links(path, buf, sizeof buf);   /* what a write replaces */
+    struct stat sb;
+    bool there = stat(file, &sb) == 0;
+    if (there && !S_ISREG(sb.st_mode))
+        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
+                        file_kind(sb.st_mode));
+    char tmp[4096];
+    int fd = create_tmp(file, tmp, sizeof tmp, 0600);
+    if (fd < 0) return no_tmp_error(path);
+    close(fd);
+    unlink(tmp);
+    /* A write renames its file over the old one, which a sticky directory
+     * (/tmp) refuses for another user's file: found at the first save,
+     * after the training before it (a probe). */
+    char copy[PATH_MAX];
+    snprintf(copy, sizeof copy, "%s", file);
+    const char *dir = dirname(copy);
+    struct stat ds;
+    uid_t me = geteuid();
+    if (there && me != 0 && sb.st_uid != me && stat(dir, &ds) == 0 && (ds.st_mode & S_ISVTX) &&
+        ds.st_uid != me)
+        return mg_error(MG_EIO, "%s belongs to another user in a sticky directory (%s), which "
+                        "refuses to replace it: remove it, or give another path", file, dir);
+    return MG_OK;
+}
+
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
     char buf[PATH_MAX];
@@ -205,8 +220,8 @@ mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap
     *fd = create_tmp(file, tmp, cap, keep ? old.st_mode & 0777 : 0666);
     if (*fd < 0) return no_tmp_error(path);
     if ((keep && fchmod(*fd, old.st_mode & 0777) != 0) || ftruncate(*fd, (off_t)size) != 0) {
-        mg_status st = mg_error(MG_EIO, "cannot make %s (%llu bytes): %s", tmp,
-                                (unsigned long long)size, strerror(errno));
+        mg_status st = mg_error(MG_EIO, "cannot make a file of %llu bytes for %s: %s",
+                                (unsigned long long)size, path, strerror(errno));
         mg_atomic_abort(tmp, *fd);
         *fd = -1;
         return st;
@@ -253,9 +268,12 @@ mg_status mg_atomic_commit(const char *path, const char *tmp, int fd)
     char buf[PATH_MAX];
     const char *file = through_links(path, buf, sizeof buf);
     mg_status st = MG_OK;
-    if (fsync(fd) != 0) st = mg_error(MG_EIO, "cannot sync %s: %s", tmp, strerror(errno));
+    /* Messages name the file the caller gave (the temporary one beside it
+     * is gone once this fails). */
+    if (fsync(fd) != 0) st = mg_error(MG_EIO, "cannot sync %s: %s", path, strerror(errno));
     if (!st && rename(tmp, file) != 0)
-        st = mg_error(MG_EIO, "cannot rename %s to %s: %s", tmp, file, strerror(errno));
+        st = mg_error(MG_EIO, "cannot replace %s with the file written beside it: %s", file,
+                      strerror(errno));
     if (st) unlink(tmp);
     if (close(fd) != 0 && !st) st = mg_error(MG_EIO, "cannot write %s: %s", path, strerror(errno));
     if (st) return st;
@@ -285,7 +303,7 @@ mg_status mg_write_file_atomic_v(const char *path, const mg_piece *pieces, int n
     MG_TRY(mg_atomic_begin(path, size, tmp, sizeof tmp, &fd));
     mg_status st = MG_OK;
     for (int i = 0; i < n && !st; i++) {
-        if (pieces[i].len) st = mg_pwrite_all(fd, pieces[i].data, pieces[i].len, off, tmp);
+        if (pieces[i].len) st = mg_pwrite_all(fd, pieces[i].data, pieces[i].len, off, path);
         off += pieces[i].len;
     }
     if (st) {

@@ -62,7 +62,7 @@ static const mg_tunable params[] = {
     {"MG_SPIN_US", R, NULL, 0, 1e6, NULL, "microseconds a wait spins before yielding (default 50, 0 when ranks outnumber CPUs)"},
     {"MG_YIELD_US", R, NULL, 0, 1e6, NULL, "microseconds a wait yields before sleeping (default 200, 2000 when ranks outnumber CPUs)"},
     {"MG_MPI_CHECK", B, "0", 0, 1, NULL, "MPI backend: check that ranks call the same collectives (costs a message each)"},
-    {"MG_GRACE", R, "5", 0, 86400, NULL, "mgrun: seconds between SIGTERM and SIGKILL when it stops the workers"},
+    {"MG_GRACE", R, "5", 0, 86400, NULL, "mgrun (and mgbench -n): seconds between SIGTERM and SIGKILL when it stops the workers"},
     {"MG_STORE_PORT", I, "0", 0, 65535, NULL, "set by mgrun: the port of the rendezvous store it serves at MASTER_ADDR, where the ranks meet (rank 0 serves none; MASTER_PORT is left to other programs); 0: rank 0 serves it at MASTER_PORT"},
     {"MG_RUN_ID", S, "", 0, 32, NULL, "set by mgrun: the attempt, so that a restart rendezvouses under keys of its own"},
     {"MG_SHM_TAG", S, "", 0, 16, NULL, "set by mgrun: letters and digits in the names of its ranks' shared memory (each mgrun has its own), which it removes when they end"},

@@ -223,12 +223,15 @@ static mg_status ddp_setup(mg_group *g, mg_model *m, const mg_ddp_options *opt, 
     if (!st) st = make_buckets(d);
     if (!st) {
         d->grads = mg_group_alloc(g, d->n * sizeof(float));
-        if (!d->grads) st = mg_error(MG_ENOMEM, "ddp: cannot allocate %zu bytes of group "
-                                     "memory for gradients", d->n * sizeof(float));
+        if (!d->grads)   /* mg_group_alloc said why (/dev/shm's room, a peer) */
+            st = mg_error(mg_last_error_code(), "ddp: the gradients' group memory: %s",
+                          mg_last_error());
     }
     if (!st && d->opt.compress != MG_COMPRESS_NONE) {
         d->half = mg_group_alloc(g, d->n * sizeof(uint16_t));
-        if (!d->half) st = mg_error(MG_ENOMEM, "ddp: cannot allocate group memory");
+        if (!d->half)
+            st = mg_error(mg_last_error_code(), "ddp: the compressed buckets' group memory: %s",
+                          mg_last_error());
     }
     if (!st) {
         d->staged = mg_model_device(m).kind != MG_DEVICE_CPU;

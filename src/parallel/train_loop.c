@@ -112,7 +112,7 @@ static mg_status step_run(mg_trainer *t, double lr, source *src, mg_batch_source
         by->received += b[d].received - a[d].received;
         by->seconds += b[d].seconds - a[d].seconds;
     }
-    t->info.steps_run++;
+    if (r->micro) t->info.steps_run++;   /* the empty call that ends an epoch is none */
     return MG_OK;
 }
 
@@ -238,7 +238,9 @@ static mg_status record(mg_trainer *t, mg_train_row *r, bool save, long since)
     r->elapsed = mg_now() - t->began;
     MG_TRY(mg__metrics_add(&t->log, r));
     mg_status st = MG_OK;
-    if (t->info.rank == 0 && c->log) st = mg__log_write(c->log, c->model, &t->log);
+    if (t->info.rank == 0 && c->log && (st = mg__log_write(c->log, c->model, &t->log)))
+        st = mg_error(st, "--log: %s (the log and its plot as they were before this row)",
+                      mg_last_error());
     if (!st && since >= 0) st = diverged(t, r, since);
     MG_TRY(mg_trainer_agree(t, st));
     if (!save || !c->save) return MG_OK;
@@ -345,7 +347,7 @@ static mg_status run_images(mg_trainer *t, mg_train_summary *sum)
         int n_local;
         mg_sampler_set_epoch(&sampler, e);
         const int32_t *order = mg_sampler_indices(&sampler, &n_local);
-        if (loader) mg_loader_start(loader, order, n_local, t->info.local, 0);
+        if (loader && (st = mg_loader_start(loader, order, n_local, t->info.local, 0))) break;
         double v[3] = {0, 0, 0};  /* loss sum, correct, images (this rank) */
         double t0 = mg_now(), lr = c->lr;
         long since = step;

@@ -54,11 +54,13 @@ static mg_status resume_keys(const char *saved, const char *now, const char *pat
 mg_status mg__train_resume_check(const char *saved, const char *now, const char *path,
                                  bool model_only)
 {
-    if (model_only) {   /* what makes the model: the rest is training's */
-        static const char *keys[] = {"model=", "arch="};
-        return resume_keys(saved, now, path, keys, 2, "give the flags of the model it "
-                           "holds (--model, and a gpt's sizes)");
-    }
+    /* What makes the model first: another model's checkpoint was said to
+     * have another batch, and giving that batch only then named the model
+     * (a probe). The rest is training's. */
+    static const char *model[] = {"model=", "arch="};
+    MG_TRY(resume_keys(saved, now, path, model, 2, "give the flags of the model it holds "
+                       "(--model, and a gpt's sizes)"));
+    if (model_only) return MG_OK;
     long gb[2];
     const char *hp[2] = {saved, now};
     for (int k = 0; k < 2; k++) {
@@ -69,8 +71,8 @@ mg_status mg__train_resume_check(const char *saved, const char *now, const char 
         return mg_error(MG_EMISMATCH, "%s was saved with a global batch of %ld (--batch x "
                         "--accumulate) but this run's is %ld; resume with the same global "
                         "batch, or start a new run without --resume", path, gb[0], gb[1]);
-    static const char *keys[] = {"model=", "lr=", "momentum=", "optimizer=", "weight_decay=",
-                                 "schedule=", "seed=", "clip_grad=", "betas=", "arch="};
+    static const char *keys[] = {"lr=", "momentum=", "optimizer=", "weight_decay=",
+                                 "schedule=", "seed=", "clip_grad=", "betas="};
     return resume_keys(saved, now, path, keys, sizeof keys / sizeof keys[0],
                        "resume with the same flags, or start a new run without --resume");
 }

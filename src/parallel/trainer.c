@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "multigrad/trace.h"
 #include "multigrad/planner.h"
@@ -362,11 +363,27 @@ static mg_status shape_job(mg_trainer *t)
         return mg_error(MG_EINVAL, "--slow-rank %d:%g: the job has ranks 0 to %d", c->slow_rank,
                         c->slow_factor, in->world - 1);
     int V = c->det_shards;
+    bool ps = c->strategy == MG_STRATEGY_PS;
     int micro = in->pp > 1 ? c->accumulate : 1;   /* a pipeline's --batch: its micro-batches' */
+    /* The same step's rows in accumulation steps that divide (a probe:
+     * --batch 4 --accumulate 3 on 3 ranks was refused with no way out). */
+    int rows = c->batch * c->accumulate, a = micro > 1 ? 0 : c->accumulate;
+    while (a > 0 && (rows % a || (rows / a) % in->dp_size)) a--;
+    char keep[96] = "";
+    if (a > 0 && a != c->accumulate)
+        snprintf(keep, sizeof keep, ", or --batch %d --accumulate %d (the same step)", rows / a,
+                 a);
     mg_status st = c->batch % in->dp_size
         ? mg_error(MG_EINVAL, "--batch %d does not divide among %d data-parallel ranks%s: use "
-                   "a multiple of %d (--batch is the global batch)", c->batch * micro,
-                   in->dp_size, micro > 1 ? " in each micro-batch" : "", in->dp_size * micro)
+                   "a multiple of %d (--batch is the global batch)%s", c->batch * micro,
+                   in->dp_size, micro > 1 ? " in each micro-batch" : "", in->dp_size * micro,
+                   keep)
+        : V && in->dp_size & (in->dp_size - 1)   /* no power of two V divides (a probe) */
+        ? mg_error(MG_EINVAL, "--deterministic: %d %s cannot share the step's virtual shards, a "
+                   "power of two (each takes V/ranks of them): give a power of two of them (%s)",
+                   in->dp_size, ps ? "workers" : "data-parallel ranks",
+                   ps ? "-n: the workers and --servers" : "--mesh dp=N with the other ranks in "
+                   "pp or tp")
         : V && V % in->dp_size   /* a power of two dividing the rows: check_config */
         ? mg_error(MG_EINVAL, "--virtual-shards %d: the %d data-parallel rank(s) must divide it "
                    "(each takes V/ranks of the shards)", V, in->dp_size)
@@ -524,6 +541,27 @@ static mg_status make_optimizer(mg_trainer *t)
     return st;
 }
 
+/* Room for the checkpoint where --save writes it, at least rank 0's
+ * parameters and their optimizer state (the file holds the whole model):
+ * a file system with less was found at the first save, after the
+ * training before it (a probe). Said only where it cannot fit. */
+static mg_status check_room(mg_trainer *t)
+{
+    const mg_train_config *c = &t->c;
+    if (t->info.rank || !c->save || c->eval_only) return MG_OK;
+    double need = 4.0 * (double)mg_model_num_params(t->m) * (1 + mg_optim_num_states(t->opt));
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->save);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[slash == dir] = 0;
+    struct statvfs v;
+    if (statvfs(slash ? dir : ".", &v) || (double)v.f_bavail * v.f_frsize >= need) return MG_OK;
+    return mg_error(MG_EIO, "--save %s: its file system has %.1f MB free, and the checkpoint "
+                    "takes at least %.1f MB (the parameters and the optimizer's state): free "
+                    "space there or give another path", c->save,
+                    (double)v.f_bavail * v.f_frsize / 1e6, need / 1e6);
+}
+
 /* Rank 0 reads the --resume file's hyper-parameters first: a run of
  * other ones is told which differs (momentum 0 against 0.9), not that
  * the file holds a tensor (the momentum) this run has no place for. A
@@ -638,6 +676,7 @@ static mg_status create(mg_trainer *t)
     MG_TRY(make_plan(t));
     if (c->plan_only) return MG_OK;
     MG_TRY(make_optimizer(t));
+    MG_TRY(mg_trainer_agree(t, check_room(t)));
     mg__train_hparams(c, t->hp, sizeof t->hp);
     MG_TRY(mg__train_agreed(t, start_state(t)));
     if (c->text) t->info.val_windows = mg_lm_val_windows(t->text, c->gpt.ctx, c->eval_windows);

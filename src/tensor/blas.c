@@ -171,6 +171,9 @@ void mg__blas_check(mg_kernels_info *k)
         snprintf(k->why, sizeof k->why, "set by OPENBLAS_CORETYPE=%.24s in the environment", user);
         k->choice = k->why;
         snprintf(k->fix, sizeof k->fix, "unset it to let multigrad choose");
+        if (strcasecmp(want, "auto"))   /* said nothing, valid or junk (a probe) */
+            mg_log("warning: MG_BLAS_CORE=%s is not used: OPENBLAS_CORETYPE=%s is set, and "
+                   "OpenBLAS's own variable wins; unset one of them", want, user);
     } else if (!strcasecmp(want, "keep")) {
         k->choice = "OpenBLAS's choice, kept: MG_BLAS_CORE=keep in the environment";
         snprintf(k->fix, sizeof k->fix, "unset MG_BLAS_CORE to let multigrad choose");

@@ -250,9 +250,8 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
         mg__shm_transport_destroy(x);
         return st;
     }
-    if (ftruncate(fd, (off_t)x->total) < 0) {
-        mg_status st = mg_error(MG_EIO, "cannot size shared memory %s to %zu bytes: %s (is "
-                                "/dev/shm full?)", x->name, x->total, strerror(errno));
+    mg_status st = mg__shm_named_size(fd, x->name, x->total, "the shared-memory transport");
+    if (st) {
         close(fd);
         mg__shm_transport_unlink(x);
         mg__shm_transport_destroy(x);
@@ -261,7 +260,7 @@ mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_tra
     void *p = mmap(NULL, x->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
-        mg_status st = mg_error(MG_EIO, "mmap of %s: %s", x->name, strerror(errno));
+        st = mg_error(MG_EIO, "mmap of %s: %s", x->name, strerror(errno));
         mg__shm_transport_unlink(x);
         mg__shm_transport_destroy(x);
         return st;

@@ -40,6 +40,12 @@ void mg__shm_name_keep(const char *name);
 void mg__shm_name_drop(const char *name);
 int mg__shm_named_create(const char *name);
 void mg__shm_named_unlink(const char *name);
+/* Size a segment just created to bytes, its pages reserved now: tmpfs
+ * sizes a file past its room without a word, and the first touch of a
+ * page beyond it killed the process with SIGBUS (a probe, under a 64 MB
+ * /dev/shm). MG_ENOMEM naming what (for the message) when /dev/shm has no
+ * room. */
+mg_status mg__shm_named_size(int fd, const char *name, size_t bytes, const char *what);
 
 /* Create and map this rank's segment (named after gid and rank). */
 mg_status mg__shm_transport_create(const mg__shm_transport_cfg *cfg, mg__shm_transport **out);

@@ -91,9 +91,7 @@ mg_status mg__shm_transport_alloc(mg__shm_transport *x, size_t bytes, void **out
     if (fd < 0) {
         st = mg_error(MG_EIO, "mg_group_alloc: shm_open(%s): %s", name, strerror(errno));
     } else {
-        if (ftruncate(fd, (off_t)a->mapped) < 0)
-            st = mg_error(MG_ENOMEM, "mg_group_alloc: cannot size %zu bytes of shared memory: %s "
-                          "(is /dev/shm full?)", a->mapped, strerror(errno));
+        st = mg__shm_named_size(fd, name, a->mapped, "mg_group_alloc");
         void *p = st ? MAP_FAILED : mmap(NULL, a->mapped, PROT_READ | PROT_WRITE,
                                          MAP_SHARED | MAP_POPULATE, fd, 0);
         close(fd);

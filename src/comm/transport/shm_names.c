@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define MAX_NAMED 64
@@ -112,6 +113,21 @@ int mg__shm_named_create(const char *name)
         errno = e;
     }
     return fd;
+}
+
+mg_status mg__shm_named_size(int fd, const char *name, size_t bytes, const char *what)
+{
+    int e = ftruncate(fd, (off_t)bytes) < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    if (!e) return MG_OK;
+    struct statvfs v;
+    char room[64] = "";
+    if (!statvfs(SHM_DIR, &v))
+        snprintf(room, sizeof room, " (%.1f MB free of %.1f MB)",
+                 (double)v.f_bavail * v.f_frsize / 1e6, (double)v.f_blocks * v.f_frsize / 1e6);
+    return mg_error(MG_ENOMEM, "%s: cannot reserve %.1f MB of shared memory for %s: %s: "
+                    "%s has too little room%s; make it larger (a container: docker run "
+                    "--shm-size=1g), or give MG_TRANSPORT=tcp", what, (double)bytes / 1e6, name,
+                    strerror(e), SHM_DIR, room);
 }
 
 void mg__shm_named_unlink(const char *name)
