@@ -329,6 +329,8 @@ TEST_T(cli_a_mistake_every_rank_finds_is_said_once, 120)
         {4, "--model lenet5 --mesh dp=3", "has dp*tp*pp = 3 ranks but the job has 4"},
         {4, "--model lenet5 --parallel ps", "--batch 128 does not divide among 3"},
         {3, "--model lenet5 --parallel ps --staleness 2 --deterministic", "needs --staleness 0"},
+        {3, "--model lenet5 --parallel ddp --batch 4 --accumulate 3",
+         "or --batch 6 --accumulate 2 (the same step)"},
         {4, "--model lenet5 --parallel ddp --data /nonexistent", "data directory '/nonexistent'"},
         {4, "--model lenet5 --mesh pp=2 --split foo", "--split: no unit 'foo'"},
         {4, "--model lenet5 --parallel ddp --resume /nonexistent.st", "--resume: cannot open"},

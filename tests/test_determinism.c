@@ -326,7 +326,10 @@ TEST_T(deterministic_bad_input, 120)
         {"", "--virtual-shards 6", "power of two"},
         {"", "--virtual-shards 256", "divides the step's 128 rows"},
         {"", "--deterministic --plan auto", "give one of them"},
-        {"-n 3", "--parallel ddp --batch 120 --deterministic", "rank(s) must divide it"},
+        /* it sent the user to --virtual-shards, which no value fits (a probe) */
+        {"-n 3", "--parallel ddp --batch 120 --deterministic",
+         "3 data-parallel ranks cannot share the step's virtual shards"},
+        {"-n 4", "--parallel ddp --deterministic --virtual-shards 2", "rank(s) must divide it"},
         {"-n 2", "--mesh dp=2 --zero 3 --offload disk:/tmp --deterministic",
          "ZeRO-3's --offload disk puts them in files"},
         {"-n 2", "--mesh tp=2 --deterministic --tp-chunks 1", "tensor-parallel size 2 divides"},

@@ -364,13 +364,19 @@ TEST(mgplan_recommends_a_command_that_mgtrain_takes)
     CHECK_MSG(rc == 0 && strstr(out, "recommended: mgrun -n 4 mgtrain --model lenet-d2l") &&
               strstr(out, "because "), "%s", out);
     free(out);
+    /* Figures under 10 MB have decimals in every reason ("0 of 0 MB"; a probe) */
+    rc = mgt_sh(&out, "%s --model gpt-mini --layers 3 --dim 32 --heads 4 --ctx 32 --batch 12 "
+                "--optimizer sgd -n 6 --memory 0.5M --top 3 %s", mgt_tool("mgplan"), sim);
+    CHECK_MSG(rc == 0 && strstr(out, "only tensor parallelism fits") &&
+              strstr(out, " of 0.50 MB)"), "%s", out);
+    free(out);
 }
 
 TEST(mgplan_bad_input_is_one_line)
 {
     static const struct { const char *args, *says; } cases[] = {
         {"--model resnet -n 2", "unknown model 'resnet'"},
-        {"--model gpt-mini -n 2 --memory 1M", "nothing fits in 1 MB"},
+        {"--model gpt-mini -n 2 --memory 1M", "nothing fits in 1.0 MB"},
         {"--model gpt-mini", "give the ranks"},
         {"--model gpt-mini -n 0", "-n 0 is out of range"},
         {"--model gpt-mini -n 2 --memory lots", "is not a size"},

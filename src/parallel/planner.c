@@ -273,7 +273,10 @@ static int mb_digits(double a, double b)
 {
     int d = 0;
     while (d < 3 && fabs(round(a * pow(10, d)) - round(b * pow(10, d))) < 0.5) d++;
-    return d;
+    /* and two figures of the smaller below 10 MB: "0 of 0 MB" said nothing */
+    double s = fmin(fabs(a), fabs(b));
+    int small = s >= 10 || s == 0 ? 0 : s >= 1 ? 1 : s >= 0.1 ? 2 : 3;
+    return d > small ? d : small;
 }
 
 void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, char *buf,
@@ -300,27 +303,28 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
         return;
     }
     bool only_tp = !tp1 && !untried && best->tp > 1;
+    int k = mb_digits(best->bytes / mb, cl->memory > 0 ? cl->memory / mb : best->bytes / mb);
     if (best->offload) {
-        snprintf(buf, cap, "memory: nothing fits in %.0f MB a rank without offload%s; %s holds "
-                 "%.0f MB in memory and moves the rest through files (%.1f ms of a %.1f ms "
-                 "step)", cl->memory / mb, only_tp ? " and tensor parallelism" : "", b,
+        snprintf(buf, cap, "memory: nothing fits in %.*f MB a rank without offload%s; %s holds "
+                 "%.*f MB in memory and moves the rest through files (%.1f ms of a %.1f ms "
+                 "step)", k, cl->memory / mb, only_tp ? " and tensor parallelism" : "", b, k,
                  best->bytes / mb, best->offload_io * 1e3, best->step * 1e3);
         return;
     }
     if (only_tp) {
-        snprintf(buf, cap, "memory: only tensor parallelism fits (%s, %.0f of %.0f MB): without "
+        snprintf(buf, cap, "memory: only tensor parallelism fits (%s, %.*f of %.*f MB): without "
                  "it a rank holds too much of a layer (its parameters, or its activations)", b,
-                 best->bytes / mb, cl->memory / mb);
+                 k, best->bytes / mb, k, cl->memory / mb);
         return;
     }
     if (ddp && ddp == best) {
-        snprintf(buf, cap, "time: plain data parallelism fits (%.0f MB a rank) and no plan is "
+        snprintf(buf, cap, "time: plain data parallelism fits (%.*f MB a rank) and no plan is "
                  "faster by 1%% or more in the model (%.1f ms a step, %.1f ms of it exposed "
-                 "all-reduce)", best->bytes / mb, best->step * 1e3, best->dp_exposed * 1e3);
+                 "all-reduce)", k, best->bytes / mb, best->step * 1e3, best->dp_exposed * 1e3);
         return;
     }
     if (ddp && !ddp->fits) {
-        int k = mb_digits(ddp->bytes / mb, cl->memory / mb);
+        k = mb_digits(ddp->bytes / mb, cl->memory / mb);
         snprintf(buf, cap, "memory: plain data parallelism needs %.*f MB a rank, over the %.*f "
                  "MB; the fastest plan that fits is %s (%.*f MB, %.1f ms a step; within 1%%, "
                  "the simplest)", k, ddp->bytes / mb, k, cl->memory / mb, b, k, best->bytes / mb,
@@ -334,9 +338,11 @@ void mg_plan_reason(const mg_plan *ranked, int n, const mg_plan_cluster *cl, cha
     }
     mg_plan_describe(ddp, d, sizeof d);
     if (ddp->step <= best->step * 1.02) {
+        k = mb_digits(best->bytes / mb, ddp->bytes / mb);
         snprintf(buf, cap, "time: %s and plain data parallelism (%s) are as fast within the "
-                 "model's 2%% (%.1f and %.1f ms a step); %s holds %.0f MB a rank against %.0f",
-                 b, d, best->step * 1e3, ddp->step * 1e3, b, best->bytes / mb, ddp->bytes / mb);
+                 "model's 2%% (%.1f and %.1f ms a step); %s holds %.*f MB a rank against %.*f",
+                 b, d, best->step * 1e3, ddp->step * 1e3, b, k, best->bytes / mb, k,
+                 ddp->bytes / mb);
         return;
     }
     const char *why = ddp->dp_exposed > ddp->compute * 0.25
