@@ -51,9 +51,11 @@ static inline mg_status mg__micro_check(const char *fn, const mg_micro_batch *b,
                         "more", fn, b->n, b->x ? "given" : "NULL", b->y ? "given" : "NULL",
                         b->weight);
     if (mg_model_vocab(m) && mg_device_of(b->x).kind == MG_DEVICE_CPU &&
-        mg_model_check_tokens(m, (const int32_t *)(const void *)b->x, b->n))
+        mg_model_check_tokens(m, (const int32_t *)(const void *)b->x, b->n)) {
+        const char *why = strstr(mg_last_error(), "': token ");   /* past the model's name */
         return mg_error(MG_EINVAL, "%s: the source gave a micro-batch whose %s", fn,
-                        strstr(mg_last_error(), "token"));
+                        why ? why + 3 : mg_last_error());
+    }
     int classes = mg_model_classes(m), per = mg_model_positions(m);
     for (size_t i = 0; i < (size_t)b->n * per; i++)
         if (b->y[i] < 0 || b->y[i] >= classes)
