@@ -90,6 +90,8 @@ TEST(core_plot_svg_has_both_panels)
     free(svg);
 }
 
+#include <math.h>
+#include "multigrad/planner.h"
 #include "multigrad/trace.h"
 
 TEST(core_trace_writes_chrome_json)
@@ -114,6 +116,38 @@ TEST(core_trace_writes_chrome_json)
         CHECK(system(cmd) == 0);
     }
     free(s);
+    /* With no event or one (its buffer was sized by the events and the
+     * header overran it; a probe), a name to escape and a time that is no
+     * number: valid JSON still. */
+    for (int n = 0; n < 2; n++) {
+        CHECK_OK(mg_trace_open(path, 0, 1));
+        if (n) mg_trace_event("say \"hi\"\\", "compute", 0, NAN, 1);
+        CHECK_OK(mg_trace_close());
+        s = mgt_slurp(path, NULL);
+        CHECK_MSG(s && strstr(s, "\"displayTimeUnit\":\"ms\"}\n") &&
+                  (!n || (strstr(s, "\"name\":\"say \\\"hi\\\"\\\\\",") &&
+                          strstr(s, "\"ts\":0.000"))), "%d events: %s", n, s ? s : "(none)");
+        free(s);
+    }
+}
+
+/* A plan described into buffers of any size: cut, never past them (it
+ * wrote past a short one; a probe). */
+TEST(core_plan_descriptions_stay_in_their_buffer)
+{
+    mg_plan p = {.dp = 2, .pp = 2, .tp = 1, .zero = 1, .schedule = MG_PIPE_1F1B, .micro = 8,
+                 .recompute = true, .offload = true};
+    mg_plan_job job;
+    CHECK_OK(mg_plan_job_defaults("gpt-mini", &job));
+    for (size_t cap = 1; cap < 200; cap++) {
+        char buf[256];
+        memset(buf, 'x', sizeof buf);
+        mg_plan_describe(&p, buf, cap);
+        CHECK_MSG(strlen(buf) < cap && buf[cap] == 'x', "describe, cap %zu", cap);
+        memset(buf, 'x', sizeof buf);
+        mg_plan_flags(&job, &p, buf, cap);
+        CHECK_MSG(strlen(buf) < cap && buf[cap] == 'x', "flags, cap %zu", cap);
+    }
 }
 
 TEST(core_local_cpus_from_launcher_or_affinity)

@@ -503,8 +503,12 @@ int main(int argc, char **argv)
         mg_plan_cluster m;
         char args[8192], err[512];
         int len = 0;
-        for (int i = 1; i < argc; i++)
-            len += snprintf(args + len, sizeof args - (size_t)len, "'%s' ", argv[i]);
+        for (int i = 1; i < argc; i++) {
+            int w = snprintf(args + len, sizeof args - (size_t)len, "'%s' ", argv[i]);
+            if (w < 0 || len + w + 16 >= (int)sizeof args)
+                die("the command line is over %zu bytes: shorten it", sizeof args - 16);
+            len += w;
+        }
         snprintf(args + len, sizeof args - (size_t)len, "--probe");
         if (cl.ranks_per_node > 1) {
             if (!measure(cl.ranks_per_node, false, args, &m, err, sizeof err))

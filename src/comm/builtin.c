@@ -30,6 +30,7 @@
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
+#include "core/strbuf.h"
 
 #define INFO_MAGIC 0x4f464e49u
 #define INFO_VERSION 3u
@@ -111,8 +112,8 @@ static mg_status gather_table(mg__bi *b, int size, const mg__rinfo *me, double d
                 key_fmt(k2, sizeof k2, b->prefix, "info", q);
                 const char *kk[1] = {k2};
                 if (mg_store_wait(b->store, kk, 1, 0.001) == MG_ETIMEOUT)
-                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d",
-                                          mg__world_rank(&b->g->names, q));
+                    m = mg__catf(missing, sizeof missing, m, " %d",
+                                 mg__world_rank(&b->g->names, q));
             }
             mg_error(MG_ETIMEOUT, "%s: timed out after %.1f s waiting for rank(s)%s of %d "
                      "to join: are they running, with the same MASTER_ADDR, MASTER_PORT and "

@@ -5,35 +5,13 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "multigrad/core.h"
 #include "multigrad/plot.h"
-
-/* A growable string for building the document. */
-typedef struct { char *s; size_t len, cap; int oom; } buf;
-
-static void addf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void addf(buf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = 1; return; }
-        if ((size_t)n < b->cap - b->len) { b->len += (size_t)n; return; }
-        size_t cap = (b->cap + (size_t)n + 1) * 2;
-        char *s = realloc(b->s, cap);
-        if (!s) { b->oom = 1; return; }
-        b->s = s;
-        b->cap = cap;
-    }
-}
+#include "core/strbuf.h"
 
 /* A round tick step giving about 5 ticks over [lo, hi]. */
 static double tick_step(double lo, double hi)
@@ -43,13 +21,13 @@ static double tick_step(double lo, double hi)
     return (f < 1.5 ? 1 : f < 3.5 ? 2 : f < 7.5 ? 5 : 10) * mag;
 }
 
-static void escape(buf *b, const char *s)
+static void escape(mg__str *b, const char *s)
 {
     for (; *s; s++) {
-        if (*s == '<') addf(b, "&lt;");
-        else if (*s == '>') addf(b, "&gt;");
-        else if (*s == '&') addf(b, "&amp;");
-        else addf(b, "%c", *s);
+        if (*s == '<') mg__str_addf(b, "&lt;");
+        else if (*s == '>') mg__str_addf(b, "&gt;");
+        else if (*s == '&') mg__str_addf(b, "&amp;");
+        else mg__str_addf(b, "%c", *s);
     }
 }
 
@@ -76,13 +54,13 @@ mg_status mg_plot_svg_xy(const char *path, const char *title,
         xhi = fmax(xhi, X(i));
     }
 #define XPOS(v) (x0 + (xhi > xlo ? ((v) - xlo) / (xhi - xlo) * pw : pw / 2.0))
-    buf b = {0};
-    addf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-         "font-family=\"sans-serif\" font-size=\"12\">\n"
-         "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-         "<text x=\"%d\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">", W, H, W / 2);
+    mg__str b = {0};
+    mg__str_addf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+                 "font-family=\"sans-serif\" font-size=\"12\">\n"
+                 "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+                 "<text x=\"%d\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">", W, H, W / 2);
     escape(&b, title);
-    addf(&b, "</text>\n");
+    mg__str_addf(&b, "</text>\n");
     for (int p = 0; p < 2; p++) {
         double lo = INFINITY, hi = -INFINITY;
         for (int k = 0; k < n_series; k++)
@@ -98,51 +76,53 @@ mg_status mg_plot_svg_xy(const char *path, const char *title,
         lo = floor(lo / st) * st;
         hi = ceil(hi / st) * st;
         int x0 = left[p], y0 = top;
-        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2, y0 - 10);
+        mg__str_addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2, y0 - 10);
         escape(&b, panel_title[p]);
-        addf(&b, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
-             "fill=\"none\" stroke=\"#444\"/>\n", x0, y0, pw, ph);
+        mg__str_addf(&b, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
+                     "fill=\"none\" stroke=\"#444\"/>\n", x0, y0, pw, ph);
         for (double v = lo; v <= hi + st / 2; v += st) {
             double y = y0 + ph - (v - lo) / (hi - lo) * ph;
-            addf(&b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                 "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
-                 x0, x0 + pw, y, y, x0 - 6, y + 4, fabs(v) < st / 1e6 ? 0.0 : v);
+            mg__str_addf(&b, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+                         "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
+                         x0, x0 + pw, y, y, x0 - 6, y + 4, fabs(v) < st / 1e6 ? 0.0 : v);
         }
         double xst = xhi - xlo <= 10 ? 1 : tick_step(xlo, xhi);
         for (double v = ceil(xlo / xst) * xst; v <= xhi + xst / 1e6; v += xst)
-            addf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
-                 XPOS(v), y0 + ph + 16, v);
-        addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2, y0 + ph + 34);
+            mg__str_addf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%g</text>\n",
+                         XPOS(v), y0 + ph + 16, v);
+        mg__str_addf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">", x0 + pw / 2,
+                     y0 + ph + 34);
         escape(&b, x_label);
-        addf(&b, "</text>\n");
+        mg__str_addf(&b, "</text>\n");
         int legend = 0;
         for (int k = 0; k < n_series; k++) {
             if (s[k].panel != p) continue;
             const char *c = colors[k % n_colors];
-            addf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
+            mg__str_addf(&b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
+                         "points=\"", c);
             for (int i = 0; i < n; i++) {
                 if (!isfinite(s[k].y[i])) continue;
                 double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
-                addf(&b, "%.1f,%.1f ", XPOS(X(i)), y);
+                mg__str_addf(&b, "%.1f,%.1f ", XPOS(X(i)), y);
             }
-            addf(&b, "\"/>\n");
+            mg__str_addf(&b, "\"/>\n");
             for (int i = 0; i < n; i++) {
                 if (!isfinite(s[k].y[i])) continue;
                 double y = y0 + ph - (s[k].y[i] - lo) / (hi - lo) * ph;
-                addf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>",
-                     XPOS(X(i)), y, c);
+                mg__str_addf(&b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>",
+                             XPOS(X(i)), y, c);
             }
-            addf(&b, "\n<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
-                 "<text x=\"%d\" y=\"%d\">", x0 + 10, y0 + 12 + 16 * legend, c,
-                 x0 + 28, y0 + 17 + 16 * legend);
+            mg__str_addf(&b, "\n<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"3\" fill=\"%s\"/>"
+                         "<text x=\"%d\" y=\"%d\">", x0 + 10, y0 + 12 + 16 * legend, c,
+                         x0 + 28, y0 + 17 + 16 * legend);
             escape(&b, s[k].label);
-            addf(&b, "</text>\n");
+            mg__str_addf(&b, "</text>\n");
             legend++;
         }
     }
 #undef X
 #undef XPOS
-    addf(&b, "</svg>\n");
+    mg__str_addf(&b, "</svg>\n");
     if (b.oom) {
         free(b.s);
         return mg_error(MG_ENOMEM, "plot %s: out of memory", path);

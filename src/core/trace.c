@@ -2,12 +2,14 @@
  * in-memory array under a mutex (the progress thread may record too) and
  * are written as one JSON document at close. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/core.h"
 #include "multigrad/trace.h"
+#include "core/strbuf.h"
 
 typedef struct {
     char name[48];
@@ -94,29 +96,28 @@ mg_status mg_trace_close(void)
         return MG_OK;
     }
     tr.on = false;
-    size_t cap = 256 + tr.n * 160, len = 0;
-    char *s = malloc(cap);
-    mg_status st = MG_OK;
-    if (!s) {
-        st = mg_error(MG_ENOMEM, "trace %s: out of memory", tr.path);
-    } else {
-        static const char *tracks[] = {"compute", "communication", "data", "other"};
-        len += (size_t)snprintf(s + len, cap - len, "{\"traceEvents\":[\n");
-        for (int t = 0; t < 4; t++)
-            len += (size_t)snprintf(s + len, cap - len,
-                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                "\"args\":{\"name\":\"%s\"}},\n", tr.rank, t, tracks[t]);
-        for (size_t i = 0; i < tr.n; i++) {
-            event *e = &tr.ev[i];
-            len += (size_t)snprintf(s + len, cap - len,
-                "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
-                "\"ts\":%.3f,\"dur\":%.3f}%s\n", e->name, e->cat, tr.rank, e->tid,
-                e->ts, e->dur, i + 1 < tr.n ? "," : "");
-        }
-        len += (size_t)snprintf(s + len, cap - len, "],\"displayTimeUnit\":\"ms\"}\n");
-        st = mg_write_file_atomic(tr.path, s, len);
-        free(s);
+    static const char *tracks[] = {"compute", "communication", "data", "other"};
+    mg__str s = {0};
+    mg__str_addf(&s, "{\"traceEvents\":[\n");
+    for (int t = 0; t < 4; t++)
+        mg__str_addf(&s, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                     "\"args\":{\"name\":\"%s\"}},\n", tr.rank, t, tracks[t]);
+    for (size_t i = 0; i < tr.n; i++) {
+        const event *e = &tr.ev[i];
+        /* Names are the caller's: escaped; a time that is no number is 0
+         * (JSON has no nan). */
+        mg__str_addf(&s, "{\"name\":");
+        mg__str_json(&s, e->name);
+        mg__str_addf(&s, ",\"cat\":");
+        mg__str_json(&s, e->cat);
+        mg__str_addf(&s, ",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}%s\n",
+                     tr.rank, e->tid, isfinite(e->ts) ? e->ts : 0, isfinite(e->dur) ? e->dur : 0,
+                     i + 1 < tr.n ? "," : "");
     }
+    mg__str_addf(&s, "],\"displayTimeUnit\":\"ms\"}\n");
+    mg_status st = s.oom ? mg_error(MG_ENOMEM, "trace %s: out of memory", tr.path)
+                         : mg_write_file_atomic(tr.path, s.s, s.len);
+    mg__str_free(&s);
     free(tr.ev);
     tr.ev = NULL;
     tr.n = tr.cap = 0;

@@ -31,6 +31,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include "multigrad/checkpoint.h"
+#include "core/strbuf.h"
 #include "st_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -155,44 +156,7 @@ static uint32_t content_crc(const mg_st_tensor **sorted, int n, kv *pairs, int n
 
 /* ---- writer ---- */
 
-typedef struct { char *p; size_t len, cap; bool oom; } sbuf;
-
-static void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = true; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
-
-static void put_json_str(sbuf *b, const char *s)
-{
-    put(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\'; esc[1] = (char)c;
-            put(b, esc, 2);
-        } else if (c < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            put(b, esc, 6);
-        } else {
-            put(b, (const char *)&c, 1);
-        }
-    }
-    put(b, "\"", 1);
-}
+static void puts_(mg__str *b, const char *s) { mg__str_put(b, s, strlen(s)); }
 
 static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n,
                                   const char *const *meta, int n_meta, bool need_data)
@@ -227,7 +191,7 @@ static mg_status check_write_args(const char *path, const mg_st_tensor *t, int n
 }
 
 static mg_status build_header(const mg_st_tensor *t, int n, const char *const *meta,
-                              int n_meta, const uint32_t *data_crc, sbuf *h)
+                              int n_meta, const uint32_t *data_crc, mg__str *h)
 {
     const mg_st_tensor **sorted = malloc(((size_t)n + 1) * sizeof *sorted);
     kv *pairs = malloc(((size_t)n_meta + 1) * sizeof *pairs);
@@ -246,19 +210,19 @@ static mg_status build_header(const mg_st_tensor *t, int n, const char *const *m
     char num[64];
     puts_(h, "{\"__metadata__\":{");
     for (int i = 0; i < n_meta; i++) {
-        put_json_str(h, meta[2 * i]);
+        mg__str_json(h, meta[2 * i]);
         puts_(h, ":");
-        put_json_str(h, meta[2 * i + 1]);
+        mg__str_json(h, meta[2 * i + 1]);
         puts_(h, ",");
     }
-    put_json_str(h, CRC_KEY);
+    mg__str_json(h, CRC_KEY);
     puts_(h, ":");
-    put_json_str(h, crc);
+    mg__str_json(h, crc);
     puts_(h, "}");
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         puts_(h, ",");
-        put_json_str(h, t[i].name);
+        mg__str_json(h, t[i].name);
         puts_(h, ":{\"dtype\":\"");
         puts_(h, mg_st_dtype_name(t[i].dtype));
         puts_(h, "\",\"shape\":[");
@@ -285,24 +249,24 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, int n,
 {
     MG_ASSERT(n >= 0 && n_meta >= 0);
     MG_TRY(check_write_args(path, t, n, meta, n_meta, true));
-    sbuf h = {0};
+    mg__str h = {0};
     mg_status st = build_header(t, n, meta, n_meta, NULL, &h);
-    if (st) { free(h.p); return st; }
+    if (st) { free(h.s); return st; }
 
     uint8_t len8[8];
     uint64_t hl = h.len;
     memcpy(len8, &hl, 8);
     mg_piece *pc = malloc(sizeof *pc * (size_t)(n + 2));
     if (!pc) {
-        free(h.p);
+        free(h.s);
         return mg_error(MG_ENOMEM, "safetensors: out of memory");
     }
     pc[0] = (mg_piece){len8, 8};
-    pc[1] = (mg_piece){h.p, h.len};
+    pc[1] = (mg_piece){h.s, h.len};
     for (int i = 0; i < n; i++) pc[i + 2] = (mg_piece){t[i].data, t[i].nbytes};
     st = mg_write_file_atomic_v(path, pc, n + 2);
     free(pc);
-    free(h.p);
+    free(h.s);
     return st;
 }
 
@@ -312,7 +276,7 @@ mg_status mg_st_header(const mg_st_tensor *t, int n, const char *const *meta, in
     MG_ASSERT(n >= 0 && n_meta >= 0);
     *out = NULL;
     MG_TRY(check_write_args("safetensors header", t, n, meta, n_meta, false));
-    sbuf h = {0};
+    mg__str h = {0};
     uint32_t *zeros = data_crc ? NULL : calloc((size_t)n + 1, sizeof *zeros);
     if (!data_crc && !zeros) return mg_error(MG_ENOMEM, "safetensors: out of memory");
     mg_status st = build_header(t, n, meta, n_meta, data_crc ? data_crc : zeros, &h);
@@ -320,13 +284,13 @@ mg_status mg_st_header(const mg_st_tensor *t, int n, const char *const *meta, in
     uint8_t *p = st ? NULL : malloc(h.len + 8);
     if (!st && !p) st = mg_error(MG_ENOMEM, "safetensors: out of memory");
     if (st) {
-        free(h.p);
+        free(h.s);
         return st;
     }
     uint64_t hl = h.len;
     memcpy(p, &hl, 8);
-    memcpy(p + 8, h.p, h.len);
-    free(h.p);
+    memcpy(p + 8, h.s, h.len);
+    free(h.s);
     *out = p;
     *len = h.len + 8;
     return MG_OK;

@@ -22,6 +22,7 @@
 #include "multigrad/checkpoint.h"
 
 #include "nn/ckpt_format.h"
+#include "core/strbuf.h"
 
 static bool same_shape(const mg_st_tensor *x, const mg_param *p)
 {
@@ -35,8 +36,8 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s64, const
 {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && k < cap; d++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "",
-                              s64 ? (long long)s64[d] : (long long)s32[d]);
+        k = mg__catf(buf, cap, k, "%s%lld", d ? ", " : "",
+                     s64 ? (long long)s64[d] : (long long)s32[d]);
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
@@ -407,7 +408,7 @@ static int left_out(const mg_st_file *f, mg_model *m, const char *prefix, char *
         for (int j = 0; j < nt && !known; j++) known = !strcmp(nm + pl, mg_model_tensor(m, j)->name);
         if (known) continue;
         if (n < 3 && k < cap)
-            k += (size_t)snprintf(list + k, cap - k, "%s%s", n ? ", " : "", nm);
+            k = mg__catf(list, cap, k, "%s%s", n ? ", " : "", nm);
         n++;
     }
     if (n > 3 && k < cap) snprintf(list + k, cap - k, " and %d more", n - 3);

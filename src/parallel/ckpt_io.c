@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "parallel/internal.h"
+#include "core/strbuf.h"
 
 #define RELAY_CHUNK ((size_t)4 << 20)
 #define PATH_CAP 4096
@@ -89,12 +90,12 @@ static mg_status share_modes(mg_group *g, uint8_t mine, uint8_t *all, const char
         list_ranks(all, mg_group_size(g), m, l, sizeof l);
         bool one = !strpbrk(l, ",-");
         if (*l)
-            k += (size_t)snprintf(line + k, sizeof line - k, "%srank%s %s %s%s %s%s",
-                                  k ? "; " : "", one ? "" : "s", l, m ? verb : "hold",
-                                  one ? "s" : "", how[m],
-                                  m != RELAY ? ""
-                                  : relay_forced() ? " (MG_CKPT_RELAY=always)"
-                                                   : " (they do not see its file)");
+            k = mg__catf(line, sizeof line, k, "%srank%s %s %s%s %s%s",
+                         k ? "; " : "", one ? "" : "s", l, m ? verb : "hold",
+                         one ? "s" : "", how[m],
+                         m != RELAY ? ""
+                         : relay_forced() ? " (MG_CKPT_RELAY=always)"
+                         : " (they do not see its file)");
     }
     mg_debug("checkpoint %s: %s", path, line);
     return MG_OK;

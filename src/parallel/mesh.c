@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/plan.h"
+#include "core/strbuf.h"
 
 struct mg_mesh {
     int size[MG_MESH_DIMS], coord[MG_MESH_DIMS];
@@ -159,8 +160,8 @@ mg_status mg_mesh_create(mg_group *g, const char *spec, mg_mesh **out)
     for (int d = 0; d < MG_MESH_DIMS; d++) dims += m->size[d] > 1;
     for (int d = MG_MESH_DIMS - 1, n = 0; d >= 0 && dims > 1; d--)
         if (m->size[d] > 1)
-            n += snprintf(label + n, sizeof label - (size_t)n, "%s%s %d", n ? ", " : "",
-                          dim_names[d], m->coord[d]);
+            n = mg__catf(label, sizeof label, n, "%s%s %d", n ? ", " : "",
+                         dim_names[d], m->coord[d]);
     st = mg_group_set_label(g, label);
     if (st) {
         mg_mesh_destroy(m);

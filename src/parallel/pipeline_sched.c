@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "multigrad/pipeline.h"
+#include "core/strbuf.h"
 
 static const char *const names[] = {"naive", "gpipe", "1f1b", "interleaved"};
 
@@ -478,7 +479,7 @@ mg_status mg_pipe_run(const mg_pipe_action *const *a, const int *n, int P, int S
                 if (at[r] < n[r]) {
                     char one[48];
                     mg_pipe_action_str(&a[r][at[r]], one, sizeof one);
-                    w += (size_t)snprintf(what + w, sizeof what - w, " rank %d at %s;", r, one);
+                    w = mg__catf(what, sizeof what, w, " rank %d at %s;", r, one);
                 }
             st = mg_error(MG_EINVAL, "pipeline (%d ranks, %d stages, %d micro-batches) "
                           "deadlocks:%s", P, S, M, what);
@@ -637,8 +638,8 @@ mg_status mg_pipe_run_rendezvous(const mg_pipe_action *const *a, const int *n, i
             if (!op[i].done && op[i].batch == head[op[i].rank]) {
                 char one[48];
                 mg_pipe_action_str(op[i].a, one, sizeof one);
-                w += (size_t)snprintf(what + w, sizeof what - w, " rank %d waits at %s;",
-                                      op[i].rank, one);
+                w = mg__catf(what, sizeof what, w, " rank %d waits at %s;",
+                             op[i].rank, one);
             }
         st = mg_error(MG_EINVAL, "pipeline (%d ranks, %d stages, %d micro-batches) deadlocks "
                       "when a send waits for its receive:%s", P, S, M, what);

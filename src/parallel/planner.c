@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/planner_internal.h"
+#include "core/strbuf.h"
 
 mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
 {
@@ -254,17 +255,17 @@ bool mg_plan_is_plain(const mg_plan *p)
 
 void mg_plan_describe(const mg_plan *p, char *buf, size_t cap)
 {
-    int len = snprintf(buf, cap, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
-    if (p->zero) len += snprintf(buf + len, cap - (size_t)len, " zero%d", p->zero);
-    else if (p->dp > 1) len += snprintf(buf + len, cap - (size_t)len, " ddp");
+    size_t len = mg__catf(buf, cap, 0, "dp=%d,pp=%d,tp=%d", p->dp, p->pp, p->tp);
+    if (p->zero) len = mg__catf(buf, cap, len, " zero%d", p->zero);
+    else if (p->dp > 1) len = mg__catf(buf, cap, len, " ddp");
     if (p->pp > 1)
-        len += snprintf(buf + len, cap - (size_t)len, " %s M=%d", mg_pipe_name(p->schedule),
-                        p->micro);
+        len = mg__catf(buf, cap, len, " %s M=%d", mg_pipe_name(p->schedule),
+                       p->micro);
     else if (p->micro > 1)
-        len += snprintf(buf + len, cap - (size_t)len, " accumulate %d", p->micro);
-    if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " recompute");
-    if (p->sequence_parallel) len += snprintf(buf + len, cap - (size_t)len, " sp");
-    if (p->offload) snprintf(buf + len, cap - (size_t)len, " offload");
+        len = mg__catf(buf, cap, len, " accumulate %d", p->micro);
+    if (p->recompute) len = mg__catf(buf, cap, len, " recompute");
+    if (p->sequence_parallel) len = mg__catf(buf, cap, len, " sp");
+    if (p->offload) mg__catf(buf, cap, len, " offload");
 }
 
 /* Decimals that tell MB figures a and b apart (up to 3): "needs 8 MB,
@@ -391,32 +392,33 @@ int mg_plan_rule_of_thumb(const mg_plan *ranked, int n, const mg_plan_cluster *c
 
 void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t cap)
 {
-    int world = p->dp * p->pp * p->tp, len = 0;
-    if (world > 1) len += snprintf(buf + len, cap - (size_t)len, "mgrun -n %d ", world);
-    len += snprintf(buf + len, cap - (size_t)len, "mgtrain --model %s", job->model);
+    int world = p->dp * p->pp * p->tp;
+    size_t len = 0;
+    if (world > 1) len = mg__catf(buf, cap, len, "mgrun -n %d ", world);
+    len = mg__catf(buf, cap, len, "mgtrain --model %s", job->model);
     if (is_gpt(job))
-        len += snprintf(buf + len, cap - (size_t)len, " --layers %d --dim %d --heads %d --ctx %d",
-                        job->gpt.layers, job->gpt.dim, job->gpt.heads, job->gpt.ctx);
+        len = mg__catf(buf, cap, len, " --layers %d --dim %d --heads %d --ctx %d",
+                       job->gpt.layers, job->gpt.dim, job->gpt.heads, job->gpt.ctx);
     if (world > 1)
-        len += snprintf(buf + len, cap - (size_t)len, " --mesh dp=%d,pp=%d,tp=%d", p->dp, p->pp,
-                        p->tp);
-    if (p->zero) len += snprintf(buf + len, cap - (size_t)len, " --zero %d", p->zero);
+        len = mg__catf(buf, cap, len, " --mesh dp=%d,pp=%d,tp=%d", p->dp, p->pp,
+                       p->tp);
+    if (p->zero) len = mg__catf(buf, cap, len, " --zero %d", p->zero);
     if (p->pp > 1) {
-        len += snprintf(buf + len, cap - (size_t)len, " --batch %d --pp-schedule %s "
-                        "--micro-batches %d", job->batch, mg_pipe_name(p->schedule), p->micro);
+        len = mg__catf(buf, cap, len, " --batch %d --pp-schedule %s "
+                       "--micro-batches %d", job->batch, mg_pipe_name(p->schedule), p->micro);
     } else {
-        len += snprintf(buf + len, cap - (size_t)len, " --batch %d", job->batch / p->micro);
+        len = mg__catf(buf, cap, len, " --batch %d", job->batch / p->micro);
         if (p->micro > 1)
-            len += snprintf(buf + len, cap - (size_t)len, " --accumulate %d", p->micro);
+            len = mg__catf(buf, cap, len, " --accumulate %d", p->micro);
     }
     mg_plan_job d;   /* the model's optimizer is mgtrain's default: another is said */
     if (!mg_plan_job_defaults(job->model, &d) && d.optimizer != job->optimizer)
-        len += snprintf(buf + len, cap - (size_t)len, " --optimizer %s",
-                        mg_optim_kind_name(job->optimizer));
-    if (p->recompute) len += snprintf(buf + len, cap - (size_t)len, " --recompute");
-    if (p->sequence_parallel) len += snprintf(buf + len, cap - (size_t)len, " --sequence-parallel");
+        len = mg__catf(buf, cap, len, " --optimizer %s",
+                       mg_optim_kind_name(job->optimizer));
+    if (p->recompute) len = mg__catf(buf, cap, len, " --recompute");
+    if (p->sequence_parallel) len = mg__catf(buf, cap, len, " --sequence-parallel");
     if (p->offload)
-        snprintf(buf + len, cap - (size_t)len, " --offload disk:%s",
+        mg__catf(buf, cap, len, " --offload disk:%s",
                  job->offload_dir ? job->offload_dir : "DIR");
 }
 

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "parallel/strategy_internal.h"
+#include "core/strbuf.h"
 
 /* The kinds: a name, what a caller needs to know of it (mg_strategy_traits)
  * and the components it is made of, in order (each drops itself where the
@@ -182,8 +183,8 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     size_t len = 0;
     for (int i = 0; i < s->n; i++) {
         const part *p = &s->part[i];
-        len += (size_t)snprintf(s->name + len, sizeof s->name - len, "%s%s", i ? "+" : "",
-                                p->ops->label ? p->ops->label(p->c) : p->ops->name);
+        len = mg__catf(s->name, sizeof s->name, len, "%s%s", i ? "+" : "",
+                       p->ops->label ? p->ops->label(p->c) : p->ops->name);
         if (len >= sizeof s->name) break;
     }
     if (!s->n) snprintf(s->name, sizeof s->name, "single");

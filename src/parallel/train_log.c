@@ -13,6 +13,7 @@
 #include "multigrad/train.h"
 #include "multigrad/plot.h"
 #include "train_internal.h"
+#include "core/strbuf.h"
 
 typedef struct {
     const char *name, *fmt;
@@ -91,25 +92,22 @@ static mg_status write_log(const char *path, const mg__metrics *mt)
 {
     int nc;
     const log_col *cols = columns(mt->text, &nc);
-    size_t cap = 256 + (size_t)(mt->n + 1) * (size_t)nc * 48, len = 0;
-    char *s = malloc(cap);
-    if (!s) return mg_error(MG_ENOMEM, "log: out of memory");
+    mg__str s = {0};   /* a figure of 1e300 is 300 characters wide */
     bool csv = is_csv(path);
     for (int c = 0; csv && c < nc; c++)
-        len += (size_t)snprintf(s + len, cap - len, "%s%c", cols[c].name, c + 1 < nc ? ',' : '\n');
+        mg__str_addf(&s, "%s%c", cols[c].name, c + 1 < nc ? ',' : '\n');
     for (int i = 0; i < mt->n; i++)
         for (int c = 0; c < nc; c++) {
             double v = get(&mt->rows[i], cols[c].at);
-            if (!csv)
-                len += (size_t)snprintf(s + len, cap - len, "%s\"%s\":", c ? "," : "{",
-                                        cols[c].name);
-            if (isnan(v)) len += (size_t)snprintf(s + len, cap - len, csv ? "nan" : "null");
-            else len += (size_t)snprintf(s + len, cap - len, cols[c].fmt, v);
-            if (c + 1 == nc) len += (size_t)snprintf(s + len, cap - len, csv ? "\n" : "}\n");
-            else if (csv) len += (size_t)snprintf(s + len, cap - len, ",");
+            if (!csv) mg__str_addf(&s, "%s\"%s\":", c ? "," : "{", cols[c].name);
+            if (isnan(v)) mg__str_addf(&s, "%s", csv ? "nan" : "null");
+            else mg__str_addf(&s, cols[c].fmt, v);
+            if (c + 1 == nc) mg__str_addf(&s, "%s", csv ? "\n" : "}\n");
+            else if (csv) mg__str_addf(&s, ",");
         }
-    mg_status st = mg_write_file_atomic(path, s, len);
-    free(s);
+    mg_status st = s.oom ? mg_error(MG_ENOMEM, "log: out of memory")
+                         : mg_write_file_atomic(path, s.s ? s.s : "", s.len);
+    mg__str_free(&s);
     return st;
 }
 

@@ -14,6 +14,7 @@
 #include "multigrad/train.h"
 #include "parallel/internal.h"
 #include "train_internal.h"
+#include "core/strbuf.h"
 
 /* The pipeline's cut and every rank's schedule, simulated. */
 static mg_status print_pipeline(const mg_trainer *t, FILE *f)
@@ -120,10 +121,10 @@ void mg_trainer_print_counters(const mg_trainer *t, const char *me, FILE *f)
         int len = 0;
         for (int k = 0; k < MG_MESH_DIMS; k++) {
             const mg_traffic *by = &t->info.step_by_dim[k];
-            len += snprintf(line + len, sizeof line - (size_t)len,
-                            "%s %s: MB sent %.3f received %.3f in %.2f ms", k ? ";" : "",
-                            mg_mesh_dim_name((mg_mesh_dim)k), (double)by->sent / n / 1e6,
-                            (double)by->received / n / 1e6, by->seconds / n * 1e3);
+            len = mg__catf(line, sizeof line, len,
+                           "%s %s: MB sent %.3f received %.3f in %.2f ms", k ? ";" : "",
+                           mg_mesh_dim_name((mg_mesh_dim)k), (double)by->sent / n / 1e6,
+                           (double)by->received / n / 1e6, by->seconds / n * 1e3);
         }
         fprintf(f, "%s: rank %d per step on%s\n", me, rank, line);
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <openssl/evp.h>
 #include "train_internal.h"
+#include "core/strbuf.h"
 
 void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
 {
@@ -20,7 +21,7 @@ void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
                      c->model, c->batch, c->lr, c->momentum, c->optimizer, c->weight_decay,
                      c->schedule, (unsigned long long)c->seed, c->accumulate, c->clip_grad);
     if (strcmp(c->optimizer, "sgd"))
-        n += snprintf(out + n, cap - (size_t)n, "betas=%g,%g;", c->beta1, c->beta2);
+        n = mg__catf(out, cap, n, "betas=%g,%g;", c->beta1, c->beta2);
     if (c->text)   /* heads change no tensor shape, so the checkpoint cannot tell */
         snprintf(out + n, cap - (size_t)n, "arch=L%d,d%d,h%d,T%d;steps=%ld", c->gpt.layers,
                  c->gpt.dim, c->gpt.heads, c->gpt.ctx, c->steps);

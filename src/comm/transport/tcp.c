@@ -29,6 +29,7 @@
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
+#include "core/strbuf.h"
 
 #define INTRO 24
 #define ACK 8
@@ -172,8 +173,8 @@ mg_status mg__tcp_connect_peers(mg__tcp_listener *l, const mg__names *nm, uint64
             size_t m = 0;
             for (int p = rank + 1; p < size && m + 12 < sizeof missing; p++)
                 if (need[p] && fds[p] < 0)
-                    m += (size_t)snprintf(missing + m, sizeof missing - m, " %d",
-                                          mg__world_rank(nm, p));
+                    m = mg__catf(missing, sizeof missing, m, " %d",
+                                 mg__world_rank(nm, p));
             for (int i = 0; i < np; i++) close(pend[i].fd);
             return mg_error(MG_ETIMEOUT, "timed out waiting for data connections from rank(s)%s: "
                             "are they running, with the same MG_JOB_SECRET, and can they reach "
