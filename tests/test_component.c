@@ -264,3 +264,78 @@ TEST(component_in_a_pipeline_and_its_replicas_average_during_the_last_backward)
     int port = mgt_free_port(), st[4];
     CHECK_EQ(mgt_fork_ranks(4, pipe_rank, &port, 60, st), 0);
 }
+
+/* The composition API's inputs a C program can get wrong, each a status
+ * and a line where a probe found a crash, a silent default or the wrong
+ * message. */
+static mg_status make_nothing(void *ud, mg_model **out)
+{
+    (void)ud;
+    *out = NULL;
+    return MG_OK;
+}
+
+TEST(component_api_refuses_what_it_cannot_take)
+{
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    /* a mesh without a group was ignored: one process, silently */
+    mg_strategy_options so = mg_strategy_defaults(MG_STRATEGY_SINGLE);
+    so.max_batch = 4;
+    so.mesh = "pp=2";
+    mg_strategy *s;
+    CHECK_ERR(mg_strategy_create(m, &so, &s), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "a mesh without a group"), "%s", mg_last_error());
+    so.mesh = NULL;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    /* a step's slowing that is no number, a text that is NULL */
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    mg_step_result r;
+    CHECK_ERR(mg_train_step(s, o, &(mg_step_options){1, 0.1f, 0, NAN}, NULL, NULL, &r),
+              MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "slow nan"), "%s", mg_last_error());
+    double loss;
+    CHECK_ERR(mg_strategy_lm_val_loss(s, NULL, 4, 0, 1, 0, &loss), MG_EINVAL);
+    mg_sampler_free(NULL);
+    /* weights alone, loaded with an optimizer: said so, not "damaged" */
+    char path[512];
+    snprintf(path, sizeof path, "%s/w.st", mgt_tmpdir());
+    CHECK_OK(mg_checkpoint_save(path, m, NULL, NULL));
+    CHECK_ERR(mg_checkpoint_load(path, m, o, NULL), MG_EMISMATCH);
+    CHECK_MSG(strstr(mg_last_error(), "holds no optimizer state"), "%s", mg_last_error());
+    CHECK_ERR(mg_check_writable(""), MG_EINVAL);
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    /* a factory that says MG_OK and makes nothing; buckets of NaN MB */
+    mg_train_config c;
+    CHECK_OK(mg_train_config_defaults("mlp", &c));
+    c.model = "mine";
+    c.make = make_nothing;
+    c.data = mgt_fashion_dir();
+    mg_trainer *t;
+    CHECK_ERR(mg_trainer_create(&c, &t), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "returned MG_OK without a model"), "%s", mg_last_error());
+    CHECK_OK(mg_train_config_defaults("mlp", &c));
+    c.bucket_mb = NAN;
+    CHECK_ERR(mg_train_config_check(&c), MG_EINVAL);
+    /* the planner: a rank outside the plan, a memory or overlap out of range */
+    mg_plan_job job;
+    CHECK_OK(mg_plan_job_defaults("mlp", &job));
+    mg_plan p = {.dp = 2, .pp = 1, .tp = 1, .micro = 1, .local = 64, .chunks = 1};
+    mg_memory_stats ms;
+    CHECK_ERR(mg_plan_rank_memory(&job, &p, 99, &ms), MG_EINVAL);
+    CHECK_ERR(mg_plan_job_defaults(NULL, &job), MG_EINVAL);
+    CHECK_OK(mg_plan_job_defaults("mlp", &job));
+    mg_plan_cluster cl = mg_plan_cluster_here(2, 1, 2, 0);
+    cl.flops = cl.bytes_per_s = 1e10;
+    cl.memory = NAN;   /* marked every plan as not fitting, without a word */
+    mg_plan *all;
+    int n;
+    CHECK_ERR(mg_plan_search(&job, &cl, &all, &n), MG_EINVAL);
+    cl.memory = 0;
+    cl.overlap = 5;
+    CHECK_ERR(mg_plan_search(&job, &cl, &all, &n), MG_EINVAL);
+}

@@ -552,6 +552,60 @@ TEST_T(ddp_train_step_allocates_nothing, 60)
     CHECK_EQ(mgt_fork_ranks(2, alloc_rank, &port, 40, st), 0);
 }
 
+/* A step one rank refuses (rank 1's source gives label 99 at step 1): the
+ * other rank's step 1 fails at once naming rank 1 and the label, under
+ * DDP and ZeRO-2, and so does every later one on either rank. Before, it
+ * paired with rank 1's step 2, silently, and failed two steps on with a
+ * dead peer (a probe). */
+static int refused_rank(int rank, int world, void *arg)
+{
+    const int *a = arg;   /* port, ZeRO stage */
+    mg_group *g = mgt_join(rank, world, a[0], NULL, 20);
+    CHECK(g);
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(a[1] ? MG_STRATEGY_ZERO : MG_STRATEGY_DDP);
+    so.zero_stage = a[1];
+    so.group = g;
+    so.max_batch = 8;
+    mg_strategy *s;
+    CHECK_OK(mg_strategy_create(m, &so, &s));
+    mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.05f);
+    mg_optim *o;
+    CHECK_OK(mg_strategy_optim(s, &oc, &o));
+    static float x[8 * 784];
+    int32_t y[8] = {0};
+    mg_step_options opt = {.accumulate = 1, .lr = 0.05f};
+    for (int step = 0; step < 3; step++) {
+        y[3] = rank == 1 && step == 1 ? 99 : 3;
+        fixed_feed f = {x, y, 8, 0};
+        mg_step_result r;
+        mg_status st = mg_train_step(s, o, &opt, fixed_next, &f, &r);
+        if (step == 0) CHECK_OK(st);
+        else if (rank == 1 && step == 1)
+            CHECK_MSG(st == MG_EINVAL && strstr(mg_last_error(), "label 99"), "%s",
+                      mg_last_error());
+        else
+            CHECK_MSG(st == MG_EPEER && strstr(mg_last_error(), rank ? "failed then" : "rank 1") &&
+                      strstr(mg_last_error(), "label 99"), "rank %d step %d: %d %s", rank, step,
+                      st, mg_last_error());
+        printf("rank %d step %d: %s\n", rank, step, st ? mg_last_error() : "ok");
+    }
+    mg_optim_destroy(o);
+    mg_strategy_destroy(s);
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(ddp_and_zero_a_step_one_rank_refuses_fails_on_every_rank, 60)
+{
+    for (int zero = 0; zero <= 2; zero += 2) {
+        int a[2] = {mgt_free_port(), zero}, st[2];
+        CHECK_EQ(mgt_fork_ranks(2, refused_rank, a, 40, st), 0);
+    }
+}
+
 /* A rank whose parameters receive no gradient in a step (here: it runs no
  * backward at all) still completes the step: mg_ddp_finish launches the
  * buckets the hook never reached, and the average counts its zeros. */

@@ -69,7 +69,9 @@ typedef struct mg_component_ops {
     void (*data_share)(void *c, bool eval, int *rank, int *size);
 
     /* ---- the step ----------------------------------------------------------
-     * zero_grad: the gradients it keeps (default: the model's arena).
+     * zero_grad: zeroes the gradients it keeps; with any component's
+     * zero_grad the strategy leaves the model's arena alone (the default
+     * zeroes it), so one that keeps its gradients in the arena zeroes it.
      * run_step: the forwards and backwards of a whole step (the first
      * component with it drives, e.g. a pipeline schedule); else run_micro
      * replaces the model's forward, loss and backward of one micro-batch

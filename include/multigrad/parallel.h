@@ -1,6 +1,6 @@
 /* multigrad — parallel training: every header of it (the sampler, the
- * data-parallel strategies, pipeline schedules, and the plan: mesh,
- * strategy, training step). */
+ * data-parallel strategies, pipeline schedules, the plan: mesh, strategy,
+ * training step, and writing a strategy's component). */
 #ifndef MULTIGRAD_PARALLEL_H
 #define MULTIGRAD_PARALLEL_H
 
@@ -8,5 +8,6 @@
 #include "strategies.h"
 #include "pipeline.h"
 #include "plan.h"
+#include "component.h"
 
 #endif

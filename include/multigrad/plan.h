@@ -257,8 +257,11 @@ typedef struct mg_step_result {
  * (communication on the last only); the mean over them; clipping; the
  * optimizer over the strategy's range. This process's figures in r.
  * MG_EINVAL, the parameters unchanged, for a micro-batch no model can take: no
- * rows, x or y NULL, a label outside 0 .. mg_model_classes - 1, a weight
- * that is no number; and for a rate, clip or accumulate out of range. */
+ * rows, x or y NULL, a label outside 0 .. mg_model_classes - 1, a token
+ * outside the vocabulary, a weight that is no number; and for a rate, clip
+ * or accumulate out of range. Collective: in a job such a refusal revokes
+ * the job's group (mg_group_revoke), so every rank's next collective fails
+ * naming this rank and why, instead of pairing with this rank's next step. */
 mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
                         mg_batch_source next, void *ud, mg_step_result *r);
 /* Evaluation: the forward and loss of every micro-batch from next (until
@@ -267,7 +270,8 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
  * summed over the data-parallel replicas (mg_strategy_sum). A pipeline
  * runs M micro-batches at a time through its stages; ZeRO-3 gathers the
  * parameters first and gives them back after. Collective where the
- * strategy communicates. Labels are checked as mg_train_step's. */
+ * strategy communicates. Labels and tokens are checked as mg_train_step's,
+ * and a refusal revokes the job's group as its does. */
 mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
                                mg_step_result *r);
 /* mg_model_generate through the strategy (collective; every rank gets the

@@ -204,7 +204,8 @@ typedef struct mg_train_summary {
  * (nothing when the checkpoint, or a run before, covers them); s may be
  * NULL. */
 mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s);
-/* Evaluate the weights now: test_loss/test_acc, or val_loss/val_ppl. */
+/* Evaluate the weights now: test_loss/test_acc, or val_loss/val_ppl.
+ * Collective: every rank of the job calls it. */
 mg_status mg_trainer_evaluate(mg_trainer *t, mg_train_row *r);
 
 /* What the trainer resolved and made. */

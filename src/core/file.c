@@ -175,8 +175,16 @@ static const char *through_links(const char *path, char *buf, size_t cap)
     return w > 0 && (size_t)w < cap ? buf : path;
 }
 
+/* A path no file can have (a probe: "cannot rename .tmp.X to :"). */
+static mg_status no_name(const char *path)
+{
+    return path && *path ? MG_OK : mg_error(MG_EINVAL, "no path (%s): give the path of a file "
+                                            "to write", path ? "empty" : "NULL");
+}
+
 mg_status mg_check_writable(const char *path)
 {
+    MG_TRY(no_name(path));
     char buf[PATH_MAX];
     const char *file = through_links(path, buf, sizeof buf);   /* what a write replaces */
     struct stat sb;
@@ -206,6 +214,8 @@ mg_status mg_check_writable(const char *path)
 
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
+    *fd = -1;
+    MG_TRY(no_name(path));
     char buf[PATH_MAX];
     const char *file = through_links(path, buf, sizeof buf);
     /* A path that is not a file (a FIFO, a device) is never replaced: as

@@ -234,7 +234,10 @@ static mg_status validate(const char *path, const mg_st_file *f, mg_model *m, mg
      * server's pushes (files from before it have none). */
     if (mg_st_meta(f, "optimizer_extra_steps"))
         MG_TRY(meta_u64(path, f, "optimizer_extra_steps", MAX_COUNT, &extra));
-    if (o && os != step + extra)
+    /* (A file without optimizer state is said to be one below, not
+     * damaged: a probe.) */
+    const char *has = mg_st_meta(f, "optimizer");
+    if (o && has && strcmp(has, "none") && os != step + extra)
         return mg_error(MG_EFORMAT, "%s: metadata 'optimizer_steps' is %" PRIu64 " but 'step' is "
                         "%" PRIu64 " and 'optimizer_extra_steps' %" PRIu64 ": a checkpoint's "
                         "optimizer takes one step per training step and the extra ones (an "

@@ -65,6 +65,13 @@ static inline mg_status mg__micro_check(const char *fn, const mg_micro_batch *b,
     return MG_OK;
 }
 
+/* A step or evaluation this rank refused (MG_EINVAL: its source's data,
+ * its options) is the job's: the peers' collectives would pair with this
+ * rank's next step's, silently off by one (a probe). The job's group is
+ * revoked with the message, so every rank's next collective fails naming
+ * this rank and why. Returns st. */
+mg_status mg__strategy_refused(mg_strategy *s, mg_status st);
+
 /* A micro-batch's weight in its step (mg_micro_batch), where it is not 1. */
 static inline bool mg__weighed(const mg_micro_batch *b)
 {

@@ -81,6 +81,9 @@ mg_status mg_lm_val_loss(mg_model *m, const mg_text *t, int batch, mg_group *g, 
 mg_status mg_strategy_lm_val_loss(mg_strategy *s, const mg_text *t, int batch, int replica,
                                   int replicas, int n_windows, double *loss)
 {
+    MG_NEED("mg_strategy_lm_val_loss", s);
+    MG_NEED("mg_strategy_lm_val_loss", t);
+    MG_NEED("mg_strategy_lm_val_loss", loss);
     windows w;
     bool ok = windows_open(&w, t, mg_model_positions(mg_strategy_model(s)), n_windows, batch,
                            replica, replicas, mg_strategy_options_of(s)->det_shards > 0);

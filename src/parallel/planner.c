@@ -21,6 +21,7 @@
 mg_status mg_plan_job_defaults(const char *model, mg_plan_job *out)
 {
     mg_zoo_defaults z;
+    MG_NEED("mg_plan_job_defaults", model);
     MG_TRY(mg_zoo_defaults_of(model, &z));
     *out = (mg_plan_job){.model = model, .gpt = mg_gpt_defaults(), .batch = z.batch,
                          .optimizer = z.optimizer, .momentum = z.momentum, .bucket_mb = 25,
@@ -62,6 +63,10 @@ static mg_status cost(const mg_plan_job *job, const mg_plan_cluster *cl,
 mg_status mg_plan_rank_memory(const mg_plan_job *job, const mg_plan *p, int rank,
                               mg_memory_stats *out)
 {
+    int world = p->dp * p->pp * p->tp;
+    if (rank < 0 || rank >= world)
+        return mg_error(MG_EINVAL, "planner: rank %d of a plan of %d ranks: give 0 to %d", rank,
+                        world, world - 1);
     mg__plan_shape s;
     MG_TRY(mg__plan_shape_make(job, p, rank % p->tp, &s));
     int *first = malloc(sizeof *first * ((size_t)(p->pp * p->chunks) + 1));
@@ -175,6 +180,9 @@ static mg_status check_inputs(const mg_plan_job *job, const mg_plan_cluster *cl)
     if (cl->ranks_per_node < 1 || cl->nodes < 1)
         return mg_error(MG_EINVAL, "%d ranks per node on %d nodes: give at least one of each",
                         cl->ranks_per_node, cl->nodes);
+    if (!(cl->memory >= 0) || cl->memory == INFINITY || !(cl->overlap >= 0 && cl->overlap <= 1))
+        return mg_error(MG_EINVAL, "a rank's memory %g bytes, overlap %g: give memory of 0 (no "
+                        "limit) or more, and an overlap from 0 to 1", cl->memory, cl->overlap);
     if (!(cl->flops > 0) || !(cl->bytes_per_s > 0))
         return mg_error(MG_EINVAL, "the planner needs a rank's FLOP/s and optimizer bytes/s "
                         "(measure them with mg_plan_measure, or give them)");

@@ -80,6 +80,7 @@ mg_status mg_sampler_init_blocks(mg_sampler *s, int n_samples, int rank, int wor
 
 void mg_sampler_free(mg_sampler *s)
 {
+    if (!s) return;
     mg_free(s->perm);
     mg_free(s->indices);
     s->perm = s->indices = NULL;

@@ -152,6 +152,9 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     char spec[32];
     snprintf(spec, sizeof spec, "dp=%d", s->world);
     if (s->g) st = mg_mesh_create(s->g, o->mesh ? o->mesh : spec, &s->mesh);
+    else if (o->mesh && mg_mesh_parse(o->mesh, 1, (int[MG_MESH_DIMS]){0}))   /* was ignored */
+        st = mg_error(MG_EINVAL, "strategy: a mesh without a group is one process's: %s (give "
+                      "the job's group)", mg_last_error());
     /* Every unit padded so that any range of whole units splits evenly
      * over the data-parallel ranks (the shards of DDP's and ZeRO's
      * buckets), once, before a component records ranges of the arena. */
@@ -557,6 +560,21 @@ mg_status mg__strategy_forwards(mg_strategy *s, mg_batch_source next, void *ud,
     return MG_OK;
 }
 
+mg_status mg__strategy_refused(mg_strategy *s, mg_status st)
+{
+    mg_group *g = mg_strategy_group(s);
+    if (st != MG_EINVAL || !g || mg_group_size(g) < 2) return st;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mg_last_error());
+    mg_group_revoke(g, why);
+    /* and the mesh's, which the components' collectives run on */
+    for (int d = 0; s->mesh && d < MG_MESH_DIMS; d++) {
+        mg_group *sub = mg_mesh_group(s->mesh, (mg_mesh_dim)d);
+        if (sub && sub != g && mg_group_size(sub) > 1) mg_group_revoke(sub, why);
+    }
+    return mg_error(st, "%s", why);
+}
+
 mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
                                mg_step_result *r)
 {
@@ -572,7 +590,7 @@ mg_status mg_strategy_evaluate(mg_strategy *s, mg_batch_source next, void *ud,
     if (!p && !st) st = mg__strategy_forwards(s, next, ud, r);
     mg_model_set_training(m, training);
     mg_status e = mg_strategy_release(s);
-    return st ? st : e;
+    return mg__strategy_refused(s, st ? st : e);
 }
 
 mg_status mg_strategy_generate(mg_strategy *s, const int32_t *prompt, int n_prompt, int n,

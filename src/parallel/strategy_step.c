@@ -63,10 +63,11 @@ static mg_status step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
 {
     memset(r, 0, sizeof *r);
     if (!(opt->lr >= 0) || opt->lr == (float)INFINITY || !(opt->clip_grad >= 0) ||
-        opt->accumulate < 1)
-        return mg_error(MG_EINVAL, "mg_train_step: lr %g, clip_grad %g, accumulate %d: give a "
-                        "finite rate and clip of 0 or more, and 1 or more micro-batches",
-                        opt->lr, opt->clip_grad, opt->accumulate);
+        opt->accumulate < 1 || !(opt->slow >= 0) || opt->slow == (float)INFINITY)
+        return mg_error(MG_EINVAL, "mg_train_step: lr %g, clip_grad %g, accumulate %d, slow %g: "
+                        "give a finite rate and clip of 0 or more, 1 or more micro-batches and "
+                        "a finite slowing of 0 (none) or more", opt->lr, opt->clip_grad,
+                        opt->accumulate, opt->slow);
     if (!FIRST(s, zero_grad)) mg_model_zero_grad(s->m);
     EACH(s, zero_grad) CALL(zero_grad);
     part *driver = FIRST(s, run_step);
@@ -98,7 +99,7 @@ mg_status mg_train_step(mg_strategy *s, mg_optim *o, const mg_step_options *opt,
     mg_status st = step(s, o, opt, next, ud, r);
     s->step_o = NULL;
     s->step_opt = NULL;
-    return st;
+    return mg__strategy_refused(s, st);
 }
 
 const mg_step_options *mg_strategy_step_options(const mg_strategy *s) { return s->step_opt; }

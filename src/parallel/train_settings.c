@@ -42,8 +42,9 @@ static mg_status resume_keys(const char *saved, const char *now, const char *pat
         if (!a && !strcmp(keys[k], "clip_grad=")) a = "clip_grad=0";
         if (!a && !strcmp(keys[k], "betas=")) continue;   /* saved before --betas: unknown */
         if (!a)
-            return mg_error(MG_EMISMATCH, "%s: checkpoint has no '%s' hyper-parameter; it was "
-                            "not written by mgtrain", path, keys[k]);
+            return mg_error(MG_EMISMATCH, "%s: checkpoint has no '%s' hyper-parameter: it was "
+                            "not written by mgtrain or mg_trainer (mg_strategy_save writes the "
+                            "caller's); load its weights alone (--init, .init)", path, keys[k]);
         size_t la = strcspn(a, ";"), lb = strcspn(b, ";");
         if (la != lb || strncmp(a, b, la) != 0)
             return mg_error(MG_EMISMATCH, "%s was saved with %.*s but this run has %.*s; %s",

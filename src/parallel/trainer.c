@@ -54,6 +54,9 @@ static mg_status check_config(mg_trainer *t)
     if (c->threads < 0 || c->threads > 1024)
         return mg_error(MG_EINVAL, "threads %d: give 1 to 1024 BLAS threads, or 0 for "
                         "MG_THREADS (else 1)", c->threads);
+    if (!(c->bucket_mb >= 0.001 && c->bucket_mb <= 65536))   /* as mgtrain's --bucket-mb */
+        return mg_error(MG_EINVAL, "bucket_mb %g: give 0.001 to 65536 MB a bucket (0: 25)",
+                        c->bucket_mb);
     if (c->batch < 1 || c->accumulate < 1 || (c->text ? c->steps < 1 : c->epochs < 1) ||
         !(c->lr > 0) || !c->optimizer)
         return mg_error(MG_EINVAL, "the training config needs a batch, an optimizer, a "
@@ -464,6 +467,9 @@ static mg_status make_model(mg_trainer *t)
     g.tp = t->info.tp;
     if (c->make_split) MG_TRY(c->make_split(c->make_ud, t->info.tp, &t->m));
     else if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
+    if ((c->make_split || c->make) && !t->m)   /* MG_OK and no model: a segfault (a probe) */
+        return mg_error(MG_EINVAL, "the config's make for '%s' returned MG_OK without a model: "
+                        "set *out, or return the status that says why not", c->model);
     else if (c->text) MG_TRY(mg_model_create_gpt(&g, MG_SEED_DEFERRED, &t->m));
     else MG_TRY(mg_model_create_split(c->model, MG_SEED_DEFERRED, t->info.tp, &t->m));
     mg_model_set_recompute(t->m, c->recompute);
