@@ -520,3 +520,51 @@ TEST(group_names)
     CHECK(!strcmp(mg_coll_name(MG_COLL_REDUCE_SCATTER), "reduce_scatter"));
     CHECK(!strcmp(mg_coll_name((mg_coll)77), "?"));
 }
+
+/* A group's rendezvous records are deleted by the last rank to leave it
+ * (a probe: a job's store grew by 2 KB each group made and destroyed, to
+ * its cap, after which no group could form). A sub-group's records go when
+ * it is destroyed; the exit counter stays. */
+static int forget_rank(int rank, int n, void *arg)
+{
+    int port = *(int *)arg;
+    mg_group *g = mgt_join(rank, n, port, NULL, 20), *sub;
+    CHECK(g);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(mg_group_split(g, 0, rank, &sub));
+        CHECK_OK(mg_barrier(sub));
+        mg_group_destroy(sub);
+    }
+    CHECK_OK(mg_barrier(g));
+    if (rank == 0) {
+        char url[64];
+        snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+        mg_store *s;
+        CHECK_OK(mg_store_connect(url, "multigrad-test", 5, &s));
+        for (int i = 1; i <= 3; i++) {
+            char key[64];
+            const char *gone[] = {"info/0", "info/1", "table", "shm-mapped/done"};
+            for (int k = 0; k < 4; k++) {
+                int existed = -1;
+                snprintf(key, sizeof key, "w/s%d/c0/%s", i, gone[k]);
+                /* deleting tells whether it was there */
+                CHECK_OK(mg_store_delete(s, key, &existed));
+                CHECK_MSG(existed == 0, "%s is still in the store", key);
+            }
+            int64_t left = 0;
+            snprintf(key, sizeof key, "w/s%d/c0/exit", i);
+            CHECK_OK(mg_store_add(s, key, 0, &left));
+            CHECK_MSG(left == 2, "%s: %lld", key, (long long)left);
+        }
+        mg_store_destroy(s);
+    }
+    CHECK_OK(mg_barrier(g));
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST(group_records_are_forgotten_when_the_group_is_destroyed)
+{
+    int port = mgt_free_port();
+    CHECK_EQ(mgt_fork_ranks(2, forget_rank, &port, 30, NULL), 0);
+}

@@ -370,8 +370,9 @@ static mg_status open_store(mg__bi *b, const mg_group_options *opt, int rank, do
         snprintf(host, sizeof host, "%s", a);
     } else if (!strncmp(im, "tcp://", 6)) {
         MG_TRY(mg__parse_tcp_url(im, host, sizeof host, &port));
-        if (port < 1) return mg_error(MG_EINVAL, "init method '%s': port 0 is not allowed: give the "
-                                      "port rank 0 serves (one process alone: file:///PATH)", im);
+        if (port < 1)
+            return mg_error(MG_EINVAL, "init method '%s': port 0 is not allowed: give the port "
+                            "rank 0 serves (one process alone: file:///PATH)", im);
     } else if (!strncmp(im, "file://", 7)) {
         MG_TRY(mg_store_connect(im, b->secret, left(deadline), &b->store));
         b->store->timeout = b->g->timeout;
@@ -690,6 +691,29 @@ static void bi_tick(mg_group *g)
     if (b->link) mg__bi_beat(b);
 }
 
+/* The group's rendezvous records (and its splits'), deleted by the last
+ * rank to leave it, when every rank has long read them: a job's store
+ * grew by 2 KB a group made and destroyed, up to its cap, when new groups
+ * failed (a probe: after 145,000). The exit counter stays: rank 0 may be
+ * waiting on it. */
+static void forget_keys(mg__bi *b)
+{
+    static const char *const one[] = {"table", "error", "error-seen", "shm-created/count",
+                                      "shm-created/done", "shm-mapped/count", "shm-mapped/done"};
+    char key[KEYLEN], ns[KEYLEN];
+    int size = b->g->size;
+    mg_store *st = b->store;
+    for (size_t i = 0; i < sizeof one / sizeof *one; i++)
+        if (!key_fmt(key, sizeof key, b->prefix, one[i], -1)) (void)mg_store_delete(st, key, NULL);
+    for (int r = 0; r < size; r++)
+        if (!key_fmt(key, sizeof key, b->prefix, "info", r)) (void)mg_store_delete(st, key, NULL);
+    for (int s = 1; s <= b->nsplit; s++) {
+        if (snprintf(ns, sizeof ns, "%s/s%d", b->prefix, s) >= (int)sizeof ns) continue;
+        for (int r = 0; r < size; r++)
+            if (!key_fmt(key, sizeof key, ns, "r", r)) (void)mg_store_delete(st, key, NULL);
+    }
+}
+
 static void bi_destroy(mg_group *g)
 {
     mg__bi *b = g->impl;
@@ -701,12 +725,17 @@ static void bi_destroy(mg_group *g)
     free(b->plain);
     mg__bi_free_unexpected(b);
     mg__coll_scratch_free(&b->p2p);
+    char key[KEYLEN];
+    if (b->store && b->link && !b->world && !key_fmt(key, sizeof key, b->prefix, "exit", -1)) {
+        int64_t v = 0;   /* a sub-group: the last to leave forgets its records */
+        if (!mg_store_add(b->store, key, 1, &v) && v == g->size) forget_keys(b);
+    }
     if (b->store && b->world && b->link) {
         /* Rank 0 serves the store: it waits for the others to be done. */
-        char key[KEYLEN];
         if (!key_fmt(key, sizeof key, b->prefix, "exit", -1)) {
             int64_t v = 0;
             if (!mg_store_add(b->store, key, 1, &v) && v == g->size) {
+                forget_keys(b);
                 char done[KEYLEN + 8];
                 if (snprintf(done, sizeof done, "%s/done", key) < (int)sizeof done)
                     (void)mg_store_set(b->store, done, "1", 1);

@@ -33,6 +33,9 @@ struct mg_trainer {
     mg_device dev;
     double first_items;       /* images or tokens of mg_trainer_run's first step */
     double began;             /* when mg_trainer_run began (mg_now) */
+    double log_written;       /* when rank 0 last wrote the log (mg_now; 0: not yet) */
+    double log_cost;          /* how long that took */
+    int log_rows;             /* the rows it held then */
     mg_group *g;              /* a job's ranks (NULL: one process) */
     mg_strategy *s;
     mg_model *m;

@@ -467,11 +467,11 @@ static mg_status make_model(mg_trainer *t)
     g.tp = t->info.tp;
     if (c->make_split) MG_TRY(c->make_split(c->make_ud, t->info.tp, &t->m));
     else if (c->make) MG_TRY(c->make(c->make_ud, &t->m));
-    if ((c->make_split || c->make) && !t->m)   /* MG_OK and no model: a segfault (a probe) */
-        return mg_error(MG_EINVAL, "the config's make for '%s' returned MG_OK without a model: "
-                        "set *out, or return the status that says why not", c->model);
     else if (c->text) MG_TRY(mg_model_create_gpt(&g, MG_SEED_DEFERRED, &t->m));
     else MG_TRY(mg_model_create_split(c->model, MG_SEED_DEFERRED, t->info.tp, &t->m));
+    if (!t->m)   /* a make that said MG_OK and made nothing: a segfault (a probe) */
+        return mg_error(MG_EINVAL, "the config's make for '%s' returned MG_OK without a model: "
+                        "set *out, or return the status that says why not", c->model);
     mg_model_set_recompute(t->m, c->recompute);
     if (mg_model_to_device(t->m, t->dev))
         return mg_error(MG_EINVAL, "--device %s: %s", c->device, mg_last_error());
