@@ -306,6 +306,9 @@ TEST(component_api_refuses_what_it_cannot_take)
     CHECK_ERR(mg_checkpoint_load(path, m, o, NULL), MG_EMISMATCH);
     CHECK_MSG(strstr(mg_last_error(), "holds no optimizer state"), "%s", mg_last_error());
     CHECK_ERR(mg_check_writable(""), MG_EINVAL);
+    mg_dataset *ds;
+    CHECK_ERR(mg_dataset_load(NULL, true, &ds), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "dir is NULL"), "%s", mg_last_error());
     mg_optim_destroy(o);
     mg_strategy_destroy(s);
     mg_model_destroy(m);

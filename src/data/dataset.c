@@ -45,7 +45,9 @@ static mg_status check_pair(const char *ipath, const char *lpath, const mg_idx *
 /* The data set (whole: its bytes too, else its shape alone). */
 static mg_status load(const char *dir, bool train, bool whole, mg_dataset **out)
 {
+    MG_NEED("mg_dataset_load", out);
     *out = NULL;
+    MG_NEED("mg_dataset_load", dir);   /* it said "data directory (null): Bad address" */
     const char *split = train ? "train" : "t10k";
     char stem[64], ipath[4096], lpath[4096];
     struct stat sb;
