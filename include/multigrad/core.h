@@ -135,7 +135,7 @@ const char *mg_env_other(const char *name);
 int mg_local_cpus(void);
 
 /* The library's version. */
-#define MG_VERSION "0.2.0"
+#define MG_VERSION "0.3.0"
 
 /* SIMD level of an x86-64 CPU, counting only what the OS enabled: SSE
  * (x86-64's baseline), AVX, AVX2 with FMA, AVX-512 (F, BW and VL), and
