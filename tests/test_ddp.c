@@ -606,6 +606,36 @@ TEST_T(ddp_and_zero_a_step_one_rank_refuses_fails_on_every_rank, 60)
     }
 }
 
+/* Ranks that make the strategy with other options (ZeRO on rank 0, DDP on
+ * rank 1) are told at once, on every rank, naming the option: they waited
+ * out the group's timeout in collectives that did not pair, then said
+ * something else (a probe). */
+static int unlike_rank(int rank, int world, void *arg)
+{
+    mg_group *g = mgt_join(rank, world, *(int *)arg, NULL, 20);
+    CHECK(g);
+    mg_model *m;
+    CHECK_OK(mg_model_create("mlp", 0, &m));
+    mg_strategy_options so = mg_strategy_defaults(rank ? MG_STRATEGY_DDP : MG_STRATEGY_ZERO);
+    so.zero_stage = rank ? 0 : 1;
+    so.group = g;
+    so.max_batch = 8;
+    mg_strategy *s;
+    double t0 = mg_now();
+    CHECK_ERR(mg_strategy_create(m, &so, &s), MG_EMISMATCH);
+    CHECK_MSG(strstr(mg_last_error(), "rank 1 was made with kind") && mg_now() - t0 < 5,
+              "after %.1f s: %s", mg_now() - t0, mg_last_error());
+    mg_model_destroy(m);
+    mg_group_destroy(g);
+    return 0;
+}
+
+TEST_T(strategy_options_that_differ_between_ranks_are_named_at_once, 60)
+{
+    int port = mgt_free_port();
+    CHECK_EQ(mgt_fork_ranks(2, unlike_rank, &port, 40, NULL), 0);
+}
+
 /* A rank whose parameters receive no gradient in a step (here: it runs no
  * backward at all) still completes the step: mg_ddp_finish launches the
  * buckets the hook never reached, and the average counts its zeros. */

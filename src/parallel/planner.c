@@ -419,8 +419,12 @@ void mg_plan_flags(const mg_plan_job *job, const mg_plan *p, char *buf, size_t c
         if (p->micro > 1)
             len = mg__catf(buf, cap, len, " --accumulate %d", p->micro);
     }
-    mg_plan_job d;   /* the model's optimizer is mgtrain's default: another is said */
-    if (!mg_plan_job_defaults(job->model, &d) && d.optimizer != job->optimizer)
+    /* The model's optimizer is mgtrain's default: another is said (a model
+     * of the caller's has none, and no message is left behind for it). */
+    bool zoo = false;
+    for (const char *const *n = mg_model_names(); *n && !zoo; n++) zoo = !strcmp(*n, job->model);
+    mg_plan_job d;
+    if (zoo && !mg_plan_job_defaults(job->model, &d) && d.optimizer != job->optimizer)
         len = mg__catf(buf, cap, len, " --optimizer %s",
                        mg_optim_kind_name(job->optimizer));
     if (p->recompute) len = mg__catf(buf, cap, len, " --recompute");

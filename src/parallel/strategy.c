@@ -98,6 +98,43 @@ static mg_status find_own_ranges(mg_strategy *s);
 /* Rank 0's parameters, buffers and dropout counter on every rank: the
  * job's one broadcast of a state, at the start, before any component
  * narrows what a rank holds. */
+/* The options every rank must give alike, as numbers, and their names. */
+enum { N_ALIKE = 13 };
+static const char *const alike_names[N_ALIKE] = {
+    "kind", "zero_stage", "ps_servers", "ps_staleness", "ps_elastic", "det_shards",
+    "det_chunks", "ddp.bucket_bytes", "ddp.first_bucket_bytes", "ddp.compress",
+    "pipe.kind", "pipe.micro_batches", "pipe.chunks"};
+
+/* Every rank of the job made the strategy with the same options (and
+ * mesh): one all-gather, then every rank names the first difference from
+ * rank 0. Ranks of other kinds waited out MG_TIMEOUT in collectives that
+ * did not pair, then said something else (a probe: "ddp: cannot allocate
+ * ... group memory"). */
+static mg_status same_options(mg_strategy *s, const mg_strategy_options *o)
+{
+    typedef struct { int64_t v[N_ALIKE]; char mesh[48]; } alike;
+    alike me = {{o->kind, o->zero_stage, o->ps_servers, o->ps_staleness, o->ps_elastic,
+                 o->det_shards, o->det_chunks, (int64_t)o->ddp.bucket_bytes,
+                 (int64_t)o->ddp.first_bucket_bytes, o->ddp.compress, o->pipe.kind,
+                 o->pipe.micro_batches, o->pipe.chunks}, ""};
+    snprintf(me.mesh, sizeof me.mesh, "%s", o->mesh ? o->mesh : "");
+    alike *all = calloc((size_t)s->world, sizeof *all);
+    if (!all) return mg_error(MG_ENOMEM, "strategy: out of memory");
+    mg_status st = mg_all_gather(s->g, &me, all, sizeof me, MG_U8);
+    for (int r = 1; !st && r < s->world; r++) {
+        for (int k = 0; k < N_ALIKE && !st; k++)
+            if (all[r].v[k] != all[0].v[k])
+                st = mg_error(MG_EMISMATCH, "strategy: rank %d was made with %s %lld, rank 0 "
+                              "with %lld: give every rank the same options", r, alike_names[k],
+                              (long long)all[r].v[k], (long long)all[0].v[k]);
+        if (!st && strcmp(all[r].mesh, all[0].mesh))
+            st = mg_error(MG_EMISMATCH, "strategy: rank %d was made with mesh '%s', rank 0 with "
+                          "'%s': give every rank the same options", r, all[r].mesh, all[0].mesh);
+    }
+    free(all);
+    return st;
+}
+
 static mg_status from_rank0(mg_strategy *s)
 {
     mg_model *m = s->m;
@@ -151,10 +188,13 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
     mg_status st = MG_OK;
     char spec[32];
     snprintf(spec, sizeof spec, "dp=%d", s->world);
-    if (s->g) st = mg_mesh_create(s->g, o->mesh ? o->mesh : spec, &s->mesh);
-    else if (o->mesh && mg_mesh_parse(o->mesh, 1, (int[MG_MESH_DIMS]){0}))   /* was ignored */
+    if (s->g) {
+        st = same_options(s, o);
+        if (!st) st = mg_mesh_create(s->g, o->mesh ? o->mesh : spec, &s->mesh);
+    } else if (o->mesh && mg_mesh_parse(o->mesh, 1, (int[MG_MESH_DIMS]){0})) {   /* ignored */
         st = mg_error(MG_EINVAL, "strategy: a mesh without a group is one process's: %s (give "
                       "the job's group)", mg_last_error());
+    }
     /* Every unit padded so that any range of whole units splits evenly
      * over the data-parallel ranks (the shards of DDP's and ZeRO's
      * buckets), once, before a component records ranges of the arena. */
