@@ -130,7 +130,9 @@ typedef struct mg_train_config {
     /* Files: a checkpoint written after every epoch or evaluation; the
      * training to continue (or weights to start from: init, looked up as
      * init_prefix<name>, init_partial taking those that fit); the metrics
-     * log (CSV for .csv, else JSON lines) with its plot (.svg beside it). */
+     * log (CSV for .csv, else JSON lines) with its plot (.svg beside it),
+     * written by rank 0 (the log given to rank 0 is the job's; another
+     * rank's is not read). */
     const char *save, *resume, *init, *init_prefix, *log;
     bool init_partial;
     /* Stop after the plan (plan_only: no optimizer, no state; for printing

@@ -228,10 +228,6 @@ static mg_status diverged(mg_trainer *t, const mg_train_row *r, long since)
                     "gradients (--clip-grad)", since + 1, r->step, r->train_loss, kept);
 }
 
-/* The row to the log (rank 0 writes it and its plot; every rank learns
- * whether it worked, and whether training diverged on a rank that trained
- * since step `since` (-1: it did not): also the barrier before a save),
- * then the checkpoint. */
 /* Rank 0 writes the log and its plot whole (a file replaced, never half
  * written): at a save, at the run's end, and else after each row once ten
  * times the last write's time has passed, so that it takes at most a
@@ -254,6 +250,10 @@ static mg_status write_log(mg_trainer *t, bool now)
     return MG_OK;
 }
 
+/* The row to the log (rank 0 writes it and its plot; every rank learns
+ * whether it worked, and whether training diverged on a rank that trained
+ * since step `since` (-1: it did not): also the barrier before a save),
+ * then the checkpoint. */
 static mg_status record(mg_trainer *t, mg_train_row *r, bool save, long since)
 {
     const mg_train_config *c = &t->c;
@@ -478,7 +478,14 @@ mg_status mg_trainer_run(mg_trainer *t, mg_train_summary *s)
     t->began = mg_now();
     if (t->c.text ? t->info.start_step < t->c.steps : t->info.start_epoch < t->c.epochs)
         st = t->c.text ? run_text(t, s) : run_images(t, s);
-    if (!st) st = mg_trainer_agree(t, write_log(t, true));   /* the rows since the last */
+    if (!st) {
+        st = mg_trainer_agree(t, write_log(t, true));   /* the rows since the last */
+    } else {   /* ...after a failure too (a diverged row), its message kept */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", mg_last_error());
+        (void)write_log(t, true);
+        mg_error(st, "%s", why);
+    }
     if (!st) {   /* a second run has nothing left (it trained the epochs again) */
         t->info.start_step = t->c.text ? t->c.steps : t->c.epochs * t->steps_per_epoch;
         if (!t->c.text) t->info.start_epoch = t->c.epochs;
