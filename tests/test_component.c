@@ -287,6 +287,13 @@ TEST(component_api_refuses_what_it_cannot_take)
     CHECK_ERR(mg_strategy_create(m, &so, &s), MG_EINVAL);
     CHECK_MSG(strstr(mg_last_error(), "a mesh without a group"), "%s", mg_last_error());
     so.mesh = NULL;
+    /* a parameter server's defaults: one server (0 was refused), and
+     * without a job it says that, not that servers leave no worker */
+    mg_strategy_options ps = mg_strategy_defaults(MG_STRATEGY_PS);
+    CHECK(ps.ps_servers == 1);
+    ps.max_batch = 4;
+    CHECK_ERR(mg_strategy_create(m, &ps, &s), MG_EINVAL);
+    CHECK_MSG(strstr(mg_last_error(), "needs a job of 2 or more ranks"), "%s", mg_last_error());
     CHECK_OK(mg_strategy_create(m, &so, &s));
     /* a step's slowing that is no number, a text that is NULL */
     mg_optim_config oc = mg_optim_defaults(MG_OPTIM_SGD, 0.1f);

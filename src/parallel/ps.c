@@ -140,7 +140,15 @@ static mg_status join(mg_strategy *s, bool server, ps_job *j, bool *mine)
     j->staleness = o->ps_staleness;
     j->async = o->ps_staleness == MG_STALENESS_UNBOUNDED;
     j->elastic = o->ps_elastic;
-    if (!j->g || j->servers < 1 || j->workers < 1)
+    /* Three mistakes, one message each (a probe: 0 servers were said to
+     * leave no worker). */
+    if (!j->g)
+        return mg_error(MG_EINVAL, "--parallel ps: a parameter server needs a job of 2 or more "
+                        "ranks (a group): start it under mgrun or torchrun");
+    if (j->servers < 1)
+        return mg_error(MG_EINVAL, "--parallel ps: %d server(s): give --servers 1 or more "
+                        "(ps_servers)", j->servers);
+    if (j->workers < 1)
         return mg_error(MG_EINVAL, "--parallel ps: %d server(s) among %d rank(s) leave no "
                         "worker; give --servers below the ranks", j->servers, world);
     if (!j->async && (o->ps_staleness < 0 || o->ps_staleness > 64))

@@ -55,6 +55,7 @@ static const struct {
 mg_strategy_options mg_strategy_defaults(mg_strategy_kind kind)
 {
     return (mg_strategy_options){.kind = kind, .max_batch = 1, .workers = 1,
+                                 .ps_servers = kind == MG_STRATEGY_PS,   /* refused at 0 */
                                  .ddp = mg_ddp_defaults(), .det_chunks = 2,
                                  .offload_window = (size_t)mg_env_long("MG_OFFLOAD_WINDOW_MB", 1)
                                                    << 20};
