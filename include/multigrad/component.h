@@ -133,9 +133,11 @@ typedef struct mg_component_ops {
     mg_status (*settle)(void *c, bool failed, bool *again, mg_group **job);
 } mg_component_ops;
 
-/* For components: the options the strategy was made with, and every rank
- * of its job learning the first failure of any (collective over the job's
- * group; st as it is in one process). */
+/* For components: the options the strategy was made with (the caller's
+ * pointers it reads only at creation, mesh, components and pipe.first,
+ * are NULL by then: mg_strategy_mesh has the mesh), and every rank of its
+ * job learning the first failure of any (collective over the job's group;
+ * st as it is in one process). */
 const mg_strategy_options *mg_strategy_options_of(const mg_strategy *s);
 mg_status mg_strategy_agree(mg_strategy *s, mg_status st);
 /* For a component that drives the step (run_step): before a backward of
