@@ -26,7 +26,6 @@
 #include <openssl/rand.h>
 #include "comm/builtin.h"
 #include "comm/call.h"
-#include "comm/coll/algos.h"
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
@@ -288,7 +287,7 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     b->spin = mg__spin_default(b->host_ranks);
     /* Shared memory: create, everyone maps everyone, then drop the names. */
     if (!st && nlocal > 1) {
-        long rk = mg_env_long("MG_SHM_RING_KB", 0), sk = mg_env_long("MG_SHM_SLOT_KB", 0);
+        long rk = me.shm_size[1], sk = me.shm_size[2];   /* as every rank has them */
         size_t ring = rk > 0 ? (size_t)rk << 10 : ((size_t)32 << 20) / (size_t)(nlocal - 1);
         if (rk <= 0) ring = ring < ((size_t)256 << 10) ? (size_t)256 << 10
                           : ring > ((size_t)4 << 20) ? (size_t)4 << 20 : ring;
@@ -725,31 +724,24 @@ static void bi_destroy(mg_group *g)
     free(b->plain);
     mg__bi_free_unexpected(b);
     mg__coll_scratch_free(&b->p2p);
-    char key[KEYLEN];
-    if (b->store && b->link && !b->world && !key_fmt(key, sizeof key, b->prefix, "exit", -1)) {
-        int64_t v = 0;   /* a sub-group: the last to leave forgets its records */
-        if (!mg_store_add(b->store, key, 1, &v) && v == g->size) forget_keys(b);
-    }
-    if (b->store && b->world && b->link) {
-        /* Rank 0 serves the store: it waits for the others to be done. */
-        if (!key_fmt(key, sizeof key, b->prefix, "exit", -1)) {
-            int64_t v = 0;
-            if (!mg_store_add(b->store, key, 1, &v) && v == g->size) {
-                forget_keys(b);
-                char done[KEYLEN + 8];
-                if (snprintf(done, sizeof done, "%s/done", key) < (int)sizeof done)
-                    (void)mg_store_set(b->store, done, "1", 1);
-            }
+    /* The last rank to leave forgets the group's records; of a world
+     * group it also tells rank 0, which serves the store and waits for the
+     * others to be done. */
+    char key[KEYLEN], done[KEYLEN + 8];
+    if (b->store && b->link && !key_fmt(key, sizeof key, b->prefix, "exit", -1) &&
+        snprintf(done, sizeof done, "%s/done", key) < (int)sizeof done) {
+        int64_t v = 0;
+        if (!mg_store_add(b->store, key, 1, &v) && v == g->size) {
+            forget_keys(b);
+            if (b->world) (void)mg_store_set(b->store, done, "1", 1);
+        }
+        if (b->world && g->rank == 0 && b->store->server) {
             /* After a failure, briefly: peers may still want our notices,
              * and dead ones will never come. */
             double wait = failed ? 2 : 30;
             if (g->timeout < wait) wait = g->timeout;
-            if (g->rank == 0 && b->store->server) {
-                char done[KEYLEN + 8];
-                if (snprintf(done, sizeof done, "%s/done", key) >= (int)sizeof done) done[0] = 0;
-                const char *keys[1] = {done};
-                (void)mg_store_wait(b->store, keys, 1, wait);
-            }
+            const char *keys[1] = {done};
+            (void)mg_store_wait(b->store, keys, 1, wait);
         }
     }
     mg_store_destroy(b->store);
