@@ -175,23 +175,31 @@ static const char *through_links(const char *path, char *buf, size_t cap)
     return w > 0 && (size_t)w < cap ? buf : path;
 }
 
-/* A path no file can have (a probe: "cannot rename .tmp.X to :"). */
-static mg_status no_name(const char *path)
+/* The file a write of path replaces (*file, in buf or path itself) and
+ * whether it is there (*sb its stat): MG_EINVAL for no path (a probe:
+ * "cannot rename .tmp.X to :") and for a path that is not a file (a FIFO,
+ * a device: as root the rename replaced /dev/full itself). */
+static mg_status write_target(const char *path, char *buf, size_t cap, const char **file,
+                              struct stat *sb, bool *there)
 {
-    return path && *path ? MG_OK : mg_error(MG_EINVAL, "no path (%s): give the path of a file "
-                                            "to write", path ? "empty" : "NULL");
+    if (!path || !*path)
+        return mg_error(MG_EINVAL, "no path (%s): give the path of a file to write",
+                        path ? "empty" : "NULL");
+    *file = through_links(path, buf, cap);
+    *there = stat(*file, sb) == 0;
+    if (*there && !S_ISREG(sb->st_mode))
+        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
+                        file_kind(sb->st_mode));
+    return MG_OK;
 }
 
 mg_status mg_check_writable(const char *path)
 {
-    MG_TRY(no_name(path));
     char buf[PATH_MAX];
-    const char *file = through_links(path, buf, sizeof buf);   /* what a write replaces */
+    const char *file = path;
     struct stat sb;
-    bool there = stat(file, &sb) == 0;
-    if (there && !S_ISREG(sb.st_mode))
-        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
-                        file_kind(sb.st_mode));
+    bool there;
+    MG_TRY(write_target(path, buf, sizeof buf, &file, &sb, &there));
     char tmp[4096];
     int fd = create_tmp(file, tmp, sizeof tmp, 0600);
     if (fd < 0) return no_tmp_error(path);
@@ -215,16 +223,11 @@ mg_status mg_check_writable(const char *path)
 mg_status mg_atomic_begin(const char *path, uint64_t size, char *tmp, size_t cap, int *fd)
 {
     *fd = -1;
-    MG_TRY(no_name(path));
     char buf[PATH_MAX];
-    const char *file = through_links(path, buf, sizeof buf);
-    /* A path that is not a file (a FIFO, a device) is never replaced: as
-     * root the rename would replace /dev/full itself. */
+    const char *file = path;
     struct stat old;
-    bool keep = stat(file, &old) == 0;
-    if (keep && !S_ISREG(old.st_mode))
-        return mg_error(MG_EINVAL, "%s is %s: give the path of a file to write", path,
-                        file_kind(old.st_mode));
+    bool keep;
+    MG_TRY(write_target(path, buf, sizeof buf, &file, &old, &keep));
     remove_stale_tmp(file);
     /* The mode of the file replaced, else 0666 less the umask. */
     *fd = create_tmp(file, tmp, cap, keep ? old.st_mode & 0777 : 0666);
