@@ -362,9 +362,9 @@ TEST(train_step_refuses_what_no_model_can_take)
     d.b = (mg_micro_batch){(const float *)(const void *)tok, next, 2, true, 0};
     CHECK_ERR(mg_train_step(s, o, &(mg_step_options){1, 0.05f, 0, 1}, give_one, &d, &r),
               MG_EINVAL);
-    CHECK_MSG(strstr(mg_last_error(), "mg_train_step: the source gave a micro-batch whose token "
-                     "256 (row 1, position 1 of 4) is outside the vocabulary [0, 256)"), "%s",
-              mg_last_error());
+    CHECK_MSG(strstr(mg_last_error(), "mg_train_step: the source's micro-batch: model 'gpt-mini': "
+                     "token 256 (row 1, position 1 of 4) is outside the vocabulary [0, 256)"),
+              "%s", mg_last_error());
     CHECK_ERR(mg_strategy_evaluate(s, give_one, &d, &e), MG_EINVAL);
     mg_optim_destroy(o);
     mg_strategy_destroy(s);

@@ -4,7 +4,6 @@
 #define MG_PARALLEL_INTERNAL_H
 
 #include <math.h>
-#include <string.h>
 #include "multigrad/component.h"
 
 /* A checkpoint of the job g (ckpt_io.c): every rank writes the pieces of
@@ -51,11 +50,8 @@ static inline mg_status mg__micro_check(const char *fn, const mg_micro_batch *b,
                         "more", fn, b->n, b->x ? "given" : "NULL", b->y ? "given" : "NULL",
                         b->weight);
     if (mg_model_vocab(m) && mg_device_of(b->x).kind == MG_DEVICE_CPU &&
-        mg_model_check_tokens(m, (const int32_t *)(const void *)b->x, b->n)) {
-        const char *why = strstr(mg_last_error(), "': token ");   /* past the model's name */
-        return mg_error(MG_EINVAL, "%s: the source gave a micro-batch whose %s", fn,
-                        why ? why + 3 : mg_last_error());
-    }
+        mg_model_check_tokens(m, (const int32_t *)(const void *)b->x, b->n))
+        return mg_error(MG_EINVAL, "%s: the source's micro-batch: %s", fn, mg_last_error());
     int classes = mg_model_classes(m), per = mg_model_positions(m);
     for (size_t i = 0; i < (size_t)b->n * per; i++)
         if (b->y[i] < 0 || b->y[i] >= classes)

@@ -96,9 +96,6 @@ static mg_status hold(mg_strategy *s, bool saving);
 static const mg_range *param_ranges(const mg_strategy *s, int *n);
 static mg_status find_own_ranges(mg_strategy *s);
 
-/* Rank 0's parameters, buffers and dropout counter on every rank: the
- * job's one broadcast of a state, at the start, before any component
- * narrows what a rank holds. */
 /* The options every rank must give alike, as numbers, and their names. */
 enum { N_ALIKE = 13 };
 static const char *const alike_names[N_ALIKE] = {
@@ -136,6 +133,9 @@ static mg_status same_options(mg_strategy *s, const mg_strategy_options *o)
     return st;
 }
 
+/* Rank 0's parameters, buffers and dropout counter on every rank: the
+ * job's one broadcast of a state, at the start, before any component
+ * narrows what a rank holds. */
 static mg_status from_rank0(mg_strategy *s)
 {
     mg_model *m = s->m;
@@ -229,7 +229,6 @@ mg_status mg_strategy_create(mg_model *m, const mg_strategy_options *o, mg_strat
         const part *p = &s->part[i];
         len = mg__catf(s->name, sizeof s->name, len, "%s%s", i ? "+" : "",
                        p->ops->label ? p->ops->label(p->c) : p->ops->name);
-        if (len >= sizeof s->name) break;
     }
     if (!s->n) snprintf(s->name, sizeof s->name, "single");
     *out = s;

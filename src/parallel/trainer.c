@@ -559,7 +559,7 @@ static mg_status check_room(mg_trainer *t)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", c->save);
     char *slash = strrchr(dir, '/');
-    if (slash) slash[slash == dir] = 0;
+    if (slash) slash[slash == dir] = 0;   /* its directory ("/" for "/ck.st") */
     struct statvfs v;
     if (statvfs(slash ? dir : ".", &v) || (double)v.f_bavail * v.f_frsize >= need) return MG_OK;
     return mg_error(MG_EIO, "--save %s: its file system has %.1f MB free, and the checkpoint "
