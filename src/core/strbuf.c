@@ -21,17 +21,23 @@ static bool reserve(mg__str *b, size_t more)
     return true;
 }
 
+/* Formatted into the room there is; formatted again only when it did not
+ * fit (the log's cells are formatted once each). */
 void mg__str_addf(mg__str *b, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || !reserve(b, (size_t)n)) return;
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
+    for (int k = 0; k < 2 && !b->oom; k++) {
+        size_t room = b->cap - b->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(room ? b->s + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        if (!reserve(b, (size_t)n)) return;
+    }
 }
 
 void mg__str_put(mg__str *b, const char *p, size_t n)

@@ -265,7 +265,7 @@ void mg__seq_forward(mg_layer *l, const mg_ctx *c, const float *x, float *y, int
 void mg__seq_backward(mg_layer *l, const mg_ctx *c, const float *x, const float *y,
                       float *dy, float *dx, int n, const mg__seq_calls *k);
 bool mg__is_sequential(const mg_layer *l);
-int mg__embedding_vocab(const mg_layer *l);
+int mg__embedding_vocab(const mg_layer *l);   /* its whole vocabulary; 0: not an embedding */
 /* A public constructor's rule on its sizes: NULL and MG_EINVAL with the
  * message when it is broken (nn.h). */
 #define MG__LAYER_RULE(cond, ...)                                             \
@@ -274,6 +274,6 @@ int mg__embedding_vocab(const mg_layer *l);
             mg_error(MG_EINVAL, __VA_ARGS__);                                 \
             return NULL;                                                      \
         }                                                                     \
-    } while (0)   /* its whole vocabulary; 0: not an embedding */
+    } while (0)
 
 #endif
