@@ -2,38 +2,36 @@
  * path when bf16 is on: the algorithm of attention.cu's float kernels
  * (tiles of 64 queries and 64 keys, online softmax, the log-sum-exp kept,
  * the backward in two kernels that sum in a fixed order) with the tile
- * products as warp matrix products (wmma: 16 x 16 x 16, bfloat16 operands,
- * float sums), in the manner of FlashAttention-2: a block's 4 warps each
- * own 16 rows (queries, or keys for dK and dV), so that between the
- * block's barriers a warp works alone.
+ * products as the tensor cores' warp products (mma.sync m16n8k16,
+ * bfloat16 operands, float sums), as FlashAttention-2 does: a block's 4
+ * warps each own 16 rows (queries, or keys for dK and dV), so that
+ * between the block's barriers a warp works alone, and the scores never
+ * leave its registers. The scores' sums are laid out in the lanes as the
+ * next product takes its left operand, so the probabilities (and dS) go
+ * from a product's sums to the next product's operand in place.
  *
  * Per tile, a block waits for the tile's operands (bfloat16 copies of qkv
  * and dy made once per call) and queues the next tile's, which land in
- * shared memory while it computes (cp.async, two buffers); then each warp
- * computes its scores (and dP) as a 16 x 64 product, stores them as floats
- * in shared memory, where its lanes (each a column) take the softmax with
- * its row maxima and sums through shuffles, or the scores' gradient, and
- * write the probabilities (and dS) in bfloat16 for the next product. The
- * forward's output stays in the lanes' registers, rescaled as the running
- * maximum grows; dK, dV and dQ stay in the warps' accumulators.
+ * shared memory while it computes (cp.async, two buffers); the warps read
+ * the operands from there with ldmatrix. The forward's output and the
+ * backward's dK, dV and dQ stay in the warps' sums from the first tile to
+ * the last.
  *
  * Under emu, each warp's work is done by its first lane on the host (the
- * other lanes' calls return): the products in float from the same
- * bfloat16 operands, a row's lanes folded into one. The same tiles, masks
- * and roundings as on a GPU, not the same last bits (the tensor cores add
- * in an order of their own). Head sizes up to 128, zero-padded to 32, 64
- * or 128 (the asynchronous copies need heads a multiple of 8 wide; others
- * load element by element). Limits: the scores go through shared memory
- * between products (FlashAttention-2 keeps them in registers). */
-#include <type_traits>
+ * other lanes' calls return), which holds the warp's whole 16-row tiles:
+ * the products in float from the same bfloat16 operands. The same tiles,
+ * masks and roundings as on a GPU, not the same last bits (the tensor
+ * cores add in an order of their own). Head sizes up to 128, zero-padded
+ * to 32, 64 or 128 (the asynchronous copies need heads a multiple of 8
+ * wide; others load element by element). Needs compute capability 8.0
+ * (the tensor cores' bfloat16). Limits: every tile evaluates the causal
+ * mask, and blocks of 64 query rows leave a long sequence's short tiles
+ * (the first queries see few keys) to finish early. */
 #include "core/bf16.h"
 #include "device/attention_blocks.h"
-#ifdef __CUDACC__
-#include <mma.h>
-#endif
 
 typedef uint16_t bf;   /* bfloat16's bits */
-enum { BPAD = 8, SLD = AB + 4, WARPS = 4 };
+enum { BPAD = 8, WARPS = 4 };
 #ifdef __CUDA_ARCH__
 enum { LANES = 32 };
 #else
@@ -53,144 +51,171 @@ static HD inline bf to_bf(float x)
 static inline float from_bf(bf h) { return mg__bf16_to_f32(h); }   /* emu's products */
 #endif
 
-static HD inline void warp_sync(void)
-{
+/* ---- A warp's tiles of sums ---------------------------------------------------------- *
+ * sums<NT>: a warp's 16 x 8 NT tile of float sums, the result of the
+ * tensor cores' m16n8k16 products. On a GPU each lane holds 4 cells of
+ * each 8 columns: rows lane / 4 and lane / 4 + 8 (its row slots 0 and 1),
+ * columns 2 (lane % 4) and the next; a row is spread over 4 lanes side by
+ * side. On the host (emu) the first lane holds all 16 rows (16 slots). */
 #ifdef __CUDA_ARCH__
-    __syncwarp();
-#endif
-}
-
-/* A warp's lanes over its 16 rows of 64 scores (or 16 rows of an
- * output): on a GPU two lanes a row, lane % 16, each half of its columns,
- * lane / 16, a row's maximum and sum combined through one shuffle; on the
- * host (emu) the first lane takes all 16 rows whole. RPL rows a lane,
- * rows in HALVES parts. */
-#ifdef __CUDA_ARCH__
-enum { RPL = 1, HALVES = 2 };
+enum { SLOTS = 2 };
 #else
-enum { RPL = 16, HALVES = 1 };
+enum { SLOTS = 16 };
 #endif
-static HD inline int lane_row(int lane, int i) { return RPL == 1 ? lane % 16 : i; }
-static HD inline int lane_half(int lane) { return HALVES == 2 ? lane / 16 : 0; }
-
-static HD inline float pair_max(float v)
-{
-#ifdef __CUDA_ARCH__
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-#endif
-    return v;
-}
-
-static HD inline float pair_sum(float v)
-{
-#ifdef __CUDA_ARCH__
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-#endif
-    return v;
-}
-
-/* p[0..7] = v[0..7] in bfloat16, stored at once on a GPU. */
-static HD AINL void st_bf8(bf *p, const float v[8])
-{
-#ifdef __CUDA_ARCH__
-    uint32_t w[4];
-    UNROLL
-    for (int i = 0; i < 4; i++) w[i] = to_bf(v[2 * i]) | (uint32_t)to_bf(v[2 * i + 1]) << 16;
-    *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-#else
-    for (int i = 0; i < 8; i++) p[i] = to_bf(v[i]);
-#endif
-}
-
-/* ---- A warp's products ------------------------------------------------------------- *
- * acc: a warp's NT tiles of 16 x 16 side by side, in float. acc_mma adds
- * A B, A 16 x K and B K x 16 NT, bfloat16 in shared memory: A row-major
- * (A(r, k) at a[r lda + k]), B row-major (b[k ldb + c]) or, BT, transposed
- * (b[c ldb + k]). Every lane of the warp calls each; on the host (emu)
- * lane 0 does the warp's work. */
-template <int NT> struct warp_acc {
-#ifdef __CUDA_ARCH__
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> f[NT];
-#else
-    float c[16][16 * NT];
-#endif
+template <int NT> struct sums {
+    static constexpr int cells = SLOTS == 2 ? 4 * NT : 16 * 8 * NT;
+    float f[cells];
 };
 
-template <int NT> static HD AINL void acc_zero(warp_acc<NT> &acc, int lane)
+/* The warp's row r of its slot i. */
+static HD inline int slot_row(int lane, int i) { return SLOTS == 2 ? lane / 4 + 8 * i : i; }
+
+/* Whether a lane is the first of its rows' lanes (which writes a row's own value). */
+static HD inline bool row_leader(int lane) { return SLOTS == 2 ? lane % 4 == 0 : true; }
+
+/* fn(i, r, c, n) for each of a lane's cells: row slot i, the warp's row r
+ * and column c, the cell f[n]. */
+template <int NT, class F> static HD AINL void for_cells(int lane, F fn)
 {
 #ifdef __CUDA_ARCH__
     UNROLL
-    for (int t = 0; t < NT; t++) nvcuda::wmma::fill_fragment(acc.f[t], 0.0f);
+    for (int j = 0; j < NT; j++)
+        UNROLL
+        for (int e = 0; e < 4; e++)
+            fn(e / 2, lane / 4 + 8 * (e / 2), 8 * j + 2 * (lane % 4) + e % 2, 4 * j + e);
 #else
-    if (lane == 0) memset(acc.c, 0, sizeof acc.c);
+    (void)lane;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8 * NT; c++) fn(r, r, c, r * 8 * NT + c);
 #endif
 }
 
-template <int NT, int K, bool BT>
-static HD AINL void acc_mma(warp_acc<NT> &acc, const bf *a, int lda, const bf *b, int ldb,
-                            int lane)
+template <int NT> static HD AINL void sums_zero(sums<NT> &s)
+{
+    UNROLL
+    for (int n = 0; n < sums<NT>::cells; n++) s.f[n] = 0.0f;
+}
+
+/* A row's maximum and sum over the lanes that share it. */
+static HD inline float row_max(float v)
 {
 #ifdef __CUDA_ARCH__
-    using namespace nvcuda;
-    typedef typename std::conditional<BT, wmma::col_major, wmma::row_major>::type lb;
-    const __nv_bfloat16 *A = reinterpret_cast<const __nv_bfloat16 *>(a);
-    const __nv_bfloat16 *B = reinterpret_cast<const __nv_bfloat16 *>(b);
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+#endif
+    return v;
+}
+
+static HD inline float row_sum(float v)
+{
+#ifdef __CUDA_ARCH__
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+#endif
+    return v;
+}
+
+#ifdef __CUDA_ARCH__
+/* Four 8 x 8 matrices of bfloat16 from shared memory, lane l giving the
+ * address of row l % 8 of matrix l / 8; lane l receives row l / 4,
+ * columns 2 (l % 4) and the next, of each (of each transposed, TRANS). */
+template <bool TRANS> static __device__ AINL void ldsm4(uint32_t r[4], const bf *p)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+/* c (16 x 8) += a (16 x 16) b (16 x 8), in the tensor cores' lane layout. */
+static __device__ AINL void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ AINL uint32_t pack_bf2(float lo, float hi)
+{
+    return (uint32_t)to_bf(lo) | (uint32_t)to_bf(hi) << 16;
+}
+
+/* acc += a B for the k columns k0 .. k0 + 15: B's 16 rows from shared
+ * memory, b[c ldb + k] (BT) or b[k ldb + c]. */
+template <int NT, bool BT>
+static __device__ AINL void mma_k16(sums<NT> &acc, const uint32_t a[4], const bf *b, int ldb,
+                                    int k0, int lane)
+{
+    static_assert(NT % 2 == 0, "B is loaded 16 columns at a time");
+    UNROLL
+    for (int j = 0; j < NT; j += 2) {
+        uint32_t r[4];
+        if (BT)
+            ldsm4<false>(r, b + (size_t)(8 * j + lane % 8 + lane / 16 * 8) * ldb + k0 +
+                                lane / 8 % 2 * 8);
+        else
+            ldsm4<true>(r, b + (size_t)(k0 + lane % 8 + lane / 8 % 2 * 8) * ldb + 8 * j +
+                               lane / 16 * 8);
+        mma16816(&acc.f[4 * j], a, r[0], r[1]);
+        mma16816(&acc.f[4 * j + 4], a, r[2], r[3]);
+    }
+}
+#endif
+
+/* acc += A B, A the warp's 16 rows of K columns, bfloat16 in shared
+ * memory (A(r, k) at a[r lda + k]), B K x 8 NT in shared memory: b[c ldb +
+ * k] (BT) or b[k ldb + c]. */
+template <int NT, int K, bool BT>
+static HD AINL void mma_shared(sums<NT> &acc, const bf *a, int lda, const bf *b, int ldb,
+                               int lane)
+{
+#ifdef __CUDA_ARCH__
     UNROLL
     for (int k = 0; k < K; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, A + k, lda);
-        UNROLL
-        for (int t = 0; t < NT; t++) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, lb> fb;
-            wmma::load_matrix_sync(fb, BT ? B + (size_t)16 * t * ldb + k
-                                          : B + (size_t)k * ldb + 16 * t, ldb);
-            wmma::mma_sync(acc.f[t], fa, fb, acc.f[t]);
-        }
+        uint32_t fa[4];
+        ldsm4<false>(fa, a + (size_t)(lane % 8 + lane / 8 % 2 * 8) * lda + k + lane / 16 * 8);
+        mma_k16<NT, BT>(acc, fa, b, ldb, k, lane);
     }
 #else
-    if (lane) return;
+    (void)lane;
     for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16 * NT; c++) {
+        for (int c = 0; c < 8 * NT; c++) {
             float s = 0.0f;
             for (int k = 0; k < K; k++)
-                s += from_bf(a[r * lda + k]) *
-                     from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
-            acc.c[r][c] += s;
+                s += from_bf(a[r * lda + k]) * from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
+            acc.f[r * 8 * NT + c] += s;
         }
 #endif
 }
 
-/* c[r ldc + col] = the warp's tiles, in shared memory (the warp's lanes
- * read them after a warp_sync). */
-template <int NT>
-static HD AINL void acc_store(const warp_acc<NT> &acc, float *c, int ldc, int lane)
+/* acc += P B, P the warp's own 16 x K sums (the probabilities, or dS)
+ * rounded to bfloat16, B as mma_shared's. On a GPU a lane's cells of P
+ * are its operand's cells as they lie. */
+template <int NT, int K, bool BT>
+static HD AINL void mma_sums(sums<NT> &acc, const sums<K / 8> &p, const bf *b, int ldb, int lane)
 {
 #ifdef __CUDA_ARCH__
     UNROLL
-    for (int t = 0; t < NT; t++)
-        nvcuda::wmma::store_matrix_sync(c + 16 * t, acc.f[t], ldc, nvcuda::wmma::mem_row_major);
+    for (int k = 0; k < K; k += 16) {
+        const float *c = &p.f[k / 2];   /* the 8-column parts k / 8 and k / 8 + 1 */
+        uint32_t fa[4] = {pack_bf2(c[0], c[1]), pack_bf2(c[2], c[3]), pack_bf2(c[4], c[5]),
+                          pack_bf2(c[6], c[7])};
+        mma_k16<NT, BT>(acc, fa, b, ldb, k, lane);
+    }
 #else
-    if (lane == 0)
-        for (int r = 0; r < 16; r++) memcpy(c + r * ldc, acc.c[r], sizeof acc.c[r]);
-#endif
-}
-
-/* out(r, col, value) for each of the warp's values, through its own
- * scratch of 16 x (16 NT + 4) floats in shared memory. */
-template <int NT, class F>
-static HD AINL void acc_write(const warp_acc<NT> &acc, float *scratch, int lane, F out)
-{
-    enum { LD = 16 * NT + 4 };
-    acc_store<NT>(acc, scratch, LD, lane);
-#ifdef __CUDA_ARCH__
-    __syncwarp();
-    for (int i = lane; i < 16 * 16 * NT; i += 32)
-        out(i / (16 * NT), i % (16 * NT), scratch[i / (16 * NT) * LD + i % (16 * NT)]);
-    __syncwarp();
-#else
-    if (lane == 0)
-        for (int i = 0; i < 16 * 16 * NT; i++)
-            out(i / (16 * NT), i % (16 * NT), scratch[i / (16 * NT) * LD + i % (16 * NT)]);
+    (void)lane;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8 * NT; c++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++)
+                s += from_bf(to_bf(p.f[r * K + k])) *
+                     from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
+            acc.f[r * 8 * NT + c] += s;
+        }
 #endif
 }
 
@@ -308,31 +333,6 @@ static HD AINL void copy_queries(bf (*qd)[AB][HDM + BPAD], float (*rows)[AB], co
     copy_rows(rows[1], a.D, a, bh, q0, tid);
 }
 
-/* A warp's scores s = a b^T, 16 x 64 (a: the warp's 16 rows, b: the
- * tile's 64), floats in shared memory for the warp's lanes (after a
- * warp_sync). */
-template <int HDM, int LD>
-static HD AINL void scores(float (*s)[LD], const bf (*a)[HDM + BPAD], const bf (*b)[HDM + BPAD],
-                           int lane)
-{
-    warp_acc<4> acc;
-    acc_zero(acc, lane);
-    acc_mma<4, HDM, true>(acc, a[0], HDM + BPAD, b[0], HDM + BPAD, lane);
-    acc_store(acc, s[0], LD, lane);
-}
-
-/* The backward's pair: s = a1 b1^T and dp = a2 b2^T (S and dP, or their
- * transposes), then a warp_sync. */
-template <int HDM>
-static HD AINL void score_pair(float (*s)[SLD], float (*dp)[SLD], const bf (*a1)[HDM + BPAD],
-                               const bf (*b1)[HDM + BPAD], const bf (*a2)[HDM + BPAD],
-                               const bf (*b2)[HDM + BPAD], int lane)
-{
-    scores<HDM, SLD>(s, a1, b1, lane);
-    scores<HDM, SLD>(dp, a2, b2, lane);
-    warp_sync();
-}
-
 /* Row r0 + r (of head bh, columns col0) of a [n, T, 3d] gradient gets
  * value at column c, none past T or hd. */
 static HD inline void put(const att_args &a, int bh, int r0, int col0, int r, int c, float v)
@@ -345,17 +345,14 @@ static HD inline void put(const att_args &a, int bh, int r0, int col0, int r, in
 /* Phase 0: the key tile's copies complete, the next one's queued; phase
  * 1: a warp's 16 query rows against the tile. */
 template <int HDM> struct tc_fwd {
-    static constexpr int threads = 32 * WARPS, phases = 2, KC = AB / HALVES, OC = HDM / HALVES;
-    static constexpr int OLD = (HDM > AB ? HDM : AB) + 4;
+    static constexpr int threads = 32 * WARPS, phases = 2, LD = HDM + BPAD;
     struct shared {
-        bf q[AB][HDM + BPAD];
-        bf kv[2][2][AB][HDM + BPAD];   /* [buffer][keys, values] */
-        bf p[AB][AB + BPAD];           /* the probabilities (unnormalised) */
-        float s[AB][OLD];              /* the scores, then P V */
+        bf q[AB][LD];
+        bf kv[2][2][AB][LD];   /* [buffer][keys, values] */
     };
-    struct thread {   /* a lane's rows: the running maximum (base 2) and sum, its half of
-                         the output */
-        float m[RPL], l[RPL], o[RPL][OC];
+    struct thread {   /* a lane's rows: the running maximum (base 2) and sum; its output cells */
+        float m[SLOTS], l[SLOTS];
+        sums<HDM / 8> o;
     };
     att_args a;
 
@@ -367,11 +364,8 @@ template <int HDM> struct tc_fwd {
         copy_tile<HDM>(sh.q, a, a.qkv16, 3 * a.d, 0, bh_of(a, blk), AB * tile_of(a, blk), tid);
         copy_keys<HDM>(sh.kv[0], a, bh_of(a, blk), 0, tid);
         copies_commit();
-        for (int i = 0; i < RPL; i++) {
-            t.m[i] = -INFINITY;
-            t.l[i] = 0.0f;
-            for (int c = 0; c < OC; c++) t.o[i][c] = 0.0f;
-        }
+        for (int i = 0; i < SLOTS; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
+        sums_zero(t.o);
     }
 
     HD AINL void phase(int p, int blk, int tile, int tid, thread &t, shared &sh) const
@@ -381,70 +375,50 @@ template <int HDM> struct tc_fwd {
             next_keys<HDM>(sh.kv, a, bh, tile, end(blk), tid);
             return;
         }
-        int lane = tid % 32, r0 = 16 * (tid / 32), half = lane_half(lane);
+        int lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
-        const bf(*kv)[AB][HDM + BPAD] = sh.kv[tile % 2];
-        float(*s)[OLD] = sh.s + r0;
-        scores<HDM, OLD>(s, sh.q + r0, kv[0], lane);   /* S = Q K^T, the warp's rows */
-        warp_sync();
-        /* the softmax, online: a lane's rows, its half of their keys */
+        const bf(*kv)[AB][LD] = sh.kv[tile % 2];
+        sums<AB / 8> s;   /* S = Q K^T, the warp's rows */
+        sums_zero(s);
+        mma_shared<AB / 8, HDM, true>(s, sh.q[r0], LD, kv[0][0], LD, lane);
+        /* the softmax, online, in base 2 */
+        float mx[SLOTS], sum[SLOTS], alpha[SLOTS], scale2 = a.scale * LOG2E;
+        for (int i = 0; i < SLOTS; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+        for_cells<AB / 8>(lane, [&](int i, int r, int c, int n) {
+            int q = q0 + r0 + r;
+            s.f[n] = k0 + c <= q && q < a.T ? s.f[n] * scale2 : -INFINITY;
+            mx[i] = fmaxf(mx[i], s.f[n]);
+        });
         UNROLL
-        for (int i = 0; i < RPL; i++) {
-            int k = lane_row(lane, i), q = q0 + r0 + k, c0 = half * KC;
-            float x[KC], mx = -INFINITY, scale2 = a.scale * LOG2E;
-            UNROLL
-            for (int j = 0; j < KC; j += 4) ld4(&s[k][c0 + j], x + j);
-            UNROLL
-            for (int j = 0; j < KC; j++) {
-                x[j] = k0 + c0 + j <= q && q < a.T ? x[j] * scale2 : -INFINITY;
-                mx = fmaxf(mx, x[j]);
-            }
-            float m = fmaxf(t.m[i], pair_max(mx)), sum = 0.0f;
-            float alpha = m == -INFINITY ? 1.0f : exp2f(t.m[i] - m);
-            UNROLL
-            for (int j = 0; j < KC; j++) {
-                x[j] = x[j] == -INFINITY ? 0.0f : exp2f(x[j] - m);
-                sum += x[j];
-            }
-            UNROLL
-            for (int j = 0; j < KC; j += 8) st_bf8(&sh.p[r0 + k][c0 + j], x + j);
+        for (int i = 0; i < SLOTS; i++) {
+            float m = fmaxf(t.m[i], row_max(mx[i]));
+            alpha[i] = m == -INFINITY ? 1.0f : exp2f(t.m[i] - m);
             t.m[i] = m;
-            t.l[i] = t.l[i] * alpha + pair_sum(sum);
-            UNROLL
-            for (int c = 0; c < OC; c++) t.o[i][c] *= alpha;
         }
-        warp_sync();
-        /* o += P V */
-        warp_acc<HDM / 16> pv;
-        acc_zero(pv, lane);
-        acc_mma<HDM / 16, AB, false>(pv, sh.p[r0], AB + BPAD, kv[1][0], HDM + BPAD, lane);
-        acc_store(pv, s[0], OLD, lane);
-        warp_sync();
+        for_cells<AB / 8>(lane, [&](int i, int, int, int n) {
+            s.f[n] = s.f[n] == -INFINITY ? 0.0f : exp2f(s.f[n] - t.m[i]);
+            sum[i] += s.f[n];
+        });
         UNROLL
-        for (int i = 0; i < RPL; i++) {
-            const float *row = &s[lane_row(lane, i)][half * OC];
-            UNROLL
-            for (int c = 0; c < OC; c += 4) {
-                float v[4];
-                ld4(row + c, v);
-                for (int e = 0; e < 4; e++) t.o[i][c + e] += v[e];
-            }
-        }
+        for (int i = 0; i < SLOTS; i++) t.l[i] = t.l[i] * alpha[i] + row_sum(sum[i]);
+        for_cells<HDM / 8>(lane, [&](int i, int, int, int n) { t.o.f[n] *= alpha[i]; });
+        mma_sums<HDM / 8, AB, false>(t.o, s, kv[1][0], LD, lane);   /* O += P V */
     }
 
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), lane = tid % 32, r0 = 16 * (tid / 32);
-        int half = lane_half(lane);
         if (lane >= LANES) return;
-        for (int i = 0; i < RPL; i++) {
-            int q = q0 + r0 + lane_row(lane, i);
-            if (q >= a.T) continue;
-            if (half == 0) a.lse[(size_t)bh * a.T + q] = t.m[i] * LN2 + logf(t.l[i]);
-            float *row = a.out + row_at(a, bh, q, a.d, 0), inv = 1.0f / t.l[i];
-            for (int c = 0; c < OC; c++)
-                if (half * OC + c < a.hd) row[half * OC + c] = t.o[i][c] * inv;
+        UNROLL
+        for (int i = 0; i < SLOTS; i++) {
+            int q = q0 + r0 + slot_row(lane, i);
+            if (q < a.T && row_leader(lane))
+                a.lse[(size_t)bh * a.T + q] = t.m[i] * LN2 + logf(t.l[i]);
         }
+        for_cells<HDM / 8>(lane, [&](int i, int r, int c, int n) {
+            int q = q0 + r0 + r;
+            if (q < a.T && c < a.hd) a.out[row_at(a, bh, q, a.d, 0) + c] = t.o.f[n] / t.l[i];
+        });
     }
 };
 
@@ -452,19 +426,17 @@ template <int HDM> struct tc_fwd {
 
 /* dK and dV of a key tile, over the query tiles from its own on: a warp
  * owns 16 keys, computes their scores S^T = K Q^T and dP^T = V dO^T
- * against the query tile, P^T and dS^T, and adds dV += P^T dO, dK +=
- * dS^T Q. */
+ * against the query tile, P^T and dS^T in place, and adds dV += P^T dO,
+ * dK += dS^T Q. */
 template <int HDM> struct tc_dkv {
-    static constexpr int threads = 32 * WARPS, phases = 2, NT = HDM / 16, KC = AB / HALVES;
+    static constexpr int threads = 32 * WARPS, phases = 2, LD = HDM + BPAD;
     struct shared {
-        bf k[AB][HDM + BPAD], v[AB][HDM + BPAD];
-        bf qd[2][2][AB][HDM + BPAD];   /* [buffer][queries, dO] */
-        float rows[2][2][AB];          /* [buffer][log-sum-exp, D] */
-        bf p[AB][AB + BPAD], ds[AB][AB + BPAD];   /* P^T, dS^T: [key][query] */
-        float s[AB][SLD], dp[AB][SLD];             /* S^T, dP^T; the warps' scratch at the end */
+        bf k[AB][LD], v[AB][LD];
+        bf qd[2][2][AB][LD];    /* [buffer][queries, dO] */
+        float rows[2][2][AB];   /* [buffer][log-sum-exp, D] */
     };
     struct thread {
-        warp_acc<NT> dk, dv;   /* the warp's 16 keys */
+        sums<HDM / 8> dk, dv;   /* the warp's 16 keys */
     };
     att_args a;
 
@@ -478,8 +450,8 @@ template <int HDM> struct tc_dkv {
         copy_tile<HDM>(sh.v, a, a.qkv16, 3 * a.d, 2 * a.d, bh, k0, tid);
         copy_queries<HDM>(sh.qd[begin(blk) % 2], sh.rows[begin(blk) % 2], a, bh, k0, tid);
         copies_commit();
-        acc_zero(t.dk, tid % 32);
-        acc_zero(t.dv, tid % 32);
+        sums_zero(t.dk);
+        sums_zero(t.dv);
     }
 
     HD AINL void phase(int p, int blk, int tile, int tid, thread &t, shared &sh) const
@@ -494,63 +466,46 @@ template <int HDM> struct tc_dkv {
         }
         int lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
-        const bf(*q)[HDM + BPAD] = sh.qd[b][0], (*dO)[HDM + BPAD] = sh.qd[b][1];
-        score_pair<HDM>(sh.s + r0, sh.dp + r0, sh.k + r0, q, sh.v + r0, dO, lane);
-        /* P^T and dS^T: a lane's keys, its half of the queries, 8 at a time */
-        int c0 = lane_half(lane) * KC;
-        UNROLL
-        for (int i = 0; i < RPL; i++) {
-            int k = lane_row(lane, i), key = k0 + r0 + k;
-            for (int j = c0; j < c0 + KC; j += 8) {
-                float sv[8], dv[8], lse[8], D[8];
-                for (int h = 0; h < 8; h += 4) {
-                    ld4(&sh.s[r0 + k][j + h], sv + h);
-                    ld4(&sh.dp[r0 + k][j + h], dv + h);
-                    ld4(&sh.rows[b][0][j + h], lse + h);
-                    ld4(&sh.rows[b][1][j + h], D + h);
-                }
-                UNROLL
-                for (int e = 0; e < 8; e++) {
-                    int qi = q0 + j + e;
-                    float x = fmaf(sv[e], a.scale * LOG2E, -lse[e] * LOG2E);
-                    sv[e] = key <= qi && qi < a.T ? exp2f(x) : 0.0f;
-                    dv[e] = sv[e] * (dv[e] - D[e]) * a.scale;
-                }
-                st_bf8(&sh.p[r0 + k][j], sv);
-                st_bf8(&sh.ds[r0 + k][j], dv);
-            }
-        }
-        warp_sync();
-        acc_mma<NT, AB, false>(t.dv, sh.p[r0], AB + BPAD, dO[0], HDM + BPAD, lane);
-        acc_mma<NT, AB, false>(t.dk, sh.ds[r0], AB + BPAD, q[0], HDM + BPAD, lane);
+        const bf(*q)[LD] = sh.qd[b][0], (*dO)[LD] = sh.qd[b][1];
+        const float *lse = sh.rows[b][0], *D = sh.rows[b][1];
+        sums<AB / 8> s, dp;   /* S^T, dP^T: [key][query], then P^T, dS^T */
+        sums_zero(s);
+        sums_zero(dp);
+        mma_shared<AB / 8, HDM, true>(s, sh.k[r0], LD, q[0], LD, lane);
+        mma_shared<AB / 8, HDM, true>(dp, sh.v[r0], LD, dO[0], LD, lane);
+        for_cells<AB / 8>(lane, [&](int, int r, int c, int n) {
+            int key = k0 + r0 + r, qi = q0 + c;
+            float x = fmaf(s.f[n], a.scale * LOG2E, -lse[c] * LOG2E);
+            s.f[n] = key <= qi && qi < a.T ? exp2f(x) : 0.0f;
+            dp.f[n] = s.f[n] * (dp.f[n] - D[c]) * a.scale;
+        });
+        mma_sums<HDM / 8, AB, false>(t.dv, s, dO[0], LD, lane);
+        mma_sums<HDM / 8, AB, false>(t.dk, dp, q[0], LD, lane);
     }
 
-    HD AINL void finish(int blk, int tid, thread &t, shared &sh) const
+    HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), k0 = AB * tile_of(a, blk), lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
-        float *scratch = &sh.s[0][0] + tid / 32 * 16 * (HDM + 4);
-        acc_write<NT>(t.dk, scratch, lane,
-                      [&](int i, int j, float v) { put(a, bh, k0, a.d, r0 + i, j, v); });
-        acc_write<NT>(t.dv, scratch, lane,
-                      [&](int i, int j, float v) { put(a, bh, k0, 2 * a.d, r0 + i, j, v); });
+        for_cells<HDM / 8>(lane, [&](int, int r, int c, int n) {
+            put(a, bh, k0, a.d, r0 + r, c, t.dk.f[n]);
+            put(a, bh, k0, 2 * a.d, r0 + r, c, t.dv.f[n]);
+        });
     }
 };
 
 /* dQ of a query tile, over the key tiles up to its own: a warp owns 16
  * queries, computes their S = Q K^T and dP = dO V^T against the key tile,
- * dS, and adds dQ += dS K. */
+ * dS in place, and adds dQ += dS K. */
 template <int HDM> struct tc_dq {
-    static constexpr int threads = 32 * WARPS, phases = 2, NT = HDM / 16, KC = AB / HALVES;
+    static constexpr int threads = 32 * WARPS, phases = 2, LD = HDM + BPAD;
     struct shared {
-        bf qd[2][AB][HDM + BPAD];      /* the queries, dO */
-        float rows[2][AB];             /* the log-sum-exp, D */
-        bf kv[2][2][AB][HDM + BPAD];   /* [buffer][keys, values] */
-        bf ds[AB][AB + BPAD];          /* [query][key] */
-        float s[AB][SLD], dp[AB][SLD];
+        bf qd[2][AB][LD];      /* the queries, dO */
+        float rows[2][AB];     /* the log-sum-exp, D */
+        bf kv[2][2][AB][LD];   /* [buffer][keys, values] */
     };
     struct thread {
-        warp_acc<NT> dq;   /* the warp's 16 queries */
+        sums<HDM / 8> dq;   /* the warp's 16 queries */
     };
     att_args a;
 
@@ -563,7 +518,7 @@ template <int HDM> struct tc_dq {
         copy_queries<HDM>(sh.qd, sh.rows, a, bh, q0, tid);
         copy_keys<HDM>(sh.kv[0], a, bh, 0, tid);
         copies_commit();
-        acc_zero(t.dq, tid % 32);
+        sums_zero(t.dq);
     }
 
     HD AINL void phase(int p, int blk, int tile, int tid, thread &t, shared &sh) const
@@ -575,40 +530,34 @@ template <int HDM> struct tc_dq {
         }
         int lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
-        const bf(*kv)[AB][HDM + BPAD] = sh.kv[tile % 2];
-        score_pair<HDM>(sh.s + r0, sh.dp + r0, sh.qd[0] + r0, kv[0], sh.qd[1] + r0, kv[1], lane);
-        /* dS: a lane's queries, its half of the keys, 8 at a time */
-        int c0 = lane_half(lane) * KC;
+        const bf(*kv)[AB][LD] = sh.kv[tile % 2];
+        sums<AB / 8> s, dp;   /* S, dP: [query][key], then dS */
+        sums_zero(s);
+        sums_zero(dp);
+        mma_shared<AB / 8, HDM, true>(s, sh.qd[0][r0], LD, kv[0][0], LD, lane);
+        mma_shared<AB / 8, HDM, true>(dp, sh.qd[1][r0], LD, kv[1][0], LD, lane);
+        float lse2[SLOTS], D[SLOTS];
         UNROLL
-        for (int i = 0; i < RPL; i++) {
-            int k = lane_row(lane, i), qi = q0 + r0 + k;
-            float lse2 = sh.rows[0][r0 + k] * LOG2E, D = sh.rows[1][r0 + k];
-            for (int j = c0; j < c0 + KC; j += 8) {
-                float sv[8], dv[8];
-                for (int h = 0; h < 8; h += 4) {
-                    ld4(&sh.s[r0 + k][j + h], sv + h);
-                    ld4(&sh.dp[r0 + k][j + h], dv + h);
-                }
-                UNROLL
-                for (int e = 0; e < 8; e++) {
-                    float x = fmaf(sv[e], a.scale * LOG2E, -lse2);
-                    float pr = k0 + j + e <= qi && qi < a.T ? exp2f(x) : 0.0f;
-                    dv[e] = pr * (dv[e] - D) * a.scale;
-                }
-                st_bf8(&sh.ds[r0 + k][j], dv);
-            }
+        for (int i = 0; i < SLOTS; i++) {
+            lse2[i] = sh.rows[0][r0 + slot_row(lane, i)] * LOG2E;
+            D[i] = sh.rows[1][r0 + slot_row(lane, i)];
         }
-        warp_sync();
-        acc_mma<NT, AB, false>(t.dq, sh.ds[r0], AB + BPAD, kv[0][0], HDM + BPAD, lane);
+        for_cells<AB / 8>(lane, [&](int i, int r, int c, int n) {
+            int qi = q0 + r0 + r;
+            float x = fmaf(s.f[n], a.scale * LOG2E, -lse2[i]);
+            float pr = k0 + c <= qi && qi < a.T ? exp2f(x) : 0.0f;
+            s.f[n] = pr * (dp.f[n] - D[i]) * a.scale;
+        });
+        mma_sums<HDM / 8, AB, false>(t.dq, s, kv[0][0], LD, lane);
     }
 
-    HD AINL void finish(int blk, int tid, thread &t, shared &sh) const
+    HD AINL void finish(int blk, int tid, thread &t, shared &) const
     {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
-        float *scratch = &sh.s[0][0] + tid / 32 * 16 * (HDM + 4);
-        acc_write<NT>(t.dq, scratch, lane,
-                      [&](int i, int j, float v) { put(a, bh, q0, 0, r0 + i, j, v); });
+        for_cells<HDM / 8>(lane, [&](int, int r, int c, int n) {
+            put(a, bh, q0, 0, r0 + r, c, t.dq.f[n]);
+        });
     }
 };
 
