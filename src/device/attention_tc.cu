@@ -24,9 +24,10 @@
  * cores add in an order of their own). Head sizes up to 128, zero-padded
  * to 32, 64 or 128 (the asynchronous copies need heads a multiple of 8
  * wide; others load element by element). Needs compute capability 8.0
- * (the tensor cores' bfloat16). Limits: every tile evaluates the causal
- * mask, and blocks of 64 query rows leave a long sequence's short tiles
- * (the first queries see few keys) to finish early. */
+ * (the tensor cores' bfloat16). Limits: blocks of 64 query rows leave a
+ * long sequence's short tiles (the first queries see few keys) to finish
+ * early; dK and dQ take the scale after their sums, dS is rounded to
+ * bfloat16 without it. */
 #include "core/bf16.h"
 #include "device/attention_blocks.h"
 
@@ -340,6 +341,23 @@ static HD inline void put(const att_args &a, int bh, int r0, int col0, int r, in
     if (r0 + r < a.T && c < a.hd) a.out[row_at(a, bh, r0 + r, 3 * a.d, col0) + c] = v;
 }
 
+/* Scores that are hidden (a key after its query, or a query past T) to
+ * -inf: the warp's rows are queries row0 + r and its columns keys col0 +
+ * c, or, KEY_ROWS, the other way round. Nothing to do, and no cell
+ * looked at, where every key comes before every query (a tile off the
+ * diagonal, not the last). */
+template <int NT, bool KEY_ROWS>
+static HD AINL void mask_hidden(sums<NT> &s, const att_args &a, int row0, int col0, int lane)
+{
+    int row1 = row0 + 15, col1 = col0 + 8 * NT - 1;
+    int first_q = KEY_ROWS ? col0 : row0, last_q = KEY_ROWS ? col1 : row1;
+    if ((KEY_ROWS ? row1 : col1) <= first_q && last_q < a.T) return;
+    for_cells<NT>(lane, [&](int, int r, int c, int n) {
+        int q = KEY_ROWS ? col0 + c : row0 + r, k = KEY_ROWS ? row0 + r : col0 + c;
+        if (k > q || q >= a.T) s.f[n] = -INFINITY;
+    });
+}
+
 /* ---- Forward ----------------------------------------------------------------------- */
 
 /* Phase 0: the key tile's copies complete, the next one's queued; phase
@@ -381,22 +399,21 @@ template <int HDM> struct tc_fwd {
         sums<AB / 8> s;   /* S = Q K^T, the warp's rows */
         sums_zero(s);
         mma_shared<AB / 8, HDM, true>(s, sh.q[r0], LD, kv[0][0], LD, lane);
-        /* the softmax, online, in base 2 */
-        float mx[SLOTS], sum[SLOTS], alpha[SLOTS], scale2 = a.scale * LOG2E;
+        mask_hidden<AB / 8, false>(s, a, q0 + r0, k0, lane);
+        /* the softmax, online, in base 2: the maxima of the raw scores, scaled
+         * (the scale is positive); an exponential one fmaf and one exp2f */
+        float mx[SLOTS], sum[SLOTS], alpha[SLOTS], mu[SLOTS], scale2 = a.scale * LOG2E;
         for (int i = 0; i < SLOTS; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
-        for_cells<AB / 8>(lane, [&](int i, int r, int c, int n) {
-            int q = q0 + r0 + r;
-            s.f[n] = k0 + c <= q && q < a.T ? s.f[n] * scale2 : -INFINITY;
-            mx[i] = fmaxf(mx[i], s.f[n]);
-        });
+        for_cells<AB / 8>(lane, [&](int i, int, int, int n) { mx[i] = fmaxf(mx[i], s.f[n]); });
         UNROLL
         for (int i = 0; i < SLOTS; i++) {
-            float m = fmaxf(t.m[i], row_max(mx[i]));
+            float m = fmaxf(t.m[i], row_max(mx[i]) * scale2);
             alpha[i] = m == -INFINITY ? 1.0f : exp2f(t.m[i] - m);
             t.m[i] = m;
+            mu[i] = m == -INFINITY ? 0.0f : m;   /* a row with no key seen yet: zeros */
         }
         for_cells<AB / 8>(lane, [&](int i, int, int, int n) {
-            s.f[n] = s.f[n] == -INFINITY ? 0.0f : exp2f(s.f[n] - t.m[i]);
+            s.f[n] = exp2f(fmaf(s.f[n], scale2, -mu[i]));
             sum[i] += s.f[n];
         });
         UNROLL
@@ -473,11 +490,10 @@ template <int HDM> struct tc_dkv {
         sums_zero(dp);
         mma_shared<AB / 8, HDM, true>(s, sh.k[r0], LD, q[0], LD, lane);
         mma_shared<AB / 8, HDM, true>(dp, sh.v[r0], LD, dO[0], LD, lane);
-        for_cells<AB / 8>(lane, [&](int, int r, int c, int n) {
-            int key = k0 + r0 + r, qi = q0 + c;
-            float x = fmaf(s.f[n], a.scale * LOG2E, -lse[c] * LOG2E);
-            s.f[n] = key <= qi && qi < a.T ? exp2f(x) : 0.0f;
-            dp.f[n] = s.f[n] * (dp.f[n] - D[c]) * a.scale;
+        mask_hidden<AB / 8, true>(s, a, k0 + r0, q0, lane);
+        for_cells<AB / 8>(lane, [&](int, int, int c, int n) {
+            s.f[n] = exp2f(fmaf(s.f[n], a.scale * LOG2E, -lse[c] * LOG2E));
+            dp.f[n] = s.f[n] * (dp.f[n] - D[c]);   /* dS^T / scale */
         });
         mma_sums<HDM / 8, AB, false>(t.dv, s, dO[0], LD, lane);
         mma_sums<HDM / 8, AB, false>(t.dk, dp, q[0], LD, lane);
@@ -488,7 +504,7 @@ template <int HDM> struct tc_dkv {
         int bh = bh_of(a, blk), k0 = AB * tile_of(a, blk), lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
         for_cells<HDM / 8>(lane, [&](int, int r, int c, int n) {
-            put(a, bh, k0, a.d, r0 + r, c, t.dk.f[n]);
+            put(a, bh, k0, a.d, r0 + r, c, t.dk.f[n] * a.scale);
             put(a, bh, k0, 2 * a.d, r0 + r, c, t.dv.f[n]);
         });
     }
@@ -542,12 +558,10 @@ template <int HDM> struct tc_dq {
             lse2[i] = sh.rows[0][r0 + slot_row(lane, i)] * LOG2E;
             D[i] = sh.rows[1][r0 + slot_row(lane, i)];
         }
-        for_cells<AB / 8>(lane, [&](int i, int r, int c, int n) {
-            int qi = q0 + r0 + r;
-            float x = fmaf(s.f[n], a.scale * LOG2E, -lse2[i]);
-            float pr = k0 + c <= qi && qi < a.T ? exp2f(x) : 0.0f;
-            s.f[n] = pr * (dp.f[n] - D[i]) * a.scale;
-        });
+        mask_hidden<AB / 8, false>(s, a, q0 + r0, k0, lane);
+        for_cells<AB / 8>(lane, [&](int i, int, int, int n) {
+            s.f[n] = exp2f(fmaf(s.f[n], a.scale * LOG2E, -lse2[i])) * (dp.f[n] - D[i]);
+        });   /* dS / scale */
         mma_sums<HDM / 8, AB, false>(t.dq, s, kv[0][0], LD, lane);
     }
 
@@ -556,7 +570,7 @@ template <int HDM> struct tc_dq {
         int bh = bh_of(a, blk), q0 = AB * tile_of(a, blk), lane = tid % 32, r0 = 16 * (tid / 32);
         if (lane >= LANES) return;
         for_cells<HDM / 8>(lane, [&](int, int r, int c, int n) {
-            put(a, bh, q0, 0, r0 + r, c, t.dq.f[n]);
+            put(a, bh, q0, 0, r0 + r, c, t.dq.f[n] * a.scale);
         });
     }
 };
