@@ -24,10 +24,10 @@
  * cores add in an order of their own). Head sizes up to 128, zero-padded
  * to 32, 64 or 128 (the asynchronous copies need heads a multiple of 8
  * wide; others load element by element). Needs compute capability 8.0
- * (the tensor cores' bfloat16). Limits: blocks of 64 query rows leave a
- * long sequence's short tiles (the first queries see few keys) to finish
- * early; dK and dQ take the scale after their sums, dS is rounded to
- * bfloat16 without it. */
+ * (the tensor cores' bfloat16). dS is rounded to bfloat16 unscaled; dK and
+ * dQ take the scale after their sums. Limits: blocks of 64 query rows
+ * leave a long sequence's short tiles (the first queries see few keys) to
+ * finish early. */
 #include "core/bf16.h"
 #include "device/attention_blocks.h"
 
@@ -165,6 +165,19 @@ static __device__ AINL void mma_k16(sums<NT> &acc, const uint32_t a[4], const bf
         mma16816(&acc.f[4 * j + 4], a, r[2], r[3]);
     }
 }
+#else
+/* emu: acc += A B, A(r, k) from a(r, k), B as below. */
+template <int NT, int K, bool BT, class F>
+static void emu_mma(sums<NT> &acc, F a, const bf *b, int ldb)
+{
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8 * NT; c++) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++)
+                s += a(r, k) * from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
+            acc.f[r * 8 * NT + c] += s;
+        }
+}
 #endif
 
 /* acc += A B, A the warp's 16 rows of K columns, bfloat16 in shared
@@ -183,13 +196,7 @@ static HD AINL void mma_shared(sums<NT> &acc, const bf *a, int lda, const bf *b,
     }
 #else
     (void)lane;
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 8 * NT; c++) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++)
-                s += from_bf(a[r * lda + k]) * from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
-            acc.f[r * 8 * NT + c] += s;
-        }
+    emu_mma<NT, K, BT>(acc, [&](int r, int k) { return from_bf(a[r * lda + k]); }, b, ldb);
 #endif
 }
 
@@ -209,14 +216,7 @@ static HD AINL void mma_sums(sums<NT> &acc, const sums<K / 8> &p, const bf *b, i
     }
 #else
     (void)lane;
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 8 * NT; c++) {
-            float s = 0.0f;
-            for (int k = 0; k < K; k++)
-                s += from_bf(to_bf(p.f[r * K + k])) *
-                     from_bf(BT ? b[c * ldb + k] : b[k * ldb + c]);
-            acc.f[r * 8 * NT + c] += s;
-        }
+    emu_mma<NT, K, BT>(acc, [&](int r, int k) { return from_bf(to_bf(p.f[r * K + k])); }, b, ldb);
 #endif
 }
 
