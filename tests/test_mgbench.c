@@ -19,9 +19,10 @@
 typedef mgt_result result;
 #define exit_code mgt_exit_code
 
-/* Runs argv (NULL-terminated; argv[0] a tool name from build/bin) and
- * collects its exit status, stdout and stderr. */
-static result *run_tool(double timeout, const char *const *argv)
+/* Runs argv (NULL-terminated; argv[0] a tool name from build/bin), with
+ * setup run in the child first (NULL: none), and collects its exit
+ * status, stdout and stderr. */
+static result *run_tool_set(double timeout, const char *const *argv, void (*setup)(void))
 {
     char tool[512];
     snprintf(tool, sizeof tool, "%s", mgt_tool(argv[0]));
@@ -30,8 +31,17 @@ static result *run_tool(double timeout, const char *const *argv)
     int n = 1;
     for (; argv[n] && n < 63; n++) args[n] = argv[n];
     args[n] = NULL;
-    return mgt_exec(timeout, args, NULL);
+    return mgt_exec(timeout, args, setup);
 }
+
+static result *run_tool(double timeout, const char *const *argv)
+{
+    return run_tool_set(timeout, argv, NULL);
+}
+
+/* Child set-ups for run_tool_set. */
+static void verbose(void) { setenv("MG_VERBOSE", "1", 1); }
+static void store_port_left(void) { setenv("MG_STORE_PORT", "1", 1); }
 
 /* One data row of the table. */
 typedef struct {
@@ -236,6 +246,31 @@ TEST_T(mgbench_model_time_column, 60)
                   algos[a], model[a], want);
     }
     CHECK(model[1] > 3 * model[0]);
+    /* shm where the ranks share no memory (TCP): the model has no time for
+     * it (N/A, not -1e6 us), and the collectives' fall-back to the model's
+     * choice is said under MG_VERBOSE, as docs/algorithms.md says */
+    result *r = run_tool_set(60, (const char *[]){"mgbench", "-n", "2", "all_reduce", "-b", "4K",
+                                                  "-e", "4K", "-i", "2", "-w", "0", "-t", "-a",
+                                                  "shm", "--model-time", "-c", "1", NULL},
+                             verbose);
+    CHECK_MSG(exit_code(r) == 0 && strstr(r->out, "# Out of bounds values : 0 OK"), "%s%s",
+              r->out, r->err);
+    const char *row = strstr(r->out, "\n        4096");
+    CHECK_MSG(row && strstr(row, "N/A\n") && !strstr(r->out, "-1000000"), "%s", r->out);
+    CHECK_MSG(strstr(r->err, "MG_ALGO=shm: the ranks of this group do not share memory"), "%s",
+              r->err);
+}
+
+/* A job mgbench starts itself (-n) meets at its own rank 0, whatever
+ * store a launcher left in the environment (MG_STORE_PORT: the ranks
+ * waited for a store at port 1 until MG_TIMEOUT). */
+TEST_T(mgbench_own_job_ignores_a_launchers_store, 60)
+{
+    result *r = run_tool_set(60, (const char *[]){"mgbench", "-n", "2", "all_reduce", "-e", "8",
+                                                  "-i", "1", "-T", "20", NULL},
+                             store_port_left);
+    CHECK_MSG(exit_code(r) == 0 && strstr(r->out, "# Out of bounds values : 0 OK"),
+              "exit %d: %s", exit_code(r), r->err);
 }
 
 TEST_T(mgbench_variants_exact, 90)

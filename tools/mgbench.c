@@ -94,7 +94,10 @@ static void usage(FILE *f)
 "\n"
 "Differences from nccl-tests: -n is the number of ranks, as in mpirun -n\n"
 "(nccl-tests' -n, the iteration count, is -i here; nccl-tests' -i, the\n"
-"step in bytes, is --stepbytes here). Sizes are whole buffers as in\n"
+"step in bytes, is --stepbytes here); -t is TCP, not threads per process\n"
+"(a rank is a process); -a is the algorithm, not the averaging (the time\n"
+"is always the slowest rank's, nccl-tests' -a 3); there is no -g (GPUs per\n"
+"thread: --device names a rank's one device). Sizes are whole buffers as in\n"
 "nccl-tests: all_gather, gather, reduce_scatter, scatter and all_to_all\n"
 "move size/RANKS per rank. busbw = algbw * 2(n-1)/n for all_reduce, (n-1)/n\n"
 "for all_gather, gather, scatter, reduce_scatter and all_to_all, 1 for\n"
@@ -292,7 +295,9 @@ static void measure(bench *b, const mgb_case *mc, double *us, long long *wrong, 
 
 /* --model-time: the cost model's microseconds for the row, by the
  * algorithm asked for (MG_ALGO; auto: the model's choice) on the
- * builtin figures of the transport (shared memory unless TCP). */
+ * builtin figures of the transport (shared memory unless TCP); negative
+ * where the model has none (shm over TCP, which runs the model's
+ * choice). */
 static double model_us(const bench *b, int coll, size_t bytes)
 {
     const char *algo = b->o->algo ? b->o->algo : mg_env_str("MG_ALGO", "auto");
@@ -325,7 +330,11 @@ static void bench_row(bench *b, int coll, mg_dtype t, mg_op op, size_t req_bytes
         if (b->o->c.traffic)
             printf("  %12.0f  %12.0f  %12.0f", tr[0], tr[1],
                    (double)(count * es) * mgb_bus_factor(coll, b->size));
-        if (b->o->c.model_time) printf("  %9.1f", model_us(b, coll, count * es));
+        if (b->o->c.model_time) {
+            double m = model_us(b, coll, count * es);
+            if (m < 0) printf("  %9s", "N/A");   /* shm where the ranks share no memory */
+            else printf("  %9.1f", m);
+        }
         printf("\n");
         fflush(stdout);
     }
@@ -494,6 +503,8 @@ static int launch_local(const options *o, int n, const char *backend)
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     set_env_int("MASTER_PORT", port);
     setenv("MG_JOB_SECRET", secret, 1);
+    unsetenv("MG_STORE_PORT");   /* a launcher's store (mgrun's, or one left in the
+                                    environment): this job's rank 0 serves its own */
     set_env_int("WORLD_SIZE", n);
     set_env_int("LOCAL_WORLD_SIZE", n);
     /* Ranks, not threads, use the cores (as mgrun). */

@@ -455,7 +455,13 @@ static mg_status run_coll(mg__bi *b, mg__req *r)
 {
     mg_call c = r->c;
     int algo = mg__algo_forced();
-    if (algo == MG_ALGO_SHM && !b->p2p.shm) algo = MG_ALGO_AUTO;
+    if (algo == MG_ALGO_SHM && !b->p2p.shm) {
+        if (!b->said_no_shm)
+            mg_debug("MG_ALGO=shm: the ranks of this group do not share memory (TCP), so its "
+                     "collectives take the cost model's choice");
+        b->said_no_shm = true;
+        algo = MG_ALGO_AUTO;
+    }
     if (algo == MG_ALGO_AUTO) {
         mg_call *k = &b->sel_call;
         if (b->sel_algo && k->coll == c.coll && k->count == c.count && k->dtype == c.dtype &&

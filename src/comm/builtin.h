@@ -54,6 +54,7 @@ typedef struct mg__bi {
     bool world;              /* the group that joined the store first */
     uint64_t gid;
     bool force_tcp;
+    bool said_no_shm;        /* MG_ALGO=shm's fall-back logged (MG_VERBOSE) */
     mg__rinfo *info;         /* per rank */
     mg__link *link;          /* per rank; link[rank] unused */
     mg__shm_transport *shm_transport; /* NULL without local peers */
