@@ -195,6 +195,21 @@ TEST(store_auth_refuses_strangers)
     mg_store_destroy(s);
     close(idle);
     mg_store_server_stop(srv);
+    /* Something else at the address that never speaks (a wrong port), or a
+     * store too slow for the deadline: the client cannot tell them apart
+     * and names both, with MG_TIMEOUT. */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0 &&
+          getsockname(lfd, (struct sockaddr *)&a, &al) == 0);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    CHECK_ERR(mg_store_connect(url, "right", 0.3, &s), MG_ETIMEOUT);
+    const char *e = mg_last_error();
+    CHECK_MSG(strstr(e, "no authentication challenge within the deadline") &&
+              strstr(e, "wrong port?") && strstr(e, "did not answer in time (a longer MG_TIMEOUT)"),
+              "message: %s", e);
+    close(lfd);
 }
 
 /* A non-loopback IPv4 address of this machine, or 0. */

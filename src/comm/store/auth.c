@@ -85,10 +85,13 @@ mg_status mg__auth_client(int fd, const char *secret, const char *ctx, double de
                           const char *what)
 {
     uint8_t hello[MG__AUTH_HELLO], reply[MG__AUTH_REPLY], fin[MG__AUTH_FINAL], want[32];
+    double waited = mg_now();
     mg_status s = mg__sock_read_all(fd, hello, sizeof hello, deadline, what);
     if (s == MG_ETIMEOUT)
-        return mg_error(MG_ETIMEOUT, "%s: no authentication challenge within the deadline: the "
-                        "address answers but is not a multigrad %s (wrong port?)", what, ctx);
+        return mg_error(MG_ETIMEOUT, "%s: no authentication challenge within the deadline "
+                        "(%.3g s): the address answers, but it is not a multigrad %s (wrong "
+                        "port?), or it did not answer in time (a longer MG_TIMEOUT)",
+                        what, mg_now() - waited, ctx);
     if (s) return s;
     uint32_t ver;
     memcpy(&ver, hello + 4, 4);
