@@ -86,6 +86,31 @@ TEST_T(mgrun_multinode_env, 30)
               R.err);
 }
 
+/* A node that never joins is named by node 0 when it gives up waiting
+ * for it (the probe saw only "1 of 2 nodes ended", and status 0 when node
+ * 0's workers did not wait for the others): at MG_TIMEOUT when node 0's
+ * workers succeeded (status 1: the job did not run whole), at once when
+ * they failed (their status). */
+TEST_T(mgrun_nodes_a_node_that_never_joins_is_named, 30)
+{
+    setenv("MG_JOB_SECRET", "0123456789abcdef-shared", 1);
+    setenv("MG_TIMEOUT", "2", 1);
+    const char *workers[] = {"exit 0", "exit 3"};
+    for (int k = 0; k < 2; k++) {
+        char port[16];
+        snprintf(port, sizeof port, "%d", mgt_free_port());
+        const char *n0[] = {"--nnodes", "2", "--node-rank", "0", "--master-port", port, "-n",
+                            "1", "sh", "-c", workers[k], NULL};
+        double t0 = mg_now();
+        mgr_finish("node0", mgr_start("node0", n0), t0, 20, &R);
+        CHECK_MSG(EXITED(&R, k ? 3 : 1) && R.secs < 10 &&
+                  strstr(R.err, "mgrun: node 1 of 2 never joined the job: no mgrun with "
+                         "--node-rank 1 reached this node's rendezvous store"),
+                  "%s: status %d after %.1f s: '%s'", workers[k], R.status, R.secs, R.err);
+    }
+    unsetenv("MG_TIMEOUT");
+}
+
 /* Starts mgrun node `node` of nnodes at 127.0.0.1:port with -n 1 and
  * `script` as the worker (sh -c SCRIPT sh DIR), as NAME. */
 static pid_t start_node(const char *name, int node, int nnodes, const char *port,

@@ -176,10 +176,30 @@ static bool board_join(board *b)
     return false;
 }
 
+/* The node ranks that never registered (board_join), as "1, 3" into
+ * list; how many. */
+static int board_missing(board *b, char *list, size_t cap)
+{
+    int missing = 0;
+    size_t len = 0;
+    list[0] = 0;
+    for (int node = 1; node < b->nnodes; node++) {
+        char k[64];
+        int64_t seen = 0;
+        snprintf(k, sizeof k, "mgrun/node%d", node);
+        if (mg_store_add(b->s, k, 0, &seen) || seen > 0) continue;
+        if (len < cap) len += (size_t)snprintf(list + len, cap - len, "%s%d", missing ? ", " : "",
+                                               node);
+        missing++;
+    }
+    return missing;
+}
+
 /* Node 0, its workers of attempt done: waits until every node is done
  * with it, up to `wait` seconds, or until stop() says to give up (a
  * signal to mgrun). A failure another node posts meanwhile is said and
- * its status returned when this node's rc was 0. */
+ * its status returned when this node's rc was 0; so is a node that never
+ * joined the job (status 1: the job did not run whole). */
 static int board_wait_done(board *b, int attempt, int rc, double wait, bool (*stop)(void))
 {
     if (!b->on || !b->s) return rc;
@@ -197,9 +217,17 @@ static int board_wait_done(board *b, int attempt, int rc, double wait, bool (*st
         int64_t done = 0;
         if (mg_store_add(b->s, k, 0, &done) || done >= b->nnodes || stop()) return rc;
         if (mg_now() >= until) {
+            char list[200];
+            int missing = board_missing(b, list, sizeof list);
+            if (missing)
+                fprintf(stderr, "mgrun: node%s %s of %d never joined the job: no mgrun with "
+                        "--node-rank %s reached this node's rendezvous store (%s); start %s with "
+                        "the same --nnodes, --master-addr, --master-port and MG_JOB_SECRET\n",
+                        missing > 1 ? "s" : "", list, b->nnodes, list, b->url,
+                        missing > 1 ? "them" : "it");
             fprintf(stderr, "mgrun: %lld of %d nodes ended within %.0f s; ending the job's "
                     "rendezvous store\n", (long long)done, b->nnodes, wait);
-            return rc;
+            return missing && rc == 0 ? 1 : rc;
         }
         mg_sleep(0.05);
     }
