@@ -643,10 +643,12 @@ TEST_T(mpi_plan_auto_says_the_mpirun_command, 120)
               !strstr(r->out, "mgrun"), "exit %d\n%s\n%s", exit_code(r), r->out, r->err);
 }
 
-/* Under mpirun a rank stopped amid training (SIGSTOP) is named at
- * MG_TIMEOUT, and the job then ends: the rank that saw it used to wait in
- * MPI_Finalize for the stopped one for ever (found by a probe); it leaves
- * unfinalized after MG_PEER_TIMEOUT, and mpirun ends the job. */
+/* Under mpirun a rank stopped amid training (SIGSTOP) is found at
+ * MG_TIMEOUT (the waiting operation fails, naming itself, not the rank:
+ * MPI does not say whom it waits for), and the job then ends: the rank
+ * that saw it used to wait in MPI_Finalize for the stopped one for ever
+ * (found by a probe); it leaves unfinalized after MG_PEER_TIMEOUT, and
+ * mpirun ends the job. */
 TEST_T(mpi_a_stopped_rank_ends_the_job_at_the_timeout, 90)
 {
     need_mpi();
