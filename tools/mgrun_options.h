@@ -99,7 +99,7 @@ static void usage(FILE *f)
 "Exit status: 0 when every worker succeeded (--elastic: every worker not\n"
 "lost); else the failed worker's exit\n"
 "status (128 + N if killed by signal N; 128 + N when mgrun was stopped by\n"
-"signal N); 2 for bad options.\n");
+"signal N); 1 on node 0 when another node never joined; 2 for bad options.\n");
 }
 
 /* Prints one line about bad input and exits with status 2. */
