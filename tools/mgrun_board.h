@@ -188,8 +188,10 @@ static int board_missing(board *b, char *list, size_t cap)
         int64_t seen = 0;
         snprintf(k, sizeof k, "mgrun/node%d", node);
         if (mg_store_add(b->s, k, 0, &seen) || seen > 0) continue;
-        if (len < cap) len += (size_t)snprintf(list + len, cap - len, "%s%d", missing ? ", " : "",
-                                               node);
+        if (len + 16 < cap)   /* room for ", " and any int: never cut */
+            len += (size_t)snprintf(list + len, cap - len, "%s%d", missing ? ", " : "", node);
+        else
+            snprintf(list + len, cap - len, ", ...");   /* the same each time */
         missing++;
     }
     return missing;
