@@ -173,8 +173,11 @@ TEST_T(mgrun_nodes_restart_together_and_stop_together, 60)
     char port[16], dir[600];
     snprintf(dir, sizeof dir, "%s", mgt_tmpdir());
     snprintf(port, sizeof port, "%d", mgt_free_port());
+    /* rank 1 fails once rank 0 has begun (else node 0 may stop its worker
+     * before it wrote its first line: seen under TSan with -j2) */
     const char *flaky = "echo $MG_RESTART_COUNT >> \"$1/log.$RANK\"; "
-                        "if [ $RANK = 1 ] && [ $MG_RESTART_COUNT = 0 ]; then exit 7; fi; "
+                        "if [ $RANK = 1 ] && [ $MG_RESTART_COUNT = 0 ]; then "
+                        "while [ ! -s \"$1/log.0\" ]; do sleep 0.01; done; exit 7; fi; "
                         "if [ $MG_RESTART_COUNT = 0 ]; then sleep 60; fi";
     double t0 = mg_now();
     pid_t p0 = start_node("node0", 0, 2, port, flaky, "1");
