@@ -26,6 +26,7 @@
 #include <openssl/rand.h>
 #include "comm/builtin.h"
 #include "comm/call.h"
+#include "comm/coll/algos.h"
 #include "comm/store/auth.h"
 #include "comm/transport/sock.h"
 #include "multigrad/core.h"
@@ -210,7 +211,9 @@ static mg_status join(mg__bi *b, int rank, int size, int env_lr, int env_ls, dou
     mg__rinfo me = {.magic = INFO_MAGIC, .version = INFO_VERSION, .rank = rank, .size = size,
                     .pid = (int32_t)getpid(), .force_tcp = b->force_tcp,
                     .env_local_rank = env_lr, .env_local_size = env_ls,
-                    .shm_size = {(int32_t)mg_env_long("MG_SHM_CHUNK", 0),
+                    /* the chunk as the collectives cut by it (read once, at least
+                     * 4096), the ring and slot as the transport below sizes them */
+                    .shm_size = {(int32_t)mg__shm_chunk_cap(),
                                  (int32_t)mg_env_long("MG_SHM_RING_KB", 0),
                                  (int32_t)mg_env_long("MG_SHM_SLOT_KB", 0)}};
     me.start = mg__proc_starttime(getpid());

@@ -16,7 +16,7 @@ typedef struct mg__rinfo {
     int32_t pid, port;
     uint64_t start, gid;
     int32_t force_tcp, env_local_rank, env_local_size;
-    int32_t shm_size[3];     /* MG_SHM_CHUNK, _RING_KB, _SLOT_KB as read: ranks must agree */
+    int32_t shm_size[3];     /* MG_SHM_CHUNK, _RING_KB, _SLOT_KB as used: ranks must agree */
     char hostkey[128], host[64], addr[64];
     char shm_tag[MG__SHM_TAG_MAX + 1]; /* in the names of its shared memory */
 } mg__rinfo;
