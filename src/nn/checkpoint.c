@@ -34,11 +34,11 @@ static bool same_shape(const mg_st_tensor *x, const mg_param *p)
 
 static void shape_str(char *buf, size_t cap, int ndim, const int64_t *s64, const int *s32)
 {
-    size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < ndim && k < cap; d++)
+    size_t k = mg__catf(buf, cap, 0, "[");
+    for (int d = 0; d < ndim; d++)
         k = mg__catf(buf, cap, k, "%s%lld", d ? ", " : "",
                      s64 ? (long long)s64[d] : (long long)s32[d]);
-    if (k < cap) snprintf(buf + k, cap - k, "]");
+    mg__catf(buf, cap, k, "]");
 }
 
 /* A tensor of the file that must match p: present, of an accepted dtype,
@@ -410,11 +410,10 @@ static int left_out(const mg_st_file *f, mg_model *m, const char *prefix, char *
         bool known = false;
         for (int j = 0; j < nt && !known; j++) known = !strcmp(nm + pl, mg_model_tensor(m, j)->name);
         if (known) continue;
-        if (n < 3 && k < cap)
-            k = mg__catf(list, cap, k, "%s%s", n ? ", " : "", nm);
+        if (n < 3) k = mg__catf(list, cap, k, "%s%s", n ? ", " : "", nm);
         n++;
     }
-    if (n > 3 && k < cap) snprintf(list + k, cap - k, " and %d more", n - 3);
+    if (n > 3) mg__catf(list, cap, k, " and %d more", n - 3);
     return n;
 }
 

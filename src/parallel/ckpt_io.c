@@ -62,13 +62,13 @@ static bool relay_forced(void) { return !strcmp(mg_env_str("MG_CKPT_RELAY", "aut
 static void list_ranks(const uint8_t *all, int world, uint8_t m, char *out, size_t cap)
 {
     size_t k = 0;
-    out[0] = 0;
-    for (int r = 0; r < world && k < cap; r++) {
+    if (cap) out[0] = 0;
+    for (int r = 0; r < world; r++) {
         if (all[r] != m) continue;
         int e = r;
         while (e + 1 < world && all[e + 1] == m) e++;
-        k += (size_t)(e > r ? snprintf(out + k, cap - k, "%s%d-%d", k ? "," : "", r, e)
-                            : snprintf(out + k, cap - k, "%s%d", k ? "," : "", r));
+        k = e > r ? mg__catf(out, cap, k, "%s%d-%d", k ? "," : "", r, e)
+                  : mg__catf(out, cap, k, "%s%d", k ? "," : "", r);
         r = e;
     }
 }

@@ -331,9 +331,7 @@ void mg_pipe_list_str(const mg_pipe_action *a, int n, char *buf, size_t cap)
     for (int i = 0; i < n && at + 1 < cap; i++) {
         char one[48];
         mg_pipe_action_str(&a[i], one, sizeof one);
-        int w = snprintf(buf + at, cap - at, "%s%s", i ? " " : "", one);
-        if (w < 0) break;
-        at += (size_t)w;
+        at = mg__catf(buf, cap, at, "%s%s", i ? " " : "", one);
     }
 }
 

@@ -16,17 +16,17 @@
 
 void mg__train_hparams(const mg_train_config *c, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
-                     "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;clip_grad=%g;",
-                     c->model, c->batch, c->lr, c->momentum, c->optimizer, c->weight_decay,
-                     c->schedule, (unsigned long long)c->seed, c->accumulate, c->clip_grad);
+    size_t n = mg__catf(out, cap, 0, "model=%s;batch=%d;lr=%g;momentum=%g;optimizer=%s;"
+                        "weight_decay=%g;schedule=%s;seed=%llu;accumulate=%d;clip_grad=%g;",
+                        c->model, c->batch, c->lr, c->momentum, c->optimizer, c->weight_decay,
+                        c->schedule, (unsigned long long)c->seed, c->accumulate, c->clip_grad);
     if (strcmp(c->optimizer, "sgd"))
         n = mg__catf(out, cap, n, "betas=%g,%g;", c->beta1, c->beta2);
     if (c->text)   /* heads change no tensor shape, so the checkpoint cannot tell */
-        snprintf(out + n, cap - (size_t)n, "arch=L%d,d%d,h%d,T%d;steps=%ld", c->gpt.layers,
-                 c->gpt.dim, c->gpt.heads, c->gpt.ctx, c->steps);
+        mg__catf(out, cap, n, "arch=L%d,d%d,h%d,T%d;steps=%ld", c->gpt.layers, c->gpt.dim,
+                 c->gpt.heads, c->gpt.ctx, c->steps);
     else
-        snprintf(out + n, cap - (size_t)n, "epochs=%d", c->epochs);
+        mg__catf(out, cap, n, "epochs=%d", c->epochs);
 }
 
 /* The keys of now that saved has alike, or one line saying which is not
