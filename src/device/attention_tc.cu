@@ -166,7 +166,7 @@ static __device__ AINL void mma_k16(sums<NT> &acc, const uint32_t a[4], const bf
     }
 }
 #else
-/* emu: acc += A B, A(r, k) from a(r, k), B as below. */
+/* emu: acc += A B, A(r, k) from a(r, k), B(k, c) at b[c ldb + k] (BT) or b[k ldb + c]. */
 template <int NT, int K, bool BT, class F>
 static void emu_mma(sums<NT> &acc, F a, const bf *b, int ldb)
 {
@@ -180,10 +180,10 @@ static void emu_mma(sums<NT> &acc, F a, const bf *b, int ldb)
 }
 #endif
 
-/* acc += A B, A the warp's 16 rows of K columns, bfloat16 in shared
- * memory (A(r, k) at a[r lda + k]), B K x 8 NT in shared memory: b[c ldb +
- * k] (BT) or b[k ldb + c]. */
-template <int NT, int K, bool BT>
+/* acc += A B^T, the scores of the warp's 16 rows of A against the 8 NT
+ * rows of B, both K wide, bfloat16 in shared memory: A(r, k) at a[r lda
+ * + k], B(c, k) at b[c ldb + k]. */
+template <int NT, int K>
 static HD AINL void mma_shared(sums<NT> &acc, const bf *a, int lda, const bf *b, int ldb,
                                int lane)
 {
@@ -192,18 +192,18 @@ static HD AINL void mma_shared(sums<NT> &acc, const bf *a, int lda, const bf *b,
     for (int k = 0; k < K; k += 16) {
         uint32_t fa[4];
         ldsm4<false>(fa, a + (size_t)(lane % 8 + lane / 8 % 2 * 8) * lda + k + lane / 16 * 8);
-        mma_k16<NT, BT>(acc, fa, b, ldb, k, lane);
+        mma_k16<NT, true>(acc, fa, b, ldb, k, lane);
     }
 #else
     (void)lane;
-    emu_mma<NT, K, BT>(acc, [&](int r, int k) { return from_bf(a[r * lda + k]); }, b, ldb);
+    emu_mma<NT, K, true>(acc, [&](int r, int k) { return from_bf(a[r * lda + k]); }, b, ldb);
 #endif
 }
 
 /* acc += P B, P the warp's own 16 x K sums (the probabilities, or dS)
- * rounded to bfloat16, B as mma_shared's. On a GPU a lane's cells of P
- * are its operand's cells as they lie. */
-template <int NT, int K, bool BT>
+ * rounded to bfloat16, B K x 8 NT in shared memory: B(k, c) at b[k ldb +
+ * c]. On a GPU a lane's cells of P are its operand's cells as they lie. */
+template <int NT, int K>
 static HD AINL void mma_sums(sums<NT> &acc, const sums<K / 8> &p, const bf *b, int ldb, int lane)
 {
 #ifdef __CUDA_ARCH__
@@ -212,11 +212,12 @@ static HD AINL void mma_sums(sums<NT> &acc, const sums<K / 8> &p, const bf *b, i
         const float *c = &p.f[k / 2];   /* the 8-column parts k / 8 and k / 8 + 1 */
         uint32_t fa[4] = {pack_bf2(c[0], c[1]), pack_bf2(c[2], c[3]), pack_bf2(c[4], c[5]),
                           pack_bf2(c[6], c[7])};
-        mma_k16<NT, BT>(acc, fa, b, ldb, k, lane);
+        mma_k16<NT, false>(acc, fa, b, ldb, k, lane);
     }
 #else
     (void)lane;
-    emu_mma<NT, K, BT>(acc, [&](int r, int k) { return from_bf(to_bf(p.f[r * K + k])); }, b, ldb);
+    emu_mma<NT, K, false>(acc, [&](int r, int k) { return from_bf(to_bf(p.f[r * K + k])); }, b,
+                          ldb);
 #endif
 }
 
@@ -398,7 +399,7 @@ template <int HDM> struct tc_fwd {
         const bf(*kv)[AB][LD] = sh.kv[tile % 2];
         sums<AB / 8> s;   /* S = Q K^T, the warp's rows */
         sums_zero(s);
-        mma_shared<AB / 8, HDM, true>(s, sh.q[r0], LD, kv[0][0], LD, lane);
+        mma_shared<AB / 8, HDM>(s, sh.q[r0], LD, kv[0][0], LD, lane);
         mask_hidden<AB / 8, false>(s, a, q0 + r0, k0, lane);
         /* the softmax, online, in base 2: the maxima of the raw scores, scaled
          * (the scale is positive); an exponential one fmaf and one exp2f */
@@ -419,7 +420,7 @@ template <int HDM> struct tc_fwd {
         UNROLL
         for (int i = 0; i < SLOTS; i++) t.l[i] = t.l[i] * alpha[i] + row_sum(sum[i]);
         for_cells<HDM / 8>(lane, [&](int i, int, int, int n) { t.o.f[n] *= alpha[i]; });
-        mma_sums<HDM / 8, AB, false>(t.o, s, kv[1][0], LD, lane);   /* O += P V */
+        mma_sums<HDM / 8, AB>(t.o, s, kv[1][0], LD, lane);   /* O += P V */
     }
 
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
@@ -488,15 +489,15 @@ template <int HDM> struct tc_dkv {
         sums<AB / 8> s, dp;   /* S^T, dP^T: [key][query], then P^T, dS^T */
         sums_zero(s);
         sums_zero(dp);
-        mma_shared<AB / 8, HDM, true>(s, sh.k[r0], LD, q[0], LD, lane);
-        mma_shared<AB / 8, HDM, true>(dp, sh.v[r0], LD, dO[0], LD, lane);
+        mma_shared<AB / 8, HDM>(s, sh.k[r0], LD, q[0], LD, lane);
+        mma_shared<AB / 8, HDM>(dp, sh.v[r0], LD, dO[0], LD, lane);
         mask_hidden<AB / 8, true>(s, a, k0 + r0, q0, lane);
         for_cells<AB / 8>(lane, [&](int, int, int c, int n) {
             s.f[n] = exp2f(fmaf(s.f[n], a.scale * LOG2E, -lse[c] * LOG2E));
             dp.f[n] = s.f[n] * (dp.f[n] - D[c]);   /* dS^T / scale */
         });
-        mma_sums<HDM / 8, AB, false>(t.dv, s, dO[0], LD, lane);
-        mma_sums<HDM / 8, AB, false>(t.dk, dp, q[0], LD, lane);
+        mma_sums<HDM / 8, AB>(t.dv, s, dO[0], LD, lane);
+        mma_sums<HDM / 8, AB>(t.dk, dp, q[0], LD, lane);
     }
 
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
@@ -550,8 +551,8 @@ template <int HDM> struct tc_dq {
         sums<AB / 8> s, dp;   /* S, dP: [query][key], then dS */
         sums_zero(s);
         sums_zero(dp);
-        mma_shared<AB / 8, HDM, true>(s, sh.qd[0][r0], LD, kv[0][0], LD, lane);
-        mma_shared<AB / 8, HDM, true>(dp, sh.qd[1][r0], LD, kv[1][0], LD, lane);
+        mma_shared<AB / 8, HDM>(s, sh.qd[0][r0], LD, kv[0][0], LD, lane);
+        mma_shared<AB / 8, HDM>(dp, sh.qd[1][r0], LD, kv[1][0], LD, lane);
         float lse2[SLOTS], D[SLOTS];
         UNROLL
         for (int i = 0; i < SLOTS; i++) {
@@ -562,7 +563,7 @@ template <int HDM> struct tc_dq {
         for_cells<AB / 8>(lane, [&](int i, int, int, int n) {
             s.f[n] = exp2f(fmaf(s.f[n], a.scale * LOG2E, -lse2[i])) * (dp.f[n] - D[i]);
         });   /* dS / scale */
-        mma_sums<HDM / 8, AB, false>(t.dq, s, kv[0][0], LD, lane);
+        mma_sums<HDM / 8, AB>(t.dq, s, kv[0][0], LD, lane);
     }
 
     HD AINL void finish(int blk, int tid, thread &t, shared &) const
