@@ -24,10 +24,10 @@ static double tick_step(double lo, double hi)
 static void escape(mg__str *b, const char *s)
 {
     for (; *s; s++) {
-        if (*s == '<') mg__str_addf(b, "&lt;");
-        else if (*s == '>') mg__str_addf(b, "&gt;");
-        else if (*s == '&') mg__str_addf(b, "&amp;");
-        else mg__str_addf(b, "%c", *s);
+        if (*s == '<') mg__str_put(b, "&lt;", 4);
+        else if (*s == '>') mg__str_put(b, "&gt;", 4);
+        else if (*s == '&') mg__str_put(b, "&amp;", 5);
+        else mg__str_put(b, s, 1);
     }
 }
 
